@@ -1,0 +1,286 @@
+// The module writer: assigns buffers, then emits one instruction per op with the sizes the
+// runtime kernel needs (see the opcode table in runtime/executor.cpp).
+#include "compiler/module_writer.h"
+
+#include <map>
+
+#include "Kiln/KilnDialect.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/TypeSwitch.h"
+#include "llvm/Support/raw_ostream.h"
+#include "schema/module_generated.h"
+
+using namespace mlir;
+
+namespace kiln {
+namespace {
+
+constexpr uint64_t kAlign = 256;  // cuBLASLt and 16-byte vector access are both happy
+
+struct Buf {
+  std::string name;
+  fb::BufferKind kind;
+  fb::DType dtype;
+  std::vector<int64_t> shape;
+  uint64_t size = 0, offset = 0;
+};
+
+struct Ins {
+  fb::OpCode op;
+  std::vector<uint32_t> in, out;
+  std::vector<int64_t> ints;
+  std::vector<float> floats;
+  std::string loc;
+};
+
+int64_t numel(Value v) { return cast<RankedTensorType>(v.getType()).getNumElements(); }
+ArrayRef<int64_t> shape(Value v) { return cast<RankedTensorType>(v.getType()).getShape(); }
+
+std::string locString(Location loc) {
+  std::string s;
+  llvm::raw_string_ostream os(s);
+  loc.print(os);
+  return s;
+}
+
+// "h.0.attn" from NameLoc("h.0.attn"(...)), else the op name.
+std::string valueName(Operation* op) {
+  if (auto n = dyn_cast<NameLoc>(op->getLoc())) return n.getName().str() + "/" + op->getName().stripDialect().str();
+  return op->getName().stripDialect().str();
+}
+
+class Writer {
+ public:
+  Writer(ModuleOp module, const ModelSpec& spec) : module_(module), spec_(spec) {}
+
+  FailureOr<std::vector<uint8_t>> run() {
+    for (ParameterOp p : module_.getOps<ParameterOp>()) declareParameter(p);
+    std::vector<std::pair<std::string, std::vector<Ins>>> programs;
+    std::vector<uint32_t> results;
+    for (const char* name : {"forward", "micro_step", "optimizer_step"}) {
+      auto f = module_.lookupSymbol<func::FuncOp>(name);
+      if (!f) continue;
+      std::vector<Ins> code;
+      uint32_t result = 0;
+      if (failed(lowerFunction(f, code, result))) return failure();
+      programs.emplace_back(name, std::move(code));
+      results.push_back(result);
+    }
+    uint64_t offset = 0;
+    for (Buf& b : bufs_) {
+      b.offset = offset;
+      offset += (b.size + kAlign - 1) / kAlign * kAlign;
+    }
+    return serialize(programs, results, offset);
+  }
+
+ private:
+  uint32_t addBuffer(std::string name, fb::BufferKind kind, Type type) {
+    auto t = cast<RankedTensorType>(type);
+    Buf b{std::move(name), kind, dtypeOf(t.getElementType()), t.getShape().vec()};
+    b.size = uint64_t(t.getNumElements()) * (b.dtype == fb::DType::BF16 ? 2 : 4);
+    bufs_.push_back(b);
+    return uint32_t(bufs_.size() - 1);
+  }
+  static fb::DType dtypeOf(Type t) {
+    if (t.isInteger(32)) return fb::DType::I32;
+    if (t.isBF16()) return fb::DType::BF16;
+    return fb::DType::F32;
+  }
+
+  struct ParamBuffers { uint32_t value, grad, m, v; };
+  void declareParameter(ParameterOp p) {
+    std::string n = p.getSymName().str();
+    ParamBuffers pb{addBuffer(n, fb::BufferKind::Parameter, p.getType()),
+                    addBuffer(n + ".grad", fb::BufferKind::Gradient, p.getType()),
+                    addBuffer(n + ".adam_m", fb::BufferKind::AdamM, p.getType()),
+                    addBuffer(n + ".adam_v", fb::BufferKind::AdamV, p.getType())};
+    params_.push_back(p);
+    paramBufs_[n] = pb;
+  }
+
+  uint32_t named(std::map<std::string, uint32_t>& table, const std::string& name,
+                 fb::BufferKind kind, Type type) {
+    auto it = table.find(name);
+    if (it != table.end()) return it->second;
+    return table[name] = addBuffer(name, kind, type);
+  }
+
+  LogicalResult lowerFunction(func::FuncOp f, std::vector<Ins>& code, uint32_t& result) {
+    llvm::DenseMap<Value, uint32_t> buf;
+    auto of = [&](Value v) { return buf.lookup(v); };
+    for (Operation& op : f.getBody().front()) {
+      if (auto ret = dyn_cast<func::ReturnOp>(op)) {
+        result = of(ret.getOperand(0));
+        continue;
+      }
+      // Values that name existing storage.
+      if (auto p = dyn_cast<ParamOp>(op)) { buf[p] = paramBufs_.at(p.getName().str()).value; continue; }
+      if (auto g = dyn_cast<GradOp>(op)) { buf[g] = paramBufs_.at(g.getName().str()).grad; continue; }
+      if (auto in = dyn_cast<InputOp>(op)) {
+        buf[in] = named(inputs_, in.getInputName().str(), fb::BufferKind::Input, in.getType());
+        continue;
+      }
+      if (auto h = dyn_cast<HyperOp>(op)) {
+        buf[h] = named(hypers_, h.getHyperName().str(), fb::BufferKind::Hyper, h.getType());
+        continue;
+      }
+      if (auto r = dyn_cast<ReshapeOp>(op)) { buf[r] = of(r.getInput()); continue; }
+
+      Ins ins;
+      ins.loc = locString(op.getLoc());
+      for (Value v : op.getOperands()) ins.in.push_back(of(v));
+      for (Value r : op.getResults()) {
+        uint32_t b = addBuffer(valueName(&op) + (op.getNumResults() > 1 ? "#" + std::to_string(r.cast<OpResult>().getResultNumber()) : ""),
+                               fb::BufferKind::Activation, r.getType());
+        buf[r] = b;
+        ins.out.push_back(b);
+      }
+      if (failed(encode(op, ins))) return failure();
+      code.push_back(std::move(ins));
+    }
+    return success();
+  }
+
+  // Opcode and size attributes of one op; the layouts match runtime/executor.cpp.
+  LogicalResult encode(Operation& op, Ins& ins) {
+    using O = fb::OpCode;
+    auto set = [&](O code, std::vector<int64_t> ints) {
+      ins.op = code;
+      ins.ints = std::move(ints);
+      return success();
+    };
+    return llvm::TypeSwitch<Operation*, LogicalResult>(&op)
+        .Case([&](EmbeddingOp o) {
+          return set(O::Embedding, {numel(o.getIndices()), shape(o.getTable())[0], shape(o.getTable())[1]});
+        })
+        .Case([&](EmbeddingGradOp o) {
+          return set(O::EmbeddingGrad, {numel(o.getIndices()), shape(o.getResult())[0], shape(o.getResult())[1]});
+        })
+        .Case([&](MatmulOp o) {
+          auto c = shape(o.getResult());
+          auto a = shape(o.getLhs());
+          int64_t k = o.getTransposeLhs() ? a[0] : a[1];
+          return set(O::Matmul, {c[0], c[1], k, o.getTransposeLhs(), o.getTransposeRhs()});
+        })
+        .Case([&](AddOp o) { return set(O::Add, {numel(o.getResult())}); })
+        .Case([&](MulOp o) { return set(O::Mul, {numel(o.getResult())}); })
+        .Case([&](ScaleOp o) { return set(O::Scale, {numel(o.getResult())}); })
+        .Case([&](GeluOp o) { return set(O::Gelu, {numel(o.getResult())}); })
+        .Case([&](GeluGradOp o) { return set(O::GeluGrad, {numel(o.getResult())}); })
+        .Case([&](BroadcastOp o) {
+          int64_t k = numel(o.getInput());
+          return set(O::Broadcast, {numel(o.getResult()) / k, k});
+        })
+        .Case([&](ReduceSumOp o) {
+          int64_t k = numel(o.getResult());
+          return set(O::ReduceSum, {numel(o.getInput()) / k, k});
+        })
+        .Case([&](TransposeOp o) { return set(O::Transpose, {shape(o.getInput())[0], shape(o.getInput())[1]}); })
+        .Case([&](SplitOp o) {
+          int64_t k = shape(o.getInput()).back();
+          std::vector<int64_t> ints{numel(o.getInput()) / k, k};
+          for (Value r : o.getResults()) ints.push_back(shape(r).back());
+          return set(O::Split, ints);
+        })
+        .Case([&](ConcatOp o) {
+          int64_t k = shape(o.getResult()).back();
+          std::vector<int64_t> ints{numel(o.getResult()) / k, k};
+          for (Value v : o.getInputs()) ints.push_back(shape(v).back());
+          return set(O::Concat, ints);
+        })
+        .Case([&](ZerosOp o) { return set(O::Zeros, {numel(o.getResult())}); })
+        .Case([&](IotaOp o) { return set(O::Iota, {numel(o.getResult())}); })
+        .Case([&](LayerNormOp o) {
+          int64_t c = shape(o.getInput()).back();
+          ins.floats = {o.getEpsilon().convertToFloat()};
+          return set(O::LayerNorm, {numel(o.getInput()) / c, c});
+        })
+        .Case([&](LayerNormGradOp o) {
+          int64_t c = shape(o.getInput()).back();
+          return set(O::LayerNormGrad, {numel(o.getInput()) / c, c});
+        })
+        .Case([&](AttentionOp o) {
+          auto s = shape(o.getResult());
+          return set(O::Attention, {s[0], s[1], s[2], int64_t(o.getNumHeads())});
+        })
+        .Case([&](AttentionGradOp o) {
+          auto s = shape(o.getResult());
+          return set(O::AttentionGrad, {s[0], s[1], s[2], int64_t(o.getNumHeads())});
+        })
+        .Case([&](CrossEntropyOp o) {
+          auto s = shape(o.getLogits());
+          return set(O::CrossEntropy, {s[0], s[1]});
+        })
+        .Case([&](CrossEntropyGradOp o) {
+          auto s = shape(o.getLogits());
+          return set(O::CrossEntropyGrad, {s[0], s[1]});
+        })
+        .Case([&](AccumulateGradOp o) {
+          ins.out = {paramBufs_.at(o.getName().str()).grad};
+          return set(O::AccumulateGrad, {numel(o.getGradient())});
+        })
+        .Case([&](GlobalNormOp o) {
+          std::vector<int64_t> ints;
+          for (Value v : o.getInputs()) ints.push_back(numel(v));
+          return set(O::GlobalNorm, ints);
+        })
+        .Case([&](ClipCoefOp) { return set(O::ClipCoef, {}); })
+        .Case([&](AdamWOp o) {
+          const ParamBuffers& pb = paramBufs_.at(o.getName().str());
+          ins.out = {pb.value, pb.m, pb.v};
+          return set(O::AdamW, {numel(o.getGrad()), o.getDecay() ? 1 : 0});
+        })
+        .Default([&](Operation* other) {
+          return other->emitError() << "kilnc: no runtime kernel for '" << other->getName() << "'";
+        });
+  }
+
+  std::vector<uint8_t> serialize(const std::vector<std::pair<std::string, std::vector<Ins>>>& programs,
+                                 const std::vector<uint32_t>& results, uint64_t arena) {
+    flatbuffers::FlatBufferBuilder fbb(1 << 16);
+    std::vector<flatbuffers::Offset<fb::Buffer>> buffers;
+    for (const Buf& b : bufs_)
+      buffers.push_back(fb::CreateBufferDirect(fbb, b.name.c_str(), b.kind, b.dtype, &b.shape, b.offset, b.size));
+    std::vector<flatbuffers::Offset<fb::Parameter>> params;
+    for (ParameterOp p : params_) {
+      const ParamBuffers& pb = paramBufs_.at(p.getSymName().str());
+      std::vector<int64_t> s = p.getTensorType().getShape().vec();
+      fb::Init init = p.getInit() == "normal" ? fb::Init::Normal
+                      : p.getInit() == "ones" ? fb::Init::Ones : fb::Init::Zeros;
+      params.push_back(fb::CreateParameterDirect(fbb, p.getSymName().str().c_str(), &s, init,
+                                                 p.getInitStd().convertToFloat(), p.getDecay(),
+                                                 pb.value, pb.grad, pb.m, pb.v));
+    }
+    std::vector<flatbuffers::Offset<fb::Program>> progs;
+    for (size_t i = 0; i < programs.size(); ++i) {
+      std::vector<flatbuffers::Offset<fb::Instr>> instrs;
+      for (const Ins& in : programs[i].second)
+        instrs.push_back(fb::CreateInstrDirect(fbb, in.op, &in.in, &in.out, &in.ints, &in.floats, in.loc.c_str()));
+      progs.push_back(fb::CreateProgramDirect(fbb, programs[i].first.c_str(), &instrs, results[i]));
+    }
+    auto model = fb::CreateModelDirect(fbb, spec_.n_layer, spec_.n_head, spec_.n_embd, spec_.vocab_size,
+                                       spec_.block_size, spec_.batch_size, spec_.seq_len,
+                                       spec_.precision.c_str(), spec_.target.c_str(), spec_.path.c_str());
+    auto root = fb::CreateModuleDirect(fbb, /*format_version=*/1, "kilnc 0.1", model, arena,
+                                       &buffers, &params, &progs);
+    fb::FinishModuleBuffer(fbb, root);
+    return std::vector<uint8_t>(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
+  }
+
+  ModuleOp module_;
+  const ModelSpec& spec_;
+  std::vector<Buf> bufs_;
+  std::vector<ParameterOp> params_;
+  std::map<std::string, ParamBuffers> paramBufs_;
+  std::map<std::string, uint32_t> inputs_, hypers_;
+};
+
+}  // namespace
+
+FailureOr<std::vector<uint8_t>> writeModule(ModuleOp module, const ModelSpec& spec) {
+  return Writer(module, spec).run();
+}
+
+}  // namespace kiln

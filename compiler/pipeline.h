@@ -1,0 +1,23 @@
+// The compilation pipeline: spec -> graph IR -> training step IR -> module -> executable.
+#pragma once
+
+#include "compiler/spec.h"
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/Pass/PassManager.h"
+
+namespace kiln {
+
+// The stages `kilnc --emit` can stop after.
+enum class Stage { Graph, Step, Module, Executable };
+
+// Adds the passes that turn graph IR (@forward) into the training step (@micro_step,
+// @optimizer_step), simplified. Registered for kiln-opt as `kiln-step-pipeline`.
+void buildStepPipeline(mlir::OpPassManager& pm);
+void registerKilnPipelines();
+
+// The spec a module was built from, kept as the module attribute `kiln.spec` so that an
+// edited .mlir file can be compiled on its own.
+void setModuleSpec(mlir::ModuleOp module, const ModelSpec& spec);
+mlir::FailureOr<ModelSpec> getModuleSpec(mlir::ModuleOp module);
+
+}  // namespace kiln

@@ -1,0 +1,252 @@
+// Verifiers of the kiln ops: every shape relation an op relies on is checked here, so passes
+// and the runtime can take them for granted.
+#include "Kiln/KilnDialect.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/OpImplementation.h"
+#include "llvm/ADT/STLExtras.h"
+
+using namespace mlir;
+using namespace kiln;
+
+namespace {
+RankedTensorType tensorType(Value v) { return cast<RankedTensorType>(v.getType()); }
+
+// "[4, 32, 64]" for messages.
+std::string shapeStr(ArrayRef<int64_t> shape) {
+  std::string s = "[";
+  for (auto [i, d] : llvm::enumerate(shape)) s += (i ? ", " : "") + std::to_string(d);
+  return s + "]";
+}
+
+bool isSuffix(ArrayRef<int64_t> suffix, ArrayRef<int64_t> full) {
+  return suffix.size() <= full.size() && full.take_back(suffix.size()) == suffix;
+}
+
+LogicalResult verifyParameterUse(Operation *op, SymbolTableCollection &symbols,
+                                 FlatSymbolRefAttr name, Type used) {
+  auto decl = symbols.lookupNearestSymbolFrom<ParameterOp>(op, name);
+  if (!decl)
+    return op->emitOpError() << "refers to " << name << ", which is not a kiln.parameter";
+  if (used && decl.getType() != used)
+    return op->emitOpError() << "type " << used << " does not match " << name
+                             << " declared as " << decl.getType();
+  return success();
+}
+}  // namespace
+
+//===----------------------------------------------------------------------===//
+// State
+//===----------------------------------------------------------------------===//
+
+LogicalResult ParameterOp::verify() {
+  StringRef init = getInit();
+  if (init != "normal" && init != "zeros" && init != "ones")
+    return emitOpError() << "init must be \"normal\", \"zeros\" or \"ones\", not \"" << init << "\"";
+  float std = getInitStd().convertToFloat();
+  if (init == "normal" && !(std > 0.0f))
+    return emitOpError() << "init \"normal\" needs init_std > 0";
+  if (!getTensorType().hasStaticShape())
+    return emitOpError() << "needs a static shape";
+  return success();
+}
+
+LogicalResult ParamOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  return verifyParameterUse(*this, symbols, getNameAttr(), getType());
+}
+LogicalResult GradOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  return verifyParameterUse(*this, symbols, getNameAttr(), getType());
+}
+LogicalResult AccumulateGradOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  return verifyParameterUse(*this, symbols, getNameAttr(), getGradient().getType());
+}
+LogicalResult AdamWOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  if (failed(verifyParameterUse(*this, symbols, getNameAttr(), getGrad().getType())))
+    return failure();
+  auto decl = symbols.lookupNearestSymbolFrom<ParameterOp>(*this, getNameAttr());
+  if (decl.getDecay() != getDecay())
+    return emitOpError() << "decay " << (getDecay() ? "set" : "unset") << " but " << getNameAttr()
+                         << " is declared " << (decl.getDecay() ? "with" : "without") << " decay";
+  return success();
+}
+
+LogicalResult HyperOp::verify() {
+  static const char *known[] = {"lr",     "beta1",    "beta2", "eps",
+                                "weight_decay", "max_norm", "step",  "loss_weight"};
+  if (llvm::is_contained(known, getHyperName())) return success();
+  return emitOpError() << "unknown hyperparameter \"" << getHyperName()
+                       << "\" (expected one of lr, beta1, beta2, eps, weight_decay, max_norm, "
+                          "step, loss_weight)";
+}
+
+//===----------------------------------------------------------------------===//
+// Model ops
+//===----------------------------------------------------------------------===//
+
+LogicalResult EmbeddingOp::verify() {
+  auto table = tensorType(getTable()), idx = tensorType(getIndices()), out = tensorType(getResult());
+  if (table.getRank() != 2) return emitOpError() << "table must be 2-D [rows, width]";
+  SmallVector<int64_t> expected(idx.getShape());
+  expected.push_back(table.getDimSize(1));
+  if (out.getShape() != ArrayRef<int64_t>(expected))
+    return emitOpError() << "result shape " << shapeStr(out.getShape()) << " should be "
+                         << shapeStr(expected) << " (indices shape, then the table's width)";
+  if (out.getElementType() != table.getElementType())
+    return emitOpError() << "result element type differs from the table's";
+  return success();
+}
+
+LogicalResult EmbeddingGradOp::verify() {
+  auto grad = tensorType(getGrad()), idx = tensorType(getIndices()), out = tensorType(getResult());
+  if (out.getRank() != 2) return emitOpError() << "result must be 2-D [rows, width]";
+  SmallVector<int64_t> expected(idx.getShape());
+  expected.push_back(out.getDimSize(1));
+  if (grad.getShape() != ArrayRef<int64_t>(expected))
+    return emitOpError() << "grad shape " << shapeStr(grad.getShape()) << " should be "
+                         << shapeStr(expected) << " (indices shape, then the table's width)";
+  return success();
+}
+
+LogicalResult MatmulOp::verify() {
+  auto a = tensorType(getLhs()), b = tensorType(getRhs()), c = tensorType(getResult());
+  if (a.getRank() != 2 || b.getRank() != 2 || c.getRank() != 2)
+    return emitOpError() << "operands and result must be 2-D";
+  int64_t m = getTransposeLhs() ? a.getDimSize(1) : a.getDimSize(0);
+  int64_t ka = getTransposeLhs() ? a.getDimSize(0) : a.getDimSize(1);
+  int64_t kb = getTransposeRhs() ? b.getDimSize(1) : b.getDimSize(0);
+  int64_t n = getTransposeRhs() ? b.getDimSize(0) : b.getDimSize(1);
+  if (ka != kb)
+    return emitOpError() << "contraction sizes differ: lhs has " << ka << ", rhs has " << kb;
+  if (c.getDimSize(0) != m || c.getDimSize(1) != n)
+    return emitOpError() << "result shape " << shapeStr(c.getShape()) << " should be "
+                         << shapeStr({m, n});
+  return success();
+}
+
+LogicalResult ScaleOp::verify() {
+  if (getInput().getType() != getResult().getType())
+    return emitOpError() << "result type must equal the input type";
+  return success();
+}
+
+LogicalResult BroadcastOp::verify() {
+  auto in = tensorType(getInput()), out = tensorType(getResult());
+  if (!isSuffix(in.getShape(), out.getShape()) || in.getElementType() != out.getElementType())
+    return emitOpError() << "input shape " << shapeStr(in.getShape())
+                         << " must be a suffix of the result shape " << shapeStr(out.getShape());
+  return success();
+}
+
+LogicalResult ReduceSumOp::verify() {
+  auto in = tensorType(getInput()), out = tensorType(getResult());
+  if (!isSuffix(out.getShape(), in.getShape()) || in.getElementType() != out.getElementType())
+    return emitOpError() << "result shape " << shapeStr(out.getShape())
+                         << " must be a suffix of the input shape " << shapeStr(in.getShape());
+  return success();
+}
+
+LogicalResult ReshapeOp::verify() {
+  auto in = tensorType(getInput()), out = tensorType(getResult());
+  if (in.getNumElements() != out.getNumElements() || in.getElementType() != out.getElementType())
+    return emitOpError() << "cannot reshape " << shapeStr(in.getShape()) << " ("
+                         << in.getNumElements() << " elements) to " << shapeStr(out.getShape())
+                         << " (" << out.getNumElements() << " elements)";
+  return success();
+}
+
+OpFoldResult ReshapeOp::fold(FoldAdaptor) {
+  if (getInput().getType() == getResult().getType()) return getInput();
+  // reshape(reshape(x)) is one reshape of x.
+  if (auto inner = getInput().getDefiningOp<ReshapeOp>()) {
+    getInputMutable().assign(inner.getInput());
+    return getResult();
+  }
+  return {};
+}
+
+LogicalResult TransposeOp::verify() {
+  auto in = tensorType(getInput()), out = tensorType(getResult());
+  if (in.getRank() != 2 || out.getRank() != 2 || in.getDimSize(0) != out.getDimSize(1) ||
+      in.getDimSize(1) != out.getDimSize(0))
+    return emitOpError() << "result " << shapeStr(out.getShape())
+                         << " is not the 2-D transpose of " << shapeStr(in.getShape());
+  return success();
+}
+
+// Shared by split and concat: `parts` laid side by side along the last axis make `whole`.
+static LogicalResult verifyLastAxisPieces(Operation *op, RankedTensorType whole,
+                                          TypeRange parts) {
+  if (parts.empty()) return op->emitOpError() << "needs at least one piece";
+  int64_t total = 0;
+  for (Type t : parts) {
+    auto part = cast<RankedTensorType>(t);
+    if (part.getRank() != whole.getRank() ||
+        part.getShape().drop_back() != whole.getShape().drop_back())
+      return op->emitOpError() << "piece " << shapeStr(part.getShape())
+                               << " must match " << shapeStr(whole.getShape())
+                               << " in every dimension but the last";
+    total += part.getShape().back();
+  }
+  if (total != whole.getShape().back())
+    return op->emitOpError() << "pieces cover " << total << " of the last dimension's "
+                             << whole.getShape().back();
+  return success();
+}
+
+LogicalResult SplitOp::verify() {
+  return verifyLastAxisPieces(*this, tensorType(getInput()), getResultTypes());
+}
+LogicalResult ConcatOp::verify() {
+  return verifyLastAxisPieces(*this, tensorType(getResult()), getInputs().getTypes());
+}
+
+LogicalResult LayerNormOp::verify() {
+  auto in = tensorType(getInput());
+  if (in.getRank() < 1) return emitOpError() << "input must have at least one dimension";
+  int64_t c = in.getShape().back();
+  for (Value p : {getWeight(), getBias()})
+    if (tensorType(p).getShape() != ArrayRef<int64_t>{c})
+      return emitOpError() << "weight and bias must be [" << c << "] (the last dimension)";
+  if (getResult().getType() != in)
+    return emitOpError() << "result type must equal the input type";
+  for (Value s : {getMean(), getRstd()})
+    if (tensorType(s).getShape() != in.getShape().drop_back())
+      return emitOpError() << "mean and rstd must have the input's shape without the last "
+                              "dimension, " << shapeStr(in.getShape().drop_back());
+  if (getEpsilon().convertToFloat() <= 0.0f) return emitOpError() << "epsilon must be > 0";
+  return success();
+}
+
+LogicalResult AttentionOp::verify() {
+  auto qkv = tensorType(getQkv()), out = tensorType(getResult()), lse = tensorType(getLse());
+  if (qkv.getRank() != 3 || qkv.getDimSize(2) % 3 != 0)
+    return emitOpError() << "qkv must be [B, T, 3C], got " << shapeStr(qkv.getShape());
+  int64_t b = qkv.getDimSize(0), t = qkv.getDimSize(1), c = qkv.getDimSize(2) / 3;
+  int64_t h = getNumHeads();
+  if (h <= 0 || c % h != 0)
+    return emitOpError() << "num_heads " << h << " must divide the " << c << " channels";
+  if (out.getShape() != ArrayRef<int64_t>{b, t, c})
+    return emitOpError() << "result must be " << shapeStr({b, t, c});
+  if (lse.getShape() != ArrayRef<int64_t>{b, h, t})
+    return emitOpError() << "lse must be " << shapeStr({b, h, t}) << " [B, H, T]";
+  return success();
+}
+
+LogicalResult CrossEntropyOp::verify() {
+  auto logits = tensorType(getLogits()), targets = tensorType(getTargets());
+  if (logits.getRank() != 2) return emitOpError() << "logits must be 2-D [N, V]";
+  int64_t n = logits.getDimSize(0);
+  if (targets.getShape() != ArrayRef<int64_t>{n})
+    return emitOpError() << "targets must be [" << n << "], got " << shapeStr(targets.getShape());
+  if (tensorType(getLse()).getShape() != ArrayRef<int64_t>{n})
+    return emitOpError() << "lse must be [" << n << "]";
+  return success();
+}
+
+LogicalResult GlobalNormOp::verify() {
+  if (getInputs().empty()) return emitOpError() << "needs at least one tensor";
+  return success();
+}
+
+#define GET_OP_CLASSES
+#include "Kiln/KilnOps.cpp.inc"

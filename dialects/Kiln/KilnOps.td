@@ -1,0 +1,392 @@
+//===- KilnOps.td - ops of the kiln graph dialect ------------------------*- tablegen -*-===//
+#ifndef KILN_OPS_TD
+#define KILN_OPS_TD
+
+include "Kiln/KilnDialect.td"
+include "Kiln/KilnInterfaces.td"
+include "mlir/IR/SymbolInterfaces.td"
+include "mlir/Interfaces/SideEffectInterfaces.td"
+include "mlir/Interfaces/InferTypeOpInterface.td"
+
+// Element types. Activations and weights are floating point; token ids are i32.
+def Kiln_FloatTensor : RankedTensorOf<[F32, BF16]>;
+def Kiln_IndexTensor : RankedTensorOf<[I32]>;
+def Kiln_Scalar : 0DTensorOf<[F32]>,
+    BuildableType<"::mlir::RankedTensorType::get({}, $_builder.getF32Type())">;
+
+class Kiln_DiffOp<string mnemonic, list<Trait> traits = []> :
+    Kiln_Op<mnemonic, !listconcat(traits, [
+        DeclareOpInterfaceMethods<Kiln_DifferentiableOpInterface>])>;
+
+//===----------------------------------------------------------------------===//
+// State: parameters, gradients, inputs, hyperparameters
+//===----------------------------------------------------------------------===//
+
+def Kiln_ParameterOp : Kiln_Op<"parameter", [Symbol, HasParent<"::mlir::ModuleOp">]> {
+  let summary = "declares a trainable parameter";
+  let description = [{
+    A module-level declaration of one trainable tensor: its name (Hugging Face GPT-2 naming
+    without the `transformer.` prefix), its type, its initialisation and whether AdamW's weight
+    decay applies to it. The runtime owns the storage (fp32 master value, gradient accumulator,
+    AdamW moments); functions read it with `kiln.param` / `kiln.grad`.
+
+    `init` is `"normal"` (mean 0, standard deviation `init_std`), `"zeros"` or `"ones"`.
+
+    ```mlir
+    kiln.parameter @"wte.weight" : tensor<50257x768xf32> {decay, init = "normal", init_std = 2.0e-02 : f32}
+    ```
+  }];
+  let arguments = (ins SymbolNameAttr:$sym_name, TypeAttrOf<Kiln_FloatTensor>:$type,
+                       StrAttr:$init, DefaultValuedAttr<F32Attr, "0.0f">:$init_std,
+                       UnitAttr:$decay);
+  let assemblyFormat = "$sym_name `:` $type attr-dict";
+  let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    ::mlir::RankedTensorType getTensorType() {
+      return ::llvm::cast<::mlir::RankedTensorType>(getType());
+    }
+  }];
+}
+
+class Kiln_StateReadOp<string mnemonic> :
+    Kiln_Op<mnemonic, [Pure, DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+  let arguments = (ins FlatSymbolRefAttr:$name);
+  let results = (outs Kiln_FloatTensor:$result);
+  let assemblyFormat = "$name attr-dict `:` type($result)";
+}
+
+def Kiln_ParamOp : Kiln_StateReadOp<"param"> {
+  let summary = "reads the current value of a parameter";
+  let description = [{
+    Yields the value of the `kiln.parameter` named by `name`; the result type must be the
+    declared type. Reading the same parameter in two places (weight tying) is two uses of one
+    value, so its gradient is the sum of both.
+  }];
+}
+
+def Kiln_GradOp : Kiln_StateReadOp<"grad"> {
+  let summary = "reads a parameter's accumulated gradient";
+  let description = [{
+    Yields the gradient accumulated by `kiln.accumulate_grad` over the micro-steps of the
+    current optimizer step (already divided by the number of micro-steps, since the backward
+    pass is seeded with `loss_weight`).
+  }];
+}
+
+def Kiln_AccumulateGradOp : Kiln_Op<"accumulate_grad", [
+    DeclareOpInterfaceMethods<SymbolUserOpInterface>, MemoryEffects<[MemWrite]>]> {
+  let summary = "adds a gradient to a parameter's gradient accumulator";
+  let description = [{
+    `grad(name) += gradient`. The runtime clears the accumulators at the start of every
+    optimizer step, so micro-steps sum their contributions.
+  }];
+  let arguments = (ins FlatSymbolRefAttr:$name, Kiln_FloatTensor:$gradient);
+  let assemblyFormat = "$name `,` $gradient attr-dict `:` type($gradient)";
+}
+
+def Kiln_InputOp : Kiln_Op<"input", [Pure]> {
+  let summary = "a tensor the runtime fills before each call (token ids, targets)";
+  let description = [{
+    `"idx"` holds the input token ids and `"targets"` the next-token targets of a micro-batch,
+    both `tensor<BxTxi32>`.
+  }];
+  let arguments = (ins StrAttr:$input_name);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = "$input_name attr-dict `:` type($result)";
+}
+
+def Kiln_HyperOp : Kiln_Op<"hyper", [Pure]> {
+  let summary = "a scalar hyperparameter the runtime sets per step";
+  let description = [{
+    Hyperparameters are runtime inputs so that one compiled module serves many runs:
+    `lr` (this step's learning rate, after the schedule), `beta1`, `beta2`, `eps`,
+    `weight_decay`, `max_norm` (0 disables clipping), `step` (1-based AdamW step) and
+    `loss_weight` (1 / micro-steps per optimizer step: the seed of the backward pass).
+  }];
+  let arguments = (ins StrAttr:$hyper_name);
+  let results = (outs Kiln_Scalar:$result);
+  let assemblyFormat = "$hyper_name attr-dict `:` type($result)";
+  let hasVerifier = 1;
+}
+
+def Kiln_IotaOp : Kiln_Op<"iota", [Pure]> {
+  let summary = "the positions 0, 1, ..., n-1";
+  let results = (outs 1DTensorOf<[I32]>:$result);
+  let assemblyFormat = "attr-dict `:` type($result)";
+}
+
+def Kiln_ZerosOp : Kiln_Op<"zeros", [Pure]> {
+  let summary = "a tensor of zeros";
+  let results = (outs Kiln_FloatTensor:$result);
+  let assemblyFormat = "attr-dict `:` type($result)";
+}
+
+//===----------------------------------------------------------------------===//
+// Model ops
+//===----------------------------------------------------------------------===//
+
+def Kiln_EmbeddingOp : Kiln_DiffOp<"embedding", [Pure]> {
+  let summary = "gathers rows of a table";
+  let description = [{
+    `result[i..., :] = table[indices[i...], :]`: the result shape is the indices' shape
+    followed by the table's row width.
+  }];
+  let arguments = (ins Kiln_FloatTensor:$table, Kiln_IndexTensor:$indices);
+  let results = (outs Kiln_FloatTensor:$result);
+  let assemblyFormat = "$table `[` $indices `]` attr-dict `:` type($table) `,` type($indices) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+def Kiln_EmbeddingGradOp : Kiln_Op<"embedding_grad", [Pure]> {
+  let summary = "scatter-adds rows into a table-shaped gradient";
+  let description = [{
+    The vector-Jacobian product of `kiln.embedding` for its table: a zero tensor of the
+    table's shape into which each row of `grad` is added at `indices` (repeated ids add up).
+  }];
+  let arguments = (ins Kiln_FloatTensor:$grad, Kiln_IndexTensor:$indices);
+  let results = (outs Kiln_FloatTensor:$result);
+  let assemblyFormat = "$grad `,` $indices attr-dict `:` type($grad) `,` type($indices) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+def Kiln_MatmulOp : Kiln_DiffOp<"matmul", [Pure]> {
+  let summary = "2-D matrix product, optionally transposing either operand";
+  let description = [{
+    `result[M, N] = op(lhs) @ op(rhs)` where `op` transposes when `transpose_lhs` /
+    `transpose_rhs` is set. A linear layer in Hugging Face's Conv1D layout is
+    `kiln.matmul %x, %w` with `%w : [in, out]`; the tied output head is
+    `kiln.matmul %x, %wte {transpose_rhs}`.
+  }];
+  let arguments = (ins Kiln_FloatTensor:$lhs, Kiln_FloatTensor:$rhs,
+                       UnitAttr:$transpose_lhs, UnitAttr:$transpose_rhs);
+  let results = (outs Kiln_FloatTensor:$result);
+  let assemblyFormat = "$lhs `,` $rhs attr-dict `:` type($lhs) `,` type($rhs) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+class Kiln_BinaryOp<string mnemonic> :
+    Kiln_DiffOp<mnemonic, [Pure, SameOperandsAndResultType]> {
+  let arguments = (ins Kiln_FloatTensor:$lhs, Kiln_FloatTensor:$rhs);
+  let results = (outs Kiln_FloatTensor:$result);
+  let assemblyFormat = "$lhs `,` $rhs attr-dict `:` type($result)";
+}
+
+def Kiln_AddOp : Kiln_BinaryOp<"add"> {
+  let summary = "elementwise sum";
+  let description = [{ `result = lhs + rhs`, same shapes (use `kiln.broadcast` first). }];
+}
+
+def Kiln_MulOp : Kiln_BinaryOp<"mul"> {
+  let summary = "elementwise product";
+  let description = [{ `result = lhs * rhs`, same shapes. }];
+}
+
+def Kiln_ScaleOp : Kiln_DiffOp<"scale", [Pure]> {
+  let summary = "multiplies a tensor by a runtime scalar";
+  let description = [{ `result = input * factor` with `factor` a 0-d tensor. }];
+  let arguments = (ins Kiln_FloatTensor:$input, Kiln_Scalar:$factor);
+  let results = (outs Kiln_FloatTensor:$result);
+  let assemblyFormat = "$input `,` $factor attr-dict `:` type($input) `,` type($factor) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+def Kiln_GeluOp : Kiln_DiffOp<"gelu", [Pure, SameOperandsAndResultType]> {
+  let summary = "GELU, tanh approximation";
+  let description = [{
+    `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, elementwise (GPT-2's form).
+  }];
+  let arguments = (ins Kiln_FloatTensor:$input);
+  let results = (outs Kiln_FloatTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($result)";
+}
+
+def Kiln_GeluGradOp : Kiln_Op<"gelu_grad", [Pure, SameOperandsAndResultType]> {
+  let summary = "gradient of GELU";
+  let description = [{ `result = grad * gelu'(input)`, elementwise. }];
+  let arguments = (ins Kiln_FloatTensor:$grad, Kiln_FloatTensor:$input);
+  let results = (outs Kiln_FloatTensor:$result);
+  let assemblyFormat = "$grad `,` $input attr-dict `:` type($result)";
+}
+
+def Kiln_BroadcastOp : Kiln_DiffOp<"broadcast", [Pure]> {
+  let summary = "repeats a tensor along new leading dimensions";
+  let description = [{
+    The input's shape must be a suffix of the result's shape; the result repeats the input
+    over the extra leading dimensions (a bias over rows, positions over the batch).
+  }];
+  let arguments = (ins Kiln_FloatTensor:$input);
+  let results = (outs Kiln_FloatTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+def Kiln_ReduceSumOp : Kiln_DiffOp<"reduce_sum", [Pure]> {
+  let summary = "sums a tensor over its leading dimensions";
+  let description = [{
+    The inverse shape relation of `kiln.broadcast`: the result's shape is a suffix of the
+    input's, and the result sums the input over the leading dimensions that were dropped (a
+    bias gradient is the sum of the output gradient over rows).
+  }];
+  let arguments = (ins Kiln_FloatTensor:$input);
+  let results = (outs Kiln_FloatTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+def Kiln_ReshapeOp : Kiln_DiffOp<"reshape", [Pure]> {
+  let summary = "reinterprets a tensor with another shape of the same size";
+  let description = [{ Row-major order is kept; no data moves. }];
+  let arguments = (ins AnyRankedTensor:$input);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+  let hasFolder = 1;
+}
+
+def Kiln_TransposeOp : Kiln_DiffOp<"transpose", [Pure]> {
+  let summary = "2-D transpose";
+  let arguments = (ins Kiln_FloatTensor:$input);
+  let results = (outs Kiln_FloatTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+def Kiln_SplitOp : Kiln_DiffOp<"split", [Pure]> {
+  let summary = "splits the last dimension into consecutive pieces";
+  let description = [{
+    Each result takes the next `size` columns of the last dimension; the sizes add up to the
+    input's last dimension, and all other dimensions are kept.
+  }];
+  let arguments = (ins Kiln_FloatTensor:$input);
+  let results = (outs Variadic<Kiln_FloatTensor>:$results);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($results)";
+  let hasVerifier = 1;
+}
+
+def Kiln_ConcatOp : Kiln_DiffOp<"concat", [Pure]> {
+  let summary = "concatenates tensors along the last dimension";
+  let arguments = (ins Variadic<Kiln_FloatTensor>:$inputs);
+  let results = (outs Kiln_FloatTensor:$result);
+  let assemblyFormat = "$inputs attr-dict `:` type($inputs) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+def Kiln_LayerNormOp : Kiln_DiffOp<"layer_norm", [Pure]> {
+  let summary = "layer normalisation over the last dimension";
+  let description = [{
+    For each row: `mean`, `rstd = 1 / sqrt(var + epsilon)` with the biased variance, and
+    `result = (x - mean) * rstd * weight + bias`. `mean` and `rstd` (one per row) are results
+    so the backward pass does not recompute them.
+  }];
+  let arguments = (ins Kiln_FloatTensor:$input, Kiln_FloatTensor:$weight,
+                       Kiln_FloatTensor:$bias, DefaultValuedAttr<F32Attr, "1.0e-5f">:$epsilon);
+  let results = (outs Kiln_FloatTensor:$result, Kiln_FloatTensor:$mean,
+                      Kiln_FloatTensor:$rstd);
+  let assemblyFormat = "$input `,` $weight `,` $bias attr-dict `:` type($input) `,` type($weight) `,` type($bias) `->` type(results)";
+  let hasVerifier = 1;
+}
+
+def Kiln_LayerNormGradOp : Kiln_Op<"layer_norm_grad", [Pure]> {
+  let summary = "gradients of layer normalisation";
+  let description = [{
+    From the result gradient and the saved statistics, the gradients of the input, the weight
+    and the bias.
+  }];
+  let arguments = (ins Kiln_FloatTensor:$grad, Kiln_FloatTensor:$input,
+                       Kiln_FloatTensor:$weight, Kiln_FloatTensor:$mean, Kiln_FloatTensor:$rstd);
+  let results = (outs Kiln_FloatTensor:$input_grad, Kiln_FloatTensor:$weight_grad,
+                      Kiln_FloatTensor:$bias_grad);
+  let assemblyFormat = "$grad `,` $input `,` $weight `,` $mean `,` $rstd attr-dict `:` type($grad) `,` type($input) `,` type($weight) `,` type($mean) `,` type($rstd) `->` type(results)";
+}
+
+def Kiln_AttentionOp : Kiln_DiffOp<"attention", [Pure]> {
+  let summary = "causal multi-head self-attention from packed q|k|v";
+  let description = [{
+    `qkv : [B, T, 3C]` holds queries, keys and values side by side; each is split into
+    `num_heads` heads of `C / num_heads` channels. Per head,
+    `softmax(q k^T / sqrt(hs) + causal mask) v`, with heads concatenated back into
+    `result : [B, T, C]`. `lse : [B, H, T]` is the log-sum-exp of each softmax row, which
+    the backward pass uses to rebuild the probabilities instead of storing the T x T matrix.
+  }];
+  let arguments = (ins Kiln_FloatTensor:$qkv, I64Attr:$num_heads);
+  let results = (outs Kiln_FloatTensor:$result, Kiln_FloatTensor:$lse);
+  let assemblyFormat = "$qkv attr-dict `:` type($qkv) `->` type(results)";
+  let hasVerifier = 1;
+}
+
+def Kiln_AttentionGradOp : Kiln_Op<"attention_grad", [Pure]> {
+  let summary = "gradient of causal attention with respect to packed q|k|v";
+  let arguments = (ins Kiln_FloatTensor:$grad, Kiln_FloatTensor:$qkv,
+                       Kiln_FloatTensor:$result, Kiln_FloatTensor:$lse, I64Attr:$num_heads);
+  let results = (outs Kiln_FloatTensor:$qkv_grad);
+  let assemblyFormat = "$grad `,` $qkv `,` $result `,` $lse attr-dict `:` type($grad) `,` type($qkv) `,` type($result) `,` type($lse) `->` type($qkv_grad)";
+}
+
+def Kiln_CrossEntropyOp : Kiln_DiffOp<"cross_entropy", [Pure]> {
+  let summary = "mean softmax cross-entropy of logits against targets";
+  let description = [{
+    `logits : [N, V]`, `targets : [N]`. `loss = mean_i (lse_i - logits[i, targets_i])` with
+    `lse_i = log sum_j exp(logits[i, j])`, which is also returned for the backward pass.
+  }];
+  let arguments = (ins Kiln_FloatTensor:$logits, Kiln_IndexTensor:$targets);
+  let results = (outs Kiln_Scalar:$loss, Kiln_FloatTensor:$lse);
+  let assemblyFormat = "$logits `,` $targets attr-dict `:` type($logits) `,` type($targets) `->` type(results)";
+  let hasVerifier = 1;
+}
+
+def Kiln_CrossEntropyGradOp : Kiln_Op<"cross_entropy_grad", [Pure]> {
+  let summary = "gradient of the mean cross-entropy with respect to the logits";
+  let description = [{ `grad / N * (softmax(logits) - onehot(targets))`. }];
+  let arguments = (ins Kiln_Scalar:$grad, Kiln_FloatTensor:$logits, Kiln_FloatTensor:$lse,
+                       Kiln_IndexTensor:$targets);
+  let results = (outs Kiln_FloatTensor:$logits_grad);
+  let assemblyFormat = "$grad `,` $logits `,` $lse `,` $targets attr-dict `:` type($logits) `,` type($lse) `,` type($targets) `->` type($logits_grad)";
+}
+
+//===----------------------------------------------------------------------===//
+// Optimizer ops
+//===----------------------------------------------------------------------===//
+
+def Kiln_GlobalNormOp : Kiln_Op<"global_norm", [Pure]> {
+  let summary = "Euclidean norm of all gradients together";
+  let description = [{ `sqrt(sum over every operand and element of g^2)`. }];
+  let arguments = (ins Variadic<Kiln_FloatTensor>:$inputs);
+  let results = (outs Kiln_Scalar:$result);
+  let assemblyFormat = "$inputs attr-dict `:` type($inputs) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+def Kiln_ClipCoefOp : Kiln_Op<"clip_coef", [Pure]> {
+  let summary = "the gradient clipping coefficient";
+  let description = [{
+    `min(1, max_norm / (norm + 1e-6))` when `max_norm > 0`, else 1 (clipping disabled).
+  }];
+  let arguments = (ins Kiln_Scalar:$norm, Kiln_Scalar:$max_norm);
+  let results = (outs Kiln_Scalar:$result);
+  let assemblyFormat = "$norm `,` $max_norm attr-dict `:` type($result)";
+}
+
+def Kiln_AdamWOp : Kiln_Op<"adamw", [
+    DeclareOpInterfaceMethods<SymbolUserOpInterface>, MemoryEffects<[MemWrite]>]> {
+  let summary = "one AdamW update of a parameter (PyTorch semantics)";
+  let description = [{
+    With `g = grad * scale` (the clipping coefficient), `t = step`:
+    ```
+    p = p * (1 - lr * weight_decay)      # only with the `decay` attribute
+    m = beta1 m + (1 - beta1) g
+    v = beta2 v + (1 - beta2) g^2
+    p = p - lr * (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps)
+    ```
+    `decay` must match the parameter's declaration (the decay group).
+  }];
+  let arguments = (ins FlatSymbolRefAttr:$name, Kiln_FloatTensor:$grad, Kiln_Scalar:$scale,
+                       Kiln_Scalar:$lr, Kiln_Scalar:$beta1, Kiln_Scalar:$beta2,
+                       Kiln_Scalar:$eps, Kiln_Scalar:$weight_decay, Kiln_Scalar:$step,
+                       UnitAttr:$decay);
+  let assemblyFormat = [{
+    $name `,` $grad `scale` $scale `lr` $lr `betas` `(` $beta1 `,` $beta2 `)` `eps` $eps
+    `weight_decay` $weight_decay `step` $step attr-dict `:` type($grad)
+  }];
+}
+
+#endif // KILN_OPS_TD

@@ -1,0 +1,142 @@
+// The GPT-2 model builder. The forward pass is written on 2-D activations [N = B*T, C] so
+// every linear layer is one matrix product; attention alone sees [B, T, 3C].
+#include "models/gpt2_builder.h"
+
+#include <cmath>
+
+#include "Kiln/KilnDialect.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "compiler/pipeline.h"
+#include "mlir/IR/Builders.h"
+
+using namespace mlir;
+
+namespace kiln {
+namespace {
+
+class GPT2Builder {
+ public:
+  GPT2Builder(MLIRContext& ctx, const ModelSpec& spec)
+      : spec_(spec), b_(&ctx), f32_(b_.getF32Type()), i32_(b_.getI32Type()),
+        fileLoc_(FileLineColLoc::get(&ctx, spec.path, spec.model_line, 1)) {}
+
+  OwningOpRef<ModuleOp> build() {
+    const int64_t B = spec_.batch_size, T = spec_.seq_len, C = spec_.n_embd, N = B * T;
+    const int64_t V = spec_.vocab_size, L = spec_.n_layer;
+    module_ = ModuleOp::create(fileLoc_, spec_.name);
+    setModuleSpec(*module_, spec_);
+    b_.setInsertionPointToEnd(module_->getBody());
+
+    // Parameters, in Hugging Face order; residual projections get std 0.02 / sqrt(2L).
+    const float std = 0.02f, projStd = 0.02f / std::sqrt(2.0f * float(L));
+    declare("wte.weight", {V, C}, "normal", std, true);
+    declare("wpe.weight", {spec_.block_size, C}, "normal", std, true);
+    for (int64_t i = 0; i < L; ++i) {
+      std::string h = "h." + std::to_string(i) + ".";
+      declare(h + "ln_1.weight", {C}, "ones", 0, false);
+      declare(h + "ln_1.bias", {C}, "zeros", 0, false);
+      declare(h + "attn.c_attn.weight", {C, 3 * C}, "normal", std, true);
+      declare(h + "attn.c_attn.bias", {3 * C}, "zeros", 0, false);
+      declare(h + "attn.c_proj.weight", {C, C}, "normal", projStd, true);
+      declare(h + "attn.c_proj.bias", {C}, "zeros", 0, false);
+      declare(h + "ln_2.weight", {C}, "ones", 0, false);
+      declare(h + "ln_2.bias", {C}, "zeros", 0, false);
+      declare(h + "mlp.c_fc.weight", {C, 4 * C}, "normal", std, true);
+      declare(h + "mlp.c_fc.bias", {4 * C}, "zeros", 0, false);
+      declare(h + "mlp.c_proj.weight", {4 * C, C}, "normal", projStd, true);
+      declare(h + "mlp.c_proj.bias", {C}, "zeros", 0, false);
+    }
+    declare("ln_f.weight", {C}, "ones", 0, false);
+    declare("ln_f.bias", {C}, "zeros", 0, false);
+
+    auto scalar = tensor({});
+    auto func = b_.create<func::FuncOp>(fileLoc_, "forward", b_.getFunctionType({}, {scalar}));
+    b_.setInsertionPointToStart(func.addEntryBlock());
+
+    // x = wte[idx] + wpe[0:T]
+    loc_ = at("embed");
+    Value idx = b_.create<InputOp>(loc_, itensor({B, T}), "idx");
+    Value targets = b_.create<InputOp>(loc_, itensor({B, T}), "targets");
+    Value wte = param("wte.weight");
+    Value tok = b_.create<EmbeddingOp>(loc_, tensor({B, T, C}), wte, idx);
+    Value positions = b_.create<IotaOp>(loc_, itensor({T}));
+    Value pos = b_.create<EmbeddingOp>(loc_, tensor({T, C}), param("wpe.weight"), positions);
+    Value x3 = b_.create<AddOp>(loc_, tok, b_.create<BroadcastOp>(loc_, tensor({B, T, C}), pos));
+    Value x = reshape(x3, {N, C});
+
+    for (int64_t i = 0; i < L; ++i) {
+      std::string h = "h." + std::to_string(i) + ".";
+      loc_ = at(h + "attn");
+      Value a = layerNorm(x, h + "ln_1");
+      Value qkv = linear(a, h + "attn.c_attn", 3 * C);
+      auto attn = b_.create<AttentionOp>(loc_, tensor({B, T, C}), tensor({B, spec_.n_head, T}),
+                                         reshape(qkv, {B, T, 3 * C}), spec_.n_head);
+      Value y = linear(reshape(attn.getResult(), {N, C}), h + "attn.c_proj", C);
+      x = b_.create<AddOp>(loc_, x, y);
+
+      loc_ = at(h + "mlp");
+      Value m = layerNorm(x, h + "ln_2");
+      Value u = b_.create<GeluOp>(loc_, linear(m, h + "mlp.c_fc", 4 * C));
+      x = b_.create<AddOp>(loc_, x, linear(u, h + "mlp.c_proj", C));
+    }
+
+    // logits = ln_f(x) @ wte^T (tied head, no bias); loss = mean cross-entropy.
+    loc_ = at("head");
+    Value f = layerNorm(x, "ln_f");
+    Value logits = b_.create<MatmulOp>(loc_, tensor({N, V}), f, wte, false, true);
+    auto ce = b_.create<CrossEntropyOp>(loc_, scalar, tensor({N}), logits,
+                                        reshape(targets, {N}));
+    b_.create<func::ReturnOp>(loc_, ce.getLoss());
+    return std::move(module_);
+  }
+
+ private:
+  RankedTensorType tensor(ArrayRef<int64_t> shape) { return RankedTensorType::get(shape, f32_); }
+  RankedTensorType itensor(ArrayRef<int64_t> shape) { return RankedTensorType::get(shape, i32_); }
+  Location at(const std::string& name) { return NameLoc::get(b_.getStringAttr(name), fileLoc_); }
+
+  void declare(const std::string& name, ArrayRef<int64_t> shape, StringRef init, float std,
+               bool decay) {
+    auto p = b_.create<ParameterOp>(at(name), name, tensor(shape), init, llvm::APFloat(std), decay);
+    types_[name] = p.getTensorType();
+  }
+  Value param(const std::string& name) {
+    return b_.create<ParamOp>(at(name), types_.at(name), FlatSymbolRefAttr::get(b_.getContext(), name));
+  }
+  Value reshape(Value v, ArrayRef<int64_t> shape) {
+    auto type = RankedTensorType::get(shape, cast<RankedTensorType>(v.getType()).getElementType());
+    return b_.create<ReshapeOp>(loc_, type, v);
+  }
+  Value layerNorm(Value x, const std::string& name) {
+    auto t = cast<RankedTensorType>(x.getType());
+    auto stats = tensor(t.getShape().drop_back());
+    return b_.create<LayerNormOp>(at(name), t, stats, stats, x, param(name + ".weight"),
+                                  param(name + ".bias"), b_.getF32FloatAttr(1e-5f))
+        .getResult();
+  }
+  // x [N, in] @ W [in, out] + b, in Hugging Face's Conv1D layout.
+  Value linear(Value x, const std::string& name, int64_t out) {
+    int64_t n = cast<RankedTensorType>(x.getType()).getDimSize(0);
+    Location loc = at(name);
+    Value y = b_.create<MatmulOp>(loc, tensor({n, out}), x, param(name + ".weight"), false, false);
+    Value bias = b_.create<BroadcastOp>(loc, tensor({n, out}), param(name + ".bias"));
+    return b_.create<AddOp>(loc, y, bias);
+  }
+
+  const ModelSpec& spec_;
+  OpBuilder b_;
+  Type f32_, i32_;
+  Location fileLoc_;
+  Location loc_ = fileLoc_;
+  OwningOpRef<ModuleOp> module_;
+  std::map<std::string, RankedTensorType> types_;
+};
+
+}  // namespace
+
+OwningOpRef<ModuleOp> buildGPT2(MLIRContext& ctx, const ModelSpec& spec) {
+  ctx.loadDialect<KilnDialect, func::FuncDialect>();
+  return GPT2Builder(ctx, spec).build();
+}
+
+}  // namespace kiln

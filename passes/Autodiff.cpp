@@ -1,0 +1,78 @@
+// kiln-autodiff: reverse-mode differentiation of @forward into @micro_step.
+#include "passes/Passes.h"
+
+#include "mlir/IR/Builders.h"
+#include "llvm/ADT/DenseMap.h"
+
+namespace kiln {
+#define GEN_PASS_DEF_AUTODIFF
+#include "passes/Passes.h.inc"
+}  // namespace kiln
+
+using namespace mlir;
+using namespace kiln;
+
+namespace {
+struct AutodiffPass : kiln::impl::AutodiffBase<AutodiffPass> {
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    auto forward = module.lookupSymbol<func::FuncOp>("forward");
+    if (!forward) {
+      module.emitError("kiln-autodiff: the module has no @forward function to differentiate");
+      return signalPassFailure();
+    }
+    if (module.lookupSymbol("micro_step")) {
+      module.emitError("kiln-autodiff: the module already has @micro_step");
+      return signalPassFailure();
+    }
+    if (forward.getNumResults() != 1 ||
+        forward.getResultTypes()[0] != RankedTensorType::get({}, Float32Type::get(&getContext()))) {
+      forward.emitError("kiln-autodiff: @forward must return exactly the loss, a tensor<f32>");
+      return signalPassFailure();
+    }
+
+    func::FuncOp step = forward.clone();
+    step.setName("micro_step");
+    module.insert(std::next(Block::iterator(forward)), step);
+    if (failed(differentiate(step))) return signalPassFailure();
+  }
+
+  LogicalResult differentiate(func::FuncOp step) {
+    Block &body = step.getBody().front();
+    auto ret = cast<func::ReturnOp>(body.getTerminator());
+    SmallVector<Operation *> forwardOps;
+    for (Operation &op : body.without_terminator()) forwardOps.push_back(&op);
+
+    // Backward ops go right before the return, in the reverse order of the forward.
+    OpBuilder b(ret);
+    llvm::DenseMap<Value, Value> grads;
+    grads[ret.getOperand(0)] = b.create<HyperOp>(ret.getLoc(), "loss_weight");
+
+    auto accumulate = [&](Value v, Value g) {
+      Value &slot = grads[v];
+      slot = slot ? b.create<AddOp>(g.getLoc(), slot, g).getResult() : g;
+    };
+
+    for (Operation *op : llvm::reverse(forwardOps)) {
+      if (auto param = dyn_cast<ParamOp>(op)) {
+        if (Value g = grads.lookup(param.getResult()))
+          b.create<AccumulateGradOp>(param.getLoc(), param.getNameAttr(), g);
+        continue;
+      }
+      SmallVector<Value> resultGrads;
+      for (Value r : op->getResults()) resultGrads.push_back(grads.lookup(r));
+      if (llvm::all_of(resultGrads, [](Value g) { return !g; })) continue;
+
+      auto diff = dyn_cast<DifferentiableOpInterface>(op);
+      if (!diff)
+        return op->emitError() << "kiln-autodiff: '" << op->getName()
+                               << "' lies on the path to the loss but has no gradient rule";
+      b.setInsertionPoint(ret);
+      SmallVector<Value> operandGrads = diff.buildVJP(b, resultGrads);
+      for (auto [operand, g] : llvm::zip(op->getOperands(), operandGrads))
+        if (g) accumulate(operand, g);
+    }
+    return success();
+  }
+};
+}  // namespace

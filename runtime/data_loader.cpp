@@ -1,0 +1,192 @@
+#include "runtime/data_loader.h"
+
+#include <fcntl.h>
+#include <glob.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "runtime/error.h"
+#include "runtime/file_io.h"
+
+// Shards are little-endian and read as-is.
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "kiln assumes a little-endian host");
+
+namespace kiln {
+namespace {
+
+constexpr int32_t kMagic = 20240520;
+constexpr int32_t kVersion = 1;
+constexpr int kHeaderInts = 256;
+constexpr int64_t kHeaderBytes = kHeaderInts * sizeof(int32_t);
+
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+void read_exact(int fd, void* dst, size_t n, int64_t offset, const std::string& path,
+                const char* what) {
+  auto* p = static_cast<uint8_t*>(dst);
+  while (n > 0) {
+    ssize_t got = ::pread(fd, p, n, static_cast<off_t>(offset));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) throw Error(path + ": reading " + what + ": " + std::strerror(errno));
+    if (got == 0) throw Error(path + ": reading " + what + ": unexpected end of file");
+    p += got;
+    n -= static_cast<size_t>(got);
+    offset += got;
+  }
+}
+
+// What one next() call needs from a shard, spelled out for error messages.
+struct StepNeed {
+  int64_t B, T, world_size;
+  int64_t tokens() const { return B * T * world_size + 1; }
+};
+
+// Opens a shard and checks its header against the file; returns its token count. With
+// `tokens` non-null also reads the tokens.
+int64_t open_shard(const std::string& path, const StepNeed& need, std::vector<uint16_t>* tokens) {
+  Fd file;
+  file.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (file.fd < 0) throw Error(path + ": open: " + std::strerror(errno));
+  struct stat st;
+  if (::fstat(file.fd, &st) != 0) throw Error(path + ": stat: " + std::strerror(errno));
+  const int64_t size = st.st_size;
+  if (size < kHeaderBytes)
+    throw Error(path + ": header: file is " + std::to_string(size) + " bytes, shorter than the " +
+                std::to_string(kHeaderBytes) + "-byte header (not an llm.c token shard)");
+
+  int32_t header[kHeaderInts];
+  read_exact(file.fd, header, sizeof(header), 0, path, "header");
+  if (header[0] != kMagic)
+    throw Error(path + ": header: magic " + std::to_string(header[0]) + " is not " +
+                std::to_string(kMagic) + " (not an llm.c token shard)");
+  if (header[1] != kVersion)
+    throw Error(path + ": header: version " + std::to_string(header[1]) + " is not " +
+                std::to_string(kVersion) + " (unsupported llm.c shard version)");
+  const int64_t count = header[2];
+  if (count < 0)
+    throw Error(path + ": header: token count " + std::to_string(count) + " is negative");
+  const int64_t expected = kHeaderBytes + count * static_cast<int64_t>(sizeof(uint16_t));
+  if (size != expected)
+    throw Error(path + ": size: header says " + std::to_string(count) +
+                " tokens, so the file should be " + std::to_string(expected) +
+                " bytes, but it is " + std::to_string(size) + " bytes (truncated or corrupt)");
+  if (count < need.tokens())
+    throw Error(path + ": size: " + std::to_string(count) + " tokens, but one step (B=" +
+                std::to_string(need.B) + " x T=" + std::to_string(need.T) +
+                " x world_size=" + std::to_string(need.world_size) + ", plus 1 target) needs " +
+                std::to_string(need.tokens()));
+  if (tokens) {
+    tokens->resize(static_cast<size_t>(count));
+    read_exact(file.fd, tokens->data(), tokens->size() * sizeof(uint16_t), kHeaderBytes, path,
+               "tokens");
+  }
+  return count;
+}
+
+}  // namespace
+
+std::vector<std::string> expand_data_pattern(const std::string& file_or_glob) {
+  glob_t g;
+  // GLOB_MARK appends '/' to directories so they can be dropped below.
+  const int rc = ::glob(file_or_glob.c_str(), GLOB_MARK, nullptr, &g);
+  std::vector<std::string> files;
+  if (rc == 0)
+    for (size_t i = 0; i < g.gl_pathc; ++i) {
+      std::string p = g.gl_pathv[i];
+      if (p.empty() || p.back() != '/') files.push_back(std::move(p));
+    }
+  ::globfree(&g);
+  if (rc != 0 && rc != GLOB_NOMATCH)
+    throw Error(file_or_glob + ": glob failed (" +
+                (rc == GLOB_NOSPACE ? "out of memory" : "read error") + ")");
+  if (files.empty()) throw Error(file_or_glob + ": no file matches this path or pattern");
+  // Byte order, not glob's locale-dependent order: every rank and run sees the same sequence.
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+void write_token_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
+  if (tokens.size() > static_cast<size_t>(INT32_MAX))
+    throw Error(path + ": " + std::to_string(tokens.size()) +
+                " tokens do not fit the int32 count of an llm.c shard");
+  int32_t header[kHeaderInts] = {kMagic, kVersion, static_cast<int32_t>(tokens.size())};
+  write_file_atomic(path,
+                    {{header, sizeof(header)}, {tokens.data(), tokens.size() * sizeof(uint16_t)}});
+}
+
+DataLoader::DataLoader(const std::string& file_or_glob, int64_t B, int64_t T, int rank,
+                       int world_size)
+    : pattern_(file_or_glob), B_(B), T_(T), rank_(rank), world_size_(world_size) {
+  const std::string at = file_or_glob + ": DataLoader: ";
+  if (B <= 0 || T <= 0)
+    throw Error(at + "B=" + std::to_string(B) + " and T=" + std::to_string(T) +
+                " must be positive");
+  if (world_size <= 0 || rank < 0 || rank >= world_size)
+    throw Error(at + "rank " + std::to_string(rank) +
+                " is not in [0, world_size=" + std::to_string(world_size) + ")");
+  int64_t bt = 0;
+  if (__builtin_mul_overflow(B, T, &bt) || __builtin_mul_overflow(bt, world_size, &step_) ||
+      step_ > INT32_MAX)
+    throw Error(at + "B*T*world_size is larger than any llm.c shard can hold");
+
+  files_ = expand_data_pattern(file_or_glob);
+  for (size_t i = 1; i < files_.size(); ++i) open_shard(files_[i], {B_, T_, world_size_}, nullptr);
+  load(0);  // checks shard 0 as it reads it
+}
+
+void DataLoader::load(size_t shard) {
+  std::vector<uint16_t> tokens;
+  open_shard(files_[shard], {B_, T_, world_size_}, &tokens);
+  tokens_ = std::move(tokens);  // only now: a failed load leaves the loader as it was
+  shard_ = shard;
+}
+
+void DataLoader::next(int32_t* x, int32_t* y) {
+  const int64_t n = B_ * T_;
+  const uint16_t* buf = tokens_.data() + pos_ + rank_ * n;
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = buf[i];
+    y[i] = buf[i + 1];
+  }
+  pos_ += step_;
+  if (pos_ + step_ + 1 > tokens_in_current_shard()) {
+    const size_t next_shard = (shard_ + 1) % files_.size();
+    if (next_shard != shard_) load(next_shard);  // one shard: it is already resident
+    pos_ = 0;
+  }
+}
+
+void DataLoader::reset() {
+  if (shard_ != 0) load(0);
+  pos_ = 0;
+}
+
+void DataLoader::seek(size_t shard, int64_t position) {
+  if (shard >= files_.size())
+    throw Error(pattern_ + ": seek: shard " + std::to_string(shard) + " is out of range (" +
+                std::to_string(files_.size()) + " shards)");
+  // Check everything before touching the state, so a bad seek leaves the loader usable.
+  std::vector<uint16_t> tokens;
+  const int64_t count = shard == shard_ ? tokens_in_current_shard()
+                                        : open_shard(files_[shard], {B_, T_, world_size_}, &tokens);
+  if (position < 0 || position + step_ + 1 > count)
+    throw Error(files_[shard] + ": seek: position " + std::to_string(position) +
+                " leaves no room for one step of " + std::to_string(step_ + 1) + " tokens in " +
+                std::to_string(count) + " tokens");
+  if (shard != shard_) {
+    tokens_ = std::move(tokens);
+    shard_ = shard;
+  }
+  pos_ = position;
+}
+
+}  // namespace kiln

@@ -1,0 +1,58 @@
+// Training data: llm.c token shards (the files dev/data/*.py in llm.c write).
+//
+// A shard is a header of 256 little-endian int32 ([0] = 20240520 magic, [1] = 1 version,
+// [2] = token count) followed by that many uint16 GPT-2 token ids. The loader walks the shards in
+// file-name order with llm.c's unshuffled scheme (see next()). Every error is a kiln::Error
+// naming the file.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kiln {
+
+// glob(3) the pattern (a plain path is a pattern matching itself), sorted by path; kiln::Error
+// when nothing matches.
+std::vector<std::string> expand_data_pattern(const std::string& file_or_glob);
+
+// Writes an llm.c shard holding `tokens`; atomic (tmp file + rename).
+void write_token_shard(const std::string& path, const std::vector<uint16_t>& tokens);
+
+class DataLoader {
+ public:
+  // Every shard's header is checked here, so a bad shard fails the run at start, not hours in.
+  // Each shard needs at least B*T*world_size + 1 tokens.
+  DataLoader(const std::string& file_or_glob, int64_t B, int64_t T, int rank = 0,
+             int world_size = 1);
+
+  // Fills x[B*T] with inputs and y[B*T] with their next tokens. Rank r reads
+  // buf = tokens[pos + r*B*T, pos + r*B*T + B*T + 1): x = buf[:-1], y = buf[1:]. Then
+  // pos += B*T*world_size, moving to the next shard (cyclically) at pos = 0 when the next step
+  // would not fit.
+  void next(int32_t* x, int32_t* y);
+  // Back to shard 0, position 0.
+  void reset();
+
+  // The read position, for checkpoints: seek(shard(), position()) resumes exactly.
+  size_t shard() const { return shard_; }
+  int64_t position() const { return pos_; }
+  void seek(size_t shard, int64_t position);
+
+  int64_t tokens_in_current_shard() const { return static_cast<int64_t>(tokens_.size()); }
+  const std::vector<std::string>& files() const { return files_; }
+
+ private:
+  void load(size_t shard);  // reads and validates the whole shard; the only one resident
+
+  std::string pattern_;
+  std::vector<std::string> files_;
+  int64_t B_, T_;
+  int rank_, world_size_;
+  int64_t step_;  // B*T*world_size: tokens consumed per next() by all ranks together
+  size_t shard_ = 0;
+  int64_t pos_ = 0;
+  std::vector<uint16_t> tokens_;
+};
+
+}  // namespace kiln

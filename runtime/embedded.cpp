@@ -1,0 +1,46 @@
+#include "runtime/embedded.h"
+
+#include <cstring>
+#include <fstream>
+
+#include "runtime/error.h"
+#include "runtime/file_io.h"
+
+namespace kiln {
+
+std::optional<std::vector<uint8_t>> read_embedded_module(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  in.seekg(0, std::ios::end);
+  const int64_t size = in.tellg();
+  if (size < 16) return std::nullopt;
+  char trailer[16];
+  in.seekg(size - 16);
+  in.read(trailer, 16);
+  if (std::memcmp(trailer + 8, kEmbeddedMagic, 8) != 0) return std::nullopt;
+  uint64_t moduleSize;
+  std::memcpy(&moduleSize, trailer, 8);
+  if (moduleSize > uint64_t(size - 16))
+    throw Error(path + ": embedded module: size " + std::to_string(moduleSize) +
+                " exceeds the file (truncated executable?)");
+  std::vector<uint8_t> bytes(moduleSize);
+  in.seekg(size - 16 - int64_t(moduleSize));
+  in.read(reinterpret_cast<char*>(bytes.data()), int64_t(moduleSize));
+  if (!in) throw Error(path + ": embedded module: read failed");
+  return bytes;
+}
+
+void write_executable(const std::string& out, const std::string& runtime,
+                      const std::vector<uint8_t>& module) {
+  std::vector<uint8_t> bytes = read_file(runtime);
+  // A runtime that already carries a module (an executable used as the runtime) is stripped.
+  if (auto old = read_embedded_module(runtime)) bytes.resize(bytes.size() - old->size() - 16);
+  bytes.insert(bytes.end(), module.begin(), module.end());
+  uint64_t n = module.size();
+  const auto* np = reinterpret_cast<const uint8_t*>(&n);
+  bytes.insert(bytes.end(), np, np + 8);
+  bytes.insert(bytes.end(), kEmbeddedMagic, kEmbeddedMagic + 8);
+  write_file_atomic(out, {{bytes.data(), bytes.size()}}, 0755);
+}
+
+}  // namespace kiln

@@ -1,0 +1,251 @@
+// The CPU executor: one kernel call per instruction.
+//
+// Operand layout of each opcode (inputs -> outputs; ints; floats), as the module writer emits:
+//   Embedding        table, idx -> out;                 n, V, C
+//   EmbeddingGrad    dout, idx -> dtable;               n, V, C
+//   Matmul           a, b -> c;                         M, N, K, transA, transB
+//   Add, Mul         a, b -> out;                       n
+//   Scale            x, s -> out;                       n
+//   Gelu             x -> out;  GeluGrad  dout, x -> dx; n
+//   Broadcast        x[K] -> out[R, K];  ReduceSum  x[R, K] -> out[K];   R, K
+//   Copy             x -> out;                          n
+//   Transpose        x[M, K] -> out[K, M];              M, K
+//   Split            x[R, K] -> y_i[R, w_i];  Concat  x_i[R, w_i] -> y[R, K];  R, K, w_0, w_1...
+//   Zeros            -> out;  Iota  -> out (i32);       n
+//   LayerNorm        x, w, b -> y, mean, rstd;          N, C;  eps
+//   LayerNormGrad    dy, x, w, mean, rstd -> dx, dw, db; N, C
+//   Attention        qkv -> y, lse;                     B, T, C, H
+//   AttentionGrad    dy, qkv, y, lse -> dqkv;           B, T, C, H
+//   CrossEntropy     logits, targets -> loss, lse;      N, V
+//   CrossEntropyGrad dloss, logits, lse, targets -> dlogits; N, V
+//   AccumulateGrad   g -> grad (+=);                    n
+//   GlobalNorm       g_0, g_1... -> norm;               n_0, n_1...
+//   ClipCoef         norm, max_norm -> coef
+//   AdamW            g, coef, lr, beta1, beta2, eps, wd, step -> p, m, v;  n, decay
+#include "runtime/executor.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "runtime/cpu/kernels.h"
+#include "runtime/error.h"
+
+namespace kiln {
+namespace {
+
+using O = fb::OpCode;
+
+struct Shape {
+  std::vector<int64_t> in, out;  // required element counts
+  fb::DType int_input = fb::DType::F32;
+};
+
+// The element count each operand must hold, derived from the instruction's ints.
+// Returns false when the instruction's operand or int counts are wrong.
+bool expected(const fb::Instr& ins, Shape& s) {
+  const auto& v = *ins.ints();
+  auto I = [&](size_t i) { return i < v.size() ? v[i] : -1; };
+  const size_t nin = ins.inputs()->size(), nout = ins.outputs()->size();
+  switch (ins.op()) {
+    case O::Embedding: s.in = {I(1) * I(2), I(0)}; s.out = {I(0) * I(2)}; break;
+    case O::EmbeddingGrad: s.in = {I(0) * I(2), I(0)}; s.out = {I(1) * I(2)}; break;
+    case O::Matmul: s.in = {I(0) * I(2), I(2) * I(1)}; s.out = {I(0) * I(1)}; break;
+    case O::Add: case O::Mul: s.in = {I(0), I(0)}; s.out = {I(0)}; break;
+    case O::Scale: s.in = {I(0), 1}; s.out = {I(0)}; break;
+    case O::Gelu: case O::Copy: s.in = {I(0)}; s.out = {I(0)}; break;
+    case O::GeluGrad: s.in = {I(0), I(0)}; s.out = {I(0)}; break;
+    case O::Broadcast: s.in = {I(1)}; s.out = {I(0) * I(1)}; break;
+    case O::ReduceSum: s.in = {I(0) * I(1)}; s.out = {I(1)}; break;
+    case O::Transpose: s.in = {I(0) * I(1)}; s.out = {I(0) * I(1)}; break;
+    case O::Split: case O::Concat: {
+      std::vector<int64_t> pieces;
+      int64_t total = 0;
+      for (size_t i = 2; i < v.size(); ++i) { pieces.push_back(I(0) * v[i]); total += v[i]; }
+      if (total != I(1)) return false;
+      if (ins.op() == O::Split) { s.in = {I(0) * I(1)}; s.out = pieces; }
+      else { s.in = pieces; s.out = {I(0) * I(1)}; }
+      break;
+    }
+    case O::Zeros: case O::Iota: s.in = {}; s.out = {I(0)}; break;
+    case O::LayerNorm: s.in = {I(0) * I(1), I(1), I(1)}; s.out = {I(0) * I(1), I(0), I(0)}; break;
+    case O::LayerNormGrad:
+      s.in = {I(0) * I(1), I(0) * I(1), I(1), I(0), I(0)};
+      s.out = {I(0) * I(1), I(1), I(1)};
+      break;
+    case O::Attention: s.in = {I(0) * I(1) * 3 * I(2)}; s.out = {I(0) * I(1) * I(2), I(0) * I(3) * I(1)}; break;
+    case O::AttentionGrad:
+      s.in = {I(0) * I(1) * I(2), I(0) * I(1) * 3 * I(2), I(0) * I(1) * I(2), I(0) * I(3) * I(1)};
+      s.out = {I(0) * I(1) * 3 * I(2)};
+      break;
+    case O::CrossEntropy: s.in = {I(0) * I(1), I(0)}; s.out = {1, I(0)}; break;
+    case O::CrossEntropyGrad: s.in = {1, I(0) * I(1), I(0), I(0)}; s.out = {I(0) * I(1)}; break;
+    case O::AccumulateGrad: s.in = {I(0)}; s.out = {I(0)}; break;
+    case O::GlobalNorm: s.in.assign(v.begin(), v.end()); s.out = {1}; break;
+    case O::ClipCoef: s.in = {1, 1}; s.out = {1}; break;
+    case O::AdamW: s.in = {I(0), 1, 1, 1, 1, 1, 1, 1}; s.out = {I(0), I(0), I(0)}; break;
+  }
+  return s.in.size() == nin && s.out.size() == nout;
+}
+
+// Which inputs hold i32 token ids.
+bool is_index_input(O op, size_t i) {
+  return (op == O::Embedding && i == 1) || (op == O::EmbeddingGrad && i == 1) ||
+         (op == O::CrossEntropy && i == 1) || (op == O::CrossEntropyGrad && i == 3);
+}
+
+}  // namespace
+
+Executor::Executor(const Module& module) : module_(module) {
+  const uint64_t bytes = std::max<uint64_t>(module.fb().arena_size(), 256);
+  arena_ = static_cast<uint8_t*>(std::aligned_alloc(256, (bytes + 255) / 256 * 256));
+  if (!arena_)
+    throw Error(module.source() + ": cannot allocate the " + std::to_string(bytes) +
+                "-byte arena (out of memory)");
+  std::memset(arena_, 0, bytes);
+  for (const fb::Program* p : *module.fb().programs()) check(*p);
+}
+
+Executor::~Executor() { std::free(arena_); }
+
+void Executor::check(const fb::Program& prog) const {
+  for (uint32_t k = 0; k < prog.instrs()->size(); ++k) {
+    const fb::Instr& ins = *prog.instrs()->Get(k);
+    std::string where = module_.source() + ": program " + prog.name()->str() + ", instr " +
+                        std::to_string(k) + " (" + fb::EnumNameOpCode(ins.op()) + ")";
+    Shape s;
+    if (!expected(ins, s)) throw Error(where + ": wrong number of operands or size attributes");
+    auto fits = [&](uint32_t idx, int64_t need, fb::DType dtype, const char* role) {
+      const fb::Buffer& b = module_.buffer(idx);
+      if (need < 0 || numel(b) < need || b.dtype() != dtype)
+        throw Error(where + ": " + role + " buffer " + std::to_string(idx) + " holds " +
+                    std::to_string(numel(b)) + " " + dtype_name(b.dtype()) + ", needs " +
+                    std::to_string(need) + " " + dtype_name(dtype));
+    };
+    for (size_t i = 0; i < s.in.size(); ++i)
+      fits(ins.inputs()->Get(i), s.in[i],
+           is_index_input(ins.op(), i) ? fb::DType::I32 : fb::DType::F32, "input");
+    for (size_t i = 0; i < s.out.size(); ++i)
+      fits(ins.outputs()->Get(i), s.out[i],
+           ins.op() == O::Iota ? fb::DType::I32 : fb::DType::F32, "output");
+    if (ins.op() == O::LayerNorm && (!ins.floats() || ins.floats()->size() != 1))
+      throw Error(where + ": needs its epsilon");
+  }
+}
+
+float* Executor::f32(uint32_t b) { return reinterpret_cast<float*>(arena_ + module_.buffer(b).offset()); }
+int32_t* Executor::i32(uint32_t b) { return reinterpret_cast<int32_t*>(arena_ + module_.buffer(b).offset()); }
+
+static int find_buffer(const Module& m, fb::BufferKind kind, const std::string& name) {
+  for (uint32_t i = 0; i < m.fb().buffers()->size(); ++i) {
+    const fb::Buffer& b = m.buffer(i);
+    if (b.kind() == kind && b.name() && b.name()->str() == name) return int(i);
+  }
+  return -1;
+}
+
+bool Executor::has_hyper(const std::string& name) const {
+  return find_buffer(module_, fb::BufferKind::Hyper, name) >= 0;
+}
+
+void Executor::set_hyper(const std::string& name, float value) {
+  int b = find_buffer(module_, fb::BufferKind::Hyper, name);
+  if (b >= 0) *f32(uint32_t(b)) = value;  // a program that does not read it has no slot
+}
+
+int32_t* Executor::input(const std::string& name) {
+  int b = find_buffer(module_, fb::BufferKind::Input, name);
+  if (b < 0) throw Error(module_.source() + ": the module has no input named '" + name + "'");
+  return i32(uint32_t(b));
+}
+
+void Executor::zero_grads() {
+  for (const fb::Parameter* p : *module_.fb().parameters())
+    cpu::fill(f32(p->grad()), 0.0f, numel(module_.buffer(p->grad())));
+}
+
+float Executor::run(const std::string& name) {
+  const fb::Program* prog = module_.program(name);
+  if (!prog) throw Error(module_.source() + ": the module has no program '" + name + "'");
+  for (const fb::Instr* ins : *prog->instrs()) exec(*ins);
+  return *f32(prog->result());
+}
+
+void Executor::exec(const fb::Instr& ins) {
+  const auto& v = *ins.ints();
+  auto in = [&](size_t i) { return f32(ins.inputs()->Get(i)); };
+  auto iin = [&](size_t i) { return i32(ins.inputs()->Get(i)); };
+  auto out = [&](size_t i) { return f32(ins.outputs()->Get(i)); };
+  switch (ins.op()) {
+    case O::Embedding: cpu::embedding_fwd(out(0), iin(1), in(0), v[0], v[2]); break;
+    case O::EmbeddingGrad: cpu::embedding_bwd(out(0), iin(1), in(0), v[0], v[1], v[2]); break;
+    case O::Matmul: cpu::matmul(out(0), in(0), in(1), v[0], v[1], v[2], v[3], v[4]); break;
+    case O::Add: cpu::add(out(0), in(0), in(1), v[0]); break;
+    case O::Mul: cpu::mul(out(0), in(0), in(1), v[0]); break;
+    case O::Scale: cpu::scale(out(0), in(0), *in(1), v[0]); break;
+    case O::Gelu: cpu::gelu_fwd(out(0), in(0), v[0]); break;
+    case O::GeluGrad: cpu::gelu_bwd(out(0), in(1), in(0), v[0]); break;
+    case O::Broadcast: cpu::broadcast_rows(out(0), in(0), v[0], v[1]); break;
+    case O::ReduceSum: cpu::sum_rows(out(0), in(0), v[0], v[1]); break;
+    case O::Copy: cpu::copy(out(0), in(0), v[0]); break;
+    case O::Transpose: cpu::transpose(out(0), in(0), v[0], v[1]); break;
+    case O::Split: {
+      int64_t offset = 0;
+      for (size_t i = 2; i < v.size(); ++i) {
+        cpu::slice_cols(out(i - 2), in(0), v[0], v[1], offset, v[i]);
+        offset += v[i];
+      }
+      break;
+    }
+    case O::Concat: {
+      int64_t offset = 0;
+      for (size_t i = 2; i < v.size(); ++i) {
+        cpu::insert_cols(out(0), in(i - 2), v[0], v[1], offset, v[i]);
+        offset += v[i];
+      }
+      break;
+    }
+    case O::Zeros: cpu::fill(out(0), 0.0f, v[0]); break;
+    case O::Iota: {
+      int32_t* o = i32(ins.outputs()->Get(0));
+      for (int64_t i = 0; i < v[0]; ++i) o[i] = int32_t(i);
+      break;
+    }
+    case O::LayerNorm:
+      cpu::layernorm_fwd(out(0), out(1), out(2), in(0), in(1), in(2), v[0], v[1], ins.floats()->Get(0));
+      break;
+    case O::LayerNormGrad:
+      cpu::layernorm_bwd(out(0), out(1), out(2), in(0), in(1), in(2), in(3), in(4), v[0], v[1]);
+      break;
+    case O::Attention: cpu::attention_fwd(out(0), out(1), in(0), v[0], v[1], v[2], v[3]); break;
+    case O::AttentionGrad:
+      cpu::attention_bwd(out(0), in(0), in(1), in(2), in(3), v[0], v[1], v[2], v[3]);
+      break;
+    case O::CrossEntropy: cpu::cross_entropy_fwd(out(0), out(1), in(0), iin(1), v[0], v[1]); break;
+    case O::CrossEntropyGrad:
+      cpu::cross_entropy_bwd(out(0), in(0), in(1), in(2), iin(3), v[0], v[1]);
+      break;
+    case O::AccumulateGrad: cpu::accumulate(out(0), in(0), v[0]); break;
+    case O::GlobalNorm: {
+      double sum = 0;
+      for (size_t i = 0; i < v.size(); ++i) sum += cpu::sum_squares(in(i), v[i]);
+      *out(0) = float(std::sqrt(sum));
+      break;
+    }
+    case O::ClipCoef: {
+      // coef = max_norm / (norm + 1e-6), applied only when it shrinks the gradients.
+      const float norm = *in(0), max_norm = *in(1);
+      float coef = 1.0f;
+      if (max_norm > 0.0f) coef = std::min(1.0f, max_norm / (norm + 1e-6f));
+      *out(0) = coef;
+      break;
+    }
+    case O::AdamW:
+      cpu::adamw(out(0), in(0), out(1), out(2), v[0], *in(1), *in(2), *in(3), *in(4), *in(5),
+                 v[1] ? *in(6) : 0.0f, int64_t(*in(7)));
+      break;
+  }
+}
+
+}  // namespace kiln

@@ -1,0 +1,71 @@
+// Whole-file reads and crash-safe writes, shared by every writer of the runtime and compiler.
+#include "runtime/file_io.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "runtime/error.h"
+
+namespace kiln {
+namespace {
+
+void write_all(int fd, const void* src, size_t n, const std::string& path) {
+  auto* p = static_cast<const uint8_t*>(src);
+  while (n > 0) {
+    ssize_t put = ::write(fd, p, n);
+    if (put < 0 && errno == EINTR) continue;
+    if (put < 0) throw Error(path + ": write: " + std::strerror(errno));
+    p += put;
+    n -= static_cast<size_t>(put);
+  }
+}
+
+}  // namespace
+
+std::vector<uint8_t> read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path + ": cannot open: " + std::strerror(errno));
+  in.seekg(0, std::ios::end);
+  std::vector<uint8_t> bytes(static_cast<size_t>(in.tellg()));
+  in.seekg(0);
+  if (!in.read(reinterpret_cast<char*>(bytes.data()), std::streamsize(bytes.size())))
+    throw Error(path + ": read failed");
+  return bytes;
+}
+
+void write_file_atomic(const std::string& path,
+                       const std::vector<std::pair<const void*, size_t>>& pieces, int mode) {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+  if (fd < 0) throw Error(path + ": creating " + tmp + ": " + std::strerror(errno));
+  try {
+    for (const auto& [data, size] : pieces) write_all(fd, data, size, path);
+    // fsync before rename: otherwise a crash can leave `path` naming an empty file.
+    ::fchmod(fd, mode);  // the umask filtered open()'s mode
+    if (::fsync(fd) != 0) throw Error(path + ": fsync: " + std::strerror(errno));
+    const int rc = ::close(fd);
+    fd = -1;
+    if (rc != 0) throw Error(path + ": close: " + std::strerror(errno));
+    if (::rename(tmp.c_str(), path.c_str()) != 0)
+      throw Error(path + ": renaming " + tmp + " onto it: " + std::strerror(errno));
+  } catch (...) {
+    if (fd >= 0) ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  // Make the rename itself durable. Best effort: some filesystems refuse fsync on directories.
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+}  // namespace kiln

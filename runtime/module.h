@@ -1,0 +1,35 @@
+// A loaded, verified module (the FlatBuffers file kilnc writes).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "schema/module_generated.h"
+
+namespace kiln {
+
+class Module {
+ public:
+  // From a .kiln file, or from an executable that carries one (kilnc -o).
+  static Module load(const std::string& path);
+  // From bytes in memory; `source` names them in messages.
+  static Module from_bytes(std::vector<uint8_t> bytes, std::string source);
+
+  const fb::Module& fb() const { return *fb_; }
+  const std::string& source() const { return source_; }
+  const fb::Program* program(const std::string& name) const;  // null when absent
+  const fb::Buffer& buffer(uint32_t i) const { return *fb_->buffers()->Get(i); }
+  size_t size_bytes() const { return bytes_.size(); }
+
+ private:
+  void verify() const;
+  std::vector<uint8_t> bytes_;
+  std::string source_;
+  const fb::Module* fb_ = nullptr;
+};
+
+size_t dtype_bytes(fb::DType t);
+const char* dtype_name(fb::DType t);
+int64_t numel(const fb::Buffer& b);
+
+}  // namespace kiln

@@ -1,0 +1,396 @@
+#!/usr/bin/python3
+"""End-to-end parity test: a Kiln-compiled GPT-2 training executable against the float64
+PyTorch oracle (gpt2_reference.py, which implements /work/shared/docs/training-semantics.md).
+
+    /usr/bin/python3 test/e2e/test_parity.py --kilnc PATH/kilnc --spec SPEC.toml --workdir DIR \
+        [--steps 20] [--accum 2]
+
+Steps:
+  a) writes DIR/shard_000.bin, DIR/shard_001.bin (deterministic synthetic tokens < vocab_size,
+     enough for all steps; by default the run crosses from shard 0 to shard 1 exactly at the
+     loader's "+1" boundary) and DIR/W.safetensors (init_params(seed), float32);
+  b) `kilnc SPEC -o DIR/gpt2`, then `DIR/gpt2 train --steps 1 --dump-grads DIR/grads.safetensors
+     ...`: every parameter's gradient of step 0 must match the reference with relative error
+     ||g_kiln - g_ref|| / max(||g_ref||, 1e-12) <= 1e-4;
+  c) `DIR/gpt2 train --steps N ...` with warm-up + cosine LR, weight decay and a gradient clip
+     chosen so that clipping triggers on some steps only: per-step loss within 1e-4 absolute,
+     lr within 1e-9 relative, grad_norm within 1e-3 relative.
+Exit status 0 on success, 1 on failure (with the reason), 2 on a usage error.
+
+--exe PATH skips the compile and uses an already built executable (e.g. one compiled on another
+machine); --reference-only runs only the data generation and the reference (no Kiln needed).
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+import time
+
+import tomllib
+
+sys.dont_write_bytecode = True          # keep the source tree free of __pycache__
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "..", "scripts"))
+
+import torch  # noqa: E402
+
+import gpt2_reference as R  # noqa: E402
+from make_synthetic_shard import Generator as TokenGenerator  # noqa: E402
+
+LOG_KEYS = ("step", "loss", "lr", "grad_norm", "dt_ms", "tokens_per_s")
+
+
+class TestFailure(Exception):
+    pass
+
+
+def fmt_e(x: float) -> str:
+    return "nan" if x != x else f"{x:.2e}"
+
+
+def worst(values):
+    """max that treats NaN as +inf (a NaN error must fail, never be skipped)."""
+    m = 0.0
+    for v in values:
+        if v != v:
+            return float("inf")
+        m = max(m, v)
+    return m
+
+
+# ----------------------------------------------------------------------------------------------
+# Spec, data, weights
+# ----------------------------------------------------------------------------------------------
+def load_spec(path: str):
+    with open(path, "rb") as f:
+        spec = tomllib.load(f)
+    try:
+        cfg = R.GPTConfig.from_dict(spec["model"])
+        comp = spec["compile"]
+        B, T = int(comp["batch_size"]), int(comp["seq_len"])
+        precision, target = str(comp.get("precision", "fp32")), str(comp.get("target", "cpu"))
+    except KeyError as e:
+        raise TestFailure(f"{path}: missing key {e} (need [model] n_layer n_head n_embd vocab_size "
+                          f"block_size and [compile] batch_size seq_len precision target)")
+    if T > cfg.block_size:
+        raise TestFailure(f"{path}: seq_len {T} > block_size {cfg.block_size}")
+    if cfg.vocab_size < 4 or cfg.vocab_size > 65536:
+        raise TestFailure(f"{path}: vocab_size must be in [4, 65536] for uint16 shards")
+    return cfg, B, T, precision, target
+
+
+def make_data(workdir: str, cfg, B: int, T: int, micro_batches: int, seed: int, layout: str):
+    """Writes shard_*.bin; returns their paths. BT = B*T tokens per micro-batch.
+    one:  a single shard with every micro-batch (+1 token);
+    two:  shard_000 holds K = ceil(n/2) micro-batches in exactly (K+1)*BT tokens, so the loader
+          must leave it after K batches (K*BT + BT + 1 > (K+1)*BT); shard_001 holds the rest;
+    wrap: shard_000 and shard_001 are too small together, the loader cycles back to shard_000."""
+    for old in glob.glob(os.path.join(workdir, "shard_*.bin")):
+        os.remove(old)
+    BT = B * T
+    gen = TokenGenerator(cfg.vocab_size, seed)
+    n = micro_batches
+    if layout == "one":
+        sizes = [n * BT + 1]
+    elif layout == "two":
+        K = (n + 1) // 2
+        sizes = [(K + 1) * BT, (n - K + 1) * BT + 1]
+    elif layout == "wrap":
+        K = max(1, n // 3)
+        sizes = [K * BT + 1, 2 * BT + 1]
+    else:
+        raise ValueError(layout)
+    paths = []
+    for i, sz in enumerate(sizes):
+        p = os.path.join(workdir, f"shard_{i:03d}.bin")
+        R.write_shard(p, gen.generate(sz).tolist())
+        paths.append(p)
+    return paths
+
+
+# ----------------------------------------------------------------------------------------------
+# Kiln commands
+# ----------------------------------------------------------------------------------------------
+def run_cmd(cmd, what: str, timeout: float, workdir: str):
+    print(f"$ {shlex.join(cmd)}", flush=True)
+    t0 = time.time()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=workdir)
+    except FileNotFoundError as e:
+        raise TestFailure(f"{what}: cannot run {cmd[0]}: {e}")
+    except subprocess.TimeoutExpired as e:
+        err = (e.stderr or b"")
+        err = err.decode(errors="replace") if isinstance(err, bytes) else err
+        raise TestFailure(f"{what}: timed out after {timeout:.0f} s\n--- stderr ---\n{err[-20000:]}")
+    dt = time.time() - t0
+    with open(os.path.join(workdir, f"{what.replace(' ', '_')}.stdout"), "w") as f:
+        f.write(p.stdout)
+    with open(os.path.join(workdir, f"{what.replace(' ', '_')}.stderr"), "w") as f:
+        f.write(p.stderr)
+    if p.returncode != 0:
+        raise TestFailure(f"{what} failed with exit status {p.returncode} ({dt:.1f} s)\n"
+                          f"--- stdout (tail) ---\n{p.stdout[-5000:]}\n"
+                          f"--- stderr ---\n{p.stderr[-20000:]}")
+    print(f"  ok ({dt:.1f} s)", flush=True)
+    return p
+
+
+def read_log(path: str, steps: int, what: str):
+    if not os.path.exists(path):
+        raise TestFailure(f"{what}: log {path} was not written")
+    recs = {}
+    with open(path) as f:
+        for ln, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise TestFailure(f"{what}: {path}:{ln}: not JSON ({e}): {line[:200]}")
+            if not isinstance(obj, dict) or "step" not in obj:
+                continue
+            missing = [k for k in LOG_KEYS if k not in obj]
+            if missing:
+                raise TestFailure(f"{what}: {path}:{ln}: missing keys {missing}: {line[:200]}")
+            s = obj["step"]
+            if not isinstance(s, int) or s in recs:
+                raise TestFailure(f"{what}: {path}:{ln}: bad or repeated step {s!r}")
+            recs[s] = obj
+    want = list(range(steps))
+    if sorted(recs) != want:
+        raise TestFailure(f"{what}: {path} has steps {sorted(recs)}, expected 0..{steps - 1} (0-based)")
+    return [recs[s] for s in want]
+
+
+# ----------------------------------------------------------------------------------------------
+# Reference runs
+# ----------------------------------------------------------------------------------------------
+def choose_clip(cfg, W, data, B, T, accum, hp_base, steps):
+    """A clip value that triggers on some steps only, well away from every norm."""
+    free = R.run_reference(cfg, W, data, B, T, accum, R.Hyper(**{**hp_base.__dict__, "grad_clip": 0.0}), steps)
+    norms = sorted(r["grad_norm"] for r in free)
+    cands = []
+    lo, hi = len(norms) // 4, max(len(norms) // 4 + 1, (3 * len(norms)) // 4)
+    for i in range(lo, min(hi, len(norms) - 1)):
+        a, b = norms[i], norms[i + 1]
+        cands.append(((b - a) / b, 0.5 * (a + b)))
+    cands.sort(reverse=True)
+    cands += [(0, norms[len(norms) // 2] * f) for f in (0.999, 0.99, 1.01, 0.9, 1.1)]
+    best = None
+    for _, clip in cands:
+        hp = R.Hyper(**{**hp_base.__dict__, "grad_clip": clip})
+        recs = R.run_reference(cfg, W, data, B, T, accum, hp, steps)
+        nclip = sum(r["clipped"] for r in recs)
+        margin = min(abs(r["grad_norm"] - clip) / clip for r in recs)
+        if 0 < nclip < steps:
+            if best is None or margin > best[2]:
+                best = (clip, recs, margin)
+            if margin > 1e-3:
+                break
+    if best is None:
+        raise TestFailure("could not find a --grad-clip value that clips on some steps only; "
+                          "pass --grad-clip explicitly")
+    return best
+
+
+# ----------------------------------------------------------------------------------------------
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--kilnc", help="path of the kilnc compiler")
+    ap.add_argument("--exe", help="use this compiled executable instead of compiling with --kilnc")
+    ap.add_argument("--spec", required=True, help="model/compile spec (.toml)")
+    ap.add_argument("--workdir", required=True)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--accum", type=int, default=2, help="micro-steps per step (total batch = B*T*accum)")
+    ap.add_argument("--seed", type=int, default=1234, help="seed of the weights and the tokens")
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--warmup-steps", type=int, default=5)
+    ap.add_argument("--min-lr-ratio", type=float, default=0.1)
+    ap.add_argument("--weight-decay", type=float, default=0.1)
+    ap.add_argument("--grad-clip", type=float, default=None,
+                    help="default: chosen from the reference's norms so that it clips on some steps only")
+    ap.add_argument("--data-layout", choices=("one", "two", "wrap"), default="two")
+    ap.add_argument("--data-arg", choices=("glob", "files"), default="glob",
+                    help="pass --data as one quoted glob pattern (llm.c style) or as the file list")
+    ap.add_argument("--grad-tol", type=float, default=1e-4)
+    ap.add_argument("--loss-tol", type=float, default=1e-4)
+    ap.add_argument("--lr-tol", type=float, default=1e-9)
+    ap.add_argument("--gnorm-tol", type=float, default=1e-3)
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds per Kiln command")
+    ap.add_argument("--reference-only", action="store_true", help="do not run Kiln")
+    a = ap.parse_args(argv)
+    if not a.reference_only and not (a.kilnc or a.exe):
+        ap.error("need --kilnc or --exe (or --reference-only)")
+    if a.steps < 1 or a.accum < 1:
+        ap.error("--steps and --accum must be >= 1")
+    torch.set_num_threads(max(1, min(8, os.cpu_count() or 1)))
+    try:
+        return run(a)
+    except TestFailure as e:
+        print(f"\nFAIL: {e}", flush=True)
+        return 1
+
+
+def run(a) -> int:
+    workdir = os.path.abspath(a.workdir)
+    os.makedirs(workdir, exist_ok=True)
+    cfg, B, T, precision, target = load_spec(a.spec)
+    BT = B * T
+    total_batch = BT * a.accum
+    print(f"spec {a.spec}: L={cfg.n_layer} H={cfg.n_head} C={cfg.n_embd} V={cfg.vocab_size} "
+          f"Tmax={cfg.block_size}; B={B} T={T} precision={precision} target={target}; "
+          f"accum={a.accum} total_batch={total_batch} steps={a.steps}")
+    if precision != "fp32" and a.loss_tol == 1e-4:
+        print(f"warning: precision {precision!r}: this test's oracle is float64 without autocast; "
+              f"the default fp32 tolerances will most likely not hold")
+
+    # a) data and weights
+    data = make_data(workdir, cfg, B, T, a.steps * a.accum, a.seed, a.data_layout)
+    wpath = os.path.join(workdir, "W.safetensors")
+    R.write_safetensors(wpath, R.init_params(cfg, a.seed))
+    W = R.normalize_state(R.read_safetensors(wpath), cfg)      # exactly the float32 on disk
+    print(f"wrote {', '.join(os.path.basename(p) + f' ({R.read_shard(p).size} tok)' for p in data)}, "
+          f"W.safetensors ({sum(t.numel() for t in W.values())} params)")
+
+    # reference: step-0 gradients, then the training run
+    t0 = time.time()
+    tr = R.Trainer(cfg, W, R.Hyper())
+    ref_loss0, ref_grads = tr.accumulate(R.DataLoader(data, B, T), a.accum)
+    ref_norm0 = R.global_norm(ref_grads)
+    hp = R.Hyper(lr=a.lr, warmup_steps=a.warmup_steps, total_steps=a.steps, min_lr_ratio=a.min_lr_ratio,
+                 schedule="cosine", weight_decay=a.weight_decay, grad_clip=0.0)
+    if a.grad_clip is None:
+        clip, ref, margin = choose_clip(cfg, W, data, B, T, a.accum, hp, a.steps)
+    else:
+        clip = a.grad_clip
+        ref = R.run_reference(cfg, W, data, B, T, a.accum, R.Hyper(**{**hp.__dict__, "grad_clip": clip}), a.steps)
+        margin = min(abs(r["grad_norm"] - clip) / clip for r in ref) if clip > 0 else float("inf")
+    nclip = sum(r["clipped"] for r in ref)
+    print(f"reference (float64) done in {time.time() - t0:.1f} s: step-0 loss {ref_loss0:.6f} "
+          f"(ln V = {math.log(cfg.vocab_size):.6f}), grad norm {ref_norm0:.6f}; grad clip {clip:.6g} "
+          f"triggers on {nclip}/{a.steps} steps (closest norm {margin:.1e} relative away)")
+    if nclip == 0 or nclip == a.steps:
+        print("warning: clipping triggers on all or no steps")
+
+    if a.reference_only:
+        print("\nstep  loss_ref      lr_ref        grad_norm_ref  clipped")
+        for r in ref:
+            print(f"{r['step']:4d}  {r['loss']:.8f}  {r['lr']:.6e}  {r['grad_norm']:.6e}   {int(r['clipped'])}")
+        print("reference only: Kiln not run")
+        return 0
+
+    # b) compile, dump gradients
+    exe = a.exe
+    if exe is None:
+        exe = os.path.join(workdir, "gpt2")
+        if os.path.exists(exe):
+            os.remove(exe)
+        run_cmd([os.path.abspath(a.kilnc), os.path.abspath(a.spec), "-o", exe], "kilnc", a.timeout, workdir)
+        if not os.access(exe, os.X_OK):
+            raise TestFailure(f"kilnc exited 0 but {exe} is not an executable file")
+    exe = os.path.abspath(exe)
+    data_args = [os.path.join(workdir, "shard_*.bin")] if a.data_arg == "glob" else data
+    gpath, glog, rlog = (os.path.join(workdir, n) for n in ("grads.safetensors", "g.jsonl", "run.jsonl"))
+    for p in (gpath, glog, rlog):
+        if os.path.exists(p):
+            os.remove(p)
+    run_cmd([exe, "train", "--data", *data_args, "--steps", "1", "--init", wpath, "--dump-grads", gpath,
+             "--log", glog, "--total-batch", str(total_batch)], "gpt2 train dump-grads", a.timeout, workdir)
+    if not os.path.exists(gpath):
+        raise TestFailure(f"--dump-grads did not write {gpath}")
+    kg = R.read_safetensors(gpath)
+    kg = {R.canonical_name(k): v for k, v in kg.items()}
+    failures = []
+    print(f"\n{'parameter':42s} {'shape':>12s} {'|g_ref|':>10s} {'rel err':>9s}")
+    grad_errs = {}
+    for name, g in ref_grads.items():
+        shape = "x".join(map(str, g.shape))
+        if name not in kg:
+            failures.append(f"gradient {name} missing from {gpath}")
+            print(f"{name:42s} {shape:>12s} {g.norm().item():10.3e}   MISSING")
+            continue
+        k = kg[name].to(torch.float64)
+        if tuple(k.shape) != tuple(g.shape):
+            failures.append(f"gradient {name} has shape {tuple(k.shape)}, expected {tuple(g.shape)}")
+            print(f"{name:42s} {shape:>12s} {g.norm().item():10.3e}   SHAPE {tuple(k.shape)}")
+            continue
+        err = ((k - g).norm() / max(g.norm().item(), 1e-12)).item()
+        grad_errs[name] = err
+        flag = "" if err <= a.grad_tol else "  FAIL"
+        print(f"{name:42s} {shape:>12s} {g.norm().item():10.3e} {fmt_e(err):>9s}{flag}")
+    extra = sorted(set(kg) - set(ref_grads))
+    if extra:
+        failures.append(f"unexpected tensors in {gpath}: {extra}")
+    max_grad = worst(grad_errs.values()) if grad_errs else float("inf")
+    worst_name = max(grad_errs, key=lambda n: grad_errs[n] if grad_errs[n] == grad_errs[n] else math.inf) \
+        if grad_errs else "-"
+    print(f"max grad rel err: {fmt_e(max_grad)} ({worst_name}) [tol {a.grad_tol:.0e}]")
+    if max_grad > a.grad_tol:
+        failures.append(f"gradient rel err {fmt_e(max_grad)} > {a.grad_tol:.0e} (worst {worst_name})")
+    g0 = read_log(glog, 1, "dump-grads run")[0]
+    e_l0 = abs(g0["loss"] - ref_loss0)
+    e_n0 = abs(g0["grad_norm"] - ref_norm0) / ref_norm0
+    print(f"dump-grads run step 0: loss {g0['loss']:.8f} vs {ref_loss0:.8f} (abs err {fmt_e(e_l0)}), "
+          f"grad_norm {g0['grad_norm']:.6e} vs {ref_norm0:.6e} (rel err {fmt_e(e_n0)})")
+    if not e_l0 <= a.loss_tol:
+        failures.append(f"dump-grads run: step-0 loss abs err {fmt_e(e_l0)} > {a.loss_tol:.0e}")
+    if not e_n0 <= a.gnorm_tol:
+        failures.append(f"dump-grads run: step-0 grad_norm rel err {fmt_e(e_n0)} > {a.gnorm_tol:.0e}")
+
+    # c) training run
+    print()
+    run_cmd([exe, "train", "--data", *data_args, "--steps", str(a.steps), "--init", wpath, "--log", rlog,
+             "--lr", repr(a.lr), "--warmup-steps", str(a.warmup_steps), "--lr-schedule", "cosine",
+             "--min-lr-ratio", repr(a.min_lr_ratio), "--weight-decay", repr(a.weight_decay),
+             "--grad-clip", repr(clip), "--total-batch", str(total_batch)], "gpt2 train", a.timeout, workdir)
+    kl = read_log(rlog, a.steps, "training run")
+    print(f"\nstep  {'loss_kiln':>11s} {'loss_ref':>11s} {'abs err':>8s}  {'lr_kiln':>11s} {'lr rel':>8s}  "
+          f"{'gnorm_kiln':>11s} {'gnorm_ref':>11s} {'rel err':>8s} clip")
+    el, elr, en = [], [], []
+    for k, r in zip(kl, ref):
+        l_err = abs(float(k["loss"]) - r["loss"])
+        lr_err = abs(float(k["lr"]) - r["lr"]) / r["lr"]
+        n_err = abs(float(k["grad_norm"]) - r["grad_norm"]) / r["grad_norm"]
+        el.append(l_err), elr.append(lr_err), en.append(n_err)
+        print(f"{r['step']:4d}  {float(k['loss']):11.7f} {r['loss']:11.7f} {fmt_e(l_err):>8s}  "
+              f"{float(k['lr']):11.5e} {fmt_e(lr_err):>8s}  {float(k['grad_norm']):11.5e} "
+              f"{r['grad_norm']:11.5e} {fmt_e(n_err):>8s} {'yes' if r['clipped'] else ''}")
+    m_l, m_lr, m_n = worst(el), worst(elr), worst(en)
+    if not m_l <= a.loss_tol:
+        failures.append(f"loss abs err {fmt_e(m_l)} > {a.loss_tol:.0e} (first at step "
+                        f"{next(i for i, e in enumerate(el) if not e <= a.loss_tol)})")
+    if not m_lr <= a.lr_tol:
+        failures.append(f"lr rel err {fmt_e(m_lr)} > {a.lr_tol:.0e}")
+    if not m_n <= a.gnorm_tol:
+        failures.append(f"grad_norm rel err {fmt_e(m_n)} > {a.gnorm_tol:.0e}")
+
+    ok = not failures
+    print(f"\n=== Kiln parity summary ({os.path.basename(a.spec)}: L={cfg.n_layer} H={cfg.n_head} "
+          f"C={cfg.n_embd} V={cfg.vocab_size} B={B} T={T} {precision} {target}; accum={a.accum}, "
+          f"{a.steps} steps, data layout {a.data_layout}) ===")
+    print(f"max grad rel err (step 0): {fmt_e(max_grad)}   [tol {a.grad_tol:.0e}]  ({worst_name})")
+    print(f"max loss abs err:          {fmt_e(m_l)}   [tol {a.loss_tol:.0e}]")
+    print(f"max lr rel err:            {fmt_e(m_lr)}   [tol {a.lr_tol:.0e}]")
+    print(f"max grad_norm rel err:     {fmt_e(m_n)}   [tol {a.gnorm_tol:.0e}]  (clip {clip:.4g}: "
+          f"{nclip}/{a.steps} steps clipped)")
+    print("losses kiln/ref: " + "  ".join(f"{i}:{float(k['loss']):.5f}/{r['loss']:.5f}"
+                                          for i, (k, r) in enumerate(zip(kl, ref))))
+    if ok:
+        print("RESULT: PASS")
+        return 0
+    print("RESULT: FAIL")
+    for f in failures:
+        print(f"  - {f}")
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

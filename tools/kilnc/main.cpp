@@ -1,0 +1,132 @@
+// kilnc: compiles a GPT-2 spec (or kiln IR) into a training executable, a module, or IR.
+//
+//   kilnc SPEC.toml -o gpt2                 training executable (runtime + module)
+//   kilnc SPEC.toml --emit=module -o m.kiln the module alone, for kiln-run / kiln-inspect
+//   kilnc SPEC.toml --emit=graph|step       the IR after that stage (stdout, or -o FILE)
+//   kilnc edited.mlir -o gpt2               resume from IR a user dumped and edited
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <unistd.h>
+
+#include "Kiln/KilnDialect.h"
+#include "compiler/module_writer.h"
+#include "compiler/pipeline.h"
+#include "compiler/spec.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/AsmState.h"
+#include "mlir/IR/MLIRContext.h"
+#include "mlir/IR/Verifier.h"
+#include "mlir/Parser/Parser.h"
+#include "mlir/Pass/PassManager.h"
+#include "mlir/Support/FileUtilities.h"
+#include "llvm/Support/SourceMgr.h"
+#include "llvm/Support/ToolOutputFile.h"
+#include "llvm/Support/raw_ostream.h"
+#include "models/gpt2_builder.h"
+#include "runtime/embedded.h"
+#include "runtime/error.h"
+#include "runtime/file_io.h"
+
+using namespace mlir;
+
+namespace {
+
+// The runtime binary that becomes the executable: kiln-run beside kilnc, or --runtime.
+std::string findRuntime(const std::string& given) {
+  if (!given.empty()) return given;
+  std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe");
+  std::filesystem::path beside = self.parent_path() / "kiln-run";
+  if (std::filesystem::exists(beside)) return beside.string();
+  throw kiln::Error("kilnc: cannot find the runtime 'kiln-run' next to " + self.string() +
+                    "; pass --runtime PATH");
+}
+
+bool writeText(const std::string& out, const std::string& text) {
+  if (out.empty() || out == "-") {
+    llvm::outs() << text;
+    return true;
+  }
+  kiln::write_file_atomic(out, {{text.data(), text.size()}});
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"kilnc: compile a GPT-2 spec into a Kiln training executable"};
+  std::string input, output, emit = "exe", runtime;
+  bool debugInfo = false, printAfterAll = false;
+  app.add_option("input", input, "model spec (.toml) or kiln IR (.mlir)")->required();
+  app.add_option("-o,--output", output, "output file (default: stdout for IR)");
+  app.add_option("--emit", emit, "what to produce: graph, step, module, exe")
+      ->capture_default_str()->check(CLI::IsMember({"graph", "step", "module", "exe"}));
+  app.add_option("--runtime", runtime, "runtime binary to embed the module in (default: kiln-run beside kilnc)");
+  app.add_flag("--debug-info", debugInfo, "print IR with locations");
+  app.add_flag("--print-ir-after-all", printAfterAll, "print the IR after every pass (stderr)");
+  CLI11_PARSE(app, argc, argv);
+
+  if ((emit == "exe" || emit == "module") && output.empty()) {
+    std::fprintf(stderr, "error: --emit=%s needs -o FILE\n", emit.c_str());
+    return 1;
+  }
+
+  MLIRContext ctx;
+  ctx.loadDialect<kiln::KilnDialect, func::FuncDialect>();
+  try {
+    OwningOpRef<ModuleOp> module;
+    kiln::ModelSpec spec;
+    const bool fromIR = llvm::StringRef(input).ends_with(".mlir");
+    if (fromIR) {
+      llvm::SourceMgr sm;
+      SourceMgrDiagnosticHandler handler(sm, &ctx);
+      module = parseSourceFile<ModuleOp>(input, sm, ParserConfig(&ctx));
+      if (!module) return 1;
+      auto s = kiln::getModuleSpec(*module);
+      if (failed(s)) return 1;
+      spec = *s;
+    } else {
+      spec = kiln::parse_spec(input);
+      module = kiln::buildGPT2(ctx, spec);
+      if (failed(verify(*module))) return 1;
+    }
+
+    auto print = [&](ModuleOp m) {
+      std::string text;
+      llvm::raw_string_ostream os(text);
+      OpPrintingFlags flags;
+      if (debugInfo) flags.enableDebugInfo();
+      m.print(os, flags);
+      os << "\n";
+      return writeText(output, text) ? 0 : 1;
+    };
+    if (emit == "graph") return print(*module);
+
+    // A module that already holds the step (edited --emit=step output) skips the passes.
+    if (!module->lookupSymbol("micro_step")) {
+      PassManager pm(&ctx);
+      if (printAfterAll) {
+        ctx.disableMultithreading();
+        pm.enableIRPrinting([](Pass*, Operation*) { return false; },
+                            [](Pass*, Operation*) { return true; });
+      }
+      kiln::buildStepPipeline(pm);
+      if (failed(pm.run(*module))) return 1;
+    }
+    if (emit == "step") return print(*module);
+
+    auto bytes = kiln::writeModule(*module, spec);
+    if (failed(bytes)) return 1;
+    if (emit == "module") {
+      kiln::write_file_atomic(output, {{bytes->data(), bytes->size()}});
+    } else {
+      kiln::write_executable(output, findRuntime(runtime), *bytes);
+    }
+    std::fprintf(stderr, "kilnc: wrote %s (%s, %zu-byte module)\n", output.c_str(),
+                 emit == "exe" ? "training executable" : "module", bytes->size());
+    return 0;
+  } catch (const kiln::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}
