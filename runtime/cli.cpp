@@ -33,6 +33,7 @@ void add_train_options(CLI::App& train, TrainOptions& o) {
   train.add_option("--save", o.save, "write the final weights (safetensors)");
   train.add_option("--dump-grads", o.dump_grads, "write step 0's accumulated gradients (safetensors)");
   train.add_option("--print-every", o.print_every, "print progress every N steps (default: about 50 lines)");
+  train.add_flag("--profile", o.profile, "print the time spent in each kind of kernel at the end");
 }
 
 }  // namespace

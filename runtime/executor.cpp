@@ -24,7 +24,10 @@
 //   AdamW            g, coef, lr, beta1, beta2, eps, wd, step -> p, m, v;  n, decay
 #include "runtime/executor.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -168,8 +171,29 @@ void Executor::zero_grads() {
 float Executor::run(const std::string& name) {
   const fb::Program* prog = module_.program(name);
   if (!prog) throw Error(module_.source() + ": the module has no program '" + name + "'");
-  for (const fb::Instr* ins : *prog->instrs()) exec(*ins);
+  for (const fb::Instr* ins : *prog->instrs()) {
+    if (!profile_) {
+      exec(*ins);
+      continue;
+    }
+    auto t0 = std::chrono::steady_clock::now();
+    exec(*ins);
+    auto& [seconds, calls] = profile_by_op_[fb::EnumNameOpCode(ins->op())];
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ++calls;
+  }
   return *f32(prog->result());
+}
+
+void Executor::print_profile() const {
+  double total = 0;
+  std::vector<std::pair<double, std::string>> rows;
+  for (const auto& [op, st] : profile_by_op_) total += st.first, rows.push_back({st.first, op});
+  std::sort(rows.rbegin(), rows.rend());
+  std::fprintf(stderr, "%-18s %10s %7s %10s\n", "kernel", "total ms", "share", "calls");
+  for (const auto& [sec, op] : rows)
+    std::fprintf(stderr, "%-18s %10.1f %6.1f%% %10lld\n", op.c_str(), sec * 1e3, 100 * sec / total,
+                 (long long)profile_by_op_.at(op).second);
 }
 
 void Executor::exec(const fb::Instr& ins) {

@@ -1,6 +1,7 @@
 // Runs a module's programs on the CPU over one arena allocated at start.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -26,6 +27,10 @@ class Executor {
   // Zeroes every gradient accumulator (start of an optimizer step).
   void zero_grads();
 
+  // Per-opcode wall time of every instruction run since profiling was enabled.
+  void enable_profiling(bool on) { profile_ = on; }
+  void print_profile() const;
+
   const Module& module() const { return module_; }
   uint64_t arena_bytes() const { return module_.fb().arena_size(); }
 
@@ -34,6 +39,8 @@ class Executor {
   void exec(const fb::Instr& ins);
   const Module& module_;
   uint8_t* arena_ = nullptr;
+  bool profile_ = false;
+  std::map<std::string, std::pair<double, int64_t>> profile_by_op_;  // seconds, calls
 };
 
 }  // namespace kiln

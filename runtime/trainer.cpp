@@ -29,6 +29,7 @@ double train(const Module& module, const TrainOptions& o) {
 
   DataLoader loader(o.data, B, T);
   Executor ex(module);
+  ex.enable_profiling(o.profile);
   init_parameters(ex, o.seed);  // also clears gradients and AdamW state
   if (!o.init.empty()) load_parameters(ex, o.init);
 
@@ -82,6 +83,7 @@ double train(const Module& module, const TrainOptions& o) {
                   (long long)step + 1, (long long)o.steps, loss, lr, norm, dt * 1e3, tok_s),
           std::fflush(stdout);
   }
+  if (o.profile) ex.print_profile();
   if (!o.save.empty()) {
     save_parameters(ex, o.save);
     std::fprintf(stderr, "saved %s\n", o.save.c_str());

@@ -20,6 +20,7 @@ struct TrainOptions {
   std::string save;             // safetensors written at the end
   std::string dump_grads;       // safetensors of step 0's accumulated gradients
   int64_t print_every = 0;      // 0 = about 50 lines per run
+  bool profile = false;         // per-kernel time table at the end
 };
 
 // Runs the loop; throws kiln::Error on bad input. Returns the last step's loss.

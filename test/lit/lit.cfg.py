@@ -1,0 +1,15 @@
+# lit configuration for Kiln's FileCheck tests (dialects/, passes/, tools/).
+import os
+import lit.formats
+
+config.name = "Kiln"
+config.test_format = lit.formats.ShTest(execute_external=True)
+config.suffixes = [".mlir", ".toml", ".test"]
+config.excludes = ["lit.cfg.py", "lit.site.cfg.py", "Inputs"]
+config.test_source_root = os.path.dirname(__file__)
+config.test_exec_root = os.path.join(config.kiln_obj_root, "test", "lit")
+
+# Kiln's tools first, then LLVM's (FileCheck, not, count).
+config.environment["PATH"] = os.pathsep.join(
+    [config.kiln_bin_dir, config.llvm_tools_dir, config.environment.get("PATH", os.environ["PATH"])])
+config.substitutions.append(("%kiln_src", config.kiln_src_root))
