@@ -62,7 +62,8 @@ struct TableReader {
   void no_unknown_keys(const std::set<std::string>& known) const {
     for (const auto& [k, node] : table)
       if (!known.count(std::string(k.str())))
-        fail(path, node, "unknown key '" + std::string(k.str()) + "' in [" + name + "]");
+        throw Error(where(path, k.source()) + ": unknown key '" + std::string(k.str()) + "' in [" +
+                    name + "]");
   }
 };
 
@@ -82,8 +83,8 @@ ModelSpec parse_spec(const std::string& path) {
 
   for (const auto& [k, node] : root)
     if (k.str() != "model" && k.str() != "compile")
-      fail(path, node, "unknown table or key '" + std::string(k.str()) +
-                           "' (a spec has [model] and [compile])");
+      throw Error(where(path, k.source()) + ": unknown table or key '" + std::string(k.str()) +
+                  "' (a spec has [model] and [compile])");
   for (const char* t : {"model", "compile"}) {
     const toml::node* n = root.get(t);
     if (!n) throw Error(path + ": missing the table [" + std::string(t) + "]");

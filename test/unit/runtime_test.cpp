@@ -1,0 +1,113 @@
+// Module loading and verification, the executable trailer, the executor's operand checks and
+// the learning-rate schedule.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "runtime/embedded.h"
+#include "runtime/error.h"
+#include "runtime/executor.h"
+#include "runtime/file_io.h"
+#include "runtime/lr_schedule.h"
+#include "runtime/module.h"
+
+namespace kiln {
+namespace {
+
+// A module with one program: out[n] = a[n] + b[n], with buffers of the given sizes.
+std::vector<uint8_t> add_module(int64_t n, int64_t out_elems, uint32_t version = 1) {
+  flatbuffers::FlatBufferBuilder fbb;
+  std::vector<flatbuffers::Offset<fb::Buffer>> bufs;
+  std::vector<int64_t> shapes[3] = {{n}, {n}, {out_elems}};
+  const char* names[3] = {"a", "b", "out"};
+  uint64_t offset = 0;
+  for (int i = 0; i < 3; ++i) {
+    uint64_t size = uint64_t(shapes[i][0]) * 4;
+    bufs.push_back(fb::CreateBufferDirect(fbb, names[i], fb::BufferKind::Activation, fb::DType::F32,
+                                          &shapes[i], offset, size));
+    offset += (size + 255) / 256 * 256;
+  }
+  std::vector<uint32_t> in = {0, 1}, out = {2};
+  std::vector<int64_t> ints = {n};
+  std::vector<flatbuffers::Offset<fb::Instr>> instrs = {
+      fb::CreateInstrDirect(fbb, fb::OpCode::Add, &in, &out, &ints, nullptr, "test")};
+  std::vector<flatbuffers::Offset<fb::Program>> progs = {
+      fb::CreateProgramDirect(fbb, "forward", &instrs, 2)};
+  std::vector<flatbuffers::Offset<fb::Parameter>> params;
+  auto model = fb::CreateModelDirect(fbb, 1, 1, 4, 16, 8, 1, 8, "fp32", "cpu", "test.toml");
+  fb::FinishModuleBuffer(fbb, fb::CreateModuleDirect(fbb, version, "test", model, offset, &bufs,
+                                                      &params, &progs));
+  return {fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize()};
+}
+
+TEST(Module, RunsAVerifiedProgram) {
+  Module m = Module::from_bytes(add_module(5, 5), "add.kiln");
+  Executor ex(m);
+  for (int i = 0; i < 5; ++i) ex.f32(0)[i] = float(i), ex.f32(1)[i] = 10.0f * float(i);
+  ex.run("forward");
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(ex.f32(2)[i], 11.0f * float(i));
+}
+
+TEST(Module, RejectsAnOutputTooSmallForItsKernel) {
+  Module m = Module::from_bytes(add_module(5, 4), "small.kiln");
+  try {
+    Executor ex(m);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("small.kiln: program forward, instr 0 (Add): output buffer 2 holds 4 F32, needs 5 F32"),
+              std::string::npos) << e.what();
+  }
+}
+
+TEST(Module, RejectsGarbageTruncationAndOtherVersions) {
+  auto bytes = add_module(5, 5);
+  EXPECT_THROW(Module::from_bytes({1, 2, 3}, "x.kiln"), Error);
+  std::vector<uint8_t> cut(bytes.begin(), bytes.begin() + bytes.size() / 2);
+  EXPECT_THROW(Module::from_bytes(cut, "cut.kiln"), Error);
+  try {
+    Module::from_bytes(add_module(5, 5, 7), "v7.kiln");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("v7.kiln: format_version: 7 is not 1"), std::string::npos);
+  }
+}
+
+TEST(Module, ExecutableTrailerRoundTrip) {
+  auto dir = std::filesystem::temp_directory_path() / ("kiln-exe-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  std::string runtime = (dir / "runtime").string(), exe = (dir / "exe").string();
+  std::string elf = "not really an ELF, but bytes";
+  write_file_atomic(runtime, {{elf.data(), elf.size()}});
+  EXPECT_FALSE(read_embedded_module(runtime).has_value());
+  auto module = add_module(3, 3);
+  write_executable(exe, runtime, module);
+  auto back = read_embedded_module(exe);
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(*back, module);
+  EXPECT_EQ(Module::load(exe).fb().model()->seq_len(), 8);
+  // Re-embedding into an executable replaces its module instead of stacking a second one.
+  write_executable(exe, exe, add_module(4, 4));
+  EXPECT_EQ(read_file(exe).size(), elf.size() + add_module(4, 4).size() + 16);
+  EXPECT_TRUE(std::filesystem::perms::owner_exec ==
+              (std::filesystem::status(exe).permissions() & std::filesystem::perms::owner_exec));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(LrSchedule, WarmupCosineAndFloor) {
+  LrSchedule s{"cosine", 1e-3, 0.1, 5, 20};
+  EXPECT_DOUBLE_EQ(learning_rate(s, 0), 2e-4);            // (0 + 1) / 5
+  EXPECT_DOUBLE_EQ(learning_rate(s, 4), 1e-3);            // end of warm-up
+  EXPECT_DOUBLE_EQ(learning_rate(s, 5), 1e-3);            // r = 0
+  EXPECT_NEAR(learning_rate(s, 20), 1e-4, 1e-18);         // r = 1: min_lr
+  EXPECT_DOUBLE_EQ(learning_rate(s, 21), 1e-4);           // past S
+  EXPECT_NEAR(learning_rate(s, 12), 1e-4 + 0.5 * (1 + std::cos(M_PI * 7.0 / 15.0)) * 9e-4, 1e-18);
+  LrSchedule c{"constant", 1e-3, 0.1, 2, 20};
+  EXPECT_DOUBLE_EQ(learning_rate(c, 0), 5e-4);
+  EXPECT_DOUBLE_EQ(learning_rate(c, 19), 1e-3);
+}
+
+}  // namespace
+}  // namespace kiln
