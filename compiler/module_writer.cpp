@@ -132,8 +132,9 @@ class Writer {
       ins.loc = locString(op.getLoc());
       for (Value v : op.getOperands()) ins.in.push_back(of(v));
       for (Value r : op.getResults()) {
-        uint32_t b = addBuffer(valueName(&op) + (op.getNumResults() > 1 ? "#" + std::to_string(r.cast<OpResult>().getResultNumber()) : ""),
-                               fb::BufferKind::Activation, r.getType());
+        std::string name = valueName(&op);
+        if (op.getNumResults() > 1) name += "#" + std::to_string(cast<OpResult>(r).getResultNumber());
+        uint32_t b = addBuffer(name, fb::BufferKind::Activation, r.getType());
         buf[r] = b;
         ins.out.push_back(b);
       }

@@ -42,13 +42,9 @@ std::string findRuntime(const std::string& given) {
                     "; pass --runtime PATH");
 }
 
-bool writeText(const std::string& out, const std::string& text) {
-  if (out.empty() || out == "-") {
-    llvm::outs() << text;
-    return true;
-  }
-  kiln::write_file_atomic(out, {{text.data(), text.size()}});
-  return true;
+void writeText(const std::string& out, const std::string& text) {
+  if (out.empty() || out == "-") llvm::outs() << text;
+  else kiln::write_file_atomic(out, {{text.data(), text.size()}});
 }
 
 }  // namespace
@@ -98,7 +94,8 @@ int main(int argc, char** argv) {
       if (debugInfo) flags.enableDebugInfo();
       m.print(os, flags);
       os << "\n";
-      return writeText(output, text) ? 0 : 1;
+      writeText(output, text);
+      return 0;
     };
     if (emit == "graph") return print(*module);
 

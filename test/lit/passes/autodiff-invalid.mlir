@@ -1,0 +1,93 @@
+// RUN: kiln-opt %s -split-input-file -kiln-autodiff -verify-diagnostics
+
+// The user-facing errors of kiln-autodiff.
+
+// A module without @forward has nothing to differentiate.
+// expected-error@below {{kiln-autodiff: the module has no @forward function to differentiate}}
+module {
+  kiln.parameter @w : tensor<4xf32> {init = "zeros"}
+  func.func @loss() -> tensor<f32> {
+    %w = kiln.param @w : tensor<4xf32>
+    %l = kiln.reduce_sum %w : tensor<4xf32> -> tensor<f32>
+    return %l : tensor<f32>
+  }
+}
+
+// -----
+
+// A symbol named @forward that is not a function does not count.
+// expected-error@below {{kiln-autodiff: the module has no @forward function to differentiate}}
+module {
+  kiln.parameter @forward : tensor<4xf32> {init = "zeros"}
+}
+
+// -----
+
+// The pass refuses to run twice.
+// expected-error@below {{kiln-autodiff: the module already has @micro_step}}
+module {
+  func.func @forward() -> tensor<f32> {
+    %lw = kiln.hyper "loss_weight" : tensor<f32>
+    return %lw : tensor<f32>
+  }
+  func.func @micro_step() -> tensor<f32> {
+    %lw = kiln.hyper "loss_weight" : tensor<f32>
+    return %lw : tensor<f32>
+  }
+}
+
+// -----
+
+// @forward must return the loss as a tensor<f32>, not a wider tensor.
+kiln.parameter @w : tensor<4xf32> {init = "zeros"}
+// expected-error@below {{kiln-autodiff: @forward must return exactly the loss, a tensor<f32>}}
+func.func @forward() -> tensor<4xf32> {
+  %w = kiln.param @w : tensor<4xf32>
+  return %w : tensor<4xf32>
+}
+
+// -----
+
+// @forward must return exactly one value.
+kiln.parameter @w : tensor<4xf32> {init = "zeros"}
+// expected-error@below {{kiln-autodiff: @forward must return exactly the loss, a tensor<f32>}}
+func.func @forward() -> (tensor<f32>, tensor<f32>) {
+  %w = kiln.param @w : tensor<4xf32>
+  %l = kiln.reduce_sum %w : tensor<4xf32> -> tensor<f32>
+  return %l, %l : tensor<f32>, tensor<f32>
+}
+
+// -----
+
+// @forward must return something.
+// expected-error@below {{kiln-autodiff: @forward must return exactly the loss, a tensor<f32>}}
+func.func @forward() {
+  return
+}
+
+// -----
+
+// An op on the path to the loss without a gradient rule (here a kiln.gelu_grad) is
+// reported at the forward op.
+kiln.parameter @x : tensor<4xf32> {init = "zeros"}
+func.func @forward() -> tensor<f32> {
+  %x = kiln.param @x : tensor<4xf32>
+  // expected-error@below {{kiln-autodiff: 'kiln.gelu_grad' lies on the path to the loss but has no gradient rule}}
+  %g = kiln.gelu_grad %x, %x : tensor<4xf32>
+  %l = kiln.reduce_sum %g : tensor<4xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}
+
+// -----
+
+// The same for another rule-less op, kiln.embedding_grad, deeper in the graph.
+kiln.parameter @g : tensor<4x8xf32> {init = "zeros"}
+func.func @forward() -> tensor<f32> {
+  %ids = kiln.input "idx" : tensor<4xi32>
+  %g = kiln.param @g : tensor<4x8xf32>
+  // expected-error@below {{kiln-autodiff: 'kiln.embedding_grad' lies on the path to the loss but has no gradient rule}}
+  %t = kiln.embedding_grad %g, %ids : tensor<4x8xf32>, tensor<4xi32> -> tensor<16x8xf32>
+  %r = kiln.reshape %t : tensor<16x8xf32> -> tensor<128xf32>
+  %l = kiln.reduce_sum %r : tensor<128xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}
