@@ -25,6 +25,11 @@ struct AutodiffPass : kiln::impl::AutodiffBase<AutodiffPass> {
       module.emitError("kiln-autodiff: the module already has @micro_step");
       return signalPassFailure();
     }
+    if (forward.isExternal() || forward.getNumArguments() != 0) {
+      forward.emitError("kiln-autodiff: @forward must have a body and take no arguments (inputs "
+                        "are kiln.input ops)");
+      return signalPassFailure();
+    }
     if (forward.getNumResults() != 1 ||
         forward.getResultTypes()[0] != RankedTensorType::get({}, Float32Type::get(&getContext()))) {
       forward.emitError("kiln-autodiff: @forward must return exactly the loss, a tensor<f32>");
@@ -59,6 +64,8 @@ struct AutodiffPass : kiln::impl::AutodiffBase<AutodiffPass> {
           b.create<AccumulateGradOp>(param.getLoc(), param.getNameAttr(), g);
         continue;
       }
+      // Ops without operands (zeros, iota, inputs, hyperparameters) are sources: nothing to do.
+      if (op->getNumOperands() == 0) continue;
       SmallVector<Value> resultGrads;
       for (Value r : op->getResults()) resultGrads.push_back(grads.lookup(r));
       if (llvm::all_of(resultGrads, [](Value g) { return !g; })) continue;

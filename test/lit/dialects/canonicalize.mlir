@@ -128,3 +128,26 @@ func.func @dead_reads(%g: tensor<4xf32>) {
   kiln.accumulate_grad @w, %g : tensor<4xf32>
   return
 }
+
+// -----
+
+// State reads are not merged across a write of the same state: the second kiln.grad follows an
+// accumulate_grad and the second kiln.param follows an adamw.
+// CHECK-LABEL: func.func @reads_across_writes
+// CHECK: %[[G0:.*]] = kiln.grad @w
+// CHECK: kiln.accumulate_grad @w
+// CHECK: %[[G1:.*]] = kiln.grad @w
+// CHECK: %[[P0:.*]] = kiln.param @w
+// CHECK: kiln.adamw @w
+// CHECK: %[[P1:.*]] = kiln.param @w
+// CHECK: return %[[G0]], %[[G1]], %[[P0]], %[[P1]]
+kiln.parameter @w : tensor<4xf32> {init = "zeros"}
+func.func @reads_across_writes(%g: tensor<4xf32>, %s: tensor<f32>) -> (tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>) {
+  %0 = kiln.grad @w : tensor<4xf32>
+  kiln.accumulate_grad @w, %g : tensor<4xf32>
+  %1 = kiln.grad @w : tensor<4xf32>
+  %2 = kiln.param @w : tensor<4xf32>
+  kiln.adamw @w, %g scale %s lr %s betas(%s, %s) eps %s weight_decay %s step %s : tensor<4xf32>
+  %3 = kiln.param @w : tensor<4xf32>
+  return %0, %1, %2, %3 : tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>
+}

@@ -91,3 +91,9 @@ func.func @forward() -> tensor<f32> {
   %l = kiln.reduce_sum %r : tensor<128xf32> -> tensor<f32>
   return %l : tensor<f32>
 }
+
+// -----
+
+// A declaration without a body cannot be differentiated.
+// expected-error@below {{kiln-autodiff: @forward must have a body and take no arguments}}
+func.func private @forward() -> tensor<f32>

@@ -382,3 +382,17 @@ func.func @forward() -> tensor<f32> {
 // CHECK:         kiln.accumulate_grad @x
 // CHECK-NOT:     kiln.accumulate_grad @unused
 // CHECK:         return
+
+// -----
+
+// Sources on the path to the loss (kiln.zeros here) take no gradient; the parameter still does.
+// CHECK-LABEL: func.func @micro_step
+// CHECK: kiln.accumulate_grad @w
+kiln.parameter @w : tensor<4xf32> {init = "zeros"}
+func.func @forward() -> tensor<f32> {
+  %w = kiln.param @w : tensor<4xf32>
+  %z = kiln.zeros : tensor<4xf32>
+  %s = kiln.add %w, %z : tensor<4xf32>
+  %l = kiln.reduce_sum %s : tensor<4xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}
