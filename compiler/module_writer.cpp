@@ -17,13 +17,14 @@ namespace kiln {
 namespace {
 
 constexpr uint64_t kAlign = 256;  // cuBLASLt and 16-byte vector access are both happy
+uint64_t alignUp(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 struct Buf {
   std::string name;
   fb::BufferKind kind;
   fb::DType dtype;
   std::vector<int64_t> shape;
-  uint64_t size = 0, offset = 0;
+  uint64_t size = 0, offset = 0;  // activations: planned offset within the activation region
 };
 
 struct Ins {
@@ -32,6 +33,7 @@ struct Ins {
   std::vector<int64_t> ints;
   std::vector<float> floats;
   std::string loc;
+  fb::Phase phase = fb::Phase::Forward;
 };
 
 int64_t numel(Value v) { return cast<RankedTensorType>(v.getType()).getNumElements(); }
@@ -52,33 +54,46 @@ std::string valueName(Operation* op) {
 
 class Writer {
  public:
-  Writer(ModuleOp module, const ModelSpec& spec) : module_(module), spec_(spec) {}
+  Writer(ModuleOp module, const ModelSpec& spec, std::string recompute)
+      : module_(module), spec_(spec), recompute_(std::move(recompute)) {}
 
   FailureOr<std::vector<uint8_t>> run() {
     for (ParameterOp p : module_.getOps<ParameterOp>()) declareParameter(p);
     std::vector<std::pair<std::string, std::vector<Ins>>> programs;
     std::vector<uint32_t> results;
+    uint64_t activations = 0, naive = 0;
     for (const char* name : {"forward", "micro_step", "optimizer_step"}) {
       auto f = module_.lookupSymbol<func::FuncOp>(name);
       if (!f) continue;
+      auto planned = f->getAttrOfType<IntegerAttr>("kiln.arena_size");
+      if (!planned)
+        return f.emitError() << "kilnc: @" << name << " has no buffer plan (run kiln-plan-buffers)";
+      activations = std::max(activations, uint64_t(planned.getInt()));
+      const size_t firstBuffer = bufs_.size();
       std::vector<Ins> code;
       uint32_t result = 0;
       if (failed(lowerFunction(f, code, result))) return failure();
+      uint64_t sum = 0;
+      for (size_t i = firstBuffer; i < bufs_.size(); ++i)
+        if (bufs_[i].kind == fb::BufferKind::Activation) sum += alignUp(bufs_[i].size);
+      naive = std::max(naive, sum);
       programs.emplace_back(name, std::move(code));
       results.push_back(result);
     }
-    uint64_t offset = 0;
-    for (Buf& b : bufs_) {
-      b.offset = offset;
-      offset += (b.size + kAlign - 1) / kAlign * kAlign;
-    }
-    return serialize(programs, results, offset);
+    // The state region first, in declaration order; planned activations after it.
+    uint64_t state = 0;
+    for (Buf& b : bufs_)
+      if (b.kind != fb::BufferKind::Activation) b.offset = state, state += alignUp(b.size);
+    for (Buf& b : bufs_)
+      if (b.kind == fb::BufferKind::Activation) b.offset += state;
+    return serialize(programs, results, state, activations, naive);
   }
 
  private:
-  uint32_t addBuffer(std::string name, fb::BufferKind kind, Type type) {
+  uint32_t addBuffer(std::string name, fb::BufferKind kind, Type type, uint64_t offset = 0) {
     auto t = cast<RankedTensorType>(type);
     Buf b{std::move(name), kind, dtypeOf(t.getElementType()), t.getShape().vec()};
+    b.offset = offset;
     b.size = uint64_t(t.getNumElements()) * (b.dtype == fb::DType::BF16 ? 2 : 4);
     bufs_.push_back(b);
     return uint32_t(bufs_.size() - 1);
@@ -110,7 +125,11 @@ class Writer {
   LogicalResult lowerFunction(func::FuncOp f, std::vector<Ins>& code, uint32_t& result) {
     llvm::DenseMap<Value, uint32_t> buf;
     auto of = [&](Value v) { return buf.lookup(v); };
-    for (Operation& op : f.getBody().front()) {
+    Block& body = f.getBody().front();
+    // Phases: in @micro_step the backward pass follows the op that defines the loss.
+    Operation* loss = f.getName() == "micro_step" ? body.getTerminator()->getOperand(0).getDefiningOp() : nullptr;
+    bool backward = false;
+    for (Operation& op : body) {
       if (auto ret = dyn_cast<func::ReturnOp>(op)) {
         result = of(ret.getOperand(0));
         continue;
@@ -130,11 +149,20 @@ class Writer {
 
       Ins ins;
       ins.loc = locString(op.getLoc());
+      ins.phase = f.getName() == "optimizer_step" ? fb::Phase::Optimizer
+                  : op.hasAttr("kiln.recomputed")  ? fb::Phase::Recompute
+                  : backward                       ? fb::Phase::Backward
+                                                   : fb::Phase::Forward;
+      if (&op == loss) backward = true;
       for (Value v : op.getOperands()) ins.in.push_back(of(v));
+      auto offsets = op.getAttrOfType<DenseI64ArrayAttr>("kiln.offsets");
+      if (op.getNumResults() && (!offsets || offsets.size() != int64_t(op.getNumResults())))
+        return op.emitError() << "kilnc: no planned offsets ('kiln.offsets') on this op";
       for (Value r : op.getResults()) {
+        const unsigned i = cast<OpResult>(r).getResultNumber();
         std::string name = valueName(&op);
-        if (op.getNumResults() > 1) name += "#" + std::to_string(cast<OpResult>(r).getResultNumber());
-        uint32_t b = addBuffer(name, fb::BufferKind::Activation, r.getType());
+        if (op.getNumResults() > 1) name += "#" + std::to_string(i);
+        uint32_t b = addBuffer(name, fb::BufferKind::Activation, r.getType(), uint64_t(offsets[i]));
         buf[r] = b;
         ins.out.push_back(b);
       }
@@ -239,7 +267,8 @@ class Writer {
   }
 
   std::vector<uint8_t> serialize(const std::vector<std::pair<std::string, std::vector<Ins>>>& programs,
-                                 const std::vector<uint32_t>& results, uint64_t arena) {
+                                 const std::vector<uint32_t>& results, uint64_t state,
+                                 uint64_t activations, uint64_t naive) {
     flatbuffers::FlatBufferBuilder fbb(1 << 16);
     std::vector<flatbuffers::Offset<fb::Buffer>> buffers;
     for (const Buf& b : bufs_)
@@ -258,20 +287,23 @@ class Writer {
     for (size_t i = 0; i < programs.size(); ++i) {
       std::vector<flatbuffers::Offset<fb::Instr>> instrs;
       for (const Ins& in : programs[i].second)
-        instrs.push_back(fb::CreateInstrDirect(fbb, in.op, &in.in, &in.out, &in.ints, &in.floats, in.loc.c_str()));
+        instrs.push_back(fb::CreateInstrDirect(fbb, in.op, &in.in, &in.out, &in.ints, &in.floats,
+                                               in.loc.c_str(), in.phase));
       progs.push_back(fb::CreateProgramDirect(fbb, programs[i].first.c_str(), &instrs, results[i]));
     }
     auto model = fb::CreateModelDirect(fbb, spec_.n_layer, spec_.n_head, spec_.n_embd, spec_.vocab_size,
                                        spec_.block_size, spec_.batch_size, spec_.seq_len,
                                        spec_.precision.c_str(), spec_.target.c_str(), spec_.path.c_str());
-    auto root = fb::CreateModuleDirect(fbb, /*format_version=*/1, "kilnc 0.1", model, arena,
-                                       &buffers, &params, &progs);
+    auto root = fb::CreateModuleDirect(fbb, /*format_version=*/1, "kilnc 0.1", model,
+                                       state + activations, &buffers, &params, &progs, state,
+                                       activations, naive, recompute_.c_str());
     fb::FinishModuleBuffer(fbb, root);
     return std::vector<uint8_t>(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
   }
 
   ModuleOp module_;
   const ModelSpec& spec_;
+  std::string recompute_;
   std::vector<Buf> bufs_;
   std::vector<ParameterOp> params_;
   std::map<std::string, ParamBuffers> paramBufs_;
@@ -280,8 +312,9 @@ class Writer {
 
 }  // namespace
 
-FailureOr<std::vector<uint8_t>> writeModule(ModuleOp module, const ModelSpec& spec) {
-  return Writer(module, spec).run();
+FailureOr<std::vector<uint8_t>> writeModule(ModuleOp module, const ModelSpec& spec,
+                                            const std::string& recompute) {
+  return Writer(module, spec, recompute).run();
 }
 
 }  // namespace kiln

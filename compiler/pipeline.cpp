@@ -15,7 +15,17 @@ void buildStepPipeline(OpPassManager& pm) {
   pm.addPass(createCSEPass());            // one read per parameter / hyperparameter
 }
 
+void buildPlanPipeline(OpPassManager& pm, const std::string& recompute) {
+  RecomputeOptions options;
+  options.mode = recompute;
+  pm.addPass(createRecompute(options));
+  pm.addPass(createSchedule());
+  pm.addPass(createPlanBuffers());
+}
+
 void registerKilnPipelines() {
+  PassPipelineRegistration<>("kiln-plan-pipeline", "recompute (none), schedule, plan buffers",
+                             [](OpPassManager& pm) { buildPlanPipeline(pm); });
   PassPipelineRegistration<>("kiln-step-pipeline",
                              "graph IR (@forward) to the simplified training step",
                              [](OpPassManager& pm) { buildStepPipeline(pm); });

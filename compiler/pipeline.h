@@ -8,11 +8,14 @@
 namespace kiln {
 
 // The stages `kilnc --emit` can stop after.
-enum class Stage { Graph, Step, Module, Executable };
+enum class Stage { Graph, Step, Plan, Module, Executable };
 
 // Adds the passes that turn graph IR (@forward) into the training step (@micro_step,
 // @optimizer_step), simplified. Registered for kiln-opt as `kiln-step-pipeline`.
 void buildStepPipeline(mlir::OpPassManager& pm);
+// Adds recomputation (`recompute`: none | cheap), scheduling and buffer planning: the IR the
+// module writer needs. Registered for kiln-opt as `kiln-plan-pipeline`.
+void buildPlanPipeline(mlir::OpPassManager& pm, const std::string& recompute = "none");
 void registerKilnPipelines();
 
 // The spec a module was built from, kept as the module attribute `kiln.spec` so that an

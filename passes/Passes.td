@@ -31,4 +31,47 @@ def BuildOptimizerStep : Pass<"kiln-build-optimizer-step", "::mlir::ModuleOp"> {
   let dependentDialects = ["::kiln::KilnDialect", "::mlir::func::FuncDialect"];
 }
 
+def Recompute : Pass<"kiln-recompute", "::mlir::ModuleOp"> {
+  let summary = "Rematerialise cheap activations in the backward pass of @micro_step";
+  let description = [{
+    With `mode=cheap`, each GELU output and layer-norm output that the backward pass needs is
+    computed again right before its first backward use instead of being kept alive from the
+    forward pass (llm.c's `-r`): the forward copy dies after its forward uses. The clones carry
+    the unit attribute `kiln.recomputed`, so reports can count the extra work. The backward pass
+    starts after the op that defines the returned loss. `mode=none` leaves the IR as it is.
+  }];
+  let options = [
+    Option<"mode", "mode", "std::string", /*default=*/"\"cheap\"",
+           "what to recompute: none | cheap (GELU and layer-norm outputs)">
+  ];
+  let dependentDialects = ["::kiln::KilnDialect"];
+}
+
+def Schedule : Pass<"kiln-schedule", "::mlir::ModuleOp"> {
+  let summary = "Order each function's kernels to keep live memory low";
+  let description = [{
+    A deterministic list scheduler over every function: among the ops whose operands are
+    ready, it picks the one that adds the fewest live bytes (bytes it allocates minus bytes of
+    operands it is the last user of), ties broken by the original order. Ops with memory
+    effects (state reads and writes) keep their relative order. The new order is kept only when
+    its peak of live bytes is below the original order's peak.
+  }];
+  let dependentDialects = ["::kiln::KilnDialect"];
+}
+
+def PlanBuffers : Pass<"kiln-plan-buffers", "::mlir::ModuleOp"> {
+  let summary = "Give every activation an offset in one arena";
+  let description = [{
+    For each function, computes the live interval of every activation over the (scheduled)
+    op order, lets results share storage where that is free (a reshape aliases its input; an
+    elementwise op writes in place over an operand it is the last user of), and packs the
+    intervals into one arena (largest first, best fit, 256-byte alignment). Writes
+    `kiln.offsets` (one byte offset per result; -1 for parameters, gradients, inputs and
+    hyperparameters, which live outside the arena) on every op with results, and
+    `kiln.arena_size` on the function. The module writer copies these out; the runtime's plan
+    verifier checks them independently.
+  }];
+  let dependentDialects = ["::kiln::KilnDialect"];
+}
+
 #endif // KILN_PASSES_TD

@@ -2,7 +2,7 @@
 //
 //   kilnc SPEC.toml -o gpt2                 training executable (runtime + module)
 //   kilnc SPEC.toml --emit=module -o m.kiln the module alone, for kiln-run / kiln-inspect
-//   kilnc SPEC.toml --emit=graph|step       the IR after that stage (stdout, or -o FILE)
+//   kilnc SPEC.toml --emit=graph|step|plan  the IR after that stage (stdout, or -o FILE)
 //   kilnc edited.mlir -o gpt2               resume from IR a user dumped and edited
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -51,12 +51,16 @@ void writeText(const std::string& out, const std::string& text) {
 
 int main(int argc, char** argv) {
   CLI::App app{"kilnc: compile a GPT-2 spec into a Kiln training executable"};
-  std::string input, output, emit = "exe", runtime;
+  std::string input, output, emit = "exe", runtime, recompute = "none";
   bool debugInfo = false, printAfterAll = false;
   app.add_option("input", input, "model spec (.toml) or kiln IR (.mlir)")->required();
   app.add_option("-o,--output", output, "output file (default: stdout for IR)");
-  app.add_option("--emit", emit, "what to produce: graph, step, module, exe")
-      ->capture_default_str()->check(CLI::IsMember({"graph", "step", "module", "exe"}));
+  app.add_option("--emit", emit, "what to produce: graph, step, plan (IR), module, exe")
+      ->capture_default_str()->check(CLI::IsMember({"graph", "step", "plan", "module", "exe"}));
+  app.add_option("--recompute", recompute,
+                 "recompute activations in the backward pass instead of keeping them: none, "
+                 "cheap (GELU and layer-norm outputs)")
+      ->capture_default_str()->check(CLI::IsMember({"none", "cheap"}));
   app.add_option("--runtime", runtime, "runtime binary to embed the module in (default: kiln-run beside kilnc)");
   app.add_flag("--debug-info", debugInfo, "print IR with locations");
   app.add_flag("--print-ir-after-all", printAfterAll, "print the IR after every pass (stderr)");
@@ -99,20 +103,30 @@ int main(int argc, char** argv) {
     };
     if (emit == "graph") return print(*module);
 
-    // A module that already holds the step (edited --emit=step output) skips the passes.
-    if (!module->lookupSymbol("micro_step")) {
+    // Runs one stage's passes; IR that already went through a stage (an edited --emit=step or
+    // --emit=plan file) skips it.
+    auto runStage = [&](auto build) {
       PassManager pm(&ctx);
       if (printAfterAll) {
         ctx.disableMultithreading();
         pm.enableIRPrinting([](Pass*, Operation*) { return false; },
                             [](Pass*, Operation*) { return true; });
       }
-      kiln::buildStepPipeline(pm);
-      if (failed(pm.run(*module))) return 1;
-    }
+      build(pm);
+      return pm.run(*module);
+    };
+    if (!module->lookupSymbol("micro_step") &&
+        failed(runStage([](PassManager& pm) { kiln::buildStepPipeline(pm); })))
+      return 1;
     if (emit == "step") return print(*module);
 
-    auto bytes = kiln::writeModule(*module, spec);
+    auto step = module->lookupSymbol<func::FuncOp>("micro_step");
+    if (!(step && step->hasAttr("kiln.arena_size")) &&
+        failed(runStage([&](PassManager& pm) { kiln::buildPlanPipeline(pm, recompute); })))
+      return 1;
+    if (emit == "plan") return print(*module);
+
+    auto bytes = kiln::writeModule(*module, spec, recompute);
     if (failed(bytes)) return 1;
     if (emit == "module") {
       kiln::write_file_atomic(output, {{bytes->data(), bytes->size()}});

@@ -1,0 +1,124 @@
+// kiln-plan-buffers: live intervals over the scheduled order, storage sharing, arena offsets.
+#include "compiler/arena_planner.h"
+#include "passes/Liveness.h"
+#include "passes/Passes.h"
+
+#include "llvm/ADT/DenseMap.h"
+
+namespace kiln {
+#define GEN_PASS_DEF_PLANBUFFERS
+#include "passes/Passes.h.inc"
+}  // namespace kiln
+
+using namespace mlir;
+using namespace kiln;
+
+namespace {
+
+struct Interval {
+  int64_t first = INT64_MAX, last = -1;
+  uint64_t size = 0;
+};
+
+class FunctionPlanner {
+ public:
+  explicit FunctionPlanner(func::FuncOp f) : body_(f.getBody().front()), func_(f) {}
+
+  void run() {
+    int64_t pos = 0;
+    for (Operation& op : body_) position_[&op] = pos++;
+    const int64_t end = pos;  // returned values live to the end of the call
+
+    // 1. A reshape's result is its operand's storage.
+    for (Operation& op : body_)
+      for (Value r : op.getResults()) {
+        if (isPersistent(r)) persistent_.insert(r);
+        else parent_[r] = r;
+        if (auto reshape = dyn_cast<ReshapeOp>(op)) {
+          Value in = reshape.getInput();
+          if (persistent_.count(in)) persistent_.insert(r), parent_.erase(r);
+          else parent_[r] = leader(in);
+        }
+      }
+
+    // 2. Each storage group's interval: first write to last use.
+    auto note = [&](Value v, int64_t at) {
+      if (persistent_.count(v) || !parent_.count(v)) return;
+      Interval& iv = groups_[leader(v)];
+      iv.first = std::min(iv.first, at);
+      iv.last = std::max(iv.last, at);
+      iv.size = std::max(iv.size, byteSize(v));
+    };
+    for (Operation& op : body_) {
+      const int64_t at = isa<func::ReturnOp>(op) ? end : position_[&op];
+      for (Value r : op.getResults()) note(r, at);
+      for (Value v : op.getOperands()) note(v, at);
+    }
+
+    // 3. In place: an elementwise result takes over an operand group that ends at this op.
+    for (Operation& op : body_) {
+      if (!mayWriteInPlace(&op)) continue;
+      Value out = op.getResult(0);
+      for (Value in : op.getOperands()) {
+        if (persistent_.count(in) || byteSize(in) != byteSize(out)) continue;
+        Value g = leader(in), o = leader(out);
+        if (g == o || groups_[g].last != position_[&op]) continue;
+        Interval merged = groups_[g];
+        merged.last = std::max(merged.last, groups_[o].last);
+        merged.size = std::max(merged.size, groups_[o].size);
+        groups_.erase(o);
+        parent_[o] = g;
+        groups_[g] = merged;
+        break;
+      }
+    }
+
+    // 4. Pack.
+    std::vector<Value> leaders;
+    std::vector<LiveBuffer> buffers;
+    for (auto& [leader, iv] : groups_) leaders.push_back(leader);
+    llvm::sort(leaders, [&](Value a, Value b) {
+      return std::make_pair(groups_[a].first, groups_[a].last) < std::make_pair(groups_[b].first, groups_[b].last);
+    });
+    for (Value l : leaders) buffers.push_back({groups_[l].size, groups_[l].first, groups_[l].last});
+    ArenaPlan plan = plan_arena(buffers);
+    llvm::DenseMap<Value, int64_t> offset;
+    for (size_t i = 0; i < leaders.size(); ++i) offset[leaders[i]] = int64_t(plan.offsets[i]);
+
+    Builder b(func_.getContext());
+    for (Operation& op : body_) {
+      if (op.getNumResults() == 0) continue;
+      SmallVector<int64_t> offsets;
+      for (Value r : op.getResults())
+        offsets.push_back(persistent_.count(r) ? -1 : offset.lookup(leader(r)));
+      op.setAttr("kiln.offsets", b.getDenseI64ArrayAttr(offsets));
+    }
+    func_->setAttr("kiln.arena_size", b.getI64IntegerAttr(int64_t(plan.size)));
+  }
+
+ private:
+  // Union-find over storage groups.
+  Value leader(Value v) {
+    Value p = parent_.lookup(v);
+    if (p == v) return v;
+    Value root = leader(p);
+    parent_[v] = root;
+    return root;
+  }
+
+  Block& body_;
+  func::FuncOp func_;
+  llvm::DenseMap<Operation*, int64_t> position_;
+  llvm::DenseSet<Value> persistent_;
+  llvm::DenseMap<Value, Value> parent_;
+  llvm::DenseMap<Value, Interval> groups_;
+};
+
+struct PlanBuffersPass : kiln::impl::PlanBuffersBase<PlanBuffersPass> {
+  void runOnOperation() override {
+    for (auto f : getOperation().getOps<func::FuncOp>())
+      if (!f.isExternal()) FunctionPlanner(f).run();
+  }
+};
+
+}  // namespace
