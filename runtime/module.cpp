@@ -8,6 +8,7 @@
 #include "runtime/embedded.h"
 #include "runtime/error.h"
 #include "runtime/file_io.h"
+#include "runtime/plan_verifier.h"
 
 namespace kiln {
 
@@ -36,6 +37,7 @@ Module Module::from_bytes(std::vector<uint8_t> bytes, std::string source) {
     throw Error(m.source_ + ": corrupt or truncated module (FlatBuffers verification failed)");
   m.fb_ = fb::GetModule(m.bytes_.data());
   m.verify();
+  verify_plan(m);
   return m;
 }
 

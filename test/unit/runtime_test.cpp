@@ -17,17 +17,19 @@
 namespace kiln {
 namespace {
 
-// A module with one program: out[n] = a[n] + b[n], with buffers of the given sizes.
+// A module with one program: out[n] = a[n] + b[n], with buffers of the given sizes. a and b
+// are inputs (the state region), out an activation after them.
 std::vector<uint8_t> add_module(int64_t n, int64_t out_elems, uint32_t version = 1) {
   flatbuffers::FlatBufferBuilder fbb;
   std::vector<flatbuffers::Offset<fb::Buffer>> bufs;
   std::vector<int64_t> shapes[3] = {{n}, {n}, {out_elems}};
   const char* names[3] = {"a", "b", "out"};
-  uint64_t offset = 0;
+  uint64_t offset = 0, state = 0;
   for (int i = 0; i < 3; ++i) {
     uint64_t size = uint64_t(shapes[i][0]) * 4;
-    bufs.push_back(fb::CreateBufferDirect(fbb, names[i], fb::BufferKind::Activation, fb::DType::F32,
-                                          &shapes[i], offset, size));
+    if (i == 2) state = offset;
+    bufs.push_back(fb::CreateBufferDirect(fbb, names[i], i < 2 ? fb::BufferKind::Input : fb::BufferKind::Activation,
+                                          fb::DType::F32, &shapes[i], offset, size));
     offset += (size + 255) / 256 * 256;
   }
   std::vector<uint32_t> in = {0, 1}, out = {2};
@@ -39,7 +41,8 @@ std::vector<uint8_t> add_module(int64_t n, int64_t out_elems, uint32_t version =
   std::vector<flatbuffers::Offset<fb::Parameter>> params;
   auto model = fb::CreateModelDirect(fbb, 1, 1, 4, 16, 8, 1, 8, "fp32", "cpu", "test.toml");
   fb::FinishModuleBuffer(fbb, fb::CreateModuleDirect(fbb, version, "test", model, offset, &bufs,
-                                                      &params, &progs));
+                                                      &params, &progs, state, offset - state,
+                                                      offset - state, "none"));
   return {fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize()};
 }
 

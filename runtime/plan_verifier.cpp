@@ -1,0 +1,103 @@
+#include "runtime/plan_verifier.h"
+
+#include <algorithm>
+#include <map>
+
+#include "runtime/error.h"
+
+namespace kiln {
+namespace {
+
+bool in_place_kernel(fb::OpCode op) {
+  return op == fb::OpCode::Add || op == fb::OpCode::Mul || op == fb::OpCode::Scale ||
+         op == fb::OpCode::Gelu || op == fb::OpCode::GeluGrad;
+}
+
+struct Live {
+  uint32_t buffer;
+  int64_t first, last;
+};
+
+std::string describe(const Module& m, uint32_t i) {
+  const fb::Buffer& b = m.buffer(i);
+  return "buffer " + std::to_string(i) + " '" + (b.name() ? b.name()->str() : "") + "' [" +
+         std::to_string(b.offset()) + ", " + std::to_string(b.offset() + b.size()) + ")";
+}
+
+}  // namespace
+
+void verify_plan(const Module& m) {
+  const fb::Module& f = m.fb();
+  const std::string where = m.source() + ": memory plan: ";
+  const uint64_t state = f.state_size();
+
+  // The state region holds every non-activation buffer, without overlaps.
+  std::vector<uint32_t> region;
+  for (uint32_t i = 0; i < f.buffers()->size(); ++i) {
+    const fb::Buffer& b = m.buffer(i);
+    const bool is_state = b.kind() != fb::BufferKind::Activation;
+    if (is_state && b.offset() + b.size() > state)
+      throw Error(where + describe(m, i) + " is state but lies outside the state region [0, " + std::to_string(state) + ")");
+    if (!is_state && b.size() && b.offset() < state)
+      throw Error(where + describe(m, i) + " is an activation inside the state region [0, " + std::to_string(state) + ")");
+    if (is_state) region.push_back(i);
+  }
+  std::sort(region.begin(), region.end(), [&](uint32_t a, uint32_t b) { return m.buffer(a).offset() < m.buffer(b).offset(); });
+  for (size_t k = 1; k < region.size(); ++k) {
+    const fb::Buffer &prev = m.buffer(region[k - 1]), &cur = m.buffer(region[k]);
+    if (prev.size() && cur.size() && cur.offset() < prev.offset() + prev.size())
+      throw Error(where + describe(m, region[k - 1]) + " and " + describe(m, region[k]) + " overlap in the state region");
+  }
+
+  for (const fb::Program* prog : *f.programs()) {
+    const std::string pname = prog->name()->str();
+    const int64_t n = prog->instrs()->size();
+    std::map<uint32_t, Live> live;
+    for (int64_t k = 0; k < n; ++k) {
+      const fb::Instr& ins = *prog->instrs()->Get(k);
+      for (uint32_t b : *ins.inputs()) {
+        if (m.buffer(b).kind() != fb::BufferKind::Activation) continue;
+        auto it = live.find(b);
+        if (it == live.end())
+          throw Error(where + "program " + pname + ", instr " + std::to_string(k) + " reads " +
+                      describe(m, b) + " before any kernel writes it");
+        it->second.last = k;
+      }
+      for (uint32_t b : *ins.outputs()) {
+        if (m.buffer(b).kind() != fb::BufferKind::Activation) continue;
+        auto [it, fresh] = live.try_emplace(b, Live{b, k, k});
+        if (!fresh) it->second.last = k;
+      }
+    }
+    if (auto it = live.find(prog->result()); it != live.end()) it->second.last = n;  // read after the call
+
+    std::vector<Live> spans;
+    for (auto& [b, l] : live) spans.push_back(l);
+    std::sort(spans.begin(), spans.end(), [](const Live& a, const Live& b) { return a.first < b.first; });
+    for (size_t i = 0; i < spans.size(); ++i) {
+      const fb::Buffer& a = m.buffer(spans[i].buffer);
+      for (size_t j = i + 1; j < spans.size() && spans[j].first <= spans[i].last; ++j) {
+        const fb::Buffer& b = m.buffer(spans[j].buffer);
+        if (!a.size() || !b.size()) continue;
+        if (b.offset() >= a.offset() + a.size() || a.offset() >= b.offset() + b.size()) continue;
+        // Allowed: an elementwise kernel writing its output exactly over an input it reads last.
+        const int64_t k = spans[j].first;
+        if (spans[i].last == k && a.offset() == b.offset() && k < n) {
+          const fb::Instr& ins = *prog->instrs()->Get(k);
+          auto has = [](const flatbuffers::Vector<uint32_t>* v, uint32_t x) {
+            return std::find(v->begin(), v->end(), x) != v->end();
+          };
+          if (in_place_kernel(ins.op()) && has(ins.inputs(), spans[i].buffer) &&
+              has(ins.outputs(), spans[j].buffer))
+            continue;
+        }
+        throw Error(where + "program " + pname + ": " + describe(m, spans[i].buffer) + " (instrs " +
+                    std::to_string(spans[i].first) + ".." + std::to_string(spans[i].last) + ") and " +
+                    describe(m, spans[j].buffer) + " (instrs " + std::to_string(spans[j].first) + ".." +
+                    std::to_string(spans[j].last) + ") overlap while both are live");
+      }
+    }
+  }
+}
+
+}  // namespace kiln

