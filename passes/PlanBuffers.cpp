@@ -32,6 +32,7 @@ class FunctionPlanner {
     // 1. A reshape's result is its operand's storage.
     for (Operation& op : body_)
       for (Value r : op.getResults()) {
+        sequence_[r] = sequence_.size();  // deterministic order for ties
         if (isPersistent(r)) persistent_.insert(r);
         else parent_[r] = r;
         if (auto reshape = dyn_cast<ReshapeOp>(op)) {
@@ -77,9 +78,7 @@ class FunctionPlanner {
     std::vector<Value> leaders;
     std::vector<LiveBuffer> buffers;
     for (auto& [leader, iv] : groups_) leaders.push_back(leader);
-    llvm::sort(leaders, [&](Value a, Value b) {
-      return std::make_pair(groups_[a].first, groups_[a].last) < std::make_pair(groups_[b].first, groups_[b].last);
-    });
+    llvm::sort(leaders, [&](Value a, Value b) { return sequence_[a] < sequence_[b]; });
     for (Value l : leaders) buffers.push_back({groups_[l].size, groups_[l].first, groups_[l].last});
     ArenaPlan plan = plan_arena(buffers);
     llvm::DenseMap<Value, int64_t> offset;
@@ -111,6 +110,7 @@ class FunctionPlanner {
   llvm::DenseMap<Operation*, int64_t> position_;
   llvm::DenseSet<Value> persistent_;
   llvm::DenseMap<Value, Value> parent_;
+  llvm::DenseMap<Value, size_t> sequence_;  // results in program order
   llvm::DenseMap<Value, Interval> groups_;
 };
 

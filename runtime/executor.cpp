@@ -100,8 +100,27 @@ bool is_index_input(O op, size_t i) {
 
 }  // namespace
 
+// MemAvailable from /proc/meminfo in bytes, or 0 when unknown.
+static uint64_t available_memory() {
+  std::FILE* f = std::fopen("/proc/meminfo", "r");
+  if (!f) return 0;
+  char line[256];
+  unsigned long long kb = 0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+  std::fclose(f);
+  return uint64_t(kb) * 1024;
+}
+
 Executor::Executor(const Module& module) : module_(module) {
   const uint64_t bytes = std::max<uint64_t>(module.fb().arena_size(), 256);
+  auto gib = [](uint64_t b) { return std::to_string(double(b) / double(1ull << 30)).substr(0, 5) + " GiB"; };
+  // Linux overcommits: check before allocating rather than die touching the pages.
+  const uint64_t avail = available_memory();
+  if (avail && bytes > avail)
+    throw Error(module.source() + ": the arena needs " + std::to_string(bytes) + " bytes (" + gib(bytes) +
+                ") but only " + gib(avail) + " of memory is available; compile with a smaller batch_size, "
+                "or with --recompute=cheap");
   arena_ = static_cast<uint8_t*>(std::aligned_alloc(256, (bytes + 255) / 256 * 256));
   if (!arena_)
     throw Error(module.source() + ": cannot allocate the " + std::to_string(bytes) +

@@ -33,7 +33,7 @@ constexpr const char* kPattern =
 
 constexpr int kNumByteChars = 256 + 68;  // GPT-2's byte characters are U+0021..U+0143
 constexpr size_t kMaxCachedPiece = 256;   // longer pieces are BPE'd every time
-constexpr size_t kMaxCacheEntries = 1 << 20;
+constexpr size_t kMaxCacheEntries = 1 << 18;   // about 30 MB; cleared when full
 
 // Length of the valid UTF-8 sequence at p (1..4), or 0 when the bytes there are not one.
 size_t utf8_len(const uint8_t* p, size_t n) {

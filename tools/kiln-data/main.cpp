@@ -13,7 +13,8 @@
 // DIR/train_001.bin, ..., DIR/val_000.bin, .... Shards are first written under
 // DIR/.kiln-data-prepare.<pid>/ and moved into DIR only when every document has been encoded, so
 // a failed run leaves DIR as it was; a successful run then removes older train_NNN.bin and
-// val_NNN.bin shards in DIR that it did not write, so DIR holds exactly this data set.
+// val_NNN.bin shards in DIR that it did not write, so DIR holds exactly this data set. (A run
+// killed by a signal can leave DIR/.kiln-data-prepare.<pid>/ behind; it is safe to delete.)
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -185,7 +186,9 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
   fs::create_directory(tmp, ec);
   if (ec) throw Error(tmp.string() + ": cannot create directory: " + ec.message());
 
-  Split train{"train"}, val{"val"};
+  Split train, val;
+  train.name = "train";
+  val.name = "val";
   auto write_shard = [&](Split& s, size_t count) {
     if (s.shards.size() >= 1000)
       throw Error("prepare: more than 1000 " + s.name + " shards; use a larger --shard-tokens");
@@ -228,18 +231,20 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
       }
     fs::remove_all(tmp, ec);
     const std::regex shard_name(R"((train|val)_[0-9]{3}\.bin)");
-    size_t removed = 0;
+    std::vector<fs::path> older;
     for (const auto& entry : fs::directory_iterator(out, ec)) {
       const std::string name = entry.path().filename().string();
-      if (std::regex_match(name, shard_name) && !written.count(name) && fs::remove(entry.path(), ec))
-        ++removed;
+      if (std::regex_match(name, shard_name) && !written.count(name)) older.push_back(entry.path());
     }
+    size_t removed = 0;
+    for (const fs::path& p : older) removed += fs::remove(p, ec) ? 1 : 0;
 
     const double t = seconds_since(start);
     std::printf("prepared %zu documents (%.2f MB) in %.2f s, %.1f MB/s\n", n, total_bytes / 1e6, t,
                 t > 0 ? total_bytes / 1e6 / t : 0.0);
     for (const Split* s : {&train, &val}) {
-      std::printf("%s: %zu documents, %" PRIu64 " tokens, ", s->name.c_str(), s->documents, s->tokens);
+      std::printf("%s: %zu document%s, %" PRIu64 " tokens, ", s->name.c_str(), s->documents,
+                  s->documents == 1 ? "" : "s", s->tokens);
       if (s->shards.empty())
         std::printf("no shards\n");
       else if (s->shards.size() == 1)

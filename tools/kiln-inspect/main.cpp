@@ -5,7 +5,9 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/error.h"
+#include "runtime/file_io.h"
 #include "runtime/module.h"
+#include "tools/kiln-inspect/memory_report.h"
 
 using namespace kiln;
 using nlohmann::ordered_json;
@@ -46,7 +48,7 @@ ordered_json report(const Module& m) {
   std::map<std::string, uint64_t> bytes;
   for (const fb::Buffer* b : *f.buffers()) bytes[fb::EnumNameBufferKind(b->kind())] += b->size();
   j["buffers"] = {{"count", f.buffers()->size()}, {"bytes_by_kind", bytes}};
-  j["arena_bytes"] = f.arena_size();
+  add_memory_report(m, j);
   return j;
 }
 
@@ -70,10 +72,29 @@ void print_text(const ordered_json& j) {
               m["precision"].get<std::string>().c_str(), m["target"].get<std::string>().c_str());
   std::printf("parameters %zu tensors, %lld values\n", j["parameters"].size(),
               (long long)j["parameter_count"].get<int64_t>());
-  std::printf("arena      %s in %d buffers\n", human(j["arena_bytes"].get<double>()).c_str(),
-              j["buffers"]["count"].get<int>());
-  for (const auto& [kind, b] : j["buffers"]["bytes_by_kind"].items())
-    std::printf("  %-12s %s\n", kind.c_str(), human(b.get<double>()).c_str());
+  const auto& a = j["accounting"];
+  std::printf("memory     %s in one arena: state %s + activations %s (planned; %s without reuse, %.2fx)\n",
+              human(j["total_arena_bytes"].get<double>()).c_str(), human(j["state_bytes"].get<double>()).c_str(),
+              human(j["arena_bytes"].get<double>()).c_str(), human(j["naive_bytes"].get<double>()).c_str(),
+              j["arena_bytes"].get<double>() / std::max(1.0, j["naive_bytes"].get<double>()));
+  std::printf("  parameters %s, gradients %s, AdamW state %s, activations %s\n",
+              human(a["parameters"].get<double>()).c_str(), human(a["gradients"].get<double>()).c_str(),
+              human(a["optimizer_state"].get<double>()).c_str(), human(a["activations"].get<double>()).c_str());
+  const auto& peak = j["peak"];
+  std::printf("  peak %s live in %s at instr %lld; largest buffers then:\n",
+              human(peak["live_bytes"].get<double>()).c_str(), peak["program"].get<std::string>().c_str(),
+              (long long)peak["instr"].get<int64_t>());
+  for (const auto& b : peak["largest"])
+    std::printf("    %10s  %-36s from %s\n", human(b["bytes"].get<double>()).c_str(),
+                b["buffer"].get<std::string>().c_str(), b["produced_by"].get<std::string>().c_str());
+  const auto& fl = j["flops"];
+  std::printf("flops      per micro-step (%lld tokens): forward %.3g, backward %.3g, recompute %.3g\n",
+              (long long)fl["tokens"].get<int64_t>(), fl["forward"].get<double>(), fl["backward"].get<double>(),
+              fl["recompute"].get<double>());
+  std::printf("  6*params*tokens + 12*L*C*T*tokens = %.3g; counted/rule = %.3f\n",
+              fl["rule_6nd_plus_attention"].get<double>(), fl["counted_over_rule"].get<double>());
+  std::printf("recompute  %s: %d kernels, %.3g extra FLOPs\n", j["recompute"]["mode"].get<std::string>().c_str(),
+              j["recompute"]["kernels"].get<int>(), j["recompute"]["flops"].get<double>());
   std::printf("\n%-16s %8s  ops\n", "program", "kernels");
   for (const auto& p : j["programs"]) {
     std::string ops;
@@ -87,13 +108,26 @@ void print_text(const ordered_json& j) {
 
 int main(int argc, char** argv) {
   CLI::App app{"kiln-inspect: report on a Kiln module or training executable"};
-  std::string path;
-  bool json = false;
+  std::string path, svg;
+  bool json = false, verify = false;
   app.add_option("module", path, "module (.kiln) or executable written by kilnc")->required();
   app.add_flag("--json", json, "print the report as one JSON object");
+  app.add_flag("--verify-plan", verify, "check the memory plan (no two live buffers overlap) and say so");
+  app.add_option("--svg", svg, "draw the memory timeline of the largest program into this SVG file");
   CLI11_PARSE(app, argc, argv);
   try {
-    Module m = Module::load(path);
+    Module m = Module::load(path);  // loading verifies the module and its memory plan
+    if (verify) {
+      std::printf("plan verified: %s, %u buffers, no two live buffers overlap\n", path.c_str(),
+                  m.fb().buffers()->size());
+      return 0;
+    }
+    if (!svg.empty()) {
+      std::string text = memory_timeline_svg(m);
+      write_file_atomic(svg, {{text.data(), text.size()}});
+      std::fprintf(stderr, "wrote %s\n", svg.c_str());
+      return 0;
+    }
     ordered_json j = report(m);
     if (json) std::printf("%s\n", j.dump(2).c_str());
     else print_text(j);

@@ -1,0 +1,49 @@
+// RUN: kiln-opt %s -split-input-file -kiln-plan-buffers | FileCheck %s
+
+// Offsets on a chain: GELU writes in place over its dead input, reshapes alias their input,
+// the transpose needs a second slot, and the final scalar reuses the first slot.
+// CHECK-LABEL: func.func @forward
+// CHECK-SAME: kiln.arena_size = 512
+// CHECK: kiln.param @w {kiln.offsets = array<i64: -1>}
+// CHECK: kiln.gelu %{{.*}} {kiln.offsets = array<i64: 0>}
+// CHECK: kiln.gelu %{{.*}} {kiln.offsets = array<i64: 0>}
+// CHECK: kiln.reshape %{{.*}} {kiln.offsets = array<i64: 0>}
+// CHECK: kiln.transpose %{{.*}} {kiln.offsets = array<i64: 256>}
+// CHECK: kiln.reshape %{{.*}} {kiln.offsets = array<i64: 256>}
+// CHECK: kiln.reduce_sum %{{.*}} {kiln.offsets = array<i64: 0>}
+kiln.parameter @w : tensor<64xf32> {init = "zeros"}
+func.func @forward() -> tensor<f32> {
+  %w = kiln.param @w : tensor<64xf32>
+  %a = kiln.gelu %w : tensor<64xf32>
+  %b = kiln.gelu %a : tensor<64xf32>
+  %c = kiln.reshape %b : tensor<64xf32> -> tensor<8x8xf32>
+  %d = kiln.transpose %c : tensor<8x8xf32> -> tensor<8x8xf32>
+  %e = kiln.reshape %d : tensor<8x8xf32> -> tensor<64xf32>
+  %l = kiln.reduce_sum %e : tensor<64xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}
+
+// -----
+
+// A value used after an elementwise op cannot be overwritten by it: %a is read again by the
+// add, so the GELU result takes a fresh slot (over the dead statistics); the add then writes
+// over %a, its first operand, and the sum reuses the GELU's slot.
+// CHECK-LABEL: func.func @forward
+// CHECK-SAME: kiln.arena_size = 2048
+// CHECK: kiln.layer_norm {{.*}} {kiln.offsets = array<i64: 0, 1024, 1280>}
+// CHECK: kiln.gelu %{{.*}} {kiln.offsets = array<i64: 1024>}
+// CHECK: kiln.add %{{.*}} {kiln.offsets = array<i64: 0>}
+// CHECK: kiln.reduce_sum %{{.*}} {kiln.offsets = array<i64: 1024>}
+kiln.parameter @x : tensor<4x64xf32> {init = "zeros"}
+kiln.parameter @g : tensor<64xf32> {init = "ones"}
+kiln.parameter @b : tensor<64xf32> {init = "zeros"}
+func.func @forward() -> tensor<f32> {
+  %x = kiln.param @x : tensor<4x64xf32>
+  %g = kiln.param @g : tensor<64xf32>
+  %b = kiln.param @b : tensor<64xf32>
+  %a, %mean, %rstd = kiln.layer_norm %x, %g, %b : tensor<4x64xf32>, tensor<64xf32>, tensor<64xf32> -> tensor<4x64xf32>, tensor<4xf32>, tensor<4xf32>
+  %u = kiln.gelu %a : tensor<4x64xf32>
+  %s = kiln.add %a, %u : tensor<4x64xf32>
+  %l = kiln.reduce_sum %s : tensor<4x64xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}

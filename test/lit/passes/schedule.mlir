@@ -1,0 +1,41 @@
+// RUN: kiln-opt %s -split-input-file -kiln-schedule | FileCheck %s
+
+// Two independent chains written breadth-first keep both 64 KiB broadcasts alive at once;
+// the scheduler finishes each reduction before starting the next broadcast.
+// CHECK-LABEL: func.func @forward
+// CHECK: %[[A:.*]] = kiln.broadcast
+// CHECK-NEXT: kiln.reduce_sum %[[A]]
+// CHECK-NEXT: %[[B:.*]] = kiln.broadcast
+// CHECK-NEXT: kiln.reduce_sum %[[B]]
+// CHECK-NEXT: kiln.add
+kiln.parameter @w : tensor<64xf32> {init = "zeros"}
+kiln.parameter @v : tensor<64xf32> {init = "zeros"}
+func.func @forward() -> tensor<f32> {
+  %w = kiln.param @w : tensor<64xf32>
+  %v = kiln.param @v : tensor<64xf32>
+  %a = kiln.broadcast %w : tensor<64xf32> -> tensor<256x64xf32>
+  %b = kiln.broadcast %v : tensor<64xf32> -> tensor<256x64xf32>
+  %ra = kiln.reduce_sum %a : tensor<256x64xf32> -> tensor<64xf32>
+  %rb = kiln.reduce_sum %b : tensor<256x64xf32> -> tensor<64xf32>
+  %s = kiln.add %ra, %rb : tensor<64xf32>
+  %l = kiln.reduce_sum %s : tensor<64xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}
+
+// -----
+
+// An order that is already best stays as written, and state writes keep their order.
+// CHECK-LABEL: func.func @optimizer_step
+// CHECK: kiln.adamw @w
+// CHECK-NEXT: kiln.adamw @v
+kiln.parameter @w : tensor<64xf32> {init = "zeros"}
+kiln.parameter @v : tensor<64xf32> {init = "zeros"}
+func.func @optimizer_step() -> tensor<f32> {
+  %gw = kiln.grad @w : tensor<64xf32>
+  %gv = kiln.grad @v : tensor<64xf32>
+  %n = kiln.global_norm %gw, %gv : tensor<64xf32>, tensor<64xf32> -> tensor<f32>
+  %h = kiln.hyper "lr" : tensor<f32>
+  kiln.adamw @w, %gw scale %h lr %h betas(%h, %h) eps %h weight_decay %h step %h : tensor<64xf32>
+  kiln.adamw @v, %gv scale %h lr %h betas(%h, %h) eps %h weight_decay %h step %h : tensor<64xf32>
+  return %n : tensor<f32>
+}

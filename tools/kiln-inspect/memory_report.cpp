@@ -1,0 +1,180 @@
+#include "tools/kiln-inspect/memory_report.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+
+namespace kiln {
+namespace {
+
+struct Span {
+  uint32_t buffer;
+  int64_t first, last;
+  const fb::Instr* producer;
+};
+
+// Live spans of a program's activation buffers (first write to last use; the result to the end).
+std::vector<Span> spans_of(const Module& m, const fb::Program& p) {
+  std::map<uint32_t, Span> live;
+  const int64_t n = p.instrs()->size();
+  for (int64_t k = 0; k < n; ++k) {
+    const fb::Instr* ins = p.instrs()->Get(k);
+    for (auto* list : {ins->inputs(), ins->outputs()})
+      for (uint32_t b : *list) {
+        if (m.buffer(b).kind() != fb::BufferKind::Activation) continue;
+        auto [it, fresh] = live.try_emplace(b, Span{b, k, k, ins});
+        it->second.last = k;
+      }
+  }
+  if (auto it = live.find(p.result()); it != live.end()) it->second.last = n;
+  std::vector<Span> out;
+  for (auto& [b, s] : live) out.push_back(s);
+  return out;
+}
+
+// Bytes live at each kernel; buffers sharing an offset at the same time (in place) count once.
+std::vector<uint64_t> live_bytes(const Module& m, const fb::Program& p, const std::vector<Span>& spans) {
+  const int64_t n = p.instrs()->size();
+  std::vector<std::map<uint64_t, uint64_t>> at(n + 1);
+  for (const Span& s : spans)
+    for (int64_t k = s.first; k <= s.last; ++k) {
+      uint64_t& slot = at[k][m.buffer(s.buffer).offset()];
+      slot = std::max<uint64_t>(slot, m.buffer(s.buffer).size());
+    }
+  std::vector<uint64_t> out(n + 1, 0);
+  for (int64_t k = 0; k <= n; ++k)
+    for (auto& [off, size] : at[k]) out[k] += size;
+  return out;
+}
+
+// Matrix products as 2MNK; attention with the full T x T convention of the 6ND + 12LCT rule;
+// GELU and layer norm (what recomputation repeats) as 8 FLOPs per element; the rest as free.
+double flops(const fb::Instr& ins) {
+  const auto& v = *ins.ints();
+  switch (ins.op()) {
+    case fb::OpCode::Gelu: return 8.0 * double(v[0]);
+    case fb::OpCode::LayerNorm: return 8.0 * double(v[0]) * double(v[1]);
+    case fb::OpCode::Matmul: return 2.0 * double(v[0]) * double(v[1]) * double(v[2]);
+    case fb::OpCode::Attention: return 4.0 * double(v[0]) * double(v[1]) * double(v[1]) * double(v[2]);
+    case fb::OpCode::AttentionGrad: return 8.0 * double(v[0]) * double(v[1]) * double(v[1]) * double(v[2]);
+    default: return 0.0;
+  }
+}
+
+// The program whose planned activations are largest (the training micro-step).
+const fb::Program* largest_program(const Module& m) {
+  const fb::Program* best = nullptr;
+  uint64_t best_peak = 0;
+  for (const fb::Program* p : *m.fb().programs()) {
+    auto spans = spans_of(m, *p);
+    auto live = live_bytes(m, *p, spans);
+    uint64_t peak = live.empty() ? 0 : *std::max_element(live.begin(), live.end());
+    if (!best || peak > best_peak) best = p, best_peak = peak;
+  }
+  return best;
+}
+
+}  // namespace
+
+void add_memory_report(const Module& m, nlohmann::ordered_json& j) {
+  const fb::Module& f = m.fb();
+  std::map<fb::BufferKind, uint64_t> by_kind;
+  for (const fb::Buffer* b : *f.buffers()) by_kind[b->kind()] += b->size();
+  j["arena_bytes"] = f.activation_size();
+  j["naive_bytes"] = f.naive_activation_size();
+  j["state_bytes"] = f.state_size();
+  j["total_arena_bytes"] = f.arena_size();
+  j["param_bytes"] = by_kind[fb::BufferKind::Parameter];
+  j["accounting"] = {{"parameters", by_kind[fb::BufferKind::Parameter]},
+                     {"gradients", by_kind[fb::BufferKind::Gradient]},
+                     {"optimizer_state", by_kind[fb::BufferKind::AdamM] + by_kind[fb::BufferKind::AdamV]},
+                     {"inputs", by_kind[fb::BufferKind::Input]},
+                     {"activations", f.activation_size()}};
+
+  // The peak of the largest program, and what is live then.
+  const fb::Program* p = largest_program(m);
+  nlohmann::ordered_json peak = {{"program", p ? p->name()->str() : ""}, {"instr", 0}, {"live_bytes", 0},
+                                 {"largest", nlohmann::ordered_json::array()}};
+  if (p) {
+    auto spans = spans_of(m, *p);
+    auto live = live_bytes(m, *p, spans);
+    const int64_t k = std::max_element(live.begin(), live.end()) - live.begin();
+    std::vector<Span> at;
+    for (const Span& s : spans)
+      if (s.first <= k && k <= s.last) at.push_back(s);
+    std::sort(at.begin(), at.end(), [&](const Span& a, const Span& b) {
+      return m.buffer(a.buffer).size() > m.buffer(b.buffer).size();
+    });
+    if (at.size() > 8) at.resize(8);
+    peak["instr"] = k;
+    peak["live_bytes"] = live[k];
+    for (const Span& s : at)
+      peak["largest"].push_back({{"buffer", m.buffer(s.buffer).name()->str()},
+                                 {"bytes", m.buffer(s.buffer).size()},
+                                 {"produced_by", std::string(fb::EnumNameOpCode(s.producer->op())) + " at " +
+                                                     (s.producer->loc() ? s.producer->loc()->str() : "?")}});
+  }
+  j["peak"] = peak;
+
+  // FLOPs of one micro-step by phase, against 6 * params * tokens + 12 * L * C * T * tokens.
+  std::map<fb::Phase, double> by_phase;
+  int recomputed = 0;
+  if (const fb::Program* step = m.program("micro_step"))
+    for (const fb::Instr* ins : *step->instrs()) {
+      by_phase[ins->phase()] += flops(*ins);
+      recomputed += ins->phase() == fb::Phase::Recompute;
+    }
+  const fb::Model& model = *f.model();
+  const double tokens = double(model.batch_size()) * model.seq_len();
+  double params = 0;
+  for (const fb::Parameter* q : *f.parameters()) params += double(numel(m.buffer(q->value())));
+  const double rule = 6.0 * params * tokens + 12.0 * model.n_layer() * model.n_embd() * double(model.seq_len()) * tokens;
+  const double counted = by_phase[fb::Phase::Forward] + by_phase[fb::Phase::Backward];
+  j["flops"] = {{"tokens", int64_t(tokens)},
+                {"forward", by_phase[fb::Phase::Forward]},
+                {"backward", by_phase[fb::Phase::Backward]},
+                {"recompute", by_phase[fb::Phase::Recompute]},
+                {"rule_6nd_plus_attention", rule},
+                {"counted_over_rule", rule > 0 ? counted / rule : 0.0}};
+  j["recompute"] = {{"mode", f.recompute() ? f.recompute()->str() : "none"},
+                    {"kernels", recomputed},
+                    {"flops", by_phase[fb::Phase::Recompute]}};
+}
+
+std::string memory_timeline_svg(const Module& m) {
+  const fb::Program* p = largest_program(m);
+  const double W = 1200, H = 640, left = 70, top = 40, right = 20, bottom = 40;
+  std::string out;
+  char line[512];
+  auto add = [&](const char* fmt, auto... args) {
+    std::snprintf(line, sizeof line, fmt, args...);
+    out += line;
+  };
+  add("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" font-size=\"12\">\n", W, H);
+  add("<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
+  if (!p) return out + "</svg>\n";
+  auto spans = spans_of(m, *p);
+  const double n = double(p->instrs()->size()) + 1;
+  const double base = double(m.fb().state_size());
+  const double arena = std::max(1.0, double(m.fb().activation_size()));
+  const double sx = (W - left - right) / n, sy = (H - top - bottom) / arena;
+  add("<text x=\"%.0f\" y=\"22\" font-size=\"15\">%s: memory timeline of program '%s' (%.1f MiB planned activations)</text>\n",
+      left, m.source().c_str(), p->name()->c_str(), arena / 1048576.0);
+  const char* colour[] = {"#4e79a7", "#f28e2b", "#59a14f", "#b07aa1"};  // by phase
+  for (const Span& s : spans) {
+    const fb::Buffer& b = m.buffer(s.buffer);
+    add("<rect x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%.2f\" fill=\"%s\" fill-opacity=\"0.75\" stroke=\"#333\" stroke-width=\"0.2\"><title>%s: %llu bytes, kernels %lld..%lld</title></rect>\n",
+        left + s.first * sx, top + (double(b.offset()) - base) * sy, std::max(1.0, (s.last - s.first + 1) * sx),
+        std::max(0.5, double(b.size()) * sy), colour[int(s.producer->phase()) & 3], b.name()->c_str(),
+        (unsigned long long)b.size(), (long long)s.first, (long long)s.last);
+  }
+  add("<text x=\"%.0f\" y=\"%.0f\">kernel index (time) &#8594;</text>\n", left, H - 12);
+  add("<text x=\"14\" y=\"%.0f\" transform=\"rotate(-90 14 %.0f)\">arena offset &#8595;</text>\n", top + 200, top + 200);
+  const char* names[] = {"forward", "backward", "recompute", "optimizer"};
+  for (int i = 0; i < 4; ++i)
+    add("<rect x=\"%.0f\" y=\"%.0f\" width=\"12\" height=\"12\" fill=\"%s\"/><text x=\"%.0f\" y=\"%.0f\">%s</text>\n",
+        W - 420 + i * 100, H - 24, colour[i], W - 404 + i * 100, H - 14, names[i]);
+  return out + "</svg>\n";
+}
+
+}  // namespace kiln

@@ -1,0 +1,18 @@
+// kiln-inspect's memory and compute accounting: arena, peak, FLOPs, and the timeline picture.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "runtime/module.h"
+
+namespace kiln {
+
+// Adds arena_bytes, naive_bytes, state/param/grad/optimizer bytes, the peak with its largest
+// buffers, the accounting, FLOPs per phase against the 6ND-plus-attention rule, and recompute.
+void add_memory_report(const Module& m, nlohmann::ordered_json& j);
+
+// The largest program's buffers as boxes: time (kernel index) across, arena offset down.
+std::string memory_timeline_svg(const Module& m);
+
+}  // namespace kiln
