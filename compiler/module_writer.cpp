@@ -104,7 +104,7 @@ class Writer {
     return fb::DType::F32;
   }
 
-  struct ParamBuffers { uint32_t value, grad, m, v; };
+  struct ParamBuffers { uint32_t value, grad, m, v; int32_t copy = -1; };
   void declareParameter(ParameterOp p) {
     std::string n = p.getSymName().str();
     ParamBuffers pb{addBuffer(n, fb::BufferKind::Parameter, p.getType()),
@@ -135,7 +135,18 @@ class Writer {
         continue;
       }
       // Values that name existing storage.
-      if (auto p = dyn_cast<ParamOp>(op)) { buf[p] = paramBufs_.at(p.getName().str()).value; continue; }
+      if (auto p = dyn_cast<ParamOp>(op)) {
+        // A bf16 read is the parameter's compute copy, created on first use.
+        ParamBuffers& pb = paramBufs_.at(p.getName().str());
+        if (cast<RankedTensorType>(p.getType()).getElementType().isBF16()) {
+          if (pb.copy < 0)
+            pb.copy = int32_t(addBuffer(p.getName().str() + ".bf16", fb::BufferKind::ComputeCopy, p.getType()));
+          buf[p] = uint32_t(pb.copy);
+        } else {
+          buf[p] = pb.value;
+        }
+        continue;
+      }
       if (auto g = dyn_cast<GradOp>(op)) { buf[g] = paramBufs_.at(g.getName().str()).grad; continue; }
       if (auto in = dyn_cast<InputOp>(op)) {
         buf[in] = named(inputs_, in.getInputName().str(), fb::BufferKind::Input, in.getType());
@@ -220,6 +231,7 @@ class Writer {
           return set(O::Concat, ints);
         })
         .Case([&](ZerosOp o) { return set(O::Zeros, {numel(o.getResult())}); })
+        .Case([&](CastOp o) { return set(O::Cast, {numel(o.getResult())}); })
         .Case([&](IotaOp o) { return set(O::Iota, {numel(o.getResult())}); })
         .Case([&](LayerNormOp o) {
           int64_t c = shape(o.getInput()).back();
@@ -259,6 +271,7 @@ class Writer {
         .Case([&](AdamWOp o) {
           const ParamBuffers& pb = paramBufs_.at(o.getName().str());
           ins.out = {pb.value, pb.m, pb.v};
+          if (pb.copy >= 0) ins.out.push_back(uint32_t(pb.copy));  // refreshed in the same kernel
           return set(O::AdamW, {numel(o.getGrad()), o.getDecay() ? 1 : 0});
         })
         .Default([&](Operation* other) {
@@ -281,7 +294,7 @@ class Writer {
                       : p.getInit() == "ones" ? fb::Init::Ones : fb::Init::Zeros;
       params.push_back(fb::CreateParameterDirect(fbb, p.getSymName().str().c_str(), &s, init,
                                                  p.getInitStd().convertToFloat(), p.getDecay(),
-                                                 pb.value, pb.grad, pb.m, pb.v));
+                                                 pb.value, pb.grad, pb.m, pb.v, pb.copy));
     }
     std::vector<flatbuffers::Offset<fb::Program>> progs;
     for (size_t i = 0; i < programs.size(); ++i) {

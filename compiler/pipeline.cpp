@@ -8,10 +8,12 @@ using namespace mlir;
 
 namespace kiln {
 
-void buildStepPipeline(OpPassManager& pm) {
+void buildStepPipeline(OpPassManager& pm, const std::string& precision) {
+  if (precision == "bf16") pm.addPass(createMixedPrecision());
   pm.addPass(createAutodiff());
   pm.addPass(createBuildOptimizerStep());
-  pm.addPass(createCanonicalizerPass());  // folds reshape chains, drops dead statistics
+  pm.addPass(createCanonicalizerPass());  // folds reshape and cast chains, drops dead statistics,
+                                          // reads bf16 weights from their compute copies
   pm.addPass(createCSEPass());            // one read per parameter / hyperparameter
 }
 

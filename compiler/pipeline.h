@@ -11,8 +11,9 @@ namespace kiln {
 enum class Stage { Graph, Step, Plan, Module, Executable };
 
 // Adds the passes that turn graph IR (@forward) into the training step (@micro_step,
-// @optimizer_step), simplified. Registered for kiln-opt as `kiln-step-pipeline`.
-void buildStepPipeline(mlir::OpPassManager& pm);
+// @optimizer_step), simplified; with precision "bf16" the mixed-precision pass runs first.
+// Registered for kiln-opt as `kiln-step-pipeline`.
+void buildStepPipeline(mlir::OpPassManager& pm, const std::string& precision = "fp32");
 // Adds recomputation (`recompute`: none | cheap), scheduling and buffer planning: the IR the
 // module writer needs. Registered for kiln-opt as `kiln-plan-pipeline`.
 void buildPlanPipeline(mlir::OpPassManager& pm, const std::string& recompute = "none");

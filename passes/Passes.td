@@ -31,6 +31,26 @@ def BuildOptimizerStep : Pass<"kiln-build-optimizer-step", "::mlir::ModuleOp"> {
   let dependentDialects = ["::kiln::KilnDialect", "::mlir::func::FuncDialect"];
 }
 
+def MixedPrecision : Pass<"kiln-mixed-precision", "::mlir::ModuleOp"> {
+  let summary = "Assign bf16 or fp32 to every value of @forward (autocast's policy)";
+  let description = [{
+    Runs on the graph before autodiff, so the backward pass inherits the types (the gradient of
+    a bf16 value is bf16; a cast's gradient is cast back). The policy, that of
+    `torch.autocast(dtype=torch.bfloat16)` around the forward and loss:
+    * matrix products take bf16 operands (weights through `kiln.cast` of the fp32 master, which
+      canonicalization turns into reads of the bf16 compute copy) and give bf16 results, the
+      products accumulated in fp32; a bias added to one is added in bf16;
+    * GELU and attention run on bf16 values (computed in fp32 inside the kernel);
+    * layer norm computes its statistics in fp32; its output is stored in bf16 when every user
+      is a matrix product (the cast folded into the producer);
+    * cross-entropy reads bf16 logits and computes the softmax and loss in fp32;
+    * the residual stream, the embeddings, every reduction, the loss, gradient accumulators,
+      master weights and AdamW state stay fp32: a bf16 branch added to the fp32 residual is
+      widened first (type promotion).
+  }];
+  let dependentDialects = ["::kiln::KilnDialect"];
+}
+
 def Recompute : Pass<"kiln-recompute", "::mlir::ModuleOp"> {
   let summary = "Rematerialise cheap activations in the backward pass of @micro_step";
   let description = [{

@@ -32,6 +32,7 @@
 #include <cstring>
 #include <new>
 
+#include "runtime/cpu/bf16.h"
 #include "runtime/cpu/kernels.h"
 #include "runtime/error.h"
 
@@ -87,7 +88,12 @@ bool expected(const fb::Instr& ins, Shape& s) {
     case O::AccumulateGrad: s.in = {I(0)}; s.out = {I(0)}; break;
     case O::GlobalNorm: s.in.assign(v.begin(), v.end()); s.out = {1}; break;
     case O::ClipCoef: s.in = {1, 1}; s.out = {1}; break;
-    case O::AdamW: s.in = {I(0), 1, 1, 1, 1, 1, 1, 1}; s.out = {I(0), I(0), I(0)}; break;
+    case O::AdamW:
+      s.in = {I(0), 1, 1, 1, 1, 1, 1, 1};
+      s.out = {I(0), I(0), I(0)};
+      if (nout == 4) s.out.push_back(I(0));  // the bf16 compute copy
+      break;
+    case O::Cast: s.in = {I(0)}; s.out = {I(0)}; break;
   }
   return s.in.size() == nin && s.out.size() == nout;
 }
@@ -138,19 +144,26 @@ void Executor::check(const fb::Program& prog) const {
                         std::to_string(k) + " (" + fb::EnumNameOpCode(ins.op()) + ")";
     Shape s;
     if (!expected(ins, s)) throw Error(where + ": wrong number of operands or size attributes");
-    auto fits = [&](uint32_t idx, int64_t need, fb::DType dtype, const char* role) {
+    // Float operands may be fp32 or bf16 (bf16 is widened to fp32 around the kernel); token ids
+    // are i32; optimizer state and gradient accumulators are fp32.
+    auto fits = [&](uint32_t idx, int64_t need, bool index, bool fp32_only, const char* role) {
       const fb::Buffer& b = module_.buffer(idx);
-      if (need < 0 || numel(b) < need || b.dtype() != dtype)
+      const bool type_ok = index ? b.dtype() == fb::DType::I32
+                                 : b.dtype() == fb::DType::F32 || (!fp32_only && b.dtype() == fb::DType::BF16);
+      if (need < 0 || numel(b) < need || !type_ok)
         throw Error(where + ": " + role + " buffer " + std::to_string(idx) + " holds " +
                     std::to_string(numel(b)) + " " + dtype_name(b.dtype()) + ", needs " +
-                    std::to_string(need) + " " + dtype_name(dtype));
+                    std::to_string(need) + (index ? " I32" : fp32_only ? " F32" : " F32 or BF16"));
     };
+    const bool state_op = ins.op() == O::AccumulateGrad || ins.op() == O::AdamW;
     for (size_t i = 0; i < s.in.size(); ++i)
-      fits(ins.inputs()->Get(i), s.in[i],
-           is_index_input(ins.op(), i) ? fb::DType::I32 : fb::DType::F32, "input");
-    for (size_t i = 0; i < s.out.size(); ++i)
-      fits(ins.outputs()->Get(i), s.out[i],
-           ins.op() == O::Iota ? fb::DType::I32 : fb::DType::F32, "output");
+      fits(ins.inputs()->Get(i), s.in[i], is_index_input(ins.op(), i), state_op, "input");
+    for (size_t i = 0; i < s.out.size(); ++i) {
+      const bool copy = ins.op() == O::AdamW && i == 3;
+      fits(ins.outputs()->Get(i), s.out[i], ins.op() == O::Iota, state_op && !copy, "output");
+      if (copy && module_.buffer(ins.outputs()->Get(i)).dtype() != fb::DType::BF16)
+        throw Error(where + ": the compute copy must be BF16");
+    }
     if (ins.op() == O::LayerNorm && (!ins.floats() || ins.floats()->size() != 1))
       throw Error(where + ": needs its epsilon");
   }
@@ -215,11 +228,50 @@ void Executor::print_profile() const {
                  (long long)profile_by_op_.at(op).second);
 }
 
+// bf16 operands: kernels compute in fp32, so a bf16 input is widened into a scratch buffer and
+// a bf16 output is computed in scratch and rounded (to nearest even) into its buffer after the
+// kernel. Storage is bf16, arithmetic fp32: the numerics of the GPU kernels.
+float* Executor::operand(uint32_t buffer, size_t slot, bool is_output) {
+  const fb::Buffer& b = module_.buffer(buffer);
+  if (b.dtype() != fb::DType::BF16) return f32(buffer);
+  std::vector<float>& scratch = scratch_[slot];
+  scratch.resize(size_t(numel(b)));
+  if (!is_output) {
+    cpu::widen_bf16(scratch.data(), reinterpret_cast<const uint16_t*>(arena_ + b.offset()), numel(b));
+  } else {
+    pending_.push_back({buffer, slot});
+  }
+  return scratch.data();
+}
+
+void Executor::flush_outputs() {
+  for (auto [buffer, slot] : pending_) {
+    const fb::Buffer& b = module_.buffer(buffer);
+    cpu::narrow_bf16(reinterpret_cast<uint16_t*>(arena_ + b.offset()), scratch_[slot].data(), numel(b));
+  }
+  pending_.clear();
+}
+
+void Executor::refresh_compute_copies() {
+  for (const fb::Parameter* p : *module_.fb().parameters())
+    if (p->compute_copy() >= 0) {
+      const fb::Buffer& copy = module_.buffer(uint32_t(p->compute_copy()));
+      cpu::narrow_bf16(reinterpret_cast<uint16_t*>(arena_ + copy.offset()), f32(p->value()), numel(copy));
+    }
+}
+
 void Executor::exec(const fb::Instr& ins) {
   const auto& v = *ins.ints();
-  auto in = [&](size_t i) { return f32(ins.inputs()->Get(i)); };
+  const size_t nin = ins.inputs()->size();
+  auto in = [&](size_t i) { return operand(ins.inputs()->Get(i), i, false); };
   auto iin = [&](size_t i) { return i32(ins.inputs()->Get(i)); };
-  auto out = [&](size_t i) { return f32(ins.outputs()->Get(i)); };
+  auto out = [&](size_t i) { return operand(ins.outputs()->Get(i), nin + i, true); };
+  run_kernel(ins, v, in, iin, out);
+  flush_outputs();
+}
+
+template <typename In, typename IIn, typename Out>
+void Executor::run_kernel(const fb::Instr& ins, const flatbuffers::Vector<int64_t>& v, In in, IIn iin, Out out) {
   switch (ins.op()) {
     case O::Embedding: cpu::embedding_fwd(out(0), iin(1), in(0), v[0], v[2]); break;
     case O::EmbeddingGrad: cpu::embedding_bwd(out(0), iin(1), in(0), v[0], v[1], v[2]); break;
@@ -287,7 +339,10 @@ void Executor::exec(const fb::Instr& ins) {
     case O::AdamW:
       cpu::adamw(out(0), in(0), out(1), out(2), v[0], *in(1), *in(2), *in(3), *in(4), *in(5),
                  v[1] ? *in(6) : 0.0f, int64_t(*in(7)));
+      if (ins.outputs()->size() == 4)  // refresh the bf16 compute copy from the new master value
+        cpu::copy(out(3), out(0), v[0]);
       break;
+    case O::Cast: cpu::copy(out(0), in(0), v[0]); break;  // the rounding happens in flush_outputs
   }
 }
 

@@ -1,9 +1,11 @@
 // Runs a module's programs on the CPU over one arena allocated at start.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "runtime/module.h"
 
@@ -26,6 +28,9 @@ class Executor {
   int32_t* input(const std::string& name);
   // Zeroes every gradient accumulator (start of an optimizer step).
   void zero_grads();
+  // Rounds every parameter into its bf16 compute copy (after initialising or loading weights;
+  // AdamW keeps them fresh afterwards).
+  void refresh_compute_copies();
 
   // Per-opcode wall time of every instruction run since profiling was enabled.
   void enable_profiling(bool on) { profile_ = on; }
@@ -34,13 +39,31 @@ class Executor {
   const Module& module() const { return module_; }
   uint64_t arena_bytes() const { return module_.fb().arena_size(); }
 
+  // --- Data-parallel hooks (ZeRO-1; used by runtime/data_parallel.cpp) ---------------------
+  // Restricts the optimizer program to elements [begin, end) of parameter `param` (its index in
+  // the module's parameter list): AdamW updates only those elements of the value and moments,
+  // and GlobalNorm sums only their squared gradients. begin == end leaves it to other ranks.
+  void set_parameter_slice(size_t param, int64_t begin, int64_t end);
+  // GlobalNorm passes its sum of squares through `reduce` (the sum over ranks) before the sqrt.
+  void set_norm_reducer(std::function<double(double)> reduce) { norm_reducer_ = std::move(reduce); }
+
  private:
   void check(const fb::Program& prog) const;
   void exec(const fb::Instr& ins);
+  template <typename In, typename IIn, typename Out>
+  void run_kernel(const fb::Instr& ins, const flatbuffers::Vector<int64_t>& ints, In in, IIn iin, Out out);
+  // fp32 view of an operand: the arena itself, or a widened scratch copy of a bf16 buffer.
+  float* operand(uint32_t buffer, size_t slot, bool is_output);
+  void flush_outputs();  // rounds scratch outputs into their bf16 buffers
   const Module& module_;
   uint8_t* arena_ = nullptr;
+  std::map<size_t, std::vector<float>> scratch_;          // by operand slot
+  std::vector<std::pair<uint32_t, size_t>> pending_;      // bf16 outputs to round after a kernel
   bool profile_ = false;
   std::map<std::string, std::pair<double, int64_t>> profile_by_op_;  // seconds, calls
+  // Data-parallel hooks: slice [begin, end) by parameter value and gradient buffer index.
+  std::unordered_map<uint32_t, std::pair<int64_t, int64_t>> slice_by_buffer_;
+  std::function<double(double)> norm_reducer_;
 };
 
 }  // namespace kiln

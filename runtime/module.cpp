@@ -75,6 +75,12 @@ void Module::verify() const {
     const fb::Parameter* p = fb_->parameters()->Get(i);
     std::string where = "parameters[" + std::to_string(i) + "]";
     if (!p->name() || !p->shape()) bad(where, "missing name or shape");
+    if (p->compute_copy() >= 0) {
+      check_index(uint32_t(p->compute_copy()), where);
+      const fb::Buffer& copy = buffer(uint32_t(p->compute_copy()));
+      if (copy.dtype() != fb::DType::BF16 || copy.kind() != fb::BufferKind::ComputeCopy)
+        bad(where, "compute copy must be a BF16 ComputeCopy buffer");
+    }
     for (uint32_t idx : {p->value(), p->grad(), p->adam_m(), p->adam_v()}) {
       check_index(idx, where);
       if (buffer(idx).dtype() != fb::DType::F32 ||

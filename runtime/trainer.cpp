@@ -32,6 +32,7 @@ double train(const Module& module, const TrainOptions& o) {
   ex.enable_profiling(o.profile);
   init_parameters(ex, o.seed);  // also clears gradients and AdamW state
   if (!o.init.empty()) load_parameters(ex, o.init);
+  ex.refresh_compute_copies();
 
   std::ofstream log;
   if (!o.log.empty()) {

@@ -13,6 +13,12 @@ using namespace kiln;
 
 using Grads = SmallVector<Value>;
 
+// The gradient of a converted value is converted back (bf16 gradients accumulate into fp32).
+Grads CastOp::buildVJP(OpBuilder &b, ArrayRef<Value> dy) {
+  if (!dy[0]) return {Value()};
+  return {b.create<CastOp>(getLoc(), getInput().getType(), dy[0])};
+}
+
 Grads EmbeddingOp::buildVJP(OpBuilder &b, ArrayRef<Value> dy) {
   if (!dy[0]) return {Value(), Value()};
   Value dtable = b.create<EmbeddingGradOp>(getLoc(), getTable().getType(), dy[0], getIndices());

@@ -4,6 +4,7 @@
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/OpImplementation.h"
+#include "mlir/IR/PatternMatch.h"
 #include "llvm/ADT/STLExtras.h"
 
 using namespace mlir;
@@ -52,7 +53,13 @@ LogicalResult ParameterOp::verify() {
 }
 
 LogicalResult ParamOp::verifySymbolUses(SymbolTableCollection &symbols) {
-  return verifyParameterUse(*this, symbols, getNameAttr(), getType());
+  // A bf16 read of an fp32 parameter reads its compute copy.
+  auto t = cast<RankedTensorType>(getType());
+  auto decl = symbols.lookupNearestSymbolFrom<ParameterOp>(*this, getNameAttr());
+  if (decl && t.getElementType().isBF16() && decl.getTensorType().getElementType().isF32() &&
+      decl.getTensorType().getShape() == t.getShape())
+    return success();
+  return verifyParameterUse(*this, symbols, getNameAttr(), t);
 }
 LogicalResult GradOp::verifySymbolUses(SymbolTableCollection &symbols) {
   return verifyParameterUse(*this, symbols, getNameAttr(), getType());
@@ -107,6 +114,43 @@ LogicalResult EmbeddingGradOp::verify() {
   return success();
 }
 
+LogicalResult CastOp::verify() {
+  auto in = tensorType(getInput()), out = tensorType(getResult());
+  if (in.getShape() != out.getShape())
+    return emitOpError() << "cannot change the shape " << shapeStr(in.getShape()) << " to "
+                         << shapeStr(out.getShape()) << " (only the element type)";
+  return success();
+}
+
+OpFoldResult CastOp::fold(FoldAdaptor) {
+  if (getInput().getType() == getType()) return getInput();
+  // bf16 -> f32 -> bf16 is exact: the inner value comes back unchanged.
+  if (auto inner = getInput().getDefiningOp<CastOp>())
+    if (inner.getInput().getType() == getType() &&
+        tensorType(getInput()).getElementTypeBitWidth() > getType().getElementTypeBitWidth())
+      return inner.getInput();
+  return {};
+}
+
+namespace {
+// cast(kiln.param @w : f32) : bf16  ->  kiln.param @w : bf16 (the compute copy).
+struct CastOfParamToComputeCopy : OpRewritePattern<CastOp> {
+  using OpRewritePattern::OpRewritePattern;
+  LogicalResult matchAndRewrite(CastOp cast, PatternRewriter &rewriter) const override {
+    auto param = cast.getInput().getDefiningOp<ParamOp>();
+    if (!param || !tensorType(cast.getResult()).getElementType().isBF16() ||
+        !tensorType(param.getResult()).getElementType().isF32())
+      return failure();
+    rewriter.replaceOpWithNewOp<ParamOp>(cast, cast.getType(), param.getNameAttr());
+    return success();
+  }
+};
+}  // namespace
+
+void CastOp::getCanonicalizationPatterns(RewritePatternSet &results, MLIRContext *context) {
+  results.add<CastOfParamToComputeCopy>(context);
+}
+
 LogicalResult MatmulOp::verify() {
   auto a = tensorType(getLhs()), b = tensorType(getRhs()), c = tensorType(getResult());
   if (a.getRank() != 2 || b.getRank() != 2 || c.getRank() != 2)
@@ -120,6 +164,9 @@ LogicalResult MatmulOp::verify() {
   if (c.getDimSize(0) != m || c.getDimSize(1) != n)
     return emitOpError() << "result shape " << shapeStr(c.getShape()) << " should be "
                          << shapeStr({m, n});
+  if (a.getElementType() != b.getElementType())
+    return emitOpError() << "operands must share one element type, got " << a.getElementType()
+                         << " and " << b.getElementType();
   return success();
 }
 
@@ -207,8 +254,8 @@ LogicalResult LayerNormOp::verify() {
   for (Value p : {getWeight(), getBias()})
     if (tensorType(p).getShape() != ArrayRef<int64_t>{c})
       return emitOpError() << "weight and bias must be [" << c << "] (the last dimension)";
-  if (getResult().getType() != in)
-    return emitOpError() << "result type must equal the input type";
+  if (tensorType(getResult()).getShape() != in.getShape())
+    return emitOpError() << "result shape must equal the input shape";
   for (Value s : {getMean(), getRstd()})
     if (tensorType(s).getShape() != in.getShape().drop_back())
       return emitOpError() << "mean and rstd must have the input's shape without the last "

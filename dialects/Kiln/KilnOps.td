@@ -60,9 +60,10 @@ class Kiln_StateReadOp<string mnemonic> :
 def Kiln_ParamOp : Kiln_StateReadOp<"param"> {
   let summary = "reads the current value of a parameter";
   let description = [{
-    Yields the value of the `kiln.parameter` named by `name`; the result type must be the
-    declared type. Reading the same parameter in two places (weight tying) is two uses of one
-    value, so its gradient is the sum of both.
+    Yields the value of the `kiln.parameter` named by `name`: the declared (fp32 master) type,
+    or the same shape in bf16, which reads the parameter's bf16 compute copy (kept by the
+    runtime and refreshed by `kiln.adamw`). Reading the same parameter in two places (weight
+    tying) is two uses of one value, so its gradient is the sum of both.
   }];
 }
 
@@ -123,6 +124,21 @@ def Kiln_ZerosOp : Kiln_Op<"zeros", [Pure]> {
   let assemblyFormat = "attr-dict `:` type($result)";
 }
 
+def Kiln_CastOp : Kiln_DiffOp<"cast", [Pure]> {
+  let summary = "converts between fp32 and bf16";
+  let description = [{
+    Same shape, another element type. fp32 -> bf16 rounds to nearest even. The mixed-precision
+    pass inserts casts; canonicalization removes a bf16 -> fp32 -> bf16 round trip and turns a
+    cast of an fp32 `kiln.param` into a read of the parameter's bf16 compute copy.
+  }];
+  let arguments = (ins Kiln_FloatTensor:$input);
+  let results = (outs Kiln_FloatTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+  let hasFolder = 1;
+  let hasCanonicalizer = 1;
+}
+
 //===----------------------------------------------------------------------===//
 // Model ops
 //===----------------------------------------------------------------------===//
@@ -155,7 +171,8 @@ def Kiln_MatmulOp : Kiln_DiffOp<"matmul", [Pure]> {
   let summary = "2-D matrix product, optionally transposing either operand";
   let description = [{
     `result[M, N] = op(lhs) @ op(rhs)` where `op` transposes when `transpose_lhs` /
-    `transpose_rhs` is set. A linear layer in Hugging Face's Conv1D layout is
+    `transpose_rhs` is set. Both operands share one element type; products accumulate in fp32
+    and the result is stored in its own type (bf16 operands give a bf16 result). A linear layer in Hugging Face's Conv1D layout is
     `kiln.matmul %x, %w` with `%w : [in, out]`; the tied output head is
     `kiln.matmul %x, %wte {transpose_rhs}`.
   }];
@@ -278,7 +295,9 @@ def Kiln_LayerNormOp : Kiln_DiffOp<"layer_norm", [Pure]> {
   let description = [{
     For each row: `mean`, `rstd = 1 / sqrt(var + epsilon)` with the biased variance, and
     `result = (x - mean) * rstd * weight + bias`. `mean` and `rstd` (one per row) are results
-    so the backward pass does not recompute them.
+    so the backward pass does not recompute them. Statistics are computed in fp32; the result
+    may be stored in another float type than the input (a bf16 output that feeds a matrix
+    product is the cast folded into the producer).
   }];
   let arguments = (ins Kiln_FloatTensor:$input, Kiln_FloatTensor:$weight,
                        Kiln_FloatTensor:$bias, DefaultValuedAttr<F32Attr, "1.0e-5f">:$epsilon);
@@ -329,6 +348,7 @@ def Kiln_CrossEntropyOp : Kiln_DiffOp<"cross_entropy", [Pure]> {
   let description = [{
     `logits : [N, V]`, `targets : [N]`. `loss = mean_i (lse_i - logits[i, targets_i])` with
     `lse_i = log sum_j exp(logits[i, j])`, which is also returned for the backward pass.
+    Computed in fp32 whatever the logits' type (bf16 logits are read and widened).
   }];
   let arguments = (ins Kiln_FloatTensor:$logits, Kiln_IndexTensor:$targets);
   let results = (outs Kiln_Scalar:$loss, Kiln_FloatTensor:$lse);

@@ -45,9 +45,18 @@ ordered_json report(const Module& m) {
     programs.push_back({{"name", p->name()->str()}, {"kernels", p->instrs()->size()}, {"ops", ops}});
   }
   j["programs"] = programs;
-  std::map<std::string, uint64_t> bytes;
-  for (const fb::Buffer* b : *f.buffers()) bytes[fb::EnumNameBufferKind(b->kind())] += b->size();
-  j["buffers"] = {{"count", f.buffers()->size()}, {"bytes_by_kind", bytes}};
+  std::map<std::string, uint64_t> bytes, by_dtype;
+  ordered_json list = ordered_json::array();
+  for (const fb::Buffer* b : *f.buffers()) {
+    bytes[fb::EnumNameBufferKind(b->kind())] += b->size();
+    by_dtype[fb::EnumNameDType(b->dtype())] += b->size();
+    list.push_back({{"name", b->name() ? b->name()->str() : ""}, {"kind", fb::EnumNameBufferKind(b->kind())},
+                    {"dtype", fb::EnumNameDType(b->dtype())},
+                    {"shape", std::vector<int64_t>(b->shape()->begin(), b->shape()->end())},
+                    {"offset", b->offset()}, {"bytes", b->size()}});
+  }
+  j["buffers"] = {{"count", f.buffers()->size()}, {"bytes_by_kind", bytes}, {"bytes_by_dtype", by_dtype},
+                  {"list", list}};
   add_memory_report(m, j);
   return j;
 }
@@ -59,6 +68,19 @@ std::string human(double bytes) {
   char s[32];
   std::snprintf(s, sizeof s, u ? "%.2f %s" : "%.0f %s", bytes, units[u]);
   return s;
+}
+
+void print_buffers(const ordered_json& j) {
+  std::printf("%-6s %-44s %-12s %-5s %14s %12s  shape\n", "index", "buffer", "kind", "dtype", "offset", "bytes");
+  int i = 0;
+  for (const auto& b : j["buffers"]["list"]) {
+    std::string shape;
+    for (const auto& d : b["shape"]) shape += (shape.empty() ? "" : "x") + std::to_string(d.get<int64_t>());
+    std::printf("%-6d %-44s %-12s %-5s %14llu %12llu  %s\n", i++, b["name"].get<std::string>().c_str(),
+                b["kind"].get<std::string>().c_str(), b["dtype"].get<std::string>().c_str(),
+                (unsigned long long)b["offset"].get<uint64_t>(), (unsigned long long)b["bytes"].get<uint64_t>(),
+                shape.empty() ? "scalar" : shape.c_str());
+  }
 }
 
 void print_text(const ordered_json& j) {
@@ -77,6 +99,9 @@ void print_text(const ordered_json& j) {
               human(j["total_arena_bytes"].get<double>()).c_str(), human(j["state_bytes"].get<double>()).c_str(),
               human(j["arena_bytes"].get<double>()).c_str(), human(j["naive_bytes"].get<double>()).c_str(),
               j["arena_bytes"].get<double>() / std::max(1.0, j["naive_bytes"].get<double>()));
+  std::string dtypes;
+  for (const auto& [d, b] : j["buffers"]["bytes_by_dtype"].items()) dtypes += " " + d + " " + human(b.get<double>());
+  std::printf("  buffer bytes by dtype (before reuse):%s\n", dtypes.c_str());
   std::printf("  parameters %s, gradients %s, AdamW state %s, activations %s\n",
               human(a["parameters"].get<double>()).c_str(), human(a["gradients"].get<double>()).c_str(),
               human(a["optimizer_state"].get<double>()).c_str(), human(a["activations"].get<double>()).c_str());
@@ -109,9 +134,10 @@ void print_text(const ordered_json& j) {
 int main(int argc, char** argv) {
   CLI::App app{"kiln-inspect: report on a Kiln module or training executable"};
   std::string path, svg;
-  bool json = false, verify = false;
+  bool json = false, verify = false, buffers = false;
   app.add_option("module", path, "module (.kiln) or executable written by kilnc")->required();
   app.add_flag("--json", json, "print the report as one JSON object");
+  app.add_flag("--buffers", buffers, "list every buffer: kind, dtype, offset, bytes, shape");
   app.add_flag("--verify-plan", verify, "check the memory plan (no two live buffers overlap) and say so");
   app.add_option("--svg", svg, "draw the memory timeline of the largest program into this SVG file");
   CLI11_PARSE(app, argc, argv);
@@ -130,6 +156,7 @@ int main(int argc, char** argv) {
     }
     ordered_json j = report(m);
     if (json) std::printf("%s\n", j.dump(2).c_str());
+    else if (buffers) print_buffers(j);
     else print_text(j);
     return 0;
   } catch (const Error& e) {

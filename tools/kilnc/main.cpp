@@ -116,7 +116,7 @@ int main(int argc, char** argv) {
       return pm.run(*module);
     };
     if (!module->lookupSymbol("micro_step") &&
-        failed(runStage([](PassManager& pm) { kiln::buildStepPipeline(pm); })))
+        failed(runStage([&](PassManager& pm) { kiln::buildStepPipeline(pm, spec.precision); })))
       return 1;
     if (emit == "step") return print(*module);
 

@@ -151,3 +151,23 @@ func.func @reads_across_writes(%g: tensor<4xf32>, %s: tensor<f32>) -> (tensor<4x
   %3 = kiln.param @w : tensor<4xf32>
   return %0, %1, %2, %3 : tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>
 }
+
+// -----
+
+// Casts: a cast of an fp32 parameter read becomes a read of its bf16 compute copy; an exact
+// bf16 -> f32 -> bf16 round trip folds away; f32 -> bf16 -> f32 rounds, so it stays.
+// CHECK-LABEL: func.func @casts
+// CHECK: %[[COPY:.*]] = kiln.param @w : tensor<4xbf16>
+// CHECK: %[[N:.*]] = kiln.cast %arg1 : tensor<4xf32> -> tensor<4xbf16>
+// CHECK: %[[W:.*]] = kiln.cast %[[N]] : tensor<4xbf16> -> tensor<4xf32>
+// CHECK: return %[[COPY]], %arg0, %[[W]]
+kiln.parameter @w : tensor<4xf32> {init = "zeros"}
+func.func @casts(%h: tensor<4xbf16>, %f: tensor<4xf32>) -> (tensor<4xbf16>, tensor<4xbf16>, tensor<4xf32>) {
+  %p = kiln.param @w : tensor<4xf32>
+  %c = kiln.cast %p : tensor<4xf32> -> tensor<4xbf16>
+  %up = kiln.cast %h : tensor<4xbf16> -> tensor<4xf32>
+  %down = kiln.cast %up : tensor<4xf32> -> tensor<4xbf16>
+  %n = kiln.cast %f : tensor<4xf32> -> tensor<4xbf16>
+  %w = kiln.cast %n : tensor<4xbf16> -> tensor<4xf32>
+  return %c, %down, %w : tensor<4xbf16>, tensor<4xbf16>, tensor<4xf32>
+}

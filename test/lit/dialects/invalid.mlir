@@ -78,11 +78,12 @@ func.func @f() {
 
 // -----
 
-// The element type is part of the declared type.
-kiln.parameter @w : tensor<4xf32> {init = "zeros"}
+// The element type is part of the declared type: a bf16 parameter has no fp32 view (only fp32
+// masters have bf16 compute copies).
+kiln.parameter @w : tensor<4xbf16> {init = "zeros"}
 func.func @f() {
-  // expected-error@+1 {{'kiln.param' op type 'tensor<4xbf16>' does not match @w declared as 'tensor<4xf32>'}}
-  %0 = kiln.param @w : tensor<4xbf16>
+  // expected-error@+1 {{'kiln.param' op type 'tensor<4xf32>' does not match @w declared as 'tensor<4xbf16>'}}
+  %0 = kiln.param @w : tensor<4xf32>
   return
 }
 
@@ -544,9 +545,9 @@ func.func @f(%x: tensor<4x8xf32>, %w: tensor<8xf32>, %b: tensor<1x8xf32>) {
 
 // -----
 
-// The result has the input's type.
+// The result has the input's shape (its element type may differ: a bf16 output).
 func.func @f(%x: tensor<4x8xf32>, %w: tensor<8xf32>) {
-  // expected-error@+1 {{'kiln.layer_norm' op result type must equal the input type}}
+  // expected-error@+1 {{'kiln.layer_norm' op result shape must equal the input shape}}
   %0:3 = kiln.layer_norm %x, %w, %w : tensor<4x8xf32>, tensor<8xf32>, tensor<8xf32> -> tensor<32xf32>, tensor<4xf32>, tensor<4xf32>
   return
 }
@@ -704,5 +705,23 @@ func.func @f(%l: tensor<8x16xf32>, %t: tensor<8xf32>) {
 func.func @f() {
   // expected-error@+1 {{'kiln.global_norm' op needs at least one tensor}}
   %0 = "kiln.global_norm"() : () -> tensor<f32>
+  return
+}
+
+// -----
+
+// A cast changes the element type only.
+func.func @f(%x: tensor<4x8xf32>) {
+  // expected-error@+1 {{'kiln.cast' op cannot change the shape [4, 8] to [32] (only the element type)}}
+  %0 = kiln.cast %x : tensor<4x8xf32> -> tensor<32xbf16>
+  return
+}
+
+// -----
+
+// Matmul operands share one element type.
+func.func @f(%a: tensor<4x8xbf16>, %b: tensor<8x2xf32>) {
+  // expected-error@+1 {{'kiln.matmul' op operands must share one element type, got 'bf16' and 'f32'}}
+  %0 = kiln.matmul %a, %b : tensor<4x8xbf16>, tensor<8x2xf32> -> tensor<4x2xbf16>
   return
 }

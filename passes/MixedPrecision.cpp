@@ -1,0 +1,86 @@
+// kiln-mixed-precision: bf16 where autocast would use it, fp32 everywhere else.
+#include "passes/Passes.h"
+
+#include "mlir/IR/Builders.h"
+
+namespace kiln {
+#define GEN_PASS_DEF_MIXEDPRECISION
+#include "passes/Passes.h.inc"
+}  // namespace kiln
+
+using namespace mlir;
+using namespace kiln;
+
+namespace {
+
+bool isBF16(Value v) { return cast<RankedTensorType>(v.getType()).getElementType().isBF16(); }
+
+RankedTensorType withElement(Value v, Type element) {
+  return cast<RankedTensorType>(v.getType()).clone(element);
+}
+
+struct MixedPrecisionPass : kiln::impl::MixedPrecisionBase<MixedPrecisionPass> {
+  void runOnOperation() override {
+    auto forward = getOperation().lookupSymbol<func::FuncOp>("forward");
+    if (!forward || forward.isExternal()) {
+      getOperation().emitError("kiln-mixed-precision: no @forward function");
+      return signalPassFailure();
+    }
+    Type bf16 = BFloat16Type::get(&getContext()), f32 = Float32Type::get(&getContext());
+    OpBuilder b(&getContext());
+
+    // Operand `i` of `op` converted to `element` (a cast right before the op when needed).
+    auto convert = [&](Operation* op, unsigned i, Type element) {
+      Value v = op->getOperand(i);
+      if (cast<RankedTensorType>(v.getType()).getElementType() == element) return;
+      b.setInsertionPoint(op);
+      op->setOperand(i, b.create<CastOp>(op->getLoc(), withElement(v, element), v));
+    };
+    auto setResult = [&](Value r, Type element) { r.setType(withElement(r, element)); };
+
+    SmallVector<Operation*> ops;
+    forward.walk([&](Operation* op) { ops.push_back(op); });
+    for (Operation* op : ops) {
+      if (auto mm = dyn_cast<MatmulOp>(op)) {
+        convert(op, 0, bf16);
+        convert(op, 1, bf16);
+        setResult(mm.getResult(), bf16);
+      } else if (auto add = dyn_cast<AddOp>(op)) {
+        Value l = add.getLhs(), r = add.getRhs();
+        // A bias (a broadcast parameter) added to a bf16 matmul result is added in bf16.
+        auto biasOf = [](Value v) {
+          auto bc = v.getDefiningOp<BroadcastOp>();
+          return bc && bc.getInput().getDefiningOp<ParamOp>() ? bc : BroadcastOp();
+        };
+        for (auto [a, other] : {std::pair{l, r}, std::pair{r, l}})
+          if (isBF16(a) && !isBF16(other))
+            if (BroadcastOp bc = biasOf(other)) {
+              convert(bc, 0, bf16);
+              setResult(bc.getResult(), bf16);
+            }
+        // Otherwise mixed operands promote to fp32 (the residual stream).
+        Type element = isBF16(add.getLhs()) && isBF16(add.getRhs()) ? bf16 : f32;
+        convert(op, 0, element);
+        convert(op, 1, element);
+        setResult(add.getResult(), element);
+      } else if (auto gelu = dyn_cast<GeluOp>(op)) {
+        setResult(gelu.getResult(), cast<RankedTensorType>(gelu.getInput().getType()).getElementType());
+      } else if (auto attn = dyn_cast<AttentionOp>(op)) {
+        convert(op, 0, bf16);
+        setResult(attn.getResult(), bf16);
+      } else if (auto ln = dyn_cast<LayerNormOp>(op)) {
+        bool feedsMatmuls = !ln.getResult().use_empty() &&
+                            llvm::all_of(ln.getResult().getUsers(), [](Operation* u) { return isa<MatmulOp>(u); });
+        setResult(ln.getResult(), feedsMatmuls ? bf16 : f32);
+      } else if (auto reshape = dyn_cast<ReshapeOp>(op)) {
+        setResult(reshape.getResult(), cast<RankedTensorType>(reshape.getInput().getType()).getElementType());
+      } else if (auto ret = dyn_cast<func::ReturnOp>(op)) {
+        convert(op, 0, f32);
+      }
+      // Everything else (embeddings, broadcasts of fp32 values, cross-entropy, reductions)
+      // keeps fp32 results; cross-entropy reads bf16 logits as they are.
+    }
+  }
+};
+
+}  // namespace

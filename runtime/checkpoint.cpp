@@ -1,0 +1,525 @@
+// Training checkpoints (format in checkpoint.h). Saving hands write_file_atomic pointers straight
+// into the arena, so a checkpoint costs no extra copy of the model; loading reads the whole file
+// and validates all of it before the first byte reaches the executor.
+#include "runtime/checkpoint.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "runtime/error.h"
+#include "runtime/file_io.h"
+
+// The file is little-endian and tensor bytes are copied as they lie in memory.
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "kiln assumes a little-endian host");
+
+namespace kiln {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::ordered_json;  // keeps key order, so headers and extra_json read as written
+
+constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'C', 'K', 'P', 'T'};
+constexpr uint32_t kVersion = 1;
+constexpr size_t kPrefixBytes = 32;   // magic, version, reserved, header_len, file_size
+constexpr size_t kTrailerBytes = 4;   // CRC-32
+constexpr size_t kDataAlign = 64;     // the data starts at a multiple of this
+const char* const kSuffix = ".kiln-ckpt";
+
+// ---- Checksums ---------------------------------------------------------------------------------
+
+// CRC-32 (IEEE 802.3, reflected 0xEDB88320; the same value as zlib's crc32), slicing-by-8: eight
+// table lookups per 8 bytes, about 1-2 GB/s, so checksumming a GPT-2 small checkpoint (1.5 GB of
+// values and moments) costs about a second rather than the several a byte-at-a-time loop would.
+struct CrcTables {
+  uint32_t t[8][256];
+};
+
+const CrcTables& crc_tables() {
+  static const CrcTables tables = [] {
+    CrcTables c{};
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t r = i;
+      for (int k = 0; k < 8; ++k) r = (r >> 1) ^ (0xEDB88320u & (0u - (r & 1u)));
+      c.t[0][i] = r;
+    }
+    // t[s][i]: the CRC of byte i followed by s zero bytes.
+    for (uint32_t i = 0; i < 256; ++i)
+      for (int s = 1; s < 8; ++s) c.t[s][i] = (c.t[s - 1][i] >> 8) ^ c.t[0][c.t[s - 1][i] & 0xFFu];
+    return c;
+  }();
+  return tables;
+}
+
+// Running CRC: crc32_update(crc32_update(0, a), b) is the CRC of a followed by b.
+uint32_t crc32_update(uint32_t crc, const void* data, size_t n) {
+  const auto& t = crc_tables().t;
+  const auto* p = static_cast<const uint8_t*>(data);
+  crc = ~crc;
+  for (; n >= 8; p += 8, n -= 8) {
+    uint32_t lo, hi;
+    std::memcpy(&lo, p, 4);
+    std::memcpy(&hi, p + 4, 4);
+    lo ^= crc;
+    crc = t[7][lo & 0xFFu] ^ t[6][(lo >> 8) & 0xFFu] ^ t[5][(lo >> 16) & 0xFFu] ^ t[4][lo >> 24] ^
+          t[3][hi & 0xFFu] ^ t[2][(hi >> 8) & 0xFFu] ^ t[1][(hi >> 16) & 0xFFu] ^ t[0][hi >> 24];
+  }
+  for (; n > 0; ++p, --n) crc = (crc >> 8) ^ t[0][(crc ^ *p) & 0xFFu];
+  return ~crc;
+}
+
+// FNV-1a 64: tiny and fully specified, so the fingerprint never depends on the standard library.
+uint64_t fnv1a64(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+// ---- Small helpers -----------------------------------------------------------------------------
+
+std::vector<int64_t> shape_of(const fb::Parameter& p) { return {p.shape()->begin(), p.shape()->end()}; }
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// Element count, or false on overflow or a negative dimension (a hostile header can claim any).
+bool checked_numel(const std::vector<int64_t>& shape, uint64_t* numel) {
+  uint64_t n = 1;
+  for (int64_t d : shape)
+    if (d < 0 || __builtin_mul_overflow(n, static_cast<uint64_t>(d), &n)) return false;
+  *numel = n;
+  return true;
+}
+
+template <class T>
+T get_le(const uint8_t* p) {
+  T v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+template <class T>
+void put_le(uint8_t* p, T v) {
+  std::memcpy(p, &v, sizeof v);
+}
+
+std::string hex64(uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "%016" PRIx64, v);
+  return buf;
+}
+
+std::string checkpoint_name(int64_t step) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "ckpt_%08" PRId64 "%s", step, kSuffix);
+  return buf;
+}
+
+// The step of "ckpt_<digits>.kiln-ckpt", or nullopt for any other name (temporaries included).
+std::optional<int64_t> step_of(const std::string& name) {
+  const size_t pre = 5, suf = std::strlen(kSuffix);
+  if (name.size() <= pre + suf || name.compare(0, pre, "ckpt_") != 0 ||
+      name.compare(name.size() - suf, suf, kSuffix) != 0)
+    return std::nullopt;
+  const std::string digits = name.substr(pre, name.size() - pre - suf);
+  if (digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return std::nullopt;
+  return std::stoll(digits);
+}
+
+// Checkpoints in `dir`, highest step first (ties by name, so the order is deterministic).
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const fs::path& dir) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (auto step = step_of(name); step && it->is_regular_file(ec)) found.emplace_back(*step, name);
+  }
+  if (ec) throw Error(dir.string() + ": listing checkpoints: " + ec.message());
+  std::sort(found.begin(), found.end(), std::greater<>());
+  return found;
+}
+
+fs::path dir_path(const std::string& dir) { return dir.empty() ? fs::path(".") : fs::path(dir); }
+
+// ---- Header ------------------------------------------------------------------------------------
+
+// The model fields that enter the fingerprint, in a fixed order (also recorded in the header so a
+// mismatch can say what differs).
+Json model_json(const Module& m) {
+  const fb::Model& md = *m.fb().model();
+  return Json{{"n_layer", md.n_layer()},       {"n_head", md.n_head()},
+              {"n_embd", md.n_embd()},         {"vocab_size", md.vocab_size()},
+              {"block_size", md.block_size()}, {"precision", md.precision() ? md.precision()->str() : ""}};
+}
+
+struct Span {
+  uint64_t offset = 0, bytes = 0;  // within the data section
+};
+
+struct Entry {
+  std::string name;
+  std::vector<int64_t> shape;
+  bool decay = false;
+  Span value, adam_m, adam_v;
+};
+
+// Everything a load needs, validated against the file's size.
+struct Parsed {
+  TrainingState state;
+  Json model;
+  std::vector<Entry> entries;
+  const uint8_t* data = nullptr;
+};
+
+[[noreturn]] void bad_header(const std::string& path, const std::string& what) {
+  throw Error(path + ": header: " + what);
+}
+
+const Json& member(const Json& obj, const char* key, const std::string& path, const std::string& at = "") {
+  if (!obj.contains(key)) bad_header(path, at + "missing \"" + key + "\"");
+  return obj[key];
+}
+
+int64_t as_int64(const Json& j, const std::string& path, const std::string& what) {
+  if (!j.is_number_integer() || (j.is_number_unsigned() && j.get<uint64_t>() > uint64_t(INT64_MAX)))
+    bad_header(path, what + " " + j.dump() + " is not a 64-bit integer");
+  return j.get<int64_t>();
+}
+
+uint64_t as_uint64(const Json& j, const std::string& path, const std::string& what) {
+  if (!j.is_number_unsigned()) bad_header(path, what + " " + j.dump() + " is not an integer >= 0");
+  return j.get<uint64_t>();
+}
+
+int as_int(const Json& j, const std::string& path, const std::string& what) {
+  const int64_t v = as_int64(j, path, what);
+  if (v < INT32_MIN || v > INT32_MAX) bad_header(path, what + " " + j.dump() + " is out of range");
+  return int(v);
+}
+
+// One of an entry's [offset, bytes] pairs, checked to lie inside the data and to hold the shape.
+Span parse_span(const Json& j, uint64_t numel, uint64_t data_size, const std::string& path,
+                const std::string& at) {
+  if (!j.is_array() || j.size() != 2 || !j[0].is_number_unsigned() || !j[1].is_number_unsigned())
+    bad_header(path, at + j.dump() + " is not [offset, bytes]");
+  Span s{j[0].get<uint64_t>(), j[1].get<uint64_t>()};
+  uint64_t end = 0;
+  if (__builtin_add_overflow(s.offset, s.bytes, &end) || end > data_size)
+    bad_header(path, at + j.dump() + " runs past the end of the data (" + std::to_string(data_size) + " bytes)");
+  if (s.bytes != numel * 4)
+    bad_header(path, at + "holds " + std::to_string(s.bytes) + " bytes, the shape needs " + std::to_string(numel * 4));
+  return s;
+}
+
+// Validates the frame and the header; nothing here touches an executor.
+Parsed parse(const std::string& path, const std::vector<uint8_t>& bytes) {
+  const uint64_t size = bytes.size();
+  if (size < sizeof kMagic || std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0)
+    throw Error(path + ": not a Kiln checkpoint (no KILNCKPT magic)");
+  if (size < kPrefixBytes + kTrailerBytes)
+    throw Error(path + ": checksum mismatch (file corrupt or truncated: only " + std::to_string(size) + " bytes)");
+
+  // The checksum first: a corrupt file should say "corrupt", not whichever field the damage hit.
+  const uint32_t stored = get_le<uint32_t>(bytes.data() + size - kTrailerBytes);
+  const uint32_t actual = crc32_update(0, bytes.data() + sizeof kMagic, size - sizeof kMagic - kTrailerBytes);
+  const uint64_t recorded_size = get_le<uint64_t>(bytes.data() + 24);
+  if (stored != actual) {
+    std::string hint;
+    if (recorded_size != size)
+      hint = ": " + std::to_string(size) + " bytes, the header says " + std::to_string(recorded_size);
+    throw Error(path + ": checksum mismatch (file corrupt or truncated" + hint + ")");
+  }
+
+  const uint32_t version = get_le<uint32_t>(bytes.data() + 8);
+  if (version != kVersion)
+    throw Error(path + ": checkpoint version " + std::to_string(version) + " is not supported (this build reads version " +
+                std::to_string(kVersion) + ")");
+  if (recorded_size != size)
+    throw Error(path + ": length: the header says " + std::to_string(recorded_size) + " bytes, the file has " +
+                std::to_string(size));
+  const uint64_t header_len = get_le<uint64_t>(bytes.data() + 16);
+  if (header_len > size - kPrefixBytes - kTrailerBytes)
+    throw Error(path + ": length: header length " + std::to_string(header_len) + " runs past the end of the file");
+  const uint64_t data_start = kPrefixBytes + header_len;
+  const uint64_t data_size = size - kTrailerBytes - data_start;
+
+  Json h;
+  try {
+    h = Json::parse(bytes.begin() + kPrefixBytes, bytes.begin() + long(data_start));
+  } catch (const Json::exception& e) {
+    std::string msg = e.what();
+    std::replace(msg.begin(), msg.end(), '\n', ' ');  // errors are one line
+    bad_header(path, "JSON parse error: " + msg);
+  }
+  if (!h.is_object()) bad_header(path, "is not a JSON object");
+  if (member(h, "format", path) != "kiln-checkpoint") bad_header(path, "format is not \"kiln-checkpoint\"");
+
+  Parsed p;
+  TrainingState& st = p.state;
+  st.step = as_int64(member(h, "step", path), path, "step");
+  if (st.step < 0) bad_header(path, "step " + std::to_string(st.step) + " is negative");
+  st.data_shard = as_uint64(member(h, "data_shard", path), path, "data_shard");
+  st.data_position = as_int64(member(h, "data_position", path), path, "data_position");
+  // rng_state is a hex string: JSON readers that use doubles (jq, JavaScript) would round a number.
+  const Json& rng = member(h, "rng_state", path);
+  const std::string rng_text = rng.is_string() ? rng.get<std::string>() : "";
+  if (rng_text.size() != 16 || rng_text.find_first_not_of("0123456789abcdef") != std::string::npos)
+    bad_header(path, "rng_state " + rng.dump() + " is not 16 lowercase hex digits");
+  st.rng_state = std::stoull(rng_text, nullptr, 16);
+  st.world_size = as_int(member(h, "world_size", path), path, "world_size");
+  st.zero_stage = as_int(member(h, "zero_stage", path), path, "zero_stage");
+  const Json& fp = member(h, "fingerprint", path);
+  if (!fp.is_string()) bad_header(path, "fingerprint is not a string");
+  st.spec_fingerprint = fp.get<std::string>();
+  const Json& extra = member(h, "extra", path);
+  if (!extra.is_object()) bad_header(path, "extra is not a JSON object");
+  st.extra_json = extra.dump();
+  p.model = member(h, "model", path);
+  if (!p.model.is_object()) bad_header(path, "model is not a JSON object");
+
+  const Json& params = member(h, "parameters", path);
+  if (!params.is_array()) bad_header(path, "parameters is not an array");
+  std::map<std::string, size_t> seen;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Json& j = params[i];
+    std::string at = "parameters[" + std::to_string(i) + "]: ";
+    if (!j.is_object()) bad_header(path, at + "is not a JSON object");
+    Entry e;
+    const Json& name = member(j, "name", path, at);
+    if (!name.is_string()) bad_header(path, at + "name is not a string");
+    e.name = name.get<std::string>();
+    at = "parameter '" + e.name + "': ";
+    if (!seen.emplace(e.name, i).second) bad_header(path, at + "appears twice");
+    const Json& shape = member(j, "shape", path, at);
+    if (!shape.is_array()) bad_header(path, at + "shape is not an array");
+    for (const Json& d : shape) e.shape.push_back(as_int64(d, path, at + "shape entry"));
+    uint64_t numel = 0;
+    if (!checked_numel(e.shape, &numel) || numel > (UINT64_MAX >> 2))
+      bad_header(path, at + "shape " + shape_str(e.shape) + " is negative or too large");
+    const Json& decay = member(j, "decay", path, at);
+    if (!decay.is_boolean()) bad_header(path, at + "decay is not true or false");
+    e.decay = decay.get<bool>();
+    e.value = parse_span(member(j, "value", path, at), numel, data_size, path, at + "value ");
+    e.adam_m = parse_span(member(j, "adam_m", path, at), numel, data_size, path, at + "adam_m ");
+    e.adam_v = parse_span(member(j, "adam_v", path, at), numel, data_size, path, at + "adam_v ");
+    p.entries.push_back(std::move(e));
+  }
+  p.data = bytes.data() + data_start;
+  return p;
+}
+
+// The first difference between the checkpoint's model and `m`, for the fingerprint error; empty
+// when none shows (the fingerprint itself was edited, or hashes a field the header lacks).
+std::string first_difference(const Parsed& p, const Module& m) {
+  const Json mine = model_json(m);
+  for (const auto& [key, value] : mine.items())
+    if (p.model.contains(key) && p.model[key] != value) return key + " " + p.model[key].dump() + " vs " + value.dump();
+  std::map<std::string, const Entry*> file;
+  for (const Entry& e : p.entries) file[e.name] = &e;
+  for (const fb::Parameter* q : *m.fb().parameters()) {
+    const std::string name = q->name()->str();
+    auto it = file.find(name);
+    if (it == file.end()) return "parameter '" + name + "' is not in the checkpoint";
+    if (it->second->shape != shape_of(*q))
+      return "parameter '" + name + "' shape " + shape_str(it->second->shape) + " vs " + shape_str(shape_of(*q));
+    if (it->second->decay != q->decay())
+      return std::string("parameter '") + name + "' decay " + (it->second->decay ? "true" : "false") + " vs " +
+             (q->decay() ? "true" : "false");
+    file.erase(it);
+  }
+  if (!file.empty()) return "parameter '" + file.begin()->first + "' is not in this module";
+  return "";
+}
+
+// The module verifier checks a parameter's four buffers against each other, not against the
+// parameter's declared shape; the checkpoint relies on both agreeing.
+void check_buffer(const Module& m, const fb::Parameter& p, uint32_t idx, uint64_t bytes, const std::string& where) {
+  uint64_t numel = 0;
+  if (!checked_numel(shape_of(p), &numel) || m.buffer(idx).size() != numel * 4 || bytes != numel * 4)
+    throw Error(where + ": parameter '" + p.name()->str() + "': buffer " + std::to_string(idx) + " holds " +
+                std::to_string(m.buffer(idx).size()) + " bytes, shape " + shape_str(shape_of(p)) + " needs " +
+                std::to_string(numel * 4));
+}
+
+}  // namespace
+
+std::string module_fingerprint(const Module& m) {
+  // A canonical text of the compatible-checkpoint contract, hashed. Parameters sorted by name, so
+  // the compiler may reorder them (or re-plan their buffers) without orphaning checkpoints.
+  const fb::Model& md = *m.fb().model();
+  std::string text = "kiln-checkpoint-fingerprint 1\n";
+  text += "model " + std::to_string(md.n_layer()) + " " + std::to_string(md.n_head()) + " " +
+          std::to_string(md.n_embd()) + " " + std::to_string(md.vocab_size()) + " " +
+          std::to_string(md.block_size()) + " " + (md.precision() ? md.precision()->str() : "") + "\n";
+  std::vector<std::string> lines;
+  for (const fb::Parameter* p : *m.fb().parameters()) {
+    std::string line = "param " + std::to_string(p->name()->size()) + ":" + p->name()->str() + " " +
+                       shape_str(shape_of(*p)) + (p->decay() ? " decay" : " no-decay") + "\n";
+    lines.push_back(std::move(line));
+  }
+  std::sort(lines.begin(), lines.end());
+  for (const std::string& line : lines) text += line;
+  return hex64(fnv1a64(text));
+}
+
+void save_checkpoint(const std::string& dir, Executor& ex, const TrainingState& st, int keep) {
+  const fs::path d = dir_path(dir);
+  if (st.step < 0) throw Error(d.string() + ": cannot save a checkpoint for step " + std::to_string(st.step));
+  Json extra;
+  try {
+    extra = Json::parse(st.extra_json);
+  } catch (const Json::exception& e) {
+    std::string msg = e.what();
+    std::replace(msg.begin(), msg.end(), '\n', ' ');
+    throw Error(d.string() + ": checkpoint extra_json: " + msg);
+  }
+  if (!extra.is_object()) throw Error(d.string() + ": checkpoint extra_json is not a JSON object");
+
+  std::error_code ec;
+  fs::create_directories(d, ec);
+  if (ec || !fs::is_directory(d))
+    throw Error(d.string() + ": cannot create the checkpoint directory" + (ec ? ": " + ec.message() : ""));
+
+  // The header and the list of data pieces (pointers into the arena), in the same order.
+  const Module& m = ex.module();
+  std::vector<std::pair<const void*, size_t>> tensors;
+  Json params = Json::array();
+  uint64_t offset = 0;
+  for (const fb::Parameter* p : *m.fb().parameters()) {
+    Json e = {{"name", p->name()->str()}, {"shape", shape_of(*p)}, {"decay", p->decay()}};
+    const std::pair<const char*, uint32_t> fields[] = {
+        {"value", p->value()}, {"adam_m", p->adam_m()}, {"adam_v", p->adam_v()}};
+    for (const auto& [key, idx] : fields) {
+      const uint64_t bytes = m.buffer(idx).size();
+      check_buffer(m, *p, idx, bytes, m.source());
+      e[key] = {offset, bytes};
+      tensors.emplace_back(ex.f32(idx), size_t(bytes));
+      offset += bytes;
+    }
+    params.push_back(std::move(e));
+  }
+  Json model = model_json(m);
+  model["spec"] = m.fb().model()->spec() ? m.fb().model()->spec()->str() : "";  // for people, not checked
+  const Json header = {{"format", "kiln-checkpoint"},
+                       {"step", st.step},
+                       {"data_shard", st.data_shard},
+                       {"data_position", st.data_position},
+                       {"rng_state", hex64(st.rng_state)},
+                       {"world_size", st.world_size},
+                       {"zero_stage", st.zero_stage},
+                       {"fingerprint", module_fingerprint(m)},
+                       {"model", model},
+                       {"parameters", params},
+                       {"extra", extra}};
+  std::string text = header.dump();
+  text.append((kDataAlign - (kPrefixBytes + text.size()) % kDataAlign) % kDataAlign, ' ');
+
+  uint8_t prefix[kPrefixBytes] = {};
+  std::memcpy(prefix, kMagic, sizeof kMagic);
+  put_le<uint32_t>(prefix + 8, kVersion);
+  put_le<uint64_t>(prefix + 16, text.size());
+  put_le<uint64_t>(prefix + 24, kPrefixBytes + text.size() + offset + kTrailerBytes);
+
+  std::vector<std::pair<const void*, size_t>> pieces = {{prefix, sizeof prefix}, {text.data(), text.size()}};
+  pieces.insert(pieces.end(), tensors.begin(), tensors.end());
+  uint32_t crc = crc32_update(0, prefix + sizeof kMagic, sizeof prefix - sizeof kMagic);
+  for (size_t i = 1; i < pieces.size(); ++i) crc = crc32_update(crc, pieces[i].first, pieces[i].second);
+  uint8_t trailer[kTrailerBytes];
+  put_le<uint32_t>(trailer, crc);
+  pieces.emplace_back(trailer, sizeof trailer);
+
+  // Order matters for a crash at any point: the new file is complete before `latest` names it,
+  // and old files go only once `latest` no longer can.
+  const std::string name = checkpoint_name(st.step);
+  write_file_atomic((d / name).string(), pieces, 0644);
+  const std::string latest = name + "\n";
+  write_file_atomic((d / "latest").string(), {{latest.data(), latest.size()}}, 0644);
+
+  if (keep <= 0) return;
+  int kept = 1;  // the one just written, even when older files carry higher steps (a rewound run)
+  for (const auto& [step, other] : list_checkpoints(d)) {
+    if (other == name) continue;
+    if (kept < keep) {
+      ++kept;
+      continue;
+    }
+    if (!fs::remove(d / other, ec) && ec)
+      throw Error((d / other).string() + ": cannot delete this old checkpoint (" + name +
+                  " was saved): " + ec.message());
+  }
+}
+
+std::optional<std::string> latest_checkpoint(const std::string& dir) {
+  const fs::path d = dir_path(dir);
+  std::error_code ec;
+  if (!fs::is_directory(d, ec)) return std::nullopt;
+  const fs::path latest = d / "latest";
+  if (fs::exists(latest, ec)) {
+    const std::vector<uint8_t> bytes = read_file(latest.string());
+    std::string name(bytes.begin(), bytes.end());
+    while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back()))) name.pop_back();
+    // Only a bare checkpoint name: `latest` must not lead a resume outside DIR.
+    if (!step_of(name)) throw Error(latest.string() + ": '" + name + "' is not a checkpoint file name");
+    if (!fs::is_regular_file(d / name, ec))
+      throw Error(latest.string() + ": names " + name + ", which does not exist");
+    return (d / name).string();
+  }
+  const auto all = list_checkpoints(d);
+  if (all.empty()) return std::nullopt;
+  return (d / all.front().second).string();
+}
+
+TrainingState load_checkpoint(const std::string& path, Executor& ex) {
+  const std::vector<uint8_t> bytes = read_file(path);
+  const Parsed p = parse(path, bytes);
+  const Module& m = ex.module();
+
+  const std::string mine = module_fingerprint(m);
+  if (p.state.spec_fingerprint != mine) {
+    const std::string diff = first_difference(p, m);
+    throw Error(path + ": compiled for a different model (fingerprint " + p.state.spec_fingerprint + " vs " + mine +
+                (diff.empty() ? "" : ": " + diff) + ")");
+  }
+
+  // The fingerprint matched, but the table is what we copy from: check it names exactly the
+  // module's parameters with their shapes.
+  std::map<std::string, const Entry*> by_name;
+  for (const Entry& e : p.entries) by_name[e.name] = &e;
+  std::vector<std::pair<const fb::Parameter*, const Entry*>> plan;
+  for (const fb::Parameter* q : *m.fb().parameters()) {
+    const std::string name = q->name()->str();
+    auto it = by_name.find(name);
+    if (it == by_name.end()) throw Error(path + ": parameter '" + name + "' is missing");
+    if (it->second->shape != shape_of(*q))
+      throw Error(path + ": parameter '" + name + "' has shape " + shape_str(it->second->shape) +
+                  " in the checkpoint, " + shape_str(shape_of(*q)) + " in the module");
+    check_buffer(m, *q, q->value(), it->second->value.bytes, path);
+    check_buffer(m, *q, q->adam_m(), it->second->adam_m.bytes, path);
+    check_buffer(m, *q, q->adam_v(), it->second->adam_v.bytes, path);
+    plan.emplace_back(q, it->second);
+    by_name.erase(it);
+  }
+  if (!by_name.empty()) throw Error(path + ": parameter '" + by_name.begin()->first + "' is not in the module");
+
+  // Everything is validated: from here on nothing can fail, so the executor is never half-loaded.
+  for (const auto& [q, e] : plan) {
+    std::memcpy(ex.f32(q->value()), p.data + e->value.offset, e->value.bytes);
+    std::memcpy(ex.f32(q->adam_m()), p.data + e->adam_m.offset, e->adam_m.bytes);
+    std::memcpy(ex.f32(q->adam_v()), p.data + e->adam_v.offset, e->adam_v.bytes);
+  }
+  return p.state;
+}
+
+}  // namespace kiln

@@ -1,0 +1,65 @@
+// Training checkpoints: everything needed to resume a run bit for bit (parameter values, both
+// AdamW moments, the step, the data position and the RNG), in one self-checking file.
+//
+// File layout (little-endian), version 1:
+//   0   "KILNCKPT"                magic
+//   8   u32 version               1
+//   12  u32 reserved              0
+//   16  u64 header_len            bytes of JSON, space-padded so the data starts at a multiple of 64
+//   24  u64 file_size             the whole file, trailer included (names truncation in messages)
+//   32  JSON header               {"format": "kiln-checkpoint", "step": .., "fingerprint": ..,
+//                                  "model": {..}, "parameters": [{"name", "shape", "decay",
+//                                  "value": [offset, bytes], "adam_m": [..], "adam_v": [..]}], ..}
+//   32 + header_len               data: fp32 tensors; offsets above are relative to here
+//   file_size - 4  u32 CRC-32     (IEEE, as zlib) of every byte after the magic, trailer excluded
+// Every version keeps the magic, the version field and the CRC trailer, so a reader can always
+// tell "not a checkpoint", "corrupt" and "newer than this build" apart.
+//
+// Gradients are not saved: the trainer zeroes them at the start of every optimizer step.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "runtime/executor.h"
+#include "runtime/module.h"
+
+namespace kiln {
+
+struct TrainingState {
+  int64_t step = 0;             // the next step to run
+  uint64_t data_shard = 0;      // the data loader's position: shard index...
+  int64_t data_position = 0;    // ...and token offset within it
+  uint64_t rng_state = 0;
+  // save: ignored (the file records module_fingerprint of the executor's module);
+  // load: the fingerprint the file was saved with (already checked against the module).
+  std::string spec_fingerprint;
+  int world_size = 1;           // saved and returned; the caller decides what a change means
+  int zero_stage = 0;
+  std::string extra_json = "{}";  // a JSON object for future fields; round-trips as-is
+};
+
+// A stable 16-hex-digit hash (FNV-1a 64) of what makes a checkpoint fit a module: the model's
+// sizes (n_layer, n_head, n_embd, vocab_size, block_size), its precision, and every parameter's
+// name, shape and weight-decay flag (sorted by name). Not the batch size, sequence length,
+// target, buffer plan or kernels: a run may resume with a recompiled or re-planned module.
+std::string module_fingerprint(const Module& module);
+
+// Writes DIR/ckpt_<step, 8 digits>.kiln-ckpt atomically (creating DIR if needed), then points
+// DIR/latest at it atomically, then deletes old checkpoints so `keep` remain: the one just written
+// and the keep - 1 highest-numbered others (keep <= 0 keeps all). kiln::Error on failure; a
+// failed write leaves no temporary file and the previous checkpoints untouched.
+void save_checkpoint(const std::string& dir, Executor& ex, const TrainingState& state, int keep);
+
+// The path (DIR/<name>) of the checkpoint DIR/latest names, or, if there is no `latest`, of the
+// highest-numbered ckpt_*.kiln-ckpt; nullopt when DIR does not exist or holds none. kiln::Error
+// when `latest` exists but is unreadable or names a missing file.
+std::optional<std::string> latest_checkpoint(const std::string& dir);
+
+// Reads and validates the whole file (magic, checksum, version, length, header, fingerprint
+// against ex's module, every parameter present with its shape) before copying anything, so on
+// any kiln::Error the executor is untouched. Returns the saved state; world_size and zero_stage
+// are for the caller to check.
+TrainingState load_checkpoint(const std::string& path, Executor& ex);
+
+}  // namespace kiln

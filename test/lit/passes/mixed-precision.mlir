@@ -1,0 +1,55 @@
+// RUN: kiln-opt %s -split-input-file -kiln-mixed-precision | FileCheck %s
+// RUN: kiln-opt %s -split-input-file -kiln-mixed-precision -kiln-autodiff -canonicalize -cse | FileCheck %s --check-prefix=STEP
+
+// One block: layer norm feeding matmuls stores bf16; matmuls take bf16 weights (casts of the
+// fp32 masters) and give bf16; the bias is added in bf16; GELU stays bf16; the branch is
+// widened before the fp32 residual add; cross-entropy reads bf16 logits; the loss is fp32.
+// CHECK-LABEL: func.func @forward
+// CHECK: %[[LN:.*]], %{{.*}}, %{{.*}} = kiln.layer_norm {{.*}} -> tensor<4x8xbf16>, tensor<4xf32>, tensor<4xf32>
+// CHECK: %[[W:.*]] = kiln.cast %{{.*}} : tensor<8x16xf32> -> tensor<8x16xbf16>
+// CHECK: kiln.matmul %[[LN]], %[[W]] : tensor<4x8xbf16>, tensor<8x16xbf16> -> tensor<4x16xbf16>
+// CHECK: kiln.cast %{{.*}} : tensor<16xf32> -> tensor<16xbf16>
+// CHECK: kiln.broadcast %{{.*}} : tensor<16xbf16> -> tensor<4x16xbf16>
+// CHECK: kiln.add %{{.*}} : tensor<4x16xbf16>
+// CHECK: kiln.gelu %{{.*}} : tensor<4x16xbf16>
+// CHECK: kiln.matmul {{.*}} -> tensor<4x8xbf16>
+// CHECK: %[[WIDE:.*]] = kiln.cast %{{.*}} : tensor<4x8xbf16> -> tensor<4x8xf32>
+// CHECK: kiln.add %{{.*}}, %[[WIDE]] : tensor<4x8xf32>
+// CHECK: kiln.matmul {{.*}} {transpose_rhs} : tensor<4x8xbf16>, tensor<32x8xbf16> -> tensor<4x32xbf16>
+// CHECK: kiln.cross_entropy %{{.*}}, %{{.*}} : tensor<4x32xbf16>, tensor<4xi32> -> tensor<f32>, tensor<4xf32>
+
+// After autodiff and canonicalization the weights are read from their bf16 compute copies,
+// and their bf16 gradients are widened before accumulating into the fp32 accumulators.
+// STEP-LABEL: func.func @micro_step
+// STEP: kiln.param @w1 : tensor<8x16xbf16>
+// STEP: %[[DW:.*]] = kiln.matmul {{.*}} {transpose_lhs} : tensor<4x8xbf16>, tensor<4x16xbf16> -> tensor<8x16xbf16>
+// STEP: %[[DW32:.*]] = kiln.cast %[[DW]] : tensor<8x16xbf16> -> tensor<8x16xf32>
+// STEP: kiln.accumulate_grad @w1, %[[DW32]] : tensor<8x16xf32>
+kiln.parameter @x : tensor<4x8xf32> {init = "zeros"}
+kiln.parameter @g : tensor<8xf32> {init = "ones"}
+kiln.parameter @b : tensor<8xf32> {init = "zeros"}
+kiln.parameter @w1 : tensor<8x16xf32> {init = "normal", init_std = 0.02 : f32, decay}
+kiln.parameter @b1 : tensor<16xf32> {init = "zeros"}
+kiln.parameter @w2 : tensor<16x8xf32> {init = "normal", init_std = 0.02 : f32, decay}
+kiln.parameter @emb : tensor<32x8xf32> {init = "normal", init_std = 0.02 : f32, decay}
+func.func @forward() -> tensor<f32> {
+  %t = kiln.input "targets" : tensor<4xi32>
+  %x = kiln.param @x : tensor<4x8xf32>
+  %g = kiln.param @g : tensor<8xf32>
+  %b = kiln.param @b : tensor<8xf32>
+  %a, %m, %r = kiln.layer_norm %x, %g, %b : tensor<4x8xf32>, tensor<8xf32>, tensor<8xf32> -> tensor<4x8xf32>, tensor<4xf32>, tensor<4xf32>
+  %w1 = kiln.param @w1 : tensor<8x16xf32>
+  %h = kiln.matmul %a, %w1 : tensor<4x8xf32>, tensor<8x16xf32> -> tensor<4x16xf32>
+  %b1 = kiln.param @b1 : tensor<16xf32>
+  %bb = kiln.broadcast %b1 : tensor<16xf32> -> tensor<4x16xf32>
+  %hb = kiln.add %h, %bb : tensor<4x16xf32>
+  %u = kiln.gelu %hb : tensor<4x16xf32>
+  %w2 = kiln.param @w2 : tensor<16x8xf32>
+  %y = kiln.matmul %u, %w2 : tensor<4x16xf32>, tensor<16x8xf32> -> tensor<4x8xf32>
+  %res = kiln.add %x, %y : tensor<4x8xf32>
+  %a2, %m2, %r2 = kiln.layer_norm %res, %g, %b : tensor<4x8xf32>, tensor<8xf32>, tensor<8xf32> -> tensor<4x8xf32>, tensor<4xf32>, tensor<4xf32>
+  %emb = kiln.param @emb : tensor<32x8xf32>
+  %logits = kiln.matmul %a2, %emb {transpose_rhs} : tensor<4x8xf32>, tensor<32x8xf32> -> tensor<4x32xf32>
+  %loss, %lse = kiln.cross_entropy %logits, %t : tensor<4x32xf32>, tensor<4xi32> -> tensor<f32>, tensor<4xf32>
+  return %loss : tensor<f32>
+}

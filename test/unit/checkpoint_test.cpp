@@ -1,0 +1,505 @@
+// Training checkpoints: round trip, retention and `latest`, and refusing (without touching the
+// executor) anything corrupt, truncated, forged or saved for another model.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "runtime/checkpoint.h"
+#include "runtime/error.h"
+#include "runtime/executor.h"
+#include "runtime/file_io.h"
+#include "runtime/module.h"
+
+namespace kiln {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct ParamSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  bool decay;
+};
+
+struct ModelSpec {
+  std::vector<ParamSpec> params = {{"wte.weight", {16, 4}, true},
+                                   {"h.0.attn.c_attn.weight", {4, 12}, true},
+                                   {"ln_f.weight", {4}, false}};
+  int n_embd = 4;
+  int batch_size = 1;
+  std::string precision = "fp32";
+  bool reverse_layout = false;  // lay the state buffers out in the opposite order (a re-plan)
+};
+
+// A module with parameters only: each gets value, grad, adam_m and adam_v buffers in the state
+// region (256-byte aligned, no overlaps), plus one activation after it; no programs are needed.
+std::vector<uint8_t> param_module(const ModelSpec& spec = {}) {
+  flatbuffers::FlatBufferBuilder fbb;
+  const fb::BufferKind kinds[4] = {fb::BufferKind::Parameter, fb::BufferKind::Gradient, fb::BufferKind::AdamM,
+                                   fb::BufferKind::AdamV};
+  struct Buf {
+    std::string name;
+    fb::BufferKind kind;
+    std::vector<int64_t> shape;
+  };
+  std::vector<Buf> bufs;
+  for (const ParamSpec& p : spec.params)
+    for (fb::BufferKind k : kinds) bufs.push_back({p.name + "." + fb::EnumNameBufferKind(k), k, p.shape});
+  std::vector<uint64_t> offsets(bufs.size());
+  uint64_t offset = 0;
+  for (size_t n = 0; n < bufs.size(); ++n) {
+    const size_t i = spec.reverse_layout ? bufs.size() - 1 - n : n;
+    int64_t numel = 1;
+    for (int64_t d : bufs[i].shape) numel *= d;
+    offsets[i] = offset;
+    offset += (uint64_t(numel) * 4 + 255) / 256 * 256;
+  }
+  const uint64_t state = offset;
+  std::vector<flatbuffers::Offset<fb::Buffer>> fbufs;
+  for (size_t i = 0; i < bufs.size(); ++i) {
+    int64_t numel = 1;
+    for (int64_t d : bufs[i].shape) numel *= d;
+    fbufs.push_back(fb::CreateBufferDirect(fbb, bufs[i].name.c_str(), bufs[i].kind, fb::DType::F32, &bufs[i].shape,
+                                           offsets[i], uint64_t(numel) * 4));
+  }
+  std::vector<int64_t> act_shape = {8};
+  fbufs.push_back(fb::CreateBufferDirect(fbb, "act", fb::BufferKind::Activation, fb::DType::F32, &act_shape, state, 32));
+  std::vector<flatbuffers::Offset<fb::Parameter>> params;
+  for (size_t i = 0; i < spec.params.size(); ++i) {
+    const uint32_t b = uint32_t(4 * i);
+    params.push_back(fb::CreateParameterDirect(fbb, spec.params[i].name.c_str(), &spec.params[i].shape, fb::Init::Normal,
+                                               0.02f, spec.params[i].decay, b, b + 1, b + 2, b + 3));
+  }
+  std::vector<flatbuffers::Offset<fb::Program>> progs;
+  auto model = fb::CreateModelDirect(fbb, 1, 1, spec.n_embd, 16, 8, spec.batch_size, 8, spec.precision.c_str(), "cpu",
+                                     "test.toml");
+  fb::FinishModuleBuffer(fbb, fb::CreateModuleDirect(fbb, 1, "test", model, state + 256, &fbufs, &params, &progs,
+                                                      state, 256, 256, "none"));
+  return {fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize()};
+}
+
+// Fills every parameter's value, grad and moments with distinct bit patterns, including -0, a
+// denormal, infinities and a NaN with a payload, which only a bitwise copy preserves.
+void fill(Executor& ex, uint32_t seed) {
+  uint32_t x = seed * 2654435761u + 1;
+  for (const fb::Parameter* p : *ex.module().fb().parameters())
+    for (uint32_t idx : {p->value(), p->grad(), p->adam_m(), p->adam_v()}) {
+      float* f = ex.f32(idx);
+      for (int64_t i = 0; i < numel(ex.module().buffer(idx)); ++i) {
+        x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+        uint32_t bits = x;
+        if (i == 0) bits = 0x80000000u;       // -0.0
+        if (i == 1) bits = 0x00000001u;       // smallest denormal
+        if (i == 2) bits = 0x7fc12345u;       // NaN with a payload
+        if (i == 3) bits = 0xff800000u;       // -inf
+        std::memcpy(&f[i], &bits, 4);
+      }
+    }
+}
+
+// Every byte of every parameter's four buffers, for "nothing changed" checks.
+std::vector<uint8_t> snapshot(Executor& ex) {
+  std::vector<uint8_t> out;
+  for (const fb::Parameter* p : *ex.module().fb().parameters())
+    for (uint32_t idx : {p->value(), p->grad(), p->adam_m(), p->adam_v()}) {
+      auto* b = reinterpret_cast<const uint8_t*>(ex.f32(idx));
+      out.insert(out.end(), b, b + ex.module().buffer(idx).size());
+    }
+  return out;
+}
+
+std::vector<uint8_t> bytes_of(Executor& ex, uint32_t idx) {
+  auto* b = reinterpret_cast<const uint8_t*>(ex.f32(idx));
+  return {b, b + ex.module().buffer(idx).size()};
+}
+
+std::set<std::string> listing(const fs::path& dir) {
+  std::set<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.insert(e.path().filename().string());
+  return names;
+}
+
+std::string read_text(const fs::path& p) {
+  auto b = read_file(p.string());
+  return {b.begin(), b.end()};
+}
+
+// A plain write: the flip test rewrites the file once per byte and fsync would dominate.
+void write_bytes(const fs::path& p, const std::vector<uint8_t>& b) {
+  std::ofstream(p, std::ios::binary | std::ios::trunc).write(reinterpret_cast<const char*>(b.data()), long(b.size()));
+}
+
+// The reference CRC-32 (bit at a time), to check the file's trailer independently.
+uint32_t reference_crc32(const uint8_t* p, size_t n) {
+  uint32_t c = 0xFFFFFFFFu;
+  for (size_t i = 0; i < n; ++i) {
+    c ^= p[i];
+    for (int k = 0; k < 8; ++k) c = (c >> 1) ^ ((c & 1u) ? 0xEDB88320u : 0u);
+  }
+  return ~c;
+}
+
+// The message of the kiln::Error `f` throws (fails the test when it throws nothing).
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a kiln::Error";
+  return "";
+}
+
+class Checkpoint : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("kiln-ckpt-" + std::to_string(getpid()) + "-" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  fs::path dir_;
+  Module module_ = Module::from_bytes(param_module(), "test.kiln");
+};
+
+TrainingState sample_state(int64_t step) {
+  TrainingState st;
+  st.step = step;
+  st.data_shard = 3;
+  st.data_position = 123456789012;
+  st.rng_state = 0xfedcba9876543210ull;  // above 2^53: would not survive a JSON double
+  st.world_size = 8;
+  st.zero_stage = 1;
+  st.extra_json = R"({"lr_scale":0.5,"note":"x"})";
+  return st;
+}
+
+TEST_F(Checkpoint, RoundTripRestoresValuesMomentsAndStateBitwise) {
+  Executor a(module_);
+  fill(a, 1);
+  save_checkpoint(dir_.string(), a, sample_state(100), 3);
+  const fs::path file = dir_ / "ckpt_00000100.kiln-ckpt";
+  ASSERT_TRUE(fs::exists(file));
+
+  Executor b(module_);
+  fill(b, 2);
+  const auto grads_before = [&] {
+    std::vector<std::vector<uint8_t>> g;
+    for (const fb::Parameter* p : *module_.fb().parameters()) g.push_back(bytes_of(b, p->grad()));
+    return g;
+  }();
+  TrainingState st = load_checkpoint(file.string(), b);
+  size_t i = 0;
+  for (const fb::Parameter* p : *module_.fb().parameters()) {
+    const std::string name = p->name()->str();
+    EXPECT_EQ(bytes_of(a, p->value()), bytes_of(b, p->value())) << name;
+    EXPECT_EQ(bytes_of(a, p->adam_m()), bytes_of(b, p->adam_m())) << name;
+    EXPECT_EQ(bytes_of(a, p->adam_v()), bytes_of(b, p->adam_v())) << name;
+    EXPECT_EQ(grads_before[i++], bytes_of(b, p->grad())) << name << ": gradients are not saved or loaded";
+  }
+  const TrainingState want = sample_state(100);
+  EXPECT_EQ(st.step, 100);
+  EXPECT_EQ(st.data_shard, want.data_shard);
+  EXPECT_EQ(st.data_position, want.data_position);
+  EXPECT_EQ(st.rng_state, want.rng_state);
+  EXPECT_EQ(st.world_size, 8);
+  EXPECT_EQ(st.zero_stage, 1);
+  EXPECT_EQ(st.extra_json, want.extra_json);
+  EXPECT_EQ(st.spec_fingerprint, module_fingerprint(module_));
+}
+
+TEST_F(Checkpoint, FileIsFramedAndTheTrailerIsTheCrc32OfEverythingAfterTheMagic) {
+  Executor ex(module_);
+  fill(ex, 1);
+  save_checkpoint(dir_.string(), ex, sample_state(7), 0);
+  const auto b = read_file((dir_ / "ckpt_00000007.kiln-ckpt").string());
+  ASSERT_GT(b.size(), 36u);
+  EXPECT_EQ(std::string(b.begin(), b.begin() + 8), "KILNCKPT");
+  uint32_t version, crc;
+  uint64_t header_len, file_size;
+  std::memcpy(&version, &b[8], 4);
+  std::memcpy(&header_len, &b[16], 8);
+  std::memcpy(&file_size, &b[24], 8);
+  std::memcpy(&crc, &b[b.size() - 4], 4);
+  EXPECT_EQ(version, 1u);
+  EXPECT_EQ(file_size, b.size());
+  EXPECT_EQ((32 + header_len) % 64, 0u);
+  EXPECT_EQ(crc, reference_crc32(b.data() + 8, b.size() - 12));
+  // Data: value, adam_m, adam_v of each parameter, as the header's table says.
+  auto h = nlohmann::json::parse(b.begin() + 32, b.begin() + 32 + long(header_len));
+  EXPECT_EQ(h["step"], 7);
+  EXPECT_EQ(h["rng_state"], "fedcba9876543210");
+  const auto& p0 = h["parameters"][0];
+  EXPECT_EQ(p0["name"], "wte.weight");
+  EXPECT_EQ(p0["shape"], nlohmann::json({16, 4}));
+  const uint64_t off = p0["adam_m"][0];
+  EXPECT_EQ(std::memcmp(&b[32 + header_len + off], ex.f32(module_.fb().parameters()->Get(0)->adam_m()), 16 * 4 * 4), 0);
+  EXPECT_EQ(32 + header_len + uint64_t(h["parameters"][2]["adam_v"][0]) + 16 + 4, b.size());
+}
+
+TEST_F(Checkpoint, KeepLeavesTheNewestKAndLatestPointsAtTheNewest) {
+  Executor ex(module_);
+  for (int64_t step : {10, 20, 30, 40, 50}) save_checkpoint(dir_.string(), ex, sample_state(step), 2);
+  EXPECT_EQ(listing(dir_), (std::set<std::string>{"ckpt_00000040.kiln-ckpt", "ckpt_00000050.kiln-ckpt", "latest"}));
+  EXPECT_EQ(read_text(dir_ / "latest"), "ckpt_00000050.kiln-ckpt\n");
+  EXPECT_EQ(latest_checkpoint(dir_.string()), (dir_ / "ckpt_00000050.kiln-ckpt").string());
+  EXPECT_EQ(load_checkpoint(*latest_checkpoint(dir_.string()), ex).step, 50);
+
+  // keep <= 0 keeps everything.
+  for (int64_t step : {60, 70}) save_checkpoint(dir_.string(), ex, sample_state(step), 0);
+  EXPECT_EQ(listing(dir_).size(), 5u);
+  // Steps past 8 digits still sort by number, not by name.
+  save_checkpoint(dir_.string(), ex, sample_state(123456789), 2);
+  EXPECT_EQ(listing(dir_), (std::set<std::string>{"ckpt_00000070.kiln-ckpt", "ckpt_123456789.kiln-ckpt", "latest"}));
+}
+
+TEST_F(Checkpoint, KeepNeverDeletesTheCheckpointJustWritten) {
+  // A run rewound to an earlier checkpoint saves lower steps than files already there.
+  Executor ex(module_);
+  save_checkpoint(dir_.string(), ex, sample_state(100), 1);
+  save_checkpoint(dir_.string(), ex, sample_state(50), 1);
+  EXPECT_EQ(listing(dir_), (std::set<std::string>{"ckpt_00000050.kiln-ckpt", "latest"}));
+  EXPECT_EQ(latest_checkpoint(dir_.string()), (dir_ / "ckpt_00000050.kiln-ckpt").string());
+}
+
+TEST_F(Checkpoint, LatestFallsBackToTheHighestNumberedAndIsNulloptWithoutCheckpoints) {
+  EXPECT_EQ(latest_checkpoint((dir_ / "missing").string()), std::nullopt);
+  fs::create_directories(dir_);
+  EXPECT_EQ(latest_checkpoint(dir_.string()), std::nullopt);
+  Executor ex(module_);
+  for (int64_t step : {5, 12, 9}) save_checkpoint(dir_.string(), ex, sample_state(step), 0);
+  EXPECT_EQ(latest_checkpoint(dir_.string()), (dir_ / "ckpt_00000009.kiln-ckpt").string());  // what latest says
+  fs::remove(dir_ / "latest");
+  write_bytes(dir_ / "ckpt_00000099.kiln-ckpt.tmp.1", {1, 2, 3});  // a crashed write is no checkpoint
+  EXPECT_EQ(latest_checkpoint(dir_.string()), (dir_ / "ckpt_00000012.kiln-ckpt").string());
+  // A `latest` naming a missing file, or something that is not a checkpoint name, is an error.
+  write_bytes(dir_ / "latest", {'c', 'k', 'p', 't', '_', '1', '.', 'k', 'i', 'l', 'n', '-', 'c', 'k', 'p', 't'});
+  EXPECT_NE(error_of([&] { latest_checkpoint(dir_.string()); }).find("latest: names ckpt_1.kiln-ckpt, which does not exist"),
+            std::string::npos);
+  write_bytes(dir_ / "latest", {'.', '.', '/', 'x'});
+  EXPECT_NE(error_of([&] { latest_checkpoint(dir_.string()); }).find("is not a checkpoint file name"), std::string::npos);
+}
+
+TEST_F(Checkpoint, FlippedByteAnywhereIsAChecksumErrorAndLoadsNothing) {
+  Executor a(module_);
+  fill(a, 1);
+  save_checkpoint(dir_.string(), a, sample_state(100), 0);
+  const fs::path file = dir_ / "ckpt_00000100.kiln-ckpt";
+  const auto good = read_file(file.string());
+  Executor b(module_);
+  fill(b, 2);
+  const auto before = snapshot(b);
+  const fs::path bad = dir_ / "ckpt_00000100.kiln-ckpt";
+  // Every byte after the magic: the frame, the header, the data and the checksum itself.
+  for (size_t i = 8; i < good.size(); ++i) {
+    auto corrupt = good;
+    corrupt[i] ^= uint8_t(1u << (i % 8));
+    write_bytes(bad, corrupt);
+    const std::string msg = error_of([&] { load_checkpoint(bad.string(), b); });
+    ASSERT_NE(msg.find("ckpt_00000100.kiln-ckpt: checksum mismatch (file corrupt or truncated"), std::string::npos)
+        << "byte " << i << ": " << msg;
+  }
+  // The magic is outside the checksum: a damaged one is "not a checkpoint".
+  auto corrupt = good;
+  corrupt[3] ^= 0x20;
+  write_bytes(bad, corrupt);
+  EXPECT_NE(error_of([&] { load_checkpoint(bad.string(), b); }).find("not a Kiln checkpoint"), std::string::npos);
+  EXPECT_EQ(snapshot(b), before);
+}
+
+TEST_F(Checkpoint, TruncatedFileIsAnErrorAndLoadsNothing) {
+  Executor a(module_);
+  fill(a, 1);
+  save_checkpoint(dir_.string(), a, sample_state(100), 0);
+  const auto good = read_file((dir_ / "ckpt_00000100.kiln-ckpt").string());
+  Executor b(module_);
+  fill(b, 2);
+  const auto before = snapshot(b);
+  const fs::path cut = dir_ / "cut.kiln-ckpt";
+  for (size_t len : {size_t(0), size_t(5), size_t(8), size_t(35), size_t(36), good.size() / 2, good.size() - 4,
+                     good.size() - 1}) {
+    write_bytes(cut, std::vector<uint8_t>(good.begin(), good.begin() + long(len)));
+    const std::string msg = error_of([&] { load_checkpoint(cut.string(), b); });
+    EXPECT_NE(msg.find("cut.kiln-ckpt: "), std::string::npos) << len << ": " << msg;
+    if (len >= 8) EXPECT_NE(msg.find("(file corrupt or truncated"), std::string::npos) << len << ": " << msg;
+    if (len >= 36)
+      EXPECT_NE(msg.find(std::to_string(len) + " bytes, the header says " + std::to_string(good.size())), std::string::npos)
+          << msg;
+  }
+  EXPECT_EQ(snapshot(b), before);
+  EXPECT_NE(error_of([&] { load_checkpoint((dir_ / "absent.kiln-ckpt").string(), b); }).find("absent.kiln-ckpt: cannot open"),
+            std::string::npos);
+}
+
+TEST_F(Checkpoint, OtherModelIsAFingerprintErrorAndLoadsNothing) {
+  Executor a(module_);
+  fill(a, 1);
+  save_checkpoint(dir_.string(), a, sample_state(100), 0);
+  const std::string file = (dir_ / "ckpt_00000100.kiln-ckpt").string();
+
+  ModelSpec wider;
+  wider.n_embd = 8;
+  wider.params = {{"wte.weight", {16, 8}, true}, {"h.0.attn.c_attn.weight", {8, 24}, true}, {"ln_f.weight", {8}, false}};
+  Module other = Module::from_bytes(param_module(wider), "wide.kiln");
+  Executor b(other);
+  fill(b, 2);
+  const auto before = snapshot(b);
+  const std::string msg = error_of([&] { load_checkpoint(file, b); });
+  EXPECT_NE(msg.find("ckpt_00000100.kiln-ckpt: compiled for a different model (fingerprint " + module_fingerprint(module_) +
+                     " vs " + module_fingerprint(other) + ": n_embd 4 vs 8)"),
+            std::string::npos)
+      << msg;
+  EXPECT_EQ(snapshot(b), before);
+
+  // Same sizes, one parameter's decay group differs: the message names it.
+  ModelSpec nodecay;
+  nodecay.params[1].decay = false;
+  Module third = Module::from_bytes(param_module(nodecay), "nodecay.kiln");
+  Executor c(third);
+  EXPECT_NE(error_of([&] { load_checkpoint(file, c); }).find("parameter 'h.0.attn.c_attn.weight' decay true vs false"),
+            std::string::npos);
+}
+
+TEST_F(Checkpoint, FingerprintCoversSizesNamesShapesDecayAndPrecisionButNotThePlan) {
+  const std::string base = module_fingerprint(module_);
+  EXPECT_EQ(base.size(), 16u);
+  EXPECT_EQ(base, "0eac560d6ad208e0");  // pinned (checked in Python): a change orphans every checkpoint
+  auto fp = [](const ModelSpec& s) { return module_fingerprint(Module::from_bytes(param_module(s), "x.kiln")); };
+  ModelSpec replanned;
+  replanned.reverse_layout = true;  // other buffer offsets
+  replanned.batch_size = 4;         // run configuration, not the model
+  std::reverse(replanned.params.begin(), replanned.params.end());  // other parameter order
+  EXPECT_EQ(fp(replanned), base);
+  ModelSpec s;
+  s.precision = "bf16";
+  EXPECT_NE(fp(s), base);
+  s = {};
+  s.params[2].decay = true;
+  EXPECT_NE(fp(s), base);
+  s = {};
+  s.params[0].name = "wpe.weight";
+  EXPECT_NE(fp(s), base);
+  s = {};
+  s.params[0].shape = {4, 16};  // same element count
+  EXPECT_NE(fp(s), base);
+}
+
+TEST_F(Checkpoint, LoadsAReplannedModuleByName) {
+  Executor a(module_);
+  fill(a, 1);
+  save_checkpoint(dir_.string(), a, sample_state(3), 0);
+  ModelSpec replanned;
+  replanned.reverse_layout = true;
+  std::reverse(replanned.params.begin(), replanned.params.end());
+  Module other = Module::from_bytes(param_module(replanned), "replanned.kiln");
+  Executor b(other);
+  load_checkpoint((dir_ / "ckpt_00000003.kiln-ckpt").string(), b);
+  for (const fb::Parameter* p : *module_.fb().parameters())
+    for (const fb::Parameter* q : *other.fb().parameters())
+      if (p->name()->str() == q->name()->str()) {
+        EXPECT_EQ(bytes_of(a, p->value()), bytes_of(b, q->value()));
+        EXPECT_EQ(bytes_of(a, p->adam_v()), bytes_of(b, q->adam_v()));
+      }
+}
+
+// A header that passes the checksum (rewritten and re-checksummed) is still validated in full.
+TEST_F(Checkpoint, ValidatesAForgedHeaderThatPassesTheChecksum) {
+  Executor a(module_);
+  fill(a, 1);
+  save_checkpoint(dir_.string(), a, sample_state(100), 0);
+  const auto good = read_file((dir_ / "ckpt_00000100.kiln-ckpt").string());
+  uint64_t header_len;
+  std::memcpy(&header_len, &good[16], 8);
+  const nlohmann::ordered_json header =
+      nlohmann::ordered_json::parse(good.begin() + 32, good.begin() + 32 + long(header_len));
+  const std::vector<uint8_t> data(good.begin() + 32 + long(header_len), good.end() - 4);
+
+  auto forge = [&](const nlohmann::ordered_json& h) {
+    std::string text = h.dump();
+    std::vector<uint8_t> out(good.begin(), good.begin() + 32);
+    const uint64_t len = text.size(), size = 32 + len + data.size() + 4;
+    std::memcpy(&out[16], &len, 8);
+    std::memcpy(&out[24], &size, 8);
+    out.insert(out.end(), text.begin(), text.end());
+    out.insert(out.end(), data.begin(), data.end());
+    const uint32_t crc = reference_crc32(out.data() + 8, out.size() - 8);
+    out.resize(out.size() + 4);
+    std::memcpy(&out[out.size() - 4], &crc, 4);
+    const fs::path p = dir_ / "forged.kiln-ckpt";
+    write_bytes(p, out);
+    return p.string();
+  };
+  Executor b(module_);
+  fill(b, 2);
+  const auto before = snapshot(b);
+  auto expect_error = [&](const nlohmann::ordered_json& h, const std::string& want) {
+    const std::string msg = error_of([&] { load_checkpoint(forge(h), b); });
+    EXPECT_NE(msg.find(want), std::string::npos) << msg;
+  };
+  EXPECT_EQ(load_checkpoint(forge(header), b).step, 100);  // the forger itself is right
+  fill(b, 2);
+
+  auto h = header;
+  h["parameters"][2]["adam_v"][0] = data.size();
+  expect_error(h, "header: parameter 'ln_f.weight': adam_v [");
+  h = header;
+  h["parameters"][0]["value"][1] = 4;
+  expect_error(h, "parameter 'wte.weight': value holds 4 bytes, the shape needs 256");
+  h = header;
+  h["parameters"].erase(1);
+  expect_error(h, "parameter 'h.0.attn.c_attn.weight' is missing");
+  h = header;
+  h["parameters"].push_back(header["parameters"][0]);
+  expect_error(h, "parameter 'wte.weight': appears twice");
+  h = header;
+  h["parameters"][0]["shape"] = {4, 16};  // same bytes, other shape
+  expect_error(h, "parameter 'wte.weight' has shape [4, 16] in the checkpoint, [16, 4] in the module");
+  h = header;
+  h["rng_state"] = 12;
+  expect_error(h, "header: rng_state 12 is not 16 lowercase hex digits");
+  h = header;
+  h.erase("step");
+  expect_error(h, "header: missing \"step\"");
+  EXPECT_EQ(snapshot(b), before);
+}
+
+TEST_F(Checkpoint, NoTemporaryFilesAreLeftBehindEvenWhenASaveFails) {
+  Executor ex(module_);
+  save_checkpoint(dir_.string(), ex, sample_state(1), 0);
+  save_checkpoint(dir_.string(), ex, sample_state(2), 1);
+  EXPECT_EQ(listing(dir_), (std::set<std::string>{"ckpt_00000002.kiln-ckpt", "latest"}));
+  // A directory in the way makes the rename fail: the save throws, leaves no temporary file,
+  // and `latest` still names the last good checkpoint.
+  fs::create_directories(dir_ / "ckpt_00000003.kiln-ckpt");
+  EXPECT_NE(error_of([&] { save_checkpoint(dir_.string(), ex, sample_state(3), 1); }).find("ckpt_00000003.kiln-ckpt"),
+            std::string::npos);
+  EXPECT_EQ(listing(dir_), (std::set<std::string>{"ckpt_00000002.kiln-ckpt", "ckpt_00000003.kiln-ckpt", "latest"}));
+  EXPECT_EQ(latest_checkpoint(dir_.string()), (dir_ / "ckpt_00000002.kiln-ckpt").string());
+  // Bad input fails before anything is written.
+  TrainingState st = sample_state(4);
+  st.extra_json = "[1]";
+  EXPECT_NE(error_of([&] { save_checkpoint(dir_.string(), ex, st, 1); }).find("extra_json is not a JSON object"),
+            std::string::npos);
+  st = sample_state(-1);
+  EXPECT_THROW(save_checkpoint(dir_.string(), ex, st, 1), Error);
+  EXPECT_EQ(listing(dir_).size(), 3u);
+}
+
+TEST_F(Checkpoint, CreatesNestedDirectoriesAndRejectsAFileInTheWay) {
+  Executor ex(module_);
+  save_checkpoint((dir_ / "a" / "b").string(), ex, sample_state(1), 1);
+  EXPECT_TRUE(fs::exists(dir_ / "a" / "b" / "ckpt_00000001.kiln-ckpt"));
+  write_bytes(dir_ / "file", {1});
+  EXPECT_NE(error_of([&] { save_checkpoint((dir_ / "file").string(), ex, sample_state(1), 1); })
+                .find("cannot create the checkpoint directory"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace kiln
