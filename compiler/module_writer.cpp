@@ -61,14 +61,16 @@ class Writer {
     for (ParameterOp p : module_.getOps<ParameterOp>()) declareParameter(p);
     std::vector<std::pair<std::string, std::vector<Ins>>> programs;
     std::vector<uint32_t> results;
+    std::vector<uint64_t> sizes;
     uint64_t activations = 0, naive = 0;
-    for (const char* name : {"forward", "micro_step", "optimizer_step"}) {
+    for (const char* name : {"forward", "logits", "micro_step", "optimizer_step"}) {
       auto f = module_.lookupSymbol<func::FuncOp>(name);
       if (!f) continue;
       auto planned = f->getAttrOfType<IntegerAttr>("kiln.arena_size");
       if (!planned)
         return f.emitError() << "kilnc: @" << name << " has no buffer plan (run kiln-plan-buffers)";
       activations = std::max(activations, uint64_t(planned.getInt()));
+      sizes.push_back(uint64_t(planned.getInt()));
       const size_t firstBuffer = bufs_.size();
       std::vector<Ins> code;
       uint32_t result = 0;
@@ -86,7 +88,7 @@ class Writer {
       if (b.kind != fb::BufferKind::Activation) b.offset = state, state += alignUp(b.size);
     for (Buf& b : bufs_)
       if (b.kind == fb::BufferKind::Activation) b.offset += state;
-    return serialize(programs, results, state, activations, naive);
+    return serialize(programs, results, sizes, state, activations, naive);
   }
 
  private:
@@ -280,7 +282,8 @@ class Writer {
   }
 
   std::vector<uint8_t> serialize(const std::vector<std::pair<std::string, std::vector<Ins>>>& programs,
-                                 const std::vector<uint32_t>& results, uint64_t state,
+                                 const std::vector<uint32_t>& results,
+                                 const std::vector<uint64_t>& sizes, uint64_t state,
                                  uint64_t activations, uint64_t naive) {
     flatbuffers::FlatBufferBuilder fbb(1 << 16);
     std::vector<flatbuffers::Offset<fb::Buffer>> buffers;
@@ -302,7 +305,7 @@ class Writer {
       for (const Ins& in : programs[i].second)
         instrs.push_back(fb::CreateInstrDirect(fbb, in.op, &in.in, &in.out, &in.ints, &in.floats,
                                                in.loc.c_str(), in.phase));
-      progs.push_back(fb::CreateProgramDirect(fbb, programs[i].first.c_str(), &instrs, results[i]));
+      progs.push_back(fb::CreateProgramDirect(fbb, programs[i].first.c_str(), &instrs, results[i], sizes[i]));
     }
     auto model = fb::CreateModelDirect(fbb, spec_.n_layer, spec_.n_head, spec_.n_embd, spec_.vocab_size,
                                        spec_.block_size, spec_.batch_size, spec_.seq_len,

@@ -49,14 +49,30 @@ class GPT2Builder {
     declare("ln_f.weight", {C}, "ones", 0, false);
     declare("ln_f.bias", {C}, "zeros", 0, false);
 
+    // @forward: the mean loss (what autodiff differentiates); @logits: the forward pass alone,
+    // for sampling, with no backward buffers.
     auto scalar = tensor({});
-    auto func = b_.create<func::FuncOp>(fileLoc_, "forward", b_.getFunctionType({}, {scalar}));
-    b_.setInsertionPointToStart(func.addEntryBlock());
+    auto forward = b_.create<func::FuncOp>(fileLoc_, "forward", b_.getFunctionType({}, {scalar}));
+    b_.setInsertionPointToStart(forward.addEntryBlock());
+    Value logits = buildLogits();
+    Value targets = b_.create<InputOp>(loc_, itensor({B, T}), "targets");
+    auto ce = b_.create<CrossEntropyOp>(loc_, scalar, tensor({N}), logits, reshape(targets, {N}));
+    b_.create<func::ReturnOp>(loc_, ce.getLoss());
 
+    b_.setInsertionPointToEnd(module_->getBody());
+    auto head = b_.create<func::FuncOp>(fileLoc_, "logits", b_.getFunctionType({}, {tensor({N, V})}));
+    b_.setInsertionPointToStart(head.addEntryBlock());
+    b_.create<func::ReturnOp>(loc_, buildLogits());
+    return std::move(module_);
+  }
+
+  // The forward pass from the token ids to the logits [B*T, V], at the insertion point.
+  Value buildLogits() {
+    const int64_t B = spec_.batch_size, T = spec_.seq_len, C = spec_.n_embd, N = B * T;
+    const int64_t V = spec_.vocab_size, L = spec_.n_layer;
     // x = wte[idx] + wpe[0:T]
     loc_ = at("embed");
     Value idx = b_.create<InputOp>(loc_, itensor({B, T}), "idx");
-    Value targets = b_.create<InputOp>(loc_, itensor({B, T}), "targets");
     Value wte = param("wte.weight");
     Value tok = b_.create<EmbeddingOp>(loc_, tensor({B, T, C}), wte, idx);
     Value positions = b_.create<IotaOp>(loc_, itensor({T}));
@@ -80,14 +96,10 @@ class GPT2Builder {
       x = b_.create<AddOp>(loc_, x, linear(u, h + "mlp.c_proj", C));
     }
 
-    // logits = ln_f(x) @ wte^T (tied head, no bias); loss = mean cross-entropy.
+    // logits = ln_f(x) @ wte^T (tied head, no bias).
     loc_ = at("head");
     Value f = layerNorm(x, "ln_f");
-    Value logits = b_.create<MatmulOp>(loc_, tensor({N, V}), f, wte, false, true);
-    auto ce = b_.create<CrossEntropyOp>(loc_, scalar, tensor({N}), logits,
-                                        reshape(targets, {N}));
-    b_.create<func::ReturnOp>(loc_, ce.getLoss());
-    return std::move(module_);
+    return b_.create<MatmulOp>(loc_, tensor({N, V}), f, wte, false, true);
   }
 
  private:

@@ -26,6 +26,12 @@ struct MixedPrecisionPass : kiln::impl::MixedPrecisionBase<MixedPrecisionPass> {
       getOperation().emitError("kiln-mixed-precision: no @forward function");
       return signalPassFailure();
     }
+    for (auto f : getOperation().getOps<func::FuncOp>())
+      if (!f.isExternal()) assignTypes(f);
+  }
+
+  // Every graph function gets the policy (@forward and @logits alike).
+  void assignTypes(func::FuncOp forward) {
     Type bf16 = BFloat16Type::get(&getContext()), f32 = Float32Type::get(&getContext());
     OpBuilder b(&getContext());
 
@@ -75,7 +81,8 @@ struct MixedPrecisionPass : kiln::impl::MixedPrecisionBase<MixedPrecisionPass> {
       } else if (auto reshape = dyn_cast<ReshapeOp>(op)) {
         setResult(reshape.getResult(), cast<RankedTensorType>(reshape.getInput().getType()).getElementType());
       } else if (auto ret = dyn_cast<func::ReturnOp>(op)) {
-        convert(op, 0, f32);
+        // The function returns what it computes (the fp32 loss; bf16 logits).
+        forward.setFunctionType(FunctionType::get(&getContext(), {}, ret.getOperandTypes()));
       }
       // Everything else (embeddings, broadcasts of fp32 values, cross-entropy, reductions)
       // keeps fp32 results; cross-entropy reads bf16 logits as they are.

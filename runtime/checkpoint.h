@@ -15,7 +15,8 @@
 // Every version keeps the magic, the version field and the CRC trailer, so a reader can always
 // tell "not a checkpoint", "corrupt" and "newer than this build" apart.
 //
-// Gradients are not saved: the trainer zeroes them at the start of every optimizer step.
+// Gradients are not saved: the trainer zeroes them at the start of every optimizer step. Nor are
+// bf16 compute copies: load_checkpoint rounds them afresh from the loaded fp32 values.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -58,8 +59,8 @@ std::optional<std::string> latest_checkpoint(const std::string& dir);
 
 // Reads and validates the whole file (magic, checksum, version, length, header, fingerprint
 // against ex's module, every parameter present with its shape) before copying anything, so on
-// any kiln::Error the executor is untouched. Returns the saved state; world_size and zero_stage
-// are for the caller to check.
+// any kiln::Error the executor is untouched. Then refreshes the bf16 compute copies and returns
+// the saved state; world_size and zero_stage are for the caller to check.
 TrainingState load_checkpoint(const std::string& path, Executor& ex);
 
 }  // namespace kiln

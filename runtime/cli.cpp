@@ -5,6 +5,7 @@
 #include <memory>
 #include <optional>
 
+#include "runtime/comm/communicator.h"
 #include "runtime/embedded.h"
 #include "runtime/error.h"
 #include "runtime/module.h"
@@ -34,6 +35,15 @@ void add_train_options(CLI::App& train, TrainOptions& o) {
   train.add_option("--dump-grads", o.dump_grads, "write step 0's accumulated gradients (safetensors)");
   train.add_option("--print-every", o.print_every, "print progress every N steps (default: about 50 lines)");
   train.add_flag("--profile", o.profile, "print the time spent in each kind of kernel at the end");
+  // Data parallelism: the ranks come from the launcher (mpirun/srun, or torchrun's RANK,
+  // WORLD_SIZE, MASTER_ADDR, MASTER_PORT); see runtime/comm/communicator.h.
+  train.add_option("--zero", o.zero, "1: ZeRO-1, shard AdamW state and the update across ranks (same results)")
+      ->capture_default_str()->check(CLI::Range(0, 1));
+  train.add_option("--bucket-mb", o.bucket_mb, "gradient all-reduce bucket size in MB (data parallel)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  train.add_option("--comm", o.comm, "communicator: auto (MPI under mpirun/srun, TCP with WORLD_SIZE > 1, "
+                                     "else one process), single, mpi, tcp, nccl (GPU targets only)")
+      ->capture_default_str()->check(CLI::IsMember({"auto", "single", "mpi", "tcp", "nccl"}));
 }
 
 }  // namespace
@@ -57,11 +67,23 @@ int run_main(int argc, char** argv) {
   add_train_options(*train, train_opts);
   CLI11_PARSE(app, argc, argv);
 
+  std::unique_ptr<Communicator> comm;  // outlives the module: MPI_Finalize last
   try {
     Module module = embedded ? Module::from_bytes(std::move(*embedded), argv[0]) : Module::load(module_path);
-    if (train->parsed()) kiln::train(module, train_opts);
+    if (train->parsed()) {
+      const fb::Model& model = *module.fb().model();
+      comm = make_communicator(parse_comm_backend(train_opts.comm), model.target() ? model.target()->str() : "cpu");
+      kiln::train(module, train_opts, *comm);
+    }
     return 0;
   } catch (const Error& e) {
+    // One failing rank ends them all, at once, rather than leaving them waiting in a collective.
+    if (comm && comm->world_size() > 1) {
+      const std::string msg = e.what();
+      comm->abort(msg.rfind("rank ", 0) == 0 ? msg
+                                             : "rank " + std::to_string(comm->rank()) + " of " +
+                                                   std::to_string(comm->world_size()) + ": " + msg);
+    }
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
   }

@@ -118,8 +118,17 @@ static uint64_t available_memory() {
   return uint64_t(kb) * 1024;
 }
 
-Executor::Executor(const Module& module) : module_(module) {
-  const uint64_t bytes = std::max<uint64_t>(module.fb().arena_size(), 256);
+Executor::Executor(const Module& module, std::vector<std::string> programs)
+    : module_(module), programs_(std::move(programs)) {
+  if (programs_.empty())
+    for (const fb::Program* p : *module.fb().programs()) programs_.push_back(p->name()->str());
+  uint64_t activations = 0;
+  for (const std::string& name : programs_) {
+    const fb::Program* p = module.program(name);
+    if (!p) throw Error(module.source() + ": the module has no program '" + name + "'");
+    activations = std::max(activations, p->activation_size());
+  }
+  const uint64_t bytes = std::max<uint64_t>(module.fb().state_size() + activations, 256);
   auto gib = [](uint64_t b) { return std::to_string(double(b) / double(1ull << 30)).substr(0, 5) + " GiB"; };
   // Linux overcommits: check before allocating rather than die touching the pages.
   const uint64_t avail = available_memory();
@@ -132,7 +141,7 @@ Executor::Executor(const Module& module) : module_(module) {
     throw Error(module.source() + ": cannot allocate the " + std::to_string(bytes) +
                 "-byte arena (out of memory)");
   std::memset(arena_, 0, bytes);
-  for (const fb::Program* p : *module.fb().programs()) check(*p);
+  for (const std::string& name : programs_) check(*module.program(name));
 }
 
 Executor::~Executor() { std::free(arena_); }
@@ -202,7 +211,8 @@ void Executor::zero_grads() {
 
 float Executor::run(const std::string& name) {
   const fb::Program* prog = module_.program(name);
-  if (!prog) throw Error(module_.source() + ": the module has no program '" + name + "'");
+  if (!prog || std::find(programs_.begin(), programs_.end(), name) == programs_.end())
+    throw Error(module_.source() + ": program '" + name + "' is not loaded in this executor");
   for (const fb::Instr* ins : *prog->instrs()) {
     if (!profile_) {
       exec(*ins);
@@ -215,6 +225,22 @@ float Executor::run(const std::string& name) {
     ++calls;
   }
   return *f32(prog->result());
+}
+
+// --- Data-parallel hooks (ZeRO-1) ------------------------------------------------------------
+void Executor::set_parameter_slice(size_t param, int64_t begin, int64_t end) {
+  const auto& params = *module_.fb().parameters();
+  if (param >= params.size())
+    throw Error(module_.source() + ": set_parameter_slice: parameter " + std::to_string(param) + " of " +
+                std::to_string(params.size()));
+  const fb::Parameter& p = *params.Get(uint32_t(param));
+  const int64_t n = numel(module_.buffer(p.value()));
+  if (begin < 0 || begin > end || end > n)
+    throw Error(module_.source() + ": set_parameter_slice: [" + std::to_string(begin) + ", " +
+                std::to_string(end) + ") is not within parameter " + p.name()->str() + " of " +
+                std::to_string(n) + " elements");
+  slice_by_buffer_[p.value()] = {begin, end};
+  slice_by_buffer_[p.grad()] = {begin, end};
 }
 
 void Executor::print_profile() const {
@@ -324,7 +350,12 @@ void Executor::run_kernel(const fb::Instr& ins, const flatbuffers::Vector<int64_
     case O::AccumulateGrad: cpu::accumulate(out(0), in(0), v[0]); break;
     case O::GlobalNorm: {
       double sum = 0;
-      for (size_t i = 0; i < v.size(); ++i) sum += cpu::sum_squares(in(i), v[i]);
+      for (size_t i = 0; i < v.size(); ++i) {
+        auto s = slice_by_buffer_.find(ins.inputs()->Get(i));  // data-parallel hook (ZeRO-1)
+        if (s == slice_by_buffer_.end()) sum += cpu::sum_squares(in(i), v[i]);
+        else sum += cpu::sum_squares(in(i) + s->second.first, s->second.second - s->second.first);
+      }
+      if (norm_reducer_) sum = norm_reducer_(sum);  // data-parallel hook (ZeRO-1)
       *out(0) = float(std::sqrt(sum));
       break;
     }
@@ -336,12 +367,16 @@ void Executor::run_kernel(const fb::Instr& ins, const flatbuffers::Vector<int64_
       *out(0) = coef;
       break;
     }
-    case O::AdamW:
-      cpu::adamw(out(0), in(0), out(1), out(2), v[0], *in(1), *in(2), *in(3), *in(4), *in(5),
+    case O::AdamW: {
+      int64_t b = 0, n = v[0];  // data-parallel hook (ZeRO-1): only this rank's slice
+      auto s = slice_by_buffer_.find(ins.outputs()->Get(0));
+      if (s != slice_by_buffer_.end()) b = s->second.first, n = s->second.second - s->second.first;
+      cpu::adamw(out(0) + b, in(0) + b, out(1) + b, out(2) + b, n, *in(1), *in(2), *in(3), *in(4), *in(5),
                  v[1] ? *in(6) : 0.0f, int64_t(*in(7)));
       if (ins.outputs()->size() == 4)  // refresh the bf16 compute copy from the new master value
         cpu::copy(out(3), out(0), v[0]);
       break;
+    }
     case O::Cast: cpu::copy(out(0), in(0), v[0]); break;  // the rounding happens in flush_outputs
   }
 }

@@ -5,6 +5,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "runtime/module.h"
@@ -13,8 +14,9 @@ namespace kiln {
 
 class Executor {
  public:
-  // Allocates the arena (zeroed) and checks every instruction's operands against its opcode.
-  explicit Executor(const Module& module);
+  // Allocates the arena (zeroed) for the state and the activations of `programs` (all programs
+  // when empty: sampling needs no backward buffers) and checks their instructions' operands.
+  explicit Executor(const Module& module, std::vector<std::string> programs = {});
   ~Executor();
 
   // Runs a program ("forward", "micro_step", "optimizer_step"); returns its scalar result.
@@ -37,7 +39,6 @@ class Executor {
   void print_profile() const;
 
   const Module& module() const { return module_; }
-  uint64_t arena_bytes() const { return module_.fb().arena_size(); }
 
   // --- Data-parallel hooks (ZeRO-1; used by runtime/data_parallel.cpp) ---------------------
   // Restricts the optimizer program to elements [begin, end) of parameter `param` (its index in
@@ -56,6 +57,7 @@ class Executor {
   float* operand(uint32_t buffer, size_t slot, bool is_output);
   void flush_outputs();  // rounds scratch outputs into their bf16 buffers
   const Module& module_;
+  std::vector<std::string> programs_;  // the programs this executor may run
   uint8_t* arena_ = nullptr;
   std::map<size_t, std::vector<float>> scratch_;          // by operand slot
   std::vector<std::pair<uint32_t, size_t>> pending_;      // bf16 outputs to round after a kernel

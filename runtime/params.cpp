@@ -5,8 +5,10 @@
 #include <map>
 #include <set>
 
+#include "runtime/cpu/bf16.h"
 #include "runtime/cpu/kernels.h"
 #include "runtime/error.h"
+#include "runtime/file_io.h"
 #include "runtime/safetensors.h"
 
 namespace kiln {
@@ -55,7 +57,88 @@ void init_parameters(Executor& ex, uint64_t seed) {
   ex.zero_grads();
 }
 
+namespace {
+
+// llm.c's model file: 256 int32 header ([0] 20240326, [1] 3 = fp32 or 5 = bf16, [2] maxT,
+// [3] V, [4] L, [5] heads, [6] C, [7] padded V), then the tensors in llm.c's order with
+// nn.Linear weights stored [out, in] (transposed against Hugging Face's Conv1D [in, out]) and
+// every layer's tensor of one kind stacked.
+void load_llmc_bin(Executor& ex, const std::string& path) {
+  std::vector<uint8_t> bytes = read_file(path);
+  if (bytes.size() < 1024) throw Error(path + ": too short for an llm.c model header");
+  const int32_t* h = reinterpret_cast<const int32_t*>(bytes.data());
+  if (h[0] != 20240326) throw Error(path + ": header: magic " + std::to_string(h[0]) + " is not 20240326 (not an llm.c model file)");
+  if (h[1] != 3 && h[1] != 5) throw Error(path + ": header: version " + std::to_string(h[1]) + " (expected 3 = fp32 or 5 = bf16)");
+  const fb::Model& m = *ex.module().fb().model();
+  const int64_t maxT = h[2], V = h[3], L = h[4], NH = h[5], C = h[6], Vp = h[7];
+  if (maxT != m.block_size() || V != m.vocab_size() || L != m.n_layer() || NH != m.n_head() || C != m.n_embd() || Vp < V)
+    throw Error(path + ": header: model L=" + std::to_string(L) + " H=" + std::to_string(NH) + " C=" + std::to_string(C) +
+                " V=" + std::to_string(V) + " Tmax=" + std::to_string(maxT) + " does not match the compiled model");
+  const bool bf16 = h[1] == 5;
+  const size_t elem = bf16 ? 2 : 4;
+  size_t pos = 1024;
+  // Reads n values starting at the cursor, widening bf16.
+  auto take = [&](int64_t n) {
+    if (pos + size_t(n) * elem > bytes.size()) throw Error(path + ": truncated (tensor data ends early)");
+    std::vector<float> v(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      if (bf16) {
+        uint16_t x;
+        std::memcpy(&x, bytes.data() + pos + size_t(i) * 2, 2);
+        v[size_t(i)] = cpu::from_bf16(x);
+      } else {
+        std::memcpy(&v[size_t(i)], bytes.data() + pos + size_t(i) * 4, 4);
+      }
+    }
+    pos += size_t(n) * elem;
+    return v;
+  };
+  std::map<std::string, uint32_t> value;
+  for (const fb::Parameter* p : *ex.module().fb().parameters()) value[p->name()->str()] = p->value();
+  auto put = [&](const std::string& name, const float* src, int64_t n) {
+    std::memcpy(ex.f32(value.at(name)), src, size_t(n) * sizeof(float));
+  };
+  // Stores layer l's [out, in] slice transposed into the Conv1D [in, out] parameter.
+  auto put_t = [&](const std::string& name, const float* src, int64_t out, int64_t in) {
+    float* dst = ex.f32(value.at(name));
+    for (int64_t o = 0; o < out; ++o)
+      for (int64_t i = 0; i < in; ++i) dst[i * out + o] = src[o * in + i];
+  };
+  auto layers = [&](const char* suffix, int64_t per_layer, int64_t out, int64_t in) {
+    std::vector<float> all = take(L * per_layer);
+    for (int64_t l = 0; l < L; ++l) {
+      std::string name = "h." + std::to_string(l) + "." + suffix;
+      if (in) put_t(name, all.data() + l * per_layer, out, in);
+      else put(name, all.data() + l * per_layer, per_layer);
+    }
+  };
+  std::vector<float> wte = take(Vp * C);
+  put("wte.weight", wte.data(), V * C);  // padded rows V..Vp-1 are dropped
+  std::vector<float> wpe = take(maxT * C);
+  put("wpe.weight", wpe.data(), maxT * C);
+  layers("ln_1.weight", C, 0, 0);
+  layers("ln_1.bias", C, 0, 0);
+  layers("attn.c_attn.weight", 3 * C * C, 3 * C, C);
+  layers("attn.c_attn.bias", 3 * C, 0, 0);
+  layers("attn.c_proj.weight", C * C, C, C);
+  layers("attn.c_proj.bias", C, 0, 0);
+  layers("ln_2.weight", C, 0, 0);
+  layers("ln_2.bias", C, 0, 0);
+  layers("mlp.c_fc.weight", 4 * C * C, 4 * C, C);
+  layers("mlp.c_fc.bias", 4 * C, 0, 0);
+  layers("mlp.c_proj.weight", C * 4 * C, C, 4 * C);
+  layers("mlp.c_proj.bias", C, 0, 0);
+  std::vector<float> lnf = take(2 * C);
+  put("ln_f.weight", lnf.data(), C);
+  put("ln_f.bias", lnf.data() + C, C);
+  if (pos != bytes.size())
+    throw Error(path + ": " + std::to_string(bytes.size() - pos) + " bytes after the last tensor (not this model?)");
+}
+
+}  // namespace
+
 void load_parameters(Executor& ex, const std::string& path) {
+  if (path.size() > 4 && path.compare(path.size() - 4, 4, ".bin") == 0) return load_llmc_bin(ex, path);
   std::map<std::string, SafeTensor> file;
   for (SafeTensor& t : read_safetensors(path)) {
     std::string name = t.name.rfind(kPrefix, 0) == 0 ? t.name.substr(kPrefix.size()) : t.name;

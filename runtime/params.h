@@ -13,7 +13,8 @@ void init_parameters(Executor& ex, uint64_t seed);
 
 // Loads Hugging Face GPT-2 weights: names with or without "transformer.", the attention mask
 // buffers ignored, lm_head.weight accepted when equal to wte. Every parameter must be present
-// with its shape; F32, BF16 and F16 are accepted.
+// with its shape; F32, BF16 and F16 are accepted. A path ending in ".bin" is read as an llm.c
+// model file (fp32 or bf16, padded vocabulary) instead.
 void load_parameters(Executor& ex, const std::string& path);
 
 // Writes parameter values (kind = value) or gradients (kind = grad) as F32 safetensors with

@@ -70,6 +70,15 @@ void verify_plan(const Module& m) {
       }
     }
     if (auto it = live.find(prog->result()); it != live.end()) it->second.last = n;  // read after the call
+    // An executor that runs only this program allocates the state and this much more.
+    const uint64_t limit = state + prog->activation_size();
+    if (limit > f.arena_size())
+      throw Error(where + "program " + pname + " needs " + std::to_string(prog->activation_size()) +
+                  " activation bytes, more than the arena holds");
+    for (auto& [b, l] : live)
+      if (m.buffer(b).offset() + m.buffer(b).size() > limit)
+        throw Error(where + "program " + pname + ": " + describe(m, b) + " lies beyond its " +
+                    std::to_string(prog->activation_size()) + " planned activation bytes");
 
     std::vector<Live> spans;
     for (auto& [b, l] : live) spans.push_back(l);

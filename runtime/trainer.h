@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <string>
 
+#include "runtime/comm/communicator.h"
 #include "runtime/lr_schedule.h"
 #include "runtime/module.h"
 
@@ -21,9 +22,17 @@ struct TrainOptions {
   std::string dump_grads;       // safetensors of step 0's accumulated gradients
   int64_t print_every = 0;      // 0 = about 50 lines per run
   bool profile = false;         // per-kernel time table at the end
+  // Data parallelism (runtime/data_parallel.h): ranks come from the launcher (mpirun, srun, or
+  // RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT); total_batch then counts the tokens of all ranks.
+  int zero = 0;                 // 1: ZeRO-1, the optimizer step sharded across ranks
+  double bucket_mb = 25;        // gradient all-reduce bucket size (MB)
+  std::string comm = "auto";    // communicator: auto, single, mpi, tcp, nccl
 };
 
-// Runs the loop; throws kiln::Error on bad input. Returns the last step's loss.
+// Runs the loop; throws kiln::Error on bad input. Returns the last step's loss. Only rank 0
+// prints progress and writes --log, --save and --dump-grads.
+double train(const Module& module, const TrainOptions& options, Communicator& comm);
+// The same with the communicator options.comm selects from the environment.
 double train(const Module& module, const TrainOptions& options);
 
 }  // namespace kiln

@@ -10,6 +10,7 @@
 #include <set>
 
 #include "runtime/checkpoint.h"
+#include "runtime/cpu/bf16.h"
 #include "runtime/error.h"
 #include "runtime/executor.h"
 #include "runtime/file_io.h"
@@ -34,10 +35,12 @@ struct ModelSpec {
   int batch_size = 1;
   std::string precision = "fp32";
   bool reverse_layout = false;  // lay the state buffers out in the opposite order (a re-plan)
+  bool compute_copy = false;    // give the first parameter a bf16 compute copy (mixed precision)
 };
 
 // A module with parameters only: each gets value, grad, adam_m and adam_v buffers in the state
-// region (256-byte aligned, no overlaps), plus one activation after it; no programs are needed.
+// region (256-byte aligned, no overlaps; optionally a bf16 compute copy), plus one activation
+// after it; no programs are needed.
 std::vector<uint8_t> param_module(const ModelSpec& spec = {}) {
   flatbuffers::FlatBufferBuilder fbb;
   const fb::BufferKind kinds[4] = {fb::BufferKind::Parameter, fb::BufferKind::Gradient, fb::BufferKind::AdamM,
@@ -46,10 +49,13 @@ std::vector<uint8_t> param_module(const ModelSpec& spec = {}) {
     std::string name;
     fb::BufferKind kind;
     std::vector<int64_t> shape;
+    fb::DType dtype = fb::DType::F32;
   };
   std::vector<Buf> bufs;
   for (const ParamSpec& p : spec.params)
     for (fb::BufferKind k : kinds) bufs.push_back({p.name + "." + fb::EnumNameBufferKind(k), k, p.shape});
+  if (spec.compute_copy)
+    bufs.push_back({spec.params[0].name + ".bf16", fb::BufferKind::ComputeCopy, spec.params[0].shape, fb::DType::BF16});
   std::vector<uint64_t> offsets(bufs.size());
   uint64_t offset = 0;
   for (size_t n = 0; n < bufs.size(); ++n) {
@@ -57,15 +63,15 @@ std::vector<uint8_t> param_module(const ModelSpec& spec = {}) {
     int64_t numel = 1;
     for (int64_t d : bufs[i].shape) numel *= d;
     offsets[i] = offset;
-    offset += (uint64_t(numel) * 4 + 255) / 256 * 256;
+    offset += (uint64_t(numel) * dtype_bytes(bufs[i].dtype) + 255) / 256 * 256;
   }
   const uint64_t state = offset;
   std::vector<flatbuffers::Offset<fb::Buffer>> fbufs;
   for (size_t i = 0; i < bufs.size(); ++i) {
     int64_t numel = 1;
     for (int64_t d : bufs[i].shape) numel *= d;
-    fbufs.push_back(fb::CreateBufferDirect(fbb, bufs[i].name.c_str(), bufs[i].kind, fb::DType::F32, &bufs[i].shape,
-                                           offsets[i], uint64_t(numel) * 4));
+    fbufs.push_back(fb::CreateBufferDirect(fbb, bufs[i].name.c_str(), bufs[i].kind, bufs[i].dtype, &bufs[i].shape,
+                                           offsets[i], uint64_t(numel) * dtype_bytes(bufs[i].dtype)));
   }
   std::vector<int64_t> act_shape = {8};
   fbufs.push_back(fb::CreateBufferDirect(fbb, "act", fb::BufferKind::Activation, fb::DType::F32, &act_shape, state, 32));
@@ -73,7 +79,8 @@ std::vector<uint8_t> param_module(const ModelSpec& spec = {}) {
   for (size_t i = 0; i < spec.params.size(); ++i) {
     const uint32_t b = uint32_t(4 * i);
     params.push_back(fb::CreateParameterDirect(fbb, spec.params[i].name.c_str(), &spec.params[i].shape, fb::Init::Normal,
-                                               0.02f, spec.params[i].decay, b, b + 1, b + 2, b + 3));
+                                               0.02f, spec.params[i].decay, b, b + 1, b + 2, b + 3,
+                                               spec.compute_copy && i == 0 ? int32_t(4 * spec.params.size()) : -1));
   }
   std::vector<flatbuffers::Offset<fb::Program>> progs;
   auto model = fb::CreateModelDirect(fbb, 1, 1, spec.n_embd, 16, 8, spec.batch_size, 8, spec.precision.c_str(), "cpu",
@@ -214,6 +221,22 @@ TEST_F(Checkpoint, RoundTripRestoresValuesMomentsAndStateBitwise) {
   EXPECT_EQ(st.spec_fingerprint, module_fingerprint(module_));
 }
 
+TEST_F(Checkpoint, LoadRoundsTheBf16ComputeCopiesFromTheLoadedValues) {
+  ModelSpec mixed;
+  mixed.compute_copy = true;
+  Module m = Module::from_bytes(param_module(mixed), "mixed.kiln");
+  Executor a(m);
+  fill(a, 1);
+  save_checkpoint(dir_.string(), a, sample_state(1), 0);
+  Executor b(m);  // its compute copy is all zeros until the load
+  load_checkpoint((dir_ / "ckpt_00000001.kiln-ckpt").string(), b);
+  const fb::Parameter& p = *m.fb().parameters()->Get(0);
+  ASSERT_GE(p.compute_copy(), 0);
+  const auto* copy = reinterpret_cast<const uint16_t*>(b.f32(uint32_t(p.compute_copy())));
+  const float* value = b.f32(p.value());
+  for (int64_t i = 0; i < numel(m.buffer(p.value())); ++i) ASSERT_EQ(copy[i], cpu::to_bf16(value[i])) << i;
+}
+
 TEST_F(Checkpoint, FileIsFramedAndTheTrailerIsTheCrc32OfEverythingAfterTheMagic) {
   Executor ex(module_);
   fill(ex, 1);
@@ -327,14 +350,19 @@ TEST_F(Checkpoint, TruncatedFileIsAnErrorAndLoadsNothing) {
     write_bytes(cut, std::vector<uint8_t>(good.begin(), good.begin() + long(len)));
     const std::string msg = error_of([&] { load_checkpoint(cut.string(), b); });
     EXPECT_NE(msg.find("cut.kiln-ckpt: "), std::string::npos) << len << ": " << msg;
-    if (len >= 8) EXPECT_NE(msg.find("(file corrupt or truncated"), std::string::npos) << len << ": " << msg;
-    if (len >= 36)
+    if (len >= 8) {
+      EXPECT_NE(msg.find("(file corrupt or truncated"), std::string::npos) << len << ": " << msg;
+    }
+    if (len >= 36) {  // the frame is whole, so the message can say how much is missing
       EXPECT_NE(msg.find(std::to_string(len) + " bytes, the header says " + std::to_string(good.size())), std::string::npos)
           << msg;
+    }
   }
   EXPECT_EQ(snapshot(b), before);
   EXPECT_NE(error_of([&] { load_checkpoint((dir_ / "absent.kiln-ckpt").string(), b); }).find("absent.kiln-ckpt: cannot open"),
             std::string::npos);
+  EXPECT_NE(error_of([&] { load_checkpoint(dir_.string(), b); }).find("not a regular file"), std::string::npos);
+  EXPECT_EQ(snapshot(b), before);
 }
 
 TEST_F(Checkpoint, OtherModelIsAFingerprintErrorAndLoadsNothing) {

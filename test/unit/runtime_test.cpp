@@ -37,7 +37,7 @@ std::vector<uint8_t> add_module(int64_t n, int64_t out_elems, uint32_t version =
   std::vector<flatbuffers::Offset<fb::Instr>> instrs = {
       fb::CreateInstrDirect(fbb, fb::OpCode::Add, &in, &out, &ints, nullptr, "test")};
   std::vector<flatbuffers::Offset<fb::Program>> progs = {
-      fb::CreateProgramDirect(fbb, "forward", &instrs, 2)};
+      fb::CreateProgramDirect(fbb, "forward", &instrs, 2, (uint64_t(out_elems) * 4 + 255) / 256 * 256)};
   std::vector<flatbuffers::Offset<fb::Parameter>> params;
   auto model = fb::CreateModelDirect(fbb, 1, 1, 4, 16, 8, 1, 8, "fp32", "cpu", "test.toml");
   fb::FinishModuleBuffer(fbb, fb::CreateModuleDirect(fbb, version, "test", model, offset, &bufs,

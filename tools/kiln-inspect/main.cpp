@@ -7,6 +7,7 @@
 #include "runtime/error.h"
 #include "runtime/file_io.h"
 #include "runtime/module.h"
+#include "tools/kiln-inspect/loss_plot.h"
 #include "tools/kiln-inspect/memory_report.h"
 
 using namespace kiln;
@@ -131,8 +132,29 @@ void print_text(const ordered_json& j) {
 
 }  // namespace
 
+// kiln-inspect plot LOG.jsonl... -o loss.svg
+int plot_main(int argc, char** argv) {
+  CLI::App app{"kiln-inspect plot: draw the loss curves of training logs (JSONL) as SVG"};
+  std::vector<std::string> logs;
+  std::string out;
+  app.add_option("logs", logs, "JSONL logs written by train --log")->required()->check(CLI::ExistingFile);
+  app.add_option("-o,--output", out, "SVG file to write")->required();
+  CLI11_PARSE(app, argc, argv);
+  try {
+    std::string svg = loss_plot_svg(logs);
+    write_file_atomic(out, {{svg.data(), svg.size()}});
+    std::fprintf(stderr, "wrote %s\n", out.c_str());
+    return 0;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}
+
 int main(int argc, char** argv) {
-  CLI::App app{"kiln-inspect: report on a Kiln module or training executable"};
+  if (argc > 1 && std::string(argv[1]) == "plot") return plot_main(argc - 1, argv + 1);
+  CLI::App app{"kiln-inspect: report on a Kiln module or training executable\n"
+               "(kiln-inspect plot LOG.jsonl -o loss.svg draws loss curves)"};
   std::string path, svg;
   bool json = false, verify = false, buffers = false;
   app.add_option("module", path, "module (.kiln) or executable written by kilnc")->required();

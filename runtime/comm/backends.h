@@ -1,0 +1,59 @@
+// Internal to runtime/comm: the backends' factories and the timeout watchdog they share.
+#pragma once
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "runtime/comm/communicator.h"
+
+namespace kiln::comm {
+
+// Ends the process when a blocking wait outlives its deadline: MPI and NCCL calls cannot be
+// interrupted, so a thread watches them. It prints one line and calls _exit(1); the launcher
+// (mpirun, srun, torchrun) then sees a failed rank and ends the job.
+class Watchdog {
+ public:
+  Watchdog();
+  ~Watchdog();
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+
+  // Who this process is, for the message ("rank 1 of 2 (MPI)").
+  void set_name(std::string name);
+  // Arms the deadline for `what`; disarm() (or the next arm) cancels it.
+  void arm(std::string what, double seconds);
+  void disarm();
+
+  // Arms for the lifetime of a scope.
+  struct Scope {
+    Watchdog& w;
+    Scope(Watchdog& w, std::string what, double seconds) : w(w) { w.arm(std::move(what), seconds); }
+    ~Scope() { w.disarm(); }
+  };
+
+ private:
+  void loop();
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool armed_ = false, stop_ = false;
+  std::chrono::steady_clock::time_point deadline_;
+  double seconds_ = 0;
+  std::string what_, name_ = "this rank";
+  std::thread thread_;
+};
+
+#ifdef KILN_HAVE_MPI
+// MPI_Init (once per process) and MPI_COMM_WORLD. Built only with MPI.
+std::unique_ptr<Communicator> make_mpi_communicator();
+#endif
+// From RANK, WORLD_SIZE, MASTER_ADDR (default 127.0.0.1), MASTER_PORT (default 29500), LOCAL_RANK.
+std::unique_ptr<Communicator> make_tcp_communicator_from_env();
+#ifdef KILN_HAVE_NCCL
+// An NCCL communicator over `bootstrap`, which carries its unique id and the host values.
+std::unique_ptr<Communicator> make_nccl_communicator(std::unique_ptr<Communicator> bootstrap);
+#endif
+
+}  // namespace kiln::comm

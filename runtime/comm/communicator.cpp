@@ -1,0 +1,251 @@
+// Backend selection, the single-process communicator and the watchdog.
+#include "runtime/comm/communicator.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "runtime/comm/backends.h"
+#include "runtime/error.h"
+
+namespace kiln {
+namespace {
+
+// A positive integer from the environment, or 0 when unset; kiln::Error when malformed.
+int env_int(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return 0;
+  char* end = nullptr;
+  long x = std::strtol(v, &end, 10);
+  if (*end || x < 0 || x > 1 << 20)
+    throw Error(std::string("environment: ") + name + "='" + v + "' is not a rank count or index");
+  return int(x);
+}
+
+// The number of processes an MPI launcher started, or 0 when not started by one: mpirun
+// (Open MPI sets OMPI_COMM_WORLD_SIZE), MPICH-style PMI (PMI_SIZE), srun --mpi=pmix (PMIX_RANK,
+// with the task count in SLURM_NTASKS).
+int mpi_launcher_world() {
+  if (int n = env_int("OMPI_COMM_WORLD_SIZE")) return n;
+  if (int n = env_int("PMI_SIZE")) return n;
+  if (std::getenv("PMIX_RANK"))
+    if (int n = env_int("SLURM_NTASKS")) return n;
+  return 0;
+}
+
+bool is_gpu_target(const std::string& target) { return target.rfind("cuda", 0) == 0 || target == "gpu"; }
+
+constexpr bool kHaveMpi =
+#ifdef KILN_HAVE_MPI
+    true;
+#else
+    false;
+#endif
+constexpr bool kHaveNccl =
+#ifdef KILN_HAVE_NCCL
+    true;
+#else
+    false;
+#endif
+
+class SingleProcess final : public Communicator {
+  struct Done final : CommRequest {
+    void wait() override {}
+  };
+
+ public:
+  int rank() const override { return 0; }
+  int world_size() const override { return 1; }
+  int local_rank() const override { return 0; }
+  std::string describe() const override { return "single process"; }
+  std::unique_ptr<CommRequest> iall_reduce_sum(float*, int64_t) override { return std::make_unique<Done>(); }
+  std::unique_ptr<CommRequest> ireduce_scatter_sum(float*, const std::vector<int64_t>& counts) override {
+    check(counts);
+    return std::make_unique<Done>();
+  }
+  std::unique_ptr<CommRequest> iall_gather(float*, const std::vector<int64_t>& counts) override {
+    check(counts);
+    return std::make_unique<Done>();
+  }
+  void all_reduce_sum(double*, int64_t) override {}
+  void broadcast(void*, size_t, int root) override {
+    if (root != 0) throw Error("broadcast: root " + std::to_string(root) + " is not a rank of 1");
+  }
+  void barrier() override {}
+  [[noreturn]] void abort(const std::string& message) override {
+    std::fprintf(stderr, "error: %s\n", message.c_str());
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
+
+ private:
+  static void check(const std::vector<int64_t>& counts) {
+    if (counts.size() != 1)
+      throw Error("collective: " + std::to_string(counts.size()) + " pieces for 1 rank");
+  }
+};
+
+}  // namespace
+
+int64_t piece_offset(const std::vector<int64_t>& counts, int r) {
+  int64_t off = 0;
+  for (int i = 0; i < r; ++i) off += counts[size_t(i)];
+  return off;
+}
+
+double comm_timeout_seconds() {
+  const char* v = std::getenv("KILN_COMM_TIMEOUT");
+  if (!v || !*v) return 600;
+  char* end = nullptr;
+  double s = std::strtod(v, &end);
+  if (*end || !(s > 0))
+    throw Error(std::string("environment: KILN_COMM_TIMEOUT='") + v + "' is not a positive number of seconds");
+  return s;
+}
+
+CommBackend parse_comm_backend(const std::string& name) {
+  if (name == "auto") return CommBackend::Auto;
+  if (name == "single") return CommBackend::Single;
+  if (name == "mpi") return CommBackend::Mpi;
+  if (name == "tcp") return CommBackend::Tcp;
+  if (name == "nccl") return CommBackend::Nccl;
+  throw Error("--comm: '" + name + "' is not one of auto, single, mpi, tcp, nccl");
+}
+
+const char* comm_backend_name(CommBackend b) {
+  switch (b) {
+    case CommBackend::Auto: return "auto";
+    case CommBackend::Single: return "single";
+    case CommBackend::Mpi: return "mpi";
+    case CommBackend::Tcp: return "tcp";
+    case CommBackend::Nccl: return "nccl";
+  }
+  return "?";
+}
+
+CommBackend select_comm_backend(CommBackend requested, const std::string& target) {
+  const int mpi_world = mpi_launcher_world(), env_world = env_int("WORLD_SIZE");
+  const bool gpu = is_gpu_target(target);
+  switch (requested) {
+    case CommBackend::Single:
+      if (mpi_world > 1 || env_world > 1)
+        throw Error("--comm single: this process is one of " + std::to_string(std::max(mpi_world, env_world)) +
+                    " started by a launcher; every one would train alone and write the same files");
+      return CommBackend::Single;
+    case CommBackend::Mpi:
+      if (!kHaveMpi) throw Error("--comm mpi: this runtime was built without MPI (no MPI found by CMake)");
+      return CommBackend::Mpi;
+    case CommBackend::Tcp: return CommBackend::Tcp;
+    case CommBackend::Nccl:
+      if (!gpu)
+        throw Error("--comm nccl: NCCL reduces GPU buffers, but the module targets '" + target +
+                    "' (its buffers are in host memory); use --comm mpi or tcp");
+      if (!kHaveNccl) throw Error("--comm nccl: this runtime was built without NCCL (CUDA or nccl.h not found by CMake)");
+      return CommBackend::Nccl;
+    case CommBackend::Auto:
+      if (mpi_world <= 1 && env_world <= 1) return CommBackend::Single;
+      if (gpu) {
+        if (!kHaveNccl)
+          throw Error("data parallel: the module targets '" + target + "' but this runtime was built without NCCL");
+        return CommBackend::Nccl;
+      }
+      if (mpi_world > 1) {
+        if (!kHaveMpi)
+          throw Error("data parallel: started by an MPI launcher with " + std::to_string(mpi_world) +
+                      " processes, but this runtime was built without MPI");
+        return CommBackend::Mpi;
+      }
+      return CommBackend::Tcp;
+  }
+  return CommBackend::Single;
+}
+
+std::unique_ptr<Communicator> make_single_process_communicator() { return std::make_unique<SingleProcess>(); }
+
+std::unique_ptr<Communicator> make_communicator(CommBackend requested, const std::string& target) {
+  switch (select_comm_backend(requested, target)) {
+    case CommBackend::Single: return make_single_process_communicator();
+    case CommBackend::Mpi:
+#ifdef KILN_HAVE_MPI
+      return comm::make_mpi_communicator();
+#else
+      break;
+#endif
+    case CommBackend::Tcp: return comm::make_tcp_communicator_from_env();
+    case CommBackend::Nccl: {
+#ifdef KILN_HAVE_NCCL
+      // The bootstrap carries NCCL's unique id: MPI when an MPI launcher started us, else TCP.
+      std::unique_ptr<Communicator> bootstrap;
+#ifdef KILN_HAVE_MPI
+      if (mpi_launcher_world() > 0) bootstrap = comm::make_mpi_communicator();
+#endif
+      if (!bootstrap) bootstrap = comm::make_tcp_communicator_from_env();
+      return comm::make_nccl_communicator(std::move(bootstrap));
+#else
+      break;
+#endif
+    }
+    case CommBackend::Auto: break;
+  }
+  throw Error("data parallel: no communicator backend available");
+}
+
+namespace comm {
+
+Watchdog::Watchdog() : thread_([this] { loop(); }) {}
+
+Watchdog::~Watchdog() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void Watchdog::set_name(std::string name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  name_ = std::move(name);
+}
+
+void Watchdog::arm(std::string what, double seconds) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    armed_ = true;
+    what_ = std::move(what);
+    seconds_ = seconds;
+    deadline_ = std::chrono::steady_clock::now() +
+                std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(seconds));
+  }
+  cv_.notify_all();
+}
+
+void Watchdog::disarm() {
+  std::lock_guard<std::mutex> lock(mu_);
+  armed_ = false;
+}
+
+void Watchdog::loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    if (!armed_) {
+      cv_.wait(lock);
+      continue;
+    }
+    if (std::chrono::steady_clock::now() < deadline_) {
+      cv_.wait_until(lock, deadline_);
+      continue;
+    }
+    std::fprintf(stderr,
+                 "error: %s: %s did not complete within %.0f s; another rank has probably died, hung or "
+                 "cannot be reached (KILN_COMM_TIMEOUT sets the limit)\n",
+                 name_.c_str(), what_.c_str(), seconds_);
+    std::fflush(stderr);
+    ::_exit(1);  // MPI and NCCL calls cannot be interrupted; the launcher ends the other ranks
+  }
+}
+
+}  // namespace comm
+}  // namespace kiln

@@ -1,0 +1,218 @@
+// The NCCL backend: float collectives on GPU buffers, for a CUDA target's executor. Built when
+// CMake finds the CUDA toolkit and NCCL (KILN_HAVE_NCCL); chosen only for a GPU target
+// (select_comm_backend), which does not exist yet, so nothing runs this code today.
+//
+// Set-up: the bootstrap communicator (MPI under mpirun/srun, else the TCP rendezvous) gives the
+// rank and world; this process takes GPU local_rank % device count (OMPI_COMM_WORLD_LOCAL_RANK
+// or LOCAL_RANK), rank 0 creates NCCL's unique id and the bootstrap broadcasts it, then
+// ncclCommInitRank. Host values (the loss, norm pieces, start-up checks) and barriers go over
+// the bootstrap.
+//
+// Ordering: collectives run on the communicator's own stream, which first waits for the work
+// queued so far on the legacy default stream. When the CUDA executor exists it should hand its
+// stream over instead (an event per bucket is what lets the all-reduce overlap the backward).
+//
+// Failure: wait() polls the stream and ncclCommGetAsyncError; an error, or no completion within
+// KILN_COMM_TIMEOUT, aborts the NCCL communicator and raises a kiln::Error.
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+#include "runtime/comm/backends.h"
+#include "runtime/error.h"
+
+namespace kiln::comm {
+namespace {
+
+class NcclCommunicator final : public Communicator {
+ public:
+  explicit NcclCommunicator(std::unique_ptr<Communicator> bootstrap);
+  ~NcclCommunicator() override;
+
+  int rank() const override { return boot_->rank(); }
+  int world_size() const override { return boot_->world_size(); }
+  int local_rank() const override { return boot_->local_rank(); }
+  std::string describe() const override {
+    int v = 0;
+    ncclGetVersion(&v);
+    return "NCCL " + std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100) +
+           " on GPU " + std::to_string(device_) + ", over " + boot_->describe();
+  }
+
+  std::unique_ptr<CommRequest> iall_reduce_sum(float* data, int64_t n) override {
+    begin();
+    nccl(ncclAllReduce(data, data, size_t(n), ncclFloat, ncclSum, comm_, stream_), "ncclAllReduce");
+    return finish("all_reduce of " + std::to_string(n) + " floats");
+  }
+  std::unique_ptr<CommRequest> ireduce_scatter_sum(float* data, const std::vector<int64_t>& counts) override {
+    check_counts(counts, "reduce_scatter");
+    begin();
+    if (equal(counts)) {  // in place: this rank's piece is recvbuff
+      const size_t c = size_t(counts[0]);
+      nccl(ncclReduceScatter(data, data + size_t(rank()) * c, c, ncclFloat, ncclSum, comm_, stream_),
+           "ncclReduceScatter");
+    } else {  // unequal pieces: one reduce to each piece's owner
+      nccl(ncclGroupStart(), "ncclGroupStart");
+      for (int r = 0; r < world_size(); ++r) {
+        float* p = data + piece_offset(counts, r);
+        nccl(ncclReduce(p, p, size_t(counts[size_t(r)]), ncclFloat, ncclSum, r, comm_, stream_), "ncclReduce");
+      }
+      nccl(ncclGroupEnd(), "ncclGroupEnd");
+    }
+    return finish("reduce_scatter of " + std::to_string(piece_offset(counts, world_size())) + " floats");
+  }
+  std::unique_ptr<CommRequest> iall_gather(float* data, const std::vector<int64_t>& counts) override {
+    check_counts(counts, "all_gather");
+    begin();
+    if (equal(counts)) {
+      const size_t c = size_t(counts[0]);
+      nccl(ncclAllGather(data + size_t(rank()) * c, data, c, ncclFloat, comm_, stream_), "ncclAllGather");
+    } else {  // unequal pieces: each owner broadcasts its piece
+      nccl(ncclGroupStart(), "ncclGroupStart");
+      for (int r = 0; r < world_size(); ++r) {
+        float* p = data + piece_offset(counts, r);
+        nccl(ncclBroadcast(p, p, size_t(counts[size_t(r)]), ncclFloat, r, comm_, stream_), "ncclBroadcast");
+      }
+      nccl(ncclGroupEnd(), "ncclGroupEnd");
+    }
+    return finish("all_gather of " + std::to_string(piece_offset(counts, world_size())) + " floats");
+  }
+  void all_reduce_sum(double* data, int64_t n) override { boot_->all_reduce_sum(data, n); }
+  void broadcast(void* data, size_t bytes, int root) override { boot_->broadcast(data, bytes, root); }
+  void barrier() override { boot_->barrier(); }
+  [[noreturn]] void abort(const std::string& message) override {
+    if (comm_) ncclCommAbort(comm_);
+    comm_ = nullptr;
+    boot_->abort(message);
+    std::_Exit(1);  // not reached
+  }
+
+ private:
+  class Request final : public CommRequest {
+   public:
+    Request(NcclCommunicator& c, cudaEvent_t ev, std::string what) : c_(c), ev_(ev), what_(std::move(what)) {}
+    ~Request() override {
+      try {
+        wait();
+      } catch (...) {
+      }
+    }
+    void wait() override {
+      if (!ev_) return;
+      cudaEvent_t ev = ev_;
+      ev_ = nullptr;
+      c_.wait_event(ev, what_);
+    }
+
+   private:
+    NcclCommunicator& c_;
+    cudaEvent_t ev_;
+    std::string what_;
+  };
+
+  std::string who() const {
+    return "rank " + std::to_string(rank()) + " of " + std::to_string(world_size()) + " (NCCL)";
+  }
+  void nccl(ncclResult_t rc, const char* call) {
+    if (rc == ncclSuccess || rc == ncclInProgress) return;
+    const char* last = comm_ ? ncclGetLastError(comm_) : nullptr;
+    throw Error(who() + ": " + call + ": " + ncclGetErrorString(rc) + (last && *last ? std::string(" (") + last + ")" : ""));
+  }
+  void cuda(cudaError_t rc, const char* call) const {
+    if (rc != cudaSuccess) throw Error(who() + ": " + call + ": " + cudaGetErrorString(rc));
+  }
+  void check_counts(const std::vector<int64_t>& counts, const char* what) const {
+    if (counts.size() != size_t(world_size()))
+      throw Error(who() + ": " + what + ": " + std::to_string(counts.size()) + " pieces for " +
+                  std::to_string(world_size()) + " ranks");
+  }
+  static bool equal(const std::vector<int64_t>& counts) {
+    for (int64_t c : counts)
+      if (c != counts[0]) return false;
+    return true;
+  }
+  // Orders the collective after the work already queued on the legacy default stream.
+  void begin() {
+    cuda(cudaEventRecord(ready_, nullptr), "cudaEventRecord");
+    cuda(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
+  }
+  std::unique_ptr<CommRequest> finish(std::string what) {
+    cudaEvent_t ev = nullptr;
+    cuda(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
+    cuda(cudaEventRecord(ev, stream_), "cudaEventRecord");
+    return std::make_unique<Request>(*this, ev, std::move(what));
+  }
+  void wait_event(cudaEvent_t ev, const std::string& what) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_);
+    for (int spins = 0;; ++spins) {
+      cudaError_t q = cudaEventQuery(ev);
+      if (q == cudaSuccess) break;
+      if (q != cudaErrorNotReady) {
+        cudaEventDestroy(ev);
+        cuda(q, what.c_str());
+      }
+      ncclResult_t async = ncclSuccess;
+      ncclCommGetAsyncError(comm_, &async);
+      if (async != ncclSuccess && async != ncclInProgress) {
+        cudaEventDestroy(ev);
+        ncclCommAbort(comm_);
+        comm_ = nullptr;
+        throw Error(who() + ": " + what + ": " + ncclGetErrorString(async) + " (a peer rank failed or left)");
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        cudaEventDestroy(ev);
+        ncclCommAbort(comm_);
+        comm_ = nullptr;
+        throw Error(who() + ": " + what + ": did not complete within " + std::to_string(int(timeout_)) +
+                    " s; another rank has probably died or hung (KILN_COMM_TIMEOUT sets the limit)");
+      }
+      if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    cudaEventDestroy(ev);
+  }
+
+  std::unique_ptr<Communicator> boot_;
+  Watchdog watchdog_;
+  double timeout_ = 600;
+  int device_ = 0;
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t ready_ = nullptr;
+};
+
+NcclCommunicator::NcclCommunicator(std::unique_ptr<Communicator> bootstrap) : boot_(std::move(bootstrap)) {
+  timeout_ = comm_timeout_seconds();
+  watchdog_.set_name(who());
+  int devices = 0;
+  cuda(cudaGetDeviceCount(&devices), "cudaGetDeviceCount");
+  if (devices <= 0) throw Error(who() + ": no CUDA device on this machine");
+  device_ = local_rank() % devices;
+  cuda(cudaSetDevice(device_), "cudaSetDevice");
+  ncclUniqueId id{};
+  if (rank() == 0) nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+  boot_->broadcast(&id, sizeof id, 0);
+  {
+    Watchdog::Scope guard(watchdog_, "ncclCommInitRank (connecting to the other ranks)", timeout_);
+    nccl(ncclCommInitRank(&comm_, world_size(), id, rank()), "ncclCommInitRank");
+  }
+  cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  cuda(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  if (ready_) cudaEventDestroy(ready_);
+  if (stream_) cudaStreamDestroy(stream_);
+  if (comm_) ncclCommDestroy(comm_);
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_nccl_communicator(std::unique_ptr<Communicator> bootstrap) {
+  return std::make_unique<NcclCommunicator>(std::move(bootstrap));
+}
+
+}  // namespace kiln::comm

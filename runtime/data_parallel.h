@@ -1,0 +1,86 @@
+// Data parallelism over a Communicator: gradient buckets, and ZeRO-1 sharding of the optimizer.
+//
+// Gradients are averaged in buckets: consecutive parameters, taken from the last to the first
+// (the backward pass finishes the last parameters first), grouped up to --bucket-mb each; a
+// parameter larger than that is a bucket of its own. The buckets are laid out one after another
+// in a flat staging vector (the gradient buffers are interleaved with the values and moments in
+// the arena, so each bucket is packed into staging, reduced there and unpacked). The 1/world of
+// the average is folded into the loss weight (loss / (accum * world)), so the reduction is a sum.
+//
+// ZeRO-1 (--zero 1): each bucket is cut into world_size contiguous pieces of equal size (+-1) and
+// rank r owns piece r of every bucket. Gradients are reduce-scattered (each rank receives the
+// sum of its pieces only), the global norm is the square root of the all-reduced sum of the
+// owned pieces' squares, AdamW updates only the owned elements (the executor's parameter-slice
+// hook), and the parameters are then all-gathered. The result is the same as plain averaging.
+// The module's arena is planned for one rank and still holds every moment and gradient, so no
+// memory is saved yet: that needs a sharded arena plan from the compiler.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/comm/communicator.h"
+#include "runtime/executor.h"
+
+namespace kiln {
+
+struct BucketPlan {
+  struct Slot {
+    int64_t flat = 0, size = 0;  // where the parameter lies in the staging vector
+    size_t bucket = 0;
+  };
+  struct Bucket {
+    int64_t begin = 0, end = 0;    // staging range
+    std::vector<size_t> params;    // in staging order (descending parameter index)
+    std::vector<int64_t> pieces;   // ZeRO-1: elements owned by each rank, in rank order
+  };
+  std::vector<Slot> params;        // by parameter index
+  std::vector<Bucket> buckets;     // bucket 0 holds the last parameters
+  int64_t total = 0;
+
+  // Rank r's piece of bucket b, as a staging range.
+  int64_t piece_begin(size_t b, int r) const { return buckets[b].begin + piece_offset(buckets[b].pieces, r); }
+  int64_t piece_end(size_t b, int r) const { return piece_begin(b, r) + buckets[b].pieces[size_t(r)]; }
+  // The elements [begin, end) of parameter p that rank r owns (begin == end when none).
+  std::pair<int64_t, int64_t> owned(size_t p, int r) const;
+};
+
+// Buckets of at most `bucket_bytes` (fp32) over parameters of the given element counts.
+BucketPlan plan_buckets(const std::vector<int64_t>& param_sizes, int64_t bucket_bytes, int world_size);
+
+class DataParallel {
+ public:
+  // zero: 0 (average the gradients) or 1 (ZeRO-1). With zero 1 it installs the executor's
+  // parameter slices and norm reducer; kiln::Error when the optimizer program is not the
+  // GlobalNorm/ClipCoef/AdamW sequence those hooks know.
+  DataParallel(Executor& ex, Communicator& comm, int zero, int64_t bucket_bytes);
+
+  // After the last micro-step's backward: starts every bucket's all-reduce (or reduce-scatter).
+  void start_gradient_reduction();
+  // Waits for them and leaves the averaged gradients (ZeRO-1: this rank's pieces) in place.
+  void finish_gradient_reduction();
+  // ZeRO-1: every rank's gradient pieces to every rank (for --dump-grads).
+  void gather_gradients();
+  // ZeRO-1, after the optimizer program: every rank's updated parameter pieces to every rank.
+  void gather_parameters();
+
+  const BucketPlan& plan() const { return plan_; }
+  int zero() const { return zero_; }
+  // "3 gradient buckets of <= 25 MB, ZeRO-1"
+  std::string describe() const;
+
+ private:
+  void pack(size_t b, bool grads, bool owned_only);
+  void unpack(size_t b, bool grads, bool owned_only);
+
+  Executor& ex_;
+  Communicator& comm_;
+  int zero_;
+  int64_t bucket_bytes_;
+  BucketPlan plan_;
+  std::vector<float> staging_;  // one fp32 per parameter element (world > 1 only)
+  std::vector<std::unique_ptr<CommRequest>> pending_;
+};
+
+}  // namespace kiln

@@ -1,0 +1,85 @@
+#include "runtime/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "runtime/cpu/bf16.h"
+#include "runtime/error.h"
+
+namespace kiln {
+namespace {
+
+// splitmix64 -> uniform [0, 1).
+struct Rng {
+  uint64_t s;
+  double uniform() {
+    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return double((z ^ (z >> 31)) >> 11) * 0x1.0p-53;
+  }
+};
+
+}  // namespace
+
+std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t>& prompt,
+                                         const SampleOptions& o) {
+  const fb::Model& model = *ex.module().fb().model();
+  const int64_t B = model.batch_size(), T = model.seq_len(), V = model.vocab_size();
+  const fb::Program* program = ex.module().program("logits");
+  if (!program) throw Error(ex.module().source() + ": no 'logits' program (recompile with this kilnc)");
+  if (prompt.empty()) throw Error("--prompt: needs at least one token");
+  for (int32_t t : prompt)
+    if (t < 0 || t >= V) throw Error("--prompt: token " + std::to_string(t) + " is not in [0, " + std::to_string(V) + ")");
+  const fb::Buffer& logits = ex.module().buffer(program->result());
+  const bool bf16 = logits.dtype() == fb::DType::BF16;
+  const int64_t k = o.top_k > 0 ? std::min(o.top_k, V) : V;
+
+  std::vector<std::vector<int32_t>> out(static_cast<size_t>(o.num_samples), prompt);
+  Rng rng{o.seed};
+  std::vector<float> row(static_cast<size_t>(V));
+  std::vector<int32_t> order(static_cast<size_t>(V));
+  for (int64_t first = 0; first < o.num_samples; first += B) {
+    const int64_t rows = std::min(B, o.num_samples - first);
+    for (int64_t step = 0; step < o.max_new_tokens; ++step) {
+      int32_t* idx = ex.input("idx");
+      std::fill(idx, idx + B * T, 0);
+      std::vector<int64_t> last(static_cast<size_t>(rows));
+      for (int64_t r = 0; r < rows; ++r) {
+        const auto& seq = out[size_t(first + r)];
+        const int64_t n = std::min<int64_t>(int64_t(seq.size()), T);  // the last T tokens
+        std::copy(seq.end() - n, seq.end(), idx + r * T);
+        last[size_t(r)] = n - 1;
+      }
+      ex.run("logits");
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t at = (r * T + last[size_t(r)]) * V;
+        if (bf16) {
+          const auto* p = reinterpret_cast<const uint16_t*>(ex.f32(program->result())) + at;
+          cpu::widen_bf16(row.data(), p, V);
+        } else {
+          std::copy_n(ex.f32(program->result()) + at, V, row.data());
+        }
+        // Top-k by logit (ties to the lower id), then softmax over those k at the temperature.
+        std::iota(order.begin(), order.end(), 0);
+        std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+          return row[size_t(a)] > row[size_t(b)] || (row[size_t(a)] == row[size_t(b)] && a < b);
+        });
+        const double top = row[size_t(order[0])];
+        std::vector<double> p(static_cast<size_t>(k));
+        double sum = 0;
+        for (int64_t i = 0; i < k; ++i)
+          sum += p[size_t(i)] = std::exp((row[size_t(order[size_t(i)])] - top) / std::max(o.temperature, 1e-6f));
+        double u = rng.uniform() * sum;
+        int64_t pick = k - 1;
+        for (int64_t i = 0; i < k; ++i)
+          if ((u -= p[size_t(i)]) < 0) { pick = i; break; }
+        out[size_t(first + r)].push_back(order[size_t(pick)]);
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace kiln

@@ -1,0 +1,25 @@
+// Top-k sampling from the compiled forward pass (`logits` program): continuations of a prompt.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "runtime/executor.h"
+
+namespace kiln {
+
+struct SampleOptions {
+  int64_t max_new_tokens = 64;
+  int64_t top_k = 50;            // 0 = the whole vocabulary
+  int64_t num_samples = 1;
+  uint64_t seed = 1337;
+  float temperature = 1.0f;
+};
+
+// Returns one token sequence per sample: the prompt followed by max_new_tokens sampled tokens.
+// Up to B samples run together (one per row); each step runs the forward pass over the last T
+// tokens of every row and samples the next token from the softmax of the last position's
+// logits (restricted to the k largest). Deterministic for a seed.
+std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t>& prompt,
+                                         const SampleOptions& options);
+
+}  // namespace kiln

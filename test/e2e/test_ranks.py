@@ -1,0 +1,473 @@
+#!/usr/bin/python3
+"""Data-parallel ranks end to end: a compiled training executable on 2 ranks against 1 process.
+
+    /usr/bin/python3 test/e2e/test_ranks.py --kilnc PATH/kilnc --spec SPEC.toml --workdir DIR \
+        [--group mpi|tcp|all] [--mpirun mpirun] [--steps 10]
+
+Compiles SPEC with kilnc into DIR/gpt2, writes two llm.c token shards, trains a 1-process
+reference with --total-batch 2*B*T (2 micro-steps per step), then checks (group mpi):
+  mpi        `mpirun -np 2 ... --total-batch 2*B*T`: per-step loss within 1e-5, grad_norm within
+             1e-5 relative, lr equal, final weights and step 0's gradients (--dump-grads) within
+             1e-5; rank 0 alone logs and prints
+  mpi_zero1  the same with --zero 1 and small buckets (several, with uneven ZeRO pieces), against
+             both the reference and the plain 2-rank run
+  mpi_accum  2 ranks x 2 micro-steps (--zero 1) against 1 process x 4 micro-steps
+  mpi_kill   SIGKILL rank 1 after the first step: mpirun, and with it rank 0, ends non-zero
+             within 60 s
+  mpi_hang   SIGSTOP rank 1 with KILN_COMM_TIMEOUT=4: rank 0's watchdog ends it, and mpirun the job
+and (group tcp, the environment rendezvous RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT):
+  tcp            2 processes started here: same checks as mpi (with --zero 1 on small buckets)
+  single_zero1   one process with --zero 1 is the reference
+  tcp_kill_1     SIGKILL rank 1 after the first step: rank 0 exits non-zero within 60 s, naming it
+  tcp_kill_0     the same for rank 0 (the hub)
+  tcp_hang       SIGSTOP rank 1 with KILN_COMM_TIMEOUT=4: rank 0 gives up on it after 4 s
+  tcp_rank_error rank 1 fails at start (missing data): rank 0 exits non-zero too
+  tcp_no_root    rank 1 without rank 0: exits non-zero after KILN_COMM_TIMEOUT=3 s, saying so
+  nccl_refused   --comm nccl on a cpu module is an error naming the target
+
+The shards hold 12*B*T + 1 tokens: one process with 2 micro-steps and two ranks cross to the next
+shard at the same token (the loader's rule, training-semantics.md "Data", depends on
+B*T*world_size, so other lengths make the two runs read different tokens at shard ends).
+Exit 0 on success, 1 on failure. Python 3 standard library only.
+"""
+from __future__ import annotations
+
+import argparse
+import array
+import json
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+import tomllib
+
+sys.dont_write_bytecode = True
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "scripts"))
+from make_synthetic_shard import Generator  # noqa: E402
+
+KILL_LIMIT_S = 60.0
+
+
+class TestFailure(Exception):
+    pass
+
+
+def child_env(extra=None):
+    env = dict(os.environ)
+    # Two ranks on a small machine: one thread each; no launcher variables leaking in.
+    env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "OMPI_COMM_WORLD_SIZE",
+              "PMI_SIZE", "PMIX_RANK", "KILN_COMM_TIMEOUT"):
+        env.pop(k, None)
+    env.update(extra or {})
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_shard(path: str, tokens) -> None:
+    header = array.array("i", [20240520, 1, len(tokens)] + [0] * 253)
+    with open(path + ".tmp", "wb") as f:
+        f.write(header.tobytes())
+        f.write(array.array("H", tokens).tobytes())
+    os.replace(path + ".tmp", path)
+
+
+def read_log(path: str, steps: int, what: str):
+    if not os.path.exists(path):
+        raise TestFailure(f"{what}: no log {path}")
+    rows = [json.loads(line) for line in open(path) if line.strip()]
+    if len(rows) != steps or [r["step"] for r in rows] != list(range(steps)):
+        raise TestFailure(f"{what}: {path} has steps {[r['step'] for r in rows]}, expected 0..{steps - 1} once each "
+                          "(only rank 0 may write the log)")
+    return rows
+
+
+def read_safetensors(path: str):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        b, e = t["data_offsets"]
+        a = array.array("f")
+        a.frombytes(data[b:e])
+        out[name] = a
+    return out
+
+
+def compare_runs(what: str, ref, got, ref_w=None, got_w=None, tol=1e-5):
+    worst_loss = worst_norm = 0.0
+    for r, g in zip(ref, got):
+        if r["lr"] != g["lr"]:
+            raise TestFailure(f"{what}: step {r['step']}: lr {g['lr']} != {r['lr']}")
+        dl = abs(r["loss"] - g["loss"])
+        dn = abs(r["grad_norm"] - g["grad_norm"]) / max(abs(r["grad_norm"]), 1e-12)
+        worst_loss, worst_norm = max(worst_loss, dl), max(worst_norm, dn)
+        if not dl <= tol:
+            raise TestFailure(f"{what}: step {r['step']}: loss {g['loss']!r} vs {r['loss']!r} (|diff| {dl:.2e} > {tol})")
+        if not dn <= tol:
+            raise TestFailure(f"{what}: step {r['step']}: grad_norm {g['grad_norm']!r} vs {r['grad_norm']!r} "
+                              f"(rel diff {dn:.2e} > {tol})")
+    worst_w = 0.0
+    if ref_w is not None:
+        if set(ref_w) != set(got_w):
+            raise TestFailure(f"{what}: saved tensors differ: {sorted(set(ref_w) ^ set(got_w))}")
+        for name in ref_w:
+            d = max((abs(a - b) for a, b in zip(ref_w[name], got_w[name])), default=0.0)
+            worst_w = max(worst_w, d)
+            if not d <= tol:
+                kind = "step 0's gradient of" if name.startswith("grad:") else "the final weights"
+                raise TestFailure(f"{what}: {kind} {name.removeprefix('grad:')} differ by {d:.2e} > {tol}")
+    return f"max |dloss| {worst_loss:.1e}, max rel dnorm {worst_norm:.1e}, max |dweight or dgrad| {worst_w:.1e}"
+
+
+class Ctx:
+    def __init__(self, a):
+        self.a = a
+        self.workdir = os.path.abspath(a.workdir)
+        self.exe = os.path.join(self.workdir, "gpt2")
+        self.steps = a.steps
+        self.mpirun = shutil.which(a.mpirun) or a.mpirun
+
+    def train_args(self, tag, extra=(), steps=None, log=True, save=True, micro=2):
+        args = [self.exe, "train", "--data", os.path.join(self.workdir, "train_*.bin"),
+                "--steps", str(steps or self.steps), "--lr", "1e-3", "--warmup-steps", "2",
+                "--total-batch", str(micro * self.B * self.T), "--seed", "7", "--print-every", "1"]
+        if log:
+            path = os.path.join(self.workdir, f"{tag}.jsonl")
+            if os.path.exists(path):
+                os.remove(path)
+            args += ["--log", path]
+        if save:
+            args += ["--save", os.path.join(self.workdir, f"{tag}.safetensors"),
+                     "--dump-grads", os.path.join(self.workdir, f"{tag}.grads.safetensors")]
+        return args + list(extra)
+
+    def mpirun_cmd(self, n=2):
+        return [self.mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(n), "--bind-to", "none",
+                "--mca", "btl_vader_single_copy_mechanism", "none",
+                "-x", "OMP_NUM_THREADS", "-x", "OPENBLAS_NUM_THREADS"]
+
+    def run(self, cmd, what, env=None, timeout=300):
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=self.workdir,
+                               env=env or child_env())
+        except subprocess.TimeoutExpired:
+            raise TestFailure(f"{what}: did not finish within {timeout} s: {' '.join(cmd)}")
+        if p.returncode != 0:
+            raise TestFailure(f"{what}: exit {p.returncode}: {' '.join(cmd)}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+        return p
+
+    def log(self, tag):
+        return read_log(os.path.join(self.workdir, f"{tag}.jsonl"), self.steps, tag)
+
+    def weights(self, tag):
+        """The final weights, and step 0's averaged gradients (as "grad:" + name)."""
+        w = read_safetensors(os.path.join(self.workdir, f"{tag}.safetensors"))
+        for name, g in read_safetensors(os.path.join(self.workdir, f"{tag}.grads.safetensors")).items():
+            w["grad:" + name] = g
+        return w
+
+
+def setup(c: Ctx):
+    os.makedirs(c.workdir, exist_ok=True)
+    with open(c.a.spec, "rb") as f:
+        spec = tomllib.load(f)
+    c.B, c.T = int(spec["compile"]["batch_size"]), int(spec["compile"]["seq_len"])
+    V = int(spec["model"]["vocab_size"])
+    subprocess.run([c.a.kilnc, c.a.spec, "-o", c.exe], check=True, cwd=c.workdir)
+    gen = Generator(V, 1234)
+    n = 12 * c.B * c.T + 1
+    for i in range(2):
+        write_shard(os.path.join(c.workdir, f"train_{i:03d}.bin"), gen.generate(n))
+    c.run(c.train_args("ref"), "reference (1 process, 2 micro-steps)")
+    c.ref, c.ref_w = c.log("ref"), c.weights("ref")
+
+
+# ---------------------------------------------------------------------------------------------
+# MPI
+# ---------------------------------------------------------------------------------------------
+def case_mpi(c: Ctx):
+    p = c.run(c.mpirun_cmd() + c.train_args("mpi"), "mpirun -np 2")
+    if "data parallel: rank 0 of 2 over MPI" not in p.stderr:
+        raise TestFailure(f"mpi: rank 0 did not announce 2 MPI ranks:\n{p.stderr}")
+    if p.stdout.count(f"step     1/{c.steps} ") != 1:
+        raise TestFailure(f"mpi: progress printed by more than rank 0:\n{p.stdout}")
+    return compare_runs("mpi vs 1 process", c.ref, c.log("mpi"), c.ref_w, c.weights("mpi"))
+
+
+def case_mpi_zero1(c: Ctx):
+    c.run(c.mpirun_cmd() + c.train_args("mpi_zero1", ["--zero", "1", "--bucket-mb", "0.03"]), "mpirun --zero 1")
+    got, got_w = c.log("mpi_zero1"), c.weights("mpi_zero1")
+    msg = compare_runs("mpi --zero 1 vs 1 process", c.ref, got, c.ref_w, got_w)
+    if os.path.exists(os.path.join(c.workdir, "mpi.jsonl")):
+        compare_runs("mpi --zero 1 vs mpi", c.log("mpi"), got, c.weights("mpi"), got_w)
+    return msg
+
+
+def case_mpi_accum(c: Ctx):
+    # 2 ranks x 2 micro-steps against 1 process x 4: accumulation and averaging together.
+    c.run(c.train_args("ref4", micro=4), "reference (1 process, 4 micro-steps)")
+    c.run(c.mpirun_cmd() + c.train_args("mpi_accum", ["--zero", "1"], micro=4), "mpirun --total-batch 4*B*T")
+    return compare_runs("mpi 2x2 vs 1 process x4", c.log("ref4"), c.log("mpi_accum"), c.weights("ref4"),
+                        c.weights("mpi_accum"))
+
+
+def wait_for(cond, limit, what):
+    t = time.monotonic()
+    while not cond():
+        if time.monotonic() - t > limit:
+            raise TestFailure(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def alive(pid):
+    """True while the process runs (a zombie, whose parent has not reaped it yet, has ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
+def log_has_a_step(path):
+    return os.path.exists(path) and os.path.getsize(path) > 0
+
+
+def mpi_fail(c: Ctx, tag, sig, env_extra=None, expect=None):
+    """Starts 2 ranks under mpirun, sends `sig` to rank 1 after the first step, and requires
+    mpirun to exit non-zero and rank 0 to end within KILL_LIMIT_S."""
+    piddir = os.path.join(c.workdir, "pids")
+    shutil.rmtree(piddir, ignore_errors=True)
+    os.makedirs(piddir)
+    logp = os.path.join(c.workdir, f"{tag}.jsonl")
+    wrap = ["sh", "-c", f'echo $$ > {piddir}/rank_$OMPI_COMM_WORLD_RANK; exec "$@"', "sh"]
+    cmd = c.mpirun_cmd() + [a for k in (env_extra or {}) for a in ("-x", k)] + wrap + \
+        c.train_args(tag, steps=10**6, save=False)
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=c.workdir,
+                         env=child_env(env_extra), start_new_session=True)
+    pid = {}
+    try:
+        wait_for(lambda: log_has_a_step(logp) and len(os.listdir(piddir)) == 2, 60, "the first step under mpirun")
+        time.sleep(0.2)  # the pid files are written before exec
+        pid = {r: int(open(os.path.join(piddir, f"rank_{r}")).read()) for r in (0, 1)}
+        os.kill(pid[1], sig)
+        t0 = time.monotonic()
+        try:
+            rc = p.wait(timeout=KILL_LIMIT_S)
+        except subprocess.TimeoutExpired:
+            raise TestFailure(f"{tag}: mpirun still running {KILL_LIMIT_S:.0f} s after rank 1 got signal {sig}")
+        _, err = p.communicate()
+        try:
+            wait_for(lambda: not alive(pid[0]), max(1.0, KILL_LIMIT_S - (time.monotonic() - t0)), "rank 0 to end")
+        except TestFailure:
+            raise TestFailure(f"{tag}: rank 0 (pid {pid[0]}) still alive {KILL_LIMIT_S:.0f} s after rank 1 got signal {sig}")
+        dt = time.monotonic() - t0
+        if rc == 0:
+            raise TestFailure(f"{tag}: mpirun exited 0 after rank 1 got signal {sig}:\n{err[-2000:]}")
+        if expect and expect not in err:
+            raise TestFailure(f"{tag}: no '{expect}' in the output:\n{err[-2000:]}")
+        said = [line for line in err.splitlines() if line.startswith("error:")]
+        return f"mpirun exited {rc}, rank 0 ended {dt:.1f} s after signal {sig} to rank 1" + \
+            (f": {said[0]}" if said else "")
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        if pid and alive(pid[1]):
+            os.kill(pid[1], signal.SIGKILL)  # a stopped rank mpirun could not end
+
+
+def case_mpi_kill(c: Ctx):
+    return mpi_fail(c, "mpi_kill", signal.SIGKILL)
+
+
+def case_mpi_hang(c: Ctx):
+    # A stopped (hung) rank: the watchdog ends rank 0 after KILN_COMM_TIMEOUT, mpirun the rest.
+    return mpi_fail(c, "mpi_hang", signal.SIGSTOP, {"KILN_COMM_TIMEOUT": "4"}, "did not complete within 4 s")
+
+
+# ---------------------------------------------------------------------------------------------
+# TCP rendezvous
+# ---------------------------------------------------------------------------------------------
+def start_tcp(c: Ctx, tag, extra=(), steps=None, save=True, port=None, per_rank=None, env_extra=None):
+    port = port or free_port()
+    procs = []
+    for r in range(2):
+        env = child_env({"RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r), "MASTER_ADDR": "127.0.0.1",
+                         "MASTER_PORT": str(port), **(env_extra or {})})
+        args = c.train_args(tag, extra, steps=steps, save=save, log=(r == 0))
+        if r == 1:
+            args += ["--log", os.path.join(c.workdir, f"{tag}.jsonl")]  # the same file: must stay unwritten
+        if per_rank:
+            args = per_rank(r, args)
+        procs.append(subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      cwd=c.workdir, env=env))
+    return procs, port
+
+
+def finish(procs, timeout=300):
+    out = []
+    for p in procs:
+        try:
+            o, e = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise TestFailure("tcp ranks did not finish in time")
+        out.append((p.returncode, o, e))
+    return out
+
+
+def case_tcp(c: Ctx):
+    procs, port = start_tcp(c, "tcp", ["--zero", "1", "--bucket-mb", "0.03"])
+    res = finish(procs)
+    for r, (rc, o, e) in enumerate(res):
+        if rc != 0:
+            raise TestFailure(f"tcp: rank {r} exit {rc}\n{o[-2000:]}\n{e[-2000:]}")
+    if f"data parallel: rank 0 of 2 over TCP (rendezvous at 127.0.0.1:{port})" not in res[0][2]:
+        raise TestFailure(f"tcp: rank 0 did not announce the TCP rendezvous:\n{res[0][2]}")
+    if res[1][1].strip():
+        raise TestFailure(f"tcp: rank 1 printed progress:\n{res[1][1]}")
+    return compare_runs("tcp --zero 1 vs 1 process", c.ref, c.log("tcp"), c.ref_w, c.weights("tcp"))
+
+
+def case_single_zero1(c: Ctx):
+    c.run(c.train_args("single_zero1", ["--zero", "1"]), "1 process --zero 1")
+    return compare_runs("1 process --zero 1", c.ref, c.log("single_zero1"), c.ref_w, c.weights("single_zero1"), tol=0)
+
+
+def tcp_kill(c: Ctx, victim: int, sig=signal.SIGKILL, tag=None, expect="disconnected"):
+    tag = tag or f"tcp_kill_{victim}"
+    procs, port = start_tcp(c, tag, steps=10**6, save=False, env_extra={"KILN_COMM_TIMEOUT": "4"})
+    try:
+        wait_for(lambda: log_has_a_step(os.path.join(c.workdir, f"{tag}.jsonl")), 60, "the first TCP step")
+        procs[victim].send_signal(sig)
+        t0 = time.monotonic()
+        other = procs[1 - victim]
+        try:
+            rc = other.wait(timeout=KILL_LIMIT_S)
+        except subprocess.TimeoutExpired:
+            raise TestFailure(f"{tag}: rank {1 - victim} still running {KILL_LIMIT_S:.0f} s after rank {victim} was killed")
+        dt = time.monotonic() - t0
+        _, err = other.communicate()
+        if rc == 0:
+            raise TestFailure(f"{tag}: rank {1 - victim} exited 0")
+        peer = f"rank 1 (127.0.0.1:" if victim == 1 else f"rank 0 (127.0.0.1:{port})"
+        if peer not in err or expect not in err:
+            raise TestFailure(f"{tag}: rank {1 - victim}'s message does not name {peer}... {expect}:\n{err[-2000:]}")
+        last = [line for line in err.splitlines() if line.startswith("error:")]
+        return f"rank {1 - victim} exited {rc} after {dt:.2f} s: {last[-1] if last else '?'}"
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.communicate()
+
+
+def case_tcp_kill_1(c: Ctx):
+    return tcp_kill(c, 1)
+
+
+def case_tcp_kill_0(c: Ctx):
+    return tcp_kill(c, 0)
+
+
+def case_tcp_hang(c: Ctx):
+    return tcp_kill(c, 1, signal.SIGSTOP, "tcp_hang", "for 4 s (hung or unreachable")
+
+
+def case_tcp_rank_error(c: Ctx):
+    def bad_data(r, args):
+        if r == 1:
+            args[args.index("--data") + 1] = os.path.join(c.workdir, "missing_*.bin")
+        return args
+    t0 = time.monotonic()
+    procs, _ = start_tcp(c, "tcp_rank_error", save=False, per_rank=bad_data)
+    res = finish(procs, timeout=KILL_LIMIT_S)
+    dt = time.monotonic() - t0
+    if res[0][0] == 0 or res[1][0] == 0:
+        raise TestFailure(f"tcp_rank_error: exit codes {res[0][0]}, {res[1][0]}; both must fail")
+    if "no file matches" not in res[1][2]:
+        raise TestFailure(f"tcp_rank_error: rank 1 does not say why:\n{res[1][2]}")
+    if "rank 1 (127.0.0.1:" not in res[0][2] or "disconnected" not in res[0][2]:
+        raise TestFailure(f"tcp_rank_error: rank 0 does not name rank 1:\n{res[0][2]}")
+    return f"both ranks failed within {dt:.2f} s: {res[1][2].strip().splitlines()[-1]}"
+
+
+def case_tcp_no_root(c: Ctx):
+    env = child_env({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+                     "KILN_COMM_TIMEOUT": "3"})
+    t0 = time.monotonic()
+    p = subprocess.run(c.train_args("tcp_no_root", save=False), capture_output=True, text=True, cwd=c.workdir,
+                       env=env, timeout=KILL_LIMIT_S)
+    dt = time.monotonic() - t0
+    if p.returncode == 0 or "no connection within 3 s" not in p.stderr:
+        raise TestFailure(f"tcp_no_root: exit {p.returncode}:\n{p.stderr}")
+    return f"exit {p.returncode} after {dt:.1f} s: {p.stderr.strip().splitlines()[-1]}"
+
+
+def case_nccl_refused(c: Ctx):
+    p = subprocess.run(c.train_args("nccl", ["--comm", "nccl"], save=False), capture_output=True, text=True,
+                       cwd=c.workdir, env=child_env(), timeout=60)
+    want = "--comm nccl: NCCL reduces GPU buffers, but the module targets 'cpu'"
+    if p.returncode == 0 or want not in p.stderr:
+        raise TestFailure(f"nccl_refused: exit {p.returncode}:\n{p.stderr}")
+    return p.stderr.strip()
+
+
+GROUPS = {
+    "mpi": [case_mpi, case_mpi_zero1, case_mpi_accum, case_mpi_kill, case_mpi_hang],
+    "tcp": [case_tcp, case_single_zero1, case_tcp_kill_1, case_tcp_kill_0, case_tcp_hang, case_tcp_rank_error,
+            case_tcp_no_root,
+            case_nccl_refused],
+}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--kilnc", required=True)
+    ap.add_argument("--spec", required=True)
+    ap.add_argument("--workdir", required=True)
+    ap.add_argument("--group", choices=("mpi", "tcp", "all"), default="all")
+    ap.add_argument("--mpirun", default="mpirun")
+    ap.add_argument("--steps", type=int, default=10)
+    a = ap.parse_args(argv)
+    a.kilnc, a.spec = os.path.abspath(a.kilnc), os.path.abspath(a.spec)
+    cases = GROUPS["mpi"] + GROUPS["tcp"] if a.group == "all" else GROUPS[a.group]
+    c = Ctx(a)
+    t_all = time.monotonic()
+    try:
+        setup(c)
+    except (TestFailure, subprocess.CalledProcessError) as e:
+        print(f"FAIL setup: {e}", flush=True)
+        return 1
+    failed = 0
+    for case in cases:
+        name = case.__name__[len("case_"):]
+        t0 = time.monotonic()
+        try:
+            msg = case(c)
+            print(f"PASS {name:15s} ({time.monotonic() - t0:5.1f} s) {msg}", flush=True)
+        except TestFailure as e:
+            failed += 1
+            print(f"FAIL {name:15s} ({time.monotonic() - t0:5.1f} s) {e}", flush=True)
+    print(f"{len(cases) - failed} of {len(cases)} passed in {time.monotonic() - t_all:.1f} s", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

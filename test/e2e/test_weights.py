@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""Weight files written by PyTorch load into Kiln exactly.
+
+The same initial weights are written three ways by this test: Hugging Face safetensors with the
+"transformer." prefix, without it (plus a tied lm_head.weight and the attention-mask buffers
+that Hugging Face files carry), and as an llm.c model file (nn.Linear [out, in] layout,
+vocabulary padded to a multiple of 128). Kiln loads each with --init and saves them again with
+--save after one step at lr 0 (AdamW then changes nothing); every saved tensor must equal the
+original bit for bit. An lm_head.weight that differs from wte must be refused.
+
+  test_weights.py --kilnc build/bin/kilnc --spec test/e2e/configs/awkward.toml --workdir DIR
+"""
+import argparse
+import os
+import struct
+import subprocess
+import sys
+import tomllib
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpt2_reference as ref  # noqa: E402
+
+
+def write_llmc_bin(path, params, cfg, padded_vocab):
+    """llm.c's gpt2 model file, version 3 (fp32)."""
+    C, L = cfg.n_embd, cfg.n_layer
+    header = np.zeros(256, dtype="<i4")
+    header[:8] = [20240326, 3, cfg.block_size, cfg.vocab_size, L, cfg.n_head, C, padded_vocab]
+    p = {k.removeprefix("transformer."): v for k, v in params.items()}
+    wte = torch.zeros(padded_vocab, C)
+    wte[: cfg.vocab_size] = p["wte.weight"]
+    wte[cfg.vocab_size:] = 7.0  # padding rows must be ignored
+    chunks = [wte, p["wpe.weight"]]
+
+    def stack(suffix, transpose):
+        return torch.stack([p[f"h.{i}.{suffix}"].t() if transpose else p[f"h.{i}.{suffix}"] for i in range(L)])
+
+    for suffix, transpose in [("ln_1.weight", False), ("ln_1.bias", False), ("attn.c_attn.weight", True),
+                              ("attn.c_attn.bias", False), ("attn.c_proj.weight", True), ("attn.c_proj.bias", False),
+                              ("ln_2.weight", False), ("ln_2.bias", False), ("mlp.c_fc.weight", True),
+                              ("mlp.c_fc.bias", False), ("mlp.c_proj.weight", True), ("mlp.c_proj.bias", False)]:
+        chunks.append(stack(suffix, transpose))
+    chunks += [p["ln_f.weight"], p["ln_f.bias"]]
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        for t in chunks:
+            f.write(t.contiguous().to(torch.float32).numpy().astype("<f4").tobytes())
+
+
+def run(cmd):
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    return r.returncode, r.stdout + r.stderr
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kilnc", required=True)
+    ap.add_argument("--spec", required=True)
+    ap.add_argument("--workdir", required=True)
+    a = ap.parse_args()
+    os.makedirs(a.workdir, exist_ok=True)
+    with open(a.spec, "rb") as f:
+        spec = tomllib.load(f)
+    cfg = ref.GPTConfig.from_dict(spec["model"])
+    B, T = spec["compile"]["batch_size"], spec["compile"]["seq_len"]
+    exe = os.path.join(a.workdir, "gpt2")
+    code, out = run([a.kilnc, a.spec, "-o", exe])
+    assert code == 0, out
+    shard = os.path.join(a.workdir, "data.bin")
+    ref.write_shard(shard, np.random.default_rng(0).integers(0, cfg.vocab_size, B * T * 4))
+
+    params = ref.init_params(cfg, seed=3)
+    files = {}
+    files["prefixed"] = os.path.join(a.workdir, "prefixed.safetensors")
+    ref.write_safetensors(files["prefixed"], params)
+    plain = {k.removeprefix("transformer."): v for k, v in params.items()}
+    plain["lm_head.weight"] = params["transformer.wte.weight"].clone()
+    for i in range(cfg.n_layer):
+        plain[f"h.{i}.attn.bias"] = torch.tril(torch.ones(1, 1, cfg.block_size, cfg.block_size))
+    files["plain+tied"] = os.path.join(a.workdir, "plain.safetensors")
+    ref.write_safetensors(files["plain+tied"], plain)
+    files["llm.c bin"] = os.path.join(a.workdir, "model.bin")
+    write_llmc_bin(files["llm.c bin"], params, cfg, (cfg.vocab_size + 127) // 128 * 128)
+
+    failures = 0
+    for kind, path in files.items():
+        saved = os.path.join(a.workdir, f"saved-{kind.replace(' ', '_')}.safetensors")
+        code, out = run([exe, "train", "--data", shard, "--steps", "1", "--init", path, "--lr", "0",
+                         "--save", saved])
+        if code != 0:
+            print(f"FAIL {kind}: kiln exited {code}:\n{out}")
+            failures += 1
+            continue
+        back = ref.read_safetensors(saved)
+        worst = max(float((back[n] - params[n]).abs().max()) for n in params)
+        same = set(back) == set(params)
+        ok = same and worst == 0.0
+        failures += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} {kind:12s} {len(back)} tensors, names match: {same}, max |diff| {worst:.1e}")
+
+    bad = dict(plain)
+    bad["lm_head.weight"] = bad["lm_head.weight"] + 1
+    bad_path = os.path.join(a.workdir, "untied.safetensors")
+    ref.write_safetensors(bad_path, bad)
+    code, out = run([exe, "train", "--data", shard, "--steps", "1", "--init", bad_path])
+    refused = code != 0 and "lm_head.weight differs from wte.weight" in out
+    failures += not refused
+    print(f"{'ok  ' if refused else 'FAIL'} untied lm_head refused: {out.strip().splitlines()[-1] if out.strip() else ''}")
+    print("RESULT:", "PASS" if failures == 0 else f"FAIL ({failures})")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

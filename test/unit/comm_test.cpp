@@ -1,0 +1,227 @@
+// Data parallelism: backend selection, the single-process and TCP communicators (ranks as
+// threads of this process, over loopback), and the gradient bucket / ZeRO-1 piece plan. The MPI
+// path runs under mpirun in test/e2e/test_ranks.py.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <functional>
+#include <thread>
+
+#include "runtime/comm/communicator.h"
+#include "runtime/comm/tcp_communicator.h"
+#include "runtime/data_parallel.h"
+#include "runtime/error.h"
+
+namespace kiln {
+namespace {
+
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+// Runs body(rank, comm) on `world` TCP ranks, one thread each; returns each rank's error ("" if none).
+std::vector<std::string> on_tcp_ranks(int world, const std::function<void(int, Communicator&)>& body,
+                                      double timeout_s = 20) {
+  const int port = free_port();
+  std::vector<std::string> errors(static_cast<size_t>(world));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        TcpOptions o;
+        o.rank = r, o.world_size = world, o.local_rank = r, o.master_port = port, o.timeout_s = timeout_s;
+        auto comm = make_tcp_communicator(o);
+        body(r, *comm);
+      } catch (const std::exception& e) {
+        errors[size_t(r)] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) had_ = true, old_ = old;
+    if (value) ::setenv(name, value, 1);
+    else ::unsetenv(name);
+  }
+  ~ScopedEnv() {
+    if (had_) ::setenv(name_, old_.c_str(), 1);
+    else ::unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string old_;
+};
+
+TEST(Comm, SelectionFollowsTheLauncher) {
+  ScopedEnv a("OMPI_COMM_WORLD_SIZE", nullptr), b("PMI_SIZE", nullptr), c("PMIX_RANK", nullptr),
+      d("WORLD_SIZE", nullptr);
+  EXPECT_EQ(select_comm_backend(CommBackend::Auto, "cpu"), CommBackend::Single);
+  {
+    ScopedEnv w("WORLD_SIZE", "2");
+    EXPECT_EQ(select_comm_backend(CommBackend::Auto, "cpu"), CommBackend::Tcp);
+    EXPECT_THROW(select_comm_backend(CommBackend::Single, "cpu"), Error);
+  }
+  {
+    ScopedEnv w("WORLD_SIZE", "1");
+    EXPECT_EQ(select_comm_backend(CommBackend::Auto, "cpu"), CommBackend::Single);
+  }
+  try {
+    select_comm_backend(CommBackend::Nccl, "cpu");
+    FAIL() << "NCCL for a cpu module";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--comm nccl: NCCL reduces GPU buffers, but the module targets 'cpu'"),
+              std::string::npos) << e.what();
+  }
+  EXPECT_THROW(parse_comm_backend("gloo"), Error);
+}
+
+TEST(Comm, SingleProcessIsANoOp) {
+  auto c = make_single_process_communicator();
+  EXPECT_EQ(c->rank(), 0);
+  EXPECT_EQ(c->world_size(), 1);
+  float x[3] = {1, 2, 3};
+  c->all_reduce_sum(x, 3);
+  c->reduce_scatter_sum(x, {3});
+  c->all_gather(x, {3});
+  EXPECT_EQ(x[2], 3.0f);
+  EXPECT_EQ(c->all_reduce_sum(2.5), 2.5);
+  EXPECT_THROW(c->reduce_scatter_sum(x, {1, 2}), Error);
+}
+
+TEST(Comm, TcpCollectives) {
+  const int world = 3;
+  auto errors = on_tcp_ranks(world, [&](int r, Communicator& c) {
+    ASSERT_EQ(c.rank(), r);
+    ASSERT_EQ(c.world_size(), world);
+    // all-reduce, two in flight at once
+    std::vector<float> a(1000), b(7);
+    for (size_t i = 0; i < a.size(); ++i) a[i] = float(r * 1000 + int(i));
+    for (size_t i = 0; i < b.size(); ++i) b[i] = float(r + 1);
+    auto ra = c.iall_reduce_sum(a.data(), int64_t(a.size()));
+    auto rb = c.iall_reduce_sum(b.data(), int64_t(b.size()));
+    rb->wait();
+    ra->wait();
+    for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], float(3000 + 3 * int(i)));
+    for (float x : b) ASSERT_EQ(x, 6.0f);
+    // reduce-scatter with uneven pieces: rank r's piece holds the sum
+    std::vector<int64_t> counts = {3, 2, 4};
+    std::vector<float> v(9);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = float(i) + float(r) * 100;
+    c.reduce_scatter_sum(v.data(), counts);
+    const int64_t off = piece_offset(counts, r);
+    for (int64_t i = off; i < off + counts[size_t(r)]; ++i) ASSERT_EQ(v[size_t(i)], float(3 * i + 300));
+    // all-gather of the pieces
+    std::vector<float> g(9, -1.0f);
+    for (int64_t i = off; i < off + counts[size_t(r)]; ++i) g[size_t(i)] = float(r * 10 + i);
+    c.all_gather(g.data(), counts);
+    for (int q = 0; q < world; ++q)
+      for (int64_t i = piece_offset(counts, q); i < piece_offset(counts, q) + counts[size_t(q)]; ++i)
+        ASSERT_EQ(g[size_t(i)], float(q * 10 + i));
+    // doubles, broadcast from a non-zero root, barrier
+    double d[2] = {double(r), 0.5};
+    c.all_reduce_sum(d, 2);
+    ASSERT_EQ(d[0], 3.0);
+    ASSERT_EQ(d[1], 1.5);
+    char msg[6] = "?????";
+    if (r == 2) std::snprintf(msg, sizeof msg, "hello");
+    c.broadcast(msg, sizeof msg, 2);
+    ASSERT_STREQ(msg, "hello");
+    c.barrier();
+  });
+  for (int r = 0; r < world; ++r) EXPECT_EQ(errors[size_t(r)], "") << "rank " << r;
+}
+
+TEST(Comm, TcpPeerThatLeavesIsNamed) {
+  auto errors = on_tcp_ranks(2, [](int r, Communicator& c) {
+    if (r == 1) return;  // closes its connection
+    float x[4] = {};
+    c.all_reduce_sum(x, 4);
+  });
+  EXPECT_NE(errors[0].find("rank 0 of 2 (TCP): all_reduce of 4 floats: rank 1 (127.0.0.1:"), std::string::npos)
+      << errors[0];
+  EXPECT_NE(errors[0].find(") disconnected"), std::string::npos) << errors[0];
+  EXPECT_EQ(errors[1], "");
+}
+
+TEST(Comm, TcpMismatchedCollectivesFail) {
+  auto errors = on_tcp_ranks(2, [](int r, Communicator& c) {
+    std::vector<float> x(static_cast<size_t>(4 + r));
+    c.all_reduce_sum(x.data(), int64_t(x.size()));
+  });
+  EXPECT_NE(errors[0].find("the ranks are not running the same collectives"), std::string::npos) << errors[0];
+}
+
+TEST(Comm, TcpConnectTimesOut) {
+  TcpOptions o;
+  o.rank = 1, o.world_size = 2, o.master_port = free_port(), o.timeout_s = 0.5;
+  try {
+    make_tcp_communicator(o);
+    FAIL() << "connected to nobody";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1 of 2 (TCP): connecting to rank 0 at 127.0.0.1:"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("no connection within 0.5 s"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Comm, TcpRootWaitsForMissingRanksWithinTheTimeout) {
+  TcpOptions o;
+  o.rank = 0, o.world_size = 3, o.master_port = free_port(), o.timeout_s = 0.3;
+  try {
+    make_tcp_communicator(o);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("only 1 of 3 ranks connected within 0.3 s (missing rank 1, 2)"),
+              std::string::npos) << e.what();
+  }
+}
+
+TEST(DataParallel, BucketsRunFromTheLastParameterAndCoverEveryElementOnce) {
+  // 25 floats per bucket: [p3] (larger than a bucket: alone), [p2 p1], [p0]
+  BucketPlan plan = plan_buckets({10, 20, 5, 40}, 100, 3);
+  ASSERT_EQ(plan.buckets.size(), 3u);
+  EXPECT_EQ(plan.buckets[0].params, std::vector<size_t>({3}));
+  EXPECT_EQ(plan.buckets[1].params, std::vector<size_t>({2, 1}));
+  EXPECT_EQ(plan.buckets[2].params, std::vector<size_t>({0}));
+  EXPECT_EQ(plan.total, 75);
+  EXPECT_EQ(plan.params[3].flat, 0);
+  EXPECT_EQ(plan.params[2].flat, 40);
+  EXPECT_EQ(plan.params[1].flat, 45);
+  EXPECT_EQ(plan.params[0].flat, 65);
+  EXPECT_EQ(plan.buckets[0].pieces, std::vector<int64_t>({14, 13, 13}));
+  EXPECT_EQ(plan.buckets[1].pieces, std::vector<int64_t>({9, 8, 8}));
+  // ZeRO-1: every element of every parameter is owned by exactly one rank
+  const std::vector<int64_t> sizes = {10, 20, 5, 40};
+  for (size_t p = 0; p < sizes.size(); ++p) {
+    std::vector<int> owners(size_t(sizes[p]));
+    for (int r = 0; r < 3; ++r) {
+      auto [b, e] = plan.owned(p, r);
+      for (int64_t i = b; i < e; ++i) ++owners[size_t(i)];
+    }
+    for (int n : owners) EXPECT_EQ(n, 1) << "parameter " << p;
+  }
+  // one rank owns everything; an empty parameter is harmless
+  BucketPlan one = plan_buckets({3, 0, 4}, 1 << 20, 1);
+  EXPECT_EQ(one.buckets.size(), 1u);
+  EXPECT_EQ(one.owned(2, 0), std::make_pair(int64_t(0), int64_t(4)));
+}
+
+}  // namespace
+}  // namespace kiln

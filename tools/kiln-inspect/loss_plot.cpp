@@ -1,0 +1,81 @@
+#include "tools/kiln-inspect/loss_plot.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "runtime/error.h"
+
+namespace kiln {
+namespace {
+
+struct Series {
+  std::string label;
+  std::vector<std::pair<double, double>> points;  // (step, loss)
+};
+
+}  // namespace
+
+std::string loss_plot_svg(const std::vector<std::string>& logs) {
+  std::vector<Series> series;
+  for (const std::string& path : logs) {
+    std::ifstream in(path);
+    if (!in) throw Error(path + ": cannot open");
+    Series train{path + " (train)", {}}, val{path + " (val)", {}};
+    std::string line;
+    for (int n = 1; std::getline(in, line); ++n) {
+      if (line.empty()) continue;
+      auto j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_discarded() || !j.is_object() || !j.contains("step"))
+        throw Error(path + ":" + std::to_string(n) + ": not a training log record (JSON with \"step\")");
+      const double step = j["step"].get<double>();
+      if (j.contains("loss") && j["loss"].is_number()) train.points.push_back({step, j["loss"].get<double>()});
+      if (j.contains("val_loss") && j["val_loss"].is_number()) val.points.push_back({step, j["val_loss"].get<double>()});
+    }
+    if (train.points.empty() && val.points.empty()) throw Error(path + ": no loss records");
+    if (!train.points.empty()) series.push_back(train);
+    if (!val.points.empty()) series.push_back(val);
+  }
+
+  double x0 = 1e300, x1 = -1e300, y0 = 1e300, y1 = -1e300;
+  for (const Series& s : series)
+    for (auto [x, y] : s.points) {
+      if (!std::isfinite(y)) continue;
+      x0 = std::min(x0, x), x1 = std::max(x1, x), y0 = std::min(y0, y), y1 = std::max(y1, y);
+    }
+  if (x1 <= x0) x1 = x0 + 1;
+  if (y1 <= y0) y1 = y0 + 1;
+  const double pad = (y1 - y0) * 0.05;
+  y0 -= pad, y1 += pad;
+
+  const double W = 900, H = 540, L = 70, R = 20, T = 40, Bm = 50;
+  auto px = [&](double x) { return L + (x - x0) / (x1 - x0) * (W - L - R); };
+  auto py = [&](double y) { return T + (y1 - y) / (y1 - y0) * (H - T - Bm); };
+  std::string svg;
+  char buf[512];
+  auto add = [&](const char* fmt, auto... a) { std::snprintf(buf, sizeof buf, fmt, a...), svg += buf; };
+  add("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" font-size=\"12\">\n", W, H);
+  add("<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n<text x=\"%.0f\" y=\"24\" font-size=\"15\">loss</text>\n", L);
+  for (int i = 0; i <= 5; ++i) {  // grid and tick labels
+    const double y = y0 + (y1 - y0) * i / 5, x = x0 + (x1 - x0) * i / 5;
+    add("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n", L, py(y), W - R, py(y));
+    add("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%.3g</text>\n", L - 6, py(y) + 4, y);
+    add("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%.0f</text>\n", px(x), H - Bm + 18, x);
+  }
+  add("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">step</text>\n", (L + W - R) / 2, H - 12);
+  const char* colours[] = {"#4e79a7", "#e15759", "#59a14f", "#f28e2b", "#b07aa1", "#76b7b2"};
+  for (size_t i = 0; i < series.size(); ++i) {
+    std::string pts;
+    for (auto [x, y] : series[i].points)
+      if (std::isfinite(y)) std::snprintf(buf, sizeof buf, "%.1f,%.1f ", px(x), py(y)), pts += buf;
+    svg += "<polyline fill=\"none\" stroke-width=\"1.5\" stroke=\"" + std::string(colours[i % 6]) +
+           "\" points=\"" + pts + "\"/>\n";
+    add("<text x=\"%.1f\" y=\"%.1f\" fill=\"%s\">%s</text>\n", W - R - 340, T + 16 + 16.0 * i, colours[i % 6],
+        series[i].label.c_str());
+  }
+  return svg + "</svg>\n";
+}
+
+}  // namespace kiln
