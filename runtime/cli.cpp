@@ -4,11 +4,15 @@
 #include <cstdio>
 #include <memory>
 #include <optional>
+#include <sstream>
 
 #include "runtime/comm/communicator.h"
 #include "runtime/embedded.h"
 #include "runtime/error.h"
 #include "runtime/module.h"
+#include "runtime/params.h"
+#include "runtime/sampler.h"
+#include "runtime/tokenizer.h"
 #include "runtime/trainer.h"
 
 namespace kiln {
@@ -35,6 +39,16 @@ void add_train_options(CLI::App& train, TrainOptions& o) {
   train.add_option("--dump-grads", o.dump_grads, "write step 0's accumulated gradients (safetensors)");
   train.add_option("--print-every", o.print_every, "print progress every N steps (default: about 50 lines)");
   train.add_flag("--profile", o.profile, "print the time spent in each kind of kernel at the end");
+  train.add_option("--val-data", o.val_data, "validation token shard(s): a file or a quoted glob");
+  train.add_option("--val-every", o.val_every, "evaluate every N steps (and at the end)")->check(CLI::NonNegativeNumber);
+  train.add_option("--val-steps", o.val_steps, "batches per evaluation")->capture_default_str()->check(CLI::PositiveNumber);
+  train.add_option("--checkpoint-dir", o.checkpoint_dir, "directory for checkpoints (weights, AdamW state, step, data position)");
+  train.add_option("--checkpoint-every", o.checkpoint_every, "write a checkpoint every N steps (and at the end)")
+      ->check(CLI::NonNegativeNumber);
+  train.add_option("--keep", o.keep, "checkpoints to keep (0 = all)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  train.add_flag("--resume", o.resume, "continue from the latest checkpoint in --checkpoint-dir (if any)");
+  train.add_option("--peak-tflops", o.peak_tflops, "the hardware's peak, for the MFU column (default: a CPU estimate)")
+      ->check(CLI::NonNegativeNumber);
   // Data parallelism: the ranks come from the launcher (mpirun/srun, or torchrun's RANK,
   // WORLD_SIZE, MASTER_ADDR, MASTER_PORT); see runtime/comm/communicator.h.
   train.add_option("--zero", o.zero, "1: ZeRO-1, shard AdamW state and the update across ranks (same results)")
@@ -44,6 +58,61 @@ void add_train_options(CLI::App& train, TrainOptions& o) {
   train.add_option("--comm", o.comm, "communicator: auto (MPI under mpirun/srun, TCP with WORLD_SIZE > 1, "
                                      "else one process), single, mpi, tcp, nccl (GPU targets only)")
       ->capture_default_str()->check(CLI::IsMember({"auto", "single", "mpi", "tcp", "nccl"}));
+}
+
+struct SampleCommand {
+  std::string init, prompt, prompt_ids, tokenizer;
+  SampleOptions options;
+};
+
+void add_sample_options(CLI::App& cmd, SampleCommand& c) {
+  cmd.add_option("--init", c.init, "weights to sample from (safetensors or llm.c .bin)")->required();
+  cmd.add_option("--prompt", c.prompt, "text to continue (GPT-2 BPE; needs the GPT-2 vocabulary)");
+  cmd.add_option("--prompt-ids", c.prompt_ids, "token ids to continue, separated by spaces");
+  cmd.add_option("--max-new-tokens", c.options.max_new_tokens, "tokens to sample")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd.add_option("--top-k", c.options.top_k, "sample among the k most likely tokens (0: all)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd.add_option("--num-samples", c.options.num_samples, "continuations to print")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd.add_option("--seed", c.options.seed, "random seed")->capture_default_str();
+  cmd.add_option("--temperature", c.options.temperature, "softmax temperature")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd.add_option("--tokenizer", c.tokenizer, "directory with GPT-2's encoder.json and vocab.bpe");
+}
+
+int run_sample(const Module& module, SampleCommand& c) {
+  if (c.prompt.empty() == c.prompt_ids.empty()) throw Error("sample: give exactly one of --prompt and --prompt-ids");
+  // Only the forward-only program: no backward activations are allocated.
+  Executor ex(module, {"logits"});
+  init_parameters(ex, 0);
+  load_parameters(ex, c.init);
+  ex.refresh_compute_copies();
+  const int V = module.fb().model()->vocab_size();
+  std::optional<Gpt2Tokenizer> tok;
+  if (V == 50257) tok = Gpt2Tokenizer::load(c.tokenizer.empty() ? Gpt2Tokenizer::default_dir() : c.tokenizer);
+  std::vector<int32_t> prompt;
+  if (!c.prompt.empty()) {
+    if (!tok) throw Error("--prompt: this model's vocabulary has " + std::to_string(V) +
+                          " tokens, not GPT-2's 50257; give --prompt-ids instead");
+    prompt = tok->encode(c.prompt);
+  } else {
+    std::istringstream in(c.prompt_ids);
+    std::string word;
+    while (in >> word) {
+      char* end = nullptr;
+      long id = std::strtol(word.c_str(), &end, 10);
+      if (*end || word.empty()) throw Error("--prompt-ids: '" + word + "' is not a token id");
+      prompt.push_back(int32_t(id));
+    }
+  }
+  auto samples = kiln::sample(ex, prompt, c.options);
+  for (size_t i = 0; i < samples.size(); ++i) {
+    std::printf("--- sample %zu ---\n", i + 1);
+    if (tok) {
+      std::printf("%s\n", tok->decode(samples[i]).c_str());
+    } else {
+      for (size_t k = 0; k < samples[i].size(); ++k) std::printf("%s%d", k ? " " : "", samples[i][k]);
+      std::printf("\n");
+    }
+  }
+  return 0;
 }
 
 }  // namespace
@@ -65,11 +134,15 @@ int run_main(int argc, char** argv) {
   TrainOptions train_opts;
   CLI::App* train = app.add_subcommand("train", "train the model on token shards");
   add_train_options(*train, train_opts);
+  SampleCommand sample_opts;
+  CLI::App* sample = app.add_subcommand("sample", "print continuations of a prompt (top-k sampling)");
+  add_sample_options(*sample, sample_opts);
   CLI11_PARSE(app, argc, argv);
 
   std::unique_ptr<Communicator> comm;  // outlives the module: MPI_Finalize last
   try {
     Module module = embedded ? Module::from_bytes(std::move(*embedded), argv[0]) : Module::load(module_path);
+    if (sample->parsed()) return run_sample(module, sample_opts);
     if (train->parsed()) {
       const fb::Model& model = *module.fb().model();
       comm = make_communicator(parse_comm_backend(train_opts.comm), model.target() ? model.target()->str() : "cpu");

@@ -4,9 +4,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
+#include <thread>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "runtime/checkpoint.h"
 #include "runtime/data_loader.h"
 #include "runtime/data_parallel.h"
 #include "runtime/error.h"
@@ -63,6 +66,58 @@ void check_ranks_agree(Communicator& comm, const Module& module, const TrainOpti
                   "; every rank must run the same command");
 }
 
+// Model FLOPs per token of a training step: 6 per parameter (forward and backward matrix
+// products) plus attention's 12 L C T (the rule of the lecture and of PaLM's MFU).
+double flops_per_token(const Module& m) {
+  const fb::Model& model = *m.fb().model();
+  double params = 0;
+  for (const fb::Parameter* p : *m.fb().parameters()) params += double(numel(m.buffer(p->value())));
+  return 6.0 * params + 12.0 * model.n_layer() * model.n_embd() * double(model.seq_len());
+}
+
+// An fp32 peak for the CPU when none is given: cores x 2.5 GHz x 32 FLOPs per cycle (two
+// 8-wide AVX2 FMA units). A rough yardstick for the MFU column, labelled as an estimate.
+double estimated_cpu_peak() {
+  return double(std::max(1u, std::thread::hardware_concurrency())) * 2.5e9 * 32.0;
+}
+
+// Mean loss of `steps` batches of the validation data through the forward program, averaged
+// over ranks.
+// The next batch into the executor's inputs; token ids the model has no embedding for are an
+// error naming the shard, never an out-of-bounds read.
+void next_batch(Executor& ex, DataLoader& data, int64_t n, int32_t vocab) {
+  const size_t shard = data.shard();
+  const int64_t position = data.position();
+  int32_t* idx = ex.input("idx");
+  int32_t* targets = ex.input("targets");
+  data.next(idx, targets);
+  for (int64_t i = 0; i < n; ++i)
+    if (idx[i] >= vocab || targets[i] >= vocab)
+      throw Error(data.files()[shard] + ": token " + std::to_string(std::max(idx[i], targets[i])) + " near position " +
+                  std::to_string(position + i) + " is not below the model's vocabulary size " +
+                  std::to_string(vocab) + " (data for another tokenizer?)");
+}
+
+double evaluate(Executor& ex, DataLoader& val, int64_t steps, Communicator& comm) {
+  const fb::Model& model = *ex.module().fb().model();
+  double sum = 0;
+  for (int64_t i = 0; i < steps; ++i) {
+    next_batch(ex, val, int64_t(model.batch_size()) * model.seq_len(), model.vocab_size());
+    sum += ex.run("forward");
+  }
+  sum /= double(steps);
+  if (comm.world_size() > 1) sum = comm.all_reduce_sum(sum) / double(comm.world_size());
+  return sum;
+}
+
+std::string duration(double seconds) {
+  char buf[32];
+  const long s = long(seconds + 0.5);
+  if (s >= 3600) std::snprintf(buf, sizeof buf, "%ldh%02ldm", s / 3600, (s / 60) % 60);
+  else std::snprintf(buf, sizeof buf, "%ldm%02lds", s / 60, s % 60);
+  return buf;
+}
+
 }  // namespace
 
 double train(const Module& module, const TrainOptions& o) {
@@ -95,6 +150,35 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   if (!o.init.empty()) load_parameters(ex, o.init);
   ex.refresh_compute_copies();
   DataParallel dp(ex, comm, o.zero, int64_t(o.bucket_mb * 1e6));
+
+  // Resume: weights, AdamW state, the step and the data position from the latest checkpoint.
+  int64_t first_step = 0;
+  if (o.resume) {
+    if (o.checkpoint_dir.empty()) throw Error("--resume: needs --checkpoint-dir");
+    if (auto latest = latest_checkpoint(o.checkpoint_dir)) {
+      TrainingState st = load_checkpoint(*latest, ex);
+      if (st.world_size != int(world) || st.zero_stage != o.zero)
+        throw Error(*latest + ": written by " + std::to_string(st.world_size) + " rank(s) with --zero " +
+                    std::to_string(st.zero_stage) + "; this run has " + std::to_string(world) +
+                    " rank(s) with --zero " + std::to_string(o.zero));
+      loader.seek(size_t(st.data_shard), st.data_position);
+      first_step = st.step;
+      if (root) std::fprintf(stderr, "resuming from %s at step %lld\n", latest->c_str(), (long long)first_step);
+    } else if (root) {
+      std::fprintf(stderr, "no checkpoint in %s yet: starting from step 0\n", o.checkpoint_dir.c_str());
+    }
+  }
+  if (!o.checkpoint_dir.empty() && o.zero)
+    throw Error("--checkpoint-dir: checkpoints of --zero 1 runs (AdamW state sharded across ranks) "
+                "are not supported yet; use --zero 0");
+  if (o.checkpoint_every < 0 || (o.checkpoint_every > 0 && o.checkpoint_dir.empty()))
+    throw Error("--checkpoint-every: needs --checkpoint-dir");
+  std::unique_ptr<DataLoader> val;
+  if (!o.val_data.empty()) {
+    if (!module.program("forward")) throw Error(module.source() + ": has no 'forward' program to evaluate with");
+    if (o.val_steps <= 0) throw Error("--val-steps: must be at least 1");
+    val = std::make_unique<DataLoader>(o.val_data, B, T, rank, int(world));
+  }
   if (world > 1) check_ranks_agree(comm, module, o, total, ex);
 
   std::ofstream log;
@@ -124,13 +208,15 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     std::fprintf(stderr, "training %s: %lld steps, B=%lld T=%lld, %lld micro-step(s) of %lld tokens on each of %lld "
                  "ranks: %lld tokens per step\n", module.source().c_str(), (long long)o.steps, (long long)B,
                  (long long)T, (long long)accum, (long long)(B * T), (long long)world, (long long)total);
-  double loss = 0;
-  for (int64_t step = 0; step < o.steps; ++step) {
+  const double step_flops = flops_per_token(module) * double(total);
+  const double peak = o.peak_tflops > 0 ? o.peak_tflops * 1e12 : estimated_cpu_peak();
+  double loss = 0, elapsed = 0;
+  for (int64_t step = first_step; step < o.steps; ++step) {
     auto t0 = std::chrono::steady_clock::now();
     ex.zero_grads();
     loss = 0;
     for (int64_t micro = 0; micro < accum; ++micro) {
-      loader.next(ex.input("idx"), ex.input("targets"));
+      next_batch(ex, loader, B * T, model.vocab_size());
       loss += ex.run("micro_step");
     }
     // The last micro-step's backward is done: start averaging the gradients, bucket by bucket.
@@ -150,20 +236,49 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     dp.gather_parameters();                         // ZeRO-1: the pieces other ranks updated
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double tok_s = double(total) / dt;
+    const double mfu = step_flops / dt / peak;
+    elapsed += dt;
 
+    // A diverged step stops the run before anything is logged or checkpointed from it.
     if (!std::isfinite(loss) || !std::isfinite(norm))
       throw Error("step " + std::to_string(step) + ": loss " + std::to_string(loss) + ", grad norm " +
-                  std::to_string(norm) + " is not finite; stopping (lower --lr or check the data)");
+                  std::to_string(norm) + " is not finite; stopping without writing a checkpoint (the last "
+                  "good one is kept; lower --lr or check the data)");
+    const bool last = step + 1 == o.steps;
+    double val_loss = NAN;
+    if (val && ((o.val_every > 0 && step % o.val_every == 0) || last)) {
+      val->reset();  // the same batches every time, so evaluations compare
+      val_loss = evaluate(ex, *val, o.val_steps, comm);
+    }
     if (log.is_open()) {
       nlohmann::json j = {{"step", step}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm},
-                          {"dt_ms", dt * 1e3}, {"tokens_per_s", tok_s}};
+                          {"dt_ms", dt * 1e3}, {"tokens_per_s", tok_s}, {"mfu", mfu}};
+      if (!std::isnan(val_loss)) j["val_loss"] = val_loss;
       log << j.dump() << '\n' << std::flush;
     }
-    if (root && (step % every == 0 || step + 1 == o.steps))
-      std::printf("step %5lld/%lld | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s\n",
-                  (long long)step + 1, (long long)o.steps, loss, lr, norm, dt * 1e3, tok_s),
-          std::fflush(stdout);
+    if (root && (step % every == 0 || last || !std::isnan(val_loss))) {
+      const double eta = elapsed / double(step + 1 - first_step) * double(o.steps - step - 1);
+      std::printf("step %5lld/%lld | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | MFU %.1f%% | ETA %s",
+                  (long long)step + 1, (long long)o.steps, loss, lr, norm, dt * 1e3, tok_s, 100 * mfu,
+                  duration(eta).c_str());
+      if (!std::isnan(val_loss)) std::printf(" | val loss %.4f", val_loss);
+      std::printf("\n");
+      std::fflush(stdout);
+    }
+    if (root && o.checkpoint_every > 0 && ((step + 1) % o.checkpoint_every == 0 || last)) {
+      TrainingState st;
+      st.step = step + 1;
+      st.data_shard = loader.shard();
+      st.data_position = loader.position();
+      st.rng_state = o.seed;  // training draws no random numbers; the seed is kept for the record
+      st.world_size = int(world);
+      st.zero_stage = o.zero;
+      save_checkpoint(o.checkpoint_dir, ex, st, o.keep);
+    }
   }
+  if (root)
+    std::fprintf(stderr, "MFU is against %s%.3g TFLOP/s (%s)\n", o.peak_tflops > 0 ? "" : "an estimated ",
+                 peak / 1e12, o.peak_tflops > 0 ? "--peak-tflops" : "cores x 2.5 GHz x 32 fp32 FLOPs per cycle");
   if (o.profile && root) ex.print_profile();
   if (!o.save.empty() && root) {
     save_parameters(ex, o.save);

@@ -22,6 +22,17 @@ struct TrainOptions {
   std::string dump_grads;       // safetensors of step 0's accumulated gradients
   int64_t print_every = 0;      // 0 = about 50 lines per run
   bool profile = false;         // per-kernel time table at the end
+  // Evaluation: every val_every steps (and at the end) the mean loss of val_steps batches of
+  // val_data, logged as "val_loss".
+  std::string val_data;
+  int64_t val_every = 0, val_steps = 10;
+  // Checkpoints (runtime/checkpoint.h): every checkpoint_every steps into checkpoint_dir,
+  // keeping the newest `keep`; resume continues from the latest one there.
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;
+  int keep = 3;
+  bool resume = false;
+  double peak_tflops = 0;       // for the MFU column; 0 = an estimate of this CPU's fp32 peak
   // Data parallelism (runtime/data_parallel.h): ranks come from the launcher (mpirun, srun, or
   // RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT); total_batch then counts the tokens of all ranks.
   int zero = 0;                 // 1: ZeRO-1, the optimizer step sharded across ranks

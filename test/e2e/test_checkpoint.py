@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""Checkpoints: a run killed with SIGKILL and resumed gives bitwise the losses and final weights
+of an uninterrupted run; corrupt or mismatched checkpoints are refused; a diverged run stops
+without touching the last good checkpoint.
+
+  test_checkpoint.py --kilnc build/bin/kilnc --spec test/e2e/configs/tiny.toml --workdir DIR
+"""
+import argparse
+import glob
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tomllib
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpt2_reference as ref  # noqa: E402
+
+STEPS = 120
+
+
+def losses(path):
+    """step -> loss; a resumed run appends, so the last record of a step wins."""
+    out = {}
+    with open(path) as f:
+        for line in f:
+            r = json.loads(line)
+            out[r["step"]] = r["loss"]
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kilnc", required=True)
+    ap.add_argument("--spec", required=True)
+    ap.add_argument("--other-spec", required=True, help="a different model, whose checkpoints must not load")
+    ap.add_argument("--workdir", required=True)
+    a = ap.parse_args()
+    w = a.workdir
+    shutil.rmtree(w, ignore_errors=True)
+    os.makedirs(w)
+    with open(a.spec, "rb") as f:
+        spec = tomllib.load(f)
+    V, B, T = spec["model"]["vocab_size"], spec["compile"]["batch_size"], spec["compile"]["seq_len"]
+    exe, other = os.path.join(w, "gpt2"), os.path.join(w, "other")
+    subprocess.run([a.kilnc, a.spec, "-o", exe], check=True, capture_output=True)
+    subprocess.run([a.kilnc, a.other_spec, "-o", other], check=True, capture_output=True)
+    rng = np.random.default_rng(1)
+    for i in range(2):  # two shards, so the data position crosses a shard boundary
+        ref.write_shard(os.path.join(w, f"data_{i}.bin"), rng.integers(0, V, B * T * 37 + 1))
+    common = ["train", "--data", os.path.join(w, "data_*.bin"), "--steps", str(STEPS), "--lr", "2e-3",
+              "--warmup-steps", "10", "--total-batch", str(2 * B * T), "--seed", "11", "--print-every", "1"]
+    failures = 0
+
+    def check(ok, what):
+        nonlocal failures
+        failures += not ok
+        print(("ok   " if ok else "FAIL ") + what)
+
+    # The uninterrupted reference.
+    subprocess.run([exe] + common + ["--log", f"{w}/ref.jsonl", "--save", f"{w}/ref.safetensors"],
+                   check=True, capture_output=True)
+
+    # Killed after step 70 (checkpoints every 25 steps), then resumed.
+    ck = os.path.join(w, "ck")
+    run = common + ["--log", f"{w}/run.jsonl", "--save", f"{w}/run.safetensors",
+                    "--checkpoint-dir", ck, "--checkpoint-every", "25", "--keep", "2"]
+    p = subprocess.Popen([exe] + run, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    for line in p.stdout:
+        if line.startswith("step") and int(line.split()[1].split("/")[0]) >= 70:
+            p.send_signal(signal.SIGKILL)
+            break
+    p.wait()
+    killed_at = max(losses(f"{w}/run.jsonl"))
+    check(p.returncode == -signal.SIGKILL and killed_at < STEPS - 1,
+          f"killed with SIGKILL after step {killed_at} (exit {p.returncode})")
+    kept = sorted(os.path.basename(f) for f in glob.glob(f"{ck}/ckpt_*"))
+    check(kept == ["ckpt_00000025.kiln-ckpt", "ckpt_00000050.kiln-ckpt"], f"--keep 2 kept {kept}")
+    check(not glob.glob(f"{ck}/*.tmp.*"), "no temporary files left in the checkpoint directory")
+    r = subprocess.run([exe] + run + ["--resume"], capture_output=True, text=True)
+    check(r.returncode == 0 and "resuming from" in r.stderr, "resumed: " + r.stderr.splitlines()[0] if r.stderr else "")
+    want, got = losses(f"{w}/ref.jsonl"), losses(f"{w}/run.jsonl")
+    same = [s for s in want if got.get(s) == want[s]]
+    check(len(same) == STEPS, f"losses bitwise equal on {len(same)}/{STEPS} steps")
+    a1 = open(f"{w}/ref.safetensors", "rb").read()
+    a2 = open(f"{w}/run.safetensors", "rb").read()
+    check(a1 == a2, "final weights bitwise equal")
+
+    # A flipped byte: the checkpoint is refused and nothing is trained.
+    latest = os.path.join(ck, open(os.path.join(ck, "latest")).read().strip())
+    data = bytearray(open(latest, "rb").read())
+    good = bytes(data)
+    data[len(data) // 2] ^= 0x40
+    open(latest, "wb").write(data)
+    r = subprocess.run([exe] + run + ["--resume"], capture_output=True, text=True)
+    check(r.returncode != 0 and "checksum mismatch" in r.stderr, "corrupt checkpoint refused: " + r.stderr.strip())
+    open(latest, "wb").write(good)
+
+    # Another model's executable refuses this model's checkpoints.
+    r = subprocess.run([other, "train", "--data", os.path.join(w, "data_*.bin"), "--steps", str(STEPS),
+                        "--checkpoint-dir", ck, "--resume"], capture_output=True, text=True)
+    check(r.returncode != 0 and "different model" in r.stderr, "other model refused: " + r.stderr.strip())
+
+    # Divergence (an absurd learning rate) stops the run before the next checkpoint; the last
+    # good checkpoint stays as it was.
+    before = {f: open(f, "rb").read() for f in glob.glob(f"{ck}/*")}
+    div = [{"2e-3": "1e30", str(STEPS): str(STEPS + 50)}.get(x, x) for x in run] + ["--resume"]
+    r = subprocess.run([exe] + div, capture_output=True, text=True)
+    check(r.returncode != 0 and "is not finite" in r.stderr, "divergence stopped: " + r.stderr.strip().splitlines()[-1])
+    after = {f: open(f, "rb").read() for f in glob.glob(f"{ck}/*")}
+    check(before == after, "checkpoints untouched by the diverged run")
+    print("RESULT:", "PASS" if failures == 0 else f"FAIL ({failures})")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
