@@ -270,6 +270,16 @@ class Writer {
           return set(O::GlobalNorm, ints);
         })
         .Case([&](ClipCoefOp) { return set(O::ClipCoef, {}); })
+        .Case([&](ReduceGradientsOp o) {
+          std::vector<int64_t> ints{o.getBucket()};
+          for (Attribute a : o.getParams()) {
+            auto ref = cast<FlatSymbolRefAttr>(a);
+            ins.in.push_back(paramBufs_.at(ref.getValue().str()).grad);
+            ints.push_back(module_.lookupSymbol<ParameterOp>(ref).getTensorType().getNumElements());
+          }
+          return set(O::ReduceGradients, ints);
+        })
+        .Case([&](WaitGradientsOp) { return set(O::WaitGradients, {}); })
         .Case([&](AdamWOp o) {
           const ParamBuffers& pb = paramBufs_.at(o.getName().str());
           ins.out = {pb.value, pb.m, pb.v};

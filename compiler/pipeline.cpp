@@ -17,16 +17,19 @@ void buildStepPipeline(OpPassManager& pm, const std::string& precision) {
   pm.addPass(createCSEPass());            // one read per parameter / hyperparameter
 }
 
-void buildPlanPipeline(OpPassManager& pm, const std::string& recompute) {
+void buildPlanPipeline(OpPassManager& pm, const std::string& recompute, double bucket_mb) {
   RecomputeOptions options;
   options.mode = recompute;
   pm.addPass(createRecompute(options));
   pm.addPass(createSchedule());
+  BucketGradientsOptions buckets;
+  buckets.bucketMB = bucket_mb;
+  pm.addPass(createBucketGradients(buckets));
   pm.addPass(createPlanBuffers());
 }
 
 void registerKilnPipelines() {
-  PassPipelineRegistration<>("kiln-plan-pipeline", "recompute (none), schedule, plan buffers",
+  PassPipelineRegistration<>("kiln-plan-pipeline", "recompute (none), schedule, gradient buckets, plan buffers",
                              [](OpPassManager& pm) { buildPlanPipeline(pm); });
   PassPipelineRegistration<>("kiln-step-pipeline",
                              "graph IR (@forward) to the simplified training step",

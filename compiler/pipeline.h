@@ -14,9 +14,11 @@ enum class Stage { Graph, Step, Plan, Module, Executable };
 // @optimizer_step), simplified; with precision "bf16" the mixed-precision pass runs first.
 // Registered for kiln-opt as `kiln-step-pipeline`.
 void buildStepPipeline(mlir::OpPassManager& pm, const std::string& precision = "fp32");
-// Adds recomputation (`recompute`: none | cheap), scheduling and buffer planning: the IR the
-// module writer needs. Registered for kiln-opt as `kiln-plan-pipeline`.
-void buildPlanPipeline(mlir::OpPassManager& pm, const std::string& recompute = "none");
+// Adds recomputation (`recompute`: none | cheap), scheduling, gradient buckets (`bucket_mb`)
+// and buffer planning: the IR the module writer needs. Registered for kiln-opt as
+// `kiln-plan-pipeline`.
+void buildPlanPipeline(mlir::OpPassManager& pm, const std::string& recompute = "none",
+                       double bucket_mb = 25.0);
 void registerKilnPipelines();
 
 // The spec a module was built from, kept as the module attribute `kiln.spec` so that an

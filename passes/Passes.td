@@ -79,6 +79,22 @@ def Schedule : Pass<"kiln-schedule", "::mlir::ModuleOp"> {
   let dependentDialects = ["::kiln::KilnDialect"];
 }
 
+def BucketGradients : Pass<"kiln-bucket-gradients", "::mlir::ModuleOp"> {
+  let summary = "Place the cross-rank gradient reductions in the step program";
+  let description = [{
+    Groups the parameters into buckets of at most `bucket-mb` megabytes of fp32 gradients, in
+    the order the (scheduled) backward pass of `@micro_step` finishes their gradients, and puts
+    a `kiln.reduce_gradients` right after the last `kiln.accumulate_grad` of each bucket, so
+    that averaging a finished bucket across ranks overlaps the backward work that follows it.
+    `@optimizer_step` starts with a `kiln.wait_gradients`. In a single process these do nothing.
+  }];
+  let options = [
+    Option<"bucketMB", "bucket-mb", "double", /*default=*/"25.0",
+           "largest bucket, in MB of fp32 gradients (a larger parameter is a bucket alone)">
+  ];
+  let dependentDialects = ["::kiln::KilnDialect"];
+}
+
 def PlanBuffers : Pass<"kiln-plan-buffers", "::mlir::ModuleOp"> {
   let summary = "Give every activation an offset in one arena";
   let description = [{

@@ -1,5 +1,7 @@
 #include "runtime/data_parallel.h"
 
+#include <map>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -16,24 +18,22 @@ std::pair<int64_t, int64_t> BucketPlan::owned(size_t p, int r) const {
   return {lo - s.flat, hi - s.flat};
 }
 
-BucketPlan plan_buckets(const std::vector<int64_t>& sizes, int64_t bucket_bytes, int world) {
+BucketPlan plan_buckets(const std::vector<std::vector<size_t>>& groups, const std::vector<int64_t>& sizes,
+                        int world) {
   if (world < 1) throw Error("plan_buckets: world size " + std::to_string(world));
   BucketPlan plan;
   plan.params.resize(sizes.size());
-  const int64_t cap = std::max<int64_t>(1, bucket_bytes / int64_t(sizeof(float)));
   int64_t at = 0;
-  for (size_t k = sizes.size(); k-- > 0;) {
-    const int64_t n = sizes[k];
-    if (plan.buckets.empty() || (plan.buckets.back().end - plan.buckets.back().begin > 0 &&
-                                 plan.buckets.back().end - plan.buckets.back().begin + n > cap)) {
-      BucketPlan::Bucket b;
-      b.begin = b.end = at;
-      plan.buckets.push_back(b);
+  for (const std::vector<size_t>& group : groups) {
+    BucketPlan::Bucket b;
+    b.begin = b.end = at;
+    for (size_t k : group) {
+      if (k >= sizes.size()) throw Error("plan_buckets: parameter " + std::to_string(k) + " out of range");
+      plan.params[k] = {at, sizes[k], plan.buckets.size()};
+      b.params.push_back(k);
+      b.end = at += sizes[k];
     }
-    BucketPlan::Bucket& b = plan.buckets.back();
-    plan.params[k] = {at, n, plan.buckets.size() - 1};
-    b.params.push_back(k);
-    b.end = at += n;
+    plan.buckets.push_back(b);
   }
   plan.total = at;
   for (BucketPlan::Bucket& b : plan.buckets) {
@@ -41,6 +41,41 @@ BucketPlan plan_buckets(const std::vector<int64_t>& sizes, int64_t bucket_bytes,
     for (int r = 0; r < world; ++r) b.pieces.push_back(len / world + (r < len % world ? 1 : 0));
   }
   return plan;
+}
+
+BucketPlan plan_buckets(const std::vector<int64_t>& sizes, int64_t bucket_bytes, int world) {
+  const int64_t cap = std::max<int64_t>(1, bucket_bytes / int64_t(sizeof(float)));
+  std::vector<std::vector<size_t>> groups;
+  int64_t filled = 0;
+  for (size_t k = sizes.size(); k-- > 0;) {
+    if (groups.empty() || (filled > 0 && filled + sizes[k] > cap)) groups.emplace_back(), filled = 0;
+    groups.back().push_back(k);
+    filled += sizes[k];
+  }
+  return plan_buckets(groups, sizes, world);
+}
+
+// The buckets the compiler placed in micro_step (ReduceGradients instructions, in order), as
+// parameter indices; empty when the module has none.
+std::vector<std::vector<size_t>> compiled_buckets(const Module& m) {
+  std::vector<std::vector<size_t>> groups;
+  const fb::Program* step = m.program("micro_step");
+  if (!step) return groups;
+  std::map<uint32_t, size_t> param_of_grad;
+  for (uint32_t i = 0; i < m.fb().parameters()->size(); ++i) param_of_grad[m.fb().parameters()->Get(i)->grad()] = i;
+  for (const fb::Instr* ins : *step->instrs()) {
+    if (ins->op() != fb::OpCode::ReduceGradients) continue;
+    std::vector<size_t> group;
+    for (uint32_t g : *ins->inputs()) {
+      auto it = param_of_grad.find(g);
+      if (it == param_of_grad.end()) throw Error(m.source() + ": a ReduceGradients instruction reads a buffer that is no gradient");
+      group.push_back(it->second);
+    }
+    if (size_t(ins->ints()->Get(0)) != groups.size())
+      throw Error(m.source() + ": ReduceGradients buckets are not numbered in program order");
+    groups.push_back(group);
+  }
+  return groups;
 }
 
 namespace {
@@ -65,7 +100,7 @@ void check_optimizer_program(const Module& m) {
           throw Error(at + "an AdamW does not update a parameter from its gradient");
         ++adamw;
         break;
-      case fb::OpCode::ClipCoef: break;
+      case fb::OpCode::ClipCoef: case fb::OpCode::WaitGradients: break;
       default:
         throw Error(at + std::string("the program has a ") + fb::EnumNameOpCode(ins->op()) +
                     ", which ZeRO-1's sharding does not know");
@@ -84,9 +119,16 @@ DataParallel::DataParallel(Executor& ex, Communicator& comm, int zero, int64_t b
   const Module& m = ex.module();
   std::vector<int64_t> sizes;
   for (const fb::Parameter* p : *m.fb().parameters()) sizes.push_back(numel(m.buffer(p->value())));
-  plan_ = plan_buckets(sizes, bucket_bytes, comm.world_size());
+  // The compiler's buckets when the module has them (placed in the backward pass, so each starts
+  // as soon as its gradients are final); otherwise buckets of bucket_bytes, started after it.
+  std::vector<std::vector<size_t>> groups = compiled_buckets(m);
+  compiled_ = !groups.empty();
+  plan_ = compiled_ ? plan_buckets(groups, sizes, comm.world_size()) : plan_buckets(sizes, bucket_bytes, comm.world_size());
   if (comm.world_size() == 1) return;  // nothing to exchange; the hooks stay off
   staging_.resize(size_t(plan_.total));
+  started_.assign(plan_.buckets.size(), false);
+  ex.set_gradient_hooks([this](int64_t b) { if (armed_) start_bucket(size_t(b)); },
+                        [this] { finish_gradient_reduction(); });
   if (zero_ == 1) {
     check_optimizer_program(m);
     for (size_t p = 0; p < sizes.size(); ++p) {
@@ -101,7 +143,9 @@ DataParallel::DataParallel(Executor& ex, Communicator& comm, int zero, int64_t b
 std::string DataParallel::describe() const {
   char mb[32];
   std::snprintf(mb, sizeof mb, "%g", double(bucket_bytes_) / 1e6);
-  return std::to_string(plan_.buckets.size()) + " gradient bucket(s) of <= " + mb + " MB" +
+  return std::to_string(plan_.buckets.size()) +
+         (compiled_ ? " gradient bucket(s) placed by the compiler in the backward pass"
+                    : " gradient bucket(s) of <= " + std::string(mb) + " MB after the backward pass") +
          (zero_ ? ", ZeRO-1 (optimizer sharded)" : "");
 }
 
@@ -127,36 +171,39 @@ void DataParallel::unpack(size_t b, bool grads, bool owned_only) {
   }
 }
 
+void DataParallel::start_bucket(size_t b) {
+  if (b >= plan_.buckets.size() || started_[b]) return;
+  const BucketPlan::Bucket& k = plan_.buckets[b];
+  pack(b, /*grads=*/true, /*owned_only=*/false);
+  float* data = &staging_[size_t(k.begin)];
+  pending_.push_back({b, zero_ ? comm_.ireduce_scatter_sum(data, k.pieces) : comm_.iall_reduce_sum(data, k.end - k.begin)});
+  started_[b] = true;
+}
+
 void DataParallel::start_gradient_reduction() {
   if (comm_.world_size() == 1) return;
-  // Bucket 0 holds the last parameters, whose gradients the backward pass completes first.
-  // TODO(compiler): the step program will carry these as bucket instructions placed right after
-  // the last gradient of each bucket is accumulated in the final micro-step, so they overlap the
-  // rest of the backward; until then they all start here, after micro_step has returned.
-  for (size_t b = 0; b < plan_.buckets.size(); ++b) {
-    const BucketPlan::Bucket& k = plan_.buckets[b];
-    pack(b, /*grads=*/true, /*owned_only=*/false);
-    float* data = &staging_[size_t(k.begin)];
-    pending_.push_back(zero_ ? comm_.ireduce_scatter_sum(data, k.pieces) : comm_.iall_reduce_sum(data, k.end - k.begin));
-  }
+  // Buckets the program did not start (a module without ReduceGradients instructions) start
+  // now, after micro_step has returned. Bucket 0 holds the gradients the backward pass finished first.
+  for (size_t b = 0; b < plan_.buckets.size(); ++b) start_bucket(b);
 }
 
 void DataParallel::finish_gradient_reduction() {
   if (comm_.world_size() == 1) return;
-  for (size_t b = 0; b < pending_.size(); ++b) {
-    pending_[b]->wait();
+  for (auto& [b, request] : pending_) {
+    request->wait();
     unpack(b, /*grads=*/true, /*owned_only=*/zero_ == 1);
   }
   pending_.clear();
+  started_.assign(plan_.buckets.size(), false);
 }
 
 void DataParallel::gather_gradients() {
   if (comm_.world_size() == 1 || zero_ == 0) return;
   // The owned pieces of staging hold the reduced gradients since the reduce-scatter.
   for (size_t b = 0; b < plan_.buckets.size(); ++b)
-    pending_.push_back(comm_.iall_gather(&staging_[size_t(plan_.buckets[b].begin)], plan_.buckets[b].pieces));
-  for (size_t b = 0; b < pending_.size(); ++b) {
-    pending_[b]->wait();
+    pending_.push_back({b, comm_.iall_gather(&staging_[size_t(plan_.buckets[b].begin)], plan_.buckets[b].pieces)});
+  for (auto& [b, request] : pending_) {
+    request->wait();
     unpack(b, /*grads=*/true, /*owned_only=*/false);
   }
   pending_.clear();
@@ -166,10 +213,10 @@ void DataParallel::gather_parameters() {
   if (comm_.world_size() == 1 || zero_ == 0) return;
   for (size_t b = 0; b < plan_.buckets.size(); ++b) {
     pack(b, /*grads=*/false, /*owned_only=*/true);
-    pending_.push_back(comm_.iall_gather(&staging_[size_t(plan_.buckets[b].begin)], plan_.buckets[b].pieces));
+    pending_.push_back({b, comm_.iall_gather(&staging_[size_t(plan_.buckets[b].begin)], plan_.buckets[b].pieces)});
   }
-  for (size_t b = 0; b < pending_.size(); ++b) {
-    pending_[b]->wait();
+  for (auto& [b, request] : pending_) {
+    request->wait();
     unpack(b, /*grads=*/false, /*owned_only=*/false);
   }
   pending_.clear();

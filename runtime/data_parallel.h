@@ -48,6 +48,9 @@ struct BucketPlan {
 
 // Buckets of at most `bucket_bytes` (fp32) over parameters of the given element counts.
 BucketPlan plan_buckets(const std::vector<int64_t>& param_sizes, int64_t bucket_bytes, int world_size);
+// Buckets given as groups of parameter indices (the compiler's kiln.reduce_gradients).
+BucketPlan plan_buckets(const std::vector<std::vector<size_t>>& groups, const std::vector<int64_t>& param_sizes,
+                        int world_size);
 
 class DataParallel {
  public:
@@ -56,7 +59,10 @@ class DataParallel {
   // GlobalNorm/ClipCoef/AdamW sequence those hooks know.
   DataParallel(Executor& ex, Communicator& comm, int zero, int64_t bucket_bytes);
 
-  // After the last micro-step's backward: starts every bucket's all-reduce (or reduce-scatter).
+  // Armed for the last micro-step of an optimizer step: the program's ReduceGradients
+  // instructions then start their buckets while the backward pass goes on.
+  void arm(bool last_micro_step) { armed_ = last_micro_step; }
+  // After the last micro-step's backward: starts every bucket not started yet.
   void start_gradient_reduction();
   // Waits for them and leaves the averaged gradients (ZeRO-1: this rank's pieces) in place.
   void finish_gradient_reduction();
@@ -71,6 +77,7 @@ class DataParallel {
   std::string describe() const;
 
  private:
+  void start_bucket(size_t b);
   void pack(size_t b, bool grads, bool owned_only);
   void unpack(size_t b, bool grads, bool owned_only);
 
@@ -80,7 +87,10 @@ class DataParallel {
   int64_t bucket_bytes_;
   BucketPlan plan_;
   std::vector<float> staging_;  // one fp32 per parameter element (world > 1 only)
-  std::vector<std::unique_ptr<CommRequest>> pending_;
+  std::vector<std::pair<size_t, std::unique_ptr<CommRequest>>> pending_;  // (bucket, request)
+  std::vector<bool> started_;
+  bool compiled_ = false;  // buckets from the module's ReduceGradients instructions
+  bool armed_ = false;
 };
 
 }  // namespace kiln

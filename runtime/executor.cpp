@@ -21,7 +21,10 @@
 //   AccumulateGrad   g -> grad (+=);                    n
 //   GlobalNorm       g_0, g_1... -> norm;               n_0, n_1...
 //   ClipCoef         norm, max_norm -> coef
-//   AdamW            g, coef, lr, beta1, beta2, eps, wd, step -> p, m, v;  n, decay
+//   AdamW            g, coef, lr, beta1, beta2, eps, wd, step -> p, m, v [, bf16 copy];  n, decay
+//   Cast             x -> out (fp32 <-> bf16);          n
+//   ReduceGradients  grad_0, grad_1... -> (none);       bucket, n_0, n_1...
+//   WaitGradients    (none)
 #include "runtime/executor.h"
 
 #include <algorithm>
@@ -94,6 +97,8 @@ bool expected(const fb::Instr& ins, Shape& s) {
       if (nout == 4) s.out.push_back(I(0));  // the bf16 compute copy
       break;
     case O::Cast: s.in = {I(0)}; s.out = {I(0)}; break;
+    case O::ReduceGradients: s.in.assign(v.begin() + std::min<size_t>(1, v.size()), v.end()); s.out = {}; break;
+    case O::WaitGradients: s.in = {}; s.out = {}; break;
   }
   return s.in.size() == nin && s.out.size() == nout;
 }
@@ -164,7 +169,7 @@ void Executor::check(const fb::Program& prog) const {
                     std::to_string(numel(b)) + " " + dtype_name(b.dtype()) + ", needs " +
                     std::to_string(need) + (index ? " I32" : fp32_only ? " F32" : " F32 or BF16"));
     };
-    const bool state_op = ins.op() == O::AccumulateGrad || ins.op() == O::AdamW;
+    const bool state_op = ins.op() == O::AccumulateGrad || ins.op() == O::AdamW || ins.op() == O::ReduceGradients;
     for (size_t i = 0; i < s.in.size(); ++i)
       fits(ins.inputs()->Get(i), s.in[i], is_index_input(ins.op(), i), state_op, "input");
     for (size_t i = 0; i < s.out.size(); ++i) {
@@ -378,6 +383,12 @@ void Executor::run_kernel(const fb::Instr& ins, const flatbuffers::Vector<int64_
       break;
     }
     case O::Cast: cpu::copy(out(0), in(0), v[0]); break;  // the rounding happens in flush_outputs
+    case O::ReduceGradients:
+      if (reduce_hook_) reduce_hook_(v[0]);
+      break;
+    case O::WaitGradients:
+      if (wait_hook_) wait_hook_();
+      break;
   }
 }
 

@@ -47,6 +47,12 @@ class Executor {
   void set_parameter_slice(size_t param, int64_t begin, int64_t end);
   // GlobalNorm passes its sum of squares through `reduce` (the sum over ranks) before the sqrt.
   void set_norm_reducer(std::function<double(double)> reduce) { norm_reducer_ = std::move(reduce); }
+  // ReduceGradients instructions call `reduce(bucket)`; WaitGradients calls `wait()`. Unset, both
+  // do nothing (a single process).
+  void set_gradient_hooks(std::function<void(int64_t)> reduce, std::function<void()> wait) {
+    reduce_hook_ = std::move(reduce);
+    wait_hook_ = std::move(wait);
+  }
 
  private:
   void check(const fb::Program& prog) const;
@@ -66,6 +72,8 @@ class Executor {
   // Data-parallel hooks: slice [begin, end) by parameter value and gradient buffer index.
   std::unordered_map<uint32_t, std::pair<int64_t, int64_t>> slice_by_buffer_;
   std::function<double(double)> norm_reducer_;
+  std::function<void(int64_t)> reduce_hook_;
+  std::function<void()> wait_hook_;
 };
 
 }  // namespace kiln

@@ -217,8 +217,10 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     loss = 0;
     for (int64_t micro = 0; micro < accum; ++micro) {
       next_batch(ex, loader, B * T, model.vocab_size());
+      dp.arm(micro + 1 == accum);  // the last backward starts the gradient buckets
       loss += ex.run("micro_step");
     }
+    dp.arm(false);
     // The last micro-step's backward is done: start averaging the gradients, bucket by bucket.
     dp.start_gradient_reduction();
     loss /= double(accum);

@@ -77,6 +77,20 @@ LogicalResult AdamWOp::verifySymbolUses(SymbolTableCollection &symbols) {
   return success();
 }
 
+LogicalResult ReduceGradientsOp::verify() {
+  if (getParams().empty()) return emitOpError() << "needs at least one parameter";
+  return success();
+}
+
+LogicalResult ReduceGradientsOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  for (Attribute a : getParams()) {
+    auto ref = dyn_cast<FlatSymbolRefAttr>(a);
+    if (!ref) return emitOpError() << "expects flat references to parameters";
+    if (failed(verifyParameterUse(*this, symbols, ref, Type()))) return failure();
+  }
+  return success();
+}
+
 LogicalResult HyperOp::verify() {
   static const char *known[] = {"lr",     "beta1",    "beta2", "eps",
                                 "weight_decay", "max_norm", "step",  "loss_weight"};

@@ -411,4 +411,32 @@ def Kiln_AdamWOp : Kiln_Op<"adamw", [
   }];
 }
 
+//===----------------------------------------------------------------------===//
+// Data parallelism
+//===----------------------------------------------------------------------===//
+
+def Kiln_ReduceGradientsOp : Kiln_Op<"reduce_gradients", [
+    DeclareOpInterfaceMethods<SymbolUserOpInterface>, MemoryEffects<[MemRead, MemWrite]>]> {
+  let summary = "starts averaging a bucket of gradients across ranks";
+  let description = [{
+    Placed by `kiln-bucket-gradients` right after the last `kiln.accumulate_grad` of the
+    listed parameters, so the exchange of this bucket overlaps the rest of the backward pass.
+    On the last micro-step of an optimizer step with more than one rank, the runtime starts a
+    non-blocking sum of these gradient accumulators across ranks (a reduce-scatter with ZeRO-1);
+    otherwise it does nothing. `bucket` numbers the buckets in the order they start.
+  }];
+  let arguments = (ins SymbolRefArrayAttr:$params, I64Attr:$bucket);
+  let assemblyFormat = "$params attr-dict";
+  let hasVerifier = 1;
+}
+
+def Kiln_WaitGradientsOp : Kiln_Op<"wait_gradients", [MemoryEffects<[MemRead, MemWrite]>]> {
+  let summary = "waits for every gradient reduction started by kiln.reduce_gradients";
+  let description = [{
+    The first op of `@optimizer_step`: from here on the accumulators hold gradients averaged
+    over all ranks (with ZeRO-1, this rank's pieces of them).
+  }];
+  let assemblyFormat = "attr-dict";
+}
+
 #endif // KILN_OPS_TD

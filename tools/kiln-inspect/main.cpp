@@ -119,6 +119,12 @@ void print_text(const ordered_json& j) {
               fl["recompute"].get<double>());
   std::printf("  6*params*tokens + 12*L*C*T*tokens = %.3g; counted/rule = %.3f\n",
               fl["rule_6nd_plus_attention"].get<double>(), fl["counted_over_rule"].get<double>());
+  const auto& c = j["communication"];
+  if (!c["buckets"].empty()) {
+    std::printf("ranks      %zu gradient buckets, %s averaged per step; %s of it starts while backward work remains\n",
+                c["buckets"].size(), human(c["gradient_bytes_per_step"].get<double>()).c_str(),
+                human(c["bytes_started_during_backward"].get<double>()).c_str());
+  }
   std::printf("recompute  %s: %d kernels, %.3g extra FLOPs\n", j["recompute"]["mode"].get<std::string>().c_str(),
               j["recompute"]["kernels"].get<int>(), j["recompute"]["flops"].get<double>());
   std::printf("\n%-16s %8s  ops\n", "program", "kernels");

@@ -136,6 +136,28 @@ void add_memory_report(const Module& m, nlohmann::ordered_json& j) {
                 {"recompute", by_phase[fb::Phase::Recompute]},
                 {"rule_6nd_plus_attention", rule},
                 {"counted_over_rule", rule > 0 ? counted / rule : 0.0}};
+  // Data parallelism: the gradient buckets the compiler placed in the backward pass, with the
+  // backward work still to run when each one starts (what its exchange can overlap with).
+  nlohmann::ordered_json buckets = nlohmann::ordered_json::array();
+  double comm_bytes = 0, overlappable = 0;
+  if (const fb::Program* step = m.program("micro_step")) {
+    const auto& code = *step->instrs();
+    for (uint32_t k = 0; k < code.size(); ++k) {
+      const fb::Instr* ins = code.Get(k);
+      if (ins->op() != fb::OpCode::ReduceGradients) continue;
+      double bytes = 0, after = 0;
+      for (uint32_t i = 1; i < ins->ints()->size(); ++i) bytes += 4.0 * double(ins->ints()->Get(i));
+      for (uint32_t n = k + 1; n < code.size(); ++n) after += flops(*code.Get(n));
+      comm_bytes += bytes;
+      if (after > 0) overlappable += bytes;
+      buckets.push_back({{"bucket", ins->ints()->Get(0)}, {"parameters", ins->inputs()->size()},
+                         {"bytes", bytes}, {"backward_flops_after", after},
+                         {"share_of_backward_after", by_phase[fb::Phase::Backward] > 0 ? after / by_phase[fb::Phase::Backward] : 0.0}});
+    }
+  }
+  j["communication"] = {{"gradient_bytes_per_step", comm_bytes},
+                        {"bytes_started_during_backward", overlappable},
+                        {"buckets", buckets}};
   j["recompute"] = {{"mode", f.recompute() ? f.recompute()->str() : "none"},
                     {"kernels", recomputed},
                     {"flops", by_phase[fb::Phase::Recompute]}};

@@ -52,6 +52,7 @@ void writeText(const std::string& out, const std::string& text) {
 int main(int argc, char** argv) {
   CLI::App app{"kilnc: compile a GPT-2 spec into a Kiln training executable"};
   std::string input, output, emit = "exe", runtime, recompute = "none";
+  double bucketMB = 25.0;
   bool debugInfo = false, printAfterAll = false;
   app.add_option("input", input, "model spec (.toml) or kiln IR (.mlir)")->required();
   app.add_option("-o,--output", output, "output file (default: stdout for IR)");
@@ -61,6 +62,9 @@ int main(int argc, char** argv) {
                  "recompute activations in the backward pass instead of keeping them: none, "
                  "cheap (GELU and layer-norm outputs)")
       ->capture_default_str()->check(CLI::IsMember({"none", "cheap"}));
+  app.add_option("--bucket-mb", bucketMB,
+                 "gradient buckets averaged across ranks while the backward pass goes on, in MB")
+      ->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--runtime", runtime, "runtime binary to embed the module in (default: kiln-run beside kilnc)");
   app.add_flag("--debug-info", debugInfo, "print IR with locations");
   app.add_flag("--print-ir-after-all", printAfterAll, "print the IR after every pass (stderr)");
@@ -122,7 +126,7 @@ int main(int argc, char** argv) {
 
     auto step = module->lookupSymbol<func::FuncOp>("micro_step");
     if (!(step && step->hasAttr("kiln.arena_size")) &&
-        failed(runStage([&](PassManager& pm) { kiln::buildPlanPipeline(pm, recompute); })))
+        failed(runStage([&](PassManager& pm) { kiln::buildPlanPipeline(pm, recompute, bucketMB); })))
       return 1;
     if (emit == "plan") return print(*module);
 

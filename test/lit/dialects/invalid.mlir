@@ -725,3 +725,20 @@ func.func @f(%a: tensor<4x8xbf16>, %b: tensor<8x2xf32>) {
   %0 = kiln.matmul %a, %b : tensor<4x8xbf16>, tensor<8x2xf32> -> tensor<4x2xbf16>
   return
 }
+
+// -----
+
+// A gradient bucket names parameters.
+func.func @f() {
+  // expected-error@+1 {{'kiln.reduce_gradients' op refers to @nope, which is not a kiln.parameter}}
+  kiln.reduce_gradients [@nope] {bucket = 0 : i64}
+  return
+}
+
+// -----
+
+func.func @f() {
+  // expected-error@+1 {{'kiln.reduce_gradients' op needs at least one parameter}}
+  kiln.reduce_gradients [] {bucket = 0 : i64}
+  return
+}

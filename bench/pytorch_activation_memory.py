@@ -1,0 +1,373 @@
+#!/usr/bin/python3
+"""PyTorch eager's activation memory for one GPT-2 training micro-step (forward + backward).
+
+The model is the PyTorch reference of test/e2e/gpt2_reference.py: `forward` for fp32 and
+`forward_bf16` under torch.autocast("cpu", dtype=torch.bfloat16) for bf16 (fp32 master weights;
+that is the reference's bf16 policy, the one Kiln's bf16 implements).  Two figures per run:
+
+  saved    bytes of the tensors autograd saves for backward, seen by a
+           torch.autograd.graph.saved_tensors_hooks pack hook, deduplicated by storage (a storage
+           shared by several saved tensors or views counts once, in full); parameters (and views
+           of them, e.g. W.t()) and the token inputs are excluded.  A lower bound: it leaves out
+           the gradients of activations and every temporary of the backward pass.
+  peak     the peak of live bytes the CPU allocator hands out during forward + backward, from
+           torch.profiler's memory events (profile_memory=True); parameters, their .grad (allocated
+           before the step, so backward accumulates into them in place) and the inputs are
+           allocated before the measured region and are not counted.  This is the figure to set
+           beside Kiln's arena_bytes, which is the peak of planned live activation bytes of the
+           same forward + backward (activation gradients and weight-gradient temporaries included).
+
+Attention variants:
+  eager    the reference as written: softmax(q k^T) materialised, autograd saves the
+           [B, H, T, T] score / probability tensors.
+  flash    the same model with attention replaced by a FlashAttention / SDPA-style
+           autograd.Function that saves only q, k, v (views of the qkv projection), the output and
+           the row log-sum-exp, and recomputes the probabilities in backward one [T, T] block
+           (one batch row, one head) at a time: no [B, H, T, T] tensor is saved or materialised.
+           Checked against the reference (loss and every gradient) by --check at a small size.
+For eager, the saved figure is also reported without the [B, H, T, T] tensors ("eager minus T*T").
+
+Batch size.  The B=16, T=1024 eager fp32 step does not fit in 24 GiB (it saves several
+B*H*T*T fp32 tensors per layer), so every variant runs for real at B=1 and B=2 and is
+extrapolated to the target B with the affine fit M(B) = M0 + B * dM (M0: B-independent memory,
+e.g. the causal mask and autocast's bf16 weight copies; dM: per-sample bytes).  M(2)/M(1) and
+M0's share are printed to show the linearity.  In addition, for fp32 the saved-for-backward
+bytes are counted exactly at the target B on the `meta` device (torch 1.13 runs this model's
+forward and backward on meta; meta allocates nothing, so the peak cannot be measured there, and
+CPU autocast does not apply to meta tensors, so bf16 is not counted there), which checks the
+extrapolation.
+
+Usage: bench/pytorch_activation_memory.py [--spec models/gpt2-124m.toml] [--batches 1,2]
+         [--precisions fp32,bf16] [--attention eager,flash] [--json OUT] [--no-check]
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import sys
+import time
+import tomllib
+from collections import OrderedDict
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "test" / "e2e"))
+import gpt2_reference as R  # noqa: E402
+
+BF16, F32 = torch.bfloat16, torch.float32
+GIB = float(1 << 30)
+T0 = time.time()
+
+
+def log(msg: str) -> None:
+    print(f"[{time.time() - T0:6.1f}s] {msg}", flush=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# FlashAttention-style causal attention: saves q, k, v, out, lse; recomputes P in backward.
+# ----------------------------------------------------------------------------------------------
+def _acc(dtype):
+    return F32 if dtype in (BF16, torch.float16) else dtype
+
+
+class FlashAttention(torch.autograd.Function):
+    """softmax(q k^T / sqrt(hs) + causal mask) v for q, k, v [B, H, T, hs]; output in q's dtype.
+    Computed one (batch row, head) [T, T] block at a time in fp32 (fp64 for fp64 inputs);
+    saves q, k, v, the output and the log-sum-exp [B, H, T] (fp32), as FlashAttention does."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        Bn, Hn, Tn, hs = q.shape
+        acc, scale = _acc(q.dtype), 1.0 / math.sqrt(hs)
+        masked = torch.ones(Tn, Tn, dtype=torch.bool, device=q.device).triu(1)
+        out = torch.empty_like(q)
+        lse = torch.empty(Bn, Hn, Tn, dtype=acc, device=q.device)
+        with torch.autocast("cpu", enabled=False):
+            for b in range(Bn):
+                for h in range(Hn):
+                    s = (q[b, h].to(acc) @ k[b, h].to(acc).t()) * scale
+                    s = s.masked_fill(masked, float("-inf"))
+                    m = s.amax(-1, keepdim=True)
+                    e = torch.exp(s - m)
+                    l = e.sum(-1, keepdim=True)
+                    out[b, h] = ((e / l) @ v[b, h].to(acc)).to(q.dtype)
+                    lse[b, h] = (m + torch.log(l)).squeeze(-1)
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        Bn, Hn, Tn, hs = q.shape
+        acc, scale = _acc(q.dtype), 1.0 / math.sqrt(hs)
+        masked = torch.ones(Tn, Tn, dtype=torch.bool, device=q.device).triu(1)
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        with torch.autocast("cpu", enabled=False):
+            for b in range(Bn):
+                for h in range(Hn):
+                    qb, kb, vb = q[b, h].to(acc), k[b, h].to(acc), v[b, h].to(acc)
+                    s = (qb @ kb.t()) * scale
+                    p = torch.exp(s - lse[b, h].unsqueeze(-1)).masked_fill(masked, 0.0)
+                    do = dout[b, h].to(acc)
+                    dv[b, h] = (p.t() @ do).to(v.dtype)
+                    dp = do @ vb.t()
+                    D = (do * out[b, h].to(acc)).sum(-1, keepdim=True)
+                    ds = p * (dp - D) * scale
+                    dq[b, h] = (ds @ kb).to(q.dtype)
+                    dk[b, h] = (ds.t() @ qb).to(k.dtype)
+        return dq, dk, dv
+
+
+def forward_flash(params: dict, idx, targets, cfg: R.GPTConfig, bf16: bool):
+    """R.forward (bf16=False) / R.forward_bf16 (bf16=True, call under autocast), op for op, except
+    that the attention core (scores, mask, softmax, @ v) is FlashAttention.apply."""
+    F = torch.nn.functional
+    B, T = idx.shape
+    C, H = cfg.n_embd, cfg.n_head
+    hs = C // H
+    p = params
+    if bf16:
+        def proj(x, w, b):                  # R.forward_bf16: F.linear with the bias inside
+            return F.linear(x, w.t(), b)
+    else:
+        def proj(x, w, b):                  # R.forward: x @ W + b
+            return x @ w + b
+    x = p["transformer.wte.weight"][idx] + p["transformer.wpe.weight"][0:T]
+    for i in range(cfg.n_layer):
+        h = f"transformer.h.{i}."
+        a = R.layernorm(x, p[h + "ln_1.weight"], p[h + "ln_1.bias"])
+        qkv = proj(a, p[h + "attn.c_attn.weight"], p[h + "attn.c_attn.bias"])
+        q, k, v = qkv.split(C, dim=-1)
+        q = q.reshape(B, T, H, hs).transpose(1, 2)
+        k = k.reshape(B, T, H, hs).transpose(1, 2)
+        v = v.reshape(B, T, H, hs).transpose(1, 2)
+        y = FlashAttention.apply(q, k, v).transpose(1, 2).reshape(B, T, C)
+        x = x + proj(y, p[h + "attn.c_proj.weight"], p[h + "attn.c_proj.bias"])
+        m = R.layernorm(x, p[h + "ln_2.weight"], p[h + "ln_2.bias"])
+        u = proj(m, p[h + "mlp.c_fc.weight"], p[h + "mlp.c_fc.bias"])
+        g = F.gelu(u.float(), approximate="tanh").to(BF16) if bf16 else R.gelu_tanh(u)
+        x = x + proj(g, p[h + "mlp.c_proj.weight"], p[h + "mlp.c_proj.bias"])
+    xf = R.layernorm(x, p["transformer.ln_f.weight"], p["transformer.ln_f.bias"])
+    if bf16:
+        logits = F.linear(xf, p["transformer.wte.weight"])
+        loss = R.cross_entropy_mean(logits.float().reshape(B * T, -1), targets.reshape(B * T))
+    else:
+        logits = xf @ p["transformer.wte.weight"].t()
+        loss = R.cross_entropy_mean(logits.reshape(B * T, -1), targets.reshape(B * T))
+    return logits, loss
+
+
+def run_forward(params, idx, targets, cfg, precision: str, attention: str):
+    """Loss of one micro-batch; the logits are not kept (only what autograd keeps stays alive)."""
+    if precision == "fp32":
+        fwd = R.forward if attention == "eager" else (
+            lambda *a: forward_flash(*a, bf16=False))
+        return fwd(params, idx, targets, cfg)[1]
+    fwd = R.forward_bf16 if attention == "eager" else (lambda *a: forward_flash(*a, bf16=True))
+    with torch.autocast("cpu", dtype=BF16):
+        return fwd(params, idx, targets, cfg)[1]
+
+
+# ----------------------------------------------------------------------------------------------
+# Self-check of the flash variant against the reference (small model).
+# ----------------------------------------------------------------------------------------------
+def check_flash() -> None:
+    cfg = R.GPTConfig(n_layer=2, n_head=4, n_embd=64, vocab_size=97, block_size=64)
+    g = torch.Generator().manual_seed(1)
+    B, T = 2, 48
+    idx = torch.randint(0, cfg.vocab_size, (B, T), generator=g)
+    tgt = torch.randint(0, cfg.vocab_size, (B, T), generator=g)
+    base = R.init_params(cfg, 3)
+    for precision, dtype, tol in (("fp64", torch.float64, 1e-10), ("bf16", F32, 3e-2)):
+        res = {}
+        for att in ("eager", "flash"):
+            leaves = OrderedDict((k, v.detach().to(dtype).clone().requires_grad_(True))
+                                 for k, v in base.items())
+            loss = run_forward(leaves, idx, tgt, cfg, "bf16" if precision == "bf16" else "fp32", att)
+            loss.backward()
+            res[att] = (loss.detach().double(), OrderedDict((k, l.grad.double()) for k, l in leaves.items()))
+        dl = abs(float(res["eager"][0] - res["flash"][0]))
+        worst = max(R.rel_err(res["flash"][1][k], res["eager"][1][k]) for k in base)
+        ok = dl <= tol * max(1.0, abs(float(res["eager"][0]))) and worst <= tol
+        log(f"check flash vs eager reference ({precision}, {cfg.n_layer} layers, B={B}, T={T}): "
+            f"|dloss|={dl:.2e}, worst grad rel err={worst:.2e}, tol={tol:g}: {'ok' if ok else 'FAIL'}")
+        if not ok:
+            raise SystemExit("flash attention variant does not match the reference")
+
+
+# ----------------------------------------------------------------------------------------------
+# Measurement
+# ----------------------------------------------------------------------------------------------
+def storage_key(t: torch.Tensor) -> int:
+    return t.storage()._cdata       # the StorageImpl: unique while alive, also on `meta`
+
+
+def measure(params, cfg, B, T, precision, attention, device="cpu", seed=0, want_peak=True):
+    g = torch.Generator().manual_seed(seed + B)
+    idx = torch.randint(0, cfg.vocab_size, (B, T), generator=g).to(device)
+    tgt = torch.randint(0, cfg.vocab_size, (B, T), generator=g).to(device)
+    exclude = {storage_key(p) for p in params.values()} | {storage_key(idx), storage_key(tgt)}
+    saved = {}                        # storage key -> (bytes, dtype, shape)
+
+    def pack(t):
+        key = storage_key(t)
+        if key not in exclude and key not in saved:
+            saved[key] = (t.storage().nbytes(), str(t.dtype).replace("torch.", ""), tuple(t.shape))
+        return t
+
+    gc.collect()
+    t0 = time.time()
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True) if want_peak else None
+    if prof is not None:
+        prof.__enter__()
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = run_forward(params, idx, tgt, cfg, precision, attention)
+        t1 = time.time()
+        with record_function("bench::backward"):
+            loss.backward()
+        loss_value = float(loss.detach().float().cpu()) if device != "meta" else float("nan")
+        del loss
+    finally:
+        if prof is not None:
+            prof.__exit__(None, None, None)
+    t2 = time.time()
+
+    H = cfg.n_head
+    tt = sum(b for b, _, s in saved.values() if len(s) == 4 and s[-2:] == (T, T))
+    by_dtype = {}
+    for b, d, _ in saved.values():
+        by_dtype[d] = by_dtype.get(d, 0) + b
+    out = OrderedDict(B=B, saved_bytes=sum(b for b, _, _ in saved.values()), saved_tt_bytes=tt,
+                      saved_tensors=len(saved), saved_bytes_by_dtype=by_dtype,
+                      forward_s=round(t1 - t0, 2), backward_s=round(t2 - t1, 2), loss=loss_value)
+    if prof is not None:
+        evs = prof.profiler.kineto_results.events()
+        bwd_start = min(e.start_us() for e in evs if e.name() == "bench::backward")
+        mem = sorted(((e.start_us(), i, e.nbytes()) for i, e in enumerate(evs)
+                      if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU))
+        live = peak = peak_fwd = 0
+        live_after_fwd = None
+        for ts, _, n in mem:
+            if live_after_fwd is None and ts >= bwd_start:
+                live_after_fwd = live
+            live += n
+            peak = max(peak, live)
+            if ts < bwd_start:
+                peak_fwd = max(peak_fwd, live)
+        out.update(peak_bytes=peak, peak_forward_bytes=peak_fwd,
+                   live_after_forward_bytes=live_after_fwd if live_after_fwd is not None else live,
+                   live_at_end_bytes=live, memory_events=len(mem))
+    return out
+
+
+def affine(points: dict, key: str, target_b: int):
+    """points: B -> measurement. Fit M(B) = M0 + B*dM through the two smallest B; returns
+    (estimate at target_b, M0, dM, ratio M(B2)/M(B1))."""
+    bs = sorted(points)
+    b1, b2 = bs[0], bs[1]
+    m1, m2 = points[b1][key], points[b2][key]
+    dm = (m2 - m1) / (b2 - b1)
+    m0 = m1 - b1 * dm
+    return OrderedDict(estimate=m0 + target_b * dm, intercept=m0, per_sample=dm,
+                       ratio=m2 / m1 if m1 else float("nan"), b1=b1, b2=b2)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--spec", default=str(REPO / "models" / "gpt2-124m.toml"))
+    ap.add_argument("--batches", default="1,2", help="batch sizes run for real (>= 2 of them)")
+    ap.add_argument("--precisions", default="fp32,bf16")
+    ap.add_argument("--attention", default="eager,flash")
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--no-check", action="store_true", help="skip the flash-vs-reference check")
+    ap.add_argument("--no-meta", action="store_true", help="skip the exact meta-device count")
+    args = ap.parse_args()
+
+    torch.set_num_threads(args.threads)
+    with open(args.spec, "rb") as f:
+        spec = tomllib.load(f)
+    cfg = R.GPTConfig.from_dict(spec["model"])
+    target_b, T = int(spec["compile"]["batch_size"]), int(spec["compile"]["seq_len"])
+    batches = sorted(int(b) for b in args.batches.split(","))
+    assert len(batches) >= 2, "need two batch sizes for the linear fit"
+    precisions = args.precisions.split(",")
+    attentions = args.attention.split(",")
+    log(f"torch {torch.__version__}, {torch.get_num_threads()} threads; model {spec['model'].get('name')} "
+        f"L={cfg.n_layer} H={cfg.n_head} C={cfg.n_embd} V={cfg.vocab_size}; target B={target_b} T={T}; "
+        f"measured at B={batches}")
+
+    if not args.no_check:
+        check_flash()
+
+    result = OrderedDict(torch=torch.__version__, model=spec["model"], target_batch=target_b,
+                         seq_len=T, batches=batches, method=OrderedDict(
+                             model="test/e2e/gpt2_reference.py: forward (fp32), forward_bf16 under "
+                                   "torch.autocast('cpu', bfloat16) with fp32 masters (bf16)",
+                             saved="saved_tensors_hooks pack hook, deduplicated by storage; "
+                                   "parameters and inputs excluded",
+                             peak="torch.profiler profile_memory=True: peak of live CPU allocator "
+                                  "bytes during forward+backward; params, .grad, inputs excluded",
+                             extrapolation="affine in B through the measured batches"),
+                         runs=[])
+
+    # Exact saved-for-backward count at the target B on the meta device (fp32 only).
+    meta_saved = {}
+    if not args.no_meta and "fp32" in precisions:
+        mparams = OrderedDict((k, torch.empty(s, device="meta", dtype=F32).requires_grad_(True))
+                              for k, s in R.param_shapes(cfg).items())
+        for att in attentions:
+            r = measure(mparams, cfg, target_b, T, "fp32", att, device="meta", want_peak=False)
+            meta_saved[att] = r
+            log(f"meta  fp32 {att:5s} B={target_b}: saved for backward {r['saved_bytes'] / GIB:.3f} GiB "
+                f"({r['saved_tensors']} storages; [B,H,T,T]: {r['saved_tt_bytes'] / GIB:.3f} GiB)")
+        del mparams
+
+    params = OrderedDict((k, v.requires_grad_(True)) for k, v in R.init_params(cfg, 0).items())
+    for p in params.values():
+        p.grad = torch.zeros_like(p)     # allocated up front: backward accumulates in place
+    for precision in precisions:
+        for att in attentions:
+            pts = OrderedDict()
+            for B in batches:
+                for p in params.values():
+                    p.grad.zero_()
+                log(f"run   {precision} {att:5s} B={B} T={T} ...")
+                r = measure(params, cfg, B, T, precision, att)
+                pts[B] = r
+                log(f"      forward {r['forward_s']}s backward {r['backward_s']}s loss {r['loss']:.4f}: "
+                    f"peak {r['peak_bytes'] / GIB:.3f} GiB, saved {r['saved_bytes'] / GIB:.3f} GiB "
+                    f"([B,H,T,T] {r['saved_tt_bytes'] / GIB:.3f}), live after forward "
+                    f"{r['live_after_forward_bytes'] / GIB:.3f} GiB")
+            run = OrderedDict(precision=precision, attention=att, measured=list(pts.values()),
+                              extrapolated=OrderedDict())
+            for key in ("peak_bytes", "saved_bytes", "saved_tt_bytes", "live_after_forward_bytes"):
+                run["extrapolated"][key] = affine(pts, key, target_b)
+            if precision == "fp32" and att in meta_saved:
+                run["meta_saved_bytes"] = meta_saved[att]["saved_bytes"]
+                run["meta_saved_tt_bytes"] = meta_saved[att]["saved_tt_bytes"]
+            e = run["extrapolated"]
+            log(f"      -> B={target_b}: peak {e['peak_bytes']['estimate'] / GIB:.3f} GiB "
+                f"(M(B{batches[1]})/M(B{batches[0]}) = {e['peak_bytes']['ratio']:.3f}, "
+                f"B-independent part {e['peak_bytes']['intercept'] / GIB:.3f} GiB), saved "
+                f"{e['saved_bytes']['estimate'] / GIB:.3f} GiB"
+                + (f" (meta, exact: {run['meta_saved_bytes'] / GIB:.3f} GiB)" if 'meta_saved_bytes' in run else ""))
+            result["runs"].append(run)
+
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+        log(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+// kiln-bucket-gradients: gradient buckets, reduced as soon as the backward pass finishes them.
+#include "passes/Passes.h"
+
+#include "mlir/IR/Builders.h"
+
+namespace kiln {
+#define GEN_PASS_DEF_BUCKETGRADIENTS
+#include "passes/Passes.h.inc"
+}  // namespace kiln
+
+using namespace mlir;
+using namespace kiln;
+
+namespace {
+struct BucketGradientsPass : kiln::impl::BucketGradientsBase<BucketGradientsPass> {
+  using BucketGradientsBase::BucketGradientsBase;
+
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    auto step = module.lookupSymbol<func::FuncOp>("micro_step");
+    if (!step || step.isExternal()) return;
+    if (!(bucketMB > 0)) {
+      module.emitError() << "kiln-bucket-gradients: bucket-mb must be positive, not " << bucketMB;
+      return signalPassFailure();
+    }
+    const double cap = bucketMB * 1e6;
+
+    // The last accumulation of each parameter, in program order.
+    llvm::MapVector<StringAttr, AccumulateGradOp> last;
+    step.walk([&](AccumulateGradOp acc) {
+      last.erase(acc.getNameAttr().getAttr());  // keep the latest position
+      last.insert({acc.getNameAttr().getAttr(), acc});
+    });
+    SmallVector<std::pair<StringAttr, AccumulateGradOp>> order(last.begin(), last.end());
+    llvm::sort(order, [](auto& a, auto& b) { return a.second->isBeforeInBlock(b.second); });
+
+    OpBuilder b(&getContext());
+    SmallVector<Attribute> bucket;
+    double bytes = 0;
+    int64_t id = 0;
+    auto close = [&](AccumulateGradOp after) {
+      b.setInsertionPointAfter(after);
+      b.create<ReduceGradientsOp>(after.getLoc(), b.getArrayAttr(bucket), b.getI64IntegerAttr(id++));
+      bucket.clear();
+      bytes = 0;
+    };
+    for (auto [i, entry] : llvm::enumerate(order)) {
+      auto [name, acc] = entry;
+      const double size = 4.0 * cast<RankedTensorType>(acc.getGradient().getType()).getNumElements();
+      bucket.push_back(FlatSymbolRefAttr::get(name));
+      bytes += size;
+      const bool lastOne = i + 1 == order.size();
+      double next = lastOne ? 0 : 4.0 * cast<RankedTensorType>(order[i + 1].second.getGradient().getType()).getNumElements();
+      if (lastOne || bytes + next > cap) close(acc);
+    }
+
+    if (auto opt = module.lookupSymbol<func::FuncOp>("optimizer_step"); opt && !opt.isExternal()) {
+      b.setInsertionPointToStart(&opt.getBody().front());
+      b.create<WaitGradientsOp>(opt.getLoc());
+    }
+  }
+};
+}  // namespace
