@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "runtime/error.h"
+#include "runtime/shape.h"
 #include "runtime/file_io.h"
 
 // The file is little-endian and tensor bytes are copied as they lie in memory.
@@ -93,20 +94,7 @@ uint64_t fnv1a64(const std::string& s) {
 
 std::vector<int64_t> shape_of(const fb::Parameter& p) { return {p.shape()->begin(), p.shape()->end()}; }
 
-std::string shape_str(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
 
-// Element count, or false on overflow or a negative dimension (a hostile header can claim any).
-bool checked_numel(const std::vector<int64_t>& shape, uint64_t* numel) {
-  uint64_t n = 1;
-  for (int64_t d : shape)
-    if (d < 0 || __builtin_mul_overflow(n, static_cast<uint64_t>(d), &n)) return false;
-  *numel = n;
-  return true;
-}
 
 template <class T>
 T get_le(const uint8_t* p) {

@@ -8,23 +8,13 @@
 #include "runtime/cpu/bf16.h"
 #include "runtime/cpu/kernels.h"
 #include "runtime/error.h"
+#include "runtime/rng.h"
+#include "runtime/shape.h"
 #include "runtime/file_io.h"
 #include "runtime/safetensors.h"
 
 namespace kiln {
 namespace {
-
-// splitmix64: a tiny, portable generator, so a seed gives the same weights everywhere.
-struct Rng {
-  uint64_t s;
-  uint64_t next() {
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  double uniform() { return double(next() >> 11) * 0x1.0p-53; }  // [0, 1)
-};
 
 const std::string kPrefix = "transformer.";
 
@@ -152,12 +142,8 @@ void load_parameters(Executor& ex, const std::string& path) {
     const SafeTensor& t = it->second;
     std::vector<int64_t> want(p->shape()->begin(), p->shape()->end());
     if (t.shape != want) {
-      auto str = [](const std::vector<int64_t>& s) {
-        std::string r = "[";
-        for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-        return r + "]";
-      };
-      throw Error(path + ": tensor '" + t.name + "' has shape " + str(t.shape) + ", the model needs " + str(want));
+      throw Error(path + ": tensor '" + t.name + "' has shape " + shape_str(t.shape) + ", the model needs " +
+                  shape_str(want));
     }
     std::vector<float> values = to_f32(t);
     std::memcpy(ex.f32(p->value()), values.data(), values.size() * sizeof(float));

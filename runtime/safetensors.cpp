@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/error.h"
+#include "runtime/shape.h"
 #include "runtime/file_io.h"
 
 // The file format is little-endian and tensor bytes are handed out as-is.
@@ -34,20 +35,7 @@ size_t lookup_dtype_size(const std::string& dtype) {
   return it == sizes.end() ? 0 : it->second;
 }
 
-std::string shape_str(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
 
-// Element count, or false on overflow (a hostile header can claim any shape).
-bool checked_numel(const std::vector<int64_t>& shape, uint64_t* numel) {
-  uint64_t n = 1;
-  for (int64_t d : shape)
-    if (d < 0 || __builtin_mul_overflow(n, static_cast<uint64_t>(d), &n)) return false;
-  *numel = n;
-  return true;
-}
 
 // RAII file descriptor so every error path closes it.
 struct Fd {

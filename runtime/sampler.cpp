@@ -6,23 +6,9 @@
 
 #include "runtime/cpu/bf16.h"
 #include "runtime/error.h"
+#include "runtime/rng.h"
 
 namespace kiln {
-namespace {
-
-// splitmix64 -> uniform [0, 1).
-struct Rng {
-  uint64_t s;
-  double uniform() {
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return double((z ^ (z >> 31)) >> 11) * 0x1.0p-53;
-  }
-};
-
-}  // namespace
-
 std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t>& prompt,
                                          const SampleOptions& o) {
   const fb::Model& model = *ex.module().fb().model();
