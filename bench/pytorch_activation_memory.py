@@ -48,8 +48,12 @@ import json
 import math
 import os
 import sys
+import subprocess
+import tempfile
+import threading
 import time
 import tomllib
+import weakref
 from collections import OrderedDict
 from pathlib import Path
 
@@ -62,11 +66,12 @@ import gpt2_reference as R  # noqa: E402
 
 BF16, F32 = torch.bfloat16, torch.float32
 GIB = float(1 << 30)
-T0 = time.time()
+T0 = float(os.environ.get("KILN_BENCH_T0", time.time()))
+TAG = ""
 
 
 def log(msg: str) -> None:
-    print(f"[{time.time() - T0:6.1f}s] {msg}", flush=True)
+    print(f"[{time.time() - T0:6.1f}s]{' ' + TAG + ':' if TAG else ''} {msg}", flush=True)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -213,12 +218,10 @@ def measure(params, cfg, B, T, precision, attention, device="cpu", seed=0, want_
     idx = torch.randint(0, cfg.vocab_size, (B, T), generator=g).to(device)
     tgt = torch.randint(0, cfg.vocab_size, (B, T), generator=g).to(device)
     exclude = {storage_key(p) for p in params.values()} | {storage_key(idx), storage_key(tgt)}
-    saved = {}                        # storage key -> (bytes, dtype, shape)
+    packed = []                       # weak references to every tensor autograd saves
 
     def pack(t):
-        key = storage_key(t)
-        if key not in exclude and key not in saved:
-            saved[key] = (t.storage().nbytes(), str(t.dtype).replace("torch.", ""), tuple(t.shape))
+        packed.append(weakref.ref(t))
         return t
 
     gc.collect()
@@ -229,6 +232,19 @@ def measure(params, cfg, B, T, precision, attention, device="cpu", seed=0, want_
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             loss = run_forward(params, idx, tgt, cfg, precision, attention)
+        # What is saved at the end of the forward: the tensors still alive (a tensor saved by a
+        # node that died during the forward, e.g. the indices of a max whose values were
+        # detached, is gone), deduplicated by storage (alive storages have distinct keys).
+        saved = {}
+        for r in packed:
+            t = r()
+            if t is not None:
+                key = storage_key(t)
+                if key not in exclude and key not in saved:
+                    saved[key] = (t.storage().nbytes(), str(t.dtype).replace("torch.", ""),
+                                  tuple(t.shape))
+        t = None
+        del packed[:]
         t1 = time.time()
         with record_function("bench::backward"):
             loss.backward()
@@ -239,13 +255,13 @@ def measure(params, cfg, B, T, precision, attention, device="cpu", seed=0, want_
             prof.__exit__(None, None, None)
     t2 = time.time()
 
-    H = cfg.n_head
-    tt = sum(b for b, _, s in saved.values() if len(s) == 4 and s[-2:] == (T, T))
+    # [B, H, T, T] attention tensors; matmul saves the probabilities as their [B*H, T, T] bmm view.
+    tt = sum(b for b, _, s in saved.values() if len(s) >= 3 and s[-2:] == (T, T))
     by_dtype = {}
     for b, d, _ in saved.values():
         by_dtype[d] = by_dtype.get(d, 0) + b
     out = OrderedDict(B=B, saved_bytes=sum(b for b, _, _ in saved.values()), saved_tt_bytes=tt,
-                      saved_tensors=len(saved), saved_bytes_by_dtype=by_dtype,
+                      saved_storages=len(saved), saved_bytes_by_dtype=by_dtype,
                       forward_s=round(t1 - t0, 2), backward_s=round(t2 - t1, 2), loss=loss_value)
     if prof is not None:
         evs = prof.profiler.kineto_results.events()
@@ -275,21 +291,95 @@ def affine(points: dict, key: str, target_b: int):
     m1, m2 = points[b1][key], points[b2][key]
     dm = (m2 - m1) / (b2 - b1)
     m0 = m1 - b1 * dm
+    checks = OrderedDict((str(b), OrderedDict(
+        measured=points[b][key], predicted=m0 + b * dm,
+        rel_err=(m0 + b * dm) / points[b][key] - 1 if points[b][key] else 0.0)) for b in bs[2:])
     return OrderedDict(estimate=m0 + target_b * dm, intercept=m0, per_sample=dm,
-                       ratio=m2 / m1 if m1 else float("nan"), b1=b1, b2=b2)
+                       ratio=m2 / m1 if m1 else float("nan"), b1=b1, b2=b2, checks=checks)
+
+
+# Relative cost of one configuration (fp32 GEMMs run at ~1/2.5 the bf16 rate here), for
+# spreading the configurations over worker processes.
+COST = {"fp32": 3.0, "bf16": 1.5}
+
+
+def run_config(params, cfg, T, target_b, batches, precision, att):
+    pts = OrderedDict()
+    for B in batches:
+        for p in params.values():
+            p.grad.zero_()
+        log(f"run   {precision} {att:5s} B={B} T={T} ...")
+        r = measure(params, cfg, B, T, precision, att)
+        pts[B] = r
+        log(f"      {precision} {att:5s} B={B}: forward {r['forward_s']}s backward {r['backward_s']}s "
+            f"loss {r['loss']:.4f}: peak {r['peak_bytes'] / GIB:.3f} GiB, saved "
+            f"{r['saved_bytes'] / GIB:.3f} GiB ([B,H,T,T] {r['saved_tt_bytes'] / GIB:.3f}), live "
+            f"after forward {r['live_after_forward_bytes'] / GIB:.3f} GiB")
+    run = OrderedDict(precision=precision, attention=att, measured=list(pts.values()),
+                      extrapolated=OrderedDict())
+    for key in ("peak_bytes", "saved_bytes", "saved_tt_bytes", "live_after_forward_bytes"):
+        run["extrapolated"][key] = affine(pts, key, target_b)
+    e = run["extrapolated"]["peak_bytes"]
+    log(f"      {precision} {att:5s} -> B={target_b}: peak {e['estimate'] / GIB:.3f} GiB "
+        f"(peak(B={batches[1]})/peak(B={batches[0]}) = {e['ratio']:.4f}, B-independent part "
+        f"{e['intercept'] / GIB:.3f} GiB), saved "
+        f"{run['extrapolated']['saved_bytes']['estimate'] / GIB:.3f} GiB")
+    for b, c in e["checks"].items():
+        log(f"      {precision} {att:5s} linearity check at B={b}: peak measured "
+            f"{c['measured'] / GIB:.3f} GiB, predicted by the fit {c['predicted'] / GIB:.3f} GiB "
+            f"({100 * c['rel_err']:+.2f}%)")
+    return run
+
+
+def spawn_workers(args, groups):
+    """Run each group of configurations in its own process (one thread each); forward their
+    progress lines; return their runs."""
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="kiln-bench-") as tmp:
+        procs = []
+        for w, group in enumerate(groups):
+            out = os.path.join(tmp, f"worker{w}.json")
+            cmd = [sys.executable, os.path.abspath(__file__), "--spec", args.spec,
+                   "--batches", args.batches, "--threads", str(args.threads),
+                   "--configs", ",".join(group), "--workers", "1", "--no-check", "--no-meta",
+                   "--tag", f"worker {w}", "--json", out]
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True, bufsize=1, env=dict(os.environ, KILN_BENCH_T0=str(T0)))
+
+            def pump(pr=proc):
+                for line in pr.stdout:
+                    print(line, end="", flush=True)
+            th = threading.Thread(target=pump, daemon=True)
+            th.start()
+            procs.append((proc, th, out, group))
+        for proc, th, out, group in procs:
+            rc = proc.wait()
+            th.join()
+            if rc != 0:
+                raise SystemExit(f"worker for {group} failed (exit {rc})")
+            with open(out) as f:
+                runs.extend(json.load(f)["runs"])
+    return runs
 
 
 def main() -> int:
+    global TAG
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--spec", default=str(REPO / "models" / "gpt2-124m.toml"))
-    ap.add_argument("--batches", default="1,2", help="batch sizes run for real (>= 2 of them)")
-    ap.add_argument("--precisions", default="fp32,bf16")
-    ap.add_argument("--attention", default="eager,flash")
-    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--batches", default="1,2", help="batch sizes run for real (two or more)")
+    ap.add_argument("--configs", default="fp32:eager,fp32:flash,bf16:eager,bf16:flash",
+                    help="precision:attention pairs (precision fp32|bf16, attention eager|flash)")
+    ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
+                    help="processes to spread the configurations over")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads per process (default 1: with 2 the element-wise kernels "
+                         "of this torch build are ~10x slower on a 2-core machine)")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--no-check", action="store_true", help="skip the flash-vs-reference check")
     ap.add_argument("--no-meta", action="store_true", help="skip the exact meta-device count")
+    ap.add_argument("--tag", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    TAG = args.tag
 
     torch.set_num_threads(args.threads)
     with open(args.spec, "rb") as f:
@@ -297,69 +387,79 @@ def main() -> int:
     cfg = R.GPTConfig.from_dict(spec["model"])
     target_b, T = int(spec["compile"]["batch_size"]), int(spec["compile"]["seq_len"])
     batches = sorted(int(b) for b in args.batches.split(","))
-    assert len(batches) >= 2, "need two batch sizes for the linear fit"
-    precisions = args.precisions.split(",")
-    attentions = args.attention.split(",")
-    log(f"torch {torch.__version__}, {torch.get_num_threads()} threads; model {spec['model'].get('name')} "
-        f"L={cfg.n_layer} H={cfg.n_head} C={cfg.n_embd} V={cfg.vocab_size}; target B={target_b} T={T}; "
-        f"measured at B={batches}")
+    if len(batches) < 2:
+        ap.error("--batches needs two batch sizes for the linear fit")
+    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    for c in configs:
+        pr, _, at = c.partition(":")
+        if pr not in ("fp32", "bf16") or at not in ("eager", "flash"):
+            ap.error(f"bad configuration {c!r}")
+    log(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s) per process; model "
+        f"{spec['model'].get('name')} L={cfg.n_layer} H={cfg.n_head} C={cfg.n_embd} "
+        f"V={cfg.vocab_size}; target B={target_b} T={T}; measured at B={batches}; configs {configs}")
 
     if not args.no_check:
         check_flash()
 
-    result = OrderedDict(torch=torch.__version__, model=spec["model"], target_batch=target_b,
-                         seq_len=T, batches=batches, method=OrderedDict(
-                             model="test/e2e/gpt2_reference.py: forward (fp32), forward_bf16 under "
-                                   "torch.autocast('cpu', bfloat16) with fp32 masters (bf16)",
-                             saved="saved_tensors_hooks pack hook, deduplicated by storage; "
-                                   "parameters and inputs excluded",
-                             peak="torch.profiler profile_memory=True: peak of live CPU allocator "
-                                  "bytes during forward+backward; params, .grad, inputs excluded",
-                             extrapolation="affine in B through the measured batches"),
-                         runs=[])
+    result = OrderedDict(
+        torch=torch.__version__, spec=args.spec, model=spec["model"], target_batch=target_b,
+        seq_len=T, batches=batches,
+        method=OrderedDict(
+            model="test/e2e/gpt2_reference.py: forward (fp32); forward_bf16 under "
+                  "torch.autocast('cpu', bfloat16) with fp32 master weights (bf16); 'flash' = the "
+                  "same with attention as a FlashAttention-style autograd.Function",
+            saved="saved_tensors_hooks pack hook; tensors still alive at the end of the forward, "
+                  "deduplicated by storage; parameters and inputs excluded",
+            peak="torch.profiler profile_memory=True: peak of live CPU-allocator bytes during "
+                 "forward+backward; parameters, their .grad and the inputs allocated beforehand "
+                 "(not counted)",
+            extrapolation=f"affine in B through B={batches[0]} and B={batches[1]}"),
+        runs=[])
 
-    # Exact saved-for-backward count at the target B on the meta device (fp32 only).
+    # Exact saved-for-backward count at the target B on the meta device (fp32 only: CPU
+    # autocast does not apply to meta tensors).
     meta_saved = {}
-    if not args.no_meta and "fp32" in precisions:
-        mparams = OrderedDict((k, torch.empty(s, device="meta", dtype=F32).requires_grad_(True))
-                              for k, s in R.param_shapes(cfg).items())
-        for att in attentions:
-            r = measure(mparams, cfg, target_b, T, "fp32", att, device="meta", want_peak=False)
-            meta_saved[att] = r
-            log(f"meta  fp32 {att:5s} B={target_b}: saved for backward {r['saved_bytes'] / GIB:.3f} GiB "
-                f"({r['saved_tensors']} storages; [B,H,T,T]: {r['saved_tt_bytes'] / GIB:.3f} GiB)")
-        del mparams
+    if not args.no_meta:
+        mparams = None
+        for c in configs:
+            pr, _, at = c.partition(":")
+            if pr != "fp32":
+                continue
+            if mparams is None:
+                mparams = OrderedDict((k, torch.empty(s, device="meta", dtype=F32).requires_grad_(True))
+                                      for k, s in R.param_shapes(cfg).items())
+            r = measure(mparams, cfg, target_b, T, "fp32", at, device="meta", want_peak=False)
+            meta_saved[c] = r
+            log(f"meta  fp32 {at:5s} B={target_b}: saved for backward {r['saved_bytes'] / GIB:.3f} "
+                f"GiB ({r['saved_storages']} storages; [B,H,T,T]: {r['saved_tt_bytes'] / GIB:.3f} GiB)")
 
-    params = OrderedDict((k, v.requires_grad_(True)) for k, v in R.init_params(cfg, 0).items())
-    for p in params.values():
-        p.grad = torch.zeros_like(p)     # allocated up front: backward accumulates in place
-    for precision in precisions:
-        for att in attentions:
-            pts = OrderedDict()
-            for B in batches:
-                for p in params.values():
-                    p.grad.zero_()
-                log(f"run   {precision} {att:5s} B={B} T={T} ...")
-                r = measure(params, cfg, B, T, precision, att)
-                pts[B] = r
-                log(f"      forward {r['forward_s']}s backward {r['backward_s']}s loss {r['loss']:.4f}: "
-                    f"peak {r['peak_bytes'] / GIB:.3f} GiB, saved {r['saved_bytes'] / GIB:.3f} GiB "
-                    f"([B,H,T,T] {r['saved_tt_bytes'] / GIB:.3f}), live after forward "
-                    f"{r['live_after_forward_bytes'] / GIB:.3f} GiB")
-            run = OrderedDict(precision=precision, attention=att, measured=list(pts.values()),
-                              extrapolated=OrderedDict())
-            for key in ("peak_bytes", "saved_bytes", "saved_tt_bytes", "live_after_forward_bytes"):
-                run["extrapolated"][key] = affine(pts, key, target_b)
-            if precision == "fp32" and att in meta_saved:
-                run["meta_saved_bytes"] = meta_saved[att]["saved_bytes"]
-                run["meta_saved_tt_bytes"] = meta_saved[att]["saved_tt_bytes"]
-            e = run["extrapolated"]
-            log(f"      -> B={target_b}: peak {e['peak_bytes']['estimate'] / GIB:.3f} GiB "
-                f"(M(B{batches[1]})/M(B{batches[0]}) = {e['peak_bytes']['ratio']:.3f}, "
-                f"B-independent part {e['peak_bytes']['intercept'] / GIB:.3f} GiB), saved "
-                f"{e['saved_bytes']['estimate'] / GIB:.3f} GiB"
-                + (f" (meta, exact: {run['meta_saved_bytes'] / GIB:.3f} GiB)" if 'meta_saved_bytes' in run else ""))
-            result["runs"].append(run)
+    workers = max(1, min(args.workers, len(configs)))
+    if workers > 1:
+        groups, load = [[] for _ in range(workers)], [0.0] * workers
+        for c in sorted(configs, key=lambda c: -COST[c.partition(":")[0]]):
+            w = load.index(min(load))
+            groups[w].append(c)
+            load[w] += COST[c.partition(":")[0]]
+        log(f"spreading over {workers} processes: {groups}")
+        runs = {f"{r['precision']}:{r['attention']}": r for r in spawn_workers(args, groups)}
+    else:
+        params = OrderedDict((k, v.requires_grad_(True)) for k, v in R.init_params(cfg, 0).items())
+        for p in params.values():
+            p.grad = torch.zeros_like(p)     # allocated up front: backward accumulates in place
+        runs = {}
+        for c in configs:
+            pr, _, at = c.partition(":")
+            runs[c] = run_config(params, cfg, T, target_b, batches, pr, at)
+    for c in configs:
+        run = runs[c]
+        if c in meta_saved:
+            run["meta_saved_bytes"] = meta_saved[c]["saved_bytes"]
+            run["meta_saved_tt_bytes"] = meta_saved[c]["saved_tt_bytes"]
+            ex = run["extrapolated"]["saved_bytes"]["estimate"]
+            log(f"check {c}: saved for backward at B={target_b}, extrapolated {ex / GIB:.3f} GiB vs "
+                f"counted on meta {run['meta_saved_bytes'] / GIB:.3f} GiB "
+                f"({100 * (ex / run['meta_saved_bytes'] - 1):+.2f}%)")
+        result["runs"].append(run)
 
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

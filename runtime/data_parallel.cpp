@@ -75,6 +75,17 @@ std::vector<std::vector<size_t>> compiled_buckets(const Module& m) {
       throw Error(m.source() + ": ReduceGradients buckets are not numbered in program order");
     groups.push_back(group);
   }
+  if (groups.empty()) return groups;
+  // Every parameter in exactly one bucket: one the loss does not reach (no gradient, so no
+  // bucket) joins a last bucket, so ZeRO-1 still assigns its update to a rank.
+  std::vector<int> seen(m.fb().parameters()->size(), 0);
+  for (const auto& g : groups)
+    for (size_t p : g)
+      if (seen[p]++) throw Error(m.source() + ": parameter " + std::to_string(p) + " is in two gradient buckets");
+  std::vector<size_t> rest;
+  for (size_t p = 0; p < seen.size(); ++p)
+    if (!seen[p]) rest.push_back(p);
+  if (!rest.empty()) groups.push_back(rest);
   return groups;
 }
 

@@ -51,43 +51,77 @@ struct Shape {
 
 // The element count each operand must hold, derived from the instruction's ints.
 // Returns false when the instruction's operand or int counts are wrong.
+// ints each opcode carries (-n: at least n).
+int int_count(O op) {
+  switch (op) {
+    case O::Embedding: case O::EmbeddingGrad: return 3;
+    case O::Matmul: return 5;
+    case O::Broadcast: case O::ReduceSum: case O::Transpose: case O::LayerNorm: case O::LayerNormGrad:
+    case O::CrossEntropy: case O::CrossEntropyGrad: case O::AdamW: return 2;
+    case O::Split: case O::Concat: return -3;
+    case O::Attention: case O::AttentionGrad: return 4;
+    case O::GlobalNorm: return -1;
+    case O::ReduceGradients: return -2;
+    case O::ClipCoef: case O::WaitGradients: return 0;
+    default: return 1;
+  }
+}
+
 bool expected(const fb::Instr& ins, Shape& s) {
   const auto& v = *ins.ints();
+  const int want = int_count(ins.op());
+  if (want >= 0 ? int(v.size()) != want : int(v.size()) < -want) return false;
+  for (int64_t x : v)
+    if (x < 0) return false;
+  if ((ins.op() == O::Attention || ins.op() == O::AttentionGrad) && (v[3] == 0 || v[2] % v[3] != 0)) return false;
+  // Products of sizes, -1 on overflow (which no buffer satisfies).
+  auto mul = [](int64_t a, int64_t b) {
+    int64_t r;
+    return a < 0 || b < 0 || __builtin_mul_overflow(a, b, &r) ? int64_t(-1) : r;
+  };
+  auto P = [&](auto... xs) {
+    int64_t r = 1;
+    ((r = mul(r, int64_t(xs))), ...);
+    return r;
+  };
   auto I = [&](size_t i) { return i < v.size() ? v[i] : -1; };
   const size_t nin = ins.inputs()->size(), nout = ins.outputs()->size();
   switch (ins.op()) {
-    case O::Embedding: s.in = {I(1) * I(2), I(0)}; s.out = {I(0) * I(2)}; break;
-    case O::EmbeddingGrad: s.in = {I(0) * I(2), I(0)}; s.out = {I(1) * I(2)}; break;
-    case O::Matmul: s.in = {I(0) * I(2), I(2) * I(1)}; s.out = {I(0) * I(1)}; break;
+    case O::Embedding: s.in = {P(I(1), I(2)), I(0)}; s.out = {P(I(0), I(2))}; break;
+    case O::EmbeddingGrad: s.in = {P(I(0), I(2)), I(0)}; s.out = {P(I(1), I(2))}; break;
+    case O::Matmul: s.in = {P(I(0), I(2)), P(I(2), I(1))}; s.out = {P(I(0), I(1))}; break;
     case O::Add: case O::Mul: s.in = {I(0), I(0)}; s.out = {I(0)}; break;
     case O::Scale: s.in = {I(0), 1}; s.out = {I(0)}; break;
     case O::Gelu: case O::Copy: s.in = {I(0)}; s.out = {I(0)}; break;
     case O::GeluGrad: s.in = {I(0), I(0)}; s.out = {I(0)}; break;
-    case O::Broadcast: s.in = {I(1)}; s.out = {I(0) * I(1)}; break;
-    case O::ReduceSum: s.in = {I(0) * I(1)}; s.out = {I(1)}; break;
-    case O::Transpose: s.in = {I(0) * I(1)}; s.out = {I(0) * I(1)}; break;
+    case O::Broadcast: s.in = {I(1)}; s.out = {P(I(0), I(1))}; break;
+    case O::ReduceSum: s.in = {P(I(0), I(1))}; s.out = {I(1)}; break;
+    case O::Transpose: s.in = {P(I(0), I(1))}; s.out = {P(I(0), I(1))}; break;
     case O::Split: case O::Concat: {
       std::vector<int64_t> pieces;
       int64_t total = 0;
-      for (size_t i = 2; i < v.size(); ++i) { pieces.push_back(I(0) * v[i]); total += v[i]; }
+      for (size_t i = 2; i < v.size(); ++i) {
+        pieces.push_back(P(I(0), v[i]));
+        if (__builtin_add_overflow(total, v[i], &total)) return false;
+      }
       if (total != I(1)) return false;
-      if (ins.op() == O::Split) { s.in = {I(0) * I(1)}; s.out = pieces; }
-      else { s.in = pieces; s.out = {I(0) * I(1)}; }
+      if (ins.op() == O::Split) { s.in = {P(I(0), I(1))}; s.out = pieces; }
+      else { s.in = pieces; s.out = {P(I(0), I(1))}; }
       break;
     }
     case O::Zeros: case O::Iota: s.in = {}; s.out = {I(0)}; break;
-    case O::LayerNorm: s.in = {I(0) * I(1), I(1), I(1)}; s.out = {I(0) * I(1), I(0), I(0)}; break;
+    case O::LayerNorm: s.in = {P(I(0), I(1)), I(1), I(1)}; s.out = {P(I(0), I(1)), I(0), I(0)}; break;
     case O::LayerNormGrad:
-      s.in = {I(0) * I(1), I(0) * I(1), I(1), I(0), I(0)};
-      s.out = {I(0) * I(1), I(1), I(1)};
+      s.in = {P(I(0), I(1)), P(I(0), I(1)), I(1), I(0), I(0)};
+      s.out = {P(I(0), I(1)), I(1), I(1)};
       break;
-    case O::Attention: s.in = {I(0) * I(1) * 3 * I(2)}; s.out = {I(0) * I(1) * I(2), I(0) * I(3) * I(1)}; break;
+    case O::Attention: s.in = {P(I(0), I(1), 3, I(2))}; s.out = {P(I(0), I(1), I(2)), P(I(0), I(3), I(1))}; break;
     case O::AttentionGrad:
-      s.in = {I(0) * I(1) * I(2), I(0) * I(1) * 3 * I(2), I(0) * I(1) * I(2), I(0) * I(3) * I(1)};
-      s.out = {I(0) * I(1) * 3 * I(2)};
+      s.in = {P(I(0), I(1), I(2)), P(I(0), I(1), 3, I(2)), P(I(0), I(1), I(2)), P(I(0), I(3), I(1))};
+      s.out = {P(I(0), I(1), 3, I(2))};
       break;
-    case O::CrossEntropy: s.in = {I(0) * I(1), I(0)}; s.out = {1, I(0)}; break;
-    case O::CrossEntropyGrad: s.in = {1, I(0) * I(1), I(0), I(0)}; s.out = {I(0) * I(1)}; break;
+    case O::CrossEntropy: s.in = {P(I(0), I(1)), I(0)}; s.out = {1, I(0)}; break;
+    case O::CrossEntropyGrad: s.in = {1, P(I(0), I(1)), I(0), I(0)}; s.out = {P(I(0), I(1))}; break;
     case O::AccumulateGrad: s.in = {I(0)}; s.out = {I(0)}; break;
     case O::GlobalNorm: s.in.assign(v.begin(), v.end()); s.out = {1}; break;
     case O::ClipCoef: s.in = {1, 1}; s.out = {1}; break;

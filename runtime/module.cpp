@@ -9,6 +9,7 @@
 #include "runtime/error.h"
 #include "runtime/file_io.h"
 #include "runtime/plan_verifier.h"
+#include "runtime/shape.h"
 
 namespace kiln {
 
@@ -61,11 +62,14 @@ void Module::verify() const {
     const fb::Buffer& b = buffer(i);
     std::string where = "buffers[" + std::to_string(i) + "]";
     if (!b.shape()) bad(where, "has no shape");
-    for (int64_t d : *b.shape())
-      if (d < 0) bad(where, "negative dimension");
-    if (b.size() != uint64_t(numel(b)) * dtype_bytes(b.dtype()))
+    // Overflow-checked: a crafted shape must not wrap around to a small size.
+    uint64_t elements = 0, bytes = 0;
+    if (!checked_numel({b.shape()->begin(), b.shape()->end()}, &elements) ||
+        __builtin_mul_overflow(elements, uint64_t(dtype_bytes(b.dtype())), &bytes) || elements > uint64_t(INT64_MAX))
+      bad(where, "shape " + shape_str({b.shape()->begin(), b.shape()->end()}) + " is negative or too large");
+    if (b.size() != bytes)
       bad(where, "size " + std::to_string(b.size()) + " does not match its shape and dtype");
-    if (b.offset() + b.size() > fb_->arena_size() || b.offset() % 256 != 0)
+    if (b.size() > fb_->arena_size() || b.offset() > fb_->arena_size() - b.size() || b.offset() % 256 != 0)
       bad(where, "offset " + std::to_string(b.offset()) + " is misaligned or outside the arena");
   }
   auto check_index = [&](uint32_t idx, const std::string& where) {

@@ -70,6 +70,8 @@ void verify_plan(const Module& m) {
       }
     }
     if (auto it = live.find(prog->result()); it != live.end()) it->second.last = n;  // read after the call
+    else if (m.buffer(prog->result()).kind() == fb::BufferKind::Activation)
+      throw Error(where + "program " + pname + " returns " + describe(m, prog->result()) + ", which it never writes");
     // An executor that runs only this program allocates the state and this much more.
     const uint64_t limit = state + prog->activation_size();
     if (limit > f.arena_size())

@@ -47,6 +47,8 @@ std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t
         } else {
           std::copy_n(ex.f32(program->result()) + at, V, row.data());
         }
+        for (float& x : row)
+          if (std::isnan(x)) x = -INFINITY;  // a strict weak order for the sort
         // Top-k by logit (ties to the lower id), then softmax over those k at the temperature.
         std::iota(order.begin(), order.end(), 0);
         std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {

@@ -38,10 +38,11 @@ uint64_t fingerprint(const void* data, size_t n, uint64_t h = 146959810393466560
 void check_ranks_agree(Communicator& comm, const Module& module, const TrainOptions& o, int64_t total,
                        Executor& ex) {
   const uint8_t* bytes = flatbuffers::GetBufferStartFromRootPointer(&module.fb());
-  std::string opts = o.schedule.kind;
+  // Everything that decides which collectives run (evaluation, gradient dumps) is compared too.
+  std::string opts = o.schedule.kind + (o.val_data.empty() ? " no-val" : " val") + (o.dump_grads.empty() ? " no-dump" : " dump");
   for (double x : {double(o.steps), double(total), double(o.zero), o.bucket_mb, double(o.schedule.lr),
                    double(o.schedule.warmup_steps), double(o.schedule.min_lr_ratio), o.weight_decay, o.beta1, o.beta2,
-                   o.eps, o.grad_clip}) {
+                   o.eps, o.grad_clip, double(o.val_every), double(o.val_steps)}) {
     char buf[40];
     std::snprintf(buf, sizeof buf, " %.17g", x);
     opts += buf;

@@ -78,6 +78,26 @@ TEST(Module, RejectsGarbageTruncationAndOtherVersions) {
   }
 }
 
+TEST(Module, RejectsShapesWhoseByteSizeWrapsAround) {
+  // 2^62 floats are 2^64 bytes: a size of 0 once wrapped. The loader must not accept it.
+  flatbuffers::FlatBufferBuilder fbb;
+  std::vector<int64_t> huge = {int64_t(1) << 62};
+  std::vector<flatbuffers::Offset<fb::Buffer>> bufs = {
+      fb::CreateBufferDirect(fbb, "x", fb::BufferKind::Activation, fb::DType::F32, &huge, 0, 0)};
+  std::vector<flatbuffers::Offset<fb::Instr>> instrs;
+  std::vector<flatbuffers::Offset<fb::Program>> progs = {fb::CreateProgramDirect(fbb, "forward", &instrs, 0, 256)};
+  std::vector<flatbuffers::Offset<fb::Parameter>> params;
+  auto model = fb::CreateModelDirect(fbb, 1, 1, 4, 16, 8, 1, 8, "fp32", "cpu", "t");
+  fb::FinishModuleBuffer(fbb, fb::CreateModuleDirect(fbb, 1, "t", model, 256, &bufs, &params, &progs, 0, 256, 256, "none"));
+  try {
+    Module::from_bytes({fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize()}, "wrap.kiln");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("wrap.kiln: buffers[0]: shape [4611686018427387904] is negative or too large"),
+              std::string::npos) << e.what();
+  }
+}
+
 TEST(Module, ExecutableTrailerRoundTrip) {
   auto dir = std::filesystem::temp_directory_path() / ("kiln-exe-" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "runtime/error.h"
@@ -24,6 +25,8 @@ std::string loss_plot_svg(const std::vector<std::string>& logs) {
     std::ifstream in(path);
     if (!in) throw Error(path + ": cannot open");
     Series train{path + " (train)", {}}, val{path + " (val)", {}};
+    // A resumed run appends the steps after its checkpoint again: the last record of a step wins.
+    std::map<double, double> train_by_step, val_by_step;
     std::string line;
     for (int n = 1; std::getline(in, line); ++n) {
       if (line.empty()) continue;
@@ -31,9 +34,11 @@ std::string loss_plot_svg(const std::vector<std::string>& logs) {
       if (j.is_discarded() || !j.is_object() || !j.contains("step"))
         throw Error(path + ":" + std::to_string(n) + ": not a training log record (JSON with \"step\")");
       const double step = j["step"].get<double>();
-      if (j.contains("loss") && j["loss"].is_number()) train.points.push_back({step, j["loss"].get<double>()});
-      if (j.contains("val_loss") && j["val_loss"].is_number()) val.points.push_back({step, j["val_loss"].get<double>()});
+      if (j.contains("loss") && j["loss"].is_number()) train_by_step[step] = j["loss"].get<double>();
+      if (j.contains("val_loss") && j["val_loss"].is_number()) val_by_step[step] = j["val_loss"].get<double>();
     }
+    train.points.assign(train_by_step.begin(), train_by_step.end());
+    val.points.assign(val_by_step.begin(), val_by_step.end());
     if (train.points.empty() && val.points.empty()) throw Error(path + ": no loss records");
     if (!train.points.empty()) series.push_back(train);
     if (!val.points.empty()) series.push_back(val);
