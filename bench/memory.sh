@@ -7,9 +7,11 @@
 # Writes bench/results/ (git-ignored): kiln-<precision>-<recompute>.json (kiln-inspect --json),
 # pytorch.json (bench/pytorch_activation_memory.py) and memory.json (everything, with the table).
 # Extra arguments go to pytorch_activation_memory.py, e.g. --batches 1,2,3 (adds a third batch size
-# as an out-of-fit linearity check) or --configs fp32:flash.
+# as an out-of-fit linearity check) or --configs fp32:eager,fp32:flash,fp32:fused,bf16:eager,... (adds
+# the fused-ops variant; ~2 more minutes).
 # Environment: KILN_BUILD (default build), SPEC (default models/gpt2-124m.toml), PYTHON
-# (default /usr/bin/python3: Debian's torch).  Takes ~5 minutes on 2 cores.
+# (default /usr/bin/python3: Debian's torch).  Takes ~3.5 minutes on an idle 2-core machine
+# (more when other work shares the cores).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${KILN_BUILD:-$ROOT/build}

@@ -3,7 +3,7 @@
 activation-memory table that bench/memory.sh prints, and write them together as one JSON file.
 
 Usage: bench/memory_report.py --kiln fp32:none=A.json --kiln fp32:cheap=B.json ...
-                              --pytorch pytorch.json [--json memory.json]
+                              --pytorch pytorch.json [--pytorch more.json] [--json memory.json]
 """
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import json
 from collections import OrderedDict
 
 GIB = float(1 << 30)
+LABEL = {"eager": "eager attention (saves T*T)", "flash": "flash-style attention (no T*T)",
+         "fused": "flash-style attention + fused F.* ops"}
 
 
 def gib(n: float) -> str:
@@ -31,7 +33,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--kiln", action="append", required=True,
                     help="PRECISION:RECOMPUTE=kiln-inspect.json (e.g. fp32:none=report.json)")
-    ap.add_argument("--pytorch", required=True, help="pytorch_activation_memory.py --json output")
+    ap.add_argument("--pytorch", action="append", required=True,
+                    help="pytorch_activation_memory.py --json output (repeatable: runs are merged)")
     ap.add_argument("--json", help="write the combined results here")
     args = ap.parse_args()
 
@@ -47,8 +50,20 @@ def main() -> int:
             recompute_report=d["recompute"],
             peak=OrderedDict(program=d["peak"]["program"], live_bytes=d["peak"]["live_bytes"],
                              largest=d["peak"]["largest"][:4]))
-    with open(args.pytorch) as f:
-        pt = json.load(f)
+    pt = None
+    for path in args.pytorch:              # several files: their runs are merged
+        with open(path) as f:
+            d = json.load(f)
+        if pt is None:
+            pt = d
+        else:
+            if (d["target_batch"], d["seq_len"], d["batches"][:2]) != (
+                    pt["target_batch"], pt["seq_len"], pt["batches"][:2]):
+                raise SystemExit(f"{path}: measured for another B/T than {args.pytorch[0]}")
+            pt["runs"] += [r for r in d["runs"] if (r["precision"], r["attention"]) not in
+                           {(q["precision"], q["attention"]) for q in pt["runs"]}]
+    pt["runs"].sort(key=lambda r: (["fp32", "bf16"].index(r["precision"]),
+                                   list(LABEL).index(r["attention"])))
     Bt, T = pt["target_batch"], pt["seq_len"]
     model = pt["model"]
     runs = {(r["precision"], r["attention"]): r for r in pt["runs"]}
@@ -105,7 +120,7 @@ def main() -> int:
     for (prec, att), r in runs.items():
         e = r["extrapolated"]
         m = {x["B"]: x for x in r["measured"]}
-        label = f"{prec} {'eager attention' if att == 'eager' else 'flash-style attention'}"
+        label = f"{prec} {LABEL.get(att, att)}"
         rows.append([label, gib(m[bs[0]]["peak_bytes"]), gib(m[bs[1]]["peak_bytes"]),
                      f"{e['peak_bytes']['ratio']:.4f}", gib(e["peak_bytes"]["intercept"]),
                      gib(e["peak_bytes"]["estimate"]), gib(e["saved_bytes"]["estimate"]),
@@ -129,9 +144,12 @@ def main() -> int:
         if att == "eager":
             pyt[f"{prec}:eager:saved-minus-TT"] = (e["saved_bytes"]["estimate"]
                                                    - e["saved_tt_bytes"]["estimate"])
-    cols = [("eager:peak", "eager peak"), ("flash:peak", "flash peak"),
-            ("eager:saved", "eager saved"), ("eager:saved-minus-TT", "eager saved - [B,H,T,T]"),
-            ("flash:saved", "flash saved")]
+    variants = list(OrderedDict.fromkeys(att for _, att in runs))
+    cols = [(f"{v}:peak", f"{v} peak") for v in variants]
+    for v in variants:
+        cols.append((f"{v}:saved", f"{v} saved"))
+        if v == "eager":
+            cols.append(("eager:saved-minus-TT", "eager saved - [B,H,T,T]"))
     say(f"Kiln arena_bytes / PyTorch (B={Bt}); like for like is the PEAK columns (both are the "
         "peak of live activation bytes over forward+backward, activation gradients included); "
         "'saved' (what autograd keeps for backward) is a lower bound for PyTorch")

@@ -6,39 +6,51 @@ The model is the PyTorch reference of test/e2e/gpt2_reference.py: `forward` for 
 that is the reference's bf16 policy, the one Kiln's bf16 implements).  Two figures per run:
 
   saved    bytes of the tensors autograd saves for backward, seen by a
-           torch.autograd.graph.saved_tensors_hooks pack hook, deduplicated by storage (a storage
-           shared by several saved tensors or views counts once, in full); parameters (and views
-           of them, e.g. W.t()) and the token inputs are excluded.  A lower bound: it leaves out
-           the gradients of activations and every temporary of the backward pass.
+           torch.autograd.graph.saved_tensors_hooks pack hook: the saved tensors still alive at
+           the end of the forward, deduplicated by storage (a storage shared by several saved
+           tensors or views counts once, in full); parameters (and views of them, e.g. W.t()) and
+           the token inputs are excluded.  A lower bound: it leaves out the gradients of
+           activations and every temporary of forward and backward.
   peak     the peak of live bytes the CPU allocator hands out during forward + backward, from
            torch.profiler's memory events (profile_memory=True); parameters, their .grad (allocated
            before the step, so backward accumulates into them in place) and the inputs are
            allocated before the measured region and are not counted.  This is the figure to set
            beside Kiln's arena_bytes, which is the peak of planned live activation bytes of the
            same forward + backward (activation gradients and weight-gradient temporaries included).
+           (The live bytes at the end of the forward equal `saved` exactly: nothing else is held.)
 
-Attention variants:
+Variants (--configs PRECISION:VARIANT,...):
   eager    the reference as written: softmax(q k^T) materialised, autograd saves the
-           [B, H, T, T] score / probability tensors.
-  flash    the same model with attention replaced by a FlashAttention / SDPA-style
-           autograd.Function that saves only q, k, v (views of the qkv projection), the output and
-           the row log-sum-exp, and recomputes the probabilities in backward one [T, T] block
-           (one batch row, one head) at a time: no [B, H, T, T] tensor is saved or materialised.
-           Checked against the reference (loss and every gradient) by --check at a small size.
-For eager, the saved figure is also reported without the [B, H, T, T] tensors ("eager minus T*T").
+           [B, H, T, T] score / probability tensors.  Its saved figure is also reported without
+           them ("eager saved - [B,H,T,T]").
+  flash    the same model with the attention core replaced by a FlashAttention-style
+           autograd.Function (what SDPA's flash / memory-efficient kernels keep) that saves only
+           q, k, v (views of the qkv projection), the output and the row log-sum-exp, and
+           recomputes the probabilities in backward one [T, T] block (one batch row, one head) at
+           a time: no [B, H, T, T] tensor is saved or materialised.
+  fused    flash, and torch.nn.functional's fused ops where the reference writes formulas out
+           (F.layer_norm, F.linear with the bias, F.gelu, F.cross_entropy): what a typical PyTorch
+           GPT-2 keeps.  Not in the default set (time).
+flash and fused are checked against the reference (loss and every gradient, fp64 and bf16) at a
+small size before the measurement.
 
-Batch size.  The B=16, T=1024 eager fp32 step does not fit in 24 GiB (it saves several
+Batch size.  The B=16, T=1024 eager fp32 step does not fit in 24 GiB (it saves two
 B*H*T*T fp32 tensors per layer), so every variant runs for real at B=1 and B=2 and is
 extrapolated to the target B with the affine fit M(B) = M0 + B * dM (M0: B-independent memory,
-e.g. the causal mask and autocast's bf16 weight copies; dM: per-sample bytes).  M(2)/M(1) and
-M0's share are printed to show the linearity.  In addition, for fp32 the saved-for-backward
-bytes are counted exactly at the target B on the `meta` device (torch 1.13 runs this model's
-forward and backward on meta; meta allocates nothing, so the peak cannot be measured there, and
-CPU autocast does not apply to meta tensors, so bf16 is not counted there), which checks the
-extrapolation.
+e.g. the causal masks and autocast's bf16 weight copies; dM: per-sample bytes).  M(2)/M(1) and M0
+are printed to show the linearity; a third batch size (--batches 1,2,3) is checked against the
+fit.  In addition, for fp32 the saved-for-backward bytes are counted exactly at the target B on
+the `meta` device (torch 1.13 runs this model's forward and backward on meta; meta allocates
+nothing, so the peak cannot be measured there, and CPU autocast does not apply to meta tensors,
+so bf16 is not counted there), which checks the extrapolation.
+
+Runtime: the configurations are spread over --workers processes (default 2), one thread each
+(with two, this torch build's element-wise kernels are ~10x slower on a 2-core machine):
+~3.5 minutes for the default set on an idle 2-core machine.
 
 Usage: bench/pytorch_activation_memory.py [--spec models/gpt2-124m.toml] [--batches 1,2]
-         [--precisions fp32,bf16] [--attention eager,flash] [--json OUT] [--no-check]
+         [--configs fp32:eager,fp32:flash,bf16:eager,bf16:flash] [--workers 2] [--json OUT]
+         [--no-check] [--no-meta]
 """
 from __future__ import annotations
 
@@ -129,24 +141,38 @@ class FlashAttention(torch.autograd.Function):
         return dq, dk, dv
 
 
-def forward_flash(params: dict, idx, targets, cfg: R.GPTConfig, bf16: bool):
+def forward_flash(params: dict, idx, targets, cfg: R.GPTConfig, bf16: bool, fused: bool = False):
     """R.forward (bf16=False) / R.forward_bf16 (bf16=True, call under autocast), op for op, except
-    that the attention core (scores, mask, softmax, @ v) is FlashAttention.apply."""
+    that the attention core (scores, mask, softmax, @ v) is FlashAttention.apply.
+    fused=True: also torch.nn.functional's fused ops where the reference writes the formula out:
+    F.layer_norm, F.linear (addmm) with the bias inside, F.gelu(approximate="tanh") (on the bf16
+    pre-activation under autocast, as a typical autocast model runs it), F.cross_entropy."""
     F = torch.nn.functional
     B, T = idx.shape
     C, H = cfg.n_embd, cfg.n_head
     hs = C // H
     p = params
-    if bf16:
+    if bf16 or fused:
         def proj(x, w, b):                  # R.forward_bf16: F.linear with the bias inside
             return F.linear(x, w.t(), b)
     else:
         def proj(x, w, b):                  # R.forward: x @ W + b
             return x @ w + b
+    if fused:
+        def ln(x, w, b):
+            return F.layer_norm(x, (C,), w, b, eps=1e-5)
+
+        def gelu(u):
+            return F.gelu(u, approximate="tanh")
+    else:
+        ln = R.layernorm
+
+        def gelu(u):
+            return F.gelu(u.float(), approximate="tanh").to(BF16) if bf16 else R.gelu_tanh(u)
     x = p["transformer.wte.weight"][idx] + p["transformer.wpe.weight"][0:T]
     for i in range(cfg.n_layer):
         h = f"transformer.h.{i}."
-        a = R.layernorm(x, p[h + "ln_1.weight"], p[h + "ln_1.bias"])
+        a = ln(x, p[h + "ln_1.weight"], p[h + "ln_1.bias"])
         qkv = proj(a, p[h + "attn.c_attn.weight"], p[h + "attn.c_attn.bias"])
         q, k, v = qkv.split(C, dim=-1)
         q = q.reshape(B, T, H, hs).transpose(1, 2)
@@ -154,28 +180,38 @@ def forward_flash(params: dict, idx, targets, cfg: R.GPTConfig, bf16: bool):
         v = v.reshape(B, T, H, hs).transpose(1, 2)
         y = FlashAttention.apply(q, k, v).transpose(1, 2).reshape(B, T, C)
         x = x + proj(y, p[h + "attn.c_proj.weight"], p[h + "attn.c_proj.bias"])
-        m = R.layernorm(x, p[h + "ln_2.weight"], p[h + "ln_2.bias"])
+        m = ln(x, p[h + "ln_2.weight"], p[h + "ln_2.bias"])
         u = proj(m, p[h + "mlp.c_fc.weight"], p[h + "mlp.c_fc.bias"])
-        g = F.gelu(u.float(), approximate="tanh").to(BF16) if bf16 else R.gelu_tanh(u)
-        x = x + proj(g, p[h + "mlp.c_proj.weight"], p[h + "mlp.c_proj.bias"])
-    xf = R.layernorm(x, p["transformer.ln_f.weight"], p["transformer.ln_f.bias"])
-    if bf16:
+        x = x + proj(gelu(u), p[h + "mlp.c_proj.weight"], p[h + "mlp.c_proj.bias"])
+    xf = ln(x, p["transformer.ln_f.weight"], p["transformer.ln_f.bias"])
+    if bf16 or fused:
         logits = F.linear(xf, p["transformer.wte.weight"])
-        loss = R.cross_entropy_mean(logits.float().reshape(B * T, -1), targets.reshape(B * T))
     else:
         logits = xf @ p["transformer.wte.weight"].t()
-        loss = R.cross_entropy_mean(logits.reshape(B * T, -1), targets.reshape(B * T))
+    flat = (logits.float() if bf16 else logits).reshape(B * T, -1)
+    if fused:
+        loss = F.cross_entropy(flat, targets.reshape(B * T))
+    else:
+        loss = R.cross_entropy_mean(flat, targets.reshape(B * T))
     return logits, loss
+
+
+VARIANTS = OrderedDict([
+    ("eager", "eager attention (reference as written)"),
+    ("flash", "flash-style attention"),
+    ("fused", "flash-style attention + fused F.* ops"),
+])
 
 
 def run_forward(params, idx, targets, cfg, precision: str, attention: str):
     """Loss of one micro-batch; the logits are not kept (only what autograd keeps stays alive)."""
-    if precision == "fp32":
-        fwd = R.forward if attention == "eager" else (
-            lambda *a: forward_flash(*a, bf16=False))
-        return fwd(params, idx, targets, cfg)[1]
-    fwd = R.forward_bf16 if attention == "eager" else (lambda *a: forward_flash(*a, bf16=True))
-    with torch.autocast("cpu", dtype=BF16):
+    bf16 = precision == "bf16"
+    if attention == "eager":
+        fwd = R.forward_bf16 if bf16 else R.forward
+    else:
+        def fwd(*a):
+            return forward_flash(*a, bf16=bf16, fused=attention == "fused")
+    with torch.autocast("cpu", dtype=BF16, enabled=bf16):
         return fwd(params, idx, targets, cfg)[1]
 
 
@@ -191,26 +227,32 @@ def check_flash() -> None:
     base = R.init_params(cfg, 3)
     for precision, dtype, tol in (("fp64", torch.float64, 1e-10), ("bf16", F32, 3e-2)):
         res = {}
-        for att in ("eager", "flash"):
+        for att in ("eager", "flash", "fused"):
             leaves = OrderedDict((k, v.detach().to(dtype).clone().requires_grad_(True))
                                  for k, v in base.items())
             loss = run_forward(leaves, idx, tgt, cfg, "bf16" if precision == "bf16" else "fp32", att)
             loss.backward()
             res[att] = (loss.detach().double(), OrderedDict((k, l.grad.double()) for k, l in leaves.items()))
-        dl = abs(float(res["eager"][0] - res["flash"][0]))
-        worst = max(R.rel_err(res["flash"][1][k], res["eager"][1][k]) for k in base)
-        ok = dl <= tol * max(1.0, abs(float(res["eager"][0]))) and worst <= tol
-        log(f"check flash vs eager reference ({precision}, {cfg.n_layer} layers, B={B}, T={T}): "
-            f"|dloss|={dl:.2e}, worst grad rel err={worst:.2e}, tol={tol:g}: {'ok' if ok else 'FAIL'}")
-        if not ok:
-            raise SystemExit("flash attention variant does not match the reference")
+        for att in ("flash", "fused"):
+            dl = abs(float(res["eager"][0] - res[att][0]))
+            worst = max(R.rel_err(res[att][1][k], res["eager"][1][k]) for k in base)
+            ok = dl <= tol * max(1.0, abs(float(res["eager"][0]))) and worst <= tol
+            log(f"check {att} variant vs the reference ({precision}, {cfg.n_layer} layers, B={B}, "
+                f"T={T}): |dloss|={dl:.2e}, worst grad rel err={worst:.2e}, tol={tol:g}: "
+                f"{'ok' if ok else 'FAIL'}")
+            if not ok:
+                raise SystemExit(f"the {att} variant does not match the reference")
 
 
 # ----------------------------------------------------------------------------------------------
 # Measurement
 # ----------------------------------------------------------------------------------------------
+def _storage(t: torch.Tensor):
+    return t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()   # torch 2 / 1.13
+
+
 def storage_key(t: torch.Tensor) -> int:
-    return t.storage()._cdata       # the StorageImpl: unique while alive, also on `meta`
+    return _storage(t)._cdata       # the StorageImpl: unique while alive, also on `meta`
 
 
 def measure(params, cfg, B, T, precision, attention, device="cpu", seed=0, want_peak=True):
@@ -241,7 +283,7 @@ def measure(params, cfg, B, T, precision, attention, device="cpu", seed=0, want_
             if t is not None:
                 key = storage_key(t)
                 if key not in exclude and key not in saved:
-                    saved[key] = (t.storage().nbytes(), str(t.dtype).replace("torch.", ""),
+                    saved[key] = (_storage(t).nbytes(), str(t.dtype).replace("torch.", ""),
                                   tuple(t.shape))
         t = None
         del packed[:]
@@ -284,8 +326,8 @@ def measure(params, cfg, B, T, precision, attention, device="cpu", seed=0, want_
 
 
 def affine(points: dict, key: str, target_b: int):
-    """points: B -> measurement. Fit M(B) = M0 + B*dM through the two smallest B; returns
-    (estimate at target_b, M0, dM, ratio M(B2)/M(B1))."""
+    """points: B -> measurement. Fit M(B) = M0 + B*dM through the two smallest B; return the
+    estimate at target_b, M0, dM, M(B2)/M(B1) and, for any further B, measured vs predicted."""
     bs = sorted(points)
     b1, b2 = bs[0], bs[1]
     m1, m2 = points[b1][key], points[b2][key]
@@ -335,6 +377,11 @@ def spawn_workers(args, groups):
     """Run each group of configurations in its own process (one thread each); forward their
     progress lines; return their runs."""
     runs = []
+    # One core per worker: OpenBLAS (Debian's torch uses it for GEMMs) would start a thread per
+    # core in each process otherwise.
+    env = dict(os.environ, KILN_BENCH_T0=str(T0))
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        env.setdefault(var, str(args.threads))
     with tempfile.TemporaryDirectory(prefix="kiln-bench-") as tmp:
         procs = []
         for w, group in enumerate(groups):
@@ -344,7 +391,7 @@ def spawn_workers(args, groups):
                    "--configs", ",".join(group), "--workers", "1", "--no-check", "--no-meta",
                    "--tag", f"worker {w}", "--json", out]
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    text=True, bufsize=1, env=dict(os.environ, KILN_BENCH_T0=str(T0)))
+                                    text=True, bufsize=1, env=env)
 
             def pump(pr=proc):
                 for line in pr.stdout:
@@ -352,13 +399,19 @@ def spawn_workers(args, groups):
             th = threading.Thread(target=pump, daemon=True)
             th.start()
             procs.append((proc, th, out, group))
-        for proc, th, out, group in procs:
-            rc = proc.wait()
-            th.join()
-            if rc != 0:
-                raise SystemExit(f"worker for {group} failed (exit {rc})")
-            with open(out) as f:
-                runs.extend(json.load(f)["runs"])
+        try:
+            for proc, th, out, group in procs:
+                rc = proc.wait()
+                th.join()
+                if rc != 0:
+                    raise SystemExit(f"worker for {group} failed (exit {rc})")
+                with open(out) as f:
+                    runs.extend(json.load(f)["runs"])
+        finally:
+            for proc, _, _, _ in procs:       # on failure or interrupt: stop the other workers
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
     return runs
 
 
@@ -368,7 +421,8 @@ def main() -> int:
     ap.add_argument("--spec", default=str(REPO / "models" / "gpt2-124m.toml"))
     ap.add_argument("--batches", default="1,2", help="batch sizes run for real (two or more)")
     ap.add_argument("--configs", default="fp32:eager,fp32:flash,bf16:eager,bf16:flash",
-                    help="precision:attention pairs (precision fp32|bf16, attention eager|flash)")
+                    help="precision:variant pairs; precision fp32|bf16, variant eager|flash|fused "
+                         "(fused: not in the default set)")
     ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
                     help="processes to spread the configurations over")
     ap.add_argument("--threads", type=int, default=1,
@@ -392,7 +446,7 @@ def main() -> int:
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     for c in configs:
         pr, _, at = c.partition(":")
-        if pr not in ("fp32", "bf16") or at not in ("eager", "flash"):
+        if pr not in ("fp32", "bf16") or at not in VARIANTS:
             ap.error(f"bad configuration {c!r}")
     log(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s) per process; model "
         f"{spec['model'].get('name')} L={cfg.n_layer} H={cfg.n_head} C={cfg.n_embd} "
@@ -407,7 +461,8 @@ def main() -> int:
         method=OrderedDict(
             model="test/e2e/gpt2_reference.py: forward (fp32); forward_bf16 under "
                   "torch.autocast('cpu', bfloat16) with fp32 master weights (bf16); 'flash' = the "
-                  "same with attention as a FlashAttention-style autograd.Function",
+                  "same with attention as a FlashAttention-style autograd.Function; 'fused' = "
+                  "flash + F.layer_norm/F.linear/F.gelu/F.cross_entropy",
             saved="saved_tensors_hooks pack hook; tensors still alive at the end of the forward, "
                   "deduplicated by storage; parameters and inputs excluded",
             peak="torch.profiler profile_memory=True: peak of live CPU-allocator bytes during "
