@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checkpoints: a run killed with SIGKILL and resumed gives bitwise the losses and final weights
-of an uninterrupted run; corrupt or mismatched checkpoints are refused; a diverged run stops
-without touching the last good checkpoint.
+of an uninterrupted run; corrupt or mismatched checkpoints (another model, another rank count)
+are refused; a diverged run stops without touching the last good checkpoint.
 
   test_checkpoint.py --kilnc build/bin/kilnc --spec test/e2e/configs/tiny.toml --workdir DIR
 """
@@ -106,6 +106,21 @@ def main():
     r = subprocess.run([other, "train", "--data", os.path.join(w, "data_*.bin"), "--steps", str(STEPS),
                         "--checkpoint-dir", ck, "--resume"], capture_output=True, text=True)
     check(r.returncode != 0 and "different model" in r.stderr, "other model refused: " + r.stderr.strip())
+
+    # Another rank count: two ranks (TCP rendezvous) refuse a checkpoint written by one.
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   KILN_COMM_TIMEOUT="30")
+        procs.append(subprocess.Popen([exe] + run + ["--resume"], env=env, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=120)[1] for p in procs]
+    refused = all(p.returncode != 0 for p in procs) and any("written by 1 rank(s)" in o for o in outs)
+    check(refused, "other rank count refused: " + next((o.strip().splitlines()[-1] for o in outs if "written by" in o), outs[0].strip()))
 
     # Divergence (an absurd learning rate) stops the run before the next checkpoint; the last
     # good checkpoint stays as it was.
