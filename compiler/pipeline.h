@@ -7,9 +7,6 @@
 
 namespace kiln {
 
-// The stages `kilnc --emit` can stop after.
-enum class Stage { Graph, Step, Plan, Module, Executable };
-
 // Adds the passes that turn graph IR (@forward) into the training step (@micro_step,
 // @optimizer_step), simplified; with precision "bf16" the mixed-precision pass runs first.
 // Registered for kiln-opt as `kiln-step-pipeline`.

@@ -46,7 +46,6 @@ using O = fb::OpCode;
 
 struct Shape {
   std::vector<int64_t> in, out;  // required element counts
-  fb::DType int_input = fb::DType::F32;
 };
 
 // The element count each operand must hold, derived from the instruction's ints.
