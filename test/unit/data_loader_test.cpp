@@ -10,6 +10,7 @@
 #include <numeric>
 
 #include "runtime/error.h"
+#include "test/unit/temp_dir_fixture.h"
 
 namespace fs = std::filesystem;
 
@@ -28,16 +29,8 @@ std::vector<int32_t> iota32(int32_t first, size_t n) {
   return v;
 }
 
-class DataLoaderTest : public ::testing::Test {
+class DataLoaderTest : public kiln::testing::TempDirTest {
  protected:
-  void SetUp() override {
-    std::string tmpl = (fs::temp_directory_path() / "kiln_data_loader_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
 
   std::string shard(const std::string& name, const std::vector<uint16_t>& tokens) {
     kiln::write_token_shard(path(name), tokens);
@@ -55,15 +48,6 @@ class DataLoaderTest : public ::testing::Test {
     f.write(reinterpret_cast<const char*>(tokens.data()), 2 * n);
     return path(name);
   }
-
-  std::vector<std::string> listing() const {
-    std::vector<std::string> names;
-    for (const auto& e : fs::directory_iterator(dir_)) names.push_back(e.path().filename());
-    std::sort(names.begin(), names.end());
-    return names;
-  }
-
-  fs::path dir_;
 };
 
 // `stmt` must throw kiln::Error: one line containing every given part.

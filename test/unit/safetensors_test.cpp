@@ -11,6 +11,7 @@
 #include <limits>
 
 #include "runtime/error.h"
+#include "test/unit/temp_dir_fixture.h"
 
 namespace fs = std::filesystem;
 
@@ -23,16 +24,8 @@ std::vector<uint8_t> bytes_of(const std::vector<T>& v) {
   return b;
 }
 
-class SafetensorsTest : public ::testing::Test {
+class SafetensorsTest : public kiln::testing::TempDirTest {
  protected:
-  void SetUp() override {
-    std::string tmpl = (fs::temp_directory_path() / "kiln_safetensors_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
 
   // A file laid out by hand: u64 length, header text as given, data bytes.
   std::string raw(const std::string& name, const std::string& header, size_t data_bytes = 0) {
@@ -43,16 +36,6 @@ class SafetensorsTest : public ::testing::Test {
     f << header << std::string(data_bytes, '\x01');
     return p;
   }
-
-  // Files in the temp dir, by name.
-  std::vector<std::string> listing() const {
-    std::vector<std::string> names;
-    for (const auto& e : fs::directory_iterator(dir_)) names.push_back(e.path().filename());
-    std::sort(names.begin(), names.end());
-    return names;
-  }
-
-  fs::path dir_;
 };
 
 // `stmt` must throw kiln::Error: one line containing every given part.

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "runtime/error.h"
+#include "test/unit/temp_dir_fixture.h"
 
 namespace fs = std::filesystem;
 using kiln::Gpt2Tokenizer;
@@ -265,14 +266,8 @@ TEST_F(TokenizerTest, SotuSpeechRoundTrip) {
 }
 
 // Load errors name the file and the problem (these need no tokenizer files).
-class TokenizerLoadTest : public ::testing::Test {
+class TokenizerLoadTest : public kiln::testing::TempDirTest {
  protected:
-  void SetUp() override {
-    std::string tmpl = (fs::temp_directory_path() / "kiln_tokenizer_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
   void write(const std::string& name, const std::string& text) {
     std::ofstream(dir_ / name, std::ios::binary) << text;
   }
@@ -284,7 +279,6 @@ class TokenizerLoadTest : public ::testing::Test {
     }
     return "(no error)";
   }
-  fs::path dir_;
 };
 
 TEST_F(TokenizerLoadTest, MissingFiles) {
