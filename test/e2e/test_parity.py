@@ -64,6 +64,20 @@ def fmt_e(x: float) -> str:
     return "nan" if x != x else f"{x:.2e}"
 
 
+def trajectory_failures(el, elr, en, a, failures, gnorm_fmt):
+    """Checks the per-step loss, lr and grad_norm errors against the tolerances, appending a
+    message to `failures` for each exceeded; returns the worst of each."""
+    m_l, m_lr, m_n = worst(el), worst(elr), worst(en)
+    if not m_l <= a.loss_tol:
+        failures.append(f"loss abs err {fmt_e(m_l)} > {a.loss_tol:.0e} (first at step "
+                        f"{next(i for i, e in enumerate(el) if not e <= a.loss_tol)})")
+    if not m_lr <= a.lr_tol:
+        failures.append(f"lr rel err {fmt_e(m_lr)} > {a.lr_tol:.0e}")
+    if not m_n <= a.gnorm_tol:
+        failures.append(f"grad_norm rel err {fmt_e(m_n)} > {format(a.gnorm_tol, gnorm_fmt)}")
+    return m_l, m_lr, m_n
+
+
 def worst(values):
     """max that treats NaN as +inf (a NaN error must fail, never be skipped)."""
     m = 0.0
@@ -442,14 +456,7 @@ def kiln_vs_bf16(a, cfg, B, T, precision, target, exe, data_args, wpath, total_b
               f"{fmt_e(el64[-1]):>9s} {fmt_e(abs(r['loss'] - q['loss'])):>9s}  {fmt_e(elr[-1]):>8s}  "
               f"{kn:11.5e} {r['grad_norm']:11.5e} {fmt_e(en[-1]):>8s} {fmt_e(en64[-1]):>8s} "
               f"{kclip}/{'y' if r['clipped'] else 'n'}/{'y' if q['clipped'] else 'n'}")
-    m_l, m_lr, m_n = worst(el), worst(elr), worst(en)
-    if not m_l <= a.loss_tol:
-        failures.append(f"loss abs err {fmt_e(m_l)} > {a.loss_tol:.0e} (first at step "
-                        f"{next(i for i, e in enumerate(el) if not e <= a.loss_tol)})")
-    if not m_lr <= a.lr_tol:
-        failures.append(f"lr rel err {fmt_e(m_lr)} > {a.lr_tol:.0e}")
-    if not m_n <= a.gnorm_tol:
-        failures.append(f"grad_norm rel err {fmt_e(m_n)} > {a.gnorm_tol:.1e}")
+    m_l, m_lr, m_n = trajectory_failures(el, elr, en, a, failures, gnorm_fmt=".1e")
 
     ok = not failures
     print(f"\n=== Kiln parity summary ({os.path.basename(a.spec)}: L={cfg.n_layer} H={cfg.n_head} "
@@ -655,14 +662,7 @@ def run(a) -> int:
         print(f"{r['step']:4d}  {float(k['loss']):11.7f} {r['loss']:11.7f} {fmt_e(l_err):>8s}  "
               f"{float(k['lr']):11.5e} {fmt_e(lr_err):>8s}  {float(k['grad_norm']):11.5e} "
               f"{r['grad_norm']:11.5e} {fmt_e(n_err):>8s} {'yes' if r['clipped'] else ''}")
-    m_l, m_lr, m_n = worst(el), worst(elr), worst(en)
-    if not m_l <= a.loss_tol:
-        failures.append(f"loss abs err {fmt_e(m_l)} > {a.loss_tol:.0e} (first at step "
-                        f"{next(i for i, e in enumerate(el) if not e <= a.loss_tol)})")
-    if not m_lr <= a.lr_tol:
-        failures.append(f"lr rel err {fmt_e(m_lr)} > {a.lr_tol:.0e}")
-    if not m_n <= a.gnorm_tol:
-        failures.append(f"grad_norm rel err {fmt_e(m_n)} > {a.gnorm_tol:.0e}")
+    m_l, m_lr, m_n = trajectory_failures(el, elr, en, a, failures, gnorm_fmt=".0e")
 
     ok = not failures
     print(f"\n=== Kiln parity summary ({os.path.basename(a.spec)}: L={cfg.n_layer} H={cfg.n_head} "
