@@ -4,11 +4,15 @@
 
 #include <map>
 
+#include "compiler/kernel_build.h"
+#include "compiler/kernel_codegen.h"
+
 #include "Kiln/KilnDialect.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/TypeSwitch.h"
 #include "llvm/Support/raw_ostream.h"
+#include "runtime/module.h"
 #include "schema/module_generated.h"
 
 using namespace mlir;
@@ -54,8 +58,9 @@ std::string valueName(Operation* op) {
 
 class Writer {
  public:
-  Writer(ModuleOp module, const ModelSpec& spec, std::string recompute)
-      : module_(module), spec_(spec), recompute_(std::move(recompute)) {}
+  Writer(ModuleOp module, const ModelSpec& spec, const WriteOptions& options)
+      : module_(module), spec_(spec), options_(options),
+        target_(spec.target == "cuda" ? Target::Cuda : Target::Cpu) {}
 
   FailureOr<std::vector<uint8_t>> run() {
     for (ParameterOp p : module_.getOps<ParameterOp>()) declareParameter(p);
@@ -82,6 +87,7 @@ class Writer {
       programs.emplace_back(name, std::move(code));
       results.push_back(result);
     }
+    if (failed(buildKernels())) return failure();
     // The state region first, in declaration order; planned activations after it.
     uint64_t state = 0;
     for (Buf& b : bufs_)
@@ -159,6 +165,7 @@ class Writer {
         continue;
       }
       if (auto r = dyn_cast<ReshapeOp>(op)) { buf[r] = of(r.getInput()); continue; }
+      // Ops inside fusion regions must not be planned: only the region's results are buffers.
 
       Ins ins;
       ins.loc = locString(op.getLoc());
@@ -185,9 +192,96 @@ class Writer {
     return success();
   }
 
+  // A fusion region: its generated kernel, with the state its ops write as extra outputs.
+  LogicalResult encodeFusion(FusionOp f, Ins& ins) {
+    for (const StateWrite& w : stateWrites(f, hasCopy())) {
+      const ParamBuffers& pb = paramBufs_.at(w.param);
+      switch (w.role) {
+        case StateWrite::Grad: ins.out.push_back(pb.grad); break;
+        case StateWrite::Value: ins.out.push_back(pb.value); break;
+        case StateWrite::AdamM: ins.out.push_back(pb.m); break;
+        case StateWrite::AdamV: ins.out.push_back(pb.v); break;
+        case StateWrite::ComputeCopy: ins.out.push_back(uint32_t(pb.copy)); break;
+      }
+    }
+    ins.op = fb::OpCode::Kernel;
+    ins.ints = {int64_t(fusions_.size())};
+    fusions_.push_back({f, ins.in, ins.out});
+    return success();
+  }
+
+  std::function<bool(llvm::StringRef)> hasCopy() const {
+    return [this](llvm::StringRef name) {
+      auto it = paramBufs_.find(name.str());
+      return it != paramBufs_.end() && it->second.copy >= 0;
+    };
+  }
+
+  // Generates every fusion region's source for the target and compiles it.
+  LogicalResult buildKernels() {
+    if (fusions_.empty()) return success();
+    std::string source = kernelPrelude(target_);
+    for (size_t k = 0; k < fusions_.size(); ++k) {
+      Fusion& fu = fusions_[k];
+      std::string name = fu.op.getKernel().str();
+      std::string symbol = "k" + std::to_string(k) + "_" + name;
+      if (symbol.size() > 120) symbol = symbol.substr(0, 120);
+      auto gen = generateKernel(fu.op, symbol, target_, hasCopy());
+      if (failed(gen)) return fu.op.emitError() << "kilnc: cannot generate the " << fu.op.getKind() << " kernel '"
+                                                << name << "' for target " << spec_.target;
+      source += gen->source + "\n";
+      KernelInfo info;
+      info.symbol = symbol;
+      info.name = name;
+      info.kind = fu.op.getKind().str();
+      for (Operation& op : fu.op.getFusedOps()) info.ops.push_back(op.getName().stripDialect().str());
+      info.flops = gen->flops;
+      info.grid = gen->cudaGrid;
+      info.block = gen->cudaBlock;
+      info.cublasLt = gen->cublasLt;
+      info.launches = gen->launches;
+      for (uint32_t b : fu.in) info.numel.push_back(int64_t(bufs_[b].size / (bufs_[b].dtype == fb::DType::BF16 ? 2 : 4))),
+                               info.dtype.push_back(bufs_[b].dtype);
+      for (uint32_t b : fu.out) info.numel.push_back(int64_t(bufs_[b].size / (bufs_[b].dtype == fb::DType::BF16 ? 2 : 4))),
+                                info.dtype.push_back(bufs_[b].dtype);
+      for (const StateWrite& w : stateWrites(fu.op, hasCopy()))
+        if (w.role == StateWrite::Value) info.adamw.push_back(paramBufs_.at(w.param).value);
+      kernels_.push_back(std::move(info));
+    }
+    kernelSource_ = source;
+    if (!options_.dumpKernelsDir.empty()) {
+      std::string error;
+      if (!dumpKernelSource(options_.dumpKernelsDir, target_, source, kernelManifest(), error))
+        return module_.emitError() << "kilnc: --dump-kernels: " << error;
+    }
+    std::string error;
+    if (target_ == Target::Cpu) {
+      auto lib = compileCpuKernels(source, error);
+      if (!lib) return module_.emitError() << "kilnc: compiling the generated CPU kernels failed: " << error;
+      cpuLibrary_ = std::move(*lib);
+    } else {
+      auto images = compileCudaKernels(source, error);
+      if (!images) return module_.emitError() << "kilnc: compiling the generated CUDA kernels failed: " << error;
+      cudaImages_ = std::move(*images);
+    }
+    return success();
+  }
+
+  // One line per kernel: symbol, kind and the ops it fuses (written beside dumped sources).
+  std::string kernelManifest() const {
+    std::string text;
+    for (const KernelInfo& k : kernels_) {
+      text += k.symbol + "\t" + k.kind + "\t";
+      for (size_t i = 0; i < k.ops.size(); ++i) text += (i ? " " : "") + k.ops[i];
+      text += "\n";
+    }
+    return text;
+  }
+
   // Opcode and size attributes of one op; the layouts match runtime/executor.cpp.
   LogicalResult encode(Operation& op, Ins& ins) {
     using O = fb::OpCode;
+    if (auto f = dyn_cast<FusionOp>(op)) return encodeFusion(f, ins);
     auto set = [&](O code, std::vector<int64_t> ints) {
       ins.op = code;
       ins.ints = std::move(ints);
@@ -252,13 +346,13 @@ class Writer {
           auto s = shape(o.getResult());
           return set(O::AttentionGrad, {s[0], s[1], s[2], int64_t(o.getNumHeads())});
         })
-        .Case([&](CrossEntropyOp o) {
+        .Case([&](CrossEntropyOp o) {  // N, Vp (row stride), V (real classes)
           auto s = shape(o.getLogits());
-          return set(O::CrossEntropy, {s[0], s[1]});
+          return set(O::CrossEntropy, {s[0], s[1], int64_t(o.getNumClasses().value_or(s[1]))});
         })
         .Case([&](CrossEntropyGradOp o) {
           auto s = shape(o.getLogits());
-          return set(O::CrossEntropyGrad, {s[0], s[1]});
+          return set(O::CrossEntropyGrad, {s[0], s[1], int64_t(o.getNumClasses().value_or(s[1]))});
         })
         .Case([&](AccumulateGradOp o) {
           ins.out = {paramBufs_.at(o.getName().str()).grad};
@@ -320,16 +414,58 @@ class Writer {
     auto model = fb::CreateModelDirect(fbb, spec_.n_layer, spec_.n_head, spec_.n_embd, spec_.vocab_size,
                                        spec_.block_size, spec_.batch_size, spec_.seq_len,
                                        spec_.precision.c_str(), spec_.target.c_str(), spec_.path.c_str());
-    auto root = fb::CreateModuleDirect(fbb, /*format_version=*/1, "kilnc 0.1", model,
+    std::vector<flatbuffers::Offset<fb::Kernel>> kernels;
+    for (const KernelInfo& k : kernels_) {
+      std::vector<flatbuffers::Offset<flatbuffers::String>> ops;
+      for (const std::string& o : k.ops) ops.push_back(fbb.CreateString(o));
+      std::vector<fb::DType> dtypes(k.dtype.begin(), k.dtype.end());
+      std::vector<std::underlying_type_t<fb::DType>> rawDtypes;
+      for (fb::DType d : dtypes) rawDtypes.push_back(static_cast<std::underlying_type_t<fb::DType>>(d));
+      kernels.push_back(fb::CreateKernel(
+          fbb, fbb.CreateString(k.symbol), fbb.CreateString(k.name), fbb.CreateString(k.kind), fbb.CreateVector(ops),
+          k.flops, fbb.CreateVector(k.numel),
+          fbb.CreateVector(reinterpret_cast<const fb::DType*>(rawDtypes.data()), rawDtypes.size()),
+          fbb.CreateVector(k.adamw), k.grid, k.block, k.cublasLt.empty() ? 0 : fbb.CreateString(k.cublasLt),
+          k.launches));
+    }
+    std::vector<flatbuffers::Offset<fb::CudaImage>> images;
+    for (const auto& [arch, cubin] : cudaImages_)
+      images.push_back(fb::CreateCudaImageDirect(fbb, arch.c_str(), &cubin));
+    auto root = fb::CreateModuleDirect(fbb, kModuleFormatVersion, "kilnc 0.2", model,
                                        state + activations, &buffers, &params, &progs, state,
-                                       activations, naive, recompute_.c_str());
+                                       activations, naive, options_.recompute.c_str(),
+                                       kernels_.empty() ? nullptr : &kernels,
+                                       kernels_.empty() ? nullptr : kernelSource_.c_str(),
+                                       cpuLibrary_.empty() ? nullptr : &cpuLibrary_,
+                                       images.empty() ? nullptr : &images, options_.fusion);
     fb::FinishModuleBuffer(fbb, root);
     return std::vector<uint8_t>(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
   }
 
+  struct Fusion {
+    FusionOp op;
+    std::vector<uint32_t> in, out;
+  };
+  struct KernelInfo {
+    std::string symbol, name, kind;
+    std::vector<std::string> ops;
+    double flops = 0;
+    unsigned grid = 0, block = 0, launches = 1;
+    std::string cublasLt;
+    std::vector<int64_t> numel;
+    std::vector<fb::DType> dtype;
+    std::vector<uint32_t> adamw;
+  };
+
   ModuleOp module_;
   const ModelSpec& spec_;
-  std::string recompute_;
+  WriteOptions options_;
+  Target target_;
+  std::vector<Fusion> fusions_;
+  std::vector<KernelInfo> kernels_;
+  std::string kernelSource_;
+  std::vector<uint8_t> cpuLibrary_;
+  std::vector<std::pair<std::string, std::vector<uint8_t>>> cudaImages_;
   std::vector<Buf> bufs_;
   std::vector<ParameterOp> params_;
   std::map<std::string, ParamBuffers> paramBufs_;
@@ -339,8 +475,8 @@ class Writer {
 }  // namespace
 
 FailureOr<std::vector<uint8_t>> writeModule(ModuleOp module, const ModelSpec& spec,
-                                            const std::string& recompute) {
-  return Writer(module, spec, recompute).run();
+                                            const WriteOptions& options) {
+  return Writer(module, spec, options).run();
 }
 
 }  // namespace kiln

@@ -10,10 +10,18 @@
 
 namespace kiln {
 
-// One kernel per graph op. The IR must be planned (kiln-plan-buffers): each result's buffer
-// takes its planned offset (reshapes alias their input). `recompute` is recorded for reports.
-// Reports unsupported IR as an error at the op's location and returns failure.
+struct WriteOptions {
+  std::string recompute = "none";  // recorded for reports
+  bool fusion = true;              // recorded: false for --no-fusion
+  std::string dumpKernelsDir;      // when set, the generated kernel sources are written here
+};
+
+// One instruction per op: a built-in kernel for a graph op, a generated kernel for a kiln.fusion
+// region (its source is generated for the spec's target and compiled: by the host compiler for
+// the CPU, by NVRTC for CUDA). The IR must be planned (kiln-plan-buffers): each result's buffer
+// takes its planned offset (reshapes alias their input). Reports unsupported IR as an error at
+// the op's location and returns failure.
 mlir::FailureOr<std::vector<uint8_t>> writeModule(mlir::ModuleOp module, const ModelSpec& spec,
-                                                  const std::string& recompute = "none");
+                                                  const WriteOptions& options = {});
 
 }  // namespace kiln

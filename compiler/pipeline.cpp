@@ -17,19 +17,20 @@ void buildStepPipeline(OpPassManager& pm, const std::string& precision) {
   pm.addPass(createCSEPass());            // one read per parameter / hyperparameter
 }
 
-void buildPlanPipeline(OpPassManager& pm, const std::string& recompute, double bucket_mb) {
+void buildPlanPipeline(OpPassManager& pm, const std::string& recompute, double bucket_mb, bool fusion) {
   RecomputeOptions options;
   options.mode = recompute;
   pm.addPass(createRecompute(options));
   pm.addPass(createSchedule());
+  if (fusion) pm.addPass(createFuseKernels());  // on the scheduled order
   BucketGradientsOptions buckets;
   buckets.bucketMB = bucket_mb;
-  pm.addPass(createBucketGradients(buckets));
+  pm.addPass(createBucketGradients(buckets));  // after the regions that accumulate gradients
   pm.addPass(createPlanBuffers());
 }
 
 void registerKilnPipelines() {
-  PassPipelineRegistration<>("kiln-plan-pipeline", "recompute (none), schedule, gradient buckets, plan buffers",
+  PassPipelineRegistration<>("kiln-plan-pipeline", "recompute (none), schedule, fuse kernels, gradient buckets, plan buffers",
                              [](OpPassManager& pm) { buildPlanPipeline(pm); });
   PassPipelineRegistration<>("kiln-step-pipeline",
                              "graph IR (@forward) to the simplified training step",

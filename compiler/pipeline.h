@@ -11,11 +11,11 @@ namespace kiln {
 // @optimizer_step), simplified; with precision "bf16" the mixed-precision pass runs first.
 // Registered for kiln-opt as `kiln-step-pipeline`.
 void buildStepPipeline(mlir::OpPassManager& pm, const std::string& precision = "fp32");
-// Adds recomputation (`recompute`: none | cheap), scheduling, gradient buckets (`bucket_mb`)
-// and buffer planning: the IR the module writer needs. Registered for kiln-opt as
-// `kiln-plan-pipeline`.
+// Adds recomputation (`recompute`: none | cheap), scheduling, gradient buckets (`bucket_mb`),
+// kernel fusion (unless `fusion` is false) and buffer planning: the IR the module writer needs.
+// Registered for kiln-opt as `kiln-plan-pipeline`.
 void buildPlanPipeline(mlir::OpPassManager& pm, const std::string& recompute = "none",
-                       double bucket_mb = 25.0);
+                       double bucket_mb = 25.0, bool fusion = true);
 void registerKilnPipelines();
 
 // The spec a module was built from, kept as the module attribute `kiln.spec` so that an

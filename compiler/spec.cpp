@@ -111,11 +111,6 @@ ModelSpec parse_spec(const std::string& path) {
   s.precision = compile.choice("precision", {"fp32", "bf16"}, "fp32");
   s.target = compile.choice("target", {"cpu", "cuda"}, "cpu");
 
-  // Accepted by the format, not yet by the compiler (see the CUDA issue).
-  if (s.target != "cpu")
-    fail(path, *compile.table.get("target"),
-         "[compile] target = \"" + s.target + "\" is not implemented yet; use \"cpu\"");
-
   if (s.n_embd % s.n_head != 0)
     fail(path, *model.table.get("n_embd"),
          "[model] n_embd = " + std::to_string(s.n_embd) + " is not divisible by n_head = " +

@@ -1,5 +1,11 @@
 // The GPT-2 model builder. The forward pass is written on 2-D activations [N = B*T, C] so
 // every linear layer is one matrix product; attention alone sees [B, T, 3C].
+//
+// The vocabulary is padded: wte is [Vp, C] with Vp = V rounded up to a multiple of 128 (GPT-2:
+// 50257 -> 50304), so the output head's matrix products have a friendly size. The padded rows
+// start at zero (the runtime initialises them so), no token indexes them and the cross-entropy
+// ignores their logits (num_classes = V), so they never get a gradient and results are those of
+// the unpadded model. Files keep the real [V, C] (runtime/params.cpp).
 #include "models/gpt2_builder.h"
 
 #include <cmath>
@@ -22,14 +28,14 @@ class GPT2Builder {
 
   OwningOpRef<ModuleOp> build() {
     const int64_t B = spec_.batch_size, T = spec_.seq_len, C = spec_.n_embd, N = B * T;
-    const int64_t V = spec_.vocab_size, L = spec_.n_layer;
+    const int64_t V = spec_.vocab_size, Vp = paddedVocab(), L = spec_.n_layer;
     module_ = ModuleOp::create(fileLoc_, spec_.name);
     setModuleSpec(*module_, spec_);
     b_.setInsertionPointToEnd(module_->getBody());
 
     // Parameters, in Hugging Face order; residual projections get std 0.02 / sqrt(2L).
     const float std = 0.02f, projStd = 0.02f / std::sqrt(2.0f * float(L));
-    declare("wte.weight", {V, C}, "normal", std, true);
+    declare("wte.weight", {Vp, C}, "normal", std, true);
     declare("wpe.weight", {spec_.block_size, C}, "normal", std, true);
     for (int64_t i = 0; i < L; ++i) {
       std::string h = "h." + std::to_string(i) + ".";
@@ -56,20 +62,22 @@ class GPT2Builder {
     b_.setInsertionPointToStart(forward.addEntryBlock());
     Value logits = buildLogits();
     Value targets = b_.create<InputOp>(loc_, itensor({B, T}), "targets");
-    auto ce = b_.create<CrossEntropyOp>(loc_, scalar, tensor({N}), logits, reshape(targets, {N}));
+    auto ce = b_.create<CrossEntropyOp>(loc_, scalar, tensor({N}), logits, reshape(targets, {N}),
+                                        b_.getI64IntegerAttr(V));
     b_.create<func::ReturnOp>(loc_, ce.getLoss());
 
     b_.setInsertionPointToEnd(module_->getBody());
-    auto head = b_.create<func::FuncOp>(fileLoc_, "logits", b_.getFunctionType({}, {tensor({N, V})}));
+    // The sampler reads only the first V columns of each [Vp] row.
+    auto head = b_.create<func::FuncOp>(fileLoc_, "logits", b_.getFunctionType({}, {tensor({N, Vp})}));
     b_.setInsertionPointToStart(head.addEntryBlock());
     b_.create<func::ReturnOp>(loc_, buildLogits());
     return std::move(module_);
   }
 
-  // The forward pass from the token ids to the logits [B*T, V], at the insertion point.
+  // The forward pass from the token ids to the logits [B*T, Vp], at the insertion point.
   Value buildLogits() {
     const int64_t B = spec_.batch_size, T = spec_.seq_len, C = spec_.n_embd, N = B * T;
-    const int64_t V = spec_.vocab_size, L = spec_.n_layer;
+    const int64_t Vp = paddedVocab(), L = spec_.n_layer;
     // x = wte[idx] + wpe[0:T]
     loc_ = at("embed");
     Value idx = b_.create<InputOp>(loc_, itensor({B, T}), "idx");
@@ -99,10 +107,12 @@ class GPT2Builder {
     // logits = ln_f(x) @ wte^T (tied head, no bias).
     loc_ = at("head");
     Value f = layerNorm(x, "ln_f");
-    return b_.create<MatmulOp>(loc_, tensor({N, V}), f, wte, false, true);
+    return b_.create<MatmulOp>(loc_, tensor({N, Vp}), f, wte, false, true);
   }
 
  private:
+  // Rows of wte: the vocabulary rounded up to a multiple of 128.
+  int64_t paddedVocab() const { return (int64_t(spec_.vocab_size) + 127) / 128 * 128; }
   RankedTensorType tensor(ArrayRef<int64_t> shape) { return RankedTensorType::get(shape, f32_); }
   RankedTensorType itensor(ArrayRef<int64_t> shape) { return RankedTensorType::get(shape, i32_); }
   Location at(const std::string& name) { return NameLoc::get(b_.getStringAttr(name), fileLoc_); }

@@ -25,33 +25,41 @@ struct BucketGradientsPass : kiln::impl::BucketGradientsBase<BucketGradientsPass
     }
     const double cap = bucketMB * 1e6;
 
-    // The last accumulation of each parameter, in program order.
-    llvm::MapVector<StringAttr, AccumulateGradOp> last;
+    // The last accumulation of each parameter, in program order: the op of the step's body
+    // that does it (a kiln.accumulate_grad, or the kiln.fusion region holding one).
+    Block& body = step.getBody().front();
+    llvm::MapVector<StringAttr, Operation*> last;
     step.walk([&](AccumulateGradOp acc) {
+      Operation* top = body.findAncestorOpInBlock(*acc);
       last.erase(acc.getNameAttr().getAttr());  // keep the latest position
-      last.insert({acc.getNameAttr().getAttr(), acc});
+      last.insert({acc.getNameAttr().getAttr(), top});
     });
-    SmallVector<std::pair<StringAttr, AccumulateGradOp>> order(last.begin(), last.end());
-    llvm::sort(order, [](auto& a, auto& b) { return a.second->isBeforeInBlock(b.second); });
+    SmallVector<std::pair<StringAttr, Operation*>> order(last.begin(), last.end());
+    llvm::stable_sort(order, [](auto& a, auto& b) { return a.second->isBeforeInBlock(b.second); });
 
     OpBuilder b(&getContext());
     SmallVector<Attribute> bucket;
     double bytes = 0;
     int64_t id = 0;
-    auto close = [&](AccumulateGradOp after) {
+    auto close = [&](Operation* after) {
       b.setInsertionPointAfter(after);
-      b.create<ReduceGradientsOp>(after.getLoc(), b.getArrayAttr(bucket), b.getI64IntegerAttr(id++));
+      b.create<ReduceGradientsOp>(after->getLoc(), b.getArrayAttr(bucket), b.getI64IntegerAttr(id++));
       bucket.clear();
       bytes = 0;
     };
     for (auto [i, entry] : llvm::enumerate(order)) {
       auto [name, acc] = entry;
-      const double size = 4.0 * cast<RankedTensorType>(acc.getGradient().getType()).getNumElements();
+      auto paramSize = [&](StringAttr n) {
+        return 4.0 * module.lookupSymbol<ParameterOp>(n).getTensorType().getNumElements();
+      };
+      const double size = paramSize(name);
       bucket.push_back(FlatSymbolRefAttr::get(name));
       bytes += size;
       const bool lastOne = i + 1 == order.size();
-      double next = lastOne ? 0 : 4.0 * cast<RankedTensorType>(order[i + 1].second.getGradient().getType()).getNumElements();
-      if (lastOne || bytes + next > cap) close(acc);
+      const double next = lastOne ? 0 : paramSize(order[i + 1].first);
+      // A region that finishes several gradients closes a bucket only after its last one.
+      const bool sameOp = !lastOne && order[i + 1].second == acc;
+      if (lastOne || (bytes + next > cap && !sameOp)) close(acc);
     }
 
     if (auto opt = module.lookupSymbol<func::FuncOp>("optimizer_step"); opt && !opt.isExternal()) {

@@ -17,9 +17,36 @@ inline uint64_t byteSize(mlir::Value v) {
   return uint64_t(t.getNumElements()) * ((t.getElementTypeBitWidth() + 7) / 8);
 }
 
-// Elementwise ops whose kernels may write their result over operand 0 or 1.
-inline bool mayWriteInPlace(mlir::Operation* op) {
-  return mlir::isa<AddOp, MulOp, ScaleOp, GeluOp, GeluGradOp>(op);
+// (result, operand) pairs whose storage a kernel may share: the result is written element by
+// element over an operand that the kernel reads only at the same element (or, for the fused
+// classifier, a row it has finished reading).
+inline llvm::SmallVector<std::pair<unsigned, unsigned>> inPlacePairs(mlir::Operation* op) {
+  llvm::SmallVector<std::pair<unsigned, unsigned>> pairs;
+  if (mlir::isa<AddOp, MulOp, ScaleOp, GeluOp, GeluGradOp>(op)) {
+    for (unsigned i = 0; i < op->getNumOperands(); ++i) pairs.push_back({0, i});
+    return pairs;
+  }
+  auto fusion = mlir::dyn_cast<FusionOp>(op);
+  if (!fusion) return pairs;
+  if (fusion.getKind() == "classifier") {
+    // Results: the loss and the logits gradient; operands include the logits.
+    for (auto [r, res] : llvm::enumerate(fusion.getResults()))
+      for (auto [i, in] : llvm::enumerate(fusion.getInputs()))
+        if (res.getType() == in.getType() && mlir::cast<mlir::RankedTensorType>(in.getType()).getRank() == 2)
+          pairs.push_back({unsigned(r), unsigned(i)});
+    return pairs;
+  }
+  if (fusion.getKind() != "elementwise") return pairs;
+  // Inputs read only by elementwise ops (not gathered or broadcast) are read at the same element.
+  for (auto [i, arg] : llvm::enumerate(fusion.getBlock().getArguments())) {
+    bool sameElement = llvm::all_of(arg.getUsers(), [](mlir::Operation* u) {
+      return mlir::isa<AddOp, MulOp, ScaleOp, GeluOp, GeluGradOp, CastOp>(u) &&
+             !(mlir::isa<ScaleOp>(u) && u->getOperand(1) == u->getOperand(0));
+    });
+    if (!sameElement) continue;
+    for (unsigned r = 0; r < fusion.getNumResults(); ++r) pairs.push_back({r, unsigned(i)});
+  }
+  return pairs;
 }
 
 }  // namespace kiln

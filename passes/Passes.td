@@ -110,4 +110,34 @@ def PlanBuffers : Pass<"kiln-plan-buffers", "::mlir::ModuleOp"> {
   let dependentDialects = ["::kiln::KilnDialect"];
 }
 
+def FuseKernels : Pass<"kiln-fuse-kernels", "::mlir::ModuleOp"> {
+  let summary = "Group the scheduled ops into fusion regions, one kernel launch each";
+  let description = [{
+    Runs on the scheduled program of every function and wraps each group of ops that one kernel
+    can compute into a `kiln.fusion` region. The rules, in the order they claim ops:
+    1. classifier: `kiln.cross_entropy` with the `kiln.cross_entropy_grad` that reads its
+       log-sum-exp (and nothing else does): loss and logits gradient in one pass over the logits;
+    2. layer-norm backward: `kiln.layer_norm_grad` with the cast of its incoming gradient, the add of
+       the residual gradient, the accumulation of its weight and bias gradients, the cast of the
+       gradient that leaves, and the bias gradient of the layer before (the accumulated row sum of
+       that gradient: a column reduction of the kernel's own output);
+    3. matmul epilogues: a `kiln.matmul` followed along its result by bias adds (a broadcast
+       1-D bias), GELU, residual adds, GELU backward, casts, scaling and gradient accumulation; a
+       weight-gradient matmul (transposed left operand) also takes the bias gradient, the
+       accumulated row sum of its right operand;
+    4. layer norm: `kiln.layer_norm` with the residual add that produces its input (its sum may
+       still be read elsewhere) and the cast of its output;
+    5. embedding backward: `kiln.embedding_grad` (and a cast) with its gradient accumulation;
+    6. elementwise chains: elementwise ops, casts, broadcasts, gathers and accumulation, where
+       every use of a producer's result is inside the group;
+    7. the optimizer: `kiln.clip_coef` and every `kiln.adamw` of `@optimizer_step` (horizontal
+       fusion; the global norm stays one kernel), so the update is 2 launches.
+    A group runs where its last op was; it is formed only when that is legal: no op outside the
+    group between a member and that point reads the member's result (which would create a cycle),
+    and no op with memory effects is crossed by a member with memory effects. Reductions are never
+    producers inside a group: a consumer that needs the whole reduced tensor runs after it.
+  }];
+  let dependentDialects = ["::kiln::KilnDialect"];
+}
+
 #endif // KILN_PASSES_TD

@@ -56,11 +56,12 @@ class FunctionPlanner {
       for (Value v : op.getOperands()) note(v, at);
     }
 
-    // 3. In place: an elementwise result takes over an operand group that ends at this op.
+    // 3. In place: a result takes over an operand group that ends at this op.
     for (Operation& op : body_) {
-      if (!mayWriteInPlace(&op)) continue;
-      Value out = op.getResult(0);
-      for (Value in : op.getOperands()) {
+      llvm::DenseSet<unsigned> placed;
+      for (auto [r, i] : inPlacePairs(&op)) {
+        if (placed.count(r)) continue;
+        Value out = op.getResult(r), in = op.getOperand(i);
         if (persistent_.count(in) || byteSize(in) != byteSize(out)) continue;
         Value g = leader(in), o = leader(out);
         if (g == o || groups_[g].last != position_[&op]) continue;
@@ -70,7 +71,7 @@ class FunctionPlanner {
         groups_.erase(o);
         parent_[o] = g;
         groups_[g] = merged;
-        break;
+        placed.insert(r);
       }
     }
 

@@ -112,6 +112,15 @@ void check_optimizer_program(const Module& m) {
         ++adamw;
         break;
       case fb::OpCode::ClipCoef: case fb::OpCode::WaitGradients: break;
+      case fb::OpCode::Kernel: {  // the fused clipping + AdamW over every parameter
+        const fb::Kernel* k = m.fb().kernels()->Get(uint32_t(ins->ints()->Get(0)));
+        if (k->kind()->str() != "optimizer" || !k->adamw_params())
+          throw Error(at + "the program has a " + k->kind()->str() + " kernel, which ZeRO-1's sharding does not know");
+        for (uint32_t v : *k->adamw_params())
+          if (!value[v]) throw Error(at + "a fused AdamW does not update a parameter");
+        adamw += k->adamw_params()->size();
+        break;
+      }
       default:
         throw Error(at + std::string("the program has a ") + fb::EnumNameOpCode(ins->op()) +
                     ", which ZeRO-1's sharding does not know");

@@ -16,8 +16,10 @@
 //   LayerNormGrad    dy, x, w, mean, rstd -> dx, dw, db; N, C
 //   Attention        qkv -> y, lse;                     B, T, C, H
 //   AttentionGrad    dy, qkv, y, lse -> dqkv;           B, T, C, H
-//   CrossEntropy     logits, targets -> loss, lse;      N, V
-//   CrossEntropyGrad dloss, logits, lse, targets -> dlogits; N, V
+//   CrossEntropy     logits, targets -> loss, lse;      N, Vp, V
+//   CrossEntropyGrad dloss, logits, lse, targets -> dlogits; N, Vp, V
+//                    (rows of Vp columns; the classes are the first V, the rest padding that
+//                    takes no part in the softmax and gets a zero gradient)
 //   AccumulateGrad   g -> grad (+=);                    n
 //   GlobalNorm       g_0, g_1... -> norm;               n_0, n_1...
 //   ClipCoef         norm, max_norm -> coef
@@ -25,7 +27,12 @@
 //   Cast             x -> out (fp32 <-> bf16);          n
 //   ReduceGradients  grad_0, grad_1... -> (none);       bucket, n_0, n_1...
 //   WaitGradients    (none)
+//   Kernel           a generated fused kernel: its inputs, results, then the state it writes
+//                    (see Module.kernels);        kernel index
 #include "runtime/executor.h"
+
+#include <dlfcn.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -56,7 +63,8 @@ int int_count(O op) {
     case O::Embedding: case O::EmbeddingGrad: return 3;
     case O::Matmul: return 5;
     case O::Broadcast: case O::ReduceSum: case O::Transpose: case O::LayerNorm: case O::LayerNormGrad:
-    case O::CrossEntropy: case O::CrossEntropyGrad: case O::AdamW: return 2;
+    case O::AdamW: return 2;
+    case O::CrossEntropy: case O::CrossEntropyGrad: return 3;
     case O::Split: case O::Concat: return -3;
     case O::Attention: case O::AttentionGrad: return 4;
     case O::GlobalNorm: return -1;
@@ -73,6 +81,7 @@ bool expected(const fb::Instr& ins, Shape& s) {
   for (int64_t x : v)
     if (x < 0) return false;
   if ((ins.op() == O::Attention || ins.op() == O::AttentionGrad) && (v[3] == 0 || v[2] % v[3] != 0)) return false;
+  if ((ins.op() == O::CrossEntropy || ins.op() == O::CrossEntropyGrad) && (v[2] == 0 || v[2] > v[1])) return false;
   // Products of sizes, -1 on overflow (which no buffer satisfies).
   auto mul = [](int64_t a, int64_t b) {
     int64_t r;
@@ -132,6 +141,7 @@ bool expected(const fb::Instr& ins, Shape& s) {
     case O::Cast: s.in = {I(0)}; s.out = {I(0)}; break;
     case O::ReduceGradients: s.in.assign(v.begin() + std::min<size_t>(1, v.size()), v.end()); s.out = {}; break;
     case O::WaitGradients: s.in = {}; s.out = {}; break;
+    case O::Kernel: return false;  // checked against its kernel's operand table
   }
   return s.in.size() == nin && s.out.size() == nout;
 }
@@ -179,16 +189,66 @@ Executor::Executor(const Module& module, std::vector<std::string> programs)
     throw Error(module.source() + ": cannot allocate the " + std::to_string(bytes) +
                 "-byte arena (out of memory)");
   std::memset(arena_, 0, bytes);
+  load_kernels();
   for (const std::string& name : programs_) check(*module.program(name));
 }
 
-Executor::~Executor() { std::free(arena_); }
+Executor::~Executor() {
+  std::free(arena_);
+  if (kernel_library_) dlclose(kernel_library_);
+}
+
+// Generated kernels: the module carries them as a shared library built by kilnc's host
+// compiler; it is written to a temporary file, loaded, and the file removed at once.
+void Executor::load_kernels() {
+  const auto* kernels = module_.fb().kernels();
+  if (!kernels || kernels->size() == 0) return;
+  const std::string target = module_.fb().model()->target()->str();
+  if (target != "cpu")
+    throw Error(module_.source() + ": the module's kernels target '" + target +
+                "', and this runtime runs only CPU kernels");
+  const auto* lib = module_.fb().cpu_library();
+  if (!lib || lib->size() == 0)
+    throw Error(module_.source() + ": the module has " + std::to_string(kernels->size()) +
+                " generated kernels but no compiled library for them");
+  const char* tmpdir = std::getenv("TMPDIR");
+  std::string path = std::string(tmpdir && *tmpdir ? tmpdir : "/tmp") + "/kiln-kernels-XXXXXX";
+  int fd = mkstemp(path.data());
+  if (fd < 0) throw Error(module_.source() + ": cannot create a temporary file for its kernels in " + path);
+  const uint8_t* p = lib->data();
+  size_t left = lib->size();
+  while (left > 0) {
+    ssize_t w = ::write(fd, p, left);
+    if (w <= 0) {
+      ::close(fd);
+      ::unlink(path.c_str());
+      throw Error(module_.source() + ": cannot write its kernel library to " + path);
+    }
+    p += w, left -= size_t(w);
+  }
+  ::close(fd);
+  kernel_library_ = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  ::unlink(path.c_str());
+  if (!kernel_library_)
+    throw Error(module_.source() + ": cannot load its kernel library: " + std::string(dlerror()));
+  for (const fb::Kernel* k : *kernels) {
+    void* fn = k->symbol() ? dlsym(kernel_library_, k->symbol()->c_str()) : nullptr;
+    if (!fn)
+      throw Error(module_.source() + ": its kernel library lacks kernel '" +
+                  (k->symbol() ? k->symbol()->str() : std::string("?")) + "'");
+    kernel_fns_.push_back(reinterpret_cast<KernelFn>(fn));
+  }
+}
 
 void Executor::check(const fb::Program& prog) const {
   for (uint32_t k = 0; k < prog.instrs()->size(); ++k) {
     const fb::Instr& ins = *prog.instrs()->Get(k);
     std::string where = module_.source() + ": program " + prog.name()->str() + ", instr " +
                         std::to_string(k) + " (" + fb::EnumNameOpCode(ins.op()) + ")";
+    if (ins.op() == O::Kernel) {
+      check_kernel(ins, where);
+      continue;
+    }
     Shape s;
     if (!expected(ins, s)) throw Error(where + ": wrong number of operands or size attributes");
     // Float operands may be fp32 or bf16 (bf16 is widened to fp32 around the kernel); token ids
@@ -214,6 +274,50 @@ void Executor::check(const fb::Program& prog) const {
     if (ins.op() == O::LayerNorm && (!ins.floats() || ins.floats()->size() != 1))
       throw Error(where + ": needs its epsilon");
   }
+}
+
+void Executor::check_kernel(const fb::Instr& ins, const std::string& where) const {
+  const auto* kernels = module_.fb().kernels();
+  if (ins.ints()->size() != 1 || !kernels || ins.ints()->Get(0) < 0 || ins.ints()->Get(0) >= int64_t(kernels->size()))
+    throw Error(where + ": names no kernel of the module");
+  const fb::Kernel& k = *kernels->Get(uint32_t(ins.ints()->Get(0)));
+  const size_t n = ins.inputs()->size() + ins.outputs()->size();
+  if (!k.operand_numel() || !k.operand_dtype() || k.operand_numel()->size() != n || k.operand_dtype()->size() != n)
+    throw Error(where + ": kernel " + k.symbol()->str() + " takes " +
+                std::to_string(k.operand_numel() ? k.operand_numel()->size() : 0) + " operands, the instruction has " +
+                std::to_string(n));
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t idx = i < ins.inputs()->size() ? ins.inputs()->Get(uint32_t(i))
+                                                  : ins.outputs()->Get(uint32_t(i - ins.inputs()->size()));
+    const fb::Buffer& b = module_.buffer(idx);
+    const auto dtype = static_cast<fb::DType>(k.operand_dtype()->Get(uint32_t(i)));
+    if (numel(b) < k.operand_numel()->Get(uint32_t(i)) || b.dtype() != dtype)
+      throw Error(where + ": kernel " + k.symbol()->str() + " operand " + std::to_string(i) + " needs " +
+                  std::to_string(k.operand_numel()->Get(uint32_t(i))) + " " + dtype_name(dtype) + ", buffer " +
+                  std::to_string(idx) + " holds " + std::to_string(numel(b)) + " " + dtype_name(b.dtype()));
+  }
+  if (k.adamw_params())
+    for (uint32_t v : *k.adamw_params())
+      if (v >= module_.fb().buffers()->size() || module_.buffer(v).kind() != fb::BufferKind::Parameter)
+        throw Error(where + ": kernel " + k.symbol()->str() + " updates buffer " + std::to_string(v) +
+                    ", which is not a parameter");
+}
+
+// A generated kernel gets the arena address of every operand, and for an optimizer kernel the
+// [begin, end) slice of each parameter this rank updates (all of it unless ZeRO-1 set slices).
+void Executor::run_generated(const fb::Instr& ins) {
+  const fb::Kernel& k = *module_.fb().kernels()->Get(uint32_t(ins.ints()->Get(0)));
+  kernel_args_.clear();
+  for (uint32_t b : *ins.inputs()) kernel_args_.push_back(arena_ + module_.buffer(b).offset());
+  for (uint32_t b : *ins.outputs()) kernel_args_.push_back(arena_ + module_.buffer(b).offset());
+  kernel_ranges_.clear();
+  if (k.adamw_params())
+    for (uint32_t v : *k.adamw_params()) {
+      auto s = slice_by_buffer_.find(v);
+      if (s != slice_by_buffer_.end()) kernel_ranges_.insert(kernel_ranges_.end(), {s->second.first, s->second.second});
+      else kernel_ranges_.insert(kernel_ranges_.end(), {0, numel(module_.buffer(v))});
+    }
+  kernel_fns_[size_t(ins.ints()->Get(0))](kernel_args_.data(), kernel_ranges_.data());
 }
 
 float* Executor::f32(uint32_t b) { return reinterpret_cast<float*>(arena_ + module_.buffer(b).offset()); }
@@ -258,7 +362,10 @@ float Executor::run(const std::string& name) {
     }
     auto t0 = std::chrono::steady_clock::now();
     exec(*ins);
-    auto& [seconds, calls] = profile_by_op_[fb::EnumNameOpCode(ins->op())];
+    const std::string key = ins->op() == O::Kernel
+                                ? module_.fb().kernels()->Get(uint32_t(ins->ints()->Get(0)))->name()->str()
+                                : std::string(fb::EnumNameOpCode(ins->op()));
+    auto& [seconds, calls] = profile_by_op_[key];
     seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ++calls;
   }
@@ -286,9 +393,9 @@ void Executor::print_profile() const {
   std::vector<std::pair<double, std::string>> rows;
   for (const auto& [op, st] : profile_by_op_) total += st.first, rows.push_back({st.first, op});
   std::sort(rows.rbegin(), rows.rend());
-  std::fprintf(stderr, "%-18s %10s %7s %10s\n", "kernel", "total ms", "share", "calls");
+  std::fprintf(stderr, "%-40s %10s %7s %10s\n", "kernel", "total ms", "share", "calls");
   for (const auto& [sec, op] : rows)
-    std::fprintf(stderr, "%-18s %10.1f %6.1f%% %10lld\n", op.c_str(), sec * 1e3, 100 * sec / total,
+    std::fprintf(stderr, "%-40s %10.1f %6.1f%% %10lld\n", op.c_str(), sec * 1e3, 100 * sec / total,
                  (long long)profile_by_op_.at(op).second);
 }
 
@@ -325,6 +432,7 @@ void Executor::refresh_compute_copies() {
 }
 
 void Executor::exec(const fb::Instr& ins) {
+  if (ins.op() == O::Kernel) return run_generated(ins);
   const auto& v = *ins.ints();
   const size_t nin = ins.inputs()->size();
   auto in = [&](size_t i) { return operand(ins.inputs()->Get(i), i, false); };
@@ -381,9 +489,9 @@ void Executor::run_kernel(const fb::Instr& ins, const flatbuffers::Vector<int64_
     case O::AttentionGrad:
       cpu::attention_bwd(out(0), in(0), in(1), in(2), in(3), v[0], v[1], v[2], v[3]);
       break;
-    case O::CrossEntropy: cpu::cross_entropy_fwd(out(0), out(1), in(0), iin(1), v[0], v[1]); break;
+    case O::CrossEntropy: cpu::cross_entropy_fwd(out(0), out(1), in(0), iin(1), v[0], v[1], v[2]); break;
     case O::CrossEntropyGrad:
-      cpu::cross_entropy_bwd(out(0), in(0), in(1), in(2), iin(3), v[0], v[1]);
+      cpu::cross_entropy_bwd(out(0), in(0), in(1), in(2), iin(3), v[0], v[1], v[2]);
       break;
     case O::AccumulateGrad: cpu::accumulate(out(0), in(0), v[0]); break;
     case O::GlobalNorm: {
@@ -422,6 +530,7 @@ void Executor::run_kernel(const fb::Instr& ins, const flatbuffers::Vector<int64_
     case O::WaitGradients:
       if (wait_hook_) wait_hook_();
       break;
+    case O::Kernel: break;  // run_generated
   }
 }
 

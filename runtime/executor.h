@@ -56,6 +56,14 @@ class Executor {
 
  private:
   void check(const fb::Program& prog) const;
+  void check_kernel(const fb::Instr& ins, const std::string& where) const;
+  void load_kernels();
+  void run_generated(const fb::Instr& ins);
+  using KernelFn = void (*)(void* const* buffers, const int64_t* ranges);
+  void* kernel_library_ = nullptr;   // dlopen handle of the module's generated kernels
+  std::vector<KernelFn> kernel_fns_;  // by kernel index
+  std::vector<void*> kernel_args_;
+  std::vector<int64_t> kernel_ranges_;
   void exec(const fb::Instr& ins);
   template <typename In, typename IIn, typename Out>
   void run_kernel(const fb::Instr& ins, const flatbuffers::Vector<int64_t>& ints, In in, IIn iin, Out out);

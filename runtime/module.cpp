@@ -53,8 +53,9 @@ void Module::verify() const {
   auto bad = [&](const std::string& where, const std::string& what) {
     throw Error(source_ + ": " + where + ": " + what);
   };
-  if (fb_->format_version() != 1)
-    bad("format_version", std::to_string(fb_->format_version()) + " is not 1 (recompile with this kilnc)");
+  if (fb_->format_version() != kModuleFormatVersion)
+    bad("format_version", std::to_string(fb_->format_version()) + " is not " +
+                              std::to_string(kModuleFormatVersion) + " (recompile with this kilnc)");
   if (!fb_->model() || !fb_->buffers() || !fb_->parameters() || !fb_->programs())
     bad("module", "missing model, buffers, parameters or programs");
   const uint32_t nbuf = fb_->buffers()->size();

@@ -8,6 +8,9 @@
 
 namespace kiln {
 
+// The module format this runtime reads and kilnc writes (2: generated fused kernels).
+constexpr uint32_t kModuleFormatVersion = 2;
+
 class Module {
  public:
   // From a .kiln file, or from an executable that carries one (kilnc -o).

@@ -1,5 +1,6 @@
 #include "runtime/params.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -18,6 +19,30 @@ namespace {
 
 const std::string kPrefix = "transformer.";
 
+// The rows of a parameter that files hold. The module stores wte.weight as [Vp, C], the
+// vocabulary padded to a multiple of 128 (models/gpt2_builder.cpp); files (Hugging Face's and
+// ours) hold the real [V, C], and the padded rows V..Vp-1 are zero. Every other parameter is
+// stored whole.
+int64_t stored_rows(const Module& m, const fb::Parameter& p) {
+  const int64_t rows = p.shape()->size() ? p.shape()->Get(0) : 1;
+  const int64_t V = m.fb().model()->vocab_size();
+  return p.name()->str() == "wte.weight" && p.shape()->size() == 2 && V > 0 && rows > V ? V : rows;
+}
+
+// The shape a file holds for the parameter: its own with the padded rows dropped.
+std::vector<int64_t> stored_shape(const Module& m, const fb::Parameter& p) {
+  std::vector<int64_t> s(p.shape()->begin(), p.shape()->end());
+  if (!s.empty()) s[0] = stored_rows(m, p);
+  return s;
+}
+
+// Values per row (1 for a 0-d parameter).
+int64_t row_size(const fb::Parameter& p) {
+  int64_t n = 1;
+  for (size_t i = 1; i < p.shape()->size(); ++i) n *= p.shape()->Get(uint32_t(i));
+  return n;
+}
+
 }  // namespace
 
 void init_parameters(Executor& ex, uint64_t seed) {
@@ -25,22 +50,25 @@ void init_parameters(Executor& ex, uint64_t seed) {
   for (uint32_t i = 0; i < params.size(); ++i) {
     const fb::Parameter* p = params.Get(i);
     const int64_t n = numel(ex.module().buffer(p->value()));
+    // Only the stored rows take the declared init; padded vocabulary rows start (and stay) 0.
+    const int64_t used = std::min(n, stored_rows(ex.module(), *p) * row_size(*p));
     float* w = ex.f32(p->value());
     switch (p->init()) {
-      case fb::Init::Zeros: cpu::fill(w, 0.0f, n); break;
-      case fb::Init::Ones: cpu::fill(w, 1.0f, n); break;
+      case fb::Init::Zeros: cpu::fill(w, 0.0f, used); break;
+      case fb::Init::Ones: cpu::fill(w, 1.0f, used); break;
       case fb::Init::Normal: {
         // Box-Muller; one stream per parameter so adding a layer leaves the others unchanged.
         Rng rng{seed * 0x100000001B3ull + i};
-        for (int64_t k = 0; k < n; k += 2) {
+        for (int64_t k = 0; k < used; k += 2) {
           double u1 = 1.0 - rng.uniform(), u2 = rng.uniform();
           double r = std::sqrt(-2.0 * std::log(u1)) * p->init_std();
           w[k] = float(r * std::cos(2 * M_PI * u2));
-          if (k + 1 < n) w[k + 1] = float(r * std::sin(2 * M_PI * u2));
+          if (k + 1 < used) w[k + 1] = float(r * std::sin(2 * M_PI * u2));
         }
         break;
       }
     }
+    cpu::fill(w + used, 0.0f, n - used);
     cpu::fill(ex.f32(p->adam_m()), 0.0f, n);
     cpu::fill(ex.f32(p->adam_v()), 0.0f, n);
   }
@@ -52,7 +80,9 @@ namespace {
 // llm.c's model file: 256 int32 header ([0] 20240326, [1] 3 = fp32 or 5 = bf16, [2] maxT,
 // [3] V, [4] L, [5] heads, [6] C, [7] padded V), then the tensors in llm.c's order with
 // nn.Linear weights stored [out, in] (transposed against Hugging Face's Conv1D [in, out]) and
-// every layer's tensor of one kind stacked.
+// every layer's tensor of one kind stacked. The file's wte has its own padded vocabulary (its
+// [7], which need not be the module's): its first V rows are read and the module's padded rows
+// are set to zero.
 void load_llmc_bin(Executor& ex, const std::string& path) {
   std::vector<uint8_t> bytes = read_file(path);
   if (bytes.size() < 1024) throw Error(path + ": too short for an llm.c model header");
@@ -103,7 +133,12 @@ void load_llmc_bin(Executor& ex, const std::string& path) {
     }
   };
   std::vector<float> wte = take(Vp * C);
-  put("wte.weight", wte.data(), V * C);  // padded rows V..Vp-1 are dropped
+  {
+    // The file's padded rows V..Vp-1 are dropped; the module's (V..its own Vp-1) are zero.
+    const uint32_t b = value.at("wte.weight");
+    put("wte.weight", wte.data(), V * C);
+    cpu::fill(ex.f32(b) + V * C, 0.0f, numel(ex.module().buffer(b)) - V * C);
+  }
   std::vector<float> wpe = take(maxT * C);
   put("wpe.weight", wpe.data(), maxT * C);
   layers("ln_1.weight", C, 0, 0);
@@ -140,13 +175,16 @@ void load_parameters(Executor& ex, const std::string& path) {
     auto it = file.find(name);
     if (it == file.end()) throw Error(path + ": missing tensor '" + name + "' (or 'transformer." + name + "')");
     const SafeTensor& t = it->second;
-    std::vector<int64_t> want(p->shape()->begin(), p->shape()->end());
+    const std::vector<int64_t> want = stored_shape(ex.module(), *p);  // wte: [V, C], not padded
     if (t.shape != want) {
       throw Error(path + ": tensor '" + t.name + "' has shape " + shape_str(t.shape) + ", the model needs " +
                   shape_str(want));
     }
     std::vector<float> values = to_f32(t);
-    std::memcpy(ex.f32(p->value()), values.data(), values.size() * sizeof(float));
+    float* dst = ex.f32(p->value());
+    std::memcpy(dst, values.data(), values.size() * sizeof(float));
+    // Padded vocabulary rows (wte's V..Vp-1) are zero.
+    cpu::fill(dst + values.size(), 0.0f, numel(ex.module().buffer(p->value())) - int64_t(values.size()));
     used.insert(name);
   }
   for (const auto& [name, t] : file) {
@@ -167,8 +205,9 @@ void save_parameters(Executor& ex, const std::string& path, ParamField field) {
   std::vector<SafeTensor> out;
   for (const fb::Parameter* p : *ex.module().fb().parameters()) {
     uint32_t b = field == ParamField::Value ? p->value() : p->grad();
-    SafeTensor t{kPrefix + p->name()->str(), "F32", {p->shape()->begin(), p->shape()->end()}, {}};
-    const size_t bytes = size_t(numel(ex.module().buffer(b))) * sizeof(float);
+    // wte.weight without its padded rows: [V, C], as Hugging Face's GPT-2 files hold it.
+    SafeTensor t{kPrefix + p->name()->str(), "F32", stored_shape(ex.module(), *p), {}};
+    const size_t bytes = size_t(stored_rows(ex.module(), *p) * row_size(*p)) * sizeof(float);
     const auto* src = reinterpret_cast<const uint8_t*>(ex.f32(b));
     t.bytes.assign(src, src + bytes);
     out.push_back(std::move(t));

@@ -8,17 +8,20 @@
 namespace kiln {
 
 // Fills every parameter as its declaration says (normal(0, std), zeros, ones), deterministically
-// for a seed; clears gradients and AdamW state.
+// for a seed; clears gradients and AdamW state. The padded vocabulary rows of wte.weight (V..Vp-1
+// of its [Vp, C]) are set to 0 whatever the declaration, and stay 0: no gradient reaches them.
 void init_parameters(Executor& ex, uint64_t seed);
 
 // Loads Hugging Face GPT-2 weights: names with or without "transformer.", the attention mask
 // buffers ignored, lm_head.weight accepted when equal to wte. Every parameter must be present
-// with its shape; F32, BF16 and F16 are accepted. A path ending in ".bin" is read as an llm.c
-// model file (fp32 or bf16, padded vocabulary) instead.
+// with its shape, wte.weight with the real vocabulary [V, C] (the module's padded rows are set
+// to 0); F32, BF16 and F16 are accepted. A path ending in ".bin" is read as an llm.c model file
+// (fp32 or bf16, vocabulary padded to the Vp of its header) instead.
 void load_parameters(Executor& ex, const std::string& path);
 
 // Writes parameter values (kind = value) or gradients (kind = grad) as F32 safetensors with
-// "transformer."-prefixed names.
+// "transformer."-prefixed names, in the shapes of a Hugging Face GPT-2 file: wte.weight [V, C]
+// without the padded rows.
 enum class ParamField { Value, Grad };
 void save_parameters(Executor& ex, const std::string& path, ParamField field = ParamField::Value);
 

@@ -8,7 +8,17 @@
 namespace kiln {
 namespace {
 
-bool in_place_kernel(fb::OpCode op) {
+// Kernels that may write an output over an input: built-in elementwise ones, generated
+// elementwise kernels and the fused classifier (each finishes reading an element or row first).
+bool in_place_kernel(const Module& m, const fb::Instr& ins) {
+  const fb::OpCode op = ins.op();
+  if (op == fb::OpCode::Kernel) {
+    const auto* ks = m.fb().kernels();
+    if (!ks || ins.ints()->size() != 1 || ins.ints()->Get(0) < 0 || ins.ints()->Get(0) >= int64_t(ks->size()))
+      return false;
+    const auto* kind = ks->Get(uint32_t(ins.ints()->Get(0)))->kind();
+    return kind && (kind->str() == "elementwise" || kind->str() == "classifier");
+  }
   return op == fb::OpCode::Add || op == fb::OpCode::Mul || op == fb::OpCode::Scale ||
          op == fb::OpCode::Gelu || op == fb::OpCode::GeluGrad;
 }
@@ -98,7 +108,7 @@ void verify_plan(const Module& m) {
           auto has = [](const flatbuffers::Vector<uint32_t>* v, uint32_t x) {
             return std::find(v->begin(), v->end(), x) != v->end();
           };
-          if (in_place_kernel(ins.op()) && has(ins.inputs(), spans[i].buffer) &&
+          if (in_place_kernel(m, ins) && has(ins.inputs(), spans[i].buffer) &&
               has(ins.outputs(), spans[j].buffer))
             continue;
         }

@@ -20,6 +20,13 @@ std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t
     if (t < 0 || t >= V) throw Error("--prompt: token " + std::to_string(t) + " is not in [0, " + std::to_string(V) + ")");
   const fb::Buffer& logits = ex.module().buffer(program->result());
   const bool bf16 = logits.dtype() == fb::DType::BF16;
+  // Rows of the logits are Vp wide (the vocabulary padded to a multiple of 128); only the first
+  // V columns are tokens, and only those are sampled from.
+  const int64_t Vp = logits.shape() && logits.shape()->size() ? logits.shape()->Get(logits.shape()->size() - 1) : V;
+  if (Vp < V || numel(logits) < B * T * Vp)
+    throw Error(ex.module().source() + ": the logits program's result holds " + std::to_string(numel(logits)) +
+                " values in rows of " + std::to_string(Vp) + ", not " + std::to_string(B * T) +
+                " rows of at least " + std::to_string(V) + " (recompile with this kilnc)");
   const int64_t k = o.top_k > 0 ? std::min(o.top_k, V) : V;
 
   std::vector<std::vector<int32_t>> out(static_cast<size_t>(o.num_samples), prompt);
@@ -40,7 +47,7 @@ std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t
       }
       ex.run("logits");
       for (int64_t r = 0; r < rows; ++r) {
-        const int64_t at = (r * T + last[size_t(r)]) * V;
+        const int64_t at = (r * T + last[size_t(r)]) * Vp;
         if (bf16) {
           const auto* p = reinterpret_cast<const uint16_t*>(ex.f32(program->result())) + at;
           cpu::widen_bf16(row.data(), p, V);

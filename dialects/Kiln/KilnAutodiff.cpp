@@ -118,6 +118,6 @@ Grads AttentionOp::buildVJP(OpBuilder &b, ArrayRef<Value> dy) {
 Grads CrossEntropyOp::buildVJP(OpBuilder &b, ArrayRef<Value> dy) {
   if (!dy[0]) return {Value(), Value()};
   return {b.create<CrossEntropyGradOp>(getLoc(), getLogits().getType(), dy[0], getLogits(),
-                                       getLse(), getTargets()),
+                                       getLse(), getTargets(), getNumClassesAttr()),
           Value()};
 }

@@ -293,20 +293,102 @@ LogicalResult AttentionOp::verify() {
   return success();
 }
 
-LogicalResult CrossEntropyOp::verify() {
-  auto logits = tensorType(getLogits()), targets = tensorType(getTargets());
-  if (logits.getRank() != 2) return emitOpError() << "logits must be 2-D [N, V]";
-  int64_t n = logits.getDimSize(0);
+// Shared by cross_entropy and cross_entropy_grad: logits [N, V], targets [N], lse [N], and the
+// real class count of a padded class dimension within 1..V.
+static LogicalResult verifyCrossEntropy(Operation *op, RankedTensorType logits,
+                                        RankedTensorType targets, RankedTensorType lse,
+                                        std::optional<uint64_t> numClasses) {
+  if (logits.getRank() != 2) return op->emitOpError() << "logits must be 2-D [N, V]";
+  int64_t n = logits.getDimSize(0), v = logits.getDimSize(1);
   if (targets.getShape() != ArrayRef<int64_t>{n})
-    return emitOpError() << "targets must be [" << n << "], got " << shapeStr(targets.getShape());
-  if (tensorType(getLse()).getShape() != ArrayRef<int64_t>{n})
-    return emitOpError() << "lse must be [" << n << "]";
+    return op->emitOpError() << "targets must be [" << n << "], got " << shapeStr(targets.getShape());
+  if (lse.getShape() != ArrayRef<int64_t>{n})
+    return op->emitOpError() << "lse must be [" << n << "]";
+  if (numClasses) {
+    int64_t k = static_cast<int64_t>(*numClasses);
+    if (k <= 0 || k > v)
+      return op->emitOpError() << "num_classes " << k << " must be in [1, " << v
+                               << "] (at least one class, at most the logits' last dimension)";
+  }
+  return success();
+}
+
+LogicalResult CrossEntropyOp::verify() {
+  return verifyCrossEntropy(*this, tensorType(getLogits()), tensorType(getTargets()),
+                            tensorType(getLse()), getNumClasses());
+}
+
+LogicalResult CrossEntropyGradOp::verify() {
+  auto logits = tensorType(getLogits());
+  if (failed(verifyCrossEntropy(*this, logits, tensorType(getTargets()), tensorType(getLse()),
+                                getNumClasses())))
+    return failure();
+  if (tensorType(getLogitsGrad()).getShape() != logits.getShape())
+    return emitOpError() << "logits_grad must have the logits' shape "
+                         << shapeStr(logits.getShape());
   return success();
 }
 
 LogicalResult GlobalNormOp::verify() {
   if (getInputs().empty()) return emitOpError() << "needs at least one tensor";
   return success();
+}
+
+// A fusion region's interface (block arguments, yield) matches its operands and results, and its
+// body holds what its kind's kernel template can generate.
+LogicalResult FusionOp::verify() {
+  Block& block = getBlock();
+  if (block.getNumArguments() != getInputs().size())
+    return emitOpError() << "body has " << block.getNumArguments() << " arguments for "
+                         << getInputs().size() << " inputs";
+  for (auto [arg, in] : llvm::zip(block.getArguments(), getInputs()))
+    if (arg.getType() != in.getType())
+      return emitOpError() << "body argument #" << arg.getArgNumber() << " is " << arg.getType()
+                           << " but its input is " << in.getType();
+  auto yield = dyn_cast<YieldOp>(block.getTerminator());
+  if (!yield) return emitOpError() << "body must end with kiln.yield";
+  if (yield.getValues().getTypes() != getResults().getTypes())
+    return emitOpError() << "kiln.yield's types differ from the results' types";
+  if (getKernel().empty()) return emitOpError() << "needs a kernel name";
+
+  // How many ops of each anchor kind the body holds.
+  int matmuls = 0, norms = 0, normGrads = 0, ceGrads = 0, embGrads = 0, adams = 0, others = 0;
+  for (Operation& op : getFusedOps()) {
+    if (isa<FusionOp>(op)) return emitOpError() << "fusion regions do not nest";
+    if (isa<MatmulOp>(op)) ++matmuls;
+    else if (isa<LayerNormOp>(op)) ++norms;
+    else if (isa<LayerNormGradOp>(op)) ++normGrads;
+    else if (isa<CrossEntropyGradOp>(op)) ++ceGrads;
+    else if (isa<EmbeddingGradOp>(op)) ++embGrads;
+    else if (isa<AdamWOp>(op)) ++adams;
+    else if (!isa<AddOp, MulOp, ScaleOp, GeluOp, GeluGradOp, BroadcastOp, CastOp, EmbeddingOp, IotaOp,
+                   AccumulateGradOp, ReduceSumOp, CrossEntropyOp, ClipCoefOp>(op))
+      ++others;
+  }
+  if (others)
+    return emitOpError() << "holds an op no kernel template fuses";
+  StringRef kind = getKind();
+  auto exactlyOne = [&](int n, StringRef what) -> LogicalResult {
+    if (n != 1) return emitOpError() << "of kind '" << kind << "' needs exactly one " << what << ", has " << n;
+    return success();
+  };
+  if (kind == "elementwise") {
+    if (matmuls + norms + normGrads + ceGrads + embGrads + adams)
+      return emitOpError() << "of kind 'elementwise' holds a non-elementwise op";
+    return success();
+  }
+  if (kind == "matmul") return exactlyOne(matmuls, "kiln.matmul");
+  if (kind == "layer_norm") return exactlyOne(norms, "kiln.layer_norm");
+  if (kind == "layer_norm_grad") return exactlyOne(normGrads, "kiln.layer_norm_grad");
+  if (kind == "classifier") return exactlyOne(ceGrads, "kiln.cross_entropy_grad");
+  if (kind == "embedding_grad") return exactlyOne(embGrads, "kiln.embedding_grad");
+  if (kind == "optimizer") {
+    if (adams == 0) return emitOpError() << "of kind 'optimizer' needs at least one kiln.adamw";
+    return success();
+  }
+  return emitOpError() << "unknown kind '" << kind
+                       << "' (elementwise, matmul, layer_norm, layer_norm_grad, classifier, "
+                          "embedding_grad, optimizer)";
 }
 
 #define GET_OP_CLASSES

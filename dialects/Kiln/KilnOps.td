@@ -347,10 +347,20 @@ def Kiln_CrossEntropyOp : Kiln_DiffOp<"cross_entropy", [Pure]> {
   let summary = "mean softmax cross-entropy of logits against targets";
   let description = [{
     `logits : [N, V]`, `targets : [N]`. `loss = mean_i (lse_i - logits[i, targets_i])` with
-    `lse_i = log sum_j exp(logits[i, j])`, which is also returned for the backward pass.
-    Computed in fp32 whatever the logits' type (bf16 logits are read and widened).
+    `lse_i = log sum_{j < num_classes} exp(logits[i, j])`, which is also returned for the
+    backward pass. Computed in fp32 whatever the logits' type (bf16 logits are read and widened).
+
+    `num_classes` (optional; absent means all `V` columns) is the real number of classes when
+    the class dimension is padded (GPT-2's vocabulary 50257 is stored as 50304 columns): the
+    columns `num_classes .. V-1` take no part in the softmax, and targets must be below it.
+
+    ```mlir
+    %loss, %lse = kiln.cross_entropy %logits, %t {num_classes = 50257 : i64}
+        : tensor<8x50304xf32>, tensor<8xi32> -> tensor<f32>, tensor<8xf32>
+    ```
   }];
-  let arguments = (ins Kiln_FloatTensor:$logits, Kiln_IndexTensor:$targets);
+  let arguments = (ins Kiln_FloatTensor:$logits, Kiln_IndexTensor:$targets,
+                       OptionalAttr<I64Attr>:$num_classes);
   let results = (outs Kiln_Scalar:$loss, Kiln_FloatTensor:$lse);
   let assemblyFormat = "$logits `,` $targets attr-dict `:` type($logits) `,` type($targets) `->` type(results)";
   let hasVerifier = 1;
@@ -358,11 +368,15 @@ def Kiln_CrossEntropyOp : Kiln_DiffOp<"cross_entropy", [Pure]> {
 
 def Kiln_CrossEntropyGradOp : Kiln_Op<"cross_entropy_grad", [Pure]> {
   let summary = "gradient of the mean cross-entropy with respect to the logits";
-  let description = [{ `grad / N * (softmax(logits) - onehot(targets))`. }];
+  let description = [{
+    `grad / N * (softmax(logits) - onehot(targets))` over the first `num_classes` columns (all
+    of them when the attribute is absent); the padded columns `num_classes .. V-1` get exactly 0.
+  }];
   let arguments = (ins Kiln_Scalar:$grad, Kiln_FloatTensor:$logits, Kiln_FloatTensor:$lse,
-                       Kiln_IndexTensor:$targets);
+                       Kiln_IndexTensor:$targets, OptionalAttr<I64Attr>:$num_classes);
   let results = (outs Kiln_FloatTensor:$logits_grad);
   let assemblyFormat = "$grad `,` $logits `,` $lse `,` $targets attr-dict `:` type($logits) `,` type($lse) `,` type($targets) `->` type($logits_grad)";
+  let hasVerifier = 1;
 }
 
 //===----------------------------------------------------------------------===//
@@ -437,6 +451,71 @@ def Kiln_WaitGradientsOp : Kiln_Op<"wait_gradients", [MemoryEffects<[MemRead, Me
     over all ranks (with ZeRO-1, this rank's pieces of them).
   }];
   let assemblyFormat = "attr-dict";
+}
+
+//===----------------------------------------------------------------------===//
+// Fused kernels (the fused-kernel IR)
+//===----------------------------------------------------------------------===//
+
+def Kiln_FusionOp : Kiln_Op<"fusion", [IsolatedFromAbove, RecursiveMemoryEffects]> {
+  let summary = "a fusion region: kiln ops that run as one kernel launch";
+  let description = [{
+    Formed by `kiln-fuse-kernels`. The body holds the fused ops in program order; its block
+    arguments are the region's `inputs` and `kiln.yield` lists the values the rest of the program
+    reads (the `results`). Values that stay inside the body never reach memory. Ops in the body
+    with side effects (`kiln.accumulate_grad`, `kiln.adamw`) write state as they would outside, so
+    the region has the union of its body's effects.
+
+    `kind` says which kernel template the code generators use:
+    - `elementwise`: elementwise ops, broadcasts, casts, gathers (`kiln.embedding`) and gradient
+      accumulation, over the elements of the root's result;
+    - `matmul`: one `kiln.matmul` with its epilogue (elementwise ops on its result: bias, GELU,
+      residual add, GELU backward, casts, gradient accumulation) and the bias gradient
+      (`kiln.reduce_sum` of the right operand over rows, accumulated);
+    - `layer_norm`: one `kiln.layer_norm` with the residual add that produces its input and the
+      casts of its output;
+    - `layer_norm_grad`: one `kiln.layer_norm_grad` with the residual-gradient add, casts and the
+      accumulation of its weight and bias gradients;
+    - `classifier`: `kiln.cross_entropy` and its `kiln.cross_entropy_grad` (the probabilities are
+      never stored);
+    - `embedding_grad`: `kiln.embedding_grad` scattered straight into the gradient accumulator;
+    - `optimizer`: `kiln.clip_coef` and every `kiln.adamw` of the optimizer step.
+
+    `kernel` names the kernel after the ops it fuses (`matmul_add_gelu`).
+
+    ```mlir
+    %r:2 = kiln.fusion "matmul" "matmul_broadcast_add_gelu" (%x, %w, %b)
+        : (tensor<8x4xf32>, tensor<4x16xf32>, tensor<16xf32>) -> (tensor<8x16xf32>, tensor<8x16xf32>) {
+    ^bb0(%a: tensor<8x4xf32>, %bw: tensor<4x16xf32>, %bb: tensor<16xf32>):
+      %0 = kiln.matmul %a, %bw : tensor<8x4xf32>, tensor<4x16xf32> -> tensor<8x16xf32>
+      %1 = kiln.broadcast %bb : tensor<16xf32> -> tensor<8x16xf32>
+      %2 = kiln.add %0, %1 : tensor<8x16xf32>
+      %3 = kiln.gelu %2 : tensor<8x16xf32>
+      kiln.yield %2, %3 : tensor<8x16xf32>, tensor<8x16xf32>
+    }
+    ```
+  }];
+  let arguments = (ins StrAttr:$kind, StrAttr:$kernel, Variadic<AnyRankedTensor>:$inputs);
+  let results = (outs Variadic<AnyRankedTensor>:$results);
+  let regions = (region SizedRegion<1>:$body);
+  let assemblyFormat = [{
+    $kind $kernel `(` $inputs `)` attr-dict `:` functional-type($inputs, $results) $body
+  }];
+  let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    ::mlir::Block &getBlock() { return getBody().front(); }
+    // The ops the region fuses, in program order (without the terminator).
+    auto getFusedOps() { return getBlock().without_terminator(); }
+  }];
+}
+
+def Kiln_YieldOp : Kiln_Op<"yield", [Pure, Terminator, HasParent<"FusionOp">]> {
+  let summary = "the values a fusion region gives to the rest of the program";
+  let description = [{
+    Terminates a `kiln.fusion` body; its operands become the region's results, in order.
+  }];
+  let arguments = (ins Variadic<AnyRankedTensor>:$values);
+  let assemblyFormat = "($values^ `:` type($values))? attr-dict";
 }
 
 #endif // KILN_OPS_TD

@@ -357,16 +357,16 @@ void attention_bwd(float* dqkv, const float* dout, const float* qkv, const float
 // Cross-entropy
 
 void cross_entropy_fwd(float* loss, float* lse, const float* logits, const int32_t* targets,
-                       int64_t N, int64_t V) {
+                       int64_t N, int64_t V, int64_t valid) {
   std::vector<double> row_loss(static_cast<size_t>(N));
 #pragma omp parallel for
   for (int64_t i = 0; i < N; i++) {
-    const float* x = logits + i * V;
+    const float* x = logits + i * V;  // row stride V; classes are the first `valid` columns
     // log sum exp with the max subtracted so no exp overflows.
     float mx = -INFINITY;
-    for (int64_t j = 0; j < V; j++) mx = std::max(mx, x[j]);
+    for (int64_t j = 0; j < valid; j++) mx = std::max(mx, x[j]);
     double sum = 0.0;
-    for (int64_t j = 0; j < V; j++) sum += expf(x[j] - mx);
+    for (int64_t j = 0; j < valid; j++) sum += expf(x[j] - mx);
     const double l = static_cast<double>(mx) + std::log(sum);
     lse[i] = static_cast<float>(l);
     row_loss[i] = l - static_cast<double>(x[targets[i]]);
@@ -378,14 +378,16 @@ void cross_entropy_fwd(float* loss, float* lse, const float* logits, const int32
 }
 
 void cross_entropy_bwd(float* dlogits, const float* dloss, const float* logits,
-                       const float* lse, const int32_t* targets, int64_t N, int64_t V) {
+                       const float* lse, const int32_t* targets, int64_t N, int64_t V,
+                       int64_t valid) {
   const float g = N > 0 ? dloss[0] / static_cast<float>(N) : 0.0f;
 #pragma omp parallel for
   for (int64_t i = 0; i < N; i++) {
     const float* x = logits + i * V;
     float* dx = dlogits + i * V;
     const float l = lse[i];
-    for (int64_t j = 0; j < V; j++) dx[j] = g * expf(x[j] - l);
+    for (int64_t j = 0; j < valid; j++) dx[j] = g * expf(x[j] - l);
+    for (int64_t j = valid; j < V; j++) dx[j] = 0.0f;  // padded columns take no gradient
     dx[targets[i]] -= g;
   }
 }

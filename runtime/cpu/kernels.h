@@ -64,13 +64,17 @@ void attention_fwd(float* out, float* lse, const float* qkv, int64_t B, int64_t 
 void attention_bwd(float* dqkv, const float* dout, const float* qkv, const float* out,
                    const float* lse, int64_t B, int64_t T, int64_t C, int64_t H);
 
-// Mean softmax cross-entropy over N rows of logits [N, V] against targets [N].
-// loss[0] = mean_i (lse[i] - logits[i, targets[i]]), lse[i] = log sum_j exp(logits[i, j]).
+// Mean softmax cross-entropy over N rows of logits [N, V] against targets [N], where only the
+// first `valid` <= V columns are classes (the rest pad the row to V; GPT-2: 50257 of 50304).
+// loss[0] = mean_i (lse[i] - logits[i, targets[i]]), lse[i] = log sum_{j < valid} exp(logits[i, j]).
+// Padded columns are never read into the result; targets must be < valid.
 void cross_entropy_fwd(float* loss, float* lse, const float* logits, const int32_t* targets,
-                       int64_t N, int64_t V);
-// dlogits[i, j] = dloss[0] / N * (softmax(logits[i])[j] - (j == targets[i])).
+                       int64_t N, int64_t V, int64_t valid);
+// dlogits[i, j] = dloss[0] / N * (softmax(logits[i, :valid])[j] - (j == targets[i])) for
+// j < valid, and exactly 0 for the padded columns valid <= j < V. Writes all of dlogits.
 void cross_entropy_bwd(float* dlogits, const float* dloss, const float* logits,
-                       const float* lse, const int32_t* targets, int64_t N, int64_t V);
+                       const float* lse, const int32_t* targets, int64_t N, int64_t V,
+                       int64_t valid);
 
 // Sum of squares of n values, accumulated in double.
 double sum_squares(const float* x, int64_t n);

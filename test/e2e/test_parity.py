@@ -489,6 +489,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kilnc", help="path of the kilnc compiler")
     ap.add_argument("--exe", help="use this compiled executable instead of compiling with --kilnc")
+    ap.add_argument("--kilnc-arg", action="append", default=[],
+                    help="extra kilnc argument (repeatable), e.g. --kilnc-arg=--no-fusion")
     ap.add_argument("--spec", required=True, help="model/compile spec (.toml)")
     ap.add_argument("--workdir", required=True)
     ap.add_argument("--steps", type=int, default=20)
@@ -592,7 +594,7 @@ def run(a) -> int:
         exe = os.path.join(workdir, "gpt2")
         if os.path.exists(exe):
             os.remove(exe)
-        run_cmd([os.path.abspath(a.kilnc), os.path.abspath(a.spec), "-o", exe], "kilnc", a.timeout, workdir)
+        run_cmd([os.path.abspath(a.kilnc), os.path.abspath(a.spec), "-o", exe, *a.kilnc_arg], "kilnc", a.timeout, workdir)
         if not os.access(exe, os.X_OK):
             raise TestFailure(f"kilnc exited 0 but {exe} is not an executable file")
     exe = os.path.abspath(exe)

@@ -8,10 +8,17 @@ vocabulary padded to a multiple of 128). Kiln loads each with --init and saves t
 --save after one step at lr 0 (AdamW then changes nothing); every saved tensor must equal the
 original bit for bit. An lm_head.weight that differs from wte must be refused.
 
+Kiln pads the vocabulary to a multiple of 128 (wte is [Vp, C] inside, logits [N, Vp]); files hold
+the real [V, C]. After a few training steps from a seed, the checkpoint (which stores the padded
+tensors) must show the padded rows of wte and of its AdamW moments still exactly 0, while --save
+and --dump-grads write wte as [V, C].
+
   test_weights.py --kilnc build/bin/kilnc --spec test/e2e/configs/awkward.toml --workdir DIR
 """
 import argparse
+import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -48,6 +55,23 @@ def write_llmc_bin(path, params, cfg, padded_vocab):
         f.write(header.tobytes())
         for t in chunks:
             f.write(t.contiguous().to(torch.float32).numpy().astype("<f4").tobytes())
+
+
+def read_checkpoint(path):
+    """name -> {"shape", "value", "adam_m", "adam_v"} of a Kiln checkpoint (runtime/checkpoint.h)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data[:8] == b"KILNCKPT", f"{path}: not a Kiln checkpoint"
+    header_len = struct.unpack_from("<Q", data, 16)[0]
+    header = json.loads(data[32:32 + header_len])
+    base = 32 + header_len
+    out = {}
+    for p in header["parameters"]:
+        out[p["name"]] = {"shape": p["shape"]}
+        for key in ("value", "adam_m", "adam_v"):
+            offset, nbytes = p[key]
+            out[p["name"]][key] = np.frombuffer(data, "<f4", nbytes // 4, base + offset).reshape(p["shape"])
+    return out
 
 
 def run(cmd):
@@ -109,6 +133,30 @@ def main():
     refused = code != 0 and "lm_head.weight differs from wte.weight" in out
     failures += not refused
     print(f"{'ok  ' if refused else 'FAIL'} untied lm_head refused: {out.strip().splitlines()[-1] if out.strip() else ''}")
+    # The padded vocabulary rows start at 0 and stay 0 through training (no gradient reaches them,
+    # weight decay keeps 0 at 0); files show only the real [V, C].
+    V, C = cfg.vocab_size, cfg.n_embd
+    Vp = (V + 127) // 128 * 128
+    ck = os.path.join(a.workdir, "ck")
+    shutil.rmtree(ck, ignore_errors=True)
+    trained, grads = (os.path.join(a.workdir, n) for n in ("trained.safetensors", "grads.safetensors"))
+    code, out = run([exe, "train", "--data", shard, "--steps", "4", "--seed", "5", "--lr", "1e-2",
+                     "--weight-decay", "0.1", "--checkpoint-dir", ck, "--checkpoint-every", "4",
+                     "--dump-grads", grads, "--save", trained])
+    if code != 0:
+        print(f"FAIL padded vocabulary: kiln exited {code}:\n{out}")
+        failures += 1
+    else:
+        ckpts = sorted(f for f in os.listdir(ck) if f.endswith(".kiln-ckpt"))
+        wte = read_checkpoint(os.path.join(ck, ckpts[-1]))["wte.weight"]
+        pad_zero = all(not np.any(wte[k][V:]) for k in ("value", "adam_m", "adam_v"))
+        trained_rows = bool(np.any(wte["adam_v"][:V]))  # the real rows did get gradients
+        shapes = (tuple(ref.read_safetensors(trained)["transformer.wte.weight"].shape),
+                  tuple(ref.read_safetensors(grads)["transformer.wte.weight"].shape))
+        ok = wte["shape"] == [Vp, C] and pad_zero and trained_rows and shapes == ((V, C), (V, C))
+        failures += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} padded vocabulary: checkpoint wte {wte['shape']}, rows {V}..{Vp - 1} "
+              f"zero in value and AdamW moments: {pad_zero}; --save / --dump-grads wte {shapes[0]} / {shapes[1]}")
     print("RESULT:", "PASS" if failures == 0 else f"FAIL ({failures})")
     return 1 if failures else 0
 

@@ -14,3 +14,7 @@ config.environment["PATH"] = os.pathsep.join(
     [config.kiln_bin_dir, config.llvm_tools_dir, config.environment.get("PATH", os.environ["PATH"])])
 config.substitutions.append(("%kiln_src", config.kiln_src_root))
 config.substitutions.append(("%python", "/usr/bin/python3"))
+
+# kilnc compiles generated CUDA kernels with NVRTC when it was built with CUDA.
+if config.kiln_nvrtc.upper() in ("1", "ON", "TRUE", "YES"):
+    config.available_features.add("nvrtc")

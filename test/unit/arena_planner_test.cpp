@@ -41,7 +41,7 @@ Module module_for(const std::vector<LiveBuffer>& bufs, const std::vector<uint64_
   std::vector<flatbuffers::Offset<fb::Program>> progs = {fb::CreateProgramDirect(fbb, "micro_step", &instrs, 0, arena)};
   std::vector<flatbuffers::Offset<fb::Parameter>> params;
   auto model = fb::CreateModelDirect(fbb, 1, 1, 4, 16, 8, 1, 8, "fp32", "cpu", "random");
-  fb::FinishModuleBuffer(fbb, fb::CreateModuleDirect(fbb, 1, "test", model, 256 + arena, &fbufs,
+  fb::FinishModuleBuffer(fbb, fb::CreateModuleDirect(fbb, kModuleFormatVersion, "test", model, 256 + arena, &fbufs,
                                                       &params, &progs, 256, arena, arena, "none"));
   return Module::from_bytes({fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize()}, "random.kiln");
 }

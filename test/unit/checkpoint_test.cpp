@@ -85,7 +85,7 @@ std::vector<uint8_t> param_module(const ModelSpec& spec = {}) {
   std::vector<flatbuffers::Offset<fb::Program>> progs;
   auto model = fb::CreateModelDirect(fbb, 1, 1, spec.n_embd, 16, 8, spec.batch_size, 8, spec.precision.c_str(), "cpu",
                                      "test.toml");
-  fb::FinishModuleBuffer(fbb, fb::CreateModuleDirect(fbb, 1, "test", model, state + 256, &fbufs, &params, &progs,
+  fb::FinishModuleBuffer(fbb, fb::CreateModuleDirect(fbb, kModuleFormatVersion, "test", model, state + 256, &fbufs, &params, &progs,
                                                       state, 256, 256, "none"));
   return {fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize()};
 }

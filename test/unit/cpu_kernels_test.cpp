@@ -646,7 +646,7 @@ TEST(CpuKernels, CrossEntropyFwd) {
   const auto targets = RandomIndices(kN, kV, 121);
   float loss = 0.0f;
   VecF lse(kN);
-  cross_entropy_fwd(&loss, lse.data(), logits.data(), targets.data(), kN, kV);
+  cross_entropy_fwd(&loss, lse.data(), logits.data(), targets.data(), kN, kV, kV);
   VecD rlse;
   const double want = CrossEntropyRef(ToDouble(logits), targets, kN, kV, &rlse);
   EXPECT_NEAR(loss, want, 1e-5 * std::fabs(want));
@@ -662,7 +662,7 @@ TEST(CpuKernels, CrossEntropyFwdLargeLogitsStable) {
   for (auto& x : logits) x += 1000.0f;
   float loss = 0.0f;
   VecF lse(kN);
-  cross_entropy_fwd(&loss, lse.data(), logits.data(), targets.data(), kN, kV);
+  cross_entropy_fwd(&loss, lse.data(), logits.data(), targets.data(), kN, kV, kV);
   ASSERT_TRUE(std::isfinite(loss));
   // The shifted fp32 logits are only accurate to ~6e-5 (ulp at 1000), which bounds the error.
   EXPECT_NEAR(loss, want, 2e-4);
@@ -676,10 +676,10 @@ TEST(CpuKernels, CrossEntropyBwdVsReference) {
   const auto targets = RandomIndices(kN, kV, 125);
   float loss = 0.0f;
   VecF lse(kN);
-  cross_entropy_fwd(&loss, lse.data(), logits.data(), targets.data(), kN, kV);
+  cross_entropy_fwd(&loss, lse.data(), logits.data(), targets.data(), kN, kV, kV);
   const float dloss = 1.7f;
   VecF dlogits(kN * kV, 6.0f);
-  cross_entropy_bwd(dlogits.data(), &dloss, logits.data(), lse.data(), targets.data(), kN, kV);
+  cross_entropy_bwd(dlogits.data(), &dloss, logits.data(), lse.data(), targets.data(), kN, kV, kV);
 
   VecD rlse;
   CrossEntropyRef(ToDouble(logits), targets, kN, kV, &rlse);
@@ -698,16 +698,52 @@ TEST(CpuKernels, CrossEntropyEndToEndVsFiniteDifferences) {
   const auto targets = RandomIndices(kN, kV, 127);
   float loss = 0.0f;
   VecF lse(kN);
-  cross_entropy_fwd(&loss, lse.data(), logits.data(), targets.data(), kN, kV);
+  cross_entropy_fwd(&loss, lse.data(), logits.data(), targets.data(), kN, kV, kV);
   const float dloss = 0.6f;
   VecF dlogits(kN * kV);
-  cross_entropy_bwd(dlogits.data(), &dloss, logits.data(), lse.data(), targets.data(), kN, kV);
+  cross_entropy_bwd(dlogits.data(), &dloss, logits.data(), lse.data(), targets.data(), kN, kV, kV);
 
   const double want_loss = CrossEntropyRef(ToDouble(logits), targets, kN, kV);
   EXPECT_NEAR(loss, want_loss, 1e-5 * std::fabs(want_loss));
   // d(dloss * loss) / dlogits.
   auto f = [&](const VecD& l) { return dloss * CrossEntropyRef(l, targets, kN, kV); };
   ExpectClose(dlogits, FiniteDiff(f, ToDouble(logits)), 1e-7, 1e-4, "cross_entropy vs FD");
+}
+
+TEST(CpuKernels, CrossEntropyPaddedColumnsMatchUnpadded) {
+  // The same logits stored in rows of kVp > kV columns (the vocabulary padded as the GPT-2 model
+  // pads it), with large garbage in the padded columns: the loss and lse must be those of the
+  // unpadded [kN, kV] logits, the gradient must equal the unpadded one on the first kV columns
+  // and be exactly 0 on the padded ones.
+  constexpr int64_t kVp = 64;
+  const VecF logits = Random(kN * kV, 128, -4.0f, 4.0f);
+  const auto targets = RandomIndices(kN, kV, 129);
+  const VecF garbage = Random(kN * kVp, 130, 50.0f, 100.0f);  // would dominate any softmax
+  VecF padded(garbage);
+  for (int64_t i = 0; i < kN; i++)
+    std::copy_n(logits.begin() + i * kV, kV, padded.begin() + i * kVp);
+
+  float loss = 0.0f, loss_p = 0.0f;
+  VecF lse(kN), lse_p(kN, 5.0f);
+  cross_entropy_fwd(&loss, lse.data(), logits.data(), targets.data(), kN, kV, kV);
+  cross_entropy_fwd(&loss_p, lse_p.data(), padded.data(), targets.data(), kN, kVp, kV);
+  EXPECT_EQ(loss_p, loss);
+  ExpectClose(lse_p, lse, 0.0, 0.0, "padded cross_entropy_fwd lse");
+
+  const float dloss = 0.9f;
+  VecF dlogits(kN * kV), dlogits_p(kN * kVp, 9.0f);  // garbage: the kernel writes all of it
+  cross_entropy_bwd(dlogits.data(), &dloss, logits.data(), lse.data(), targets.data(), kN, kV, kV);
+  cross_entropy_bwd(dlogits_p.data(), &dloss, padded.data(), lse_p.data(), targets.data(), kN, kVp,
+                    kV);
+  VecF real(kN * kV), pad;
+  for (int64_t i = 0; i < kN; i++) {
+    std::copy_n(dlogits_p.begin() + i * kVp, kV, real.begin() + i * kV);
+    pad.insert(pad.end(), dlogits_p.begin() + i * kVp + kV, dlogits_p.begin() + (i + 1) * kVp);
+  }
+  ExpectClose(real, dlogits, 0.0, 0.0, "padded cross_entropy_bwd, real columns");
+  ASSERT_EQ(pad.size(), size_t(kN * (kVp - kV)));
+  EXPECT_TRUE(std::all_of(pad.begin(), pad.end(), [](float x) { return x == 0.0f && !std::signbit(x); }))
+      << "the padded columns' gradient must be exactly +0";
 }
 
 // ------------------------------------------------------------------------------------------------

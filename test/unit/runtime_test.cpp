@@ -19,7 +19,7 @@ namespace {
 
 // A module with one program: out[n] = a[n] + b[n], with buffers of the given sizes. a and b
 // are inputs (the state region), out an activation after them.
-std::vector<uint8_t> add_module(int64_t n, int64_t out_elems, uint32_t version = 1) {
+std::vector<uint8_t> add_module(int64_t n, int64_t out_elems, uint32_t version = kModuleFormatVersion) {
   flatbuffers::FlatBufferBuilder fbb;
   std::vector<flatbuffers::Offset<fb::Buffer>> bufs;
   std::vector<int64_t> shapes[3] = {{n}, {n}, {out_elems}};
@@ -74,7 +74,7 @@ TEST(Module, RejectsGarbageTruncationAndOtherVersions) {
     Module::from_bytes(add_module(5, 5, 7), "v7.kiln");
     FAIL();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("v7.kiln: format_version: 7 is not 1"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("v7.kiln: format_version: 7 is not 2"), std::string::npos);
   }
 }
 
@@ -88,7 +88,7 @@ TEST(Module, RejectsShapesWhoseByteSizeWrapsAround) {
   std::vector<flatbuffers::Offset<fb::Program>> progs = {fb::CreateProgramDirect(fbb, "forward", &instrs, 0, 256)};
   std::vector<flatbuffers::Offset<fb::Parameter>> params;
   auto model = fb::CreateModelDirect(fbb, 1, 1, 4, 16, 8, 1, 8, "fp32", "cpu", "t");
-  fb::FinishModuleBuffer(fbb, fb::CreateModuleDirect(fbb, 1, "t", model, 256, &bufs, &params, &progs, 0, 256, 256, "none"));
+  fb::FinishModuleBuffer(fbb, fb::CreateModuleDirect(fbb, kModuleFormatVersion, "t", model, 256, &bufs, &params, &progs, 0, 256, 256, "none"));
   try {
     Module::from_bytes({fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize()}, "wrap.kiln");
     FAIL() << "expected an error";

@@ -7,6 +7,7 @@
 #include "runtime/error.h"
 #include "runtime/file_io.h"
 #include "runtime/module.h"
+#include "tools/kiln-inspect/fusion_report.h"
 #include "tools/kiln-inspect/loss_plot.h"
 #include "tools/kiln-inspect/memory_report.h"
 
@@ -59,6 +60,7 @@ ordered_json report(const Module& m) {
   j["buffers"] = {{"count", f.buffers()->size()}, {"bytes_by_kind", bytes}, {"bytes_by_dtype", by_dtype},
                   {"list", list}};
   add_memory_report(m, j);
+  add_fusion_report(m, j);
   return j;
 }
 
@@ -134,6 +136,7 @@ void print_text(const ordered_json& j) {
     if (!ops.empty()) ops.resize(ops.size() - 2);
     std::printf("%-16s %8d  %s\n", p["name"].get<std::string>().c_str(), p["kernels"].get<int>(), ops.c_str());
   }
+  print_fusion_report(j);
 }
 
 }  // namespace

@@ -49,9 +49,11 @@ std::vector<uint64_t> live_bytes(const Module& m, const fb::Program& p, const st
 
 // Matrix products as 2MNK; attention with the full T x T convention of the 6ND + 12LCT rule;
 // GELU and layer norm (what recomputation repeats) as 8 FLOPs per element; the rest as free.
-double flops(const fb::Instr& ins) {
+// A generated kernel counts what the compiler computed for it.
+double flops(const Module& m, const fb::Instr& ins) {
   const auto& v = *ins.ints();
   switch (ins.op()) {
+    case fb::OpCode::Kernel: return m.fb().kernels()->Get(uint32_t(v[0]))->flops();
     case fb::OpCode::Gelu: return 8.0 * double(v[0]);
     case fb::OpCode::LayerNorm: return 8.0 * double(v[0]) * double(v[1]);
     case fb::OpCode::Matmul: return 2.0 * double(v[0]) * double(v[1]) * double(v[2]);
@@ -121,7 +123,7 @@ void add_memory_report(const Module& m, nlohmann::ordered_json& j) {
   int recomputed = 0;
   if (const fb::Program* step = m.program("micro_step"))
     for (const fb::Instr* ins : *step->instrs()) {
-      by_phase[ins->phase()] += flops(*ins);
+      by_phase[ins->phase()] += flops(m, *ins);
       recomputed += ins->phase() == fb::Phase::Recompute;
     }
   const fb::Model& model = *f.model();
@@ -147,7 +149,7 @@ void add_memory_report(const Module& m, nlohmann::ordered_json& j) {
       if (ins->op() != fb::OpCode::ReduceGradients) continue;
       double bytes = 0, after = 0;
       for (uint32_t i = 1; i < ins->ints()->size(); ++i) bytes += 4.0 * double(ins->ints()->Get(i));
-      for (uint32_t n = k + 1; n < code.size(); ++n) after += flops(*code.Get(n));
+      for (uint32_t n = k + 1; n < code.size(); ++n) after += flops(m, *code.Get(n));
       comm_bytes += bytes;
       if (after > 0) overlappable += bytes;
       buckets.push_back({{"bucket", ins->ints()->Get(0)}, {"parameters", ins->inputs()->size()},

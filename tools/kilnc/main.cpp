@@ -53,7 +53,8 @@ int main(int argc, char** argv) {
   CLI::App app{"kilnc: compile a GPT-2 spec into a Kiln training executable"};
   std::string input, output, emit = "exe", runtime, recompute = "none";
   double bucketMB = 25.0;
-  bool debugInfo = false, printAfterAll = false;
+  bool debugInfo = false, printAfterAll = false, noFusion = false;
+  std::string dumpKernels;
   app.add_option("input", input, "model spec (.toml) or kiln IR (.mlir)")->required();
   app.add_option("-o,--output", output, "output file (default: stdout for IR)");
   app.add_option("--emit", emit, "what to produce: graph, step, plan (IR), module, exe")
@@ -65,6 +66,11 @@ int main(int argc, char** argv) {
   app.add_option("--bucket-mb", bucketMB,
                  "gradient buckets averaged across ranks while the backward pass goes on, in MB")
       ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_flag("--no-fusion", noFusion,
+               "one kernel per graph op: no fusion regions, no generated kernels (for debugging and comparison)");
+  app.add_option("--dump-kernels", dumpKernels,
+                 "write the generated kernels' source (kernels.cpp or kernels.cu) and a manifest (kernels.tsv) to DIR")
+      ->type_name("DIR");
   app.add_option("--runtime", runtime, "runtime binary to embed the module in (default: kiln-run beside kilnc)");
   app.add_flag("--debug-info", debugInfo, "print IR with locations");
   app.add_flag("--print-ir-after-all", printAfterAll, "print the IR after every pass (stderr)");
@@ -126,11 +132,15 @@ int main(int argc, char** argv) {
 
     auto step = module->lookupSymbol<func::FuncOp>("micro_step");
     if (!(step && step->hasAttr("kiln.arena_size")) &&
-        failed(runStage([&](PassManager& pm) { kiln::buildPlanPipeline(pm, recompute, bucketMB); })))
+        failed(runStage([&](PassManager& pm) { kiln::buildPlanPipeline(pm, recompute, bucketMB, !noFusion); })))
       return 1;
     if (emit == "plan") return print(*module);
 
-    auto bytes = kiln::writeModule(*module, spec, recompute);
+    kiln::WriteOptions options;
+    options.recompute = recompute;
+    options.fusion = !noFusion;
+    options.dumpKernelsDir = dumpKernels;
+    auto bytes = kiln::writeModule(*module, spec, options);
     if (failed(bytes)) return 1;
     if (emit == "module") {
       kiln::write_file_atomic(output, {{bytes->data(), bytes->size()}});

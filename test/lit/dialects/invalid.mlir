@@ -695,6 +695,73 @@ func.func @f(%l: tensor<8x16xf32>, %t: tensor<8xf32>) {
   return
 }
 
+// -----
+
+// num_classes (the real classes of a padded class dimension) is at most the logits' last dimension.
+func.func @f(%l: tensor<8x16xf32>, %t: tensor<8xi32>) {
+  // expected-error@+1 {{'kiln.cross_entropy' op num_classes 17 must be in [1, 16] (at least one class, at most the logits' last dimension)}}
+  %0:2 = kiln.cross_entropy %l, %t {num_classes = 17 : i64} : tensor<8x16xf32>, tensor<8xi32> -> tensor<f32>, tensor<8xf32>
+  return
+}
+
+// -----
+
+// num_classes is at least 1.
+func.func @f(%l: tensor<8x16xf32>, %t: tensor<8xi32>) {
+  // expected-error@+1 {{'kiln.cross_entropy' op num_classes 0 must be in [1, 16]}}
+  %0:2 = kiln.cross_entropy %l, %t {num_classes = 0 : i64} : tensor<8x16xf32>, tensor<8xi32> -> tensor<f32>, tensor<8xf32>
+  return
+}
+
+// -----
+
+// num_classes is positive.
+func.func @f(%l: tensor<8x16xf32>, %t: tensor<8xi32>) {
+  // expected-error@+1 {{'kiln.cross_entropy' op num_classes -3 must be in [1, 16]}}
+  %0:2 = kiln.cross_entropy %l, %t {num_classes = -3 : i64} : tensor<8x16xf32>, tensor<8xi32> -> tensor<f32>, tensor<8xf32>
+  return
+}
+
+// -----
+
+// ODS: num_classes is an i64 integer.
+func.func @f(%l: tensor<8x16xf32>, %t: tensor<8xi32>) {
+  // expected-error@+1 {{'kiln.cross_entropy' op attribute 'num_classes' failed to satisfy constraint: 64-bit signless integer attribute}}
+  %0:2 = kiln.cross_entropy %l, %t {num_classes = 1.0 : f32} : tensor<8x16xf32>, tensor<8xi32> -> tensor<f32>, tensor<8xf32>
+  return
+}
+
+//===----------------------------------------------------------------------===//
+// kiln.cross_entropy_grad
+//===----------------------------------------------------------------------===//
+
+// -----
+
+// The gradient's num_classes obeys the same bounds.
+func.func @f(%g: tensor<f32>, %l: tensor<8x16xf32>, %lse: tensor<8xf32>, %t: tensor<8xi32>) {
+  // expected-error@+1 {{'kiln.cross_entropy_grad' op num_classes 32 must be in [1, 16] (at least one class, at most the logits' last dimension)}}
+  %0 = kiln.cross_entropy_grad %g, %l, %lse, %t {num_classes = 32 : i64} : tensor<8x16xf32>, tensor<8xf32>, tensor<8xi32> -> tensor<8x16xf32>
+  return
+}
+
+// -----
+
+// The gradient has the logits' shape.
+func.func @f(%g: tensor<f32>, %l: tensor<8x16xf32>, %lse: tensor<8xf32>, %t: tensor<8xi32>) {
+  // expected-error@+1 {{'kiln.cross_entropy_grad' op logits_grad must have the logits' shape [8, 16]}}
+  %0 = kiln.cross_entropy_grad %g, %l, %lse, %t : tensor<8x16xf32>, tensor<8xf32>, tensor<8xi32> -> tensor<8x12xf32>
+  return
+}
+
+// -----
+
+// Its lse is [N].
+func.func @f(%g: tensor<f32>, %l: tensor<8x16xf32>, %lse: tensor<16xf32>, %t: tensor<8xi32>) {
+  // expected-error@+1 {{'kiln.cross_entropy_grad' op lse must be [8]}}
+  %0 = kiln.cross_entropy_grad %g, %l, %lse, %t : tensor<8x16xf32>, tensor<16xf32>, tensor<8xi32> -> tensor<8x16xf32>
+  return
+}
+
 //===----------------------------------------------------------------------===//
 // kiln.global_norm
 //===----------------------------------------------------------------------===//

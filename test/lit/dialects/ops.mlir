@@ -164,6 +164,18 @@ func.func @cross_entropy(%logits: tensor<4x16xf32>, %t: tensor<4xi32>) -> tensor
   return %loss : tensor<f32>
 }
 
+// A padded class dimension: num_classes (the real classes, 13 of 16 columns) is kept on both.
+// CHECK-LABEL: func.func @cross_entropy_padded
+// CHECK-SAME:    (%[[LOGITS:.*]]: tensor<4x16xf32>, %[[T:.*]]: tensor<4xi32>)
+// CHECK:         %[[LOSS:.*]], %[[LSE:.*]] = kiln.cross_entropy %[[LOGITS]], %[[T]] {num_classes = 13 : i64} : tensor<4x16xf32>, tensor<4xi32> -> tensor<f32>, tensor<4xf32>
+// CHECK:         kiln.cross_entropy_grad %[[LOSS]], %[[LOGITS]], %[[LSE]], %[[T]] {num_classes = 13 : i64} : tensor<4x16xf32>, tensor<4xf32>, tensor<4xi32> -> tensor<4x16xf32>
+// CHECK:         return %[[LOSS]]
+func.func @cross_entropy_padded(%logits: tensor<4x16xf32>, %t: tensor<4xi32>) -> tensor<f32> {
+  %loss, %clse = kiln.cross_entropy %logits, %t {num_classes = 13 : i64} : tensor<4x16xf32>, tensor<4xi32> -> tensor<f32>, tensor<4xf32>
+  %dl = kiln.cross_entropy_grad %loss, %logits, %clse, %t {num_classes = 13} : tensor<4x16xf32>, tensor<4xf32>, tensor<4xi32> -> tensor<4x16xf32>
+  return %loss : tensor<f32>
+}
+
 // Optimizer ops: variadic global_norm, clip_coef, and adamw's custom syntax with and
 // without decay.
 // CHECK-LABEL: func.func @optimizer

@@ -1,0 +1,30 @@
+// Turns generated kernel source into what the runtime loads: a shared library built by the host
+// C++ compiler (CPU) or cubins built by NVRTC (CUDA), and writes sources for users to read.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "compiler/kernel_codegen.h"
+
+namespace kiln {
+
+// Compiles CPU kernel source into a shared library (its bytes). Compiled libraries are cached
+// by a hash of the source, compiler and flags under $KILN_KERNEL_CACHE (default
+// ~/.cache/kiln/kernels; "off" disables the cache). On failure, `error` holds the compiler's
+// first diagnostics.
+std::optional<std::vector<uint8_t>> compileCpuKernels(const std::string& source, std::string& error);
+
+// Compiles CUDA kernel source with NVRTC for sm_80 and sm_90: (arch, cubin) pairs. Fails with
+// a message when kilnc was built without NVRTC.
+std::optional<std::vector<std::pair<std::string, std::vector<uint8_t>>>> compileCudaKernels(
+    const std::string& source, std::string& error);
+
+// Writes `source` as DIR/kernels.cpp (or kernels.cu) and `manifest` as DIR/kernels.tsv.
+bool dumpKernelSource(const std::string& dir, Target target, const std::string& source,
+                      const std::string& manifest, std::string& error);
+
+}  // namespace kiln

@@ -1,0 +1,1005 @@
+// Fused-kernel source generation (see kernel_codegen.h).
+//
+// Every kernel has the signature `void SYMBOL(void* const* b, const int64_t* range)`: b[k] is the
+// k-th buffer (inputs, results, state writes) and `range` gives the [begin, end) slice of each
+// parameter an optimizer kernel updates (ZeRO-1); other kernels ignore it. Shapes are constants
+// in the source, so the host compiler can unroll and vectorise.
+//
+// Element expressions: every value of the region can be read at a flat element index; a
+// broadcast reads its input at `index % size`, a gather (kiln.embedding) reads its table row
+// `ids[index / C]`, and a value whose type is bf16 is rounded to bf16 where it is produced
+// (`rb`), so fused and unfused programs round at the same points.
+#include "compiler/kernel_codegen.h"
+
+#include <map>
+#include <sstream>
+
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/TypeSwitch.h"
+
+using namespace mlir;
+
+namespace kiln {
+namespace {
+
+RankedTensorType tensorOf(Value v) { return cast<RankedTensorType>(v.getType()); }
+int64_t numel(Value v) { return tensorOf(v).getNumElements(); }
+bool isBF16(Value v) { return tensorOf(v).getElementType().isBF16(); }
+bool isI32(Value v) { return tensorOf(v).getElementType().isInteger(32); }
+std::string num(int64_t n) { return std::to_string(n); }
+std::string flt(float f) {
+  std::ostringstream os;
+  os.precision(9);
+  os << f << "f";
+  std::string s = os.str();
+  if (s.find_first_of(".e") == std::string::npos) s.insert(s.size() - 1, ".0");
+  return s;
+}
+
+std::string ctype(Value v) { return isI32(v) ? "int32_t" : isBF16(v) ? "bf16" : "float"; }
+
+class Emitter {
+ public:
+  Emitter(FusionOp f, Target t, const std::function<bool(StringRef)>& hasCopy)
+      : f_(f), t_(t), hasCopy_(hasCopy) {}
+
+  FailureOr<GeneratedKernel> run(const std::string& symbol) {
+    symbol_ = symbol;
+    declare();
+    StringRef kind = f_.getKind();
+    LogicalResult ok = kind == "elementwise"       ? elementwise()
+                       : kind == "matmul"          ? matmul()
+                       : kind == "layer_norm"      ? layerNorm()
+                       : kind == "layer_norm_grad" ? layerNormGrad()
+                       : kind == "classifier"      ? classifier()
+                       : kind == "embedding_grad"  ? embeddingGrad()
+                       : kind == "optimizer"       ? optimizer()
+                                                   : failure();
+    if (failed(ok)) return failure();
+    GeneratedKernel k;
+    std::string ops;
+    for (Operation& op : f_.getFusedOps()) ops += (ops.empty() ? "" : ", ") + op.getName().stripDialect().str();
+    std::string sig = t_ == Target::Cpu ? "extern \"C\" void " + symbol + "(void* const* b, const int64_t* range)"
+                                        : "extern \"C\" __global__ void " + symbol +
+                                              "(void* const* b, const long long* range)";
+    std::string head = "// " + f_.getKind().str() + " kernel: " + ops + "\n// at " + location() + "\n";
+    if (!cublasLt_.empty()) head += "// cuBLASLt: " + cublasLt_ + "\n";
+    k.source = body_.empty() ? head + "// (no generated function: the library call does all of it)\n"
+                             : head + preamble_ + sig + " {\n" + decls_ + body_ + "}\n";
+    k.flops = flops_;
+    k.cudaGrid = grid_;
+    k.cudaBlock = block_;
+    k.cublasLt = cublasLt_;
+    k.launches = (cublasLt_.empty() ? 0 : 1) + (body_.empty() ? 0 : 1);
+    return k;
+  }
+
+ private:
+  std::string location() {
+    std::string s;
+    llvm::raw_string_ostream os(s);
+    f_.getLoc().print(os);
+    return s;
+  }
+
+  // --- Buffers -----------------------------------------------------------------------------
+  void declare() {
+    unsigned k = 0;
+    for (BlockArgument a : f_.getBlock().getArguments()) {
+      std::string name = "in" + num(a.getArgNumber());
+      ptr_[a] = name;
+      decls_ += "  const " + ctype(a) + "* " + name + " = (const " + ctype(a) + "*)b[" + num(k++) + "];\n";
+    }
+    auto yield = cast<YieldOp>(f_.getBlock().getTerminator());
+    for (auto [i, v] : llvm::enumerate(yield.getValues())) {
+      std::string name = "out" + num(i);
+      outs_[v].push_back(name);
+      decls_ += "  " + ctype(v) + "* " + name + " = (" + ctype(v) + "*)b[" + num(k++) + "];\n";
+    }
+    for (Operation& op : f_.getFusedOps()) {
+      if (auto acc = dyn_cast<AccumulateGradOp>(op)) {
+        std::string name = "grad" + num(k);
+        state_[&op] = {name};
+        decls_ += "  float* " + name + " = (float*)b[" + num(k++) + "];  // " + acc.getName().str() + ".grad\n";
+      } else if (auto adam = dyn_cast<AdamWOp>(op)) {
+        std::vector<std::string> names;
+        for (const char* role : {"p", "m", "v"}) {
+          names.push_back(role + num(k));
+          decls_ += "  float* " + names.back() + " = (float*)b[" + num(k++) + "];\n";
+        }
+        if (hasCopy_(adam.getName())) {
+          names.push_back("copy" + num(k));
+          decls_ += "  bf16* " + names.back() + " = (bf16*)b[" + num(k++) + "];\n";
+        }
+        decls_ += "  // " + adam.getName().str() + ": value, moments" + (names.size() > 3 ? ", compute copy" : "") + "\n";
+        state_[&op] = names;
+      }
+    }
+  }
+
+  // Reads `v` at flat element `idx` (an expression). Values computed in the current loop
+  // iteration at element `i` are locals.
+  std::string at(Value v, const std::string& idx) {
+    if (idx == "i")
+      if (auto it = local_.find(v); it != local_.end()) return it->second;
+    if (auto a = dyn_cast<BlockArgument>(v)) return "ld(" + ptr_[a] + ", " + idx + ")";
+    Operation* op = v.getDefiningOp();
+    auto sub = [&](Value x) { return at(x, idx); };
+    std::string e = llvm::TypeSwitch<Operation*, std::string>(op)
+        .Case([&](AddOp o) { return "(" + sub(o.getLhs()) + " + " + sub(o.getRhs()) + ")"; })
+        .Case([&](MulOp o) { return "(" + sub(o.getLhs()) + " * " + sub(o.getRhs()) + ")"; })
+        .Case([&](ScaleOp o) { return "(" + sub(o->getOperand(0)) + " * " + at(o->getOperand(1), "0") + ")"; })
+        .Case([&](GeluOp o) { return "gelu_f(" + sub(o->getOperand(0)) + ")"; })
+        .Case([&](GeluGradOp o) { return "gelu_grad_f(" + sub(o->getOperand(0)) + ", " + sub(o->getOperand(1)) + ")"; })
+        .Case([&](CastOp o) { return sub(o->getOperand(0)); })
+        .Case([&](BroadcastOp o) {
+          return at(o.getInput(), "(" + idx + ") % " + num(numel(o.getInput())));
+        })
+        .Case([&](EmbeddingOp o) {
+          const int64_t C = tensorOf(o.getTable()).getShape().back();
+          std::string row = "(int64_t)" + at(o.getIndices(), "(" + idx + ") / " + num(C));
+          return at(o.getTable(), row + " * " + num(C) + " + (" + idx + ") % " + num(C));
+        })
+        .Case([&](IotaOp) { return "(int32_t)(" + idx + ")"; })
+        .Default([&](Operation*) { return std::string("/*unsupported*/0"); });
+    if (isa<EmbeddingOp, IotaOp, CastOp>(op) && !isBF16(v)) return e;
+    if (isBF16(v) && !isa<BroadcastOp, EmbeddingOp>(op)) return "rb(" + e + ")";
+    return e;
+  }
+
+  // Emits `const float vN = ...;` at element i for each op in `ops` whose result is read later.
+  void locals(ArrayRef<Operation*> ops, const std::string& indent) {
+    for (Operation* op : ops)
+      for (Value r : op->getResults()) {
+        if (isI32(r)) continue;
+        std::string name = "v" + num(next_++);
+        body_ += indent + "const float " + name + " = " + at(r, "i") + ";\n";
+        local_[r] = name;
+      }
+  }
+
+  // Stores of the yielded values and gradient accumulations among `ops`, at element i.
+  void stores(ArrayRef<Operation*> ops, const std::string& indent) {
+    for (Operation* op : ops) {
+      for (Value r : op->getResults())
+        for (const std::string& o : outs_.lookup(r)) body_ += indent + "st(" + o + ", i, " + local_[r] + ");\n";
+      if (auto acc = dyn_cast<AccumulateGradOp>(op))
+        body_ += indent + state_[op][0] + "[i] += " + at(acc.getGradient(), "i") + ";\n";
+    }
+  }
+
+  std::string parallelFor(const std::string& var, const std::string& count, int64_t work) {
+    if (work < (1 << 14)) return "";
+    return "#pragma omp parallel for schedule(static)\n";
+  }
+
+  // --- Kinds -------------------------------------------------------------------------------
+  // A flat loop over the root's elements.
+  LogicalResult elementwise() {
+    int64_t n = 0;
+    SmallVector<Operation*> ops;
+    for (Operation& op : f_.getFusedOps()) {
+      ops.push_back(&op);
+      for (Value r : op.getResults()) n = std::max(n, numel(r));
+      if (auto acc = dyn_cast<AccumulateGradOp>(op)) n = std::max(n, numel(acc.getGradient()));
+    }
+    // Only values over all n elements become locals; smaller ones (broadcast or gathered
+    // inputs) are read where they are used.
+    SmallVector<Operation*> full;
+    for (Operation* op : ops)
+      if (op->getNumResults() && numel(op->getResult(0)) == n && !isa<IotaOp>(op)) full.push_back(op);
+    flops_ = double(n) * double(full.size());
+    loop(n, [&](const std::string& ind) {
+      locals(full, ind);
+      stores(ops, ind);
+    });
+    return success();
+  }
+
+  // for i in [0, n): body. Parallel on the CPU, grid-stride on the GPU.
+  void loop(int64_t n, const std::function<void(const std::string&)>& inner) {
+    if (t_ == Target::Cpu) {
+      body_ += n >= (1 << 14) ? "#pragma omp parallel for simd schedule(static)\n" : "#pragma omp simd\n";
+      body_ += "  for (int64_t i = 0; i < " + num(n) + "; ++i) {\n";
+    } else {
+      block_ = 256;
+      grid_ = unsigned(std::min<int64_t>((n + 255) / 256, 132 * 16));
+      body_ += "  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < " + num(n) +
+               "; i += (long long)gridDim.x * blockDim.x) {\n";
+    }
+    inner("    ");
+    body_ += "  }\n";
+  }
+
+  // The matrix product by the BLAS (cuBLASLt on the GPU), then the epilogue over its result.
+  LogicalResult matmul() {
+    MatmulOp mm;
+    SmallVector<Operation*> epilogue, columns;
+    for (Operation& op : f_.getFusedOps()) {
+      if (auto m = dyn_cast<MatmulOp>(op)) mm = m;
+      else if (isa<ReduceSumOp>(op) || (!columns.empty() && (isa<CastOp, AccumulateGradOp>(op)) &&
+                                         dependsOnColumns(&op, columns)))
+        columns.push_back(&op);
+      else
+        epilogue.push_back(&op);
+    }
+    auto out = tensorOf(mm.getResult()).getShape();
+    auto lhs = tensorOf(mm.getLhs()).getShape();
+    const int64_t M = out[0], N = out[1], K = mm.getTransposeLhs() ? lhs[0] : lhs[1];
+    const bool tA = mm.getTransposeLhs(), tB = mm.getTransposeRhs();
+    flops_ = 2.0 * double(M) * double(N) * double(K) + double(M * N) * double(epilogue.size());
+    if (t_ == Target::Cuda) return cudaMatmulNote(mm, epilogue, columns, M, N, K);
+
+    auto operandF32 = [&](Value v, const char* name) {
+      auto a = cast<BlockArgument>(v);
+      if (!isBF16(a)) return "  const float* " + std::string(name) + " = " + ptr_[a] + ";\n";
+      return "  const float* " + std::string(name) + " = widen(" + ptr_[a] + ", " + num(numel(a)) + ", " +
+             (name[0] == 'A' ? "0" : "1") + ");\n";
+    };
+    body_ += "  // C[" + num(M) + ", " + num(N) + "] = " + (tA ? "A^T" : "A") + " " + (tB ? "B^T" : "B") +
+             " with K = " + num(K) + ", by the BLAS into fp32 scratch.\n";
+    body_ += operandF32(mm.getLhs(), "A") + operandF32(mm.getRhs(), "B");
+    body_ += "  float* C = scratch(2, " + num(M * N) + ");\n";
+    body_ += "  cblas_sgemm(CblasRowMajor, " + std::string(tA ? "CblasTrans" : "CblasNoTrans") + ", " +
+             (tB ? "CblasTrans" : "CblasNoTrans") + ", " + num(M) + ", " + num(N) + ", " + num(K) + ", 1.0f, A, " +
+             num(tA ? M : K) + ", B, " + num(tB ? K : N) + ", 0.0f, C, " + num(N) + ");\n";
+    if (!epilogue.empty() || !outs_.lookup(mm.getResult()).empty()) {
+      body_ += "  // Epilogue, element by element over C.\n";
+      loop(M * N, [&](const std::string& ind) {
+        std::string mv = "v" + num(next_++);
+        body_ += ind + "const float " + mv + " = " + (isBF16(mm.getResult()) ? "rb(C[i])" : "C[i]") + ";\n";
+        local_[mm.getResult()] = mv;
+        SmallVector<Operation*> full;
+        for (Operation* op : epilogue)
+          if (op->getNumResults() && numel(op->getResult(0)) == M * N) full.push_back(op);
+        locals(full, ind);
+        SmallVector<Operation*> all{mm.getOperation()};
+        all.append(epilogue.begin(), epilogue.end());
+        stores(all, ind);
+      });
+    }
+    if (!columns.empty()) columnSums(columns);
+    return success();
+  }
+
+  static bool dependsOnColumns(Operation* op, ArrayRef<Operation*> columns) {
+    for (Value v : op->getOperands())
+      if (llvm::is_contained(columns, v.getDefiningOp())) return true;
+    return false;
+  }
+
+  // Bias gradients: column sums of a [R, K] operand (kiln.reduce_sum), then their consumers.
+  void columnSums(ArrayRef<Operation*> ops) {
+    auto sum = cast<ReduceSumOp>(ops.front());
+    const int64_t K = numel(sum.getResult()), R = numel(sum.getInput()) / K;
+    flops_ += double(R * K);
+    body_ += "  // Column sums of the right operand (the bias gradient), in double.\n";
+    if (K * R >= (1 << 14)) body_ += "#pragma omp parallel for schedule(static)\n";
+    body_ += "  for (int64_t i = 0; i < " + num(K) + "; ++i) {\n";
+    body_ += "    double acc = 0.0;\n";
+    body_ += "    for (int64_t r = 0; r < " + num(R) + "; ++r) acc += " + at(sum.getInput(), "r * " + num(K) + " + i") + ";\n";
+    std::string name = "v" + num(next_++);
+    body_ += "    const float " + name + " = " + (isBF16(sum.getResult()) ? "rb((float)acc)" : "(float)acc") + ";\n";
+    local_[sum.getResult()] = name;
+    locals(ops.drop_front(), "    ");
+    stores(ops, "    ");
+    body_ += "  }\n";
+  }
+
+  // CUDA: the product and the epilogues cuBLASLt has (bias, GELU with its pre-activation as the
+  // auxiliary output, GELU backward from that auxiliary input, a residual or accumulator as C with
+  // beta = 1) are one cuBLASLt call; a generated function adds what it has not (further
+  // accumulated terms, the bias gradient's column sums).
+  LogicalResult cudaMatmulNote(MatmulOp mm, ArrayRef<Operation*> epilogue, ArrayRef<Operation*> columns, int64_t M,
+                               int64_t N, int64_t K) {
+    std::string epi = "DEFAULT", extra;
+    bool bias = false, gelu = false, beta = false;
+    Value cur = mm.getResult();
+    std::string c = "none", aux = "none", biasIn = "none", d;
+    SmallVector<Value> extraTerms;
+    Value residual;
+    AccumulateGradOp acc;
+    for (Operation* op : epilogue) {
+      if (isa<BroadcastOp>(op)) continue;
+      if (auto add = dyn_cast<AddOp>(op)) {
+        Value other = add.getLhs() == cur ? add.getRhs() : add.getLhs();
+        if (auto b = other.getDefiningOp<BroadcastOp>(); b && !bias && !gelu && !beta) {
+          bias = true;
+          biasIn = ptr_[cast<BlockArgument>(b.getInput())];
+        } else if (!beta && !gelu) {
+          beta = true;
+          residual = other;
+          c = ptr_[cast<BlockArgument>(other)];
+        } else {
+          extraTerms.push_back(other);
+        }
+      } else if (isa<GeluOp>(op) && !gelu) {
+        gelu = true;
+        if (!outs_.lookup(cur).empty()) aux = outs_.lookup(cur).front();
+      } else if (auto gg = dyn_cast<GeluGradOp>(op); gg && epi == "DEFAULT" && !bias) {
+        epi = "DGELU";
+        aux = ptr_[cast<BlockArgument>(gg->getOperand(1))];
+      } else if (auto a = dyn_cast<AccumulateGradOp>(op)) {
+        acc = a;
+      } else if (!isa<CastOp>(op)) {
+        return f_.emitError() << "kilnc: CUDA: cuBLASLt has no epilogue for '" << op->getName() << "' after a matmul";
+      }
+      if (op->getNumResults()) cur = op->getResult(0);
+    }
+    if (bias && gelu) epi = aux == "none" ? "GELU_BIAS" : "GELU_AUX_BIAS";
+    else if (bias) epi = "BIAS";
+    else if (gelu) epi = aux == "none" ? "GELU" : "GELU_AUX";
+    if (acc) {
+      // C is the accumulator; a residual term is added by the generated function instead.
+      if (residual) extraTerms.insert(extraTerms.begin(), residual);
+      d = state_[acc.getOperation()][0];
+      c = d;
+      beta = true;
+    } else {
+      auto o = outs_.lookup(cur);
+      if (o.empty()) return f_.emitError() << "kilnc: CUDA: the matmul region's result is not used";
+      d = o.front();
+    }
+    cublasLt_ = "epilogue=" + epi + " M=" + num(M) + " N=" + num(N) + " K=" + num(K) + " transA=" +
+                num(mm.getTransposeLhs()) + " transB=" + num(mm.getTransposeRhs()) + " A=" +
+                ptr_[cast<BlockArgument>(mm.getLhs())] + " B=" + ptr_[cast<BlockArgument>(mm.getRhs())] +
+                " bias=" + biasIn + " aux=" + aux + " C=" + c + " beta=" + (beta ? "1" : "0") + " D=" + d;
+    if (!extraTerms.empty() || !columns.empty()) {
+      block_ = 256;
+      grid_ = unsigned(std::min<int64_t>((std::max(extraTerms.empty() ? 0 : M * N, N) + 255) / 256, 2112));
+    }
+    if (!extraTerms.empty()) {
+      body_ += "  // Terms cuBLASLt cannot add (it accumulated the product into " + d + ").\n";
+      body_ += "  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < " + num(M * N) +
+               "; i += (long long)gridDim.x * blockDim.x) {\n";
+      std::string sum;
+      for (Value v : extraTerms) sum += (sum.empty() ? "" : " + ") + at(v, "i");
+      body_ += "    " + d + "[i] += " + sum + ";\n  }\n";
+    }
+    if (!columns.empty()) {
+      auto red = cast<ReduceSumOp>(columns.front());
+      const int64_t R = numel(red.getInput()) / numel(red.getResult()), Kc = numel(red.getResult());
+      body_ += "  // The bias gradient: column sums of the right operand, accumulated.\n";
+      body_ += "  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < " + num(Kc) +
+               "; i += (long long)gridDim.x * blockDim.x) {\n";
+      body_ += "    float acc = 0.0f;\n";
+      body_ += "    for (long long r = 0; r < " + num(R) + "; ++r) acc += " + at(red.getInput(), "r * " + num(Kc) + " + i") + ";\n";
+      std::string name = "v" + num(next_++);
+      body_ += "    const float " + name + " = " + (isBF16(red.getResult()) ? "rb(acc)" : "acc") + ";\n";
+      local_[red.getResult()] = name;
+      SmallVector<Operation*> rest(columns.drop_front());
+      SmallVector<Operation*> vals;
+      for (Operation* op : rest)
+        if (op->getNumResults()) vals.push_back(op);
+      locals(vals, "    ");
+      stores(columns, "    ");
+      body_ += "  }\n";
+    }
+    return success();
+  }
+
+  // Layer norm over rows of C, with the residual add before it and casts after it.
+  LogicalResult layerNorm() {
+    LayerNormOp ln;
+    for (Operation& op : f_.getFusedOps())
+      if (auto l = dyn_cast<LayerNormOp>(op)) ln = l;
+    const int64_t C = tensorOf(ln.getInput()).getShape().back(), N = numel(ln.getInput()) / C;
+    const float eps = ln.getEpsilon().convertToFloat();
+    flops_ = 8.0 * double(N * C);
+    Value x = ln.getInput();
+    if (t_ == Target::Cuda) return cudaLayerNorm(ln, N, C, eps);
+    body_ += "  // One row per iteration: x (stored when read elsewhere), mean and rstd in double, y.\n";
+    body_ += "#pragma omp parallel for schedule(static)\n";
+    body_ += "  for (int64_t r = 0; r < " + num(N) + "; ++r) {\n";
+    body_ += "    float x[" + num(C) + "];\n";
+    body_ += "    for (int64_t c = 0; c < " + num(C) + "; ++c) {\n      const int64_t i = r * " + num(C) + " + c;\n";
+    body_ += "      x[c] = " + at(x, "i") + ";\n";
+    if (Operation* add = x.getDefiningOp())
+      for (const std::string& o : outs_.lookup(add->getResult(0))) body_ += "      st(" + o + ", i, x[c]);\n";
+    body_ += "    }\n";
+    body_ += "    double sum = 0.0;\n    for (int64_t c = 0; c < " + num(C) + "; ++c) sum += x[c];\n";
+    body_ += "    const double m = sum / " + num(C) + ".0;\n";
+    body_ += "    double ssq = 0.0;\n    for (int64_t c = 0; c < " + num(C) + "; ++c) { const double d = x[c] - m; ssq += d * d; }\n";
+    body_ += "    const float mf = (float)m, s = (float)(1.0 / sqrt(ssq / " + num(C) + ".0 + (double)" + flt(eps) + "));\n";
+    body_ += "    for (int64_t c = 0; c < " + num(C) + "; ++c) {\n      const int64_t i = r * " + num(C) + " + c;\n";
+    std::string y = "(x[c] - mf) * s * " + at(ln.getWeight(), "c") + " + " + at(ln.getBias(), "c");
+    if (isBF16(ln.getResult())) y = "rb(" + y + ")";
+    body_ += "      const float y = " + y + ";\n";
+    local_[ln.getResult()] = "y";
+    SmallVector<Operation*> after;
+    for (Operation& op : f_.getFusedOps())
+      if (isa<CastOp>(op)) after.push_back(&op);
+    locals(after, "      ");
+    for (const std::string& o : outs_.lookup(ln.getResult())) body_ += "      st(" + o + ", i, y);\n";
+    stores(after, "      ");
+    body_ += "    }\n";
+    for (const std::string& o : outs_.lookup(ln.getMean())) body_ += "    st(" + o + ", r, mf);\n";
+    for (const std::string& o : outs_.lookup(ln.getRstd())) body_ += "    st(" + o + ", r, s);\n";
+    body_ += "  }\n";
+    return success();
+  }
+
+  // CUDA: one warp per row; x is read again for each pass rather than kept.
+  LogicalResult cudaLayerNorm(LayerNormOp ln, int64_t N, int64_t C, float eps) {
+    Value x = ln.getInput();
+    block_ = 256;
+    grid_ = unsigned((N + 7) / 8);
+    body_ += "  const long long r = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32;\n";
+    body_ += "  const int lane = threadIdx.x % 32;\n  if (r >= " + num(N) + ") return;\n";
+    body_ += "  float sum = 0.0f;\n";
+    body_ += "  for (long long c = lane; c < " + num(C) + "; c += 32) {\n    const long long i = r * " + num(C) + " + c;\n";
+    body_ += "    const float xv = " + at(x, "i") + ";\n";
+    if (Operation* add = x.getDefiningOp())
+      for (const std::string& o : outs_.lookup(add->getResult(0))) body_ += "    st(" + o + ", i, xv);\n";
+    body_ += "    sum += xv;\n  }\n";
+    body_ += "  const float m = warp_sum(sum) / " + num(C) + ".0f;\n";
+    body_ += "  float ssq = 0.0f;\n";
+    body_ += "  for (long long c = lane; c < " + num(C) + "; c += 32) {\n    const long long i = r * " + num(C) + " + c;\n";
+    body_ += "    const float d = " + at(x, "i") + " - m;\n    ssq += d * d;\n  }\n";
+    body_ += "  const float s = rsqrtf(warp_sum(ssq) / " + num(C) + ".0f + " + flt(eps) + ");\n";
+    body_ += "  for (long long c = lane; c < " + num(C) + "; c += 32) {\n    const long long i = r * " + num(C) + " + c;\n";
+    std::string y = "(" + at(x, "i") + " - m) * s * " + at(ln.getWeight(), "c") + " + " + at(ln.getBias(), "c");
+    if (isBF16(ln.getResult())) y = "rb(" + y + ")";
+    body_ += "    const float y = " + y + ";\n";
+    local_[ln.getResult()] = "y";
+    SmallVector<Operation*> after;
+    for (Operation& op : f_.getFusedOps())
+      if (isa<CastOp>(op)) after.push_back(&op);
+    locals(after, "    ");
+    for (const std::string& o : outs_.lookup(ln.getResult())) body_ += "    st(" + o + ", i, y);\n";
+    stores(after, "    ");
+    body_ += "  }\n  if (lane == 0) {\n";
+    for (const std::string& o : outs_.lookup(ln.getMean())) body_ += "    st(" + o + ", r, m);\n";
+    for (const std::string& o : outs_.lookup(ln.getRstd())) body_ += "    st(" + o + ", r, s);\n";
+    body_ += "  }\n";
+    return success();
+  }
+
+  // Layer-norm backward: dx per row, dw and db as per-chunk column sums added in a fixed order;
+  // the residual gradient add, casts and accumulations fused.
+  LogicalResult layerNormGrad() {
+    LayerNormGradOp lg;
+    SmallVector<ReduceSumOp> sums;  // bias gradients: column sums of the gradient that leaves
+    for (Operation& op : f_.getFusedOps()) {
+      if (auto l = dyn_cast<LayerNormGradOp>(op)) lg = l;
+      if (auto r = dyn_cast<ReduceSumOp>(op)) sums.push_back(r);
+    }
+    Value dy = lg->getOperand(0), x = lg->getOperand(1), w = lg->getOperand(2), mean = lg->getOperand(3),
+          rstd = lg->getOperand(4);
+    const int64_t C = tensorOf(x).getShape().back(), N = numel(x) / C;
+    flops_ = (14.0 + sums.size()) * double(N * C);
+    if (t_ == Target::Cuda) return cudaLayerNormGrad(lg, sums, N, C);
+    const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(N, 32));
+    const int64_t width = (2 + int64_t(sums.size())) * C;  // per chunk: dw | db | column sums
+    body_ += "  // Per-chunk partial column sums: partial[chunk] = [dw(C) | db(C)" +
+             std::string(sums.empty() ? "" : " | sum of the outgoing gradient (C)") + "].\n";
+    body_ += "  float* partial = scratch(0, " + num(chunks * width) + ");\n";
+    body_ += "#pragma omp parallel for schedule(static)\n";
+    body_ += "  for (int64_t ch = 0; ch < " + num(chunks) + "; ++ch) {\n";
+    body_ += "    float* pdw = partial + ch * " + num(width) + ";\n    float* pdb = pdw + " + num(C) + ";\n";
+    for (size_t k = 0; k < sums.size(); ++k)
+      body_ += "    float* pcs" + num(k) + " = pdw + " + num((2 + int64_t(k)) * C) + ";\n";
+    body_ += "    for (int64_t c = 0; c < " + num(width) + "; ++c) pdw[c] = 0.0f;\n";
+    body_ += "    for (int64_t r = " + num(N) + " * ch / " + num(chunks) + "; r < " + num(N) + " * (ch + 1) / " +
+             num(chunks) + "; ++r) {\n";
+    body_ += "      const float m = " + at(mean, "r") + ", s = " + at(rstd, "r") + ";\n";
+    body_ += "      // With xhat = (x - mean) rstd and g = dy w: dx = rstd (g - mean(g) - xhat mean(g xhat)).\n";
+    body_ += "      double sum_g = 0.0, sum_gx = 0.0;\n";
+    body_ += "      for (int64_t c = 0; c < " + num(C) + "; ++c) {\n        const int64_t i = r * " + num(C) + " + c;\n";
+    body_ += "        const float xhat = (" + at(x, "i") + " - m) * s, g = " + at(dy, "i") + " * " + at(w, "c") + ";\n";
+    body_ += "        sum_g += g;\n        sum_gx += (double)g * xhat;\n      }\n";
+    body_ += "      const float mean_g = (float)(sum_g / " + num(C) + ".0), mean_gx = (float)(sum_gx / " + num(C) + ".0);\n";
+    body_ += "      for (int64_t c = 0; c < " + num(C) + "; ++c) {\n        const int64_t i = r * " + num(C) + " + c;\n";
+    body_ += "        const float d = " + at(dy, "i") + ", xhat = (" + at(x, "i") + " - m) * s, g = d * " + at(w, "c") + ";\n";
+    std::string dx = "s * (g - mean_g - xhat * mean_gx)";
+    if (isBF16(lg->getResult(0))) dx = "rb(" + dx + ")";
+    body_ += "        const float dx = " + dx + ";\n";
+    local_[lg->getResult(0)] = "dx";
+    SmallVector<Operation*> after;  // row-domain ops after the backward: residual add, casts
+    for (Operation& op : f_.getFusedOps())
+      if (isa<AddOp, CastOp>(op) && lg->isBeforeInBlock(&op) && numel(op.getResult(0)) == N * C) after.push_back(&op);
+    locals(after, "        ");
+    for (const std::string& o : outs_.lookup(lg->getResult(0))) body_ += "        st(" + o + ", i, dx);\n";
+    stores(after, "        ");
+    body_ += "        pdw[c] += d * xhat;\n        pdb[c] += d;\n";
+    for (size_t k = 0; k < sums.size(); ++k) body_ += "        pcs" + num(k) + "[c] += " + at(sums[k].getInput(), "i") + ";\n";
+    body_ += "      }\n    }\n  }\n";
+    body_ += "  // Chunk partials added in order: the same result whatever the thread count.\n";
+    body_ += "  for (int64_t c = 0; c < " + num(C) + "; ++c) {\n";
+    body_ += "    float sw = 0.0f, sb = 0.0f;\n";
+    for (size_t k = 0; k < sums.size(); ++k) body_ += "    float sc" + num(k) + " = 0.0f;\n";
+    body_ += "    for (int64_t ch = 0; ch < " + num(chunks) + "; ++ch) {\n";
+    body_ += "      sw += partial[ch * " + num(width) + " + c];\n      sb += partial[ch * " + num(width) + " + " + num(C) + " + c];\n";
+    for (size_t k = 0; k < sums.size(); ++k)
+      body_ += "      sc" + num(k) + " += partial[ch * " + num(width) + " + " + num((2 + int64_t(k)) * C) + " + c];\n";
+    body_ += "    }\n";
+    for (unsigned k : {1u, 2u}) {
+      Value r = lg->getResult(k);
+      std::string v = k == 1 ? "sw" : "sb";
+      if (isBF16(r)) v = "rb(" + v + ")";
+      for (const std::string& o : outs_.lookup(r)) body_ += "    st(" + o + ", c, " + v + ");\n";
+      for (Operation* u : r.getUsers())
+        if (isa<AccumulateGradOp>(u) && state_.count(u)) body_ += "    " + state_[u][0] + "[c] += " + v + ";\n";
+    }
+    // Each bias gradient's chain (cast, accumulation) over the C column sums, at element c.
+    body_ += "    const int64_t i = c;\n";
+    for (size_t k = 0; k < sums.size(); ++k) {
+      std::string name = "v" + num(next_++);
+      body_ += "    const float " + name + " = " + (isBF16(sums[k].getResult()) ? "rb(sc" + num(k) + ")" : "sc" + num(k)) + ";\n";
+      local_[sums[k].getResult()] = name;
+      SmallVector<Operation*> chain;
+      for (Operation* u = soleUserOf(sums[k].getResult()); u; u = u->getNumResults() ? soleUserOf(u->getResult(0)) : nullptr)
+        chain.push_back(u);
+      SmallVector<Operation*> vals;
+      for (Operation* op : chain)
+        if (op->getNumResults()) vals.push_back(op);
+      locals(vals, "    ");
+      SmallVector<Operation*> all{sums[k].getOperation()};
+      all.append(chain.begin(), chain.end());
+      stores(all, "    ");
+    }
+    body_ += "  }\n";
+    return success();
+  }
+
+  // CUDA: one warp per row for dx; each block sums its rows' dw, db and bias-gradient columns in
+  // shared memory and adds them to the accumulators with atomics at the end.
+  LogicalResult cudaLayerNormGrad(LayerNormGradOp lg, SmallVector<ReduceSumOp>& sums, int64_t N, int64_t C) {
+    Value dy = lg->getOperand(0), x = lg->getOperand(1), w = lg->getOperand(2), mean = lg->getOperand(3),
+          rstd = lg->getOperand(4);
+    std::vector<std::string> targets;  // accumulators of dw, db, then each bias gradient
+    for (unsigned k : {1u, 2u}) {
+      Operation* u = soleUserOf(lg->getResult(k));
+      if (!u || !isa<AccumulateGradOp>(u) || !state_.count(u))
+        return f_.emitError() << "kilnc: CUDA: the layer-norm backward kernel needs its weight and bias gradients accumulated";
+      targets.push_back(state_[u][0]);
+    }
+    for (ReduceSumOp r : sums) {
+      Operation* u = soleUserOf(r.getResult());
+      while (u && isa<CastOp>(u)) u = soleUserOf(u->getResult(0));
+      if (!u || !isa<AccumulateGradOp>(u)) return f_.emitError() << "kilnc: CUDA: a column sum must be accumulated";
+      targets.push_back(state_[u][0]);
+    }
+    const int64_t width = int64_t(targets.size()) * C;
+    block_ = 256;
+    grid_ = unsigned(std::min<int64_t>((N + 7) / 8, 264));
+    body_ += "  __shared__ float part[" + num(width) + "];  // dw | db | bias-gradient columns\n";
+    body_ += "  for (int c = threadIdx.x; c < " + num(width) + "; c += blockDim.x) part[c] = 0.0f;\n";
+    body_ += "  __syncthreads();\n";
+    body_ += "  const int lane = threadIdx.x % 32;\n";
+    body_ += "  for (long long r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; r < " + num(N) +
+             "; r += gridDim.x * (blockDim.x / 32)) {\n";
+    body_ += "    const float m = " + at(mean, "r") + ", s = " + at(rstd, "r") + ";\n";
+    body_ += "    float sg = 0.0f, sgx = 0.0f;\n";
+    body_ += "    for (long long c = lane; c < " + num(C) + "; c += 32) {\n      const long long i = r * " + num(C) + " + c;\n";
+    body_ += "      const float xhat = (" + at(x, "i") + " - m) * s, g = " + at(dy, "i") + " * " + at(w, "c") + ";\n";
+    body_ += "      sg += g;\n      sgx += g * xhat;\n    }\n";
+    body_ += "    const float mean_g = warp_sum(sg) / " + num(C) + ".0f, mean_gx = warp_sum(sgx) / " + num(C) + ".0f;\n";
+    body_ += "    for (long long c = lane; c < " + num(C) + "; c += 32) {\n      const long long i = r * " + num(C) + " + c;\n";
+    body_ += "      const float d = " + at(dy, "i") + ", xhat = (" + at(x, "i") + " - m) * s, g = d * " + at(w, "c") + ";\n";
+    std::string dx = "s * (g - mean_g - xhat * mean_gx)";
+    if (isBF16(lg->getResult(0))) dx = "rb(" + dx + ")";
+    body_ += "      const float dx = " + dx + ";\n";
+    local_[lg->getResult(0)] = "dx";
+    SmallVector<Operation*> after;
+    for (Operation& op : f_.getFusedOps())
+      if (isa<AddOp, CastOp>(op) && lg->isBeforeInBlock(&op) && numel(op.getResult(0)) == N * C) after.push_back(&op);
+    locals(after, "      ");
+    for (const std::string& o : outs_.lookup(lg->getResult(0))) body_ += "      st(" + o + ", i, dx);\n";
+    stores(after, "      ");
+    body_ += "      atomicAdd(&part[c], d * xhat);\n      atomicAdd(&part[" + num(C) + " + c], d);\n";
+    for (size_t k = 0; k < sums.size(); ++k)
+      body_ += "      atomicAdd(&part[" + num((2 + int64_t(k)) * C) + " + c], " + at(sums[k].getInput(), "i") + ");\n";
+    body_ += "    }\n  }\n  __syncthreads();\n";
+    body_ += "  for (int c = threadIdx.x; c < " + num(C) + "; c += blockDim.x) {\n";
+    for (size_t k = 0; k < targets.size(); ++k)
+      body_ += "    atomicAdd(&" + targets[k] + "[c], part[" + num(int64_t(k) * C) + " + c]);\n";
+    body_ += "  }\n";
+    return success();
+  }
+
+  static Operation* soleUserOf(Value v) {
+    Operation* user = nullptr;
+    for (Operation* u : v.getUsers()) {
+      if (user && u != user) return nullptr;
+      user = u;
+    }
+    return user && !isa<YieldOp>(user) ? user : nullptr;
+  }
+
+  // Mean cross-entropy and its gradient in one pass per row; the probabilities are never stored.
+  LogicalResult classifier() {
+    CrossEntropyOp ce;
+    CrossEntropyGradOp cg;
+    for (Operation& op : f_.getFusedOps()) {
+      if (auto c = dyn_cast<CrossEntropyOp>(op)) ce = c;
+      if (auto g = dyn_cast<CrossEntropyGradOp>(op)) cg = g;
+    }
+    if (!ce || !cg) return f_.emitError() << "kilnc: a classifier region needs cross_entropy and its gradient";
+    Value logits = ce.getLogits(), targets = ce.getTargets(), dloss = cg->getOperand(0);
+    const int64_t N = tensorOf(logits).getShape()[0], V = tensorOf(logits).getShape()[1];
+    const int64_t valid = ce.getNumClasses() ? int64_t(*ce.getNumClasses()) : V;
+    flops_ = 6.0 * double(N * V);
+    auto lossOut = outs_.lookup(ce.getLoss());
+    auto gradOut = outs_.lookup(cg->getResult(0));
+    if (gradOut.empty()) return f_.emitError() << "kilnc: the classifier's gradient is not used";
+    const std::string dl = gradOut.front();
+    if (t_ == Target::Cuda) return cudaClassifier(logits, targets, dloss, N, V, valid, lossOut, dl);
+    body_ += "  // Row i: lse = max + log sum exp(x - max) over the " + num(valid) + " classes; loss_i = lse - x[t];\n";
+    body_ += "  // dlogits = dloss / N * (softmax - onehot(t)), written over the logits when they share storage.\n";
+    body_ += "  double* row_loss = (double*)scratch(1, " + num(2 * N) + ");\n";
+    body_ += "  const float g = " + at(dloss, "0") + " / " + num(N) + ".0f;\n";
+    body_ += "#pragma omp parallel for schedule(static)\n";
+    body_ += "  for (int64_t r = 0; r < " + num(N) + "; ++r) {\n";
+    body_ += "    const int64_t row = r * " + num(V) + ";\n";
+    body_ += "    const int32_t t = " + at(targets, "r") + ";\n";
+    // 16 independent lanes so the compiler vectorises the max and the sum (then added in double).
+    body_ += "    float lane[16];\n";
+    body_ += "    for (int q = 0; q < 16; ++q) lane[q] = -INFINITY;\n";
+    body_ += "    for (int64_t j0 = 0; j0 + 16 <= " + num(valid) + "; j0 += 16)\n";
+    body_ += "      for (int q = 0; q < 16; ++q) { const float v = " + at(logits, "row + j0 + q") + "; lane[q] = v > lane[q] ? v : lane[q]; }\n";
+    body_ += "    float mx = -INFINITY;\n";
+    body_ += "    for (int q = 0; q < 16; ++q) mx = fmaxf(mx, lane[q]);\n";
+    body_ += "    for (int64_t j = " + num(valid / 16 * 16) + "; j < " + num(valid) + "; ++j) mx = fmaxf(mx, " + at(logits, "row + j") + ");\n";
+    body_ += "    for (int q = 0; q < 16; ++q) lane[q] = 0.0f;\n";
+    body_ += "    for (int64_t j0 = 0; j0 + 16 <= " + num(valid) + "; j0 += 16)\n";
+    body_ += "      for (int q = 0; q < 16; ++q) lane[q] += exp_f(" + at(logits, "row + j0 + q") + " - mx);\n";
+    body_ += "    double sum = 0.0;\n";
+    body_ += "    for (int q = 0; q < 16; ++q) sum += lane[q];\n";
+    body_ += "    for (int64_t j = " + num(valid / 16 * 16) + "; j < " + num(valid) + "; ++j) sum += exp_f(" + at(logits, "row + j") + " - mx);\n";
+    body_ += "    const double l = (double)mx + log(sum);\n";
+    body_ += "    row_loss[r] = l - (double)" + at(logits, "row + t") + ";\n";
+    body_ += "    const float lf = (float)l;\n";
+    body_ += "    for (int64_t j = 0; j < " + num(valid) + "; ++j) {\n";
+    body_ += "      float d = g * exp_f(" + at(logits, "row + j") + " - lf);\n";
+    body_ += "      if (j == t) d -= g;\n";
+    body_ += "      st(" + dl + ", row + j, d);\n    }\n";
+    if (valid < V) body_ += "    for (int64_t j = " + num(valid) + "; j < " + num(V) + "; ++j) st(" + dl + ", row + j, 0.0f);  // padding\n";
+    body_ += "  }\n";
+    body_ += "  double total = 0.0;\n  for (int64_t r = 0; r < " + num(N) + "; ++r) total += row_loss[r];\n";
+    for (const std::string& o : lossOut) body_ += "  st(" + o + ", 0, (float)(total / " + num(N) + ".0));\n";
+    return success();
+  }
+
+  // CUDA: one block per row; each thread keeps a running max and sum (online softmax), the block
+  // combines them, then writes the gradient over the logits. The mean loss is summed across blocks
+  // and the last block to finish writes it (and resets the sum for the next launch).
+  LogicalResult cudaClassifier(Value logits, Value targets, Value dloss, int64_t N, int64_t V, int64_t valid,
+                               const std::vector<std::string>& lossOut, const std::string& dl) {
+    block_ = 256;
+    grid_ = unsigned(N);
+    preamble_ = "__device__ double " + symbolPrefix() + "loss_sum = 0.0;\n__device__ unsigned " + symbolPrefix() +
+                "rows_done = 0;\n";
+    body_ += "  __shared__ float smx[32], ssum[32];\n  __shared__ float row_lse, row_xt;\n";
+    body_ += "  const long long r = blockIdx.x, row = r * " + num(V) + ";\n";
+    body_ += "  const int t = " + at(targets, "r") + ";\n";
+    body_ += "  if (threadIdx.x == 0) row_xt = " + at(logits, "row + t") + ";\n";
+    body_ += "  float mx = -INFINITY, sum = 0.0f;\n";
+    body_ += "  for (long long j = threadIdx.x; j < " + num(valid) + "; j += blockDim.x) {\n";
+    body_ += "    const float v = " + at(logits, "row + j") + ";\n";
+    body_ += "    if (v > mx) { sum = sum * expf(mx - v) + 1.0f; mx = v; } else { sum += expf(v - mx); }\n  }\n";
+    body_ += "  combine_max_sum(mx, sum);\n";
+    body_ += "  if (threadIdx.x % 32 == 0) { smx[threadIdx.x / 32] = mx; ssum[threadIdx.x / 32] = sum; }\n";
+    body_ += "  __syncthreads();\n";
+    body_ += "  if (threadIdx.x < 32) {\n";
+    body_ += "    mx = threadIdx.x < blockDim.x / 32 ? smx[threadIdx.x] : -INFINITY;\n";
+    body_ += "    sum = threadIdx.x < blockDim.x / 32 ? ssum[threadIdx.x] : 0.0f;\n";
+    body_ += "    combine_max_sum(mx, sum);\n";
+    body_ += "    if (threadIdx.x == 0) row_lse = mx + logf(sum);\n  }\n";
+    body_ += "  __syncthreads();\n";
+    body_ += "  const float lse = row_lse, g = " + at(dloss, "0") + " / " + num(N) + ".0f;\n";
+    body_ += "  for (long long j = threadIdx.x; j < " + num(V) + "; j += blockDim.x) {\n";
+    body_ += "    float d = j < " + num(valid) + " ? g * expf(" + at(logits, "row + j") + " - lse) : 0.0f;\n";
+    body_ += "    if (j == t) d -= g;\n";
+    body_ += "    st(" + dl + ", row + j, d);\n  }\n";
+    body_ += "  if (threadIdx.x == 0) {\n";
+    body_ += "    atomicAdd(&" + symbolPrefix() + "loss_sum, (double)(lse - row_xt));\n";
+    body_ += "    __threadfence();\n";
+    body_ += "    if (atomicAdd(&" + symbolPrefix() + "rows_done, 1u) == gridDim.x - 1) {\n";
+    body_ += "      const double total = atomicAdd(&" + symbolPrefix() + "loss_sum, 0.0);\n";
+    for (const std::string& o : lossOut) body_ += "      st(" + o + ", 0, (float)(total / " + num(N) + ".0));\n";
+    body_ += "      " + symbolPrefix() + "loss_sum = 0.0;\n      " + symbolPrefix() + "rows_done = 0;\n    }\n  }\n";
+    return success();
+  }
+
+  // Scatter-add of rows into the embedding gradient; each thread owns a band of columns.
+  LogicalResult embeddingGrad() {
+    EmbeddingGradOp eg;
+    AccumulateGradOp acc;
+    for (Operation& op : f_.getFusedOps()) {
+      if (auto e = dyn_cast<EmbeddingGradOp>(op)) eg = e;
+      if (auto a = dyn_cast<AccumulateGradOp>(op)) acc = a;
+    }
+    Value dout = eg->getOperand(0), ids = eg->getOperand(1);
+    const int64_t V = tensorOf(eg.getResult()).getShape()[0], C = tensorOf(eg.getResult()).getShape()[1];
+    const int64_t n = numel(ids);
+    flops_ = double(n * C);
+    if (t_ == Target::Cuda) {
+      if (!acc) return f_.emitError() << "kilnc: CUDA: the embedding backward must accumulate into its gradient";
+      const std::string g = state_[acc.getOperation()][0];
+      block_ = 256;
+      grid_ = unsigned(std::min<int64_t>((n * C + 255) / 256, 2112));
+      body_ += "  // " + g + "[ids[n], c] += dout[n, c] (atomics: rows may repeat).\n";
+      body_ += "  for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < " + num(n * C) +
+               "; e += (long long)gridDim.x * blockDim.x) {\n";
+      body_ += "    const long long n = e / " + num(C) + ", c = e % " + num(C) + ";\n";
+      body_ += "    atomicAdd(&" + g + "[(long long)" + at(ids, "n") + " * " + num(C) + " + c], " + at(dout, "e") + ");\n  }\n";
+      return success();
+    }
+    std::string target;
+    if (acc) {
+      target = state_[acc.getOperation()][0];
+    } else {
+      auto outs = outs_.lookup(eg.getResult());
+      if (outs.empty() || isBF16(eg.getResult())) return f_.emitError() << "kilnc: unsupported embedding_grad region";
+      target = outs.front();
+      body_ += "  for (int64_t i = 0; i < " + num(V * C) + "; ++i) " + target + "[i] = 0.0f;\n";
+    }
+    body_ += "  // " + target + "[ids[n], c] += dout[n, c], rows in order; columns split across threads.\n";
+    body_ += "#pragma omp parallel for schedule(static)\n";
+    body_ += "  for (int64_t c = 0; c < " + num(C) + "; ++c)\n";
+    body_ += "    for (int64_t n = 0; n < " + num(n) + "; ++n) " + target + "[(int64_t)" + at(ids, "n") + " * " + num(C) +
+             " + c] += " + at(dout, "n * " + num(C) + " + c") + ";\n";
+    return success();
+  }
+
+  // Clipping coefficient and AdamW over every parameter: one table, one loop per tensor.
+  LogicalResult optimizer() {
+    ClipCoefOp clip;
+    SmallVector<AdamWOp> adams;
+    for (Operation& op : f_.getFusedOps()) {
+      if (auto c = dyn_cast<ClipCoefOp>(op)) clip = c;
+      if (auto a = dyn_cast<AdamWOp>(op)) adams.push_back(a);
+    }
+    AdamWOp first = adams.front();
+    auto scalar = [&](Value v) -> std::string {
+      if (clip && v == clip.getResult()) return "coef";
+      return at(v, "0");
+    };
+    for (AdamWOp a : adams)
+      for (unsigned k = 1; k < 8; ++k)
+        if (a->getOperand(k) != first->getOperand(k))
+          return f_.emitError() << "kilnc: the fused AdamW needs the same hyperparameters for every tensor";
+    if (clip) {
+      body_ += "  // coef = min(1, max_norm / (norm + 1e-6)) when max_norm > 0: gradient clipping.\n";
+      body_ += "  const float norm = " + at(clip->getOperand(0), "0") + ", max_norm = " + at(clip->getOperand(1), "0") + ";\n";
+      body_ += "  const float coef = max_norm > 0.0f ? fminf(1.0f, max_norm / (norm + 1e-6f)) : 1.0f;\n";
+    }
+    body_ += "  const float scale = " + scalar(first->getOperand(1)) + ", lr = " + scalar(first->getOperand(2)) +
+             ", beta1 = " + scalar(first->getOperand(3)) + ", beta2 = " + scalar(first->getOperand(4)) +
+             ", eps = " + scalar(first->getOperand(5)) + ", wd = " + scalar(first->getOperand(6)) + ";\n";
+    body_ += "  const int64_t t = (int64_t)" + scalar(first->getOperand(7)) + ";\n";
+    body_ += "  // Bias corrections 1 - beta^t in double.\n";
+    body_ += "  const float bc1 = (float)(1.0 - pow((double)beta1, (double)t)), bc2 = (float)(1.0 - pow((double)beta2, (double)t));\n";
+    if (t_ == Target::Cuda) return cudaOptimizer(adams);
+    body_ += "  struct Tensor { const float* g; float* p; float* m; float* v; bf16* copy; int64_t n; int decay; const char* name; };\n";
+    body_ += "  const Tensor tensors[" + num(adams.size()) + "] = {\n";
+    for (AdamWOp a : adams) {
+      auto& s = state_[a.getOperation()];
+      body_ += "    {" + ptr_[cast<BlockArgument>(a.getGrad())] + ", " + s[0] + ", " + s[1] + ", " + s[2] + ", " +
+               (s.size() > 3 ? s[3] : std::string("nullptr")) + ", " + num(numel(a.getGrad())) + ", " +
+               (a.getDecay() ? "1" : "0") + ", \"" + a.getName().str() + "\"},\n";
+      flops_ += 12.0 * double(numel(a.getGrad()));
+    }
+    body_ += "  };\n";
+    body_ += "  for (int k = 0; k < " + num(adams.size()) + "; ++k) {\n";
+    body_ += "    const Tensor& x = tensors[k];\n";
+    body_ += "    const float decay = 1.0f - lr * (x.decay ? wd : 0.0f);\n";
+    body_ += "    const int64_t begin = range[2 * k], end = range[2 * k + 1];\n";
+    body_ += "#pragma omp parallel for schedule(static) if (end - begin >= 16384)\n";
+    body_ += "    for (int64_t i = begin; i < end; ++i) {\n";
+    body_ += "      const float g = x.g[i] * scale;\n";
+    body_ += "      const float m = beta1 * x.m[i] + (1.0f - beta1) * g;\n";
+    body_ += "      const float v = beta2 * x.v[i] + (1.0f - beta2) * g * g;\n";
+    body_ += "      x.m[i] = m;\n      x.v[i] = v;\n";
+    body_ += "      x.p[i] = x.p[i] * decay - lr * (m / bc1) / (sqrtf(v / bc2) + eps);\n    }\n";
+    body_ += "    if (x.copy)  // refresh the bf16 compute copy from the new master value\n";
+    body_ += "#pragma omp parallel for schedule(static) if (x.n >= 16384)\n";
+    body_ += "      for (int64_t i = 0; i < x.n; ++i) x.copy[i] = f2bf(x.p[i]);\n";
+    body_ += "  }\n";
+    return success();
+  }
+
+  // CUDA: one grid over the elements of every tensor; a thread finds its tensor in a table of
+  // offsets (binary search) and updates the element if it is in this rank's slice.
+  LogicalResult cudaOptimizer(ArrayRef<AdamWOp> adams) {
+    const std::string pre = symbolPrefix();
+    std::string offsets = "0", grads, ps, decays, copies;
+    int64_t total = 0;
+    auto index = [&](const std::string& name) { return name.substr(name.find_first_of("0123456789")); };
+    for (AdamWOp a : adams) {
+      total += numel(a.getGrad());
+      offsets += ", " + num(total);
+      auto& st = state_[a.getOperation()];
+      grads += (grads.empty() ? "" : ", ") + index(ptr_[cast<BlockArgument>(a.getGrad())]);
+      ps += (ps.empty() ? "" : ", ") + index(st[0]);
+      copies += std::string(copies.empty() ? "" : ", ") + (st.size() > 3 ? index(st[3]) : "-1");
+      decays += std::string(decays.empty() ? "" : ", ") + (a.getDecay() ? "1" : "0");
+      flops_ += 12.0 * double(numel(a.getGrad()));
+    }
+    const std::string K = num(adams.size());
+    preamble_ = "// Per tensor: first element in the flattened list, operand of its gradient, of its value\n"
+                "// (moments follow it), of its bf16 copy (-1: none), weight decay.\n"
+                "__constant__ long long " + pre + "first[" + num(adams.size() + 1) + "] = {" + offsets + "};\n"
+                "__constant__ int " + pre + "grad[" + K + "] = {" + grads + "};\n"
+                "__constant__ int " + pre + "value[" + K + "] = {" + ps + "};\n"
+                "__constant__ int " + pre + "copy[" + K + "] = {" + copies + "};\n"
+                "__constant__ int " + pre + "decay[" + K + "] = {" + decays + "};\n";
+    block_ = 256;
+    grid_ = unsigned(std::min<int64_t>((total + 255) / 256, 2112));
+    body_ += "  for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < " + num(total) +
+             "; e += (long long)gridDim.x * blockDim.x) {\n";
+    body_ += "    int lo = 0, hi = " + K + ";  // the tensor k with first[k] <= e < first[k + 1]\n";
+    body_ += "    while (hi - lo > 1) { const int mid = (lo + hi) / 2; if (" + pre + "first[mid] <= e) lo = mid; else hi = mid; }\n";
+    body_ += "    const int k = lo;\n    const long long i = e - " + pre + "first[k];\n";
+    body_ += "    if (i < range[2 * k] || i >= range[2 * k + 1]) continue;  // another rank's slice\n";
+    body_ += "    const float* g = (const float*)b[" + pre + "grad[k]];\n";
+    body_ += "    float* p = (float*)b[" + pre + "value[k]];\n    float* m = (float*)b[" + pre + "value[k] + 1];\n";
+    body_ += "    float* v = (float*)b[" + pre + "value[k] + 2];\n";
+    body_ += "    const float gi = g[i] * scale;\n";
+    body_ += "    const float mi = beta1 * m[i] + (1.0f - beta1) * gi, vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;\n";
+    body_ += "    m[i] = mi;\n    v[i] = vi;\n";
+    body_ += "    const float pi = p[i] * (1.0f - lr * (" + pre + "decay[k] ? wd : 0.0f)) - lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);\n";
+    body_ += "    p[i] = pi;\n";
+    body_ += "    if (" + pre + "copy[k] >= 0) ((bf16*)b[" + pre + "copy[k]])[i] = f2bf(pi);\n  }\n";
+    return success();
+  }
+
+  // A prefix for file-scope names of this kernel.
+  std::string symbolPrefix() const { return symbol_ + "_"; }
+
+  FusionOp f_;
+  Target t_;
+  std::string symbol_, preamble_, cublasLt_;
+  const std::function<bool(StringRef)>& hasCopy_;
+  llvm::DenseMap<Value, std::string> ptr_, local_;
+  llvm::DenseMap<Value, std::vector<std::string>> outs_;
+  llvm::DenseMap<Operation*, std::vector<std::string>> state_;
+  std::string decls_, body_;
+  unsigned next_ = 0;
+  double flops_ = 0;
+  unsigned grid_ = 0, block_ = 0;
+};
+
+}  // namespace
+
+std::vector<StateWrite> stateWrites(FusionOp fusion, const std::function<bool(StringRef)>& hasComputeCopy) {
+  std::vector<StateWrite> w;
+  for (Operation& op : fusion.getFusedOps()) {
+    if (auto acc = dyn_cast<AccumulateGradOp>(op)) w.push_back({acc.getName().str(), StateWrite::Grad});
+    if (auto a = dyn_cast<AdamWOp>(op)) {
+      std::string n = a.getName().str();
+      w.push_back({n, StateWrite::Value});
+      w.push_back({n, StateWrite::AdamM});
+      w.push_back({n, StateWrite::AdamV});
+      if (hasComputeCopy(n)) w.push_back({n, StateWrite::ComputeCopy});
+    }
+  }
+  return w;
+}
+
+FailureOr<GeneratedKernel> generateKernel(FusionOp fusion, const std::string& symbol, Target target,
+                                          const std::function<bool(StringRef)>& hasComputeCopy) {
+  return Emitter(fusion, target, hasComputeCopy).run(symbol);
+}
+
+std::string kernelPrelude(Target target) {
+  if (target == Target::Cpu)
+    return R"(// Generated by kilnc: the fused kernels of one module, for the CPU.
+// Each kernel reads and writes whole buffers through b[]; shapes are constants.
+#include <cblas.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef uint16_t bf16;  // bfloat16 storage: the top half of an fp32
+
+static inline float bf2f(bf16 h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
+static inline bf16 f2bf(float f) {  // round to nearest even; NaN stays NaN
+  uint32_t u; memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16)((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (bf16)(u >> 16);
+}
+static inline float rb(float f) { return bf2f(f2bf(f)); }  // a bf16 value, computed in fp32
+
+static inline float ld(const float* p, int64_t i) { return p[i]; }
+static inline float ld(const bf16* p, int64_t i) { return bf2f(p[i]); }
+static inline int32_t ld(const int32_t* p, int64_t i) { return p[i]; }
+static inline void st(float* p, int64_t i, float v) { p[i] = v; }
+static inline void st(bf16* p, int64_t i, float v) { p[i] = f2bf(v); }
+
+// exp(x) in plain float arithmetic the compiler vectorises (libm's expf is a call per element):
+// x = k ln2 + r with |r| <= ln2 / 2, exp(r) by its degree-6 Taylor polynomial (relative error
+// below 2e-7 over the range), 2^k by building the exponent bits.
+// (Ternaries and the 1.5 * 2^23 rounding trick instead of fminf, fmaxf and floorf, which the
+// compiler does not vectorise without -ffast-math.)
+static inline float exp_f(float x) {
+  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+  const float k = (x * 1.44269504f + 12582912.0f) - 12582912.0f;  // nearest integer
+  const float r = (x - k * 0.693145751953125f) - k * 1.42860677e-6f;
+  const float p = 1.0f + r * (1.0f + r * (0.5f + r * (0.166666672f + r * (0.0416666679f + r * (0.00833333377f + r * 0.00138888892f)))));
+  const int32_t bits = ((int32_t)k + 127) << 23;
+  float scale;
+  memcpy(&scale, &bits, 4);
+  return p * scale;
+}
+static inline float tanh_f(float a) {  // 1 - 2 / (exp(2a) + 1), exact at both ends
+  return 1.0f - 2.0f / (exp_f(2.0f * a) + 1.0f);
+}
+
+// GELU, tanh form, and its derivative times dy.
+static inline float gelu_f(float u) {
+  return 0.5f * u * (1.0f + tanh_f(0.7978845608028654f * (u + 0.044715f * u * u * u)));
+}
+static inline float gelu_grad_f(float dy, float u) {
+  const float th = tanh_f(0.7978845608028654f * (u + 0.044715f * u * u * u));
+  return (0.5f * (1.0f + th) + 0.5f * u * (1.0f - th * th) * 0.7978845608028654f * (1.0f + 3.0f * 0.044715f * u * u)) * dy;
+}
+
+// Per-slot scratch memory that lives as long as the process (kernels run one at a time).
+static float* scratch(int slot, int64_t n) {
+  static float* mem[4];
+  static int64_t cap[4];
+  if (n > cap[slot]) { free(mem[slot]); mem[slot] = (float*)malloc((size_t)n * sizeof(float)); cap[slot] = n; }
+  return mem[slot];
+}
+// An fp32 copy of a bf16 operand, for the BLAS.
+static const float* widen(const bf16* p, int64_t n, int slot) {
+  float* w = scratch(slot, n);
+#pragma omp parallel for schedule(static) if (n >= 65536)
+  for (int64_t i = 0; i < n; ++i) w[i] = bf2f(p[i]);
+  return w;
+}
+
+)";
+  return R"(// Generated by kilnc: the fused kernels of one module, for NVIDIA GPUs (NVRTC).
+// Each kernel reads and writes whole buffers through b[]; shapes are constants.
+typedef unsigned short bf16;  // bfloat16 storage: the top half of an fp32
+typedef long long int64_t;
+typedef int int32_t;
+typedef unsigned int uint32_t;
+#define INFINITY __int_as_float(0x7f800000)
+
+__device__ __forceinline__ float bf2f(bf16 h) { return __uint_as_float((uint32_t)h << 16); }
+__device__ __forceinline__ bf16 f2bf(float f) {  // round to nearest even; NaN stays NaN
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16)((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (bf16)(u >> 16);
+}
+__device__ __forceinline__ float rb(float f) { return bf2f(f2bf(f)); }
+
+__device__ __forceinline__ float ld(const float* p, int64_t i) { return p[i]; }
+__device__ __forceinline__ float ld(const bf16* p, int64_t i) { return bf2f(p[i]); }
+__device__ __forceinline__ int32_t ld(const int32_t* p, int64_t i) { return p[i]; }
+__device__ __forceinline__ void st(float* p, int64_t i, float v) { p[i] = v; }
+__device__ __forceinline__ void st(bf16* p, int64_t i, float v) { p[i] = f2bf(v); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;  // every lane holds the warp's sum
+}
+// Merges (max, sum of exp(x - max)) pairs across a warp: the online softmax's reduction.
+__device__ __forceinline__ void combine_max_sum(float& mx, float& sum) {
+  for (int o = 16; o > 0; o /= 2) {
+    const float om = __shfl_xor_sync(0xffffffffu, mx, o), os = __shfl_xor_sync(0xffffffffu, sum, o);
+    const float nm = fmaxf(mx, om);
+    if (nm != -INFINITY) sum = sum * expf(mx - nm) + os * expf(om - nm);
+    mx = nm;
+  }
+}
+
+__device__ __forceinline__ float gelu_f(float u) {
+  return 0.5f * u * (1.0f + tanhf(0.7978845608028654f * (u + 0.044715f * u * u * u)));
+}
+__device__ __forceinline__ float gelu_grad_f(float dy, float u) {
+  const float th = tanhf(0.7978845608028654f * (u + 0.044715f * u * u * u));
+  return (0.5f * (1.0f + th) + 0.5f * u * (1.0f - th * th) * 0.7978845608028654f * (1.0f + 3.0f * 0.044715f * u * u)) * dy;
+}
+
+)";
+}
+
+}  // namespace kiln

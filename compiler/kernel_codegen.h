@@ -1,0 +1,47 @@
+// Generates the source code of fused kernels from kiln.fusion regions (the fused-kernel IR):
+// C++ for the CPU (compiled by the host compiler when kilnc runs) and CUDA C++ (compiled by
+// NVRTC). Both targets share the element expressions; each kind of region has one loop skeleton
+// per target.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "Kiln/KilnDialect.h"
+
+namespace kiln {
+
+enum class Target { Cpu, Cuda };
+
+// The buffers a fused kernel reads and writes, in the order of its argument array: the region's
+// inputs, its results, then the state its ops write in body order (the gradient accumulator of
+// each kiln.accumulate_grad; the value, AdamW moments and, when the parameter has one, the bf16
+// compute copy of each kiln.adamw). The module writer lays out the instruction's operands in the
+// same order.
+struct StateWrite {
+  std::string param;  // parameter name
+  enum Role { Grad, Value, AdamM, AdamV, ComputeCopy } role;
+};
+std::vector<StateWrite> stateWrites(FusionOp fusion,
+                                    const std::function<bool(llvm::StringRef)>& hasComputeCopy);
+
+struct GeneratedKernel {
+  std::string source;   // the kernel's function, readable (empty when the library does it all)
+  double flops = 0;     // arithmetic per call, for reports
+  unsigned cudaGrid = 0, cudaBlock = 0;  // launch shape of the generated function (CUDA)
+  // CUDA matrix products: the cuBLASLt call ("epilogue=BIAS ..."), run before the generated
+  // function (if any) for what cuBLASLt cannot do. Launches: both.
+  std::string cublasLt;
+  unsigned launches = 1;
+};
+
+// Source of one kernel named `symbol`. Fails (with a diagnostic on the op) for a region its kind's
+// template cannot generate.
+mlir::FailureOr<GeneratedKernel> generateKernel(FusionOp fusion, const std::string& symbol, Target target,
+                                                const std::function<bool(llvm::StringRef)>& hasComputeCopy);
+
+// Definitions every generated file starts with: bf16 conversions, GELU, loads and stores.
+std::string kernelPrelude(Target target);
+
+}  // namespace kiln

@@ -1,0 +1,302 @@
+// kiln-fuse-kernels: wrap groups of scheduled ops that one kernel computes into kiln.fusion
+// regions (the rules are listed in Passes.td).
+#include "passes/Passes.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/IRMapping.h"
+#include "llvm/ADT/SetVector.h"
+#include "llvm/ADT/StringSet.h"
+
+namespace kiln {
+#define GEN_PASS_DEF_FUSEKERNELS
+#include "passes/Passes.h.inc"
+}  // namespace kiln
+
+using namespace mlir;
+using namespace kiln;
+
+namespace {
+
+// Ops an epilogue or an elementwise kernel computes element by element.
+bool isElementwise(Operation* op) { return isa<AddOp, MulOp, ScaleOp, GeluOp, GeluGradOp, CastOp>(op); }
+
+class Fuser {
+ public:
+  explicit Fuser(func::FuncOp f) : body_(f.getBody().front()) {}
+
+  void run() {
+    SmallVector<Operation*> ops;
+    for (Operation& op : body_.without_terminator()) ops.push_back(&op);
+
+    for (Operation* op : ops)
+      if (auto g = dyn_cast<CrossEntropyGradOp>(op)) fuseClassifier(g);
+    for (Operation* op : ops)
+      if (auto l = dyn_cast<LayerNormGradOp>(op)) fuseLayerNormGrad(l);
+    for (Operation* op : ops)
+      if (auto m = dyn_cast<MatmulOp>(op)) fuseMatmul(m);
+    for (Operation* op : ops)
+      if (auto l = dyn_cast<LayerNormOp>(op)) fuseLayerNorm(l);
+    for (Operation* op : ops)
+      if (auto e = dyn_cast<EmbeddingGradOp>(op)) fuseEmbeddingGrad(e);
+    for (Operation* op : llvm::reverse(ops)) fuseElementwise(op);
+    fuseOptimizer(ops);
+
+    for (auto& [kind, group] : groups_) materialize(kind, group);
+  }
+
+ private:
+  bool claimed(Operation* op) const { return claimed_.count(op); }
+
+  // The only op that reads `v`, or null.
+  static Operation* soleUser(Value v) {
+    Operation* user = nullptr;
+    for (Operation* u : v.getUsers()) {
+      if (user && u != user) return nullptr;
+      user = u;
+    }
+    return user;
+  }
+
+  // Can every member run where the group's last member is? Members move down to it, so no
+  // outside op in between may read a member's result, and effects keep their order.
+  bool legal(ArrayRef<Operation*> group) const {
+    llvm::SmallPtrSet<Operation*, 16> members(group.begin(), group.end());
+    Operation* root = group.front();
+    for (Operation* m : group)
+      if (root->isBeforeInBlock(m)) root = m;
+    for (Operation* m : group) {
+      if (m == root) continue;
+      const bool effects = !isMemoryEffectFree(m);
+      for (Operation* x = m->getNextNode(); x && x != root; x = x->getNextNode()) {
+        if (members.count(x)) continue;
+        for (Value v : x->getOperands())
+          if (v.getDefiningOp() == m) return false;
+        if (effects && !isMemoryEffectFree(x)) return false;
+      }
+    }
+    return true;
+  }
+
+  // Adds `more` to `group` when the result is legal and nothing in `more` is taken.
+  bool grow(SmallVector<Operation*>& group, ArrayRef<Operation*> more) const {
+    for (Operation* op : more)
+      if (claimed(op) || llvm::is_contained(group, op)) return false;
+    SmallVector<Operation*> candidate(group);
+    candidate.append(more.begin(), more.end());
+    if (!legal(candidate)) return false;
+    group = std::move(candidate);
+    return true;
+  }
+
+  void claim(StringRef kind, ArrayRef<Operation*> group) {
+    if (group.size() < 2) return;  // a lone op is already one kernel
+    for (Operation* op : group) claimed_.insert(op);
+    groups_.push_back({kind.str(), SmallVector<Operation*>(group)});
+  }
+
+  // 1. Loss and logits gradient in one pass.
+  void fuseClassifier(CrossEntropyGradOp g) {
+    auto ce = g.getLse().getDefiningOp<CrossEntropyOp>();
+    if (!ce || ce.getLogits() != g.getLogits() || !ce.getLse().hasOneUse() || claimed(ce)) return;
+    SmallVector<Operation*> group{ce};
+    if (grow(group, {g})) claim("classifier", group);
+  }
+
+  // 3. Matmul epilogues, and the bias gradient of a weight-gradient matmul.
+  void fuseMatmul(MatmulOp m) {
+    if (claimed(m)) return;
+    SmallVector<Operation*> group{m.getOperation()};
+    Value cur = m.getResult();
+    while (cur) {
+      // The first epilogue op among cur's users that can join (others read cur from memory).
+      SmallVector<Operation*> users;
+      for (Operation* u : cur.getUsers())
+        if (!claimed(u) && (isElementwise(u) || isa<AccumulateGradOp>(u)) && !llvm::is_contained(users, u))
+          users.push_back(u);
+      llvm::sort(users, [](Operation* a, Operation* b) { return a->isBeforeInBlock(b); });
+      Operation* joined = nullptr;
+      for (Operation* next : users)
+        if (growEpilogue(group, cur, next)) {
+          joined = next;
+          break;
+        }
+      if (!joined || joined->getNumResults() == 0) break;
+      cur = joined->getResult(0);
+    }
+    // dW = x^T dy: the bias gradient is the row sum of dy, accumulated.
+    if (m.getTransposeLhs())
+      for (Operation* u : m.getRhs().getUsers()) {
+        auto sum = dyn_cast<ReduceSumOp>(u);
+        if (!sum || claimed(sum)) continue;
+        SmallVector<Operation*> chain{sum};
+        Value v = sum.getResult();
+        if (auto c = dyn_cast_or_null<CastOp>(soleUser(v))) chain.push_back(c), v = c.getResult();
+        auto acc = dyn_cast_or_null<AccumulateGradOp>(soleUser(v));
+        if (!acc) continue;
+        chain.push_back(acc);
+        if (grow(group, chain)) break;
+      }
+    claim("matmul", group);
+  }
+
+  // Adds the epilogue op `next` (a user of `cur`) to a matmul group.
+  bool growEpilogue(SmallVector<Operation*>& group, Value cur, Operation* next) const {
+    if (auto add = dyn_cast<AddOp>(next)) {
+      Value other = add.getLhs() == cur ? add.getRhs() : add.getLhs();
+      auto bias = other.getDefiningOp<BroadcastOp>();
+      if (bias && cast<RankedTensorType>(bias.getInput().getType()).getRank() == 1 && bias.getResult().hasOneUse())
+        return grow(group, {bias, add});
+      return other != cur && grow(group, {add});
+    }
+    if (auto gg = dyn_cast<GeluGradOp>(next))
+      return gg->getOperand(0) == cur && gg->getOperand(1) != cur && grow(group, {gg});
+    if (auto mul = dyn_cast<MulOp>(next)) return mul.getLhs() != mul.getRhs() && grow(group, {mul});
+    return grow(group, {next});
+  }
+
+  // 4. Residual add + layer norm + cast of its output.
+  void fuseLayerNorm(LayerNormOp l) {
+    if (claimed(l)) return;
+    SmallVector<Operation*> group{l.getOperation()};
+    if (auto add = l.getInput().getDefiningOp<AddOp>(); add && add.getLhs() != add.getRhs())
+      (void)grow(group, {add});
+    if (auto c = dyn_cast_or_null<CastOp>(soleUser(l.getResult()))) (void)grow(group, {c});
+    claim("layer_norm", group);
+  }
+
+  // 2. Layer-norm backward with the residual gradient, the accumulation of dw and db, and the
+  // bias gradient of the layer before.
+  void fuseLayerNormGrad(LayerNormGradOp l) {
+    if (claimed(l)) return;
+    SmallVector<Operation*> group{l.getOperation()};
+    if (auto c = l->getOperand(0).getDefiningOp<CastOp>(); c && c.getResult().hasOneUse())
+      (void)grow(group, {c});
+    // The residual-gradient add, the accumulation of the weight and bias gradients and the cast
+    // of the gradient that leaves: they interleave in program order, so they join together (the
+    // longest prefix of them that is legal).
+    SmallVector<Operation*> more;
+    Value dx = l->getResult(0);
+    if (auto add = dyn_cast_or_null<AddOp>(soleUser(dx)); add && add.getLhs() != add.getRhs())
+      more.push_back(add), dx = add.getResult();
+    for (unsigned i : {1u, 2u})
+      if (auto acc = dyn_cast_or_null<AccumulateGradOp>(soleUser(l->getResult(i)))) more.push_back(acc);
+    for (Operation* u : dx.getUsers())
+      if (isa<CastOp>(u) && !claimed(u)) {
+        more.push_back(u);
+        break;
+      }
+    for (size_t k = more.size(); k > 0; --k)
+      if (grow(group, ArrayRef<Operation*>(more).take_front(k))) break;
+    // The bias gradient of the layer whose output gradient this is (the row sum of the gradient
+    // that leaves, accumulated): a column reduction of the kernel's own output.
+    Value out = l->getResult(0);
+    for (Operation* op : group)
+      if (isa<AddOp>(op) && llvm::is_contained(op->getOperands(), out)) out = op->getResult(0);
+    for (Operation* op : group)
+      if (isa<CastOp>(op) && op->getOperand(0) == out) out = op->getResult(0);
+    for (Operation* u : out.getUsers()) {
+        auto sum = dyn_cast<ReduceSumOp>(u);
+        if (!sum || claimed(sum)) continue;
+        SmallVector<Operation*> chain{sum};
+        Value v = sum.getResult();
+        if (auto c = dyn_cast_or_null<CastOp>(soleUser(v))) chain.push_back(c), v = c.getResult();
+        if (auto acc = dyn_cast_or_null<AccumulateGradOp>(soleUser(v))) {
+          chain.push_back(acc);
+          if (grow(group, chain)) break;
+        }
+    }
+    claim("layer_norm_grad", group);
+  }
+
+  // 5. Embedding backward straight into the gradient accumulator.
+  void fuseEmbeddingGrad(EmbeddingGradOp e) {
+    if (claimed(e)) return;
+    SmallVector<Operation*> group{e.getOperation()};
+    Value v = e.getResult();
+    if (auto c = dyn_cast_or_null<CastOp>(soleUser(v)); c && grow(group, {c})) v = c.getResult();
+    if (auto acc = dyn_cast_or_null<AccumulateGradOp>(soleUser(v))) (void)grow(group, {acc});
+    claim("embedding_grad", group);
+  }
+
+  // 6. Elementwise chains, grown from a consumer towards its producers.
+  void fuseElementwise(Operation* root) {
+    if (claimed(root) || !(isElementwise(root) || isa<AccumulateGradOp>(root))) return;
+    SmallVector<Operation*> group{root};
+    SmallVector<Operation*> work{root};
+    while (!work.empty()) {
+      Operation* op = work.pop_back_val();
+      for (Value v : op->getOperands()) {
+        Operation* p = v.getDefiningOp();
+        if (!p || claimed(p) || llvm::is_contained(group, p)) continue;
+        if (!(isElementwise(p) || isa<BroadcastOp, EmbeddingOp, IotaOp>(p))) continue;
+        bool inside = llvm::all_of(p->getUsers(), [&](Operation* u) { return llvm::is_contained(group, u); });
+        if (inside && grow(group, {p})) work.push_back(p);
+      }
+    }
+    claim("elementwise", group);
+  }
+
+  // 7. Clipping and every AdamW update in one launch.
+  void fuseOptimizer(ArrayRef<Operation*> ops) {
+    SmallVector<Operation*> group;
+    for (Operation* op : ops)
+      if (isa<ClipCoefOp, AdamWOp>(op) && !claimed(op)) group.push_back(op);
+    if (llvm::none_of(group, [](Operation* op) { return isa<AdamWOp>(op); }) || !legal(group)) return;
+    claim("optimizer", group);
+  }
+
+  // Replaces the group's ops by one kiln.fusion at the position of the last of them.
+  void materialize(StringRef kind, SmallVector<Operation*>& group) {
+    llvm::sort(group, [](Operation* a, Operation* b) { return a->isBeforeInBlock(b); });
+    llvm::SmallPtrSet<Operation*, 16> members(group.begin(), group.end());
+    llvm::SetVector<Value> inputs;
+    SmallVector<Value> outputs;
+    for (Operation* op : group) {
+      for (Value v : op->getOperands())
+        if (!members.count(v.getDefiningOp())) inputs.insert(v);
+      for (Value r : op->getResults())
+        if (llvm::any_of(r.getUsers(), [&](Operation* u) { return !members.count(u); }))
+          outputs.push_back(r);
+    }
+    // The kernel's name lists the ops it fuses, each once, in order.
+    std::string name;
+    llvm::StringSet<> seen;
+    for (Operation* op : group) {
+      StringRef n = op->getName().stripDialect();
+      if (!seen.insert(n).second) continue;
+      if (!name.empty()) name += "_";
+      name += n.str();
+    }
+    Operation* root = group.back();
+    OpBuilder b(root);
+    SmallVector<Type> types;
+    for (Value v : outputs) types.push_back(v.getType());
+    auto fusion = b.create<FusionOp>(root->getLoc(), types, b.getStringAttr(kind), b.getStringAttr(name),
+                                     inputs.getArrayRef());
+    if (root->hasAttr("kiln.recomputed")) fusion->setAttr("kiln.recomputed", b.getUnitAttr());
+    Block* block = new Block();
+    fusion.getBody().push_back(block);
+    IRMapping map;
+    for (Value v : inputs) map.map(v, block->addArgument(v.getType(), v.getLoc()));
+    OpBuilder inner = OpBuilder::atBlockEnd(block);
+    for (Operation* op : group) inner.clone(*op, map);
+    SmallVector<Value> yielded;
+    for (Value v : outputs) yielded.push_back(map.lookup(v));
+    inner.create<YieldOp>(root->getLoc(), yielded);
+    for (auto [i, v] : llvm::enumerate(outputs)) v.replaceAllUsesWith(fusion->getResult(i));
+    for (Operation* op : llvm::reverse(group)) op->erase();
+  }
+
+  Block& body_;
+  llvm::DenseSet<Operation*> claimed_;
+  SmallVector<std::pair<std::string, SmallVector<Operation*>>> groups_;
+};
+
+struct FuseKernelsPass : kiln::impl::FuseKernelsBase<FuseKernelsPass> {
+  void runOnOperation() override {
+    for (auto f : getOperation().getOps<func::FuncOp>())
+      if (!f.isExternal()) Fuser(f).run();
+  }
+};
+
+}  // namespace

@@ -1,0 +1,239 @@
+// RUN: kiln-opt %s -split-input-file -kiln-fuse-kernels | FileCheck %s
+
+// Matmul epilogue: bias (a broadcast 1-D vector), GELU; the pre-activation is still read later
+// (by the GELU backward), so the region gives it out too.
+// CHECK-LABEL: func.func @matmul_bias_gelu
+// CHECK: %[[R:.*]]:2 = kiln.fusion "matmul" "matmul_broadcast_add_gelu"(%{{.*}}, %{{.*}}, %{{.*}})
+// CHECK-NEXT: ^bb0
+// CHECK-NEXT: kiln.matmul
+// CHECK-NEXT: kiln.broadcast
+// CHECK-NEXT: kiln.add
+// CHECK-NEXT: kiln.gelu
+// CHECK-NEXT: kiln.yield
+// CHECK: kiln.gelu_grad %{{.*}}, %[[R]]#0
+kiln.parameter @w : tensor<4x16xf32> {init = "zeros"}
+kiln.parameter @b : tensor<16xf32> {init = "zeros"}
+func.func @matmul_bias_gelu(%x: tensor<8x4xf32>, %dy: tensor<8x16xf32>) -> (tensor<8x16xf32>, tensor<8x16xf32>) {
+  %w = kiln.param @w : tensor<4x16xf32>
+  %b = kiln.param @b : tensor<16xf32>
+  %0 = kiln.matmul %x, %w : tensor<8x4xf32>, tensor<4x16xf32> -> tensor<8x16xf32>
+  %1 = kiln.broadcast %b : tensor<16xf32> -> tensor<8x16xf32>
+  %2 = kiln.add %0, %1 : tensor<8x16xf32>
+  %3 = kiln.gelu %2 : tensor<8x16xf32>
+  %4 = kiln.gelu_grad %dy, %2 : tensor<8x16xf32>
+  return %3, %4 : tensor<8x16xf32>, tensor<8x16xf32>
+}
+
+// -----
+
+// Matmul epilogue: bias, cast to fp32 and the residual add (the residual stream is an input).
+// CHECK-LABEL: func.func @matmul_residual
+// CHECK: kiln.fusion "matmul" "matmul_broadcast_add_cast"(%{{.*}}, %{{.*}}, %{{.*}}, %arg1)
+// CHECK: kiln.add
+// CHECK: kiln.cast
+// CHECK: kiln.add
+// CHECK: kiln.yield
+// CHECK-NOT: kiln.add
+kiln.parameter @w : tensor<4x16xbf16> {init = "zeros"}
+kiln.parameter @b : tensor<16xbf16> {init = "zeros"}
+func.func @matmul_residual(%x: tensor<8x4xbf16>, %res: tensor<8x16xf32>) -> tensor<8x16xf32> {
+  %w = kiln.param @w : tensor<4x16xbf16>
+  %b = kiln.param @b : tensor<16xbf16>
+  %0 = kiln.matmul %x, %w : tensor<8x4xbf16>, tensor<4x16xbf16> -> tensor<8x16xbf16>
+  %1 = kiln.broadcast %b : tensor<16xbf16> -> tensor<8x16xbf16>
+  %2 = kiln.add %0, %1 : tensor<8x16xbf16>
+  %3 = kiln.cast %2 : tensor<8x16xbf16> -> tensor<8x16xf32>
+  %4 = kiln.add %res, %3 : tensor<8x16xf32>
+  return %4 : tensor<8x16xf32>
+}
+
+// -----
+
+// Weight gradient: dW = x^T dy accumulated, with the bias gradient (the row sum of dy) in the
+// same kernel.
+// CHECK-LABEL: func.func @weight_and_bias_grad
+// CHECK: kiln.fusion "matmul" "reduce_sum_accumulate_grad_matmul"(%arg1, %arg0) : (tensor<8x16xf32>, tensor<8x4xf32>) -> () {
+// CHECK: kiln.reduce_sum
+// CHECK: kiln.accumulate_grad @b
+// CHECK: kiln.matmul {{.*}} {transpose_lhs}
+// CHECK: kiln.accumulate_grad @w
+// CHECK-NEXT: kiln.yield
+kiln.parameter @w : tensor<4x16xf32> {init = "zeros"}
+kiln.parameter @b : tensor<16xf32> {init = "zeros"}
+func.func @weight_and_bias_grad(%x: tensor<8x4xf32>, %dy: tensor<8x16xf32>) {
+  %db = kiln.reduce_sum %dy : tensor<8x16xf32> -> tensor<16xf32>
+  kiln.accumulate_grad @b, %db : tensor<16xf32>
+  %dw = kiln.matmul %x, %dy {transpose_lhs} : tensor<8x4xf32>, tensor<8x16xf32> -> tensor<4x16xf32>
+  kiln.accumulate_grad @w, %dw : tensor<4x16xf32>
+  return
+}
+
+// -----
+
+// Layer norm with the residual add that produces its input; the sum is still read afterwards.
+// CHECK-LABEL: func.func @residual_layer_norm
+// CHECK: %[[R:.*]]:2 = kiln.fusion "layer_norm" "add_layer_norm"
+// CHECK: kiln.add
+// CHECK: kiln.layer_norm
+// CHECK: kiln.yield
+// CHECK: return %[[R]]#0, %[[R]]#1
+kiln.parameter @g : tensor<16xf32> {init = "ones"}
+kiln.parameter @b : tensor<16xf32> {init = "zeros"}
+func.func @residual_layer_norm(%x: tensor<8x16xf32>, %y: tensor<8x16xf32>) -> (tensor<8x16xf32>, tensor<8x16xf32>) {
+  %g = kiln.param @g : tensor<16xf32>
+  %b = kiln.param @b : tensor<16xf32>
+  %s = kiln.add %x, %y : tensor<8x16xf32>
+  %o, %m, %r = kiln.layer_norm %s, %g, %b : tensor<8x16xf32>, tensor<16xf32>, tensor<16xf32> -> tensor<8x16xf32>, tensor<8xf32>, tensor<8xf32>
+  return %s, %o : tensor<8x16xf32>, tensor<8x16xf32>
+}
+
+// -----
+
+// Layer-norm backward with the residual-gradient add, the accumulation of dw and db and the
+// cast of the gradient that leaves (they interleave in program order).
+// CHECK-LABEL: func.func @layer_norm_grad
+// CHECK: %[[R:.*]]:2 = kiln.fusion "layer_norm_grad" "layer_norm_grad_add_accumulate_grad_cast"
+// CHECK: kiln.layer_norm_grad
+// CHECK: kiln.add
+// CHECK: kiln.accumulate_grad @g
+// CHECK: kiln.accumulate_grad @b
+// CHECK: kiln.cast
+// CHECK: kiln.yield
+kiln.parameter @g : tensor<16xf32> {init = "ones"}
+kiln.parameter @b : tensor<16xf32> {init = "zeros"}
+func.func @layer_norm_grad(%dy: tensor<8x16xbf16>, %x: tensor<8x16xf32>, %m: tensor<8xf32>, %r: tensor<8xf32>, %dres: tensor<8x16xf32>) -> (tensor<8x16xf32>, tensor<8x16xbf16>) {
+  %g = kiln.param @g : tensor<16xf32>
+  %dx, %dg, %db = kiln.layer_norm_grad %dy, %x, %g, %m, %r : tensor<8x16xbf16>, tensor<8x16xf32>, tensor<16xf32>, tensor<8xf32>, tensor<8xf32> -> tensor<8x16xf32>, tensor<16xf32>, tensor<16xf32>
+  %s = kiln.add %dres, %dx : tensor<8x16xf32>
+  kiln.accumulate_grad @g, %dg : tensor<16xf32>
+  kiln.accumulate_grad @b, %db : tensor<16xf32>
+  %c = kiln.cast %s : tensor<8x16xf32> -> tensor<8x16xbf16>
+  return %s, %c : tensor<8x16xf32>, tensor<8x16xbf16>
+}
+
+// -----
+
+// The fused classifier: loss and logits gradient in one kernel; the log-sum-exp stays inside.
+// CHECK-LABEL: func.func @classifier
+// CHECK: %[[R:.*]]:2 = kiln.fusion "classifier" "cross_entropy_cross_entropy_grad"(%arg0, %arg1, %arg2)
+// CHECK: kiln.yield %{{.*}}, %{{.*}} : tensor<f32>, tensor<8x128xf32>
+// CHECK: return %[[R]]#0, %[[R]]#1
+func.func @classifier(%logits: tensor<8x128xf32>, %t: tensor<8xi32>, %w: tensor<f32>) -> (tensor<f32>, tensor<8x128xf32>) {
+  %loss, %lse = kiln.cross_entropy %logits, %t : tensor<8x128xf32>, tensor<8xi32> -> tensor<f32>, tensor<8xf32>
+  %d = kiln.cross_entropy_grad %w, %logits, %lse, %t : tensor<8x128xf32>, tensor<8xf32>, tensor<8xi32> -> tensor<8x128xf32>
+  return %loss, %d : tensor<f32>, tensor<8x128xf32>
+}
+
+// -----
+
+// The encoder: two gathers, a broadcast and an add in one elementwise kernel.
+// CHECK-LABEL: func.func @encoder
+// CHECK: kiln.fusion "elementwise" "embedding_iota_broadcast_add"(%{{.*}}, %{{.*}}, %{{.*}})
+// CHECK: kiln.embedding
+// CHECK: kiln.iota
+// CHECK: kiln.embedding
+// CHECK: kiln.broadcast
+// CHECK: kiln.add
+// CHECK-NEXT: kiln.yield
+// CHECK-NEXT: }
+// CHECK-NEXT: return
+kiln.parameter @wte : tensor<32x16xf32> {init = "zeros"}
+kiln.parameter @wpe : tensor<8x16xf32> {init = "zeros"}
+func.func @encoder(%idx: tensor<2x8xi32>) -> tensor<2x8x16xf32> {
+  %wte = kiln.param @wte : tensor<32x16xf32>
+  %wpe = kiln.param @wpe : tensor<8x16xf32>
+  %tok = kiln.embedding %wte[%idx] : tensor<32x16xf32>, tensor<2x8xi32> -> tensor<2x8x16xf32>
+  %pos = kiln.iota : tensor<8xi32>
+  %p = kiln.embedding %wpe[%pos] : tensor<8x16xf32>, tensor<8xi32> -> tensor<8x16xf32>
+  %pb = kiln.broadcast %p : tensor<8x16xf32> -> tensor<2x8x16xf32>
+  %s = kiln.add %tok, %pb : tensor<2x8x16xf32>
+  return %s : tensor<2x8x16xf32>
+}
+
+// -----
+
+// Must not fuse: a consumer that needs the whole reduced tensor. The row sum is a reduction, so
+// the add that reads its broadcast runs after it in a kernel of its own; only the broadcast and
+// the add fuse.
+// CHECK-LABEL: func.func @whole_reduction
+// CHECK: kiln.gelu
+// CHECK-NEXT: kiln.reduce_sum
+// CHECK-NEXT: kiln.fusion "elementwise" "broadcast_add"
+func.func @whole_reduction(%x: tensor<8x16xf32>) -> tensor<8x16xf32> {
+  %g = kiln.gelu %x : tensor<8x16xf32>
+  %s = kiln.reduce_sum %g : tensor<8x16xf32> -> tensor<16xf32>
+  %b = kiln.broadcast %s : tensor<16xf32> -> tensor<8x16xf32>
+  %y = kiln.add %g, %b : tensor<8x16xf32>
+  return %y : tensor<8x16xf32>
+}
+
+// -----
+
+// Must not fuse: a cycle. The matmul's epilogue add is after an op (the attention) that reads
+// the matmul's result and feeds the add, so the region would both feed and need it.
+// CHECK-LABEL: func.func @cycle
+// CHECK: kiln.matmul
+// CHECK-NEXT: kiln.reshape
+// CHECK-NEXT: kiln.attention
+// CHECK: kiln.add
+// CHECK-NOT: kiln.fusion
+func.func @cycle(%x: tensor<8x12xf32>, %w: tensor<12x12xf32>) -> tensor<8x12xf32> {
+  %0 = kiln.matmul %x, %w : tensor<8x12xf32>, tensor<12x12xf32> -> tensor<8x12xf32>
+  %1 = kiln.reshape %0 : tensor<8x12xf32> -> tensor<1x8x12xf32>
+  %2, %lse = kiln.attention %1 {num_heads = 2} : tensor<1x8x12xf32> -> tensor<1x8x4xf32>, tensor<1x2x8xf32>
+  %3 = kiln.reshape %2 : tensor<1x8x4xf32> -> tensor<8x4xf32>
+  %4 = kiln.concat %3, %3, %3 : tensor<8x4xf32>, tensor<8x4xf32>, tensor<8x4xf32> -> tensor<8x12xf32>
+  %5 = kiln.add %0, %4 : tensor<8x12xf32>
+  return %5 : tensor<8x12xf32>
+}
+
+// -----
+
+// Must not fuse: moving an effect past another. The bucket's reduction of @b sits between the
+// bias gradient and the weight gradient, so the bias gradient stays out of the matmul's kernel.
+// CHECK-LABEL: func.func @effect_order
+// CHECK: kiln.reduce_sum
+// CHECK-NEXT: kiln.accumulate_grad @b
+// CHECK-NEXT: kiln.reduce_gradients
+// CHECK-NEXT: kiln.fusion "matmul" "matmul_accumulate_grad"
+kiln.parameter @w : tensor<4x16xf32> {init = "zeros"}
+kiln.parameter @b : tensor<16xf32> {init = "zeros"}
+func.func @effect_order(%x: tensor<8x4xf32>, %dy: tensor<8x16xf32>) {
+  %db = kiln.reduce_sum %dy : tensor<8x16xf32> -> tensor<16xf32>
+  kiln.accumulate_grad @b, %db : tensor<16xf32>
+  kiln.reduce_gradients [@b] {bucket = 0 : i64}
+  %dw = kiln.matmul %x, %dy {transpose_lhs} : tensor<8x4xf32>, tensor<8x16xf32> -> tensor<4x16xf32>
+  kiln.accumulate_grad @w, %dw : tensor<4x16xf32>
+  return
+}
+
+// -----
+
+// The optimizer: clipping and every AdamW update in one kernel; the global norm stays its own.
+// CHECK-LABEL: func.func @optimizer_step
+// CHECK: kiln.global_norm
+// CHECK: kiln.fusion "optimizer" "clip_coef_adamw"
+// CHECK: kiln.clip_coef
+// CHECK: kiln.adamw @w
+// CHECK: kiln.adamw @b
+// CHECK: kiln.yield
+// CHECK-NEXT: }
+// CHECK-NEXT: return
+kiln.parameter @w : tensor<4x16xf32> {decay, init = "zeros"}
+kiln.parameter @b : tensor<16xf32> {init = "zeros"}
+func.func @optimizer_step() -> tensor<f32> {
+  %gw = kiln.grad @w : tensor<4x16xf32>
+  %gb = kiln.grad @b : tensor<16xf32>
+  %n = kiln.global_norm %gw, %gb : tensor<4x16xf32>, tensor<16xf32> -> tensor<f32>
+  %mx = kiln.hyper "max_norm" : tensor<f32>
+  %c = kiln.clip_coef %n, %mx : tensor<f32>
+  %lr = kiln.hyper "lr" : tensor<f32>
+  %b1 = kiln.hyper "beta1" : tensor<f32>
+  %b2 = kiln.hyper "beta2" : tensor<f32>
+  %e = kiln.hyper "eps" : tensor<f32>
+  %wd = kiln.hyper "weight_decay" : tensor<f32>
+  %t = kiln.hyper "step" : tensor<f32>
+  kiln.adamw @w, %gw scale %c lr %lr betas(%b1, %b2) eps %e weight_decay %wd step %t {decay} : tensor<4x16xf32>
+  kiln.adamw @b, %gb scale %c lr %lr betas(%b1, %b2) eps %e weight_decay %wd step %t : tensor<16xf32>
+  return %n : tensor<f32>
+}

@@ -1,0 +1,85 @@
+#include "tools/kiln-inspect/fusion_report.h"
+
+#include <cstdio>
+#include <map>
+
+namespace kiln {
+namespace {
+
+// Instructions that launch no kernel: the communication hooks.
+bool launches(const fb::Instr& ins) {
+  return ins.op() != fb::OpCode::ReduceGradients && ins.op() != fb::OpCode::WaitGradients;
+}
+
+}  // namespace
+
+void add_fusion_report(const Module& m, nlohmann::ordered_json& j) {
+  const fb::Module& f = m.fb();
+  const auto* kernels = f.kernels();
+  j["fusion"] = f.fusion();
+  int64_t ops = 0, step = 0, opt = 0;
+  // Launches of each generated kernel per program.
+  std::map<uint32_t, std::map<std::string, int>> uses;
+  for (const char* name : {"micro_step", "optimizer_step"}) {
+    const fb::Program* p = m.program(name);
+    if (!p) continue;
+    for (const fb::Instr* ins : *p->instrs()) {
+      if (!launches(*ins)) continue;
+      const bool step_program = std::string(name) == "micro_step";
+      if (ins->op() == fb::OpCode::Kernel) {
+        const uint32_t k = uint32_t(ins->ints()->Get(0));
+        uses[k][name]++;
+        (step_program ? step : opt) += kernels->Get(k)->launches();  // a cuBLASLt call and a function
+        if (step_program) ops += kernels->Get(k)->ops()->size();
+      } else {
+        (step_program ? step : opt)++;
+        if (step_program) ops += 1;
+      }
+    }
+  }
+  j["ops_before_fusion"] = ops;
+  j["kernels_per_micro_step"] = step;
+  j["optimizer_kernels"] = opt;
+  const int layers = f.model()->n_layer();
+  j["kernels_per_layer"] = layers > 0 ? double(step) / layers : 0.0;
+  nlohmann::ordered_json list = nlohmann::ordered_json::array();
+  if (kernels)
+    for (uint32_t k = 0; k < kernels->size(); ++k) {
+      const fb::Kernel& kr = *kernels->Get(k);
+      std::vector<std::string> fused;
+      for (const auto* s : *kr.ops()) fused.push_back(s->str());
+      list.push_back({{"symbol", kr.symbol()->str()}, {"name", kr.name()->str()}, {"kind", kr.kind()->str()},
+                      {"ops", fused}, {"flops", kr.flops()}, {"launches", uses[k]},
+                      {"launches_per_run", kr.launches()}, {"cublaslt", kr.cublaslt() ? kr.cublaslt()->str() : ""}});
+    }
+  j["kernels"] = list;
+}
+
+void print_fusion_report(const nlohmann::ordered_json& j) {
+  std::printf("\nfusion     %s: %lld kernels per micro-step (%.1f per layer) for %lld graph ops (%.2fx); "
+              "optimizer step %lld kernels\n",
+              j["fusion"].get<bool>() ? "on" : "off (--no-fusion)", (long long)j["kernels_per_micro_step"].get<int64_t>(),
+              j["kernels_per_layer"].get<double>(), (long long)j["ops_before_fusion"].get<int64_t>(),
+              j["kernels_per_micro_step"].get<double>() / std::max(1.0, j["ops_before_fusion"].get<double>()),
+              (long long)j["optimizer_kernels"].get<int64_t>());
+  if (j["kernels"].empty()) return;
+  // One row per distinct kernel name: how many kernels, launches and what they fuse.
+  struct Row { int kernels = 0, launches = 0; std::string kind, ops; };
+  std::map<std::string, Row> rows;
+  for (const auto& k : j["kernels"]) {
+    Row& r = rows[k["name"].get<std::string>()];
+    r.kernels++;
+    for (const auto& [prog, n] : k["launches"].items())
+      if (prog == "micro_step" || prog == "optimizer_step") r.launches += n.get<int>() * k["launches_per_run"].get<int>();
+    r.kind = k["kind"].get<std::string>();
+    r.ops.clear();
+    for (const auto& o : k["ops"]) r.ops += (r.ops.empty() ? "" : " ") + o.get<std::string>();
+  }
+  std::printf("  %-16s %-44s %7s %8s  fused ops (one kernel)\n", "kind", "generated kernel", "kernels", "launches");
+  for (const auto& [name, r] : rows) {
+    std::string ops = r.ops.size() > 70 ? r.ops.substr(0, 67) + "..." : r.ops;
+    std::printf("  %-16s %-44s %7d %8d  %s\n", r.kind.c_str(), name.c_str(), r.kernels, r.launches, ops.c_str());
+  }
+}
+
+}  // namespace kiln
