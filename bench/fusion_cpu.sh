@@ -38,18 +38,20 @@ THREADS=$(nproc)
 OUT_JSON=$ROOT/bench/results/fusion_cpu.json
 RUN_PYTORCH=1
 KEEP=0
+VOCAB=50257
 
 usage() {
   cat <<EOF
 Usage: bench/fusion_cpu.sh [OPTIONS]
 
-CPU step time of a small fp32 GPT-2 (L=2 H=4 C=128 V=50257, B=8 T=128): Kiln fused (kilnc's
+CPU step time of a small fp32 GPT-2 (L=2 H=4 C=128 V=$VOCAB, B=8 T=128): Kiln fused (kilnc's
 default), Kiln unfused (kilnc --no-fusion) and PyTorch eager, run alternately.
 
 Options:
   --steps N      timed steps per run (default $STEPS)
   --warmup N     untimed steps at the start of every run (default $WARMUP)
   --rounds N     rounds of (kiln-fused, kiln-unfused, pytorch), order rotated (default $ROUNDS)
+  --vocab V      vocabulary size (default $VOCAB, GPT-2's; its classifier dominates the step)
   --threads N    threads for all three: OMP_NUM_THREADS and OPENBLAS_NUM_THREADS for Kiln,
                  torch.set_num_threads for PyTorch (default nproc = $(nproc))
   --out FILE     JSON results (default bench/results/fusion_cpu.json)
@@ -74,6 +76,7 @@ while [ $# -gt 0 ]; do
     --warmup) need_int "$1" "${2-}" 0; WARMUP=$2; shift 2 ;;
     --rounds) need_int "$1" "${2-}" 1; ROUNDS=$2; shift 2 ;;
     --threads) need_int "$1" "${2-}" 1; THREADS=$2; shift 2 ;;
+    --vocab) need_int "$1" "${2-}" 2; VOCAB=$2; shift 2 ;;
     --out) [ -n "${2-}" ] || { echo "fusion_cpu.sh: --out needs a file" >&2; exit 2; }
            OUT_JSON=$2; shift 2 ;;
     --no-pytorch) RUN_PYTORCH=0; shift ;;
@@ -117,14 +120,14 @@ fi
 
 # 1. The spec and the data.
 SPEC=$TMP/gpt2-fusion-bench.toml
-cat > "$SPEC" <<'EOF'
-# bench/fusion_cpu.sh: a small GPT-2 with GPT-2's vocabulary, fp32 on the CPU.
+cat > "$SPEC" <<EOF
+# bench/fusion_cpu.sh: a small GPT-2, fp32 on the CPU.
 [model]
 name = "gpt2-fusion-bench"
 n_layer = 2
 n_head = 4
 n_embd = 128
-vocab_size = 50257
+vocab_size = $VOCAB
 block_size = 128
 
 [compile]
@@ -136,7 +139,7 @@ EOF
 B=8; T=128
 TOKENS=$(( (WARMUP + STEPS + 1) * B * T + 1 ))   # no run wraps around the shard
 DATA=$TMP/data
-"$PY" "$ROOT/scripts/make_synthetic_shard.py" --out "$DATA" --vocab-size 50257 --tokens "$TOKENS" \
+"$PY" "$ROOT/scripts/make_synthetic_shard.py" --out "$DATA" --vocab-size "$VOCAB" --tokens "$TOKENS" \
   --seed 1337 > "$TMP/shard.log"
 DATA_GLOB="$DATA/train_*.bin"
 

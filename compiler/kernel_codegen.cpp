@@ -70,6 +70,7 @@ class Emitter {
     k.cudaGrid = grid_;
     k.cudaBlock = block_;
     k.cublasLt = cublasLt_;
+    k.matmul = call_;
     k.launches = (cublasLt_.empty() ? 0 : 1) + (body_.empty() ? 0 : 1);
     return k;
   }
@@ -88,18 +89,21 @@ class Emitter {
     for (BlockArgument a : f_.getBlock().getArguments()) {
       std::string name = "in" + num(a.getArgNumber());
       ptr_[a] = name;
+      index_[name] = int(k);
       decls_ += "  const " + ctype(a) + "* " + name + " = (const " + ctype(a) + "*)b[" + num(k++) + "];\n";
     }
     auto yield = cast<YieldOp>(f_.getBlock().getTerminator());
     for (auto [i, v] : llvm::enumerate(yield.getValues())) {
       std::string name = "out" + num(i);
       outs_[v].push_back(name);
+      index_[name] = int(k);
       decls_ += "  " + ctype(v) + "* " + name + " = (" + ctype(v) + "*)b[" + num(k++) + "];\n";
     }
     for (Operation& op : f_.getFusedOps()) {
       if (auto acc = dyn_cast<AccumulateGradOp>(op)) {
         std::string name = "grad" + num(k);
         state_[&op] = {name};
+        index_[name] = int(k);
         decls_ += "  float* " + name + " = (float*)b[" + num(k++) + "];  // " + acc.getName().str() + ".grad\n";
       } else if (auto adam = dyn_cast<AdamWOp>(op)) {
         std::vector<std::string> names;
@@ -340,6 +344,15 @@ class Emitter {
       if (o.empty()) return f_.emitError() << "kilnc: CUDA: the matmul region's result is not used";
       d = o.front();
     }
+    auto idx = [&](const std::string& name) { return index_.count(name) ? index_[name] : -1; };
+    MatmulCall call;
+    call.m = M, call.n = N, call.k = K;
+    call.transA = mm.getTransposeLhs(), call.transB = mm.getTransposeRhs();
+    call.a = idx(ptr_[cast<BlockArgument>(mm.getLhs())]), call.b = idx(ptr_[cast<BlockArgument>(mm.getRhs())]);
+    call.bias = idx(biasIn), call.aux = idx(aux), call.c = idx(c), call.d = idx(d);
+    call.beta = beta ? 1.0f : 0.0f;
+    call.epilogue = epi;
+    call_ = call;
     cublasLt_ = "epilogue=" + epi + " M=" + num(M) + " N=" + num(N) + " K=" + num(K) + " transA=" +
                 num(mm.getTransposeLhs()) + " transB=" + num(mm.getTransposeRhs()) + " A=" +
                 ptr_[cast<BlockArgument>(mm.getLhs())] + " B=" + ptr_[cast<BlockArgument>(mm.getRhs())] +
@@ -851,6 +864,8 @@ class Emitter {
   FusionOp f_;
   Target t_;
   std::string symbol_, preamble_, cublasLt_;
+  std::optional<MatmulCall> call_;
+  std::map<std::string, int> index_;  // argument name -> position in b[]
   const std::function<bool(StringRef)>& hasCopy_;
   llvm::DenseMap<Value, std::string> ptr_, local_;
   llvm::DenseMap<Value, std::vector<std::string>> outs_;

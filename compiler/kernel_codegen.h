@@ -5,6 +5,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,16 @@ struct StateWrite {
 std::vector<StateWrite> stateWrites(FusionOp fusion,
                                     const std::function<bool(llvm::StringRef)>& hasComputeCopy);
 
+// A CUDA matrix product by cuBLASLt: D = epilogue(op(A) op(B) + beta C) in row-major terms.
+// Operands are indices into the kernel's argument array (-1: none).
+struct MatmulCall {
+  int64_t m = 0, n = 0, k = 0;
+  bool transA = false, transB = false;
+  int a = -1, b = -1, bias = -1, aux = -1, c = -1, d = -1;
+  float beta = 0;
+  std::string epilogue = "DEFAULT";  // DEFAULT, BIAS, GELU, GELU_AUX, GELU_BIAS, GELU_AUX_BIAS, DGELU
+};
+
 struct GeneratedKernel {
   std::string source;   // the kernel's function, readable (empty when the library does it all)
   double flops = 0;     // arithmetic per call, for reports
@@ -33,6 +44,7 @@ struct GeneratedKernel {
   // CUDA matrix products: the cuBLASLt call ("epilogue=BIAS ..."), run before the generated
   // function (if any) for what cuBLASLt cannot do. Launches: both.
   std::string cublasLt;
+  std::optional<MatmulCall> matmul;
   unsigned launches = 1;
 };
 

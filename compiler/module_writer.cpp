@@ -88,6 +88,9 @@ class Writer {
       results.push_back(result);
     }
     if (failed(buildKernels())) return failure();
+    for (auto& [name, code] : programs)
+      for (Ins& ins : code)
+        if (ins.op == fb::OpCode::Kernel) ins.ints[0] = int64_t(fusionToKernel_[size_t(ins.ints[0])]);
     // The state region first, in declaration order; planned activations after it.
     uint64_t state = 0;
     for (Buf& b : bufs_)
@@ -217,21 +220,20 @@ class Writer {
     };
   }
 
-  // Generates every fusion region's source for the target and compiles it.
+  // Generates every fusion region's source for the target and compiles it. Regions that
+  // generate the same code (the same kernel in every layer) share one kernel.
   LogicalResult buildKernels() {
     if (fusions_.empty()) return success();
     std::string source = kernelPrelude(target_);
+    std::map<std::string, uint32_t> byCode;
+    const std::string placeholder = "KILN_KERNEL_SYMBOL";
     for (size_t k = 0; k < fusions_.size(); ++k) {
       Fusion& fu = fusions_[k];
       std::string name = fu.op.getKernel().str();
-      std::string symbol = "k" + std::to_string(k) + "_" + name;
-      if (symbol.size() > 120) symbol = symbol.substr(0, 120);
-      auto gen = generateKernel(fu.op, symbol, target_, hasCopy());
+      auto gen = generateKernel(fu.op, placeholder, target_, hasCopy());
       if (failed(gen)) return fu.op.emitError() << "kilnc: cannot generate the " << fu.op.getKind() << " kernel '"
                                                 << name << "' for target " << spec_.target;
-      source += gen->source + "\n";
       KernelInfo info;
-      info.symbol = symbol;
       info.name = name;
       info.kind = fu.op.getKind().str();
       for (Operation& op : fu.op.getFusedOps()) info.ops.push_back(op.getName().stripDialect().str());
@@ -239,6 +241,8 @@ class Writer {
       info.grid = gen->cudaGrid;
       info.block = gen->cudaBlock;
       info.cublasLt = gen->cublasLt;
+      info.matmul = gen->matmul;
+      info.hasFunction = gen->source.find(placeholder + "(") != std::string::npos;
       info.launches = gen->launches;
       for (uint32_t b : fu.in) info.numel.push_back(int64_t(bufs_[b].size / (bufs_[b].dtype == fb::DType::BF16 ? 2 : 4))),
                                info.dtype.push_back(bufs_[b].dtype);
@@ -246,6 +250,23 @@ class Writer {
                                 info.dtype.push_back(bufs_[b].dtype);
       for (const StateWrite& w : stateWrites(fu.op, hasCopy()))
         if (w.role == StateWrite::Value) info.adamw.push_back(paramBufs_.at(w.param).value);
+      // The code without its location comment decides whether an earlier kernel is the same.
+      std::string code = gen->source;
+      if (size_t at = code.find("\n// at "); at != std::string::npos)
+        code.erase(at + 1, code.find('\n', at + 1) - at);
+      if (auto it = byCode.find(code); it != byCode.end()) {
+        fusionToKernel_.push_back(it->second);
+        continue;
+      }
+      const uint32_t index = uint32_t(kernels_.size());
+      info.symbol = "k" + std::to_string(index) + "_" + name;
+      if (info.symbol.size() > 120) info.symbol = info.symbol.substr(0, 120);
+      byCode[code] = index;
+      fusionToKernel_.push_back(index);
+      std::string text = gen->source;
+      for (size_t at = text.find(placeholder); at != std::string::npos; at = text.find(placeholder, at))
+        text.replace(at, placeholder.size(), info.symbol);
+      source += text + "\n";
       kernels_.push_back(std::move(info));
     }
     kernelSource_ = source;
@@ -426,7 +447,13 @@ class Writer {
           k.flops, fbb.CreateVector(k.numel),
           fbb.CreateVector(reinterpret_cast<const fb::DType*>(rawDtypes.data()), rawDtypes.size()),
           fbb.CreateVector(k.adamw), k.grid, k.block, k.cublasLt.empty() ? 0 : fbb.CreateString(k.cublasLt),
-          k.launches));
+          k.launches,
+          k.matmul ? fb::CreateMatmulCall(fbb, k.matmul->m, k.matmul->n, k.matmul->k, k.matmul->transA,
+                                          k.matmul->transB, k.matmul->a, k.matmul->b, k.matmul->bias,
+                                          k.matmul->aux, k.matmul->c, k.matmul->d, k.matmul->beta,
+                                          fbb.CreateString(k.matmul->epilogue))
+                   : 0,
+          k.hasFunction));
     }
     std::vector<flatbuffers::Offset<fb::CudaImage>> images;
     for (const auto& [arch, cubin] : cudaImages_)
@@ -452,6 +479,8 @@ class Writer {
     double flops = 0;
     unsigned grid = 0, block = 0, launches = 1;
     std::string cublasLt;
+    std::optional<MatmulCall> matmul;
+    bool hasFunction = true;
     std::vector<int64_t> numel;
     std::vector<fb::DType> dtype;
     std::vector<uint32_t> adamw;
@@ -463,6 +492,7 @@ class Writer {
   Target target_;
   std::vector<Fusion> fusions_;
   std::vector<KernelInfo> kernels_;
+  std::vector<uint32_t> fusionToKernel_;  // fusion region (in program order) -> kernel
   std::string kernelSource_;
   std::vector<uint8_t> cpuLibrary_;
   std::vector<std::pair<std::string, std::vector<uint8_t>>> cudaImages_;
