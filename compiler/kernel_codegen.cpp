@@ -71,6 +71,8 @@ class Emitter {
     k.cudaBlock = block_;
     k.cublasLt = cublasLt_;
     k.matmul = call_;
+    k.zeroOperands = zero_;
+    if (t_ == Target::Cuda && !body_.empty()) k.functions.push_back({symbol, grid_, block_});
     k.launches = (cublasLt_.empty() ? 0 : 1) + (body_.empty() ? 0 : 1);
     return k;
   }
@@ -415,21 +417,29 @@ class Emitter {
     body_ += "    double ssq = 0.0;\n    for (int64_t c = 0; c < " + num(C) + "; ++c) { const double d = x[c] - m; ssq += d * d; }\n";
     body_ += "    const float mf = (float)m, s = (float)(1.0 / sqrt(ssq / " + num(C) + ".0 + (double)" + flt(eps) + "));\n";
     body_ += "    for (int64_t c = 0; c < " + num(C) + "; ++c) {\n      const int64_t i = r * " + num(C) + " + c;\n";
-    std::string y = "(x[c] - mf) * s * " + at(ln.getWeight(), "c") + " + " + at(ln.getBias(), "c");
+    layerNormOutput(ln, "(x[c] - mf) * s * " + at(ln.getWeight(), "c") + " + " + at(ln.getBias(), "c"), "      ");
+    body_ += "    }\n";
+    layerNormStats(ln, "mf", "s", "    ");
+    body_ += "  }\n";
+    return success();
+  }
+
+  // y at element i from its expression, the casts of it, and their stores.
+  void layerNormOutput(LayerNormOp ln, std::string y, const std::string& ind) {
     if (isBF16(ln.getResult())) y = "rb(" + y + ")";
-    body_ += "      const float y = " + y + ";\n";
+    body_ += ind + "const float y = " + y + ";\n";
     local_[ln.getResult()] = "y";
     SmallVector<Operation*> after;
     for (Operation& op : f_.getFusedOps())
       if (isa<CastOp>(op)) after.push_back(&op);
-    locals(after, "      ");
-    for (const std::string& o : outs_.lookup(ln.getResult())) body_ += "      st(" + o + ", i, y);\n";
-    stores(after, "      ");
-    body_ += "    }\n";
-    for (const std::string& o : outs_.lookup(ln.getMean())) body_ += "    st(" + o + ", r, mf);\n";
-    for (const std::string& o : outs_.lookup(ln.getRstd())) body_ += "    st(" + o + ", r, s);\n";
-    body_ += "  }\n";
-    return success();
+    locals(after, ind);
+    for (const std::string& o : outs_.lookup(ln.getResult())) body_ += ind + "st(" + o + ", i, y);\n";
+    stores(after, ind);
+  }
+  // Row r's mean and rstd, where they are read later.
+  void layerNormStats(LayerNormOp ln, const std::string& mean, const std::string& rstd, const std::string& ind) {
+    for (const std::string& o : outs_.lookup(ln.getMean())) body_ += ind + "st(" + o + ", r, " + mean + ");\n";
+    for (const std::string& o : outs_.lookup(ln.getRstd())) body_ += ind + "st(" + o + ", r, " + rstd + ");\n";
   }
 
   // CUDA: one warp per row; x is read again for each pass rather than kept.
@@ -451,19 +461,10 @@ class Emitter {
     body_ += "    const float d = " + at(x, "i") + " - m;\n    ssq += d * d;\n  }\n";
     body_ += "  const float s = rsqrtf(warp_sum(ssq) / " + num(C) + ".0f + " + flt(eps) + ");\n";
     body_ += "  for (long long c = lane; c < " + num(C) + "; c += 32) {\n    const long long i = r * " + num(C) + " + c;\n";
-    std::string y = "(" + at(x, "i") + " - m) * s * " + at(ln.getWeight(), "c") + " + " + at(ln.getBias(), "c");
-    if (isBF16(ln.getResult())) y = "rb(" + y + ")";
-    body_ += "    const float y = " + y + ";\n";
-    local_[ln.getResult()] = "y";
-    SmallVector<Operation*> after;
-    for (Operation& op : f_.getFusedOps())
-      if (isa<CastOp>(op)) after.push_back(&op);
-    locals(after, "    ");
-    for (const std::string& o : outs_.lookup(ln.getResult())) body_ += "    st(" + o + ", i, y);\n";
-    stores(after, "    ");
+    layerNormOutput(ln, "(" + at(x, "i") + " - m) * s * " + at(ln.getWeight(), "c") + " + " + at(ln.getBias(), "c"),
+                    "    ");
     body_ += "  }\n  if (lane == 0) {\n";
-    for (const std::string& o : outs_.lookup(ln.getMean())) body_ += "    st(" + o + ", r, m);\n";
-    for (const std::string& o : outs_.lookup(ln.getRstd())) body_ += "    st(" + o + ", r, s);\n";
+    layerNormStats(ln, "m", "s", "    ");
     body_ += "  }\n";
     return success();
   }
@@ -560,12 +561,18 @@ class Emitter {
   LogicalResult cudaLayerNormGrad(LayerNormGradOp lg, SmallVector<ReduceSumOp>& sums, int64_t N, int64_t C) {
     Value dy = lg->getOperand(0), x = lg->getOperand(1), w = lg->getOperand(2), mean = lg->getOperand(3),
           rstd = lg->getOperand(4);
-    std::vector<std::string> targets;  // accumulators of dw, db, then each bias gradient
+    std::vector<std::string> targets;  // where dw, db and each bias gradient are summed into
     for (unsigned k : {1u, 2u}) {
       Operation* u = soleUserOf(lg->getResult(k));
-      if (!u || !isa<AccumulateGradOp>(u) || !state_.count(u))
-        return f_.emitError() << "kilnc: CUDA: the layer-norm backward kernel needs its weight and bias gradients accumulated";
-      targets.push_back(state_[u][0]);
+      if (u && isa<AccumulateGradOp>(u) && state_.count(u)) {
+        targets.push_back(state_[u][0]);  // the accumulator: blocks add to it
+        continue;
+      }
+      auto outs = outs_.lookup(lg->getResult(k));
+      if (outs.empty() || isBF16(lg->getResult(k)))
+        return f_.emitError() << "kilnc: CUDA: the layer-norm backward's weight gradients must be fp32 results or accumulated";
+      targets.push_back(outs.front());  // a result: the runtime clears it, blocks add to it
+      zero_.push_back(unsigned(index_[outs.front()]));
     }
     for (ReduceSumOp r : sums) {
       Operation* u = soleUserOf(r.getResult());
@@ -728,8 +735,16 @@ class Emitter {
     const int64_t n = numel(ids);
     flops_ = double(n * C);
     if (t_ == Target::Cuda) {
-      if (!acc) return f_.emitError() << "kilnc: CUDA: the embedding backward must accumulate into its gradient";
-      const std::string g = state_[acc.getOperation()][0];
+      std::string g;
+      if (acc) {
+        g = state_[acc.getOperation()][0];
+      } else {
+        auto outs = outs_.lookup(eg.getResult());
+        if (outs.empty() || isBF16(eg.getResult()))
+          return f_.emitError() << "kilnc: CUDA: the embedding backward must give an fp32 result or accumulate";
+        g = outs.front();
+        zero_.push_back(unsigned(index_[g]));  // cleared by the runtime, then scattered into
+      }
       block_ = 256;
       grid_ = unsigned(std::min<int64_t>((n * C + 255) / 256, 2112));
       body_ += "  // " + g + "[ids[n], c] += dout[n, c] (atomics: rows may repeat).\n";
@@ -865,6 +880,7 @@ class Emitter {
   Target t_;
   std::string symbol_, preamble_, cublasLt_;
   std::optional<MatmulCall> call_;
+  std::vector<unsigned> zero_;
   std::map<std::string, int> index_;  // argument name -> position in b[]
   const std::function<bool(StringRef)>& hasCopy_;
   llvm::DenseMap<Value, std::string> ptr_, local_;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "Kiln/KilnDialect.h"
+#include "compiler/attention_cuda.h"
 
 namespace kiln {
 
@@ -46,6 +47,8 @@ struct GeneratedKernel {
   std::string cublasLt;
   std::optional<MatmulCall> matmul;
   unsigned launches = 1;
+  std::vector<unsigned> zeroOperands;  // cleared by the runtime before the launch (CUDA atomics)
+  std::vector<CudaKernelLaunch> functions;  // CUDA: the generated functions, in launch order
 };
 
 // Source of one kernel named `symbol`. Fails (with a diagnostic on the op) for a region its kind's

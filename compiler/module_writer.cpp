@@ -4,6 +4,7 @@
 
 #include <map>
 
+#include "compiler/attention_cuda.h"
 #include "compiler/kernel_build.h"
 #include "compiler/kernel_codegen.h"
 
@@ -209,7 +210,7 @@ class Writer {
     }
     ins.op = fb::OpCode::Kernel;
     ins.ints = {int64_t(fusions_.size())};
-    fusions_.push_back({f, ins.in, ins.out});
+    fusions_.push_back({f, nullptr, ins.in, ins.out});
     return success();
   }
 
@@ -229,14 +230,23 @@ class Writer {
     const std::string placeholder = "KILN_KERNEL_SYMBOL";
     for (size_t k = 0; k < fusions_.size(); ++k) {
       Fusion& fu = fusions_[k];
-      std::string name = fu.op.getKernel().str();
-      auto gen = generateKernel(fu.op, placeholder, target_, hasCopy());
-      if (failed(gen)) return fu.op.emitError() << "kilnc: cannot generate the " << fu.op.getKind() << " kernel '"
-                                                << name << "' for target " << spec_.target;
+      FailureOr<GeneratedKernel> gen;
       KernelInfo info;
-      info.name = name;
-      info.kind = fu.op.getKind().str();
-      for (Operation& op : fu.op.getFusedOps()) info.ops.push_back(op.getName().stripDialect().str());
+      if (fu.attention) {
+        gen = attentionKernel(fu.attention, placeholder);
+        if (failed(gen)) return failure();
+        info.name = info.kind = fu.attention->getName().stripDialect().str();
+        info.ops = {info.name};
+      } else {
+        gen = generateKernel(fu.op, placeholder, target_, hasCopy());
+        if (failed(gen))
+          return fu.op.emitError() << "kilnc: cannot generate the " << fu.op.getKind() << " kernel '"
+                                   << fu.op.getKernel() << "' for target " << spec_.target;
+        info.name = fu.op.getKernel().str();
+        info.kind = fu.op.getKind().str();
+        for (Operation& op : fu.op.getFusedOps()) info.ops.push_back(op.getName().stripDialect().str());
+      }
+      const std::string& name = info.name;
       info.flops = gen->flops;
       info.grid = gen->cudaGrid;
       info.block = gen->cudaBlock;
@@ -244,12 +254,15 @@ class Writer {
       info.matmul = gen->matmul;
       info.hasFunction = gen->source.find(placeholder + "(") != std::string::npos;
       info.launches = gen->launches;
+      info.zero = gen->zeroOperands;
+      info.functions = gen->functions;
       for (uint32_t b : fu.in) info.numel.push_back(int64_t(bufs_[b].size / (bufs_[b].dtype == fb::DType::BF16 ? 2 : 4))),
                                info.dtype.push_back(bufs_[b].dtype);
       for (uint32_t b : fu.out) info.numel.push_back(int64_t(bufs_[b].size / (bufs_[b].dtype == fb::DType::BF16 ? 2 : 4))),
                                 info.dtype.push_back(bufs_[b].dtype);
-      for (const StateWrite& w : stateWrites(fu.op, hasCopy()))
-        if (w.role == StateWrite::Value) info.adamw.push_back(paramBufs_.at(w.param).value);
+      if (fu.op)
+        for (const StateWrite& w : stateWrites(fu.op, hasCopy()))
+          if (w.role == StateWrite::Value) info.adamw.push_back(paramBufs_.at(w.param).value);
       // The code without its location comment decides whether an earlier kernel is the same.
       std::string code = gen->source;
       if (size_t at = code.find("\n// at "); at != std::string::npos)
@@ -266,6 +279,9 @@ class Writer {
       std::string text = gen->source;
       for (size_t at = text.find(placeholder); at != std::string::npos; at = text.find(placeholder, at))
         text.replace(at, placeholder.size(), info.symbol);
+      for (CudaKernelLaunch& f : info.functions)
+        if (f.symbol.compare(0, placeholder.size(), placeholder) == 0)
+          f.symbol = info.symbol + f.symbol.substr(placeholder.size());
       source += text + "\n";
       kernels_.push_back(std::move(info));
     }
@@ -288,6 +304,37 @@ class Writer {
     return success();
   }
 
+  static flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fb::CudaFunction>>> cudaFunctions(
+      flatbuffers::FlatBufferBuilder& fbb, const std::vector<CudaKernelLaunch>& fns) {
+    if (fns.empty()) return 0;
+    std::vector<flatbuffers::Offset<fb::CudaFunction>> v;
+    for (const CudaKernelLaunch& f : fns) v.push_back(fb::CreateCudaFunctionDirect(fbb, f.symbol.c_str(), f.grid, f.block));
+    return fbb.CreateVector(v);
+  }
+
+  // cuda: flash-style attention kernels for one attention op (compiler/attention_cuda.cpp).
+  FailureOr<GeneratedKernel> attentionKernel(Operation* op, const std::string& symbol) {
+    Value qkv = isa<AttentionOp>(op) ? op->getOperand(0) : op->getOperand(1);
+    auto t = cast<RankedTensorType>(qkv.getType());
+    const int64_t heads = isa<AttentionOp>(op) ? int64_t(cast<AttentionOp>(op).getNumHeads())
+                                               : int64_t(cast<AttentionGradOp>(op).getNumHeads());
+    AttentionShape shape{t.getDimSize(0), t.getDimSize(1), t.getDimSize(2) / 3, heads, t.getElementType().isBF16()};
+    try {
+      AttentionSource src = isa<AttentionOp>(op) ? cudaAttentionForward(symbol, shape) : cudaAttentionBackward(symbol, shape);
+      GeneratedKernel k;
+      k.source = "// " + op->getName().stripDialect().str() + " kernel (flash style: the T x T scores are never stored)\n" +
+                 src.source;
+      k.functions = src.launches;
+      k.launches = unsigned(src.launches.size());
+      const double B = double(shape.B), T = double(shape.T), C = double(shape.C);
+      k.flops = (isa<AttentionOp>(op) ? 4.0 : 8.0) * B * T * T * C;  // the convention of kiln-inspect
+      if (!src.launches.empty()) k.cudaGrid = src.launches[0].grid, k.cudaBlock = src.launches[0].block;
+      return k;
+    } catch (const std::exception& e) {
+      return op->emitError() << "kilnc: CUDA attention: " << e.what();
+    }
+  }
+
   // One line per kernel: symbol, kind and the ops it fuses (written beside dumped sources).
   std::string kernelManifest() const {
     std::string text;
@@ -303,6 +350,12 @@ class Writer {
   LogicalResult encode(Operation& op, Ins& ins) {
     using O = fb::OpCode;
     if (auto f = dyn_cast<FusionOp>(op)) return encodeFusion(f, ins);
+    if (target_ == Target::Cuda && isa<AttentionOp, AttentionGradOp>(op)) {  // a template kernel
+      ins.op = fb::OpCode::Kernel;
+      ins.ints = {int64_t(fusions_.size())};
+      fusions_.push_back({FusionOp(), &op, ins.in, ins.out});
+      return success();
+    }
     auto set = [&](O code, std::vector<int64_t> ints) {
       ins.op = code;
       ins.ints = std::move(ints);
@@ -453,7 +506,7 @@ class Writer {
                                           k.matmul->aux, k.matmul->c, k.matmul->d, k.matmul->beta,
                                           fbb.CreateString(k.matmul->epilogue))
                    : 0,
-          k.hasFunction));
+          k.hasFunction, cudaFunctions(fbb, k.functions), k.zero.empty() ? 0 : fbb.CreateVector(k.zero)));
     }
     std::vector<flatbuffers::Offset<fb::CudaImage>> images;
     for (const auto& [arch, cubin] : cudaImages_)
@@ -469,8 +522,10 @@ class Writer {
     return std::vector<uint8_t>(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
   }
 
+  // A generated kernel to build: a fusion region, or (cuda) an attention op's template.
   struct Fusion {
     FusionOp op;
+    Operation* attention = nullptr;
     std::vector<uint32_t> in, out;
   };
   struct KernelInfo {
@@ -481,6 +536,8 @@ class Writer {
     std::string cublasLt;
     std::optional<MatmulCall> matmul;
     bool hasFunction = true;
+    std::vector<unsigned> zero;
+    std::vector<CudaKernelLaunch> functions;
     std::vector<int64_t> numel;
     std::vector<fb::DType> dtype;
     std::vector<uint32_t> adamw;

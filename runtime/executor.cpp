@@ -168,6 +168,11 @@ static uint64_t available_memory() {
 
 Executor::Executor(const Module& module, std::vector<std::string> programs)
     : module_(module), programs_(std::move(programs)) {
+  // Before anything is allocated: this runtime has no GPU backend yet.
+  const std::string target = module_.fb().model()->target() ? module_.fb().model()->target()->str() : "cpu";
+  if (target != "cpu")
+    throw Error(module_.source() + ": the module's kernels target '" + target +
+                "', and this runtime runs only CPU kernels");
   if (programs_.empty())
     for (const fb::Program* p : *module.fb().programs()) programs_.push_back(p->name()->str());
   uint64_t activations = 0;
@@ -203,10 +208,6 @@ Executor::~Executor() {
 void Executor::load_kernels() {
   const auto* kernels = module_.fb().kernels();
   if (!kernels || kernels->size() == 0) return;
-  const std::string target = module_.fb().model()->target()->str();
-  if (target != "cpu")
-    throw Error(module_.source() + ": the module's kernels target '" + target +
-                "', and this runtime runs only CPU kernels");
   const auto* lib = module_.fb().cpu_library();
   if (!lib || lib->size() == 0)
     throw Error(module_.source() + ": the module has " + std::to_string(kernels->size()) +

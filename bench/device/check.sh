@@ -1,0 +1,632 @@
+#!/usr/bin/env bash
+# bench/device/check.sh: the one script a device session runs (an NVIDIA GPU machine with CUDA,
+# CMake, ninja and PyTorch, but no MLIR and no network), after bench/device/prepare.sh has
+# compiled the modules on the build machine. See bench/device/README.md.
+#
+# Steps, each time-boxed (timeout) inside one budget (--budget, 450 s: the whole stays under 8
+# minutes); a step that no longer fits is skipped and reported as such:
+#   a) the machine: nvidia-smi -L, driver, nvcc, cmake, ninja, compiler, python, torch
+#   b) the runtime: cmake -DKILN_COMPILER=OFF -DKILN_TESTS=OFF into build-dev, ninja kiln-run; if
+#      configuring with the machine's own packages fails, again with the carried dependency
+#      bundle (bench/device/deps/kiln-build-deps.tar.gz unpacked into /tmp/kiln-deps)
+#   c) parity: each bench/device/modules/NAME.kiln with a spec bench/device/specs/NAME.toml
+#      (the gpt2-* benchmark modules aside): one training step as a probe; if the runtime runs it,
+#      test/e2e/test_parity.py --exe (a wrapper running kiln-run NAME.kiln) against the PyTorch
+#      reference; if it refuses, "kiln: not available: <its error line>"
+#   d) PyTorch (bench/pytorch_gpu_step.py): peak bf16 matmul, eager and torch.compile at B=16 T=1024
+#   e) Kiln: kiln-run gpt2-124m-bf16-cuda.kiln train, MFU against the measured matmul peak
+#      then, time allowing, the B=32 runs (Kiln, eager, compile; an out-of-memory is a result)
+#   f) the table: summary.md (kiln / torch eager / torch.compile: tok/s, ms/step, TFLOP/s, MFU,
+#      peak memory; kiln/compile and kiln/eager ratios), results.json, check.log, work.tar.gz
+#
+# Usage: bash bench/device/check.sh [--dry-run] [--budget S] [--steps N] [--kiln-steps N]
+#                                   [--no-build] [--no-parity] [--no-b32] [--compile-mode M]
+#   --dry-run        no build and no GPU: uses an existing kiln-run (KILN_RUN, build-dev/ or
+#                    build/) for the Kiln steps (the refusal path) and runs PyTorch in its --tiny
+#                    CPU smoke configuration; for checking the script on the build machine
+#   --budget S       seconds for everything (default 450)
+#   --steps N        PyTorch timed steps (default 20, after 5 warm-up steps)
+#   --kiln-steps N   Kiln steps (default 30; the first 5 are not counted)
+#   --no-build       use an existing kiln-run instead of building
+#   --no-parity      skip c)     --no-b32   skip the B=32 runs
+#   --compile-mode M torch.compile mode (default, reduce-overhead, max-autotune, ...)
+# Environment: OUT (default ./device-out; created), PYTHON (default: the first of python3,
+#   /usr/bin/python3 that imports torch), KILN_RUN, KILN_BUILD_DIR (default build-dev),
+#   KILN_DEPS_DIR (default /tmp/kiln-deps).
+# Writes only four files to $OUT (the device tool returns at most 8): summary.md, results.json,
+# check.log (everything printed) and work.tar.gz (every log and raw result: the build logs, the
+# PyTorch JSON lines, Kiln's JSONL, the parity outputs). Exit status 0 unless the script itself
+# breaks: what failed is in the summary.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+DEV=$ROOT/bench/device
+BUILD_DIR=${KILN_BUILD_DIR:-$ROOT/build-dev}
+DEPS_ROOT=${KILN_DEPS_DIR:-/tmp/kiln-deps}
+BUDGET=450
+RESERVE=15            # seconds kept for the table and the archive
+PARITY_BUDGET=180     # seconds for all of c)
+TORCH_STEPS=20
+TORCH_WARMUP=5
+KILN_STEPS=30
+KILN_WARMUP=5
+DRY=0
+DO_BUILD=1
+DO_PARITY=1
+DO_B32=1
+COMPILE_MODE=default
+BENCH=gpt2-124m-bf16-cuda
+
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
+need_int() {  # need_int OPTION VALUE MIN
+  if ! [[ "$2" =~ ^[0-9]+$ ]] || [ "$2" -lt "$3" ]; then
+    echo "check.sh: $1 needs an integer >= $3, got '$2'" >&2; exit 2
+  fi
+}
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -h|--help) usage; exit 0 ;;
+    --dry-run) DRY=1; shift ;;
+    --budget) need_int "$1" "${2-}" 60; BUDGET=$2; shift 2 ;;
+    --steps) need_int "$1" "${2-}" 1; TORCH_STEPS=$2; shift 2 ;;
+    --kiln-steps) need_int "$1" "${2-}" $((KILN_WARMUP + 1)); KILN_STEPS=$2; shift 2 ;;
+    --no-build) DO_BUILD=0; shift ;;
+    --no-parity) DO_PARITY=0; shift ;;
+    --no-b32) DO_B32=0; shift ;;
+    --compile-mode) [ -n "${2-}" ] || { echo "check.sh: --compile-mode needs a mode" >&2; exit 2; }
+                    COMPILE_MODE=$2; shift 2 ;;
+    *) echo "check.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+if [ -z "${OUT:-}" ]; then
+  OUT=./device-out
+  mkdir -p "$OUT"
+  echo '*' > "$OUT/.gitignore"     # the default lands in the checkout: keep it out of git
+fi
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+rm -f "$OUT/summary.md" "$OUT/results.json" "$OUT/check.log" "$OUT/work.tar.gz"
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/kiln-device.XXXXXX")
+exec > >(tee -a "$OUT/check.log") 2>&1
+TEE_PID=$!
+STEPS_TSV=$WORK/steps.tsv
+PARITY_TSV=$WORK/parity.tsv
+: > "$STEPS_TSV"
+: > "$PARITY_TSV"
+cd "$ROOT"
+
+log() { printf '[%4ds] %s\n' "$SECONDS" "$*"; }
+# One line for a table cell: no tabs or newlines, paths relative to the checkout, at most 400 chars.
+oneline() { tr '\t\n' '  ' | sed "s|$ROOT/||g; s/  */ /g; s/^ //; s/ \$//" | cut -c1-400; }
+record() {  # record STEP STATUS SECONDS NOTE
+  printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$(printf '%s' "${4-}" | oneline)" >> "$STEPS_TSV"
+  log "$1: $2${4:+ - $(printf '%s' "$4" | oneline)}"
+}
+left() { echo $((BUDGET - SECONDS - RESERVE)); }
+# The line that says why a command failed: its last "error" line, else its last line.
+err_line() {
+  local l
+  l=$(grep -a -i -E '(^|[^a-z_])error' "$1" 2>/dev/null | grep -v -i 'warning' | tail -n 1 || true)
+  [ -n "$l" ] || l=$(grep -a -v '^[[:space:]]*$' "$1" 2>/dev/null | tail -n 1 || true)
+  printf '%s' "${l:-no output}" | oneline
+}
+cmake_err() {  # the first CMake Error and the two lines after it
+  if grep -q 'CMake Error' "$1" 2>/dev/null; then
+    grep -A3 -m1 'CMake Error' "$1" | oneline
+  else
+    err_line "$1"
+  fi
+}
+# boxed STEP MAX MIN LOG CMD...: runs CMD with its output in LOG, under timeout min(MAX, what is
+# left of the budget); returns CMD's status (124 or 137: timed out), or 200 without running it
+# when less than MIN seconds are left (recorded as skipped). Sets LAST_DT.
+LAST_DT=0
+boxed() {
+  local step=$1 max=$2 min=$3 logf=$4 l lim t0 rc=0
+  shift 4
+  l=$(left)
+  if [ "$l" -lt "$min" ]; then
+    record "$step" skipped 0 "out of time: ${l} s of the budget left, needs ${min} s"
+    LAST_DT=0
+    return 200
+  fi
+  lim=$max
+  [ "$l" -lt "$lim" ] && lim=$l
+  log "$step (time box ${lim} s; log ${logf#"$WORK"/})"
+  printf '$ %s\n' "$*" > "$logf"
+  t0=$SECONDS
+  timeout -k 10 "$lim" "$@" >> "$logf" 2>&1 || rc=$?
+  LAST_DT=$((SECONDS - t0))
+  return "$rc"
+}
+timed_out() { [ "$1" = 124 ] || [ "$1" = 137 ]; }
+jget() {  # jget FILE KEY: a top-level field of a one-line JSON file ("" when absent)
+  [ -s "$1" ] || return 0
+  "$PY_ANY" -c 'import json, sys
+d = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+v = d.get(sys.argv[2], "")
+print("" if v is None else v)' "$1" "$2" 2>/dev/null || true
+}
+spec_int() { sed -n "s/^$2 *= *\([0-9][0-9]*\).*/\1/p" "$1" | head -n 1; }
+
+finish() {
+  local rc=$?
+  trap - EXIT
+  set +e
+  log "f) the table"
+  if [ -n "${PY_ANY:-}" ]; then
+    "$PY_ANY" - "$WORK" "$OUT" "$DRY" "$BUDGET" "$SECONDS" "$KILN_WARMUP" "$BENCH" <<'EOF'
+import glob, json, os, statistics, sys, time
+work, out, dry, budget, elapsed, kwarm, bench = sys.argv[1:]
+kwarm = int(kwarm)
+
+def load_json(p):
+    try:
+        return json.loads(open(p).read().strip().splitlines()[-1])
+    except Exception:
+        return None
+
+def read_tsv(p, keys):
+    rows = []
+    if os.path.exists(p):
+        for line in open(p):
+            parts = line.rstrip("\n").split("\t")
+            rows.append(dict(zip(keys, parts + [""] * (len(keys) - len(parts)))))
+    return rows
+
+steps = read_tsv(f"{work}/steps.tsv", ["step", "status", "seconds", "note"])
+parity = read_tsv(f"{work}/parity.tsv", ["module", "result", "note"])
+info = open(f"{work}/info.txt").read() if os.path.exists(f"{work}/info.txt") else ""
+torch_runs = {os.path.basename(p)[:-5]: load_json(p) for p in sorted(glob.glob(f"{work}/torch-*.json"))}
+peak = (torch_runs.get("torch-peak") or {}).get("peak_tflops")
+
+def spec_int(path, key):
+    try:
+        for line in open(path):
+            k, _, v = line.partition("=")
+            if k.strip() == key:
+                return int(v.split("#")[0])
+    except OSError:
+        pass
+    return None
+
+def kiln_run(name):
+    """Kiln's row from its JSONL (steps after the first kwarm) or its note."""
+    note_p, log_p = f"{work}/{name}.note", f"{work}/{name}.jsonl"
+    note = open(note_p).read().strip() if os.path.exists(note_p) else "not run"
+    r = {"note": note}
+    spec = f"{os.environ.get('KILN_DEV_DIR', '')}/specs/{name.replace('kiln-', '', 1)}.toml"
+    if os.path.exists(log_p):
+        lines = [json.loads(l) for l in open(log_p) if l.strip()]
+        timed = lines[kwarm:] if len(lines) > kwarm else lines
+        if timed:
+            ms = [l["dt_ms"] for l in timed]
+            r.update(step_ms=ms, median_ms=statistics.median(ms),
+                     loss_first=lines[0].get("loss"), loss_last=lines[-1].get("loss"),
+                     steps_logged=len(lines), steps_counted=len(timed))
+    r["spec"] = spec
+    return r
+
+def planned_arena_gib(module):
+    """The arena kiln-inspect planned for a module (prepare.sh's manifest), in GiB."""
+    try:
+        for line in open(f"{os.environ.get('KILN_DEV_DIR', '')}/modules/manifest.txt"):
+            c = line.rstrip("\n").split("\t")
+            if c[0] == module and len(c) >= 5:
+                v, unit = c[4].split()
+                return float(v) / {"KiB": 2**20, "MiB": 2**10, "GiB": 1}[unit]
+    except (OSError, ValueError, KeyError):
+        pass
+    return None
+
+rows, ratios = [], []
+for B, suffix in ((16, ""), (32, "-b32")):
+    k = kiln_run(f"kiln-{bench}{suffix}")
+    e = torch_runs.get(f"torch-eager{suffix}")
+    c = torch_runs.get(f"torch-compile{suffix}")
+    if not (e or c or os.path.exists(f"{work}/kiln-{bench}{suffix}.note")):
+        continue
+    ref = next((x for x in (e, c) if x and x.get("flops_per_step")), None)
+    spec = k["spec"]
+    L, C, V, T, Bk = (spec_int(spec, n) for n in ("n_layer", "n_embd", "vocab_size", "seq_len", "batch_size"))
+    kflops = None
+    if None not in (L, C, V, T, Bk):
+        Vp = -(-V // 128) * 128
+        Tmax = spec_int(spec, "block_size") or T
+        n = Vp * C + Tmax * C + L * (12 * C * C + 13 * C) + 2 * C
+        kflops = 6 * n * Bk * T + 12 * L * C * T * Bk * T
+    krow = {"config": "kiln", "B": Bk or B, "T": T}
+    if "median_ms" in k:
+        ms = k["median_ms"]
+        krow.update(ms=ms, tok_s=(Bk * T) / (ms / 1e3), tflops=kflops / (ms / 1e3) / 1e12 if kflops else None,
+                    loss_first=k.get("loss_first"), loss_last=k.get("loss_last"))
+    krow["note"] = k["note"]
+    arena = planned_arena_gib(f"{bench}{suffix}.kiln")
+    if arena is not None:
+        krow["mem"] = arena
+        krow["note"] += "; peak mem = the arena kiln-inspect planned"
+    krow["raw"] = k
+    rows.append(krow)
+    for label, x in (("torch eager", e), ("torch.compile", c)):
+        row = {"config": label, "B": (x or {}).get("B", B), "T": (x or {}).get("T")}
+        if x and "median_ms" in x:
+            row.update(ms=x["median_ms"], tok_s=x["tokens_per_s"], tflops=x["achieved_tflops"],
+                       mem=x.get("peak_memory_gib"), loss_first=x.get("loss_first"), loss_last=x.get("loss_last"))
+            if x.get("device") == "cpu":
+                row["note"] = "CPU smoke test (--tiny), not a measurement"
+            elif label == "torch.compile" and x.get("first_step_s"):
+                row["note"] = f"first step {x['first_step_s']:.0f} s (compilation)"
+        elif x:
+            row["note"] = x.get("skipped") or x.get("error") or "no result"
+        else:
+            row["note"] = "not run"
+        rows.append(row)
+    kt = krow.get("tok_s")
+    et = rows[-2].get("tok_s")
+    ct = rows[-1].get("tok_s")
+    ratios.append({"B": B, "kiln/torch.compile": kt / ct if kt and ct else None,
+                   "kiln/torch eager": kt / et if kt and et else None,
+                   "torch.compile/torch eager": ct / et if ct and et else None})
+for r in rows:
+    if peak and r.get("tflops"):
+        r["mfu"] = r["tflops"] / peak
+
+def f(x, fmt):
+    return "—" if x is None else format(x, fmt)
+
+gpu = next((l.split(":", 1)[1].strip() for l in info.splitlines() if l.startswith("gpu:")), "no GPU")
+md = [f"# Kiln device check: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {gpu}", ""]
+if dry == "1":
+    md += ["**Dry run**: no build, no GPU steps; PyTorch ran its --tiny CPU smoke configuration and the "
+           "Kiln steps used an existing kiln-run. The numbers below are not measurements.", ""]
+md += ["## Training step: GPT-2 124M, bf16 (autocast policy, fp32 master weights and AdamW), T=1024", "",
+       "| config | B | tok/s | ms/step | TFLOP/s | MFU | peak mem GiB | note |",
+       "|---|---:|---:|---:|---:|---:|---:|---|"]
+for r in rows:
+    md.append(f"| {r['config']} | {r['B']} | {f(r.get('tok_s'), ',.0f')} | {f(r.get('ms'), '.1f')} | "
+              f"{f(r.get('tflops'), '.1f')} | {f(r.get('mfu') and 100 * r['mfu'], '.1f')}{'%' if r.get('mfu') else ''} | "
+              f"{f(r.get('mem'), '.1f')} | {r.get('note', '')} |")
+md.append("")
+for q in ratios:
+    md.append(f"- B={q['B']} tok/s ratios: kiln / torch.compile = {f(q['kiln/torch.compile'], '.3f')}, "
+              f"kiln / torch eager = {f(q['kiln/torch eager'], '.3f')}, "
+              f"torch.compile / torch eager = {f(q['torch.compile/torch eager'], '.3f')}")
+pk = torch_runs.get("torch-peak")
+if pk and pk.get("peak_tflops"):
+    md.append(f"- MFU = achieved / measured peak: bf16 torch.matmul {pk['n']}^3, best of {pk['repeats']} "
+              f"x {pk['iters']} products: {pk['peak_tflops']:.1f} TFLOP/s (median {pk['median_tflops']:.1f})"
+              + (" [CPU smoke]" if pk.get("device") == "cpu" else ""))
+elif pk:
+    md.append(f"- peak matmul: {pk.get('error', 'no result')}")
+ref = next((x for x in torch_runs.values() if x and x.get("flops_formula")), None)
+if ref:
+    md.append(f"- model FLOPs per step = {ref['flops_formula']}; N_params = {ref['parameters']:,} "
+              f"-> {ref['flops_per_step']:.4g} at B={ref['B']} T={ref['T']}")
+md.append(f"- ms/step: median over the timed steps (PyTorch: {next((x['steps'] for x in torch_runs.values() if x and 'steps' in x), '?')} "
+          f"after warm-up, CUDA events; Kiln: its dt_ms, the first {kwarm} steps not counted)")
+md += ["", "## Parity (test/e2e/test_parity.py --exe: the module against the PyTorch reference)", "",
+       "| module | result | note |", "|---|---|---|"]
+md += [f"| {p['module']} | {p['result']} | {p['note']} |" for p in parity] or ["| — | not run | |"]
+md += ["", "## Steps", "", "| step | status | s | note |", "|---|---|---:|---|"]
+md += [f"| {s['step']} | {s['status']} | {s['seconds']} | {s['note']} |" for s in steps]
+md += ["", f"Elapsed {elapsed} s of a {budget} s budget. Raw results: results.json; logs: work.tar.gz; "
+       "everything printed: check.log.", "", "## Machine", "", "```", info.strip(), "```", ""]
+open(f"{out}/summary.md", "w").write("\n".join(md))
+doc = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "dry_run": dry == "1",
+       "budget_s": int(budget), "elapsed_s": int(elapsed), "machine": info, "steps": steps,
+       "table": rows, "ratios": ratios, "parity": parity, "torch": torch_runs,
+       "peak_matmul_tflops": peak}
+with open(f"{out}/results.json", "w") as fh:
+    json.dump(doc, fh, indent=1)
+    fh.write("\n")
+print("\n".join(md))
+EOF
+  else
+    echo "check.sh: no python3: no summary.md" | tee "$OUT/summary.md"
+  fi
+  tar -C "$WORK" -czf "$OUT/work.tar.gz" --exclude='*.bin' --exclude='*.safetensors' . 2>/dev/null \
+    || echo "check.sh: could not write work.tar.gz"
+  log "done: $OUT/{summary.md,results.json,check.log,work.tar.gz} ($(du -sh "$OUT" | cut -f1))"
+  rm -rf "$WORK"
+  exec >&- 2>&-
+  wait "$TEE_PID" 2>/dev/null
+  exit "$rc"
+}
+trap finish EXIT
+export KILN_DEV_DIR=$DEV
+
+# --- a) the machine ------------------------------------------------------------------------------
+log "a) the machine (dry run: $DRY; budget $BUDGET s; OUT=$OUT)"
+PY=""
+for c in ${PYTHON:-} python3 /usr/bin/python3; do
+  if command -v "$c" >/dev/null 2>&1 && "$c" -c 'import torch' >/dev/null 2>&1; then PY=$c; break; fi
+done
+PY_ANY=$PY
+if [ -z "$PY_ANY" ]; then PY_ANY=$(command -v python3 || command -v /usr/bin/python3 || true); fi
+GPU_SMI=0
+GPU_TORCH=0
+nvidia-smi -L > /dev/null 2>&1 && GPU_SMI=1
+first() { "$@" 2>&1 | head -n 1 || true; }
+{
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "host: $(uname -srm), $(nproc) cores, $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo) memory"
+  if [ "$GPU_SMI" = 1 ]; then
+    nvidia-smi -L | sed 's/^/nvidia-smi -L: /'
+    echo "nvidia-smi: $(nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv,noheader 2>&1 | head -n 1)"
+  elif command -v nvidia-smi > /dev/null; then
+    echo "nvidia-smi: $(first nvidia-smi -L)"
+  else
+    echo "nvidia-smi: not found"
+  fi
+  echo "nvcc: $(if command -v nvcc >/dev/null; then nvcc --version | tail -n 1; elif [ -x /usr/local/cuda/bin/nvcc ]; then /usr/local/cuda/bin/nvcc --version | tail -n 1; else echo not found; fi)"
+  echo "cmake: $(first cmake --version)"
+  echo "ninja: $(first ninja --version)"
+  echo "c++: $(first c++ --version)"
+  echo "python: ${PY:-none with torch} ($(first "$PY_ANY" --version))"
+  if [ -n "$PY" ]; then
+    "$PY" - <<'EOF' 2>&1 || true
+import torch
+print(f"torch: {torch.__version__}, CUDA {torch.version.cuda}, cuda available {torch.cuda.is_available()}, "
+      f"compile {hasattr(torch, 'compile')}")
+if torch.cuda.is_available():
+    p = torch.cuda.get_device_properties(0)
+    print(f"gpu: {p.name}, {p.total_memory / 2**30:.0f} GiB, {p.multi_processor_count} SMs, sm_{p.major}{p.minor}")
+EOF
+  fi
+  echo "tree: git $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '(no .git here)')"
+  if [ -f "$DEV/modules/manifest.txt" ]; then
+    echo "modules: $(head -n 1 "$DEV/modules/manifest.txt" | sed 's/^# //')"
+    want=$(sed -n 's/^# schema .* sha256 //p' "$DEV/modules/manifest.txt")
+    have=$(sha256sum runtime/schema/module.fbs | cut -d' ' -f1)
+    [ "$want" = "$have" ] || echo "modules: WARNING: compiled against another runtime/schema/module.fbs: rerun bench/device/prepare.sh"
+  else
+    echo "modules: none (run bench/device/prepare.sh on the build machine, and carry bench/device/{specs,modules,data,deps})"
+  fi
+} > "$WORK/info.txt" 2>&1
+grep -q '^torch: .*cuda available True' "$WORK/info.txt" && GPU_TORCH=1
+sed 's/^/  /' "$WORK/info.txt"
+record info ok "$SECONDS" "GPU: nvidia-smi $GPU_SMI, torch $GPU_TORCH"
+GPU_STEPS=1
+if [ "$DRY" = 1 ]; then
+  GPU_STEPS=0
+elif [ "$GPU_SMI" = 0 ] && [ "$GPU_TORCH" = 0 ]; then
+  GPU_STEPS=0
+  log "no GPU here (nvidia-smi and torch see none): the GPU-only steps are skipped"
+fi
+
+# --- b) the runtime -----------------------------------------------------------------------------
+log "b) the runtime"
+KENV=(env)          # the environment of cmake, ninja and kiln-run (+ the bundle's paths if used)
+CONFIGURE=(cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DKILN_COMPILER=OFF -DKILN_TESTS=OFF -DCMAKE_BUILD_TYPE=Release)
+use_deps_bundle() {
+  rm -rf "$DEPS_ROOT"
+  mkdir -p "$DEPS_ROOT"
+  tar -xzf "$DEV/deps/kiln-build-deps.tar.gz" -C "$DEPS_ROOT"
+  find "$DEPS_ROOT" -name '*.pc' -exec sed -i "s|^prefix=/usr\$|prefix=$DEPS_ROOT/usr|" {} +
+  local lib=$DEPS_ROOT/usr/lib/x86_64-linux-gnu
+  KENV=(env "PATH=$DEPS_ROOT/usr/bin:$PATH"
+            "LD_LIBRARY_PATH=$lib:$lib/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+            "PKG_CONFIG_PATH=$lib/pkgconfig:$DEPS_ROOT/usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}")
+  CONFIGURE+=("-DCMAKE_PREFIX_PATH=$DEPS_ROOT/usr" "-DCMAKE_LIBRARY_PATH=$lib/openblas-pthread")
+}
+existing_kiln_run() {
+  local c
+  for c in "${KILN_RUN:-}" "$BUILD_DIR/bin/kiln-run" "$ROOT/build/bin/kiln-run"; do
+    [ -n "$c" ] && [ -x "$c" ] && { echo "$c"; return; }
+  done
+}
+KILN_RUN_BIN=""
+if [ "$DRY" = 1 ] || [ "$DO_BUILD" = 0 ]; then
+  KILN_RUN_BIN=$(existing_kiln_run || true)
+  record build skipped 0 "$([ "$DRY" = 1 ] && echo "dry run" || echo "--no-build"): would run: ${CONFIGURE[*]#"$ROOT"/} && ninja -C ${BUILD_DIR#"$ROOT"/} -j$(nproc) kiln-run; kiln-run used: ${KILN_RUN_BIN:-none}"
+elif ! command -v cmake >/dev/null || ! command -v ninja >/dev/null; then
+  record build failed 0 "cmake or ninja not found"
+else
+  rc=0
+  boxed build-configure 90 20 "$WORK/build-configure.log" "${KENV[@]}" "${CONFIGURE[@]}" || rc=$?
+  if [ "$rc" != 0 ] && [ "$rc" != 200 ]; then
+    why=$(cmake_err "$WORK/build-configure.log")
+    if [ -f "$DEV/deps/kiln-build-deps.tar.gz" ]; then
+      record build-configure failed "$LAST_DT" "with this machine's packages: $why; retrying with the carried bundle"
+      use_deps_bundle
+      rm -rf "$BUILD_DIR"
+      rc=0
+      boxed build-configure-bundle 90 20 "$WORK/build-configure-bundle.log" "${KENV[@]}" "${CONFIGURE[@]}" || rc=$?
+      [ "$rc" = 0 ] || why=$(cmake_err "$WORK/build-configure-bundle.log")
+    else
+      why="$why (no bench/device/deps/kiln-build-deps.tar.gz carried to retry with)"
+    fi
+  fi
+  if [ "$rc" = 0 ]; then
+    record build-configure ok "$LAST_DT" "$([ ${#KENV[@]} -gt 1 ] && echo "with the dependency bundle in $DEPS_ROOT" || echo "with this machine's packages")"
+    rc=0
+    boxed build-ninja 300 30 "$WORK/build-ninja.log" "${KENV[@]}" ninja -C "$BUILD_DIR" -j "$(nproc)" kiln-run || rc=$?
+    if [ "$rc" = 0 ] && [ -x "$BUILD_DIR/bin/kiln-run" ]; then
+      KILN_RUN_BIN=$BUILD_DIR/bin/kiln-run
+      record build-ninja ok "$LAST_DT" "$KILN_RUN_BIN"
+    elif [ "$rc" != 200 ]; then
+      record build-ninja "$(timed_out "$rc" && echo "timed out" || echo failed)" "$LAST_DT" "$(err_line "$WORK/build-ninja.log")"
+    fi
+  elif [ "$rc" != 200 ]; then
+    record build-configure "$(timed_out "$rc" && echo "timed out" || echo failed)" "$LAST_DT" "$why"
+  fi
+fi
+# kiln_refusal LOG: "kiln: not available: <why>" for a run that failed
+kiln_refusal() { echo "kiln: not available: $(err_line "$1")"; }
+CPU_ONLY_RUNTIME=""   # set to the refusal line once a runtime says it runs only CPU kernels
+
+# --- c) parity ----------------------------------------------------------------------------------
+log "c) parity"
+parity_row() { printf '%s\t%s\t%s\n' "$1" "$2" "$(printf '%s' "$3" | oneline)" >> "$PARITY_TSV"; log "parity $1: $2 - $3"; }
+if [ "$DO_PARITY" = 0 ]; then
+  record parity skipped 0 "--no-parity"
+elif ! compgen -G "$DEV/specs/*.toml" > /dev/null; then
+  record parity skipped 0 "no bench/device/specs/*.toml (run bench/device/prepare.sh; carry bench/device/specs)"
+else
+  parity_end=$((SECONDS + PARITY_BUDGET))
+  for spec in "$DEV"/specs/*.toml; do
+    name=$(basename "$spec" .toml)
+    case "$name" in gpt2-*) continue ;; esac          # the benchmark modules: step e)
+    mod=$DEV/modules/$name.kiln
+    if [ ! -f "$mod" ]; then
+      if [ -f "$DEV/modules/$name.kilnc-error" ]; then
+        parity_row "$name" "no module" "kilnc failed on the build machine: $(grep -m1 'error' "$DEV/modules/$name.kilnc-error" | sed 's/^loc([^)]*)[^:]*: //')"
+      else
+        parity_row "$name" "no module" "not in bench/device/modules (run prepare.sh; carry bench/device/modules)"
+      fi
+      continue
+    fi
+    if [ -z "$KILN_RUN_BIN" ]; then parity_row "$name" "not run" "no kiln-run (see the build step)"; continue; fi
+    d=$WORK/parity-$name
+    mkdir -p "$d"
+    vocab=$(spec_int "$spec" vocab_size)
+    "$PY_ANY" scripts/make_synthetic_shard.py --out "$d/data" --vocab-size "$vocab" --tokens 20000 --seed 1 \
+      > "$d/shard.log" 2>&1 || true
+    rc=0
+    boxed "parity-probe-$name" 60 10 "$d/probe.log" "${KENV[@]}" "$KILN_RUN_BIN" "$mod" train \
+      --data "$d/data/train_*.bin" --steps 1 || rc=$?
+    if [ "$rc" = 200 ]; then parity_row "$name" skipped "out of time"; continue; fi
+    if [ "$rc" != 0 ]; then
+      refusal=$(kiln_refusal "$d/probe.log")
+      grep -q 'runs only CPU kernels' "$d/probe.log" && CPU_ONLY_RUNTIME=$refusal
+      record "parity-probe-$name" "not available" "$LAST_DT" "$refusal"
+      parity_row "$name" "kiln: not available" "${refusal#kiln: not available: } (one-step probe, exit $rc)"
+      continue
+    fi
+    record "parity-probe-$name" ok "$LAST_DT" "one training step ran"
+    if [ "$GPU_STEPS" = 0 ] || [ -z "$PY" ]; then
+      parity_row "$name" "probe ran" "test_parity.py not run ($([ "$DRY" = 1 ] && echo "dry run" || echo "no GPU or no torch"))"
+      continue
+    fi
+    printf '#!/bin/sh\nexec %q %q "$@"\n' "$KILN_RUN_BIN" "$mod" > "$d/kiln-exe"
+    chmod +x "$d/kiln-exe"
+    max=$((parity_end - SECONDS))
+    [ "$max" -gt 150 ] && max=150
+    rc=0
+    boxed "parity-$name" "$max" 30 "$d/parity.log" "${KENV[@]}" PYTHONUNBUFFERED=1 "$PY" test/e2e/test_parity.py \
+      --exe "$d/kiln-exe" --spec "$spec" --workdir "$d/work" --steps 10 || rc=$?
+    case "$rc" in
+      0) record "parity-$name" ok "$LAST_DT" "PASS"; parity_row "$name" PASS "$(tail -n 1 "$d/parity.log")" ;;
+      200) parity_row "$name" skipped "out of time" ;;
+      124|137) record "parity-$name" "timed out" "$LAST_DT" ""; parity_row "$name" "timed out" "after $LAST_DT s" ;;
+      *) why=$(grep -a -m1 '^FAIL' "$d/parity.log" || err_line "$d/parity.log")
+         record "parity-$name" FAIL "$LAST_DT" "$why"; parity_row "$name" FAIL "$why" ;;
+    esac
+  done
+  record parity finished "" "$(cut -f2 "$PARITY_TSV" | sort | uniq -c | awk '{ $1 = $1 " x"; print }' | paste -sd ';' -)"
+fi
+
+# --- d) PyTorch ---------------------------------------------------------------------------------
+BENCH_DATA=$DEV/data/gpt2-124m/train_000.bin
+DATA_ARGS=()
+[ -f "$BENCH_DATA" ] && DATA_ARGS=(--data "$BENCH_DATA")
+PEAK=""
+PEAK_ARGS=()
+# torch_run NAME MAX MIN ARGS...: bench/pytorch_gpu_step.py ARGS --json WORK/NAME.json
+torch_run() {
+  local name=$1 max=$2 min=$3 rc=0 why
+  shift 3
+  boxed "$name" "$max" "$min" "$WORK/$name.log" env PYTHONUNBUFFERED=1 "$PY" bench/pytorch_gpu_step.py "$@" \
+    --json "$WORK/$name.json" || rc=$?
+  [ "$rc" = 200 ] && return 0
+  if timed_out "$rc"; then
+    record "$name" "timed out" "$LAST_DT" "$(tail -n 1 "$WORK/$name.log" | oneline)"
+    printf '{"error": "timed out after %s s"}\n' "$LAST_DT" > "$WORK/$name.json"
+  elif [ -n "$(jget "$WORK/$name.json" skipped)" ]; then
+    record "$name" skipped "$LAST_DT" "$(jget "$WORK/$name.json" skipped)"
+  elif [ "$rc" = 0 ]; then
+    if [ -n "$(jget "$WORK/$name.json" peak_tflops)" ] && [ "$name" = torch-peak ]; then
+      record "$name" ok "$LAST_DT" "$(printf '%.1f TFLOP/s' "$(jget "$WORK/$name.json" peak_tflops)")"
+    else
+      record "$name" ok "$LAST_DT" "$(printf '%.1f ms/step, %.0f tok/s' "$(jget "$WORK/$name.json" median_ms)" "$(jget "$WORK/$name.json" tokens_per_s)")"
+    fi
+  else
+    why=$(jget "$WORK/$name.json" error)
+    record "$name" "$([ "$rc" = 3 ] && echo "out of memory" || echo failed)" "$LAST_DT" "${why:-$(err_line "$WORK/$name.log")}"
+  fi
+}
+log "d) PyTorch"
+if [ -z "$PY" ]; then
+  record pytorch skipped 0 "no python3 here imports torch (set PYTHON)"
+elif [ "$GPU_STEPS" = 0 ]; then
+  if [ "$DRY" = 1 ]; then
+    log "dry run: PyTorch in its CPU smoke configuration (--device cpu --tiny), not a measurement"
+    torch_run torch-peak 60 10 --device cpu --peak-matmul --matmul-size 512 --matmul-iters 2 --matmul-repeats 2
+    torch_run torch-eager 60 10 --device cpu --tiny --mode eager
+    torch_run torch-compile 120 10 --device cpu --tiny --mode compile
+  else
+    record pytorch skipped 0 "no GPU: the PyTorch GPU benchmarks need one"
+  fi
+elif [ "$GPU_TORCH" = 0 ]; then
+  record pytorch skipped 0 "torch sees no CUDA device (nvidia-smi does)"
+else
+  torch_run torch-peak 90 20 --peak-matmul
+  PEAK=$(jget "$WORK/torch-peak.json" peak_tflops)
+  PEAK_ARGS=()
+  [ -n "$PEAK" ] && PEAK_ARGS=(--peak-tflops "$PEAK")
+  torch_run torch-eager 150 40 --mode eager -B 16 -T 1024 --steps "$TORCH_STEPS" --warmup "$TORCH_WARMUP" \
+    "${DATA_ARGS[@]}" "${PEAK_ARGS[@]}"
+  torch_run torch-compile 300 120 --mode compile --compile-mode "$COMPILE_MODE" -B 16 -T 1024 \
+    --steps "$TORCH_STEPS" --warmup "$TORCH_WARMUP" "${DATA_ARGS[@]}" "${PEAK_ARGS[@]}"
+fi
+
+# --- e) Kiln ------------------------------------------------------------------------------------
+# kiln_bench NAME MIN: kiln-run bench/device/modules/NAME.kiln train, JSONL in WORK/kiln-NAME.jsonl,
+# its row's note in WORK/kiln-NAME.note
+kiln_bench() {
+  local name=$1 min=$2 mod=$DEV/modules/$1.kiln note=$WORK/kiln-$1.note rc=0 data
+  if [ ! -f "$mod" ]; then
+    record "kiln-$name" skipped 0 "no $mod (run prepare.sh; carry bench/device/modules)"
+    echo "not run: no module" > "$note"; return
+  fi
+  if [ -z "$KILN_RUN_BIN" ]; then
+    record "kiln-$name" skipped 0 "no kiln-run (see the build step)"
+    echo "not run: no kiln-run" > "$note"; return
+  fi
+  if [ -n "$CPU_ONLY_RUNTIME" ] && [ "$name" != "$BENCH" ]; then
+    record "kiln-$name" skipped 0 "this runtime runs only CPU kernels (see kiln-$BENCH)"
+    echo "$CPU_ONLY_RUNTIME" > "$note"; return
+  fi
+  data="$DEV/data/gpt2-124m/train_*.bin"
+  if [ ! -f "$BENCH_DATA" ]; then
+    data="$WORK/data/train_*.bin"
+    [ -f "$WORK/data/train_000.bin" ] || "$PY_ANY" scripts/make_synthetic_shard.py --out "$WORK/data" \
+      --vocab-size 50257 --tokens $((16 * 1024 * 10 + 1)) --seed 1337 > "$WORK/shard.log" 2>&1
+  fi
+  local args=(train --data "$data" --steps "$KILN_STEPS" --lr-schedule constant --log "$WORK/kiln-$name.jsonl"
+              --print-every 10)
+  [ -n "$PEAK" ] && args+=(--peak-tflops "$PEAK")
+  boxed "kiln-$name" 150 "$min" "$WORK/kiln-$name.log" "${KENV[@]}" "$KILN_RUN_BIN" "$mod" "${args[@]}" || rc=$?
+  if [ "$rc" = 200 ]; then
+    echo "not run: out of time" > "$note"
+  elif [ "$rc" = 0 ]; then
+    echo "$KILN_STEPS steps" > "$note"
+    record "kiln-$name" ok "$LAST_DT" "$(grep -a 'tok/s' "$WORK/kiln-$name.log" | tail -n 1)"
+  elif timed_out "$rc"; then
+    echo "timed out after $LAST_DT s" > "$note"
+    record "kiln-$name" "timed out" "$LAST_DT" "$(tail -n 1 "$WORK/kiln-$name.log")"
+  else
+    kiln_refusal "$WORK/kiln-$name.log" > "$note"
+    grep -q 'runs only CPU kernels' "$WORK/kiln-$name.log" && CPU_ONLY_RUNTIME=$(cat "$note")
+    record "kiln-$name" "not available" "$LAST_DT" "$(cat "$note") (exit $rc)"
+  fi
+}
+log "e) Kiln"
+kiln_bench "$BENCH" 20
+
+# --- the B=32 runs, time allowing --------------------------------------------------------------
+if [ "$DO_B32" = 0 ]; then
+  record b32 skipped 0 "--no-b32"
+elif [ "$GPU_STEPS" = 0 ]; then
+  record b32 skipped 0 "$([ "$DRY" = 1 ] && echo "dry run" || echo "no GPU")"
+else
+  log "B=32, time allowing"
+  kiln_bench "$BENCH-b32" 20
+  if [ -n "$PY" ] && [ "$GPU_TORCH" = 1 ]; then
+    torch_run torch-eager-b32 150 60 --mode eager -B 32 -T 1024 --steps "$TORCH_STEPS" --warmup "$TORCH_WARMUP" \
+      "${DATA_ARGS[@]}" "${PEAK_ARGS[@]}"
+    torch_run torch-compile-b32 300 150 --mode compile --compile-mode "$COMPILE_MODE" -B 32 -T 1024 \
+      --steps "$TORCH_STEPS" --warmup "$TORCH_WARMUP" "${DATA_ARGS[@]}" "${PEAK_ARGS[@]}"
+  fi
+fi
+# f) in finish(), on exit.
