@@ -85,19 +85,9 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-# The binaries may be being rebuilt by someone else: wait a little for them to come back.
-wait_for() {
-  local f=$1 i
-  for i in $(seq 1 30); do
-    [ -x "$f" ] && return 0
-    [ "$i" = 1 ] && echo "fusion_cpu.sh: $f not there (being rebuilt?); waiting up to 2 minutes" >&2
-    sleep 4
-  done
-  echo "fusion_cpu.sh: $f not found; build first (scripts/build.sh)" >&2
-  exit 1
-}
-wait_for "$KILNC"
-wait_for "$BUILD/bin/kiln-run"
+for f in "$KILNC" "$BUILD/bin/kiln-run"; do
+  [ -x "$f" ] || { echo "fusion_cpu.sh: $f not found; build first (scripts/build.sh)" >&2; exit 1; }
+done
 [ -x "$PY" ] || { echo "fusion_cpu.sh: $PY not found (set PYTHON)" >&2; exit 1; }
 if [ "$RUN_PYTORCH" = 1 ]; then
   "$PY" -c 'import torch' 2>/dev/null \
@@ -150,23 +140,16 @@ if ! grep -q -- '--no-fusion' <<< "$KILNC_HELP"; then
   FUSION_FLAG=0
   echo "fusion_cpu.sh: warning: '$KILNC --help' has no --no-fusion; kiln-unfused is compiled exactly like kiln-fused" >&2
 fi
-# compile NAME [FLAGS...]: compile and smoke-test (one step) an executable. kilnc and kiln-run may
-# be being rebuilt by someone else: a compile or a run that fails (a binary missing, or kilnc's
-# module format not yet the one of the kiln-run it embeds) is retried after a pause, 3 times.
+# compile NAME [FLAGS...]: compile and smoke-test (one step) an executable.
 compile() {
-  local name=$1 i; shift
+  local name=$1; shift
   echo "== kilnc $(basename "$SPEC")${*:+ $*} -o $name"
-  for i in 1 2 3; do
-    wait_for "$KILNC"; wait_for "$BUILD/bin/kiln-run"
-    if "$KILNC" "$SPEC" "$@" -o "$TMP/$name" > "$TMP/$name.compile.log" 2>&1 \
-       && "$TMP/$name" train --data "$DATA_GLOB" --steps 1 > "$TMP/$name.smoke.log" 2>&1; then
-      return 0
-    fi
+  if ! "$KILNC" "$SPEC" "$@" -o "$TMP/$name" > "$TMP/$name.compile.log" 2>&1 \
+     || ! "$TMP/$name" train --data "$DATA_GLOB" --steps 1 > "$TMP/$name.smoke.log" 2>&1; then
     { cat "$TMP/$name.compile.log" "$TMP/$name.smoke.log" 2>/dev/null || true; } | tail -n 5 >&2
-    [ "$i" = 3 ] && { echo "fusion_cpu.sh: could not compile and run $name" >&2; exit 1; }
-    echo "fusion_cpu.sh: retrying in 20 s (binaries being rebuilt?)" >&2
-    sleep 20
-  done
+    echo "fusion_cpu.sh: could not compile and run $name" >&2
+    exit 1
+  fi
 }
 compile kiln-fused
 if [ "$FUSION_FLAG" = 1 ]; then

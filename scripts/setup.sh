@@ -9,9 +9,8 @@ packages=(
   # compiler: MLIR/LLVM 19, lit's FileCheck/not
   libmlir-19-dev mlir-19-tools llvm-19-dev llvm-19-tools
   zlib1g-dev libzstd-dev libedit-dev libffi-dev libxml2-dev libcurl4-openssl-dev
-  # runtime: module format, BLAS (OpenBLAS built with OpenMP; also PyTorch's, via libblas.so.3),
-  # MPI, libraries
-  flatbuffers-compiler libflatbuffers-dev libopenblas-dev libopenblas-openmp-dev libopenmpi-dev openmpi-bin
+  # runtime: module format, BLAS (also PyTorch's, via libblas.so.3), MPI, libraries
+  flatbuffers-compiler libflatbuffers-dev libopenblas-dev libopenmpi-dev openmpi-bin
   libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libfmt-dev libpcre2-dev
   # tests: GoogleTest, and PyTorch as the oracle (run with /usr/bin/python3)
   libgtest-dev python3 python3-torch python3-numpy
@@ -34,9 +33,19 @@ else
   echo "setup: all ${#packages[@]} packages present"
 fi
 
+# OpenBLAS built with OpenMP: its threads and Kiln's OpenMP kernels share one pool (CMake prefers it).
+# Without it, Kiln builds against the pthread OpenBLAS, correct but slower on small machines.
+if ! dpkg-query -W -f='${Status}' libopenblas-openmp-dev 2>/dev/null | grep -q "install ok installed"; then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  echo "setup: installing libopenblas-openmp-dev"
+  { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+      libopenblas-openmp-dev; } || echo "setup: warning: libopenblas-openmp-dev not installed; using the pthread OpenBLAS"
+fi
+
 # PyTorch and Kiln must use the same real BLAS: make OpenBLAS (the OpenMP build, which Kiln
-# links) the system libblas.so.3.
+# links, when present) the system libblas.so.3.
 blas=/usr/lib/x86_64-linux-gnu/openblas-openmp/libblas.so.3
+[ -e "$blas" ] || blas=/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3
 if update-alternatives --query libblas.so.3-x86_64-linux-gnu >/dev/null 2>&1 && [ -e "$blas" ]; then
   current=$(update-alternatives --query libblas.so.3-x86_64-linux-gnu | awk '/^Value:/{print $2}')
   [ "$current" = "$blas" ] || ${SUDO:-} update-alternatives --set libblas.so.3-x86_64-linux-gnu "$blas"
