@@ -54,6 +54,7 @@ class Emitter {
                        : kind == "classifier"      ? classifier()
                        : kind == "embedding_grad"  ? embeddingGrad()
                        : kind == "optimizer"       ? optimizer()
+                       : kind == "reduce_sum"      ? reduceSum()
                                                    : failure();
     if (failed(ok)) return failure();
     GeneratedKernel k;
@@ -147,6 +148,7 @@ class Emitter {
           return at(o.getTable(), row + " * " + num(C) + " + (" + idx + ") % " + num(C));
         })
         .Case([&](IotaOp) { return "(int32_t)(" + idx + ")"; })
+        .Case([&](ZerosOp) { return std::string("0.0f"); })
         .Default([&](Operation*) { return std::string("/*unsupported*/0"); });
     if (isa<EmbeddingOp, IotaOp, CastOp>(op) && !isBF16(v)) return e;
     if (isBF16(v) && !isa<BroadcastOp, EmbeddingOp>(op)) return "rb(" + e + ")";
@@ -168,7 +170,8 @@ class Emitter {
   void stores(ArrayRef<Operation*> ops, const std::string& indent) {
     for (Operation* op : ops) {
       for (Value r : op->getResults())
-        for (const std::string& o : outs_.lookup(r)) body_ += indent + "st(" + o + ", i, " + local_[r] + ");\n";
+        for (const std::string& o : outs_.lookup(r))
+          body_ += indent + "st(" + o + ", i, " + (isI32(r) ? at(r, "i") : local_[r]) + ");\n";
       if (auto acc = dyn_cast<AccumulateGradOp>(op))
         body_ += indent + state_[op][0] + "[i] += " + at(acc.getGradient(), "i") + ";\n";
     }
@@ -635,7 +638,8 @@ class Emitter {
       if (auto c = dyn_cast<CrossEntropyOp>(op)) ce = c;
       if (auto g = dyn_cast<CrossEntropyGradOp>(op)) cg = g;
     }
-    if (!ce || !cg) return f_.emitError() << "kilnc: a classifier region needs cross_entropy and its gradient";
+    if (!ce) return f_.emitError() << "kilnc: a classifier region needs cross_entropy";
+    if (!cg) return lossOnly(ce);
     Value logits = ce.getLogits(), targets = ce.getTargets(), dloss = cg->getOperand(0);
     const int64_t N = tensorOf(logits).getShape()[0], V = tensorOf(logits).getShape()[1];
     const int64_t valid = ce.getNumClasses() ? int64_t(*ce.getNumClasses()) : V;
@@ -678,6 +682,85 @@ class Emitter {
     body_ += "  }\n";
     body_ += "  double total = 0.0;\n  for (int64_t r = 0; r < " + num(N) + "; ++r) total += row_loss[r];\n";
     for (const std::string& o : lossOut) body_ += "  st(" + o + ", 0, (float)(total / " + num(N) + ".0));\n";
+    return success();
+  }
+
+  // The mean loss alone (evaluation), and the rows' log-sum-exp where it is read later: the same
+  // row pass as the training classifier without the gradient.
+  LogicalResult lossOnly(CrossEntropyOp ce) {
+    Value logits = ce.getLogits(), targets = ce.getTargets();
+    const int64_t N = tensorOf(logits).getShape()[0], V = tensorOf(logits).getShape()[1];
+    const int64_t valid = ce.getNumClasses() ? int64_t(*ce.getNumClasses()) : V;
+    flops_ = 3.0 * double(N * V);
+    auto lossOut = outs_.lookup(ce.getLoss());
+    auto lseOut = outs_.lookup(ce.getLse());
+    if (t_ == Target::Cpu) {
+      body_ += "  double* row_loss = (double*)scratch(1, " + num(2 * N) + ");\n";
+      body_ += "#pragma omp parallel for schedule(static)\n";
+      body_ += "  for (int64_t r = 0; r < " + num(N) + "; ++r) {\n";
+      body_ += "    const int64_t row = r * " + num(V) + ";\n";
+      body_ += "    float mx = -INFINITY;\n";
+      body_ += "    for (int64_t j = 0; j < " + num(valid) + "; ++j) { const float v = " + at(logits, "row + j") + "; mx = v > mx ? v : mx; }\n";
+      body_ += "    double sum = 0.0;\n";
+      body_ += "    for (int64_t j = 0; j < " + num(valid) + "; ++j) sum += exp_f(" + at(logits, "row + j") + " - mx);\n";
+      body_ += "    const double l = (double)mx + log(sum);\n";
+      for (const std::string& o : lseOut) body_ += "    st(" + o + ", r, (float)l);\n";
+      body_ += "    row_loss[r] = l - (double)" + at(logits, "row + " + at(targets, "r")) + ";\n  }\n";
+      body_ += "  double total = 0.0;\n  for (int64_t r = 0; r < " + num(N) + "; ++r) total += row_loss[r];\n";
+      for (const std::string& o : lossOut) body_ += "  st(" + o + ", 0, (float)(total / " + num(N) + ".0));\n";
+      return success();
+    }
+    block_ = 256;
+    grid_ = unsigned(N);
+    preamble_ = "__device__ double " + symbolPrefix() + "loss_sum = 0.0;\n__device__ unsigned " + symbolPrefix() +
+                "rows_done = 0;\n";
+    body_ += "  __shared__ float smx[32], ssum[32];\n";
+    body_ += "  const long long r = blockIdx.x, row = r * " + num(V) + ";\n";
+    body_ += "  float mx = -INFINITY, sum = 0.0f;\n";
+    body_ += "  for (long long j = threadIdx.x; j < " + num(valid) + "; j += blockDim.x) {\n";
+    body_ += "    const float v = " + at(logits, "row + j") + ";\n";
+    body_ += "    if (v > mx) { sum = sum * expf(mx - v) + 1.0f; mx = v; } else { sum += expf(v - mx); }\n  }\n";
+    body_ += "  combine_max_sum(mx, sum);\n";
+    body_ += "  if (threadIdx.x % 32 == 0) { smx[threadIdx.x / 32] = mx; ssum[threadIdx.x / 32] = sum; }\n";
+    body_ += "  __syncthreads();\n";
+    body_ += "  if (threadIdx.x < 32) {\n";
+    body_ += "    mx = threadIdx.x < blockDim.x / 32 ? smx[threadIdx.x] : -INFINITY;\n";
+    body_ += "    sum = threadIdx.x < blockDim.x / 32 ? ssum[threadIdx.x] : 0.0f;\n";
+    body_ += "    combine_max_sum(mx, sum);\n  }\n";
+    body_ += "  if (threadIdx.x == 0) {\n";
+    body_ += "    const float lse = mx + logf(sum);\n";
+    for (const std::string& o : lseOut) body_ += "    st(" + o + ", r, lse);\n";
+    body_ += "    atomicAdd(&" + symbolPrefix() + "loss_sum, (double)(lse - " + at(logits, "row + " + at(targets, "r")) + "));\n";
+    body_ += "    __threadfence();\n";
+    body_ += "    if (atomicAdd(&" + symbolPrefix() + "rows_done, 1u) == gridDim.x - 1) {\n";
+    body_ += "      const double total = atomicAdd(&" + symbolPrefix() + "loss_sum, 0.0);\n";
+    for (const std::string& o : lossOut) body_ += "      st(" + o + ", 0, (float)(total / " + num(N) + ".0));\n";
+    body_ += "      " + symbolPrefix() + "loss_sum = 0.0;\n      " + symbolPrefix() + "rows_done = 0;\n    }\n  }\n";
+    return success();
+  }
+
+  // Column sums of a [R, K] tensor (a bias gradient left on its own), then their consumers.
+  LogicalResult reduceSum() {
+    SmallVector<Operation*> ops;
+    for (Operation& op : f_.getFusedOps()) ops.push_back(&op);
+    if (t_ == Target::Cpu) {
+      columnSums(ops);
+      return success();
+    }
+    auto sum = cast<ReduceSumOp>(ops.front());
+    const int64_t K = numel(sum.getResult()), R = numel(sum.getInput()) / K;
+    flops_ = double(R * K);
+    block_ = 256;
+    grid_ = unsigned((K + 255) / 256);
+    body_ += "  const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;\n";
+    body_ += "  if (i >= " + num(K) + ") return;\n";
+    body_ += "  float acc = 0.0f;\n";
+    body_ += "  for (long long r = 0; r < " + num(R) + "; ++r) acc += " + at(sum.getInput(), "r * " + num(K) + " + i") + ";\n";
+    std::string name = "v" + num(next_++);
+    body_ += "  const float " + name + " = " + (isBF16(sum.getResult()) ? "rb(acc)" : "acc") + ";\n";
+    local_[sum.getResult()] = name;
+    locals(ArrayRef<Operation*>(ops).drop_front(), "  ");
+    stores(ops, "  ");
     return success();
   }
 
@@ -940,6 +1023,7 @@ static inline float ld(const bf16* p, int64_t i) { return bf2f(p[i]); }
 static inline int32_t ld(const int32_t* p, int64_t i) { return p[i]; }
 static inline void st(float* p, int64_t i, float v) { p[i] = v; }
 static inline void st(bf16* p, int64_t i, float v) { p[i] = f2bf(v); }
+static inline void st(int32_t* p, int64_t i, int32_t v) { p[i] = v; }
 
 // exp(x) in plain float arithmetic the compiler vectorises (libm's expf is a call per element):
 // x = k ln2 + r with |r| <= ln2 / 2, exp(r) by its degree-6 Taylor polynomial (relative error
@@ -1007,6 +1091,7 @@ __device__ __forceinline__ float ld(const bf16* p, int64_t i) { return bf2f(p[i]
 __device__ __forceinline__ int32_t ld(const int32_t* p, int64_t i) { return p[i]; }
 __device__ __forceinline__ void st(float* p, int64_t i, float v) { p[i] = v; }
 __device__ __forceinline__ void st(bf16* p, int64_t i, float v) { p[i] = f2bf(v); }
+__device__ __forceinline__ void st(int32_t* p, int64_t i, int32_t v) { p[i] = v; }
 
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);

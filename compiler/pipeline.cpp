@@ -17,12 +17,15 @@ void buildStepPipeline(OpPassManager& pm, const std::string& precision) {
   pm.addPass(createCSEPass());            // one read per parameter / hyperparameter
 }
 
-void buildPlanPipeline(OpPassManager& pm, const std::string& recompute, double bucket_mb, bool fusion) {
+void buildPlanPipeline(OpPassManager& pm, const std::string& recompute, double bucket_mb, bool fusion,
+                       bool singleOps) {
   RecomputeOptions options;
   options.mode = recompute;
   pm.addPass(createRecompute(options));
   pm.addPass(createSchedule());
-  if (fusion) pm.addPass(createFuseKernels());  // on the scheduled order
+  FuseKernelsOptions fuse;
+  fuse.singleOps = singleOps;
+  if (fusion) pm.addPass(createFuseKernels(fuse));  // on the scheduled order
   BucketGradientsOptions buckets;
   buckets.bucketMB = bucket_mb;
   pm.addPass(createBucketGradients(buckets));  // after the regions that accumulate gradients

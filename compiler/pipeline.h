@@ -14,8 +14,9 @@ void buildStepPipeline(mlir::OpPassManager& pm, const std::string& precision = "
 // Adds recomputation (`recompute`: none | cheap), scheduling, gradient buckets (`bucket_mb`),
 // kernel fusion (unless `fusion` is false) and buffer planning: the IR the module writer needs.
 // Registered for kiln-opt as `kiln-plan-pipeline`.
+// `singleOps` (for targets without built-in kernels) gives lone ops generated kernels too.
 void buildPlanPipeline(mlir::OpPassManager& pm, const std::string& recompute = "none",
-                       double bucket_mb = 25.0, bool fusion = true);
+                       double bucket_mb = 25.0, bool fusion = true, bool singleOps = false);
 void registerKilnPipelines();
 
 // The spec a module was built from, kept as the module attribute `kiln.spec` so that an

@@ -22,7 +22,7 @@ bool isElementwise(Operation* op) { return isa<AddOp, MulOp, ScaleOp, GeluOp, Ge
 
 class Fuser {
  public:
-  explicit Fuser(func::FuncOp f) : body_(f.getBody().front()) {}
+  Fuser(func::FuncOp f, bool singleOps) : body_(f.getBody().front()), singleOps_(singleOps) {}
 
   void run() {
     SmallVector<Operation*> ops;
@@ -40,6 +40,13 @@ class Fuser {
       if (auto e = dyn_cast<EmbeddingGradOp>(op)) fuseEmbeddingGrad(e);
     for (Operation* op : llvm::reverse(ops)) fuseElementwise(op);
     fuseOptimizer(ops);
+    if (singleOps_)
+      for (Operation* op : ops) {
+        if (claimed(op)) continue;
+        if (isa<CrossEntropyOp>(op)) claim("classifier", {op});  // the loss alone (evaluation)
+        else if (isa<ReduceSumOp>(op)) claim("reduce_sum", {op});
+        else if (isa<IotaOp, BroadcastOp, EmbeddingOp, ZerosOp>(op)) claim("elementwise", {op});
+      }
 
     for (auto& [kind, group] : groups_) materialize(kind, group);
   }
@@ -89,7 +96,7 @@ class Fuser {
   }
 
   void claim(StringRef kind, ArrayRef<Operation*> group) {
-    if (group.size() < 2) return;  // a lone op is already one kernel
+    if (group.size() < 2 && !singleOps_) return;  // a lone op is already one (built-in) kernel
     for (Operation* op : group) claimed_.insert(op);
     groups_.push_back({kind.str(), SmallVector<Operation*>(group)});
   }
@@ -288,14 +295,16 @@ class Fuser {
   }
 
   Block& body_;
+  bool singleOps_;
   llvm::DenseSet<Operation*> claimed_;
   SmallVector<std::pair<std::string, SmallVector<Operation*>>> groups_;
 };
 
 struct FuseKernelsPass : kiln::impl::FuseKernelsBase<FuseKernelsPass> {
+  using FuseKernelsBase::FuseKernelsBase;
   void runOnOperation() override {
     for (auto f : getOperation().getOps<func::FuncOp>())
-      if (!f.isExternal()) Fuser(f).run();
+      if (!f.isExternal()) Fuser(f, singleOps).run();
   }
 };
 

@@ -136,7 +136,15 @@ def FuseKernels : Pass<"kiln-fuse-kernels", "::mlir::ModuleOp"> {
     group between a member and that point reads the member's result (which would create a cycle),
     and no op with memory effects is crossed by a member with memory effects. Reductions are never
     producers inside a group: a consumer that needs the whole reduced tensor runs after it.
+
+    With `single-ops`, an op that joins no group still gets a region of its own when a kernel
+    template computes it (a target without built-in kernels, such as CUDA, runs only generated
+    kernels); the global norm and attention are left to the target.
   }];
+  let options = [
+    Option<"singleOps", "single-ops", "bool", /*default=*/"false",
+           "also give a lone op a region when a kernel template computes it">
+  ];
   let dependentDialects = ["::kiln::KilnDialect"];
 }
 

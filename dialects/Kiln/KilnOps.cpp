@@ -352,7 +352,7 @@ LogicalResult FusionOp::verify() {
   if (getKernel().empty()) return emitOpError() << "needs a kernel name";
 
   // How many ops of each anchor kind the body holds.
-  int matmuls = 0, norms = 0, normGrads = 0, ceGrads = 0, embGrads = 0, adams = 0, others = 0;
+  int matmuls = 0, norms = 0, normGrads = 0, ces = 0, ceGrads = 0, embGrads = 0, adams = 0, sums = 0, others = 0;
   for (Operation& op : getFusedOps()) {
     if (isa<FusionOp>(op)) return emitOpError() << "fusion regions do not nest";
     if (isa<MatmulOp>(op)) ++matmuls;
@@ -361,8 +361,10 @@ LogicalResult FusionOp::verify() {
     else if (isa<CrossEntropyGradOp>(op)) ++ceGrads;
     else if (isa<EmbeddingGradOp>(op)) ++embGrads;
     else if (isa<AdamWOp>(op)) ++adams;
+    else if (isa<CrossEntropyOp>(op)) ++ces;
+    else if (isa<ReduceSumOp>(op)) ++sums;
     else if (!isa<AddOp, MulOp, ScaleOp, GeluOp, GeluGradOp, BroadcastOp, CastOp, EmbeddingOp, IotaOp,
-                   AccumulateGradOp, ReduceSumOp, CrossEntropyOp, ClipCoefOp>(op))
+                   AccumulateGradOp, ClipCoefOp, ZerosOp>(op))
       ++others;
   }
   if (others)
@@ -373,14 +375,18 @@ LogicalResult FusionOp::verify() {
     return success();
   };
   if (kind == "elementwise") {
-    if (matmuls + norms + normGrads + ceGrads + embGrads + adams)
+    if (matmuls + norms + normGrads + ces + ceGrads + embGrads + adams + sums)
       return emitOpError() << "of kind 'elementwise' holds a non-elementwise op";
     return success();
   }
   if (kind == "matmul") return exactlyOne(matmuls, "kiln.matmul");
   if (kind == "layer_norm") return exactlyOne(norms, "kiln.layer_norm");
   if (kind == "layer_norm_grad") return exactlyOne(normGrads, "kiln.layer_norm_grad");
-  if (kind == "classifier") return exactlyOne(ceGrads, "kiln.cross_entropy_grad");
+  if (kind == "classifier") {
+    if (ceGrads > 1) return emitOpError() << "of kind 'classifier' holds " << ceGrads << " kiln.cross_entropy_grad";
+    return exactlyOne(ces, "kiln.cross_entropy");
+  }
+  if (kind == "reduce_sum") return exactlyOne(sums, "kiln.reduce_sum");
   if (kind == "embedding_grad") return exactlyOne(embGrads, "kiln.embedding_grad");
   if (kind == "optimizer") {
     if (adams == 0) return emitOpError() << "of kind 'optimizer' needs at least one kiln.adamw";
@@ -388,7 +394,7 @@ LogicalResult FusionOp::verify() {
   }
   return emitOpError() << "unknown kind '" << kind
                        << "' (elementwise, matmul, layer_norm, layer_norm_grad, classifier, "
-                          "embedding_grad, optimizer)";
+                          "embedding_grad, optimizer, reduce_sum)";
 }
 
 #define GET_OP_CLASSES

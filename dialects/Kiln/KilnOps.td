@@ -477,7 +477,8 @@ def Kiln_FusionOp : Kiln_Op<"fusion", [IsolatedFromAbove, RecursiveMemoryEffects
     - `layer_norm_grad`: one `kiln.layer_norm_grad` with the residual-gradient add, casts and the
       accumulation of its weight and bias gradients;
     - `classifier`: `kiln.cross_entropy` and its `kiln.cross_entropy_grad` (the probabilities are
-      never stored);
+      never stored), or the loss alone;
+    - `reduce_sum`: one `kiln.reduce_sum` (column sums);
     - `embedding_grad`: `kiln.embedding_grad` scattered straight into the gradient accumulator;
     - `optimizer`: `kiln.clip_coef` and every `kiln.adamw` of the optimizer step.
 

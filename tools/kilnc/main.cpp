@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
   CLI::App app{"kilnc: compile a GPT-2 spec into a Kiln training executable"};
   std::string input, output, emit = "exe", runtime, recompute = "none";
   double bucketMB = 25.0;
-  bool debugInfo = false, printAfterAll = false, noFusion = false;
+  bool debugInfo = false, printAfterAll = false, noFusion = false, singleOps = false;
   std::string dumpKernels;
   app.add_option("input", input, "model spec (.toml) or kiln IR (.mlir)")->required();
   app.add_option("-o,--output", output, "output file (default: stdout for IR)");
@@ -68,6 +68,8 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::PositiveNumber);
   app.add_flag("--no-fusion", noFusion,
                "one kernel per graph op: no fusion regions, no generated kernels (for debugging and comparison)");
+  app.add_flag("--fuse-single-ops", singleOps,
+               "give lone ops generated kernels too, as the cuda target does (runs its templates on the CPU)");
   app.add_option("--dump-kernels", dumpKernels,
                  "write the generated kernels' source (kernels.cpp or kernels.cu) and a manifest (kernels.tsv) to DIR")
       ->type_name("DIR");
@@ -99,6 +101,11 @@ int main(int argc, char** argv) {
       spec = kiln::parse_spec(input);
       module = kiln::buildGPT2(ctx, spec);
       if (failed(verify(*module))) return 1;
+    }
+    if (noFusion && spec.target == "cuda") {
+      std::fprintf(stderr, "error: %s: --no-fusion: target \"cuda\" runs only generated kernels; "
+                   "compare fusion on a \"cpu\" spec\n", input.c_str());
+      return 1;
     }
 
     auto print = [&](ModuleOp m) {
@@ -132,7 +139,7 @@ int main(int argc, char** argv) {
 
     auto step = module->lookupSymbol<func::FuncOp>("micro_step");
     if (!(step && step->hasAttr("kiln.arena_size")) &&
-        failed(runStage([&](PassManager& pm) { kiln::buildPlanPipeline(pm, recompute, bucketMB, !noFusion); })))
+        failed(runStage([&](PassManager& pm) { kiln::buildPlanPipeline(pm, recompute, bucketMB, !noFusion, singleOps || spec.target == "cuda"); })))
       return 1;
     if (emit == "plan") return print(*module);
 
