@@ -4,6 +4,7 @@
 
 #include <map>
 
+#include "compiler/attention_cpu.h"
 #include "compiler/attention_cuda.h"
 #include "compiler/kernel_build.h"
 #include "compiler/kernel_codegen.h"
@@ -312,7 +313,8 @@ class Writer {
     return fbb.CreateVector(v);
   }
 
-  // cuda: flash-style attention kernels for one attention op (compiler/attention_cuda.cpp).
+  // Flash-style attention kernels for one attention op (compiler/attention_cpu.cpp and
+  // compiler/attention_cuda.cpp).
   FailureOr<GeneratedKernel> attentionKernel(Operation* op, const std::string& symbol) {
     Value qkv = isa<AttentionOp>(op) ? op->getOperand(0) : op->getOperand(1);
     auto t = cast<RankedTensorType>(qkv.getType());
@@ -320,15 +322,20 @@ class Writer {
                                                : int64_t(cast<AttentionGradOp>(op).getNumHeads());
     AttentionShape shape{t.getDimSize(0), t.getDimSize(1), t.getDimSize(2) / 3, heads, t.getElementType().isBF16()};
     try {
-      AttentionSource src = isa<AttentionOp>(op) ? cudaAttentionForward(symbol, shape) : cudaAttentionBackward(symbol, shape);
       GeneratedKernel k;
-      k.source = "// " + op->getName().stripDialect().str() + " kernel (flash style: the T x T scores are never stored)\n" +
-                 src.source;
-      k.functions = src.launches;
-      k.launches = unsigned(src.launches.size());
+      const std::string head =
+          "// " + op->getName().stripDialect().str() + " kernel (flash style: the T x T scores are never stored)\n";
+      if (target_ == Target::Cpu) {
+        k.source = head + (isa<AttentionOp>(op) ? cpuAttentionForward(symbol, shape) : cpuAttentionBackward(symbol, shape));
+      } else {
+        AttentionSource src = isa<AttentionOp>(op) ? cudaAttentionForward(symbol, shape) : cudaAttentionBackward(symbol, shape);
+        k.source = head + src.source;
+        k.functions = src.launches;
+        k.launches = unsigned(src.launches.size());
+      }
       const double B = double(shape.B), T = double(shape.T), C = double(shape.C);
       k.flops = (isa<AttentionOp>(op) ? 4.0 : 8.0) * B * T * T * C;  // the convention of kiln-inspect
-      if (!src.launches.empty()) k.cudaGrid = src.launches[0].grid, k.cudaBlock = src.launches[0].block;
+      if (!k.functions.empty()) k.cudaGrid = k.functions[0].grid, k.cudaBlock = k.functions[0].block;
       return k;
     } catch (const std::exception& e) {
       return op->emitError() << "kilnc: CUDA attention: " << e.what();
@@ -350,7 +357,8 @@ class Writer {
   LogicalResult encode(Operation& op, Ins& ins) {
     using O = fb::OpCode;
     if (auto f = dyn_cast<FusionOp>(op)) return encodeFusion(f, ins);
-    if (target_ == Target::Cuda && isa<AttentionOp, AttentionGradOp>(op)) {  // a template kernel
+    // Attention: a template kernel (fused CPU path and CUDA); --no-fusion runs the built-in one.
+    if ((target_ == Target::Cuda || options_.fusion) && isa<AttentionOp, AttentionGradOp>(op)) {
       ins.op = fb::OpCode::Kernel;
       ins.ints = {int64_t(fusions_.size())};
       fusions_.push_back({FusionOp(), &op, ins.in, ins.out});
