@@ -349,6 +349,11 @@ class Emitter {
       if (o.empty()) return f_.emitError() << "kilnc: CUDA: the matmul region's result is not used";
       d = o.front();
     }
+    // cuBLASLt gives D and the auxiliary output only: every other result must be one of them.
+    for (auto& [v, names] : outs_)
+      for (const std::string& n : names)
+        if (n != d && n != aux)
+          return f_.emitError() << "kilnc: CUDA: the matmul region gives a value cuBLASLt does not produce";
     auto idx = [&](const std::string& name) { return index_.count(name) ? index_[name] : -1; };
     MatmulCall call;
     call.m = M, call.n = N, call.k = K;

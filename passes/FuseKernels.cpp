@@ -64,8 +64,37 @@ class Fuser {
     return user;
   }
 
+  // Ops that write model state (gradient accumulation, AdamW, the gradient exchange).
+  static bool writesState(Operation* op) {
+    return !isMemoryEffectFree(op) && !isa<ParamOp, GradOp, InputOp, HyperOp>(op);
+  }
+  // Whether `writer` (an op that writes state) changes state that `reader` reads through its
+  // operands: kiln.param and kiln.grad values are the parameter and gradient buffers themselves.
+  static bool clobbers(Operation* writer, Operation* reader) {
+    for (Value v : reader->getOperands()) {
+      if (auto p = v.getDefiningOp<ParamOp>()) {
+        if (auto a = dyn_cast<AdamWOp>(writer)) {
+          if (a.getName() == p.getName()) return true;
+        } else if (!isa<AccumulateGradOp, ReduceGradientsOp, WaitGradientsOp>(writer)) {
+          return true;  // gradient writes leave parameter values alone; anything else may not
+        }
+      } else if (auto g = v.getDefiningOp<GradOp>()) {
+        if (auto acc = dyn_cast<AccumulateGradOp>(writer)) {
+          if (acc.getName() == g.getName()) return true;
+        } else if (auto r = dyn_cast<ReduceGradientsOp>(writer)) {
+          for (Attribute a : r.getParams())
+            if (cast<FlatSymbolRefAttr>(a).getValue() == g.getName()) return true;
+        } else if (!isa<AdamWOp>(writer)) {
+          return true;  // the exchange's wait, or an op this does not know
+        }
+      }
+    }
+    return false;
+  }
+
   // Can every member run where the group's last member is? Members move down to it, so no
-  // outside op in between may read a member's result, and effects keep their order.
+  // outside op in between may read a member's result, a member that writes state crosses no
+  // other state access, and a member that reads state crosses no state write.
   bool legal(ArrayRef<Operation*> group) const {
     llvm::SmallPtrSet<Operation*, 16> members(group.begin(), group.end());
     Operation* root = group.front();
@@ -73,12 +102,13 @@ class Fuser {
       if (root->isBeforeInBlock(m)) root = m;
     for (Operation* m : group) {
       if (m == root) continue;
-      const bool effects = !isMemoryEffectFree(m);
+      const bool writes = writesState(m);
       for (Operation* x = m->getNextNode(); x && x != root; x = x->getNextNode()) {
         if (members.count(x)) continue;
         for (Value v : x->getOperands())
           if (v.getDefiningOp() == m) return false;
-        if (effects && !isMemoryEffectFree(x)) return false;
+        if (writes && !isMemoryEffectFree(x)) return false;
+        if (writesState(x) && clobbers(x, m)) return false;
       }
     }
     return true;
@@ -104,7 +134,9 @@ class Fuser {
   // 1. Loss and logits gradient in one pass.
   void fuseClassifier(CrossEntropyGradOp g) {
     auto ce = g.getLse().getDefiningOp<CrossEntropyOp>();
-    if (!ce || ce.getLogits() != g.getLogits() || !ce.getLse().hasOneUse() || claimed(ce)) return;
+    if (!ce || ce.getLogits() != g.getLogits() || ce.getTargets() != g->getOperand(3) ||
+        ce.getNumClassesAttr() != g.getNumClassesAttr() || !ce.getLse().hasOneUse() || claimed(ce))
+      return;
     SmallVector<Operation*> group{ce};
     if (grow(group, {g})) claim("classifier", group);
   }
@@ -148,6 +180,13 @@ class Fuser {
 
   // Adds the epilogue op `next` (a user of `cur`) to a matmul group.
   bool growEpilogue(SmallVector<Operation*>& group, Value cur, Operation* next) const {
+    // What a library epilogue can give: the value before a GELU (its auxiliary output) is the only
+    // intermediate read outside; after GELU or its backward, only casts follow.
+    const bool readOutside =
+        llvm::any_of(cur.getUsers(), [&](Operation* u) { return u != next && !llvm::is_contained(group, u); });
+    if (readOutside && !isa<GeluOp>(next)) return false;
+    const bool activated = llvm::any_of(group, [](Operation* op) { return isa<GeluOp, GeluGradOp>(op); });
+    if (activated && !isa<CastOp>(next)) return false;
     if (auto add = dyn_cast<AddOp>(next)) {
       Value other = add.getLhs() == cur ? add.getRhs() : add.getLhs();
       auto bias = other.getDefiningOp<BroadcastOp>();
@@ -201,16 +240,17 @@ class Fuser {
       if (isa<AddOp>(op) && llvm::is_contained(op->getOperands(), out)) out = op->getResult(0);
     for (Operation* op : group)
       if (isa<CastOp>(op) && op->getOperand(0) == out) out = op->getResult(0);
+    const int64_t C = cast<RankedTensorType>(l->getResult(0).getType()).getShape().back();
     for (Operation* u : out.getUsers()) {
-        auto sum = dyn_cast<ReduceSumOp>(u);
-        if (!sum || claimed(sum)) continue;
-        SmallVector<Operation*> chain{sum};
-        Value v = sum.getResult();
-        if (auto c = dyn_cast_or_null<CastOp>(soleUser(v))) chain.push_back(c), v = c.getResult();
-        if (auto acc = dyn_cast_or_null<AccumulateGradOp>(soleUser(v))) {
-          chain.push_back(acc);
-          if (grow(group, chain)) break;
-        }
+      auto sum = dyn_cast<ReduceSumOp>(u);
+      if (!sum || claimed(sum) || cast<RankedTensorType>(sum.getResult().getType()).getNumElements() != C) continue;
+      SmallVector<Operation*> chain{sum};
+      Value v = sum.getResult();
+      if (auto c = dyn_cast_or_null<CastOp>(soleUser(v))) chain.push_back(c), v = c.getResult();
+      if (auto acc = dyn_cast_or_null<AccumulateGradOp>(soleUser(v))) {
+        chain.push_back(acc);
+        if (grow(group, chain)) break;
+      }
     }
     claim("layer_norm_grad", group);
   }
@@ -236,6 +276,8 @@ class Fuser {
         Operation* p = v.getDefiningOp();
         if (!p || claimed(p) || llvm::is_contained(group, p)) continue;
         if (!(isElementwise(p) || isa<BroadcastOp, EmbeddingOp, IotaOp>(p))) continue;
+        // A gather reads its table at data-dependent rows: the table comes from memory.
+        if (auto e = dyn_cast<EmbeddingOp>(op); e && v == e.getTable()) continue;
         bool inside = llvm::all_of(p->getUsers(), [&](Operation* u) { return llvm::is_contained(group, u); });
         if (inside && grow(group, {p})) work.push_back(p);
       }
@@ -247,7 +289,11 @@ class Fuser {
   void fuseOptimizer(ArrayRef<Operation*> ops) {
     SmallVector<Operation*> group;
     for (Operation* op : ops)
-      if (isa<ClipCoefOp, AdamWOp>(op) && !claimed(op)) group.push_back(op);
+      if (isa<AdamWOp>(op) && !claimed(op)) group.push_back(op);
+    for (Operation* op : ops)  // clipping joins when only the updates read its coefficient
+      if (isa<ClipCoefOp>(op) && !claimed(op) &&
+          llvm::all_of(op->getUsers(), [](Operation* u) { return isa<AdamWOp>(u); }))
+        group.push_back(op);
     if (llvm::none_of(group, [](Operation* op) { return isa<AdamWOp>(op); }) || !legal(group)) return;
     claim("optimizer", group);
   }

@@ -279,7 +279,7 @@ void Executor::check(const fb::Program& prog) const {
 
 void Executor::check_kernel(const fb::Instr& ins, const std::string& where) const {
   const auto* kernels = module_.fb().kernels();
-  if (ins.ints()->size() != 1 || !kernels || ins.ints()->Get(0) < 0 || ins.ints()->Get(0) >= int64_t(kernels->size()))
+  if (!ins.ints() || ins.ints()->size() != 1 || !kernels || ins.ints()->Get(0) < 0 || ins.ints()->Get(0) >= int64_t(kernels->size()))
     throw Error(where + ": names no kernel of the module");
   const fb::Kernel& k = *kernels->Get(uint32_t(ins.ints()->Get(0)));
   const size_t n = ins.inputs()->size() + ins.outputs()->size();

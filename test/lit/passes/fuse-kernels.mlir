@@ -237,3 +237,50 @@ func.func @optimizer_step() -> tensor<f32> {
   kiln.adamw @b, %gb scale %c lr %lr betas(%b1, %b2) eps %e weight_decay %wd step %t : tensor<16xf32>
   return %n : tensor<f32>
 }
+
+// -----
+
+// Must not fuse: a member that reads state moving past a write of it. The add reads the
+// gradient buffer of @w, which the accumulation then changes, so the add stays before it.
+// CHECK-LABEL: func.func @state_read_order
+// CHECK: kiln.add
+// CHECK-NEXT: kiln.accumulate_grad @w
+// CHECK-NEXT: kiln.mul
+kiln.parameter @w : tensor<16xf32> {init = "zeros"}
+func.func @state_read_order(%x: tensor<16xf32>, %y: tensor<16xf32>) -> tensor<16xf32> {
+  %g = kiln.grad @w : tensor<16xf32>
+  %s = kiln.add %g, %x : tensor<16xf32>
+  kiln.accumulate_grad @w, %y : tensor<16xf32>
+  %t = kiln.mul %s, %y : tensor<16xf32>
+  return %t : tensor<16xf32>
+}
+
+// -----
+
+// Matmul epilogues stop where a library epilogue would: after GELU only casts follow, so the
+// residual add after the GELU runs in a kernel of its own.
+// CHECK-LABEL: func.func @after_gelu
+// CHECK: kiln.fusion "matmul" "matmul_gelu"
+// CHECK: kiln.yield
+// CHECK-NEXT: }
+// CHECK-NEXT: kiln.add
+func.func @after_gelu(%x: tensor<8x16xf32>, %w: tensor<16x16xf32>) -> tensor<8x16xf32> {
+  %0 = kiln.matmul %x, %w : tensor<8x16xf32>, tensor<16x16xf32> -> tensor<8x16xf32>
+  %1 = kiln.gelu %0 : tensor<8x16xf32>
+  %2 = kiln.add %1, %x : tensor<8x16xf32>
+  return %2 : tensor<8x16xf32>
+}
+
+// -----
+
+// Must not fuse: a gather's table computed in the same kernel (it is read at data-dependent
+// rows). The scaling of the table runs first; the gather and the GELU fuse.
+// CHECK-LABEL: func.func @gathered_table
+// CHECK: kiln.scale
+// CHECK-NEXT: kiln.fusion "elementwise" "embedding_gelu"
+func.func @gathered_table(%t: tensor<32x8xf32>, %s: tensor<f32>, %i: tensor<4xi32>) -> tensor<4x8xf32> {
+  %0 = kiln.scale %t, %s : tensor<32x8xf32>, tensor<f32> -> tensor<32x8xf32>
+  %1 = kiln.embedding %0[%i] : tensor<32x8xf32>, tensor<4xi32> -> tensor<4x8xf32>
+  %2 = kiln.gelu %1 : tensor<4x8xf32>
+  return %2 : tensor<4x8xf32>
+}
