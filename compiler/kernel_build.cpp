@@ -27,8 +27,12 @@ const char* hostCompiler() {
   const char* env = std::getenv("KILN_CXX");
   return env && *env ? env : KILN_HOST_CXX;
 }
-const std::string kCpuFlags = std::string("-std=c++17 -O3 -march=native -fno-math-errno -fopenmp -fPIC -shared -I") +
-                              KILN_CBLAS_INCLUDE_DIR;
+// KILN_MARCH picks another -march (e.g. x86-64-v3) for executables that move to other machines.
+std::string cpuCompileFlags() {
+  const char* march = std::getenv("KILN_MARCH");
+  return std::string("-std=c++17 -O3 -march=") + (march && *march ? march : "native") +
+         " -fno-math-errno -fopenmp -fPIC -shared -I" + KILN_CBLAS_INCLUDE_DIR;
+}
 
 uint64_t fnv1a(const std::string& s, uint64_t h = 1469598103934665603ull) {
   for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
@@ -57,6 +61,15 @@ bool makeDirs(const std::string& path) {
   return true;
 }
 
+// -march=native code runs only on CPUs like this one: the cache key includes its feature flags.
+std::string cpuFlags() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("flags", 0) == 0) return line;
+  return "";
+}
+
 std::string quote(const std::string& s) {
   std::string q = "'";
   for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
@@ -66,10 +79,10 @@ std::string quote(const std::string& s) {
 }  // namespace
 
 std::optional<std::vector<uint8_t>> compileCpuKernels(const std::string& source, std::string& error) {
-  const std::string cxx = hostCompiler();
+  const std::string cxx = hostCompiler(), kCpuFlags = cpuCompileFlags();
   const std::string dir = cacheDir();
   char key[32];
-  std::snprintf(key, sizeof key, "%016llx", (unsigned long long)fnv1a(cxx + "\n" + kCpuFlags + "\n" + source));
+  std::snprintf(key, sizeof key, "%016llx", (unsigned long long)fnv1a(cxx + "\n" + kCpuFlags + "\n" + cpuFlags() + "\n" + source));
   const std::string cached = dir.empty() ? "" : dir + "/" + key + ".so";
   if (!cached.empty())
     if (auto hit = readAll(cached)) return hit;
