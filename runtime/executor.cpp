@@ -32,6 +32,7 @@
 #include "runtime/executor.h"
 
 #include <dlfcn.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -212,24 +213,33 @@ void Executor::load_kernels() {
   if (!lib || lib->size() == 0)
     throw Error(module_.source() + ": the module has " + std::to_string(kernels->size()) +
                 " generated kernels but no compiled library for them");
-  const char* tmpdir = std::getenv("TMPDIR");
-  std::string path = std::string(tmpdir && *tmpdir ? tmpdir : "/tmp") + "/kiln-kernels-XXXXXX";
-  int fd = mkstemp(path.data());
-  if (fd < 0) throw Error(module_.source() + ": cannot create a temporary file for its kernels in " + path);
+  // An anonymous in-memory file (no temporary file to clean up, and no noexec /tmp to trip on);
+  // a file in $TMPDIR, removed once loaded, where memfd_create is missing.
+  std::string path;
+  int fd = memfd_create("kiln-kernels", MFD_CLOEXEC);
+  if (fd >= 0) {
+    path = "/proc/self/fd/" + std::to_string(fd);
+  } else {
+    const char* tmpdir = std::getenv("TMPDIR");
+    path = std::string(tmpdir && *tmpdir ? tmpdir : "/tmp") + "/kiln-kernels-XXXXXX";
+    fd = mkstemp(path.data());
+    if (fd < 0) throw Error(module_.source() + ": cannot create a temporary file for its kernels in " + path);
+  }
+  const bool on_disk = path.rfind("/proc/", 0) != 0;
   const uint8_t* p = lib->data();
   size_t left = lib->size();
   while (left > 0) {
     ssize_t w = ::write(fd, p, left);
     if (w <= 0) {
       ::close(fd);
-      ::unlink(path.c_str());
+      if (on_disk) ::unlink(path.c_str());
       throw Error(module_.source() + ": cannot write its kernel library to " + path);
     }
     p += w, left -= size_t(w);
   }
-  ::close(fd);
   kernel_library_ = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  ::unlink(path.c_str());
+  ::close(fd);
+  if (on_disk) ::unlink(path.c_str());
   if (!kernel_library_)
     throw Error(module_.source() + ": cannot load its kernel library: " + std::string(dlerror()));
   for (const fb::Kernel* k : *kernels) {
