@@ -311,6 +311,8 @@ class Emitter {
     for (Operation* op : epilogue) {
       if (isa<BroadcastOp>(op)) continue;
       if (auto add = dyn_cast<AddOp>(op)) {
+        if (add.getLhs() != cur && add.getRhs() != cur)
+          return f_.emitError() << "kilnc: CUDA: an epilogue add must take the product";
         Value other = add.getLhs() == cur ? add.getRhs() : add.getLhs();
         if (auto b = other.getDefiningOp<BroadcastOp>(); b && !bias && !gelu && !beta) {
           bias = true;
@@ -325,7 +327,7 @@ class Emitter {
       } else if (isa<GeluOp>(op) && !gelu) {
         gelu = true;
         if (!outs_.lookup(cur).empty()) aux = outs_.lookup(cur).front();
-      } else if (auto gg = dyn_cast<GeluGradOp>(op); gg && epi == "DEFAULT" && !bias) {
+      } else if (auto gg = dyn_cast<GeluGradOp>(op); gg && epi == "DEFAULT" && !bias && gg->getOperand(0) == cur) {
         epi = "DGELU";
         aux = ptr_[cast<BlockArgument>(gg->getOperand(1))];
       } else if (auto a = dyn_cast<AccumulateGradOp>(op)) {

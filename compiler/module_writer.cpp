@@ -253,7 +253,8 @@ class Writer {
       info.block = gen->cudaBlock;
       info.cublasLt = gen->cublasLt;
       info.matmul = gen->matmul;
-      info.hasFunction = gen->source.find(placeholder + "(") != std::string::npos;
+      info.hasFunction = target_ == Target::Cuda ? !gen->functions.empty()
+                                                 : gen->source.find(placeholder + "(") != std::string::npos;
       info.launches = gen->launches;
       info.zero = gen->zeroOperands;
       info.functions = gen->functions;
@@ -447,7 +448,7 @@ class Writer {
         })
         .Case([&](ClipCoefOp) { return set(O::ClipCoef, {}); })
         .Case([&](ReduceGradientsOp o) {
-          std::vector<int64_t> ints{o.getBucket()};
+          std::vector<int64_t> ints{int64_t(o.getBucket())};
           for (Attribute a : o.getParams()) {
             auto ref = cast<FlatSymbolRefAttr>(a);
             ins.in.push_back(paramBufs_.at(ref.getValue().str()).grad);

@@ -1,0 +1,263 @@
+// CPU emulation of the CUDA built-ins kilnc's generated kernels use (kernelPrelude(Target::Cuda),
+// compiler/kernel_codegen.cpp, compiler/attention_cuda.cpp), so that the generated CUDA C++ can
+// be compiled by the host compiler and run on the CPU.
+//
+// Fibers start with makecontext/setcontext and then switch with _setjmp/_longjmp, which (unlike
+// swapcontext) make no system call; build without _FORTIFY_SOURCE (its longjmp check rejects
+// jumps between stacks).
+//
+// Execution model: the blocks of a launch run one after another; the threads of a block run as
+// cooperative fibers (ucontext) that switch only at __syncthreads and the warp shuffles, so
+// every other operation (shared memory, atomics) is free of races. __syncthreads waits for every
+// thread of the block that has not returned; a shuffle waits for every live lane of its warp.
+// A barrier nobody can pass (a deadlock on the GPU), __syncthreads reached from different lines
+// in the same round, and a shuffle in a warp some of whose lanes have returned are reported.
+//
+// Used by kernels_tu.cpp, which includes the generated kernels.cu inside a namespace after this
+// header; the driver (driver.cpp) reaches launches through kemu_launch (extern "C").
+#pragma once
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <setjmp.h>
+#include <ucontext.h>
+
+#undef INFINITY  // kernels.cu defines its own, from __int_as_float
+
+namespace kemu {
+struct Dim3 {
+  unsigned x, y, z;
+};
+constexpr int kMaxThreads = 1024;
+constexpr size_t kStack = 256 * 1024;
+enum State { Run, AtBlock, AtWarp, Done };
+struct Fiber {
+  ucontext_t ctx;
+  jmp_buf jb;
+  bool started;
+  State st;
+  int line;
+};
+inline Dim3 block_idx{0, 0, 0}, block_dim{1, 1, 1}, grid_dim{1, 1, 1};
+inline int cur = 0;
+inline Fiber fibers[kMaxThreads];
+inline jmp_buf sched;
+inline int block_arrived = 0, live_block = 0;
+inline int warp_arrived[kMaxThreads / 32], live_warp[kMaxThreads / 32], lanes_warp[kMaxThreads / 32];
+inline unsigned long long slot[kMaxThreads];
+inline char* stacks = nullptr;
+// Statistics and diagnostics, reported by the driver.
+inline long long n_block_syncs = 0, n_warp_syncs = 0, n_launches = 0, n_blocks = 0;
+inline long long n_shfl_exited_lanes = 0, n_divergent_syncthreads = 0;
+inline const char* launch_name = "";
+
+inline void yield() {
+  if (!_setjmp(fibers[cur].jb)) _longjmp(sched, 1);
+}
+inline void sync_block(int line) {
+  fibers[cur].st = AtBlock;
+  fibers[cur].line = line;
+  block_arrived++;
+  yield();
+}
+inline void sync_warp(int line) {
+  fibers[cur].st = AtWarp;
+  fibers[cur].line = line;
+  warp_arrived[cur / 32]++;
+  yield();
+}
+template <class T>
+inline T shfl(T v, int src_lane, int width, int line) {
+  static_assert(sizeof(T) <= sizeof(unsigned long long), "shuffle of a wide type");
+  memcpy(&slot[cur], &v, sizeof v);
+  sync_warp(line);
+  const int lane = cur % 32, base = cur - lane;
+  const int w = (width <= 0 || width > 32) ? 32 : width;
+  const int src = (lane / w) * w + (src_lane % w + w) % w;
+  T r;
+  memcpy(&r, &slot[base + src], sizeof r);
+  sync_warp(line);
+  return r;
+}
+template <class T>
+inline T shfl_xor(T v, int mask, int width, int line) {
+  const int lane = cur % 32;
+  const int w = (width <= 0 || width > 32) ? 32 : width;
+  return shfl(v, ((lane ^ mask) % w), w, line) ;
+}
+}  // namespace kemu
+
+#define __global__
+#define __device__
+#define __host__
+#define __constant__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
+#define __restrict__
+#define threadIdx (kemu::Dim3{(unsigned)kemu::cur % kemu::block_dim.x, 0u, 0u})
+#define blockIdx (kemu::block_idx)
+#define blockDim (kemu::block_dim)
+#define gridDim (kemu::grid_dim)
+#define warpSize 32
+#define __syncthreads() kemu::sync_block(__LINE__)
+#define __syncwarp(...) kemu::sync_warp(__LINE__)
+#define __shfl_sync(mask, v, src, ...) kemu::shfl((v), (src), (0 __VA_OPT__(+) __VA_ARGS__), __LINE__)
+#define __shfl_xor_sync(mask, v, lm, ...) kemu::shfl_xor((v), (lm), (0 __VA_OPT__(+) __VA_ARGS__), __LINE__)
+inline void __threadfence() {}
+inline void __threadfence_block() {}
+
+inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
+inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
+inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
+inline int __float_as_int(float f) { int i; memcpy(&i, &f, 4); return i; }
+inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+inline float __expf(float x) { return expf(x); }
+inline float __logf(float x) { return logf(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+inline long long min(long long a, long long b) { return a < b ? a : b; }
+inline long long max(long long a, long long b) { return a > b ? a : b; }
+template <class T> inline T __ldg(const T* p) { return *p; }
+
+// Atomics: fibers never switch inside one, so plain read-modify-writes are atomic.
+inline float atomicAdd(float* p, float v) { const float o = *p; *p = o + v; return o; }
+inline double atomicAdd(double* p, double v) { const double o = *p; *p = o + v; return o; }
+inline unsigned atomicAdd(unsigned* p, unsigned v) { const unsigned o = *p; *p = o + v; return o; }
+inline int atomicAdd(int* p, int v) { const int o = *p; *p = o + v; return o; }
+inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
+  const unsigned long long o = *p; *p = o + v; return o;
+}
+inline float atomicMax(float* p, float v) { const float o = *p; *p = o > v ? o : v; return o; }
+inline int atomicMax(int* p, int v) { const int o = *p; *p = o > v ? o : v; return o; }
+inline unsigned atomicInc(unsigned* p, unsigned lim) { const unsigned o = *p; *p = o >= lim ? 0 : o + 1; return o; }
+inline int atomicCAS(int* p, int cmp, int v) { const int o = *p; if (o == cmp) *p = v; return o; }
+inline unsigned atomicCAS(unsigned* p, unsigned cmp, unsigned v) { const unsigned o = *p; if (o == cmp) *p = v; return o; }
+
+namespace kemu {
+typedef void (*KernelFn)(void* const*, const long long*);
+inline KernelFn g_fn;
+inline void* const* g_args;
+inline const long long* g_range;
+
+inline void trampoline() {
+  g_fn(g_args, g_range);
+  fibers[cur].st = Done;
+  live_block--;
+  live_warp[cur / 32]--;
+  _longjmp(sched, 1);  // never returns: the fiber's stack is reused by the next block
+}
+// Runs fiber i until it waits or finishes.
+__attribute__((noinline)) inline void resume(int i) {
+  cur = i;
+  if (!_setjmp(sched)) {
+    if (!fibers[i].started) {
+      fibers[i].started = true;
+      setcontext(&fibers[i].ctx);
+    }
+    _longjmp(fibers[i].jb, 1);
+  }
+}
+
+[[noreturn]] inline void deadlock(unsigned n) {
+  fprintf(stderr, "kemu: DEADLOCK in %s block %u: no thread can move\n", launch_name, block_idx.x);
+  for (unsigned w = 0; w < (n + 31) / 32; w++) {
+    fprintf(stderr, "  warp %u:", w);
+    for (unsigned i = w * 32; i < n && i < w * 32 + 32; i++) {
+      const Fiber& f = fibers[i];
+      fprintf(stderr, " %s", f.st == Done ? "done" : f.st == AtBlock ? "B" : f.st == AtWarp ? "W" : "run");
+      if (f.st == AtBlock || f.st == AtWarp) fprintf(stderr, "@%d", f.line);
+    }
+    fprintf(stderr, "\n");
+  }
+  exit(3);
+}
+
+inline void run_block(unsigned n) {
+  live_block = int(n);
+  block_arrived = 0;
+  for (unsigned w = 0; w < (n + 31) / 32; w++) {
+    warp_arrived[w] = 0;
+    lanes_warp[w] = live_warp[w] = int(n - w * 32 < 32 ? n - w * 32 : 32);
+  }
+  for (unsigned i = 0; i < n; i++) {
+    getcontext(&fibers[i].ctx);
+    fibers[i].ctx.uc_stack.ss_sp = stacks + size_t(i) * kStack;
+    fibers[i].ctx.uc_stack.ss_size = kStack;
+    fibers[i].ctx.uc_link = nullptr;
+    fibers[i].started = false;
+    makecontext(&fibers[i].ctx, trampoline, 0);
+    fibers[i].st = Run;
+  }
+  while (live_block > 0) {
+    bool ran = false, released = false;
+    for (unsigned i = 0; i < n; i++)
+      if (fibers[i].st == Run) {
+        resume(int(i));
+        ran = true;
+      }
+    for (unsigned w = 0; w < (n + 31) / 32; w++)
+      if (warp_arrived[w] > 0 && warp_arrived[w] == live_warp[w]) {
+        if (live_warp[w] < lanes_warp[w]) n_shfl_exited_lanes++;
+        for (unsigned i = w * 32; i < n && i < w * 32 + 32; i++)
+          if (fibers[i].st == AtWarp) fibers[i].st = Run;
+        warp_arrived[w] = 0;
+        n_warp_syncs++;
+        released = true;
+      }
+    if (block_arrived > 0 && block_arrived == live_block) {
+      int line = -1;
+      bool divergent = false;
+      for (unsigned i = 0; i < n; i++)
+        if (fibers[i].st == AtBlock) {
+          if (line >= 0 && fibers[i].line != line) divergent = true;
+          line = fibers[i].line;
+          fibers[i].st = Run;
+        }
+      if (divergent) {
+        if (n_divergent_syncthreads++ < 5)
+          fprintf(stderr, "kemu: %s block %u: __syncthreads reached from different lines in one round\n",
+                  launch_name, block_idx.x);
+      }
+      block_arrived = 0;
+      n_block_syncs++;
+      released = true;
+    }
+    if (!ran && !released && live_block > 0) deadlock(n);
+  }
+}
+}  // namespace kemu
+
+// One launch of a generated function: grid x block threads (1-D), blocks in order.
+extern "C" void kemu_launch(kemu::KernelFn fn, const char* name, unsigned grid, unsigned block,
+                            void* const* args, const long long* range) {
+  using namespace kemu;
+  if (block == 0 || block > unsigned(kMaxThreads) || grid == 0) {
+    fprintf(stderr, "kemu: %s: bad launch shape grid %u block %u\n", name, grid, block);
+    exit(2);
+  }
+  if (!stacks) {
+    stacks = (char*)mmap(nullptr, size_t(kMaxThreads) * kStack, PROT_READ | PROT_WRITE,
+                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (stacks == MAP_FAILED) { perror("kemu: mmap"); exit(2); }
+  }
+  launch_name = name;
+  g_fn = fn, g_args = args, g_range = range;
+  block_dim = {block, 1, 1};
+  grid_dim = {grid, 1, 1};
+  for (unsigned b = 0; b < grid; b++) {
+    block_idx = {b, 0, 0};
+    run_block(block);
+    n_blocks++;
+  }
+  n_launches++;
+}
+
+extern "C" void kemu_stats(long long* out) {
+  using namespace kemu;
+  out[0] = n_launches, out[1] = n_blocks, out[2] = n_block_syncs, out[3] = n_warp_syncs;
+  out[4] = n_shfl_exited_lanes, out[5] = n_divergent_syncthreads;
+}
