@@ -177,11 +177,6 @@ class Emitter {
     }
   }
 
-  std::string parallelFor(const std::string& var, const std::string& count, int64_t work) {
-    if (work < (1 << 14)) return "";
-    return "#pragma omp parallel for schedule(static)\n";
-  }
-
   // --- Kinds -------------------------------------------------------------------------------
   // A flat loop over the root's elements.
   LogicalResult elementwise() {
