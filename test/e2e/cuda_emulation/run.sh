@@ -6,7 +6,7 @@
 #   test/e2e/cuda_emulation/run.sh [BUILD_DIR] [WORK_DIR]     (defaults: build, a temp dir)
 #
 # Needs BUILD_DIR/bin/kilnc and BUILD_DIR/bin/kiln-cuda-emulator (else libkiln_runtime.a and the
-# FlatBuffers header to build the driver) and a host C++20 compiler ($CXX, default c++). CONFIGS="tiny tiny-bf16"
+# FlatBuffers header to build the driver) and a host C++20 compiler ($CXX, default c++). CONFIGS (all four)
 # selects the specs of test/e2e/configs; STEPS (2) the optimizer steps.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -15,7 +15,7 @@ build="$(cd "${1:-$root/build}" && pwd)"
 work="${2:-$(mktemp -d "${TMPDIR:-/tmp}/kiln-cuda-emu.XXXXXX")}"
 mkdir -p "$work"
 CXX="${CXX:-c++}"
-configs="${CONFIGS:-tiny tiny-bf16}"
+configs="${CONFIGS:-tiny tiny-bf16 awkward awkward-bf16}"
 steps="${STEPS:-2}"
 
 # The driver is built with the project (kiln-cuda-emulator); without it, build it here.
