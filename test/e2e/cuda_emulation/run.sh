@@ -6,8 +6,8 @@
 #   test/e2e/cuda_emulation/run.sh [BUILD_DIR] [WORK_DIR]     (defaults: build, a temp dir)
 #
 # Needs BUILD_DIR/bin/kilnc and BUILD_DIR/bin/kiln-cuda-emulator (else libkiln_runtime.a and the
-# FlatBuffers header to build the driver) and a host C++20 compiler ($CXX, default c++). CONFIGS (all four)
-# selects the specs of test/e2e/configs; STEPS (2) the optimizer steps.
+# FlatBuffers header to build the driver) and a host C++20 compiler ($CXX, default c++).
+# CONFIGS selects specs of test/e2e/configs (default: all four); STEPS the optimizer steps (2).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../../.." && pwd)"
