@@ -37,6 +37,28 @@ std::string flt(float f) {
   return s + "f";
 }
 
+// The scores of a warp's query rows against the key tile in shared memory (forward and dQ).
+const char* kQkScores = R"(    // s[i][j] = q[row i] . k[k0 + j*32 + lane]
+    float s[ROWS][KPL] = {};
+#pragma unroll
+    for (int cj = 0; cj < CPL; cj++) {
+#pragma unroll 8
+      for (int src = 0; src < 32; src++) {
+        const int c = cj * 32 + src;
+        if (c >= HS) break;
+        float kc[KPL];
+#pragma unroll
+        for (int j = 0; j < KPL; j++) kc[j] = kv_tile[(j * 32 + lane) * LD + c];
+#pragma unroll
+        for (int i = 0; i < ROWS; i++) {
+          const float qc = __shfl_sync(0xffffffffu, q[i][cj], src);  // q[row i][c]
+#pragma unroll
+          for (int j = 0; j < KPL; j++) s[i][j] += qc * kc[j];
+        }
+      }
+    }
+)";
+
 // Replaces every ${NAME} of `text` by its value.
 std::string fill(std::string text, const std::vector<std::pair<std::string, std::string>>& vars) {
   for (const auto& [name, value] : vars) {
@@ -135,26 +157,7 @@ ${INDEXING}
     load_tile(1, k0);
     __syncthreads();
 
-    // s[i][j] = q[row i] . k[k0 + j*32 + lane]
-    float s[ROWS][KPL] = {};
-#pragma unroll
-    for (int cj = 0; cj < CPL; cj++) {
-#pragma unroll 8
-      for (int src = 0; src < 32; src++) {
-        const int c = cj * 32 + src;
-        if (c >= HS) break;
-        float kc[KPL];
-#pragma unroll
-        for (int j = 0; j < KPL; j++) kc[j] = kv_tile[(j * 32 + lane) * LD + c];
-#pragma unroll
-        for (int i = 0; i < ROWS; i++) {
-          const float qc = __shfl_sync(0xffffffffu, q[i][cj], src);  // q[row i][c]
-#pragma unroll
-          for (int j = 0; j < KPL; j++) s[i][j] += qc * kc[j];
-        }
-      }
-    }
-
+${QK_SCORES}
     // Online softmax: scale and mask the scores (a key past the row, or past the sequence, is
     // -inf), then move each row's max, rescale its sum and output, and turn s into
     // p = exp(s - m_new). Key 0 is in every row's first step, so m is finite from then on
@@ -453,26 +456,7 @@ ${INDEXING}
     load_tile(1, k0);
     __syncthreads();
 
-    // s[i][j] = q[row i] . k[k0 + j*32 + lane]
-    float s[ROWS][KPL] = {};
-#pragma unroll
-    for (int cj = 0; cj < CPL; cj++) {
-#pragma unroll 8
-      for (int src = 0; src < 32; src++) {
-        const int c = cj * 32 + src;
-        if (c >= HS) break;
-        float kc[KPL];
-#pragma unroll
-        for (int j = 0; j < KPL; j++) kc[j] = kv_tile[(j * 32 + lane) * LD + c];
-#pragma unroll
-        for (int i = 0; i < ROWS; i++) {
-          const float qc = __shfl_sync(0xffffffffu, q[i][cj], src);  // q[row i][c]
-#pragma unroll
-          for (int j = 0; j < KPL; j++) s[i][j] += qc * kc[j];
-        }
-      }
-    }
-
+${QK_SCORES}
     // ds = p (dp - D) with p = exp(scale * s - lse) (0 unless key <= t < T), kept in dp.
 #pragma unroll
     for (int i = 0; i < ROWS; i++) {
@@ -528,7 +512,8 @@ std::vector<std::pair<std::string, std::string>> shapeVars(const std::string& sy
       {"ELEM", s.bf16 ? "bf16" : "float"},
       {"DTYPE", s.bf16 ? "bf16 storage" : "fp32"},
       {"COMMON", fill(kCommon, common)},
-      {"INDEXING", kIndexing}};
+      {"INDEXING", kIndexing},
+      {"QK_SCORES", kQkScores}};
   vars.insert(vars.end(), common.begin(), common.end());
   return vars;
 }

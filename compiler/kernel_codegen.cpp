@@ -509,17 +509,7 @@ class Emitter {
     body_ += "        sum_g += g;\n        sum_gx += (double)g * xhat;\n      }\n";
     body_ += "      const float mean_g = (float)(sum_g / " + num(C) + ".0), mean_gx = (float)(sum_gx / " + num(C) + ".0);\n";
     body_ += "      for (int64_t c = 0; c < " + num(C) + "; ++c) {\n        const int64_t i = r * " + num(C) + " + c;\n";
-    body_ += "        const float d = " + at(dy, "i") + ", xhat = (" + at(x, "i") + " - m) * s, g = d * " + at(w, "c") + ";\n";
-    std::string dx = "s * (g - mean_g - xhat * mean_gx)";
-    if (isBF16(lg->getResult(0))) dx = "rb(" + dx + ")";
-    body_ += "        const float dx = " + dx + ";\n";
-    local_[lg->getResult(0)] = "dx";
-    SmallVector<Operation*> after;  // row-domain ops after the backward: residual add, casts
-    for (Operation& op : f_.getFusedOps())
-      if (isa<AddOp, CastOp>(op) && lg->isBeforeInBlock(&op) && numel(op.getResult(0)) == N * C) after.push_back(&op);
-    locals(after, "        ");
-    for (const std::string& o : outs_.lookup(lg->getResult(0))) body_ += "        st(" + o + ", i, dx);\n";
-    stores(after, "        ");
+    layerNormGradElement(lg, N * C, "        ");
     body_ += "        pdw[c] += d * xhat;\n        pdb[c] += d;\n";
     for (size_t k = 0; k < sums.size(); ++k) body_ += "        pcs" + num(k) + "[c] += " + at(sums[k].getInput(), "i") + ";\n";
     body_ += "      }\n    }\n  }\n";
@@ -601,17 +591,7 @@ class Emitter {
     body_ += "      sg += g;\n      sgx += g * xhat;\n    }\n";
     body_ += "    const float mean_g = warp_sum(sg) / " + num(C) + ".0f, mean_gx = warp_sum(sgx) / " + num(C) + ".0f;\n";
     body_ += "    for (long long c = lane; c < " + num(C) + "; c += 32) {\n      const long long i = r * " + num(C) + " + c;\n";
-    body_ += "      const float d = " + at(dy, "i") + ", xhat = (" + at(x, "i") + " - m) * s, g = d * " + at(w, "c") + ";\n";
-    std::string dx = "s * (g - mean_g - xhat * mean_gx)";
-    if (isBF16(lg->getResult(0))) dx = "rb(" + dx + ")";
-    body_ += "      const float dx = " + dx + ";\n";
-    local_[lg->getResult(0)] = "dx";
-    SmallVector<Operation*> after;
-    for (Operation& op : f_.getFusedOps())
-      if (isa<AddOp, CastOp>(op) && lg->isBeforeInBlock(&op) && numel(op.getResult(0)) == N * C) after.push_back(&op);
-    locals(after, "      ");
-    for (const std::string& o : outs_.lookup(lg->getResult(0))) body_ += "      st(" + o + ", i, dx);\n";
-    stores(after, "      ");
+    layerNormGradElement(lg, N * C, "      ");
     body_ += "      atomicAdd(&part[c], d * xhat);\n      atomicAdd(&part[" + num(C) + " + c], d);\n";
     for (size_t k = 0; k < sums.size(); ++k)
       body_ += "      atomicAdd(&part[" + num((2 + int64_t(k)) * C) + " + c], " + at(sums[k].getInput(), "i") + ");\n";
@@ -621,6 +601,23 @@ class Emitter {
       body_ += "    atomicAdd(&" + targets[k] + "[c], part[" + num(int64_t(k) * C) + " + c]);\n";
     body_ += "  }\n";
     return success();
+  }
+
+  // Element i of a row of the layer-norm backward (m, s, mean_g and mean_gx known): dx, then the
+  // residual add and casts that follow it, and their stores. Leaves d and xhat for the column sums.
+  void layerNormGradElement(LayerNormGradOp lg, int64_t n, const std::string& ind) {
+    Value dy = lg->getOperand(0), x = lg->getOperand(1), w = lg->getOperand(2);
+    body_ += ind + "const float d = " + at(dy, "i") + ", xhat = (" + at(x, "i") + " - m) * s, g = d * " + at(w, "c") + ";\n";
+    std::string dx = "s * (g - mean_g - xhat * mean_gx)";
+    if (isBF16(lg->getResult(0))) dx = "rb(" + dx + ")";
+    body_ += ind + "const float dx = " + dx + ";\n";
+    local_[lg->getResult(0)] = "dx";
+    SmallVector<Operation*> after;  // row-domain ops after the backward: residual add, casts
+    for (Operation& op : f_.getFusedOps())
+      if (isa<AddOp, CastOp>(op) && lg->isBeforeInBlock(&op) && numel(op.getResult(0)) == n) after.push_back(&op);
+    locals(after, ind);
+    for (const std::string& o : outs_.lookup(lg->getResult(0))) body_ += ind + "st(" + o + ", i, dx);\n";
+    stores(after, ind);
   }
 
   static Operation* soleUserOf(Value v) {
