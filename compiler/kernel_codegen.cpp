@@ -1102,6 +1102,40 @@ KILN_FN void combine_max_sum(float& mx, float& sum) {
   }
 }
 
+// The global gradient norm, for the runtime's GlobalNorm instruction (runtime/device): b[0..n-1]
+// the fp32 gradients, b[n] a double accumulator (0 on entry), b[n+1] the fp32 norm; range =
+// {n, begin_0, end_0, begin_1, end_1, ...}, the elements this rank sums (all, unless ZeRO-1
+// gave it slices). kiln_sum_squares adds the squares into the accumulator, one atomic per block;
+// kiln_norm_finish writes the square root and clears the accumulator for the next step.
+extern "C" __global__ void kiln_sum_squares(void* const* b, const long long* range) {
+  const int n = (int)range[0];
+  double acc = 0.0;  // a double per thread: millions of squares per tensor
+  for (int t = 0; t < n; t++) {
+    const float* g = (const float*)b[t];
+    const long long end = range[2 + 2 * t];
+    for (long long i = range[1 + 2 * t] + blockIdx.x * (long long)blockDim.x + threadIdx.x; i < end;
+         i += (long long)gridDim.x * blockDim.x)
+      acc += (double)g[i] * (double)g[i];
+  }
+  __shared__ double part[32];
+  for (int o = 16; o > 0; o /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double s = 0.0;
+    for (int w = 0; w < (int)(blockDim.x + 31) / 32; w++) s += part[w];
+    atomicAdd((double*)b[n], s);
+  }
+}
+extern "C" __global__ void kiln_norm_finish(void* const* b, const long long* range) {
+  const int n = (int)range[0];
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    double* acc = (double*)b[n];
+    ((float*)b[n + 1])[0] = (float)sqrt(*acc);
+    *acc = 0.0;
+  }
+}
+
 )";
   return target == Target::Cpu ? std::string(cpuHead) + common + cpuTail : std::string(cudaHead) + common + cudaTail;
 }

@@ -412,6 +412,7 @@ std::string module_fingerprint(const Module& m) {
 }
 
 void save_checkpoint(const std::string& dir, Executor& ex, const TrainingState& st, int keep) {
+  ex.sync_to_host();
   const fs::path d = dir_path(dir);
   if (st.step < 0) throw Error(d.string() + ": cannot save a checkpoint for step " + std::to_string(st.step));
   Json extra;

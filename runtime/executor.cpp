@@ -45,6 +45,7 @@
 
 #include "runtime/cpu/bf16.h"
 #include "runtime/cpu/kernels.h"
+#include "runtime/device/device_executor.h"
 #include "runtime/error.h"
 
 namespace kiln {
@@ -169,11 +170,9 @@ static uint64_t available_memory() {
 
 Executor::Executor(const Module& module, std::vector<std::string> programs)
     : module_(module), programs_(std::move(programs)) {
-  // Before anything is allocated: this runtime has no GPU backend yet.
   const std::string target = module_.fb().model()->target() ? module_.fb().model()->target()->str() : "cpu";
-  if (target != "cpu")
-    throw Error(module_.source() + ": the module's kernels target '" + target +
-                "', and this runtime runs only CPU kernels");
+  if (target != "cpu" && target != "cuda")
+    throw Error(module_.source() + ": the module's kernels target '" + target + "', which this runtime cannot run");
   if (programs_.empty())
     for (const fb::Program* p : *module.fb().programs()) programs_.push_back(p->name()->str());
   uint64_t activations = 0;
@@ -182,7 +181,9 @@ Executor::Executor(const Module& module, std::vector<std::string> programs)
     if (!p) throw Error(module.source() + ": the module has no program '" + name + "'");
     activations = std::max(activations, p->activation_size());
   }
-  const uint64_t bytes = std::max<uint64_t>(module.fb().state_size() + activations, 256);
+  // On a GPU the host holds only a copy of the state region; the activations live there.
+  const bool gpu = target == "cuda";
+  const uint64_t bytes = std::max<uint64_t>(module.fb().state_size() + (gpu ? 0 : activations), 256);
   auto gib = [](uint64_t b) { return std::to_string(double(b) / double(1ull << 30)).substr(0, 5) + " GiB"; };
   // Linux overcommits: check before allocating rather than die touching the pages.
   const uint64_t avail = available_memory();
@@ -190,16 +191,26 @@ Executor::Executor(const Module& module, std::vector<std::string> programs)
     throw Error(module.source() + ": the arena needs " + std::to_string(bytes) + " bytes (" + gib(bytes) +
                 ") but only " + gib(avail) + " of memory is available; compile with a smaller batch_size, "
                 "or with --recompute=cheap");
+  for (const std::string& name : programs_) check(*module.program(name));
   arena_ = static_cast<uint8_t*>(std::aligned_alloc(256, (bytes + 255) / 256 * 256));
   if (!arena_)
     throw Error(module.source() + ": cannot allocate the " + std::to_string(bytes) +
                 "-byte arena (out of memory)");
   std::memset(arena_, 0, bytes);
-  load_kernels();
-  for (const std::string& name : programs_) check(*module.program(name));
+  if (gpu) {
+    try {
+      device_ = std::make_unique<DeviceExecutor>(module_, programs_, arena_);
+    } catch (...) {
+      std::free(arena_);
+      throw;
+    }
+  } else {
+    load_kernels();
+  }
 }
 
 Executor::~Executor() {
+  device_.reset();
   std::free(arena_);
   if (kernel_library_) dlclose(kernel_library_);
 }
@@ -331,8 +342,29 @@ void Executor::run_generated(const fb::Instr& ins) {
   kernel_fns_[size_t(ins.ints()->Get(0))](kernel_args_.data(), kernel_ranges_.data());
 }
 
-float* Executor::f32(uint32_t b) { return reinterpret_cast<float*>(arena_ + module_.buffer(b).offset()); }
-int32_t* Executor::i32(uint32_t b) { return reinterpret_cast<int32_t*>(arena_ + module_.buffer(b).offset()); }
+// On a GPU: the host copy of a state buffer, or of a program's result after the program ran.
+float* Executor::f32(uint32_t b) {
+  if (device_) {
+    if (const uint8_t* r = device_->result(b)) return reinterpret_cast<float*>(const_cast<uint8_t*>(r));
+    if (module_.buffer(b).offset() >= module_.fb().state_size())
+      throw Error(module_.source() + ": buffer " + module_.buffer(b).name()->str() +
+                  " lives on the GPU (only the state and programs' results are copied to the host)");
+  }
+  return reinterpret_cast<float*>(arena_ + module_.buffer(b).offset());
+}
+int32_t* Executor::i32(uint32_t b) { return reinterpret_cast<int32_t*>(f32(b)); }
+
+std::string Executor::device_name() const { return device_ ? device_->device_name() : "cpu"; }
+
+void Executor::sync_to_host() {
+  if (device_) device_->pull_state();
+}
+
+void Executor::refuse_on_device(const char* what) const {
+  if (device_)
+    throw Error(module_.source() + ": " + what + " is not supported for cuda modules yet: train on one GPU "
+                "(one rank)");
+}
 
 static int find_buffer(const Module& m, fb::BufferKind kind, const std::string& name) {
   for (uint32_t i = 0; i < m.fb().buffers()->size(); ++i) {
@@ -358,6 +390,7 @@ int32_t* Executor::input(const std::string& name) {
 }
 
 void Executor::zero_grads() {
+  if (device_) return device_->zero_grads();
   for (const fb::Parameter* p : *module_.fb().parameters())
     cpu::fill(f32(p->grad()), 0.0f, numel(module_.buffer(p->grad())));
 }
@@ -366,6 +399,7 @@ float Executor::run(const std::string& name) {
   const fb::Program* prog = module_.program(name);
   if (!prog || std::find(programs_.begin(), programs_.end(), name) == programs_.end())
     throw Error(module_.source() + ": program '" + name + "' is not loaded in this executor");
+  if (device_) return device_->run(name, profile_ ? &profile_by_op_ : nullptr);
   for (const fb::Instr* ins : *prog->instrs()) {
     if (!profile_) {
       exec(*ins);
@@ -385,6 +419,7 @@ float Executor::run(const std::string& name) {
 
 // --- Data-parallel hooks (ZeRO-1) ------------------------------------------------------------
 void Executor::set_parameter_slice(size_t param, int64_t begin, int64_t end) {
+  refuse_on_device("ZeRO-1 (data-parallel training)");
   const auto& params = *module_.fb().parameters();
   if (param >= params.size())
     throw Error(module_.source() + ": set_parameter_slice: parameter " + std::to_string(param) + " of " +
@@ -440,6 +475,7 @@ void Executor::refresh_compute_copies() {
       const fb::Buffer& copy = module_.buffer(uint32_t(p->compute_copy()));
       cpu::narrow_bf16(reinterpret_cast<uint16_t*>(arena_ + copy.offset()), f32(p->value()), numel(copy));
     }
+  if (device_) device_->push_state();
 }
 
 void Executor::exec(const fb::Instr& ins) {

@@ -1,4 +1,5 @@
-// Runs a module's programs on the CPU over one arena allocated at start.
+// Runs a module's programs over one arena allocated at start: on the CPU (target "cpu"), or on
+// a GPU through runtime/device (target "cuda"), where the host keeps a copy of the state region.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -11,6 +12,8 @@
 #include "runtime/module.h"
 
 namespace kiln {
+
+class DeviceExecutor;
 
 class Executor {
  public:
@@ -31,8 +34,13 @@ class Executor {
   // Zeroes every gradient accumulator (start of an optimizer step).
   void zero_grads();
   // Rounds every parameter into its bf16 compute copy (after initialising or loading weights;
-  // AdamW keeps them fresh afterwards).
+  // AdamW keeps them fresh afterwards). On a GPU, then uploads the whole state.
   void refresh_compute_copies();
+  // On a GPU: downloads the state (weights, moments, gradients) into the host copy that f32()
+  // shows, before it is saved or compared. Nothing to do on the CPU.
+  void sync_to_host();
+  // "cpu", or the GPU the module runs on ("NVIDIA H200 (sm_90, 139.8 GiB)").
+  std::string device_name() const;
 
   // Per-opcode wall time of every instruction run since profiling was enabled.
   void enable_profiling(bool on) { profile_ = on; }
@@ -46,10 +54,14 @@ class Executor {
   // and GlobalNorm sums only their squared gradients. begin == end leaves it to other ranks.
   void set_parameter_slice(size_t param, int64_t begin, int64_t end);
   // GlobalNorm passes its sum of squares through `reduce` (the sum over ranks) before the sqrt.
-  void set_norm_reducer(std::function<double(double)> reduce) { norm_reducer_ = std::move(reduce); }
+  void set_norm_reducer(std::function<double(double)> reduce) {
+    refuse_on_device("data-parallel training");
+    norm_reducer_ = std::move(reduce);
+  }
   // ReduceGradients instructions call `reduce(bucket)`; WaitGradients calls `wait()`. Unset, both
   // do nothing (a single process).
   void set_gradient_hooks(std::function<void(int64_t)> reduce, std::function<void()> wait) {
+    refuse_on_device("data-parallel training");
     reduce_hook_ = std::move(reduce);
     wait_hook_ = std::move(wait);
   }
@@ -70,7 +82,9 @@ class Executor {
   // fp32 view of an operand: the arena itself, or a widened scratch copy of a bf16 buffer.
   float* operand(uint32_t buffer, size_t slot, bool is_output);
   void flush_outputs();  // rounds scratch outputs into their bf16 buffers
+  void refuse_on_device(const char* what) const;
   const Module& module_;
+  std::unique_ptr<DeviceExecutor> device_;  // target "cuda": the GPU runs the programs
   std::vector<std::string> programs_;  // the programs this executor may run
   uint8_t* arena_ = nullptr;
   std::map<size_t, std::vector<float>> scratch_;          // by operand slot

@@ -202,6 +202,7 @@ void load_parameters(Executor& ex, const std::string& path) {
 }
 
 void save_parameters(Executor& ex, const std::string& path, ParamField field) {
+  ex.sync_to_host();
   std::vector<SafeTensor> out;
   for (const fb::Parameter* p : *ex.module().fb().parameters()) {
     uint32_t b = field == ParamField::Value ? p->value() : p->grad();

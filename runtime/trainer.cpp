@@ -202,15 +202,17 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     std::fprintf(stderr, "data parallel: rank %d of %lld over %s; %s\n", rank, (long long)world,
                  comm.describe().c_str(), dp.describe().c_str());
   if (root && world == 1)
-    std::fprintf(stderr, "training %s: %lld steps, B=%lld T=%lld, %lld micro-step(s) of %lld tokens per step\n",
-                 module.source().c_str(), (long long)o.steps, (long long)B, (long long)T,
+    std::fprintf(stderr, "training %s on %s: %lld steps, B=%lld T=%lld, %lld micro-step(s) of %lld tokens per step\n",
+                 module.source().c_str(), ex.device_name().c_str(), (long long)o.steps, (long long)B, (long long)T,
                  (long long)accum, (long long)tokens_per_micro);
   if (root && world > 1)
     std::fprintf(stderr, "training %s: %lld steps, B=%lld T=%lld, %lld micro-step(s) of %lld tokens on each of %lld "
                  "ranks: %lld tokens per step\n", module.source().c_str(), (long long)o.steps, (long long)B,
                  (long long)T, (long long)accum, (long long)(B * T), (long long)world, (long long)total);
   const double step_flops = flops_per_token(module) * double(total);
-  const double peak = o.peak_tflops > 0 ? o.peak_tflops * 1e12 : estimated_cpu_peak();
+  // Without --peak-tflops: a CPU estimate, or on a GPU the H100/H200's nominal dense bf16 rate.
+  const bool gpu = ex.device_name() != "cpu";
+  const double peak = o.peak_tflops > 0 ? o.peak_tflops * 1e12 : gpu ? 989e12 : estimated_cpu_peak();
   double loss = 0, elapsed = 0;
   for (int64_t step = first_step; step < o.steps; ++step) {
     auto t0 = std::chrono::steady_clock::now();
@@ -281,7 +283,9 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   }
   if (root)
     std::fprintf(stderr, "MFU is against %s%.3g TFLOP/s (%s)\n", o.peak_tflops > 0 ? "" : "an estimated ",
-                 peak / 1e12, o.peak_tflops > 0 ? "--peak-tflops" : "cores x 2.5 GHz x 32 fp32 FLOPs per cycle");
+                 peak / 1e12, o.peak_tflops > 0 ? "--peak-tflops"
+                 : gpu ? "the H100/H200's nominal dense bf16 rate; give --peak-tflops for another GPU"
+                       : "cores x 2.5 GHz x 32 fp32 FLOPs per cycle");
   if (o.profile && root) ex.print_profile();
   if (!o.save.empty() && root) {
     save_parameters(ex, o.save);

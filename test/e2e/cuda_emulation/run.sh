@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# End-to-end test of the generated CUDA kernels without a GPU: compiles the tiny test specs for
-# target = "cuda" and "cpu", builds the cuda module's kernels.cu as host C++ over shim.h, and runs
-# micro_step + optimizer_step of both (driver.cpp), comparing every state buffer and the loss.
+# End-to-end test of the runtime's GPU path without a GPU: compiles the test specs for target =
+# "cuda" and "cpu" and runs micro_step + optimizer_step of both (driver.cpp: the cuda module on
+# kiln::Executor over the emulated device, emulated_device.cpp), comparing every state buffer
+# and the loss.
 #
 #   test/e2e/cuda_emulation/run.sh [BUILD_DIR] [WORK_DIR]     (defaults: build, a temp dir)
 #
-# Needs BUILD_DIR/bin/kilnc and BUILD_DIR/bin/kiln-cuda-emulator (else libkiln_runtime.a and the
-# FlatBuffers header to build the driver) and a host C++20 compiler ($CXX, default c++).
+# Needs BUILD_DIR/bin/kilnc and BUILD_DIR/bin/kiln-cuda-emulator (built with the tests) and a
+# host C++20 compiler ($CXX, default c++) for the emulated kernels (cached in $KILN_EMU_CACHE).
 # CONFIGS selects specs of test/e2e/configs (default: all four); STEPS the optimizer steps (2).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -14,21 +15,11 @@ root="$(cd "$here/../../.." && pwd)"
 build="$(cd "${1:-$root/build}" && pwd)"
 work="${2:-$(mktemp -d "${TMPDIR:-/tmp}/kiln-cuda-emu.XXXXXX")}"
 mkdir -p "$work"
-CXX="${CXX:-c++}"
 configs="${CONFIGS:-tiny tiny-bf16 awkward awkward-bf16}"
 steps="${STEPS:-2}"
-
-# The driver is built with the project (kiln-cuda-emulator); without it, build it here.
+export KILN_EMU_CACHE="${KILN_EMU_CACHE:-$work/kernel-cache}"
 driver="$build/bin/kiln-cuda-emulator"
-if [ ! -x "$driver" ]; then
-  blas_dir=/usr/lib/x86_64-linux-gnu/openblas-openmp
-  libs=(-lopenblas -lgomp -lfmt -lflatbuffers -lpcre2-8 -ldl -lpthread)
-  [ -d "$blas_dir" ] && libs=(-L"$blas_dir" -Wl,-rpath,"$blas_dir" "${libs[@]}")
-  driver="$work/driver"
-  echo "== driver ($driver)"
-  "$CXX" -std=c++20 -O1 -I"$root" -I"$build/runtime" -I"$build" "$here/driver.cpp" \
-    "$build/lib/libkiln_runtime.a" "${libs[@]}" -o "$driver"
-fi
+[ -x "$driver" ] || { echo "run.sh: $driver is missing (build the tests)"; exit 2; }
 
 status=0
 for cfg in $configs; do
@@ -39,12 +30,9 @@ for cfg in $configs; do
   grep -q '^target = "cuda"' "$d/$cfg-cuda.toml" || { echo "$spec: no target line to change"; exit 2; }
   echo "== $cfg: kilnc (cpu, cuda)"
   "$build/bin/kilnc" "$spec" --emit=module -o "$d/cpu.kiln" > /dev/null
-  "$build/bin/kilnc" "$d/$cfg-cuda.toml" --emit=module -o "$d/cuda.kiln" --dump-kernels "$d/kernels" > /dev/null
-  echo "== $cfg: kernels.cu over the shim"
-  "$CXX" -std=c++20 -O1 -U_FORTIFY_SOURCE -fPIC -shared -w -I"$here" \
-    -DKILN_KERNELS_CU="\"$d/kernels/kernels.cu\"" "$here/kernels_tu.cpp" -o "$d/kernels.so"
+  "$build/bin/kilnc" "$d/$cfg-cuda.toml" --emit=module -o "$d/cuda.kiln" > /dev/null
   echo "== $cfg: run"
-  if ! "$driver" "$d/cpu.kiln" "$d/cuda.kiln" "$d/kernels.so" --steps "$steps"; then
+  if ! "$driver" "$d/cpu.kiln" "$d/cuda.kiln" --steps "$steps"; then
     status=1
   fi
 done

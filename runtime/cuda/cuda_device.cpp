@@ -1,0 +1,561 @@
+// The Device of runtime/device/device.h on a real NVIDIA GPU: GPU 0, one non-blocking compute
+// stream that carries everything (copies, clears, the module's kernels, cuBLASLt products, graph
+// replays), so stream order is the only order the executor has to think about.
+//
+// Which CUDA pieces, and why:
+// - Memory, copies, streams and graphs use the CUDA runtime (libcudart).
+// - The module's kernels are cubins (kilnc compiles them with NVRTC per architecture), loaded
+//   with the driver's module API: cuModuleLoadData, cuModuleGetFunction, cuLaunchKernel. We do
+//   not link libcuda: the driver's functions are looked up through the runtime's
+//   cudaGetDriverEntryPointByVersion, so the runtime library links (and its start-up error is
+//   clear) on machines without a driver, and the driver's version is checked per function.
+//   <cuda.h> is included for its types only; no cu* function is called directly.
+// - Matrix products use cuBLASLt, planned once per product (descriptors, layouts, algorithm)
+//   and run with no host work beyond the call, so they can also be captured in a CUDA graph.
+//
+// All calls are expected from one thread: cudaSetDevice(0) at construction makes GPU 0's primary
+// context current on it, which the driver calls rely on.
+#include "runtime/cuda/cuda_device.h"
+
+#include <cublasLt.h>
+#include <cuda.h>  // types only: CUresult, CUmodule, CUfunction, CUstream, CUdeviceptr
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "runtime/error.h"
+#include "runtime/module.h"
+
+namespace kiln {
+namespace {
+
+constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // cuBLASLt's scratch, allocated once
+// The driver API version whose function signatures we use (all five exist unchanged since).
+constexpr unsigned kDriverApiVersion = 12000;
+
+// The driver functions we use, with the signatures of <cuda.h>.
+using CuGetErrorString = CUresult(CUDAAPI*)(CUresult error, const char** str);
+using CuModuleLoadData = CUresult(CUDAAPI*)(CUmodule* module, const void* image);
+using CuModuleUnload = CUresult(CUDAAPI*)(CUmodule module);
+using CuModuleGetFunction = CUresult(CUDAAPI*)(CUfunction* f, CUmodule module, const char* name);
+using CuLaunchKernel = CUresult(CUDAAPI*)(CUfunction f, unsigned grid_x, unsigned grid_y, unsigned grid_z,
+                                          unsigned block_x, unsigned block_y, unsigned block_z,
+                                          unsigned shared_bytes, CUstream stream, void** params, void** extra);
+
+std::string gib(size_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f", double(bytes) / double(size_t(1) << 30));
+  return buf;
+}
+
+std::string number(float x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", double(x));
+  return buf;
+}
+
+void* ptr(DevicePtr p) { return reinterpret_cast<void*>(static_cast<uintptr_t>(p)); }
+
+void check_cuda(cudaError_t e, const char* call) {
+  if (e != cudaSuccess) throw Error(std::string(call) + ": " + cudaGetErrorString(e));
+}
+
+void check_lt(cublasStatus_t st, const std::string& where, const char* call) {
+  if (st != CUBLAS_STATUS_SUCCESS) throw Error(where + ": " + call + ": " + cublasLtGetStatusString(st));
+}
+
+// One driver function, for the driver API of kDriverApiVersion.
+template <typename F>
+F driver_function(const char* symbol) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
+  cudaError_t e = cudaGetDriverEntryPointByVersion(symbol, &fn, kDriverApiVersion, cudaEnableDefault, &status);
+  if (e != cudaSuccess)
+    throw Error(std::string("cannot reach the CUDA driver's ") + symbol + ": " + cudaGetErrorString(e) +
+                " (cudaGetDriverEntryPointByVersion)");
+  if (status != cudaDriverEntryPointSuccess || fn == nullptr)
+    throw Error(std::string("cannot reach the CUDA driver's ") + symbol + ": " +
+                (status == cudaDriverEntryPointVersionNotSufficent ? "the driver's version is too old"
+                                                                   : "the driver does not have it") +
+                " (cudaGetDriverEntryPointByVersion, CUDA " + std::to_string(kDriverApiVersion) + ")");
+  return reinterpret_cast<F>(fn);
+}
+
+cudaDataType_t cuda_type(fb::DType t, const std::string& where, const char* role) {
+  switch (t) {
+    case fb::DType::F32:
+      return CUDA_R_32F;
+    case fb::DType::BF16:
+      return CUDA_R_16BF;
+    default:
+      throw Error(where + ": cuBLASLt " + role + " type " + fb::EnumNameDType(t) + " is not F32 or BF16");
+  }
+}
+
+struct Epilogue {
+  cublasLtEpilogue_t value;
+  bool bias;  // reads the bias vector
+  bool aux;   // writes (GELU_AUX*) or reads (DGELU) the pre-GELU matrix
+};
+
+Epilogue epilogue(const MatmulSpec& s) {
+  if (s.epilogue == "DEFAULT") return {CUBLASLT_EPILOGUE_DEFAULT, false, false};
+  if (s.epilogue == "BIAS") return {CUBLASLT_EPILOGUE_BIAS, true, false};
+  if (s.epilogue == "GELU") return {CUBLASLT_EPILOGUE_GELU, false, false};
+  if (s.epilogue == "GELU_AUX") return {CUBLASLT_EPILOGUE_GELU_AUX, false, true};
+  if (s.epilogue == "GELU_BIAS") return {CUBLASLT_EPILOGUE_GELU_BIAS, true, false};
+  if (s.epilogue == "GELU_AUX_BIAS") return {CUBLASLT_EPILOGUE_GELU_AUX_BIAS, true, true};
+  if (s.epilogue == "DGELU") return {CUBLASLT_EPILOGUE_DGELU, false, true};
+  throw Error(s.where + ": unknown cuBLASLt epilogue '" + s.epilogue +
+              "' (DEFAULT, BIAS, GELU, GELU_AUX, GELU_BIAS, GELU_AUX_BIAS, DGELU)");
+}
+
+// "m=64 n=2304 k=768 trans_a=0 trans_b=1 epilogue=BIAS types A=BF16 B=BF16 D=F32 bias=F32": for messages.
+std::string product(const MatmulSpec& s) {
+  std::string r = "m=" + std::to_string(s.m) + " n=" + std::to_string(s.n) + " k=" + std::to_string(s.k) +
+                  " trans_a=" + std::to_string(int(s.trans_a)) + " trans_b=" + std::to_string(int(s.trans_b)) +
+                  " epilogue=" + s.epilogue + " beta=" + number(s.beta) + " types A=" +
+                  fb::EnumNameDType(s.a_type) + " B=" + fb::EnumNameDType(s.b_type) + " D=" +
+                  fb::EnumNameDType(s.d_type);
+  if (s.epilogue.find("BIAS") != std::string::npos) r += std::string(" bias=") + fb::EnumNameDType(s.bias_type);
+  if (s.epilogue.find("AUX") != std::string::npos || s.epilogue == "DGELU")
+    r += std::string(" aux=") + fb::EnumNameDType(s.aux_type);
+  return r;
+}
+
+// The largest power of two up to 256 that divides the address: cuBLASLt's heuristic assumes
+// 256-byte aligned matrices unless told otherwise, and arena buffers may be less aligned.
+uint32_t alignment(DevicePtr p) {
+  uint32_t a = 256;
+  while (a > 1 && p % a != 0) a /= 2;
+  return a;
+}
+
+class CudaDevice final : public Device {
+ public:
+  CudaDevice();
+  ~CudaDevice() override { release(); }
+  CudaDevice(const CudaDevice&) = delete;
+  CudaDevice& operator=(const CudaDevice&) = delete;
+
+  std::string describe() const override {
+    return std::string(prop_.name) + " (sm_" + std::to_string(prop_.major) + std::to_string(prop_.minor) + ", " +
+           gib(prop_.totalGlobalMem) + " GiB)";
+  }
+
+  DevicePtr alloc(size_t bytes, const std::string& what) override;
+  void free(DevicePtr p) override;
+  void upload(DevicePtr dst, const void* src, size_t bytes) override {
+    if (bytes == 0) return;
+    // From pageable memory the runtime stages the bytes before returning, so `src` may change
+    // once this returns, while the copy itself stays in stream order.
+    check_cuda(cudaMemcpyAsync(ptr(dst), src, bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync (upload)");
+  }
+  void download(void* dst, DevicePtr src, size_t bytes) override {
+    if (bytes == 0) return;
+    check_cuda(cudaMemcpyAsync(dst, ptr(src), bytes, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync (download)");
+    check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (download)");
+  }
+  void zero(DevicePtr dst, size_t bytes) override {
+    if (bytes == 0) return;
+    check_cuda(cudaMemsetAsync(ptr(dst), 0, bytes, stream_), "cudaMemsetAsync");
+  }
+  void synchronize() override { check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
+
+  void load_kernels(const Module& m) override;
+  Function function(const std::string& symbol) override;
+  void launch(Function f, unsigned grid, unsigned block, DevicePtr operands, DevicePtr ranges) override;
+
+  Matmul plan_matmul(const MatmulSpec& s) override;
+  void matmul(Matmul i) override;
+
+  bool begin_capture() override;
+  Graph end_capture() override;
+  void launch_graph(Graph g) override;
+
+ private:
+  // A planned cuBLASLt product. cuBLASLt's first operand is our B, its second our A (see
+  // plan_matmul); C and D share one layout.
+  struct MatmulPlan {
+    MatmulSpec spec;
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t first = nullptr, second = nullptr, out = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    const void* c = nullptr;  // C's address: s.c when beta != 0, else D's (not read)
+  };
+  static void destroy(MatmulPlan& p) noexcept;
+  std::string cu_error(CUresult r) const;
+  void release() noexcept;
+
+  cudaDeviceProp prop_{};
+  cudaStream_t stream_ = nullptr;  // the one compute stream (a CUstream for the driver)
+  std::unordered_set<DevicePtr> allocations_;  // freed at destruction if the executor did not
+
+  CuGetErrorString get_error_string_ = nullptr;
+  CuModuleLoadData module_load_data_ = nullptr;
+  CuModuleUnload module_unload_ = nullptr;
+  CuModuleGetFunction module_get_function_ = nullptr;
+  CuLaunchKernel launch_kernel_ = nullptr;
+  CUmodule module_ = nullptr;
+  std::string module_name_;  // "<source> (sm_90 image)", for messages
+  std::unordered_map<std::string, CUfunction> functions_;
+  std::unordered_map<CUfunction, std::string> symbols_;  // back, for launch errors
+
+  cublasLtHandle_t lt_ = nullptr;
+  void* workspace_ = nullptr;
+  std::vector<MatmulPlan> plans_;
+  std::vector<cudaGraphExec_t> graphs_;
+};
+
+CudaDevice::CudaDevice() {
+  // No driver, a driver too old for this runtime, or no GPU all surface here.
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess)
+    throw Error(std::string("no CUDA GPU is usable: ") + cudaGetErrorString(e) +
+                " (cudaGetDeviceCount); a cuda module needs an NVIDIA GPU and its driver");
+  if (count == 0)
+    throw Error("no CUDA GPU is usable: the driver reports no device (cudaGetDeviceCount); a cuda module needs "
+                "an NVIDIA GPU and its driver");
+  // Creates GPU 0's primary context and makes it current (a busy exclusive-mode GPU fails here).
+  e = cudaSetDevice(0);
+  if (e != cudaSuccess)
+    throw Error(std::string("no CUDA GPU is usable: ") + cudaGetErrorString(e) +
+                " (cudaSetDevice 0); a cuda module needs an NVIDIA GPU and its driver");
+  check_cuda(cudaGetDeviceProperties(&prop_, 0), "cudaGetDeviceProperties");
+  try {
+    // Non-blocking: the legacy default stream, which libraries may use, never waits for it.
+    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    get_error_string_ = driver_function<CuGetErrorString>("cuGetErrorString");
+    module_load_data_ = driver_function<CuModuleLoadData>("cuModuleLoadData");
+    module_unload_ = driver_function<CuModuleUnload>("cuModuleUnload");
+    module_get_function_ = driver_function<CuModuleGetFunction>("cuModuleGetFunction");
+    launch_kernel_ = driver_function<CuLaunchKernel>("cuLaunchKernel");
+    check_lt(cublasLtCreate(&lt_), "cuBLASLt", "cublasLtCreate");
+    e = cudaMalloc(&workspace_, kWorkspaceBytes);
+    if (e != cudaSuccess) {
+      workspace_ = nullptr;
+      throw Error(std::string("cannot allocate the cuBLASLt workspace (32 MiB) on ") + prop_.name + ": " +
+                  cudaGetErrorString(e) + " (cudaMalloc)");
+    }
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
+std::string CudaDevice::cu_error(CUresult r) const {
+  const char* s = nullptr;
+  if (get_error_string_ && get_error_string_(r, &s) == CUDA_SUCCESS && s) return s;
+  return "CUDA driver error " + std::to_string(int(r));
+}
+
+void CudaDevice::destroy(MatmulPlan& p) noexcept {
+  if (p.out) cublasLtMatrixLayoutDestroy(p.out);
+  if (p.second) cublasLtMatrixLayoutDestroy(p.second);
+  if (p.first) cublasLtMatrixLayoutDestroy(p.first);
+  if (p.desc) cublasLtMatmulDescDestroy(p.desc);
+  p.out = p.second = p.first = nullptr;
+  p.desc = nullptr;
+}
+
+// Everything the device holds, tolerating a half-built device and a broken context: errors are
+// ignored (a destructor must not throw, and after a device fault every call fails anyway).
+void CudaDevice::release() noexcept {
+  if (stream_) {
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream_, &capturing) == cudaSuccess && capturing != cudaStreamCaptureStatusNone) {
+      cudaGraph_t graph = nullptr;  // a capture left open by an exception
+      if (cudaStreamEndCapture(stream_, &graph) == cudaSuccess && graph) (void)cudaGraphDestroy(graph);
+    }
+    (void)cudaStreamSynchronize(stream_);
+  }
+  for (cudaGraphExec_t g : graphs_) (void)cudaGraphExecDestroy(g);
+  graphs_.clear();
+  for (MatmulPlan& p : plans_) destroy(p);
+  plans_.clear();
+  if (lt_) (void)cublasLtDestroy(lt_);
+  lt_ = nullptr;
+  if (workspace_) (void)cudaFree(workspace_);
+  workspace_ = nullptr;
+  for (DevicePtr p : allocations_) (void)cudaFree(ptr(p));
+  allocations_.clear();
+  if (module_ && module_unload_) (void)module_unload_(module_);
+  module_ = nullptr;
+  functions_.clear();
+  symbols_.clear();
+  if (stream_) (void)cudaStreamDestroy(stream_);
+  stream_ = nullptr;
+  (void)cudaGetLastError();
+}
+
+DevicePtr CudaDevice::alloc(size_t bytes, const std::string& what) {
+  void* p = nullptr;
+  cudaError_t e = cudaMalloc(&p, bytes);  // device memory only: never managed memory
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();  // out of memory is not a sticky error: clear it and report
+    size_t free_bytes = 0, total_bytes = 0;
+    (void)cudaMemGetInfo(&free_bytes, &total_bytes);
+    throw Error("cannot allocate " + std::to_string(bytes) + " bytes (" + gib(bytes) + " GiB) for " + what + " on " +
+                prop_.name + ": " + cudaGetErrorString(e) + "; " + std::to_string(free_bytes) + " of " +
+                std::to_string(total_bytes) + " bytes free (cudaMemGetInfo)");
+  }
+  DevicePtr d = reinterpret_cast<uintptr_t>(p);
+  if (d) allocations_.insert(d);
+  return d;
+}
+
+void CudaDevice::free(DevicePtr p) {
+  if (!p) return;
+  if (allocations_.erase(p) == 0) {
+    char address[32];
+    std::snprintf(address, sizeof address, "0x%llx", static_cast<unsigned long long>(p));
+    throw Error(std::string("cudaFree: device address ") + address + " was not allocated here, or was freed twice");
+  }
+  check_cuda(cudaFree(ptr(p)), "cudaFree");
+}
+
+void CudaDevice::load_kernels(const Module& m) {
+  const std::string arch = "sm_" + std::to_string(prop_.major) + std::to_string(prop_.minor);
+  const auto* images = m.fb().cuda_images();
+  if (!images || images->size() == 0) {
+    // Fine when nothing is to be launched (every product is a library call, or no kernels).
+    size_t launches = 0;
+    if (const auto* kernels = m.fb().kernels())
+      for (const fb::Kernel* k : *kernels)
+        if (k->cuda_functions()) launches += k->cuda_functions()->size();
+    if (launches == 0) return;
+    throw Error(m.source() + ": the module has " + std::to_string(launches) +
+                " GPU functions to launch but no compiled kernels (cuda_images); recompile it with a kilnc "
+                "that targets CUDA");
+  }
+
+  // A cubin runs on its own architecture and on newer minor versions of the same major one
+  // (sm_80 on sm_86), never across majors: take the exact image, else the closest older minor.
+  const fb::CudaImage* pick = nullptr;
+  std::string have;
+  for (const fb::CudaImage* im : *images) {
+    const std::string a = im->arch() ? im->arch()->str() : "";
+    have += (have.empty() ? "" : ", ") + a;
+    if (a == arch && !pick) pick = im;
+  }
+  if (!pick) {
+    int best_minor = -1;
+    for (const fb::CudaImage* im : *images) {
+      const std::string a = im->arch() ? im->arch()->str() : "";
+      if (a.size() < 5 || a.compare(0, 3, "sm_") != 0 || a.find_first_not_of("0123456789", 3) != std::string::npos)
+        continue;  // "sm_90a" and the like run only on their exact GPU
+      const int v = std::stoi(a.substr(3)), major = v / 10, minor = v % 10;
+      if (major == prop_.major && minor <= prop_.minor && minor > best_minor) {
+        pick = im;
+        best_minor = minor;
+      }
+    }
+  }
+  if (!pick)
+    throw Error(m.source() + ": the module has kernels for " + have + "; this GPU (" + prop_.name + ") is " + arch +
+                "; recompile it with a kilnc that targets it");
+  const auto* cubin = pick->cubin();
+  if (!cubin || cubin->size() == 0) throw Error(m.source() + ": the " + pick->arch()->str() + " kernel image is empty");
+
+  if (module_) {  // a second module replaces the first
+    (void)module_unload_(module_);
+    module_ = nullptr;
+    functions_.clear();
+    symbols_.clear();
+  }
+  // The flatbuffer's bytes carry no alignment guarantee; the driver parses the ELF in place.
+  // The zero word at the end would also terminate a PTX image.
+  std::vector<uint64_t> image(cubin->size() / 8 + 1, 0);
+  std::memcpy(image.data(), cubin->data(), cubin->size());
+  module_name_ = m.source() + " (" + pick->arch()->str() + " kernels)";
+  CUresult r = module_load_data_(&module_, image.data());
+  if (r != CUDA_SUCCESS) {
+    module_ = nullptr;
+    throw Error(module_name_ + ": cuModuleLoadData on " + prop_.name + ": " + cu_error(r));
+  }
+}
+
+Device::Function CudaDevice::function(const std::string& symbol) {
+  auto it = functions_.find(symbol);
+  if (it != functions_.end()) return it->second;
+  if (!module_) throw Error("GPU function " + symbol + ": no kernels are loaded (load_kernels)");
+  CUfunction f = nullptr;
+  CUresult r = module_get_function_(&f, module_, symbol.c_str());
+  if (r == CUDA_ERROR_NOT_FOUND) throw Error(module_name_ + ": there is no function " + symbol);
+  if (r != CUDA_SUCCESS) throw Error(module_name_ + ": cuModuleGetFunction " + symbol + ": " + cu_error(r));
+  functions_.emplace(symbol, f);
+  symbols_.emplace(f, symbol);
+  return f;
+}
+
+void CudaDevice::launch(Function fn, unsigned grid, unsigned block, DevicePtr operands, DevicePtr ranges) {
+  // The kernels are extern "C" __global__ void k(void* const* b, const long long* range): the
+  // driver takes the address of each argument's value.
+  CUfunction f = static_cast<CUfunction>(const_cast<void*>(fn));
+  CUdeviceptr b = operands, range = ranges;
+  void* params[] = {&b, &range};
+  CUresult r = launch_kernel_(f, grid, 1, 1, block, 1, 1, 0, stream_, params, nullptr);
+  if (r != CUDA_SUCCESS) {
+    auto it = symbols_.find(f);
+    throw Error(module_name_ + ": cuLaunchKernel " + (it != symbols_.end() ? it->second : std::string("?")) +
+                " (grid " + std::to_string(grid) + ", block " + std::to_string(block) + "): " + cu_error(r));
+  }
+}
+
+// The spec is row-major: D[m,n] = op(A) op(B) (+ beta C). cuBLASLt is column-major, and a
+// row-major [r,c] matrix is the column-major [c,r] matrix of its transpose, so we ask cuBLASLt
+// for D^T[n,m] = op(B)^T op(A)^T: its M=n, N=m, K=k, its first operand our B, its second our A,
+// and D^T (column-major [n,m], ld n) is exactly D row-major. The bias runs along D^T's rows,
+// i.e. along D's columns (length n): the row-major bias as it is.
+Device::Matmul CudaDevice::plan_matmul(const MatmulSpec& s) {
+  const Epilogue ep = epilogue(s);
+  if (s.m <= 0 || s.n <= 0 || s.k <= 0) throw Error(s.where + ": empty matrix product (" + product(s) + ")");
+  if (!s.a || !s.b || !s.d) throw Error(s.where + ": matrix product without A, B or D (" + product(s) + ")");
+  if (s.beta != 0.0f && !s.c) throw Error(s.where + ": matrix product with beta != 0 but no C (" + product(s) + ")");
+  if (ep.bias && !s.bias) throw Error(s.where + ": epilogue " + s.epilogue + " without a bias vector");
+  if (ep.aux && !s.aux) throw Error(s.where + ": epilogue " + s.epilogue + " without an aux matrix");
+  const cudaDataType_t a_type = cuda_type(s.a_type, s.where, "A");
+  const cudaDataType_t b_type = cuda_type(s.b_type, s.where, "B");
+  const cudaDataType_t d_type = cuda_type(s.d_type, s.where, "D");
+  const uint64_t m = uint64_t(s.m), n = uint64_t(s.n), k = uint64_t(s.k);
+
+  MatmulPlan p;
+  p.spec = s;
+  // beta == 0: C is not read, but cuBLASLt wants an address and a layout: D's.
+  p.c = s.beta != 0.0f ? ptr(s.c) : ptr(s.d);
+  cublasLtMatmulPreference_t pref = nullptr;
+  try {
+    // CUBLAS_COMPUTE_32F: fp32 accumulation, and for fp32 inputs true fp32 products, not TF32
+    // (that would be CUBLAS_COMPUTE_32F_FAST_TF32): the parity tests compare with fp32 references.
+    check_lt(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), s.where, "cublasLtMatmulDescCreate");
+    const int32_t trans_first = s.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's A is our B
+    const int32_t trans_second = s.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans_first, sizeof trans_first),
+             s.where, "cublasLtMatmulDescSetAttribute TRANSA");
+    check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &trans_second, sizeof trans_second),
+             s.where, "cublasLtMatmulDescSetAttribute TRANSB");
+    const uint32_t epilogue_value = ep.value;
+    check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue_value,
+                                            sizeof epilogue_value),
+             s.where, "cublasLtMatmulDescSetAttribute EPILOGUE");
+    if (ep.bias) {
+      const void* bias = ptr(s.bias);
+      const int32_t bias_type = cuda_type(s.bias_type, s.where, "bias");
+      check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias), s.where,
+               "cublasLtMatmulDescSetAttribute BIAS_POINTER");
+      check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                              sizeof bias_type),
+               s.where, "cublasLtMatmulDescSetAttribute BIAS_DATA_TYPE");
+    }
+    if (ep.aux) {
+      // The pre-GELU matrix, shaped like D: column-major [n,m] with ld n.
+      void* aux = ptr(s.aux);
+      const int64_t aux_ld = s.n;
+      const int32_t aux_type = cuda_type(s.aux_type, s.where, "aux");
+      check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux),
+               s.where, "cublasLtMatmulDescSetAttribute EPILOGUE_AUX_POINTER");
+      check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld),
+               s.where, "cublasLtMatmulDescSetAttribute EPILOGUE_AUX_LD");
+      check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &aux_type,
+                                              sizeof aux_type),
+               s.where, "cublasLtMatmulDescSetAttribute EPILOGUE_AUX_DATA_TYPE");
+    }
+
+    // Column-major layouts (rows, cols, ld = rows) of what is stored, before the transposes.
+    // First operand, B: stored [k,n] row-major = [n,k] column-major; with trans_b [n,k] -> [k,n].
+    const uint64_t first_rows = s.trans_b ? k : n, first_cols = s.trans_b ? n : k;
+    // Second operand, A: stored [m,k] row-major = [k,m] column-major; with trans_a [k,m] -> [m,k].
+    const uint64_t second_rows = s.trans_a ? m : k, second_cols = s.trans_a ? k : m;
+    check_lt(cublasLtMatrixLayoutCreate(&p.first, b_type, first_rows, first_cols, int64_t(first_rows)), s.where,
+             "cublasLtMatrixLayoutCreate (B)");
+    check_lt(cublasLtMatrixLayoutCreate(&p.second, a_type, second_rows, second_cols, int64_t(second_rows)), s.where,
+             "cublasLtMatrixLayoutCreate (A)");
+    // C and D: one layout, so that in-place accumulation (C == D) has identical layouts.
+    check_lt(cublasLtMatrixLayoutCreate(&p.out, d_type, n, m, int64_t(n)), s.where, "cublasLtMatrixLayoutCreate (D)");
+
+    check_lt(cublasLtMatmulPreferenceCreate(&pref), s.where, "cublasLtMatmulPreferenceCreate");
+    const uint64_t workspace = kWorkspaceBytes;
+    check_lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
+                                                  sizeof workspace),
+             s.where, "cublasLtMatmulPreferenceSetAttribute MAX_WORKSPACE_BYTES");
+    const uint32_t align[4] = {alignment(s.b), alignment(s.a), alignment(DevicePtr(reinterpret_cast<uintptr_t>(p.c))),
+                               alignment(s.d)};
+    const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4; i++)
+      check_lt(cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &align[i], sizeof align[i]), s.where,
+               "cublasLtMatmulPreferenceSetAttribute MIN_ALIGNMENT");
+
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.first, p.second, p.out, p.out, pref, 1, &result, &found);
+    if (st != CUBLAS_STATUS_SUCCESS || found == 0 || result.state != CUBLAS_STATUS_SUCCESS)
+      throw Error(s.where + ": cuBLASLt has no algorithm for this product (" + product(s) +
+                  "; cublasLtMatmulAlgoGetHeuristic: " +
+                  (st != CUBLAS_STATUS_SUCCESS ? cublasLtGetStatusString(st)
+                   : found == 0                ? "no result"
+                                               : cublasLtGetStatusString(result.state)) +
+                  ")");
+    p.algo = result.algo;
+    (void)cublasLtMatmulPreferenceDestroy(pref);
+  } catch (...) {
+    if (pref) (void)cublasLtMatmulPreferenceDestroy(pref);
+    destroy(p);
+    throw;
+  }
+  plans_.push_back(p);
+  return plans_.size() - 1;
+}
+
+void CudaDevice::matmul(Matmul i) {
+  if (i >= plans_.size()) throw Error("cuBLASLt product " + std::to_string(i) + " was never planned");
+  const MatmulPlan& p = plans_[i];
+  // Host scalars (the default CUBLASLT_POINTER_MODE_HOST); cuBLASLt reads them during the call,
+  // so a graph capture records their values.
+  const float alpha = 1.0f, beta = p.spec.beta;
+  cublasStatus_t st = cublasLtMatmul(lt_, p.desc, &alpha, ptr(p.spec.b), p.first, ptr(p.spec.a), p.second, &beta,
+                                     p.c, p.out, ptr(p.spec.d), p.out, &p.algo, workspace_, kWorkspaceBytes, stream_);
+  if (st != CUBLAS_STATUS_SUCCESS)
+    throw Error(p.spec.where + ": cublasLtMatmul: " + cublasLtGetStatusString(st) + " (" + product(p.spec) + ")");
+}
+
+bool CudaDevice::begin_capture() {
+  // Thread-local: only this thread's unsafe calls (cudaMalloc, synchronizations) are refused
+  // during the capture.
+  if (cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return true;
+}
+
+Device::Graph CudaDevice::end_capture() {
+  cudaGraph_t graph = nullptr;
+  check_cuda(cudaStreamEndCapture(stream_, &graph), "cudaStreamEndCapture");
+  cudaGraphExec_t exec = nullptr;
+  cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+  (void)cudaGraphDestroy(graph);  // the executable graph does not need it
+  check_cuda(e, "cudaGraphInstantiate");
+  graphs_.push_back(exec);
+  return graphs_.size() - 1;
+}
+
+void CudaDevice::launch_graph(Graph g) {
+  if (g >= graphs_.size()) throw Error("CUDA graph " + std::to_string(g) + " was never captured");
+  check_cuda(cudaGraphLaunch(graphs_[g], stream_), "cudaGraphLaunch");
+}
+
+}  // namespace
+
+std::unique_ptr<Device> make_cuda_device() { return std::make_unique<CudaDevice>(); }
+
+}  // namespace kiln

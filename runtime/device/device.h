@@ -1,0 +1,80 @@
+// The GPU a cuda module runs on, as the runtime's device executor (runtime/device/device_executor)
+// sees it: memory, the module's compiled kernels, cuBLASLt products and CUDA graphs, all on one
+// compute stream. runtime/cuda/cuda_device.cpp implements it with the CUDA driver (reached
+// through the runtime's cudaGetDriverEntryPointByVersion) and cuBLASLt; the end-to-end tests run
+// the same executor on an emulation of this interface (test/e2e/cuda_emulation). No CUDA header
+// is included here.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "runtime/module.h"
+
+namespace kiln {
+
+using DevicePtr = uint64_t;  // a device address (CUdeviceptr)
+
+// One cuBLASLt product of a Kernel instruction, row-major like the module's MatmulCall:
+//   D[m, n] = epilogue(op(A) op(B) + beta * C),  op(A) = A[m, k] or A^T (A stored [k, m]), ...
+// with the instruction's addresses, so it is planned once at load and run without host work.
+struct MatmulSpec {
+  std::string where;  // for messages: "kernel k12_matmul_broadcast_add (program micro_step)"
+  int64_t m = 0, n = 0, k = 0;
+  bool trans_a = false, trans_b = false;
+  fb::DType a_type = fb::DType::F32, b_type = fb::DType::F32, d_type = fb::DType::F32;
+  fb::DType bias_type = fb::DType::F32, aux_type = fb::DType::F32;
+  std::string epilogue;  // DEFAULT, BIAS, GELU, GELU_AUX, GELU_BIAS, GELU_AUX_BIAS, DGELU
+  float beta = 0.0f;     // C (same type and layout as D) is read when beta != 0
+  DevicePtr a = 0, b = 0, c = 0, d = 0, bias = 0, aux = 0;  // 0: none
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  // "NVIDIA H200 (sm_90, 139.8 GiB)": for the log.
+  virtual std::string describe() const = 0;
+
+  // Memory. alloc throws kiln::Error naming `what` and the bytes needed when it cannot.
+  virtual DevicePtr alloc(size_t bytes, const std::string& what) = 0;
+  virtual void free(DevicePtr p) = 0;
+  // Host to device, in stream order (the host buffer may change once this returns).
+  virtual void upload(DevicePtr dst, const void* src, size_t bytes) = 0;
+  // Device to host: waits for the stream's work before it, and for the copy.
+  virtual void download(void* dst, DevicePtr src, size_t bytes) = 0;
+  virtual void zero(DevicePtr dst, size_t bytes) = 0;  // in stream order
+  virtual void synchronize() = 0;                       // waits for the stream
+
+  // The module's generated kernels (its cuda_images for this GPU's architecture).
+  virtual void load_kernels(const Module& module) = 0;
+  // A loaded function by symbol; throws kiln::Error when the kernels lack it.
+  using Function = const void*;
+  virtual Function function(const std::string& symbol) = 0;
+  // Every generated function takes (void* const* b, const long long* range): device addresses
+  // of an operand table and of the [begin, end) ranges (0 when it reads none).
+  virtual void launch(Function f, unsigned grid, unsigned block, DevicePtr operands, DevicePtr ranges) = 0;
+
+  // cuBLASLt: plans a product once (layouts, epilogue, algorithm); throws kiln::Error naming
+  // spec.where when the library has no algorithm for it.
+  using Matmul = size_t;
+  virtual Matmul plan_matmul(const MatmulSpec& spec) = 0;
+  virtual void matmul(Matmul m) = 0;
+
+  // CUDA graphs: the work issued between begin_capture and end_capture is recorded, not run,
+  // and replayed by launch_graph. Returns false (and records nothing) where unsupported.
+  using Graph = size_t;
+  virtual bool begin_capture() = 0;
+  virtual Graph end_capture() = 0;
+  virtual void launch_graph(Graph g) = 0;
+};
+
+// The device cuda modules run on: the first CUDA GPU, unless a test substituted its own factory.
+// Throws kiln::Error with the reason when there is none (no driver, no GPU, a runtime built
+// without CUDA).
+std::unique_ptr<Device> make_device();
+// Tests: run cuda modules on another implementation (the CUDA emulation).
+void set_device_factory(std::function<std::unique_ptr<Device>()> factory);
+
+}  // namespace kiln

@@ -1,0 +1,297 @@
+// The device executor: a cuda module's programs as planned steps on one stream.
+//
+// At load every Kernel instruction becomes its steps: the clears of its partial-sum operands
+// (zero_operands), its cuBLASLt product (MatmulCall, planned once with the arena addresses) and
+// its generated functions (cuda_functions), each launched with the address of a table holding
+// its operands' addresses, plus [begin, end) ranges for the optimizer. GlobalNorm becomes two
+// launches of the support kernels every cuda module carries (kiln_sum_squares, kiln_norm_finish).
+// All tables live in one device block, uploaded once: replaying a program needs no host work
+// but the upload of the inputs and hyperparameters, so from its second run a program is a CUDA
+// graph (KILN_CUDA_GRAPHS=0 runs every step eagerly instead, for debugging).
+#include "runtime/device/device_executor.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "runtime/error.h"
+
+namespace kiln {
+namespace {
+
+using O = fb::OpCode;
+
+// Launch shape of kiln_sum_squares: enough blocks to fill a large GPU twice over; the
+// grid-stride loop covers any size.
+constexpr unsigned kNormGrid = 528, kNormBlock = 256;
+
+float first_float(const std::vector<uint8_t>& bytes, fb::DType t) {
+  if (bytes.size() < 2) return 0.0f;
+  uint32_t u = 0;
+  if (t == fb::DType::BF16) {
+    uint16_t h;
+    std::memcpy(&h, bytes.data(), 2);
+    u = uint32_t(h) << 16;
+  } else if (bytes.size() >= 4) {
+    std::memcpy(&u, bytes.data(), 4);
+    if (t == fb::DType::I32) return float(int32_t(u));
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+}  // namespace
+
+DeviceExecutor::DeviceExecutor(const Module& module, const std::vector<std::string>& programs, uint8_t* host_state)
+    : module_(module), host_state_(host_state) {
+  const char* g = std::getenv("KILN_CUDA_GRAPHS");
+  graphs_ = !(g && std::string(g) == "0");
+  device_ = make_device();
+  device_name_ = device_->describe();
+  uint64_t activations = 0;
+  for (const std::string& name : programs) activations = std::max(activations, module.program(name)->activation_size());
+  const uint64_t bytes = std::max<uint64_t>(module.fb().state_size() + activations, 256);
+  arena_ = device_->alloc(bytes, module.source() + "'s arena (" + std::to_string(module.fb().state_size()) +
+                                     " bytes of state, " + std::to_string(activations) + " of activations)");
+  device_->zero(arena_, bytes);
+  scratch_ = device_->alloc(256, "the gradient-norm accumulator");
+  device_->zero(scratch_, 256);
+  device_->load_kernels(module);
+
+  for (const std::string& name : programs) {
+    Program& p = programs_[name];
+    p.fb = module.program(name);
+    plan(p);
+  }
+  if (!table_words_.empty()) {
+    tables_ = device_->alloc(table_words_.size() * 8, "the kernels' operand tables");
+    device_->upload(tables_, table_words_.data(), table_words_.size() * 8);
+  }
+
+  // The buffers the host writes before every run (token ids, hyperparameters), merged into
+  // runs of neighbours with nothing else between them, so a step uploads a few spans.
+  std::vector<const fb::Buffer*> by_offset;
+  for (const fb::Buffer* b : *module.fb().buffers())
+    if (b->kind() != fb::BufferKind::Activation) by_offset.push_back(b);
+  std::sort(by_offset.begin(), by_offset.end(), [](auto* a, auto* b) { return a->offset() < b->offset(); });
+  bool open = false;
+  for (const fb::Buffer* b : by_offset) {
+    const bool host = b->kind() == fb::BufferKind::Input || b->kind() == fb::BufferKind::Hyper;
+    if (host && open) host_written_.back().second = std::max(host_written_.back().second, b->offset() + b->size());
+    else if (host) host_written_.push_back({b->offset(), b->offset() + b->size()});
+    open = host;
+  }
+  device_->synchronize();
+}
+
+DeviceExecutor::~DeviceExecutor() {
+  if (!device_) return;
+  for (DevicePtr p : {tables_, scratch_, arena_})
+    if (p) device_->free(p);
+}
+
+size_t DeviceExecutor::add_words(const std::vector<uint64_t>& words) {
+  const size_t at = table_words_.size();
+  table_words_.insert(table_words_.end(), words.begin(), words.end());
+  return at;
+}
+
+void DeviceExecutor::plan(Program& p) {
+  const fb::Program& prog = *p.fb;
+  for (uint32_t i = 0; i < prog.instrs()->size(); ++i) {
+    const fb::Instr& ins = *prog.instrs()->Get(i);
+    const std::string where = module_.source() + ": program " + prog.name()->str() + ", instr " + std::to_string(i) +
+                              " (" + fb::EnumNameOpCode(ins.op()) + ")";
+    switch (ins.op()) {
+      case O::Kernel: plan_kernel(p, ins, where); break;
+      case O::GlobalNorm: plan_norm(p, ins, where); break;
+      // One GPU: its gradients are complete where they are (data-parallel cuda runs are refused
+      // by kiln::Executor before they get here).
+      case O::ReduceGradients:
+      case O::WaitGradients: break;
+      default:
+        throw Error(where + ": a cuda module runs generated kernels only; recompile it with this kilnc "
+                    "(its cuda target fuses every op)");
+    }
+  }
+}
+
+void DeviceExecutor::plan_kernel(Program& p, const fb::Instr& ins, const std::string& where) {
+  const fb::Kernel& k = *module_.fb().kernels()->Get(uint32_t(ins.ints()->Get(0)));
+  const std::string name = k.name() ? k.name()->str() : k.symbol()->str();
+  std::vector<uint64_t> operands;
+  std::vector<uint32_t> bufs;
+  for (uint32_t b : *ins.inputs()) bufs.push_back(b);
+  for (uint32_t b : *ins.outputs()) bufs.push_back(b);
+  for (uint32_t b : bufs) operands.push_back(at(b));
+
+  if (k.zero_operands())
+    for (uint32_t z : *k.zero_operands()) {
+      if (z >= bufs.size()) throw Error(where + ": kernel " + k.symbol()->str() + " clears operand " + std::to_string(z) + " of " + std::to_string(bufs.size()));
+      const auto t = static_cast<fb::DType>(k.operand_dtype()->Get(z));
+      Step s{Step::Zero, name + " (clear)"};
+      s.ptr = operands[z];
+      s.bytes = size_t(k.operand_numel()->Get(z)) * dtype_bytes(t);
+      p.steps.push_back(s);
+    }
+
+  if (const fb::MatmulCall* c = k.matmul()) {
+    MatmulSpec m;
+    m.where = where + ": kernel " + k.symbol()->str() + " (" + name + ")";
+    m.m = c->m(), m.n = c->n(), m.k = c->k();
+    m.trans_a = c->trans_a(), m.trans_b = c->trans_b();
+    m.epilogue = c->epilogue() ? c->epilogue()->str() : "DEFAULT";
+    m.beta = c->beta();
+    // The call's operands are positions in the instruction's operands; each must hold what the
+    // product reads or writes.
+    auto operand = [&](int i, int64_t need, const char* role, fb::DType* type) -> DevicePtr {
+      if (i < 0) return 0;
+      if (size_t(i) >= bufs.size())
+        throw Error(m.where + ": cuBLASLt " + role + " is operand " + std::to_string(i) + " of " + std::to_string(bufs.size()));
+      if (k.operand_numel()->Get(uint32_t(i)) < need)
+        throw Error(m.where + ": cuBLASLt " + role + " holds " + std::to_string(k.operand_numel()->Get(uint32_t(i))) +
+                    " elements, the product needs " + std::to_string(need));
+      const auto t = static_cast<fb::DType>(k.operand_dtype()->Get(uint32_t(i)));
+      if (t == fb::DType::I32) throw Error(m.where + ": cuBLASLt " + role + " is an I32 buffer");
+      if (type) *type = t;
+      return operands[size_t(i)];
+    };
+    m.a = operand(c->a(), m.m * m.k, "A", &m.a_type);
+    m.b = operand(c->b(), m.k * m.n, "B", &m.b_type);
+    m.d = operand(c->d(), m.m * m.n, "D", &m.d_type);
+    fb::DType c_type = m.d_type;
+    m.c = operand(c->c(), m.m * m.n, "C", &c_type);
+    m.bias = operand(c->bias(), m.n, "bias", &m.bias_type);
+    m.aux = operand(c->aux(), m.m * m.n, "aux", &m.aux_type);
+    if (!m.a || !m.b || !m.d) throw Error(m.where + ": a cuBLASLt call needs A, B and D");
+    if ((m.beta != 0.0f) != (m.c != 0)) throw Error(m.where + ": cuBLASLt beta and C disagree");
+    if (m.c && c_type != m.d_type) throw Error(m.where + ": cuBLASLt C and D differ in type");
+    const std::string& e = m.epilogue;
+    const bool bias = e == "BIAS" || e == "GELU_BIAS" || e == "GELU_AUX_BIAS";
+    const bool aux = e == "GELU_AUX" || e == "GELU_AUX_BIAS" || e == "DGELU";
+    if (bias != (m.bias != 0)) throw Error(m.where + ": epilogue " + e + " and the bias operand disagree");
+    if (aux != (m.aux != 0)) throw Error(m.where + ": epilogue " + e + " and the aux operand disagree");
+    Step s{Step::Matmul, name + " (cuBLASLt)"};
+    s.matmul = device_->plan_matmul(m);
+    p.steps.push_back(s);
+  }
+
+  if (k.cuda_functions() && k.cuda_functions()->size()) {
+    Step s{Step::Launch, name};
+    s.operands = add_words(operands);
+    if (k.adamw_params()) {
+      // The optimizer's [begin, end) per parameter: all of it (one GPU, no ZeRO slices).
+      std::vector<uint64_t> ranges;
+      for (uint32_t v : *k.adamw_params()) ranges.insert(ranges.end(), {0, uint64_t(numel(module_.buffer(v)))});
+      s.ranges = add_words(ranges);
+      s.has_ranges = true;
+    }
+    for (const fb::CudaFunction* f : *k.cuda_functions()) {
+      if (f->grid() == 0 || f->block() == 0 || f->block() > 1024)
+        throw Error(where + ": kernel " + k.symbol()->str() + " launches " + f->symbol()->str() + " with grid " +
+                    std::to_string(f->grid()) + " and block " + std::to_string(f->block()));
+      s.fn = device_->function(f->symbol()->str());
+      s.grid = f->grid(), s.block = f->block();
+      p.steps.push_back(s);
+    }
+  } else if (!k.matmul()) {
+    throw Error(where + ": kernel " + k.symbol()->str() + " has neither a cuBLASLt call nor a cuda function");
+  }
+}
+
+// The global norm over the gradients: b = {g_0 .. g_n-1, accumulator, norm}, range = {n,
+// begin_0, end_0, ...} for the support kernels (compiler/kernel_codegen.cpp, kernelPrelude).
+void DeviceExecutor::plan_norm(Program& p, const fb::Instr& ins, const std::string& where) {
+  const uint32_t n = ins.inputs()->size();
+  std::vector<uint64_t> operands, ranges = {n};
+  for (uint32_t i = 0; i < n; ++i) {
+    const fb::Buffer& g = module_.buffer(ins.inputs()->Get(i));
+    if (g.dtype() != fb::DType::F32) throw Error(where + ": gradient " + g.name()->str() + " is not F32");
+    operands.push_back(at(ins.inputs()->Get(i)));
+    ranges.insert(ranges.end(), {0, uint64_t(ins.ints()->Get(i))});
+  }
+  const fb::Buffer& out = module_.buffer(ins.outputs()->Get(0));
+  if (out.dtype() != fb::DType::F32) throw Error(where + ": the norm's buffer is not F32");
+  operands.push_back(scratch_);
+  operands.push_back(at(ins.outputs()->Get(0)));
+  Step s{Step::Launch, "global_norm"};
+  s.operands = add_words(operands);
+  s.ranges = add_words(ranges);
+  s.has_ranges = true;
+  s.fn = device_->function("kiln_sum_squares");
+  s.grid = kNormGrid, s.block = kNormBlock;
+  p.steps.push_back(s);
+  s.fn = device_->function("kiln_norm_finish");
+  s.grid = 1, s.block = 32;
+  p.steps.push_back(s);
+}
+
+void DeviceExecutor::issue(const Step& s) {
+  switch (s.kind) {
+    case Step::Zero: device_->zero(s.ptr, s.bytes); break;
+    case Step::Matmul: device_->matmul(s.matmul); break;
+    case Step::Launch:
+      device_->launch(s.fn, s.grid, s.block, tables_ + 8 * s.operands, s.has_ranges ? tables_ + 8 * s.ranges : 0);
+      break;
+  }
+}
+
+void DeviceExecutor::issue(const Program& p) {
+  for (const Step& s : p.steps) issue(s);
+}
+
+float DeviceExecutor::run(const std::string& name, std::map<std::string, std::pair<double, int64_t>>* profile) {
+  Program& p = programs_.at(name);
+  for (auto [begin, end] : host_written_) device_->upload(arena_ + begin, host_state_ + begin, end - begin);
+  if (profile) {
+    device_->synchronize();
+    for (const Step& s : p.steps) {
+      auto t0 = std::chrono::steady_clock::now();
+      issue(s);
+      device_->synchronize();
+      auto& [seconds, calls] = (*profile)[s.name];
+      seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      ++calls;
+    }
+  } else if (graphs_ && p.runs > 0) {
+    // The first run went eagerly (libraries finish their lazy set-up outside a capture).
+    if (!p.graph_ready && device_->begin_capture()) {
+      issue(p);
+      p.graph = device_->end_capture();
+      p.graph_ready = true;
+    }
+    if (p.graph_ready) device_->launch_graph(p.graph);
+    else issue(p);
+  } else {
+    issue(p);
+  }
+  ++p.runs;
+  const uint32_t r = p.fb->result();
+  const fb::Buffer& rb = module_.buffer(r);
+  std::vector<uint8_t>& host = results_[r];
+  host.resize(rb.size());
+  device_->download(host.data(), at(r), rb.size());
+  return first_float(host, rb.dtype());
+}
+
+void DeviceExecutor::push_state() {
+  device_->upload(arena_, host_state_, module_.fb().state_size());
+  device_->synchronize();
+}
+
+void DeviceExecutor::pull_state() { device_->download(host_state_, arena_, module_.fb().state_size()); }
+
+void DeviceExecutor::zero_grads() {
+  for (const fb::Parameter* p : *module_.fb().parameters())
+    device_->zero(at(p->grad()), module_.buffer(p->grad()).size());
+}
+
+const uint8_t* DeviceExecutor::result(uint32_t buffer) const {
+  auto it = results_.find(buffer);
+  return it == results_.end() ? nullptr : it->second.data();
+}
+
+}  // namespace kiln

@@ -1,0 +1,79 @@
+// Runs a cuda module's programs on a Device (runtime/device/device.h): the arena lives on the
+// GPU; the runtime keeps a host copy of the state region (parameters, gradients, AdamW moments,
+// inputs, hyperparameters) that it fills and reads between steps. Used by kiln::Executor, which
+// owns the host copy and decides when it moves (push_state after weights are initialised or
+// loaded, pull_state before they are saved).
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "runtime/device/device.h"
+#include "runtime/module.h"
+
+namespace kiln {
+
+class DeviceExecutor {
+ public:
+  // Plans every instruction of `programs` once: operand tables, cuBLASLt products and launches
+  // against one arena of state_size + the largest program's activations, allocated here.
+  DeviceExecutor(const Module& module, const std::vector<std::string>& programs, uint8_t* host_state);
+  ~DeviceExecutor();
+  DeviceExecutor(const DeviceExecutor&) = delete;
+  DeviceExecutor& operator=(const DeviceExecutor&) = delete;
+
+  // Uploads the inputs and hyperparameters, runs the program (replaying its CUDA graph from its
+  // second run on), downloads its result buffer and returns its first element.
+  // With `profile`, runs eagerly and adds each kernel's wall time (seconds, calls) by name.
+  float run(const std::string& program, std::map<std::string, std::pair<double, int64_t>>* profile);
+  void push_state();  // the host copy of the state region -> the device
+  void pull_state();  // the device's state region -> the host copy
+  void zero_grads();  // clears the gradient accumulators on the device
+  // The host copy of a program's result buffer after its last run; null for any other buffer.
+  const uint8_t* result(uint32_t buffer) const;
+  const std::string& device_name() const { return device_name_; }
+
+ private:
+  // One thing a program does on the device, planned at load.
+  struct Step {
+    enum Kind { Zero, Matmul, Launch } kind;
+    std::string name;              // for the profile: the kernel's name
+    DevicePtr ptr = 0;             // Zero: what to clear
+    size_t bytes = 0;
+    Device::Matmul matmul = 0;     // Matmul: the planned product
+    Device::Function fn = nullptr; // Launch: the function, its shape, its tables (word offsets)
+    unsigned grid = 0, block = 0;
+    size_t operands = 0, ranges = 0;
+    bool has_ranges = false;
+  };
+  struct Program {
+    const fb::Program* fb = nullptr;
+    std::vector<Step> steps;
+    int runs = 0;
+    bool graph_ready = false;
+    Device::Graph graph = 0;
+  };
+  void plan(Program& p);
+  void plan_kernel(Program& p, const fb::Instr& ins, const std::string& where);
+  void plan_norm(Program& p, const fb::Instr& ins, const std::string& where);
+  DevicePtr at(uint32_t buffer) const { return arena_ + module_.buffer(buffer).offset(); }
+  size_t add_words(const std::vector<uint64_t>& words);  // to the table block; its word offset
+  void issue(const Program& p);
+  void issue(const Step& s);
+
+  const Module& module_;
+  uint8_t* host_state_;
+  std::unique_ptr<Device> device_;
+  std::string device_name_;
+  DevicePtr arena_ = 0, tables_ = 0, scratch_ = 0;
+  std::vector<uint64_t> table_words_;  // operand address tables and ranges, uploaded once
+  std::map<std::string, Program> programs_;
+  std::vector<std::pair<uint64_t, uint64_t>> host_written_;  // [offset, end) of inputs and hypers
+  std::unordered_map<uint32_t, std::vector<uint8_t>> results_;
+  bool graphs_ = true;
+};
+
+}  // namespace kiln

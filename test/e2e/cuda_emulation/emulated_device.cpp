@@ -1,0 +1,224 @@
+// The CUDA emulation as a kiln::Device (see emulated_device.h).
+#include "emulated_device.h"
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "runtime/error.h"
+
+#ifndef KILN_EMU_DIR
+#error "KILN_EMU_DIR: the directory of shim.h and kernels_tu.cpp"
+#endif
+
+namespace kiln {
+namespace {
+
+namespace fs = std::filesystem;
+typedef void (*KernelFn)(void* const*, const long long*);
+typedef void (*LaunchFn)(KernelFn, const char*, unsigned, unsigned, void* const*, const long long*);
+
+float bf2f(uint16_t h) {
+  uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+uint16_t f2bf(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+float gelu(float u) { return 0.5f * u * (1.0f + std::tanh(0.7978845608028654f * (u + 0.044715f * u * u * u))); }
+float gelu_grad(float dy, float u) {
+  const float th = std::tanh(0.7978845608028654f * (u + 0.044715f * u * u * u));
+  return (0.5f * (1.0f + th) +
+          0.5f * u * (1.0f - th * th) * 0.7978845608028654f * (1.0f + 3.0f * 0.044715f * u * u)) *
+         dy;
+}
+float get(DevicePtr p, fb::DType t, int64_t i) {
+  if (t == fb::DType::BF16) return bf2f(reinterpret_cast<const uint16_t*>(p)[i]);
+  return reinterpret_cast<const float*>(p)[i];
+}
+void set(DevicePtr p, fb::DType t, int64_t i, float v) {
+  if (t == fb::DType::BF16) reinterpret_cast<uint16_t*>(p)[i] = f2bf(v);
+  else reinterpret_cast<float*>(p)[i] = v;
+}
+
+// cuBLASLt's product and epilogues, row-major (MatmulSpec), accumulated in double.
+void emulate_matmul(const MatmulSpec& s) {
+  const std::string& e = s.epilogue;
+  const bool bias = e == "BIAS" || e == "GELU_BIAS" || e == "GELU_AUX_BIAS";
+  const bool gelu_out = e == "GELU" || e == "GELU_AUX" || e == "GELU_BIAS" || e == "GELU_AUX_BIAS";
+  const bool aux_out = e == "GELU_AUX" || e == "GELU_AUX_BIAS", dgelu = e == "DGELU";
+  const int64_t M = s.m, N = s.n, K = s.k;
+  std::vector<float> out(size_t(M * N));
+  for (int64_t i = 0; i < M; i++)
+    for (int64_t j = 0; j < N; j++) {
+      double acc = 0;
+      for (int64_t p = 0; p < K; p++)
+        acc += double(get(s.a, s.a_type, s.trans_a ? p * M + i : i * K + p)) *
+               double(get(s.b, s.b_type, s.trans_b ? j * K + p : p * N + j));
+      float x = float(acc);
+      if (s.beta != 0.0f) x += s.beta * get(s.c, s.d_type, i * N + j);
+      if (bias) x += get(s.bias, s.bias_type, j);
+      if (aux_out) set(s.aux, s.aux_type, i * N + j, x);
+      if (gelu_out) x = gelu(x);
+      if (dgelu) x = gelu_grad(x, get(s.aux, s.aux_type, i * N + j));
+      out[size_t(i * N + j)] = x;
+    }
+  for (int64_t i = 0; i < M * N; i++) set(s.d, s.d_type, i, out[size_t(i)]);
+}
+
+class EmulatedDevice final : public Device {
+ public:
+  ~EmulatedDevice() override {
+    for (auto& [p, n] : allocations_) std::free(reinterpret_cast<void*>(p));
+    if (lib_) dlclose(lib_);
+  }
+  std::string describe() const override { return "a CUDA emulation on the CPU (test/e2e/cuda_emulation)"; }
+
+  DevicePtr alloc(size_t bytes, const std::string& what) override {
+    void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+    if (!p) throw Error("emulated device: cannot allocate " + std::to_string(bytes) + " bytes for " + what);
+    std::memset(p, 0xff, bytes);  // NaN until written
+    allocations_[DevicePtr(p)] = bytes;
+    return DevicePtr(p);
+  }
+  void free(DevicePtr p) override {
+    if (!allocations_.erase(p)) throw Error("emulated device: free of an address it did not allocate");
+    std::free(reinterpret_cast<void*>(p));
+  }
+  void upload(DevicePtr dst, const void* src, size_t bytes) override {
+    not_capturing("upload");
+    check(dst, bytes, "upload");
+    std::memcpy(reinterpret_cast<void*>(dst), src, bytes);
+  }
+  void download(void* dst, DevicePtr src, size_t bytes) override {
+    not_capturing("download");
+    check(src, bytes, "download");
+    std::memcpy(dst, reinterpret_cast<const void*>(src), bytes);
+  }
+  void zero(DevicePtr dst, size_t bytes) override {
+    check(dst, bytes, "zero");
+    work([=] { std::memset(reinterpret_cast<void*>(dst), 0, bytes); });
+  }
+  void synchronize() override { not_capturing("synchronize"); }
+
+  // The module's CUDA source over shim.h, compiled once per source into the cache.
+  void load_kernels(const Module& m) override {
+    const std::string src = m.fb().kernel_source() ? m.fb().kernel_source()->str() : "";
+    if (src.empty()) throw Error(m.source() + ": no kernel source to emulate");
+    const char* cxx_env = std::getenv("CXX");
+    const std::string cxx = cxx_env && *cxx_env ? cxx_env : "c++";
+    const std::string flags = "-std=c++20 -O1 -U_FORTIFY_SOURCE -fPIC -shared -w";
+    const char* cache_env = std::getenv("KILN_EMU_CACHE");
+    const char* tmp = std::getenv("TMPDIR");
+    const fs::path cache = cache_env && *cache_env ? fs::path(cache_env)
+                                                   : fs::path(tmp && *tmp ? tmp : "/tmp") / "kiln-emu-cache";
+    fs::create_directories(cache);
+    char key[32];
+    std::snprintf(key, sizeof key, "%016zx", std::hash<std::string>()(src + cxx + flags + KILN_EMU_DIR));
+    const fs::path cu = cache / (std::string(key) + ".cu"), so = cache / (std::string(key) + ".so");
+    if (!fs::exists(so)) {
+      const std::string pid = std::to_string(getpid());
+      { std::ofstream(cu.string() + "." + pid) << src; }
+      fs::rename(cu.string() + "." + pid, cu);
+      const std::string cmd = cxx + " " + flags + " -I" KILN_EMU_DIR " -DKILN_KERNELS_CU='\"" + cu.string() + "\"' " +
+                              KILN_EMU_DIR "/kernels_tu.cpp -o " + so.string() + "." + pid;
+      std::fprintf(stderr, "emulated device: compiling the module's kernels (%s)\n", so.c_str());
+      if (std::system(cmd.c_str()) != 0) throw Error("emulated device: cannot compile the kernels: " + cmd);
+      fs::rename(so.string() + "." + pid, so);
+    }
+    lib_ = dlopen(so.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!lib_) throw Error("emulated device: cannot load " + so.string() + ": " + dlerror());
+    launch_ = reinterpret_cast<LaunchFn>(dlsym(lib_, "kemu_launch"));
+    if (!launch_) throw Error("emulated device: " + so.string() + " lacks kemu_launch");
+  }
+  Function function(const std::string& symbol) override {
+    void* f = lib_ ? dlsym(lib_, symbol.c_str()) : nullptr;
+    if (!f) throw Error("emulated device: the kernels lack function " + symbol);
+    names_[f] = symbol;
+    return f;
+  }
+  void launch(Function f, unsigned grid, unsigned block, DevicePtr operands, DevicePtr ranges) override {
+    const char* name = names_.at(f).c_str();
+    auto fn = reinterpret_cast<KernelFn>(const_cast<void*>(f));
+    LaunchFn launch = launch_;
+    work([=] {
+      launch(fn, name, grid, block, reinterpret_cast<void* const*>(operands),
+             reinterpret_cast<const long long*>(ranges));
+    });
+  }
+
+  Matmul plan_matmul(const MatmulSpec& s) override {
+    static const char* known[] = {"DEFAULT", "BIAS", "GELU", "GELU_AUX", "GELU_BIAS", "GELU_AUX_BIAS", "DGELU"};
+    bool ok = false;
+    for (const char* k : known) ok |= s.epilogue == k;
+    if (!ok) throw Error(s.where + ": no cuBLASLt epilogue " + s.epilogue);
+    for (auto [p, n] : {std::pair{s.a, s.m * s.k}, {s.b, s.k * s.n}, {s.d, s.m * s.n}})
+      check(p, size_t(n) * 2, "matmul operand");
+    matmuls_.push_back(s);
+    return matmuls_.size() - 1;
+  }
+  void matmul(Matmul m) override {
+    work([this, m] { emulate_matmul(matmuls_.at(m)); });
+  }
+
+  bool begin_capture() override {
+    not_capturing("begin_capture");
+    capturing_ = true;
+    graphs_.emplace_back();
+    return true;
+  }
+  Graph end_capture() override {
+    if (!capturing_) throw Error("emulated device: end_capture without begin_capture");
+    capturing_ = false;
+    return graphs_.size() - 1;
+  }
+  void launch_graph(Graph g) override {
+    not_capturing("launch_graph");
+    for (auto& w : graphs_.at(g)) w();
+  }
+
+ private:
+  // Runs work now, or records it into the graph being captured.
+  void work(std::function<void()> w) {
+    if (capturing_) graphs_.back().push_back(std::move(w));
+    else w();
+  }
+  void not_capturing(const char* what) const {
+    if (capturing_) throw Error(std::string("emulated device: ") + what + " during a graph capture (CUDA refuses it)");
+  }
+  // An address range inside one allocation.
+  void check(DevicePtr p, size_t bytes, const char* what) const {
+    auto it = allocations_.upper_bound(p);
+    if (it == allocations_.begin() || p + bytes > std::prev(it)->first + std::prev(it)->second)
+      throw Error(std::string("emulated device: ") + what + " outside any allocation");
+  }
+  std::map<DevicePtr, size_t> allocations_;
+  void* lib_ = nullptr;
+  LaunchFn launch_ = nullptr;
+  std::map<const void*, std::string> names_;
+  std::vector<MatmulSpec> matmuls_;
+  std::vector<std::vector<std::function<void()>>> graphs_;
+  bool capturing_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Device> make_emulated_device() { return std::make_unique<EmulatedDevice>(); }
+
+}  // namespace kiln
