@@ -296,12 +296,12 @@ class Emitter {
   // accumulated terms, the bias gradient's column sums).
   LogicalResult cudaMatmulNote(MatmulOp mm, ArrayRef<Operation*> epilogue, ArrayRef<Operation*> columns, int64_t M,
                                int64_t N, int64_t K) {
-    std::string epi = "DEFAULT", extra;
+    std::string epi = "DEFAULT";
     bool bias = false, gelu = false, beta = false;
     Value cur = mm.getResult();
     std::string c = "none", aux = "none", biasIn = "none", d;
     SmallVector<Value> extraTerms;
-    Value residual;
+    Value residual, biasValue;
     AccumulateGradOp acc;
     for (Operation* op : epilogue) {
       if (isa<BroadcastOp>(op)) continue;
@@ -311,7 +311,8 @@ class Emitter {
         Value other = add.getLhs() == cur ? add.getRhs() : add.getLhs();
         if (auto b = other.getDefiningOp<BroadcastOp>(); b && !bias && !gelu && !beta) {
           bias = true;
-          biasIn = ptr_[cast<BlockArgument>(b.getInput())];
+          biasValue = b.getInput();
+          biasIn = ptr_[cast<BlockArgument>(biasValue)];
         } else if (!beta && !gelu) {
           beta = true;
           residual = other;
@@ -331,6 +332,16 @@ class Emitter {
         return f_.emitError() << "kilnc: CUDA: cuBLASLt has no epilogue for '" << op->getName() << "' after a matmul";
       }
       if (op->getNumResults()) cur = op->getResult(0);
+    }
+    // cuBLASLt's bias has D's type: a bf16 bias added to an fp32 D (a residual written in fp32)
+    // is added by the generated function instead.
+    std::string extraBias;
+    const bool dIsBF16 = !acc && isBF16(cur);
+    if (bias && isBF16(biasValue) != dIsBF16) {
+      if (gelu) return f_.emitError() << "kilnc: CUDA: cuBLASLt needs the bias before a GELU in the output's type";
+      bias = false;
+      extraBias = biasIn;
+      biasIn = "none";
     }
     if (bias && gelu) epi = aux == "none" ? "GELU_BIAS" : "GELU_AUX_BIAS";
     else if (bias) epi = "BIAS";
@@ -364,17 +375,18 @@ class Emitter {
                 num(mm.getTransposeLhs()) + " transB=" + num(mm.getTransposeRhs()) + " A=" +
                 ptr_[cast<BlockArgument>(mm.getLhs())] + " B=" + ptr_[cast<BlockArgument>(mm.getRhs())] +
                 " bias=" + biasIn + " aux=" + aux + " C=" + c + " beta=" + (beta ? "1" : "0") + " D=" + d;
-    if (!extraTerms.empty() || !columns.empty()) {
+    const bool addTerms = !extraTerms.empty() || !extraBias.empty();
+    if (addTerms || !columns.empty()) {
       block_ = 256;
-      grid_ = unsigned(std::min<int64_t>((std::max(extraTerms.empty() ? 0 : M * N, N) + 255) / 256, 2112));
+      grid_ = unsigned(std::min<int64_t>((std::max(addTerms ? M * N : 0, N) + 255) / 256, 2112));
     }
-    if (!extraTerms.empty()) {
+    if (addTerms) {
       body_ += "  // Terms cuBLASLt cannot add (it accumulated the product into " + d + ").\n";
       body_ += "  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < " + num(M * N) +
                "; i += (long long)gridDim.x * blockDim.x) {\n";
-      std::string sum;
+      std::string sum = extraBias.empty() ? "" : "ld(" + extraBias + ", i % " + num(N) + ")";
       for (Value v : extraTerms) sum += (sum.empty() ? "" : " + ") + at(v, "i");
-      body_ += "    " + d + "[i] += " + sum + ";\n  }\n";
+      body_ += "    st(" + d + ", i, ld(" + d + ", i) + " + sum + ");\n  }\n";
     }
     if (!columns.empty()) {
       auto red = cast<ReduceSumOp>(columns.front());

@@ -192,20 +192,38 @@ class Fuser {
       auto bias = other.getDefiningOp<BroadcastOp>();
       if (bias && cast<RankedTensorType>(bias.getInput().getType()).getRank() == 1 && bias.getResult().hasOneUse())
         return grow(group, {bias, add});
-      return other != cur && grow(group, {add});
+      return other != cur && !feedsLayerNorm(add) && grow(group, {add});
     }
+    // The cast in front of a residual add that a layer norm takes (see feedsLayerNorm).
+    if (auto c = dyn_cast<CastOp>(next))
+      if (auto add = dyn_cast_or_null<AddOp>(soleUser(c.getResult())); add && feedsLayerNorm(add)) return false;
     if (auto gg = dyn_cast<GeluGradOp>(next))
       return gg->getOperand(0) == cur && gg->getOperand(1) != cur && grow(group, {gg});
     if (auto mul = dyn_cast<MulOp>(next)) return mul.getLhs() != mul.getRhs() && grow(group, {mul});
     return grow(group, {next});
   }
 
-  // 4. Residual add + layer norm + cast of its output.
+  // A residual add whose sum a layer norm normalises joins the layer norm's kernel (rule 4), not
+  // the product before it (as llm.c's fused residual + layernorm): the layer norm reads its
+  // operands anyway, and the product's result stays in its own type (cuBLASLt adds a bias only
+  // in the output's type).
+  static bool feedsLayerNorm(AddOp add) {
+    return add.getLhs() != add.getRhs() && llvm::any_of(add->getUsers(), [&](Operation* u) {
+             auto l = dyn_cast<LayerNormOp>(u);
+             return l && l.getInput() == add.getResult();
+           });
+  }
+
+  // 4. Residual add (with the cast of an operand that only it reads) + layer norm + cast of its
+  // output.
   void fuseLayerNorm(LayerNormOp l) {
     if (claimed(l)) return;
     SmallVector<Operation*> group{l.getOperation()};
-    if (auto add = l.getInput().getDefiningOp<AddOp>(); add && add.getLhs() != add.getRhs())
-      (void)grow(group, {add});
+    if (auto add = l.getInput().getDefiningOp<AddOp>(); add && add.getLhs() != add.getRhs() && !claimed(add) &&
+                                                        grow(group, {add}))
+      for (Value v : add->getOperands())
+        if (auto c = v.getDefiningOp<CastOp>(); c && !claimed(c) && soleUser(c.getResult()) == add.getOperation())
+          (void)grow(group, {c});
     if (auto c = dyn_cast_or_null<CastOp>(soleUser(l.getResult()))) (void)grow(group, {c});
     claim("layer_norm", group);
   }

@@ -192,21 +192,15 @@ Executor::Executor(const Module& module, std::vector<std::string> programs)
                 ") but only " + gib(avail) + " of memory is available; compile with a smaller batch_size, "
                 "or with --recompute=cheap");
   for (const std::string& name : programs_) check(*module.program(name));
+  // The GPU first: without one, nothing is allocated here.
+  if (gpu) device_ = std::make_unique<DeviceExecutor>(module_, programs_);
   arena_ = static_cast<uint8_t*>(std::aligned_alloc(256, (bytes + 255) / 256 * 256));
   if (!arena_)
     throw Error(module.source() + ": cannot allocate the " + std::to_string(bytes) +
                 "-byte arena (out of memory)");
   std::memset(arena_, 0, bytes);
-  if (gpu) {
-    try {
-      device_ = std::make_unique<DeviceExecutor>(module_, programs_, arena_);
-    } catch (...) {
-      std::free(arena_);
-      throw;
-    }
-  } else {
-    load_kernels();
-  }
+  if (gpu) device_->set_host_state(arena_);
+  else load_kernels();
 }
 
 Executor::~Executor() {

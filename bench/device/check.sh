@@ -453,7 +453,7 @@ else
 fi
 # kiln_refusal LOG: "kiln: not available: <why>" for a run that failed
 kiln_refusal() { echo "kiln: not available: $(err_line "$1")"; }
-CPU_ONLY_RUNTIME=""   # set to the refusal line once a runtime says it runs only CPU kernels
+CPU_ONLY_RUNTIME=""   # set to the refusal line once a runtime says it cannot run cuda modules here
 
 # --- c) parity ----------------------------------------------------------------------------------
 log "c) parity"
@@ -488,7 +488,7 @@ else
     if [ "$rc" = 200 ]; then parity_row "$name" skipped "out of time"; continue; fi
     if [ "$rc" != 0 ]; then
       refusal=$(kiln_refusal "$d/probe.log")
-      grep -q 'runs only CPU kernels' "$d/probe.log" && CPU_ONLY_RUNTIME=$refusal
+      grep -Eq 'no CUDA GPU is usable|built without CUDA|runs only CPU kernels' "$d/probe.log" && CPU_ONLY_RUNTIME=$refusal
       record "parity-probe-$name" "not available" "$LAST_DT" "$refusal"
       parity_row "$name" "kiln: not available" "${refusal#kiln: not available: } (one-step probe, exit $rc)"
       continue
@@ -584,7 +584,7 @@ kiln_bench() {
     echo "not run: no kiln-run" > "$note"; return
   fi
   if [ -n "$CPU_ONLY_RUNTIME" ] && [ "$name" != "$BENCH" ]; then
-    record "kiln-$name" skipped 0 "this runtime runs only CPU kernels (see kiln-$BENCH)"
+    record "kiln-$name" skipped 0 "this runtime cannot run cuda modules here (see kiln-$BENCH)"
     echo "$CPU_ONLY_RUNTIME" > "$note"; return
   fi
   data="$DEV/data/gpt2-124m/train_*.bin"
@@ -607,7 +607,7 @@ kiln_bench() {
     record "kiln-$name" "timed out" "$LAST_DT" "$(tail -n 1 "$WORK/kiln-$name.log")"
   else
     kiln_refusal "$WORK/kiln-$name.log" > "$note"
-    grep -q 'runs only CPU kernels' "$WORK/kiln-$name.log" && CPU_ONLY_RUNTIME=$(cat "$note")
+    grep -Eq 'no CUDA GPU is usable|built without CUDA|runs only CPU kernels' "$WORK/kiln-$name.log" && CPU_ONLY_RUNTIME=$(cat "$note")
     record "kiln-$name" "not available" "$LAST_DT" "$(cat "$note") (exit $rc)"
   fi
 }

@@ -217,6 +217,10 @@ CudaDevice::CudaDevice() {
   // No driver, a driver too old for this runtime, or no GPU all surface here.
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
+  if (e == cudaErrorInsufficientDriver)  // also what the runtime says when there is no driver at all
+    throw Error("no CUDA GPU is usable: no NVIDIA driver, or one older than this CUDA " +
+                std::to_string(CUDART_VERSION / 1000) + " runtime needs (cudaGetDeviceCount: " +
+                cudaGetErrorString(e) + ")");
   if (e != cudaSuccess)
     throw Error(std::string("no CUDA GPU is usable: ") + cudaGetErrorString(e) +
                 " (cudaGetDeviceCount); a cuda module needs an NVIDIA GPU and its driver");

@@ -23,9 +23,9 @@ namespace {
 
 using O = fb::OpCode;
 
-// Launch shape of kiln_sum_squares: enough blocks to fill a large GPU twice over; the
-// grid-stride loop covers any size.
-constexpr unsigned kNormGrid = 528, kNormBlock = 256;
+// Launch shape of kiln_sum_squares: at least 8 elements per thread, and at most enough blocks
+// to fill a large GPU (132 SMs) four times over; the grid-stride loop covers any size.
+constexpr unsigned kNormMaxGrid = 528, kNormBlock = 256;
 
 float first_float(const std::vector<uint8_t>& bytes, fb::DType t) {
   if (bytes.size() < 2) return 0.0f;
@@ -45,11 +45,15 @@ float first_float(const std::vector<uint8_t>& bytes, fb::DType t) {
 
 }  // namespace
 
-DeviceExecutor::DeviceExecutor(const Module& module, const std::vector<std::string>& programs, uint8_t* host_state)
-    : module_(module), host_state_(host_state) {
+DeviceExecutor::DeviceExecutor(const Module& module, const std::vector<std::string>& programs)
+    : module_(module) {
   const char* g = std::getenv("KILN_CUDA_GRAPHS");
   graphs_ = !(g && std::string(g) == "0");
-  device_ = make_device();
+  try {
+    device_ = make_device();
+  } catch (const Error& e) {
+    throw Error(module.source() + ": " + e.what());
+  }
   device_name_ = device_->describe();
   uint64_t activations = 0;
   for (const std::string& name : programs) activations = std::max(activations, module.program(name)->activation_size());
@@ -207,6 +211,8 @@ void DeviceExecutor::plan_kernel(Program& p, const fb::Instr& ins, const std::st
 void DeviceExecutor::plan_norm(Program& p, const fb::Instr& ins, const std::string& where) {
   const uint32_t n = ins.inputs()->size();
   std::vector<uint64_t> operands, ranges = {n};
+  uint64_t total = 0;
+  for (uint32_t i = 0; i < n; ++i) total += uint64_t(ins.ints()->Get(i));
   for (uint32_t i = 0; i < n; ++i) {
     const fb::Buffer& g = module_.buffer(ins.inputs()->Get(i));
     if (g.dtype() != fb::DType::F32) throw Error(where + ": gradient " + g.name()->str() + " is not F32");
@@ -222,7 +228,7 @@ void DeviceExecutor::plan_norm(Program& p, const fb::Instr& ins, const std::stri
   s.ranges = add_words(ranges);
   s.has_ranges = true;
   s.fn = device_->function("kiln_sum_squares");
-  s.grid = kNormGrid, s.block = kNormBlock;
+  s.grid = unsigned(std::clamp<uint64_t>(total / (8 * kNormBlock), 1, kNormMaxGrid)), s.block = kNormBlock;
   p.steps.push_back(s);
   s.fn = device_->function("kiln_norm_finish");
   s.grid = 1, s.block = 32;

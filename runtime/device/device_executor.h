@@ -20,7 +20,9 @@ class DeviceExecutor {
  public:
   // Plans every instruction of `programs` once: operand tables, cuBLASLt products and launches
   // against one arena of state_size + the largest program's activations, allocated here.
-  DeviceExecutor(const Module& module, const std::vector<std::string>& programs, uint8_t* host_state);
+  DeviceExecutor(const Module& module, const std::vector<std::string>& programs);
+  // The host copy of the state region (state_size bytes), before the first run or transfer.
+  void set_host_state(uint8_t* host_state) { host_state_ = host_state; }
   ~DeviceExecutor();
   DeviceExecutor(const DeviceExecutor&) = delete;
   DeviceExecutor& operator=(const DeviceExecutor&) = delete;
@@ -65,7 +67,7 @@ class DeviceExecutor {
   void issue(const Step& s);
 
   const Module& module_;
-  uint8_t* host_state_;
+  uint8_t* host_state_ = nullptr;
   std::unique_ptr<Device> device_;
   std::string device_name_;
   DevicePtr arena_ = 0, tables_ = 0, scratch_ = 0;

@@ -49,6 +49,39 @@ func.func @matmul_residual(%x: tensor<8x4xbf16>, %res: tensor<8x16xf32>) -> tens
 
 // -----
 
+// A residual add whose sum a layer norm normalises joins the layer norm (with the cast in front
+// of it), not the product: the product ends at its bias, in its own type (bf16), as cuBLASLt's
+// bias epilogue needs; the layer norm reads both operands anyway.
+// CHECK-LABEL: func.func @residual_into_layer_norm
+// CHECK: %[[P:.*]] = kiln.fusion "matmul" "matmul_broadcast_add"
+// CHECK: kiln.yield
+// CHECK: %[[L:.*]]:2 = kiln.fusion "layer_norm" "cast_add_layer_norm"(%[[P]], %arg1
+// CHECK-NEXT: ^bb0
+// CHECK-NEXT: kiln.cast
+// CHECK-NEXT: kiln.add
+// CHECK-NEXT: kiln.layer_norm
+// CHECK-NEXT: kiln.yield
+// CHECK: return %[[L]]#0, %[[L]]#1
+kiln.parameter @w : tensor<4x16xbf16> {init = "zeros"}
+kiln.parameter @b : tensor<16xbf16> {init = "zeros"}
+kiln.parameter @g : tensor<16xf32> {init = "ones"}
+kiln.parameter @c : tensor<16xf32> {init = "zeros"}
+func.func @residual_into_layer_norm(%x: tensor<8x4xbf16>, %res: tensor<8x16xf32>) -> (tensor<8x16xf32>, tensor<8x16xf32>) {
+  %w = kiln.param @w : tensor<4x16xbf16>
+  %b = kiln.param @b : tensor<16xbf16>
+  %g = kiln.param @g : tensor<16xf32>
+  %c = kiln.param @c : tensor<16xf32>
+  %0 = kiln.matmul %x, %w : tensor<8x4xbf16>, tensor<4x16xbf16> -> tensor<8x16xbf16>
+  %1 = kiln.broadcast %b : tensor<16xbf16> -> tensor<8x16xbf16>
+  %2 = kiln.add %0, %1 : tensor<8x16xbf16>
+  %3 = kiln.cast %2 : tensor<8x16xbf16> -> tensor<8x16xf32>
+  %4 = kiln.add %res, %3 : tensor<8x16xf32>
+  %o, %m, %r = kiln.layer_norm %4, %g, %c : tensor<8x16xf32>, tensor<16xf32>, tensor<16xf32> -> tensor<8x16xf32>, tensor<8xf32>, tensor<8xf32>
+  return %4, %o : tensor<8x16xf32>, tensor<8x16xf32>
+}
+
+// -----
+
 // Weight gradient: dW = x^T dy accumulated, with the bias gradient (the row sum of dy) in the
 // same kernel.
 // CHECK-LABEL: func.func @weight_and_bias_grad
