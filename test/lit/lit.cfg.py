@@ -13,6 +13,7 @@ config.test_exec_root = os.path.join(config.kiln_obj_root, "test", "lit")
 config.environment["PATH"] = os.pathsep.join(
     [config.kiln_bin_dir, config.llvm_tools_dir, config.environment.get("PATH", os.environ["PATH"])])
 config.substitutions.append(("%kiln_src", config.kiln_src_root))
+config.substitutions.append(("%kiln_bin", config.kiln_bin_dir))
 config.substitutions.append(("%python", "/usr/bin/python3"))
 
 # kilnc compiles generated CUDA kernels with NVRTC when it was built with CUDA.
