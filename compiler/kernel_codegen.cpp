@@ -1139,6 +1139,28 @@ extern "C" __global__ void kiln_sum_squares(void* const* b, const long long* ran
     atomicAdd((double*)b[n], s);
   }
 }
+// A matrix product's epilogue, for the runtime to run after a plain cuBLASLt product when the
+// library has no algorithm with the epilogue fused (runtime/device): b = {product, bias, aux, D},
+// range = {elements, columns, flags, D type, bias type, aux type} with types as the module's
+// DType (0 fp32, 2 bf16) and flags 1 bias, 2 GELU, 4 writes aux (the pre-GELU value; the
+// product is then in aux), 8 GELU backward (aux read).
+KILN_FN float ld_typed(const void* p, long long i, int t) { return t == 2 ? bf2f(((const bf16*)p)[i]) : ((const float*)p)[i]; }
+KILN_FN void st_typed(void* p, long long i, int t, float v) {
+  if (t == 2) ((bf16*)p)[i] = f2bf(v);
+  else ((float*)p)[i] = v;
+}
+extern "C" __global__ void kiln_matmul_epilogue(void* const* b, const long long* range) {
+  const long long n = range[0], cols = range[1];
+  const int flags = (int)range[2], dt = (int)range[3], bt = (int)range[4], at = (int)range[5];
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    float x = (flags & 4) ? ld_typed(b[2], i, at) : ld_typed(b[0], i, dt);
+    if (flags & 1) x += ld_typed(b[1], i % cols, bt);
+    if (flags & 4) st_typed(b[2], i, at, x);
+    if (flags & 2) x = gelu_f(x);
+    if (flags & 8) x = gelu_grad_f(x, ld_typed(b[2], i, at));
+    st_typed(b[3], i, dt, x);
+  }
+}
 extern "C" __global__ void kiln_norm_finish(void* const* b, const long long* range) {
   const int n = (int)range[0];
   if (blockIdx.x == 0 && threadIdx.x == 0) {

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -89,6 +90,9 @@ DeviceExecutor::DeviceExecutor(const Module& module, const std::vector<std::stri
     open = host;
   }
   device_->synchronize();
+  if (unfused_epilogues_)
+    std::fprintf(stderr, "note: %s: %d matrix products run their epilogue as a separate kernel; cuBLASLt "
+                 "refused it fused, e.g. %s\n", module.source().c_str(), unfused_epilogues_, unfused_reason_.c_str());
 }
 
 DeviceExecutor::~DeviceExecutor() {
@@ -179,8 +183,13 @@ void DeviceExecutor::plan_kernel(Program& p, const fb::Instr& ins, const std::st
     if (bias != (m.bias != 0)) throw Error(m.where + ": epilogue " + e + " and the bias operand disagree");
     if (aux != (m.aux != 0)) throw Error(m.where + ": epilogue " + e + " and the aux operand disagree");
     Step s{Step::Matmul, name + " (cuBLASLt)"};
-    s.matmul = device_->plan_matmul(m);
-    p.steps.push_back(s);
+    try {
+      s.matmul = device_->plan_matmul(m);
+      p.steps.push_back(s);
+    } catch (const Error& e) {
+      if (m.epilogue == "DEFAULT") throw;
+      plan_unfused_epilogue(p, m, name, e.what());
+    }
   }
 
   if (k.cuda_functions() && k.cuda_functions()->size()) {
@@ -204,6 +213,35 @@ void DeviceExecutor::plan_kernel(Program& p, const fb::Instr& ins, const std::st
   } else if (!k.matmul()) {
     throw Error(where + ": kernel " + k.symbol()->str() + " has neither a cuBLASLt call nor a cuda function");
   }
+}
+
+// When cuBLASLt has no algorithm for a product with its epilogue (a type combination it does
+// not fuse), the plain product and then the support kernel kiln_matmul_epilogue: the product
+// goes to the auxiliary output when there is one to write (it is the pre-GELU value), else to D.
+void DeviceExecutor::plan_unfused_epilogue(Program& p, MatmulSpec m, const std::string& name, const std::string& why) {
+  const std::string e = m.epilogue;
+  const bool bias = m.bias != 0, aux_out = e == "GELU_AUX" || e == "GELU_AUX_BIAS", dgelu = e == "DGELU";
+  const bool gelu = e.rfind("GELU", 0) == 0;
+  const int64_t flags = (bias ? 1 : 0) | (gelu ? 2 : 0) | (aux_out ? 4 : 0) | (dgelu ? 8 : 0);
+  const DevicePtr bias_ptr = m.bias, aux = m.aux, d = m.d;
+  const fb::DType bias_type = m.bias_type, aux_type = m.aux_type, d_type = m.d_type;
+  MatmulSpec plain = m;
+  plain.epilogue = "DEFAULT";
+  plain.bias = plain.aux = 0;
+  if (aux_out) plain.d = aux, plain.d_type = aux_type;
+  if (plain.d_type != d_type && plain.c) throw Error(m.where + ": " + why);  // C is typed like D
+  Step s{Step::Matmul, name + " (cuBLASLt)"};
+  s.matmul = device_->plan_matmul(plain);
+  p.steps.push_back(s);
+  Step f{Step::Launch, name + " (epilogue)"};
+  f.operands = add_words({plain.d, bias_ptr, aux, d});
+  f.ranges = add_words({uint64_t(m.m * m.n), uint64_t(m.n), uint64_t(flags), uint64_t(d_type), uint64_t(bias_type),
+                        uint64_t(aux_type)});
+  f.has_ranges = true;
+  f.fn = device_->function("kiln_matmul_epilogue");
+  f.grid = unsigned(std::clamp<int64_t>((m.m * m.n + 255) / 256, 1, 4096)), f.block = 256;
+  p.steps.push_back(f);
+  if (unfused_epilogues_++ == 0) unfused_reason_ = why;
 }
 
 // The global norm over the gradients: b = {g_0 .. g_n-1, accumulator, norm}, range = {n,

@@ -61,6 +61,7 @@ class DeviceExecutor {
   void plan(Program& p);
   void plan_kernel(Program& p, const fb::Instr& ins, const std::string& where);
   void plan_norm(Program& p, const fb::Instr& ins, const std::string& where);
+  void plan_unfused_epilogue(Program& p, MatmulSpec m, const std::string& name, const std::string& why);
   DevicePtr at(uint32_t buffer) const { return arena_ + module_.buffer(buffer).offset(); }
   size_t add_words(const std::vector<uint64_t>& words);  // to the table block; its word offset
   void issue(const Program& p);
@@ -76,6 +77,8 @@ class DeviceExecutor {
   std::vector<std::pair<uint64_t, uint64_t>> host_written_;  // [offset, end) of inputs and hypers
   std::unordered_map<uint32_t, std::vector<uint8_t>> results_;
   bool graphs_ = true;
+  int unfused_epilogues_ = 0;  // products whose epilogue cuBLASLt refused to fuse
+  std::string unfused_reason_;
 };
 
 }  // namespace kiln

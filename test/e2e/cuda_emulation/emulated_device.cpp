@@ -168,6 +168,10 @@ class EmulatedDevice final : public Device {
     bool ok = false;
     for (const char* k : known) ok |= s.epilogue == k;
     if (!ok) throw Error(s.where + ": no cuBLASLt epilogue " + s.epilogue);
+    // KILN_EMU_PLAIN_CUBLASLT=1: a cuBLASLt without fused epilogues (tests the runtime's fallback).
+    const char* plain = std::getenv("KILN_EMU_PLAIN_CUBLASLT");
+    if (plain && std::string(plain) == "1" && s.epilogue != "DEFAULT")
+      throw Error(s.where + ": cuBLASLt has no algorithm for this product (emulated: epilogue " + s.epilogue + ")");
     // What cuBLASLt accepts (cublasLt.h): A and B of one type, the bias and the GELU auxiliary
     // matrix in D's type (C has D's type by construction).
     auto name = [](fb::DType t) { return std::string(dtype_name(t)); };

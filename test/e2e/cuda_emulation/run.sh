@@ -8,7 +8,8 @@
 #
 # Needs BUILD_DIR/bin/kilnc and BUILD_DIR/bin/kiln-cuda-emulator (built with the tests) and a
 # host C++20 compiler ($CXX, default c++) for the emulated kernels (cached in $KILN_EMU_CACHE).
-# CONFIGS selects specs of test/e2e/configs (default: all four); STEPS the optimizer steps (2).
+# CONFIGS selects specs of test/e2e/configs (default: all four); STEPS the optimizer steps (2);
+# CONFIGS_PLAIN those run again on a cuBLASLt without fused epilogues (default tiny-bf16 awkward).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../../.." && pwd)"
@@ -35,6 +36,17 @@ for cfg in $configs; do
   if ! "$driver" "$d/cpu.kiln" "$d/cuda.kiln" --steps "$steps"; then
     status=1
   fi
+done
+# A cuBLASLt that fuses no epilogue: the runtime runs them as a support kernel after the product.
+if [ -z "${CONFIGS_PLAIN+x}" ]; then CONFIGS_PLAIN="tiny-bf16 awkward"; fi
+for cfg in $CONFIGS_PLAIN; do
+  d="$work/$cfg"
+  [ -f "$d/cuda.kiln" ] || continue
+  echo "== $cfg: run, cuBLASLt without fused epilogues"
+  if ! KILN_EMU_PLAIN_CUBLASLT=1 "$driver" "$d/cpu.kiln" "$d/cuda.kiln" --steps "$steps" 2>&1 | tee "$d/plain.log"; then
+    status=1
+  fi
+  grep -q "run their epilogue as a separate kernel" "$d/plain.log" || { echo "$cfg: the fallback did not run"; status=1; }
 done
 [ $status -eq 0 ] && echo "cuda emulation: all configs pass" || echo "cuda emulation: FAILED"
 exit $status
