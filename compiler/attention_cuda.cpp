@@ -526,6 +526,7 @@ unsigned gridOf(const AttentionShape& s, int64_t tile) { return unsigned(s.B * s
 // at most): the forward takes 64 queries (8 per warp) against 64 keys per step.
 AttentionSource cudaAttentionForward(const std::string& symbol, const AttentionShape& s) {
   auto vars = shapeVars(symbol, s);
+  if (cudaAttentionUsesTensorCores(s)) return cudaAttentionForwardMma(symbol, s);
   const int rows = 8, ktile = 64;
   vars.push_back({"ROWS", num(rows)});
   vars.push_back({"KTILE", num(ktile)});
@@ -541,6 +542,7 @@ AttentionSource cudaAttentionForward(const std::string& symbol, const AttentionS
 // against 64 keys per step.
 AttentionSource cudaAttentionBackward(const std::string& symbol, const AttentionShape& s) {
   auto vars = shapeVars(symbol, s);
+  if (cudaAttentionUsesTensorCores(s)) return cudaAttentionBackwardMma(symbol, s);
   const bool small = headSize(s) <= 64;
   const int dkvRows = small ? 8 : 4, dkvQtile = small ? 64 : 32;
   const int dqRows = small ? 8 : 4, dqKtile = 64;

@@ -17,6 +17,7 @@ namespace kiln {
 struct AttentionShape {
   int64_t B, T, C, H;  // batch, sequence length, channels, heads (hs = C / H <= 128)
   bool bf16;           // qkv, out, dout, dqkv stored as bf16 (else fp32); lse is always fp32
+  bool simt = false;   // never the tensor-core kernels (kilnc --cuda-simt-attention)
 };
 
 // One kernel launch: `symbol` with a 1-D grid of `grid` blocks of `block` threads. All shared
@@ -44,6 +45,14 @@ AttentionSource cudaAttentionForward(const std::string& symbol, const AttentionS
 // of dqkv). Every element of dqkv is written (no accumulation into it, no scratch buffer).
 //   b[0] = dout [B, T, C], b[1] = qkv, b[2] = out, b[3] = lse, b[4] = dqkv [B, T, 3C]
 AttentionSource cudaAttentionBackward(const std::string& symbol, const AttentionShape& s);
+
+// bf16 with a head size that is a multiple of 16 (GPT-2: 64) takes the tensor-core kernels of
+// attention_cuda_mma.cpp (mma.sync, bf16 products with fp32 accumulation; the probabilities and
+// their gradients are rounded to bf16 as product inputs), unless shape.simt; everything else the
+// SIMT kernels (fp32 FMAs). Same operands, launches in the same order.
+bool cudaAttentionUsesTensorCores(const AttentionShape& s);
+AttentionSource cudaAttentionForwardMma(const std::string& symbol, const AttentionShape& s);
+AttentionSource cudaAttentionBackwardMma(const std::string& symbol, const AttentionShape& s);
 
 // Both throw std::invalid_argument for a shape they do not handle (H not dividing C, hs > 128,
 // a non-positive size).

@@ -1114,6 +1114,20 @@ KILN_FN void combine_max_sum(float& mx, float& sum) {
   }
 }
 
+// Two bf16 as one 32-bit word (the lower index in the low half), and the tensor-core product of
+// the attention kernels (compiler/attention_cuda_mma.cpp): d += a b with a a 16x16 bf16 A
+// fragment, b a 16x8 bf16 B fragment, d a 16x8 fp32 C fragment, one warp.
+KILN_FN uint32_t ld_pair(const bf16* p) { return *(const uint32_t*)p; }
+KILN_FN void st_pair(bf16* p, uint32_t v) { *(uint32_t*)p = v; }
+KILN_FN uint32_t pack_bf16(float lo, float hi) { return (uint32_t)f2bf(lo) | ((uint32_t)f2bf(hi) << 16); }
+#ifndef KILN_EMULATED_MMA
+KILN_FN void mma_bf16_16816(float* d, const uint32_t* a, const uint32_t* b) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+#endif
+
 // The global gradient norm, for the runtime's GlobalNorm instruction (runtime/device): b[0..n-1]
 // the fp32 gradients, b[n] a double accumulator (0 on entry), b[n+1] the fp32 norm; range =
 // {n, begin_0, end_0, begin_1, end_1, ...}, the elements this rank sums (all, unless ZeRO-1

@@ -14,6 +14,7 @@ struct WriteOptions {
   std::string recompute = "none";  // recorded for reports
   bool fusion = true;              // recorded: false for --no-fusion
   std::string dumpKernelsDir;      // when set, the generated kernel sources are written here
+  bool simtAttention = false;      // cuda: never the tensor-core attention kernels
 };
 
 // One instruction per op: a built-in kernel for a graph op, a generated kernel for a kiln.fusion

@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
   CLI::App app{"kilnc: compile a GPT-2 spec into a Kiln training executable"};
   std::string input, output, emit = "exe", runtime, recompute = "none";
   double bucketMB = 25.0;
-  bool debugInfo = false, printAfterAll = false, noFusion = false, singleOps = false;
+  bool debugInfo = false, printAfterAll = false, noFusion = false, singleOps = false, simtAttention = false;
   std::string dumpKernels;
   app.add_option("input", input, "model spec (.toml) or kiln IR (.mlir)")->required();
   app.add_option("-o,--output", output, "output file (default: stdout for IR)");
@@ -73,6 +73,9 @@ int main(int argc, char** argv) {
   app.add_option("--dump-kernels", dumpKernels,
                  "write the generated kernels' source (kernels.cpp or kernels.cu) and a manifest (kernels.tsv) to DIR")
       ->type_name("DIR");
+  app.add_flag("--cuda-simt-attention", simtAttention,
+               "cuda target: attention on the SIMT kernels (fp32 FMAs) even where the tensor-core ones apply "
+               "(bf16, head size a multiple of 16)");
   app.add_option("--runtime", runtime, "runtime binary to embed the module in (default: kiln-run beside kilnc)");
   app.add_flag("--debug-info", debugInfo, "print IR with locations");
   app.add_flag("--print-ir-after-all", printAfterAll, "print the IR after every pass (stderr)");
@@ -147,6 +150,7 @@ int main(int argc, char** argv) {
     options.recompute = recompute;
     options.fusion = !noFusion;
     options.dumpKernelsDir = dumpKernels;
+    options.simtAttention = simtAttention;
     auto bytes = kiln::writeModule(*module, spec, options);
     if (failed(bytes)) return 1;
     if (emit == "module") {

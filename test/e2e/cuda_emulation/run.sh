@@ -8,7 +8,8 @@
 #
 # Needs BUILD_DIR/bin/kilnc and BUILD_DIR/bin/kiln-cuda-emulator (built with the tests) and a
 # host C++20 compiler ($CXX, default c++) for the emulated kernels (cached in $KILN_EMU_CACHE).
-# CONFIGS selects specs of test/e2e/configs (default: all four); STEPS the optimizer steps (2);
+# CONFIGS selects specs of test/e2e/configs (default: the parity four, and long / long-bf16 for
+# sequences of several attention tiles); STEPS the optimizer steps (2);
 # CONFIGS_PLAIN those run again on a cuBLASLt without fused epilogues (default tiny-bf16 awkward).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -16,7 +17,7 @@ root="$(cd "$here/../../.." && pwd)"
 build="$(cd "${1:-$root/build}" && pwd)"
 work="${2:-$(mktemp -d "${TMPDIR:-/tmp}/kiln-cuda-emu.XXXXXX")}"
 mkdir -p "$work"
-configs="${CONFIGS:-tiny tiny-bf16 awkward awkward-bf16}"
+configs="${CONFIGS:-tiny tiny-bf16 awkward awkward-bf16 long long-bf16}"
 steps="${STEPS:-2}"
 export KILN_EMU_CACHE="${KILN_EMU_CACHE:-$work/kernel-cache}"
 driver="$build/bin/kiln-cuda-emulator"
@@ -47,6 +48,16 @@ for cfg in $CONFIGS_PLAIN; do
     status=1
   fi
   grep -q "run their epilogue as a separate kernel" "$d/plain.log" || { echo "$cfg: the fallback did not run"; status=1; }
+done
+# The SIMT attention kernels on a bf16 module (kilnc --cuda-simt-attention; the tensor-core ones
+# are the default there).
+if [ -z "${CONFIGS_SIMT+x}" ]; then CONFIGS_SIMT="long-bf16"; fi
+for cfg in $CONFIGS_SIMT; do
+  d="$work/$cfg"
+  [ -f "$d/$cfg-cuda.toml" ] || continue
+  echo "== $cfg: run, SIMT attention"
+  "$build/bin/kilnc" "$d/$cfg-cuda.toml" --emit=module -o "$d/cuda-simt.kiln" --cuda-simt-attention > /dev/null
+  "$driver" "$d/cpu.kiln" "$d/cuda-simt.kiln" --steps "$steps" || status=1
 done
 [ $status -eq 0 ] && echo "cuda emulation: all configs pass" || echo "cuda emulation: FAILED"
 exit $status

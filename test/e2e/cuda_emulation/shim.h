@@ -106,6 +106,7 @@ inline T shfl_xor(T v, int mask, int width, int line) {
 #define __syncwarp(...) kemu::sync_warp(__LINE__)
 #define __shfl_sync(mask, v, src, ...) kemu::shfl((v), (src), (0 __VA_OPT__(+) __VA_ARGS__), __LINE__)
 #define __shfl_xor_sync(mask, v, lm, ...) kemu::shfl_xor((v), (lm), (0 __VA_OPT__(+) __VA_ARGS__), __LINE__)
+#define __align__(n) __attribute__((aligned(n)))
 inline void __threadfence() {}
 inline void __threadfence_block() {}
 
@@ -230,6 +231,40 @@ inline void run_block(unsigned n) {
   }
 }
 }  // namespace kemu
+
+// mma.sync.m16n8k16 (bf16 in, fp32 accumulate) across a warp, with the fragment layout of the PTX
+// ISA (see compiler/attention_cuda_mma.cpp): every lane publishes its A and B registers, then
+// computes its own four D elements from the whole warp's. Replaces the prelude's inline asm.
+#define KILN_EMULATED_MMA
+namespace kemu {
+inline unsigned mma_a[kMaxThreads][4], mma_b[kMaxThreads][2];
+}  // namespace kemu
+inline void mma_bf16_16816(float* d, const unsigned* a, const unsigned* b) {
+  using namespace kemu;
+  memcpy(mma_a[cur], a, sizeof mma_a[0]);
+  memcpy(mma_b[cur], b, sizeof mma_b[0]);
+  sync_warp(__LINE__);
+  const int lane = cur % 32, base = cur - lane, g = lane / 4, t = lane % 4;
+  auto half = [](unsigned w, int hi) {
+    unsigned u = (hi ? w >> 16 : w & 0xffffu) << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+  };
+  // A[row][k]: lane (row % 8) * 4 + (k % 8) / 2, register (row >= 8) + 2 (k >= 8), half k % 2.
+  auto A = [&](int row, int k) { return half(mma_a[base + (row % 8) * 4 + (k % 8) / 2][(row >= 8) + 2 * (k >= 8)], k & 1); };
+  // B[k][col]: lane col * 4 + (k % 8) / 2, register (k >= 8), half k % 2.
+  auto Bm = [&](int k, int col) { return half(mma_b[base + col * 4 + (k % 8) / 2][k >= 8], k & 1); };
+  float out[4];
+  for (int e = 0; e < 4; e++) {
+    const int row = g + (e >= 2 ? 8 : 0), col = 2 * t + (e & 1);
+    float acc = 0.0f;
+    for (int k = 0; k < 16; k++) acc += A(row, k) * Bm(k, col);
+    out[e] = d[e] + acc;
+  }
+  sync_warp(__LINE__);  // every lane has read the fragments before any publishes new ones
+  for (int e = 0; e < 4; e++) d[e] = out[e];
+}
 
 // One launch of a generated function: grid x block threads (1-D), blocks in order.
 extern "C" void kemu_launch(kemu::KernelFn fn, const char* name, unsigned grid, unsigned block,

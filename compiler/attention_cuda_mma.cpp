@@ -1,0 +1,380 @@
+// CUDA source for causal flash attention on tensor cores (see attention_cuda.h): bf16 modules
+// whose head size is a multiple of 16. Same semantics, operands and launch order as the SIMT
+// kernels of attention_cuda.cpp; the products run as warp-wide mma.sync.m16n8k16 (bf16 inputs,
+// fp32 accumulation) through mma_bf16_16816 (kernelPrelude).
+//
+// Fragments (PTX ISA, "Matrix Fragments for mma.m16n8k16"), for lane = 4 g + t (g = lane / 4,
+// t = lane % 4), two bf16 per 32-bit register, the lower index in the low half:
+//   A 16x16 (row-major): a[0] = A[g][2t..2t+1], a[1] = A[g+8][2t..], a[2] = A[g][2t+8..], a[3] = A[g+8][2t+8..]
+//   B 16x8:              b[0] = B[2t..2t+1][g],  b[1] = B[2t+8..2t+9][g]
+//   C 16x8 (fp32):       c[0..1] = C[g][2t..2t+1], c[2..3] = C[g+8][2t..2t+1]
+// So a warp's 16 x 64 score tile is 8 C tiles; two neighbouring C tiles, rounded to bf16, are
+// one A fragment over 16 keys (the P or dS operand of the next product), and a row's values sit
+// in the 4 lanes of its g: row reductions are two __shfl_xor_sync (1, 2).
+// A block is 4 warps of 16 rows (64 queries, or 64 keys for dk/dv) and walks 64-row tiles of the
+// other side in shared memory (bf16, rows padded by 8 elements: the fragment loads hit 32
+// different banks). B operands read a tile row-wise (one 32-bit load: B = X^T of a row-major X)
+// or column-wise (two 16-bit loads: B = X).
+#include <cmath>
+#include <sstream>
+#include <stdexcept>
+
+#include "compiler/attention_cuda.h"
+
+namespace kiln {
+namespace {
+
+constexpr int kWarps = 4, kThreads = 32 * kWarps, kTile = 16 * kWarps;
+
+std::string num(int64_t n) { return std::to_string(n); }
+
+std::string flt(float f) {
+  std::ostringstream os;
+  os.precision(9);
+  os << f;
+  std::string s = os.str();
+  if (s.find_first_of(".e") == std::string::npos) s += ".0";
+  return s + "f";
+}
+
+std::string fill(std::string text, const std::vector<std::pair<std::string, std::string>>& vars) {
+  for (const auto& [name, value] : vars) {
+    const std::string key = "${" + name + "}";
+    for (size_t at = text.find(key); at != std::string::npos; at = text.find(key, at + value.size()))
+      text.replace(at, key.size(), value);
+  }
+  if (text.find("${") != std::string::npos) throw std::logic_error("attention_cuda_mma: unfilled template variable");
+  return text;
+}
+
+// Constants, this block's (b, h), the indexing of qkv / out / lse, and the fragment loaders.
+const char* kCommon = R"(  // Batch, sequence length, channels, heads, head size; the score scale 1 / sqrt(HS).
+  constexpr int B = ${B}, T = ${T}, C = ${C}, H = ${H}, HS = ${HS};
+  constexpr float scale = ${SCALE};
+  constexpr int TILE = ${TILE};        // rows per block, and per step of the walked side
+  constexpr int KC = HS / 16, NC = HS / 8;  // 16-channel chunks (products over channels), 8-channel C tiles
+  constexpr int LD = HS + 8;           // row stride of the shared tiles, in bf16 elements
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int batch = (blockIdx.x % (B * H)) / H, h = blockIdx.x % H;
+  // Element offsets of token r, channel c of head h: in qkv [B, T, 3C] (part 0 q, 1 k, 2 v), in
+  // out / dout [B, T, C]; and of token r in lse [B, H, T].
+  auto qkv_at = [&](int r, int part, int c) { return ((long long)batch * T + r) * (3 * C) + part * C + h * HS + c; };
+  auto act_at = [&](int r, int c) { return ((long long)batch * T + r) * C + h * HS + c; };
+  auto lse_at = [&](int r) { return ((long long)batch * H + h) * T + r; };
+  // A fragments of rows r0 and r0 + 8 of a [T, *] operand at `at` (rows past the sequence are 0).
+  auto load_a = [&](uint32_t (*f)[4], const bf16* base, auto at, int r0) {
+#pragma unroll
+    for (int kc = 0; kc < KC; kc++) {
+      const int c = 16 * kc + 2 * t;
+      f[kc][0] = r0 < T ? ld_pair(base + at(r0, c)) : 0u;
+      f[kc][1] = r0 + 8 < T ? ld_pair(base + at(r0 + 8, c)) : 0u;
+      f[kc][2] = r0 < T ? ld_pair(base + at(r0, c + 8)) : 0u;
+      f[kc][3] = r0 + 8 < T ? ld_pair(base + at(r0 + 8, c + 8)) : 0u;
+    }
+  };
+  // acc[j] (8 C tiles: 16 rows x 64 tile rows) += a . tile^T over the channels: B = tile^T,
+  // read row-wise from a [TILE][LD] shared tile.
+  auto rows_product = [&](float (*acc)[4], const uint32_t (*a)[4], const bf16* tile) {
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+      for (int kc = 0; kc < KC; kc++) {
+        const bf16* p = tile + (8 * j + g) * LD + 16 * kc + 2 * t;
+        const uint32_t bf[2] = {ld_pair(p), ld_pair(p + 8)};
+        mma_bf16_16816(acc[j], a[kc], bf);
+      }
+  };
+  // acc[n] (NC C tiles: 16 rows x HS channels) += x . tile, x the 16 x 64 values in 8 C tiles
+  // (rounded to bf16 as A fragments), tile [TILE][LD] read column-wise.
+  auto cols_product = [&](float (*acc)[4], const float (*x)[4], const bf16* tile) {
+#pragma unroll
+    for (int kc = 0; kc < 4; kc++) {
+      const uint32_t af[4] = {pack_bf16(x[2 * kc][0], x[2 * kc][1]), pack_bf16(x[2 * kc][2], x[2 * kc][3]),
+                              pack_bf16(x[2 * kc + 1][0], x[2 * kc + 1][1]), pack_bf16(x[2 * kc + 1][2], x[2 * kc + 1][3])};
+#pragma unroll
+      for (int n = 0; n < NC; n++) {
+        const bf16* p = tile + (16 * kc + 2 * t) * LD + 8 * n + g;
+        const uint32_t bf[2] = {(uint32_t)p[0] | ((uint32_t)p[LD] << 16), (uint32_t)p[8 * LD] | ((uint32_t)p[9 * LD] << 16)};
+        mma_bf16_16816(acc[n], af, bf);
+      }
+    }
+  };
+  // Rows r0 .. r0 + TILE - 1 of part `part` of qkv (or of dout: part -1) into a shared tile.
+  auto load_tile = [&](bf16* tile, const bf16* base, int part, int r0) {
+    for (int e = threadIdx.x; e < TILE * HS / 2; e += ${THREADS}) {
+      const int r = e / (HS / 2), c = 2 * (e % (HS / 2));
+      uint32_t v = 0u;
+      if (r0 + r < T) v = ld_pair(base + (part < 0 ? act_at(r0 + r, c) : qkv_at(r0 + r, part, c)));
+      st_pair(tile + r * LD + c, v);
+    }
+  };
+)";
+
+const char* kForward = R"(// Causal self-attention forward on tensor cores (B=${B} T=${T} C=${C} H=${H}, head size ${HS}, bf16).
+// For each (b, h) and query row r, with scale = 1 / sqrt(${HS}):
+//   s[r2] = scale * q[r] . k[r2] for r2 <= r,   out[r] = sum_r2 softmax(s)[r2] v[r2],
+//   lse[r] = log sum_r2 exp(s[r2]).
+// One block per (query tile, b, h); warp w owns queries q0 + 16w .. q0 + 16w + 15 (q in registers
+// as A fragments) and walks the key tiles up to the diagonal: S = q k^T (keys row-wise), the
+// online softmax on the C fragments (running max m and sum l per row; o and l rescaled when m
+// grows), then o += P v (values column-wise).
+extern "C" __global__ void __launch_bounds__(${THREADS}) ${SYMBOL}(void* const* b, const long long* range) {
+${COMMON}  const bf16* qkv = (const bf16*)b[0];
+  bf16* out = (bf16*)b[1];
+  float* lse = (float*)b[2];
+  (void)range;
+  __shared__ __align__(16) bf16 k_tile[TILE * LD], v_tile[TILE * LD];
+
+  // Blocks in order of decreasing work: the last query tiles (most keys) first.
+  constexpr int q_tiles = (T + TILE - 1) / TILE;
+  const int q0 = (q_tiles - 1 - (int)blockIdx.x / (B * H)) * TILE, r0 = q0 + 16 * warp + g;
+  uint32_t qf[KC][4];
+  load_a(qf, qkv, [&](int r, int c) { return qkv_at(r, 0, c); }, r0);
+  float o[NC][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+  const int key_end = min(q0 + TILE, T);
+  for (int k0 = 0; k0 < key_end; k0 += TILE) {
+    __syncthreads();  // the previous step is done with the tiles
+    load_tile(k_tile, qkv, 1, k0);
+    load_tile(v_tile, qkv, 2, k0);
+    __syncthreads();
+
+    float s[8][4] = {};
+    rows_product(s, qf, k_tile);
+    // Scale and mask (a key past the row or the sequence is -inf), then the online softmax of
+    // rows r0 (e = 0, 1) and r0 + 8 (e = 2, 3). Key 0 is in every row's first step, so m is
+    // finite from then on (rows past the sequence too: computed, never stored).
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int key = k0 + 8 * j + 2 * t + (e & 1), row = r0 + (e >> 1) * 8;
+        s[j][e] = key <= row && key < T ? s[j][e] * scale : -INFINITY;
+        mx[e >> 1] = fmaxf(mx[e >> 1], s[j][e]);
+      }
+    float rescale[2], sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+      const float m_new = fmaxf(m[i], mx[i]);
+      rescale[i] = expf(m[i] - m_new);  // 0 on the first step (m = -inf)
+      m[i] = m_new;
+    }
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        s[j][e] = expf(s[j][e] - m[e >> 1]);  // masked keys: exp(-inf) = 0
+        sum[e >> 1] += s[j][e];
+      }
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+      sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], 1);
+      sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], 2);
+      l[i] = l[i] * rescale[i] + sum[i];
+    }
+#pragma unroll
+    for (int n = 0; n < NC; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) o[n][e] *= rescale[e >> 1];
+    cols_product(o, s, v_tile);
+  }
+
+  // out = o / l; lse = m + log l.
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    const int row = r0 + 8 * i;
+    if (row >= T) continue;
+    const float inv = 1.0f / l[i];
+#pragma unroll
+    for (int n = 0; n < NC; n++) st_pair(out + act_at(row, 8 * n + 2 * t), pack_bf16(o[n][2 * i] * inv, o[n][2 * i + 1] * inv));
+    if (t == 0) lse[lse_at(row)] = m[i] + logf(l[i]);
+  }
+}
+)";
+
+const char* kBackwardHeader = R"(// Causal self-attention backward on tensor cores (B=${B} T=${T} C=${C} H=${H}, head size ${HS}, bf16).
+// With p[r][r2] = exp(scale * q[r] . k[r2] - lse[r]) for r2 <= r (the forward's softmax, rebuilt
+// from its log-sum-exp), dout = dL/dout and D[r] = dout[r] . out[r]:
+//   dp[r][r2] = dout[r] . v[r2],        ds[r][r2] = p[r][r2] (dp[r][r2] - D[r]),
+//   dv[r2] = sum_r p[r][r2] dout[r],    dk[r2] = scale * sum_r ds[r][r2] q[r],
+//   dq[r]  = scale * sum_r2 ds[r][r2] k[r2].
+// Two kernels, each rebuilding p and ds: ${SYMBOL}_dkv (one block per key tile, walking the
+// queries that see it) and ${SYMBOL}_dq (one block per query tile, walking its keys). They write
+// disjoint parts of dqkv and together all of it.
+)";
+
+const char* kBackwardDkv = R"(
+// dk and dv of one key tile of one (b, h). Warp w owns keys k0 + 16w .. + 15 (k and v in registers
+// as A fragments); per query tile: S^T = k q^T and dP^T = v dout^T (queries row-wise), then
+// dv += P^T dout and dk += dS^T q (queries column-wise).
+extern "C" __global__ void __launch_bounds__(${THREADS}) ${SYMBOL}_dkv(void* const* b, const long long* range) {
+${COMMON}  const bf16* dout = (const bf16*)b[0];
+  const bf16* qkv = (const bf16*)b[1];
+  const bf16* out = (const bf16*)b[2];
+  const float* lse = (const float*)b[3];
+  bf16* dqkv = (bf16*)b[4];
+  (void)range;
+  __shared__ __align__(16) bf16 q_tile[TILE * LD], g_tile[TILE * LD];  // queries, their dout
+  __shared__ float lse_tile[TILE], d_tile[TILE];                      // their lse and D
+
+  // Blocks in order of decreasing work: the first key tiles (seen by the most queries) first.
+  const int k0 = (int)blockIdx.x / (B * H) * TILE, r0 = k0 + 16 * warp + g;
+  uint32_t kf[KC][4], vf[KC][4];
+  load_a(kf, qkv, [&](int r, int c) { return qkv_at(r, 1, c); }, r0);
+  load_a(vf, qkv, [&](int r, int c) { return qkv_at(r, 2, c); }, r0);
+  float dk[NC][4] = {}, dv[NC][4] = {};
+
+  for (int q0 = k0; q0 < T; q0 += TILE) {
+    __syncthreads();  // the previous step is done with the tiles
+    load_tile(q_tile, qkv, 0, q0);
+    load_tile(g_tile, dout, -1, q0);
+    for (int r = warp; r < TILE; r += ${WARPS}) {  // D = dout . out, a warp per query
+      float part = 0.0f;
+      if (q0 + r < T)
+        for (int c = lane; c < HS; c += 32) part += ld(dout, act_at(q0 + r, c)) * ld(out, act_at(q0 + r, c));
+      part = warp_sum(part);
+      if (lane == 0) {
+        d_tile[r] = part;
+        lse_tile[r] = q0 + r < T ? lse[lse_at(q0 + r)] : 0.0f;
+      }
+    }
+    __syncthreads();
+
+    float s[8][4] = {}, dp[8][4] = {};
+    rows_product(s, kf, q_tile);
+    rows_product(dp, vf, g_tile);
+    // s becomes p = exp(scale * s - lse[query]) (0 unless key <= query < T), dp becomes ds.
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int col = 8 * j + 2 * t + (e & 1), query = q0 + col, key = r0 + (e >> 1) * 8;
+        const float p = key <= query && query < T ? expf(s[j][e] * scale - lse_tile[col]) : 0.0f;
+        s[j][e] = p;
+        dp[j][e] = p * (dp[j][e] - d_tile[col]);
+      }
+    cols_product(dv, s, g_tile);
+    cols_product(dk, dp, q_tile);
+  }
+
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    const int key = r0 + 8 * i;
+    if (key >= T) continue;
+#pragma unroll
+    for (int n = 0; n < NC; n++) {
+      st_pair(dqkv + qkv_at(key, 1, 8 * n + 2 * t), pack_bf16(dk[n][2 * i] * scale, dk[n][2 * i + 1] * scale));
+      st_pair(dqkv + qkv_at(key, 2, 8 * n + 2 * t), pack_bf16(dv[n][2 * i], dv[n][2 * i + 1]));
+    }
+  }
+}
+)";
+
+const char* kBackwardDq = R"(
+// dq of one query tile of one (b, h). Warp w owns queries q0 + 16w .. + 15 (q and dout in
+// registers as A fragments); per key tile up to the diagonal: S = q k^T and dP = dout v^T (keys
+// row-wise), then dq += dS k (keys column-wise).
+extern "C" __global__ void __launch_bounds__(${THREADS}) ${SYMBOL}_dq(void* const* b, const long long* range) {
+${COMMON}  const bf16* dout = (const bf16*)b[0];
+  const bf16* qkv = (const bf16*)b[1];
+  const bf16* out = (const bf16*)b[2];
+  const float* lse = (const float*)b[3];
+  bf16* dqkv = (bf16*)b[4];
+  (void)range;
+  __shared__ __align__(16) bf16 k_tile[TILE * LD], v_tile[TILE * LD];
+
+  // Blocks in order of decreasing work: the last query tiles (most keys) first.
+  constexpr int q_tiles = (T + TILE - 1) / TILE;
+  const int q0 = (q_tiles - 1 - (int)blockIdx.x / (B * H)) * TILE, r0 = q0 + 16 * warp + g;
+  uint32_t qf[KC][4], gf[KC][4];
+  load_a(qf, qkv, [&](int r, int c) { return qkv_at(r, 0, c); }, r0);
+  load_a(gf, dout, act_at, r0);
+  // D and lse of rows r0 and r0 + 8: each lane sums its channels of the row, then the 4 lanes of g.
+  float row_d[2], row_lse[2];
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    const int row = r0 + 8 * i;
+    float d = 0.0f;
+    if (row < T)
+      for (int c = 2 * t; c < HS; c += 8) d += ld(dout, act_at(row, c)) * ld(out, act_at(row, c)) +
+                                              ld(dout, act_at(row, c + 1)) * ld(out, act_at(row, c + 1));
+    d += __shfl_xor_sync(0xffffffffu, d, 1);
+    d += __shfl_xor_sync(0xffffffffu, d, 2);
+    row_d[i] = d;
+    row_lse[i] = row < T ? lse[lse_at(row)] : 0.0f;
+  }
+  float dq[NC][4] = {};
+
+  const int key_end = min(q0 + TILE, T);
+  for (int k0 = 0; k0 < key_end; k0 += TILE) {
+    __syncthreads();  // the previous step is done with the tiles
+    load_tile(k_tile, qkv, 1, k0);
+    load_tile(v_tile, qkv, 2, k0);
+    __syncthreads();
+
+    float s[8][4] = {}, dp[8][4] = {};
+    rows_product(s, qf, k_tile);
+    rows_product(dp, gf, v_tile);
+    // ds = p (dp - D) with p = exp(scale * s - lse) (0 unless key <= row < T), kept in dp.
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int key = k0 + 8 * j + 2 * t + (e & 1), i = e >> 1, row = r0 + 8 * i;
+        const float p = key <= row && row < T ? expf(s[j][e] * scale - row_lse[i]) : 0.0f;
+        dp[j][e] = p * (dp[j][e] - row_d[i]);
+      }
+    cols_product(dq, dp, k_tile);
+  }
+
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    const int row = r0 + 8 * i;
+    if (row >= T) continue;
+#pragma unroll
+    for (int n = 0; n < NC; n++)
+      st_pair(dqkv + qkv_at(row, 0, 8 * n + 2 * t), pack_bf16(dq[n][2 * i] * scale, dq[n][2 * i + 1] * scale));
+  }
+}
+)";
+
+std::vector<std::pair<std::string, std::string>> vars(const std::string& symbol, const AttentionShape& s) {
+  const int64_t hs = s.C / s.H;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));  // as the CPU kernels compute it
+  std::vector<std::pair<std::string, std::string>> common = {
+      {"B", num(s.B)},   {"T", num(s.T)},         {"C", num(s.C)},           {"H", num(s.H)},
+      {"HS", num(hs)},   {"SCALE", flt(scale)},   {"TILE", num(kTile)},      {"THREADS", num(kThreads)},
+      {"WARPS", num(kWarps)}};
+  std::vector<std::pair<std::string, std::string>> v = {{"SYMBOL", symbol}, {"COMMON", fill(kCommon, common)}};
+  v.insert(v.end(), common.begin(), common.end());
+  return v;
+}
+
+unsigned gridOf(const AttentionShape& s) { return unsigned(s.B * s.H * ((s.T + kTile - 1) / kTile)); }
+
+}  // namespace
+
+bool cudaAttentionUsesTensorCores(const AttentionShape& s) {
+  return s.bf16 && !s.simt && s.H > 0 && s.C % s.H == 0 && (s.C / s.H) % 16 == 0 && s.C / s.H <= 128;
+}
+
+AttentionSource cudaAttentionForwardMma(const std::string& symbol, const AttentionShape& s) {
+  AttentionSource a;
+  a.source = fill(kForward, vars(symbol, s));
+  a.launches.push_back({symbol, gridOf(s), unsigned(kThreads)});
+  return a;
+}
+
+AttentionSource cudaAttentionBackwardMma(const std::string& symbol, const AttentionShape& s) {
+  const auto v = vars(symbol, s);
+  AttentionSource a;
+  a.source = fill(kBackwardHeader, v) + fill(kBackwardDkv, v) + fill(kBackwardDq, v);
+  a.launches.push_back({symbol + "_dkv", gridOf(s), unsigned(kThreads)});
+  a.launches.push_back({symbol + "_dq", gridOf(s), unsigned(kThreads)});
+  return a;
+}
+
+}  // namespace kiln
