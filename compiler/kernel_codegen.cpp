@@ -388,7 +388,34 @@ class Emitter {
       for (Value v : extraTerms) sum += (sum.empty() ? "" : " + ") + at(v, "i");
       body_ += "    st(" + d + ", i, ld(" + d + ", i) + " + sum + ");\n  }\n";
     }
-    if (!columns.empty()) {
+    // The bias gradient, when it is only summed (and cast) into its fp32 accumulator: each thread
+    // sums a chunk of rows of one column and adds it with an atomic, so the whole GPU reads the
+    // operand (a thread per column leaves most of it idle). The total is not rounded to bf16 as
+    // the unfused sum would be; the order of the additions varies from run to run.
+    AccumulateGradOp colAcc;
+    bool onlyCasts = !columns.empty();
+    for (Operation* op : columns.empty() ? ArrayRef<Operation*>() : columns.drop_front()) {
+      if (auto a = dyn_cast<AccumulateGradOp>(op)) colAcc = a;
+      else if (!isa<CastOp>(op)) onlyCasts = false;
+    }
+    if (onlyCasts && colAcc) {
+      auto red = cast<ReduceSumOp>(columns.front());
+      const int64_t R = numel(red.getInput()) / numel(red.getResult()), Kc = numel(red.getResult());
+      const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(R / 128, (262144 + Kc - 1) / Kc));
+      const int64_t rowsPerChunk = (R + chunks - 1) / chunks;
+      grid_ = unsigned(std::min<int64_t>((std::max(addTerms ? M * N : 0, Kc * chunks) + 255) / 256, 2112));
+      const std::string grad = state_[colAcc.getOperation()][0];
+      body_ += "  // The bias gradient: column sums of the right operand in " + num(chunks) + " chunks of " +
+               num(rowsPerChunk) + " rows, each added to the accumulator with an atomic.\n";
+      body_ += "  for (long long w = blockIdx.x * (long long)blockDim.x + threadIdx.x; w < " + num(Kc * chunks) +
+               "; w += (long long)gridDim.x * blockDim.x) {\n";
+      body_ += "    const long long i = w % " + num(Kc) + ", r0 = w / " + num(Kc) + " * " + num(rowsPerChunk) + ";\n";
+      body_ += "    const long long r1 = r0 + " + num(rowsPerChunk) + " < " + num(R) + " ? r0 + " + num(rowsPerChunk) +
+               " : " + num(R) + ";\n";
+      body_ += "    float acc = 0.0f;\n";
+      body_ += "    for (long long r = r0; r < r1; ++r) acc += " + at(red.getInput(), "r * " + num(Kc) + " + i") + ";\n";
+      body_ += "    atomicAdd(&" + grad + "[i], acc);\n  }\n";
+    } else if (!columns.empty()) {
       auto red = cast<ReduceSumOp>(columns.front());
       const int64_t R = numel(red.getInput()) / numel(red.getResult()), Kc = numel(red.getResult());
       body_ += "  // The bias gradient: column sums of the right operand, accumulated.\n";
