@@ -6,8 +6,9 @@
 #   specs/    generated specs (git-ignored):
 #               gpt2-124m-bf16-cuda.toml      models/gpt2-124m.toml, precision bf16, target cuda,
 #                                             B=16 T=1024 (the benchmark); -b32: B=32
-#               {tiny,tiny-bf16,awkward,awkward-bf16}-cuda.toml
+#               {tiny,tiny-bf16,awkward,awkward-bf16,long-bf16}-cuda.toml
 #                                             test/e2e/configs/*.toml with target = "cuda" (parity)
+#               long-bf16-simt-cuda.toml      the same, compiled with --cuda-simt-attention
 #   modules/  kilnc SPEC --emit=module for each spec (NAME.kiln, ~0.3-1.2 MB: kernels, no weights;
 #             CUDA kernels compiled here by NVRTC for sm_80 and sm_90) and manifest.txt (sizes,
 #             sha256, the planned arena (kiln-inspect), the git revision and the sha256 of
@@ -39,7 +40,10 @@ DEPS=1
 B32=1
 DATA_STEPS=40
 LIMIT_MIB=64
-PARITY_CONFIGS=(tiny tiny-bf16 awkward awkward-bf16)
+PARITY_CONFIGS=(tiny tiny-bf16 awkward awkward-bf16 long-bf16)
+# Parity specs also compiled with kilnc --cuda-simt-attention (NAME-simt-cuda): the SIMT attention
+# kernels on a bf16 module, beside the tensor-core ones.
+SIMT_CONFIGS=(long-bf16)
 # The runtime's build dependencies (CMakeLists.txt, runtime/CMakeLists.txt) and what their
 # libraries need, as Debian 12 packages.
 DEP_PACKAGES=(nlohmann-json3-dev libfmt-dev libfmt9 libcli11-dev libflatbuffers-dev libflatbuffers2
@@ -91,6 +95,9 @@ for c in "${PARITY_CONFIGS[@]}"; do
     cat "$ROOT/test/e2e/configs/$c.toml"; } > "$f"
   set_key "$f" target '"cuda"'
 done
+for c in "${SIMT_CONFIGS[@]}"; do
+  cp "$DEV/specs/$c-cuda.toml" "$DEV/specs/$c-simt-cuda.toml"
+done
 
 # 2. Modules.
 GIT_REV=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
@@ -103,7 +110,9 @@ for f in "$DEV"/specs/*.toml; do
   name=$(basename "$f" .toml)
   mod=$DEV/modules/$name.kiln
   t0=$SECONDS
-  if ! "$KILNC" "$f" --emit=module -o "$mod" > "$DEV/modules/$name.log" 2>&1; then
+  flags=()
+  [[ "$name" == *-simt-cuda ]] && flags=(--cuda-simt-attention)
+  if ! "$KILNC" "$f" --emit=module -o "$mod" "${flags[@]}" > "$DEV/modules/$name.log" 2>&1; then
     rm -f "$mod"
     cat "$DEV/modules/$name.log" >&2
     case "$name" in
