@@ -42,7 +42,14 @@ by default), --matmul-iters products between two CUDA events, best and median of
 --matmul-repeats such timings after 3 warm-up products, 2 N^3 FLOPs each; prints JSON with
 peak_tflops (the best).
 
+--attention instead times causal attention alone, forward + backward, as F.scaled_dot_product_attention
+with each backend this torch offers (flash, efficient, cudnn; math only on the CPU), at the
+training shape (B, H = n_head, T, head size n_embd / n_head; bf16 on CUDA): the peers of Kiln's
+attention kernels (kiln-run --profile's attention and attention_grad rows). Prints JSON with the
+median ms per backend.
+
 Usage:
+  pytorch_gpu_step.py --attention [-B 16] [-T 1024] [--json F]
   pytorch_gpu_step.py [--mode eager|compile] [-B 16] [-T 1024] [--steps 20] [--warmup 5] [--json F]
   pytorch_gpu_step.py --peak-matmul [--matmul-size 8192] [--json F]
   pytorch_gpu_step.py --device cpu --tiny --mode eager        # a smoke test without a GPU
@@ -237,6 +244,64 @@ def peak_matmul(a, device: str) -> dict:
     return out
 
 
+# --- --attention ----------------------------------------------------------------------------------
+def attention_bench(a, device: str) -> dict:
+    cfg = dict(TINY if a.tiny else GPT2_124M)
+    B = a.batch_size if a.batch_size is not None else (2 if a.tiny else 16)
+    T = a.seq_len if a.seq_len is not None else (32 if a.tiny else 1024)
+    H, hs = cfg["n_head"], cfg["n_embd"] // cfg["n_head"]
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    out = {"bench": "attention", "B": B, "H": H, "T": T, "head_size": hs, "dtype": str(dtype).split(".")[-1],
+           "causal": True, "what": "forward + backward of F.scaled_dot_product_attention", **environment(device)}
+    if not hasattr(F, "scaled_dot_product_attention"):
+        out["skipped"] = f"torch {torch.__version__} has no scaled_dot_product_attention"
+        return out
+    g = torch.Generator(device=device).manual_seed(a.seed)
+    q, k, v = (torch.randn(B, H, T, hs, device=device, dtype=dtype, generator=g).requires_grad_() for _ in range(3))
+    dout = torch.randn(B, H, T, hs, device=device, dtype=dtype, generator=g)
+    backends = {"default": None}
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        names = ("flash", "efficient", "cudnn") if device == "cuda" else ("math",)
+        for name in names:
+            attr = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION",
+                    "math": "MATH"}[name]
+            if hasattr(SDPBackend, attr):
+                backends[name] = getattr(SDPBackend, attr)
+    except ImportError:
+        pass
+    iters = 3 if a.tiny else 20
+    results = {}
+    for name, backend in backends.items():
+        import contextlib
+        ctx = contextlib.nullcontext() if backend is None else sdpa_kernel(backend)
+        try:
+            with ctx:
+                times = []
+                for i in range(iters + 3):
+                    q.grad = k.grad = v.grad = None
+                    if device == "cuda":
+                        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                        e0.record()
+                    t0 = time.perf_counter()
+                    y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                    y.backward(dout)
+                    if device == "cuda":
+                        e1.record()
+                        e1.synchronize()
+                        ms = e0.elapsed_time(e1)
+                    else:
+                        ms = (time.perf_counter() - t0) * 1e3
+                    if i >= 3:
+                        times.append(ms)
+            results[name] = {"median_ms": statistics.median(times), "min_ms": min(times)}
+        except Exception as e:  # a backend this GPU, dtype or shape does not support
+            results[name] = {"error": str(e).splitlines()[0][:200]}
+    # Causal: about half of the 4 B H T^2 hs forward and 8 B H T^2 hs backward FLOPs.
+    out.update(backends=results, flops=6.0 * B * H * T * T * hs)
+    return out
+
+
 # --- the training step ----------------------------------------------------------------------------
 def train_bench(a, device: str) -> tuple[dict, int]:
     cfg = dict(TINY if a.tiny else GPT2_124M)
@@ -380,6 +445,8 @@ def main() -> int:
                     choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"))
     ap.add_argument("--peak-tflops", type=float, help="the peak to report mfu against (e.g. --peak-matmul's)")
     ap.add_argument("--peak-matmul", action="store_true", help="measure the bf16 matmul rate instead")
+    ap.add_argument("--attention", action="store_true",
+                    help="time causal SDPA forward + backward per backend instead (the peers of Kiln's attention)")
     ap.add_argument("--matmul-size", type=int, default=8192)
     ap.add_argument("--matmul-iters", type=int, default=10)
     ap.add_argument("--matmul-repeats", type=int, default=5)
@@ -388,7 +455,7 @@ def main() -> int:
     if (a.steps is not None and a.steps < 1) or (a.warmup is not None and a.warmup < 1):
         ap.error("--steps and --warmup must be >= 1 (the first warm-up step compiles)")
     if a.device == "cuda" and not torch.cuda.is_available():
-        emit({"bench": "peak_matmul" if a.peak_matmul else "pytorch_gpu_step", "mode": a.mode,
+        emit({"bench": "peak_matmul" if a.peak_matmul else "attention" if a.attention else "pytorch_gpu_step", "mode": a.mode,
               "error": "no CUDA device visible to torch", "torch": torch.__version__}, a.json)
         return 2
     if a.device == "cpu" and not a.tiny and not a.peak_matmul:
@@ -396,6 +463,9 @@ def main() -> int:
               file=sys.stderr)
     if a.peak_matmul:
         emit(peak_matmul(a, a.device), a.json)
+        return 0
+    if a.attention:
+        emit(attention_bench(a, a.device), a.json)
         return 0
     out, rc = train_bench(a, a.device)
     emit(out, a.json)

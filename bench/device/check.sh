@@ -16,6 +16,8 @@
 #   d) PyTorch (bench/pytorch_gpu_step.py): peak bf16 matmul, eager and torch.compile at B=16 T=1024
 #   e) Kiln: kiln-run gpt2-124m-bf16-cuda.kiln train, MFU against the measured matmul peak
 #      then, time allowing, the B=32 runs (Kiln, eager, compile; an out-of-memory is a result)
+#   g) Kiln's per-kernel profile (kiln-run --profile, 3 steps) and causal attention forward +
+#      backward per PyTorch SDPA backend (flash, efficient, cudnn) at the benchmark's shape
 #   f) the table: summary.md (kiln / torch eager / torch.compile: tok/s, ms/step, TFLOP/s, MFU,
 #      peak memory; kiln/compile and kiln/eager ratios), results.json, check.log, work.tar.gz
 #
@@ -304,6 +306,42 @@ if ref:
               f"-> {ref['flops_per_step']:.4g} at B={ref['B']} T={ref['T']}")
 md.append(f"- ms/step: median over the timed steps (PyTorch: {next((x['steps'] for x in torch_runs.values() if x and 'steps' in x), '?')} "
           f"after warm-up, CUDA events; Kiln: its dt_ms, the first {kwarm} steps not counted)")
+# Kiln's profile (print_profile: kernel, total ms, share, calls) and the attention comparison.
+prof = []
+pp = f"{work}/kiln-profile.log"
+if os.path.exists(pp):
+    seen_header = False
+    for line in open(pp, errors="replace"):
+        if line.startswith("kernel") and "total ms" in line:
+            seen_header = True
+            continue
+        parts = line.rsplit(None, 3)
+        if seen_header and len(parts) == 4:
+            try:
+                prof.append({"kernel": parts[0].strip(), "total_ms": float(parts[1]),
+                             "share": parts[2], "calls": int(parts[3])})
+            except ValueError:
+                pass
+if prof:
+    md += ["", "## Kiln: time per kernel (kiln-run --profile: 3 steps of B=16 run eagerly, synchronised after "
+           "each kernel, so launch gaps are included)", "", "| kernel | total ms | share | calls | ms per call |",
+           "|---|---:|---:|---:|---:|"]
+    for r in prof[:25]:
+        md.append(f"| {r['kernel']} | {r['total_ms']:.1f} | {r['share']} | {r['calls']} | "
+                  f"{r['total_ms'] / max(r['calls'], 1):.3f} |")
+att = torch_runs.get("torch-attention")
+if att:
+    md += ["", f"## Attention, forward + backward, B={att.get('B')} H={att.get('H')} T={att.get('T')} "
+           f"head size {att.get('head_size')} ({att.get('dtype')}, causal): ms per layer", "",
+           "| implementation | median ms | note |", "|---|---:|---|"]
+    by = {r["kernel"]: r for r in prof}
+    if "attention" in by and "attention_grad" in by and by["attention"]["calls"]:
+        ms = (by["attention"]["total_ms"] + by["attention_grad"]["total_ms"]) / by["attention"]["calls"]
+        md.append(f"| kiln (attention + attention_grad kernels) | {ms:.3f} | from the profile above |")
+    for name, r in (att.get("backends") or {}).items():
+        md.append(f"| torch SDPA {name} | {f(r.get('median_ms'), '.3f')} | {r.get('error', '')} |")
+    if att.get("skipped") or att.get("error"):
+        md.append(f"| torch SDPA | — | {att.get('skipped') or att.get('error')} |")
 md += ["", "## Parity (test/e2e/test_parity.py --exe: the module against the PyTorch reference)", "",
        "| module | result | note |", "|---|---|---|"]
 md += [f"| {p['module']} | {p['result']} | {p['note']} |" for p in parity] or ["| — | not run | |"]
@@ -314,7 +352,7 @@ md += ["", f"Elapsed {elapsed} s of a {budget} s budget. Raw results: results.js
 open(f"{out}/summary.md", "w").write("\n".join(md))
 doc = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "dry_run": dry == "1",
        "budget_s": int(budget), "elapsed_s": int(elapsed), "machine": info, "steps": steps,
-       "table": rows, "ratios": ratios, "parity": parity, "torch": torch_runs,
+       "table": rows, "ratios": ratios, "parity": parity, "torch": torch_runs, "kiln_profile": prof,
        "peak_matmul_tflops": peak}
 with open(f"{out}/results.json", "w") as fh:
     json.dump(doc, fh, indent=1)
@@ -613,6 +651,29 @@ kiln_bench() {
 }
 log "e) Kiln"
 kiln_bench "$BENCH" 20
+
+# --- g) where Kiln's step goes; attention against PyTorch's SDPA backends -----------------------
+# kiln-run --profile: 3 steps of the benchmark module run eagerly, synchronising after each kernel
+# (summary.md lists the largest rows); pytorch_gpu_step.py --attention: causal SDPA forward +
+# backward per backend (flash, efficient, cudnn) at the same shape, the numbers for choosing
+# between Kiln's attention kernels and cuDNN's.
+log "g) Kiln's per-kernel profile; attention backends"
+if [ -n "$KILN_RUN_BIN" ] && [ -z "$CPU_ONLY_RUNTIME" ] && [ -f "$DEV/modules/$BENCH.kiln" ]; then
+  pdata="$DEV/data/gpt2-124m/train_*.bin"
+  [ -f "$BENCH_DATA" ] || pdata="$WORK/data/train_*.bin"
+  rc=0
+  boxed kiln-profile 90 25 "$WORK/kiln-profile.log" "${KENV[@]}" "$KILN_RUN_BIN" "$DEV/modules/$BENCH.kiln" \
+    train --data "$pdata" --steps 3 --lr-schedule constant --profile || rc=$?
+  if [ "$rc" = 0 ]; then record kiln-profile ok "$LAST_DT" "3 steps, per-kernel table in summary.md"
+  elif [ "$rc" != 200 ]; then record kiln-profile failed "$LAST_DT" "$(err_line "$WORK/kiln-profile.log") (exit $rc)"; fi
+else
+  record kiln-profile skipped 0 "no kiln-run that runs cuda modules here"
+fi
+if [ -n "$PY" ] && [ "$GPU_TORCH" = 1 ] && [ "$GPU_STEPS" = 1 ]; then
+  torch_run torch-attention 90 20 --attention -B 16 -T 1024
+elif [ -n "$PY" ] && [ "$DRY" = 1 ]; then
+  torch_run torch-attention 60 10 --device cpu --tiny --attention
+fi
 
 # --- the B=32 runs, time allowing --------------------------------------------------------------
 if [ "$DO_B32" = 0 ]; then
