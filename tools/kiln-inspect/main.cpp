@@ -164,13 +164,17 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "plot") return plot_main(argc - 1, argv + 1);
   CLI::App app{"kiln-inspect: report on a Kiln module or training executable\n"
                "(kiln-inspect plot LOG.jsonl -o loss.svg draws loss curves)"};
-  std::string path, svg;
+  std::string path, svg, source;
   bool json = false, verify = false, buffers = false;
   app.add_option("module", path, "module (.kiln) or executable written by kilnc")->required();
   app.add_flag("--json", json, "print the report as one JSON object");
   app.add_flag("--buffers", buffers, "list every buffer: kind, dtype, offset, bytes, shape");
   app.add_flag("--verify-plan", verify, "check the memory plan (no two live buffers overlap) and say so");
   app.add_option("--svg", svg, "draw the memory timeline of the largest program into this SVG file");
+  app.add_option("--kernel-source", source,
+                 "write the generated kernels' source the module carries (C++, or the CUDA C++ its cubins were "
+                 "compiled from) to this file; - for stdout")
+      ->type_name("FILE");
   CLI11_PARSE(app, argc, argv);
   try {
     Module m = Module::load(path);  // loading verifies the module and its memory plan
@@ -183,6 +187,15 @@ int main(int argc, char** argv) {
       std::string text = memory_timeline_svg(m);
       write_file_atomic(svg, {{text.data(), text.size()}});
       std::fprintf(stderr, "wrote %s\n", svg.c_str());
+      return 0;
+    }
+    if (!source.empty()) {
+      const auto* text = m.fb().kernel_source();
+      if (!text || text->size() == 0)
+        throw Error(path + ": the module carries no generated kernels (compiled with --no-fusion?)");
+      if (source == "-") std::fwrite(text->data(), 1, text->size(), stdout);
+      else write_file_atomic(source, {{text->data(), text->size()}});
+      if (source != "-") std::fprintf(stderr, "wrote %s (%u bytes)\n", source.c_str(), text->size());
       return 0;
     }
     ordered_json j = report(m);
