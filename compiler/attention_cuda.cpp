@@ -14,6 +14,7 @@
 // source lanes of a broadcast are unrolled by 8 only (full unrolling makes ptxas 5x slower and
 // the kernels use more registers).
 #include "compiler/attention_cuda.h"
+#include "compiler/source_template.h"
 
 #include <cmath>
 #include <sstream>
@@ -24,18 +25,6 @@ namespace kiln {
 namespace {
 
 constexpr int kThreads = 256;  // threads per block: 8 warps
-
-std::string num(int64_t n) { return std::to_string(n); }
-
-// A float literal that reads back as exactly `f`.
-std::string flt(float f) {
-  std::ostringstream os;
-  os.precision(9);
-  os << f;
-  std::string s = os.str();
-  if (s.find_first_of(".e") == std::string::npos) s += ".0";
-  return s + "f";
-}
 
 // The scores of a warp's query rows against the key tile in shared memory (forward and dQ).
 const char* kQkScores = R"(    // s[i][j] = q[row i] . k[k0 + j*32 + lane]
@@ -58,17 +47,6 @@ const char* kQkScores = R"(    // s[i][j] = q[row i] . k[k0 + j*32 + lane]
       }
     }
 )";
-
-// Replaces every ${NAME} of `text` by its value.
-std::string fill(std::string text, const std::vector<std::pair<std::string, std::string>>& vars) {
-  for (const auto& [name, value] : vars) {
-    const std::string key = "${" + name + "}";
-    for (size_t at = text.find(key); at != std::string::npos; at = text.find(key, at + value.size()))
-      text.replace(at, key.size(), value);
-  }
-  if (text.find("${") != std::string::npos) throw std::logic_error("attention_cuda: unfilled template variable");
-  return text;
-}
 
 int64_t headSize(const AttentionShape& s) {
   if (s.B <= 0 || s.T <= 0 || s.C <= 0 || s.H <= 0) throw std::invalid_argument("attention: sizes must be positive");
@@ -506,12 +484,12 @@ std::vector<std::pair<std::string, std::string>> shapeVars(const std::string& sy
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));  // as the CPU kernels compute it
   std::vector<std::pair<std::string, std::string>> common = {
       {"B", num(s.B)}, {"T", num(s.T)}, {"C", num(s.C)},     {"H", num(s.H)},
-      {"HS", num(hs)}, {"SCALE", flt(scale)}, {"THREADS", num(kThreads)}};
+      {"HS", num(hs)}, {"SCALE", floatLiteral(scale)}, {"THREADS", num(kThreads)}};
   std::vector<std::pair<std::string, std::string>> vars = {
       {"SYMBOL", symbol},
       {"ELEM", s.bf16 ? "bf16" : "float"},
       {"DTYPE", s.bf16 ? "bf16 storage" : "fp32"},
-      {"COMMON", fill(kCommon, common)},
+      {"COMMON", fillTemplate(kCommon, common)},
       {"INDEXING", kIndexing},
       {"QK_SCORES", kQkScores}};
   vars.insert(vars.end(), common.begin(), common.end());
@@ -531,7 +509,7 @@ AttentionSource cudaAttentionForward(const std::string& symbol, const AttentionS
   vars.push_back({"ROWS", num(rows)});
   vars.push_back({"KTILE", num(ktile)});
   AttentionSource a;
-  a.source = fill(kForward, vars);
+  a.source = fillTemplate(kForward, vars);
   a.launches.push_back({symbol, gridOf(s, 8 * rows), unsigned(kThreads)});
   return a;
 }
@@ -554,7 +532,7 @@ AttentionSource cudaAttentionBackward(const std::string& symbol, const Attention
   dq.push_back({"KTILE", num(dqKtile)});
 
   AttentionSource a;
-  a.source = fill(kBackwardHeader, vars) + fill(kBackwardDkv, dkv) + fill(kBackwardDq, dq);
+  a.source = fillTemplate(kBackwardHeader, vars) + fillTemplate(kBackwardDkv, dkv) + fillTemplate(kBackwardDq, dq);
   a.launches.push_back({symbol + "_dkv", gridOf(s, 8 * dkvRows), unsigned(kThreads)});
   a.launches.push_back({symbol + "_dq", gridOf(s, 8 * dqRows), unsigned(kThreads)});
   return a;

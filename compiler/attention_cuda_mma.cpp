@@ -20,32 +20,12 @@
 #include <stdexcept>
 
 #include "compiler/attention_cuda.h"
+#include "compiler/source_template.h"
 
 namespace kiln {
 namespace {
 
 constexpr int kWarps = 4, kThreads = 32 * kWarps, kTile = 16 * kWarps;
-
-std::string num(int64_t n) { return std::to_string(n); }
-
-std::string flt(float f) {
-  std::ostringstream os;
-  os.precision(9);
-  os << f;
-  std::string s = os.str();
-  if (s.find_first_of(".e") == std::string::npos) s += ".0";
-  return s + "f";
-}
-
-std::string fill(std::string text, const std::vector<std::pair<std::string, std::string>>& vars) {
-  for (const auto& [name, value] : vars) {
-    const std::string key = "${" + name + "}";
-    for (size_t at = text.find(key); at != std::string::npos; at = text.find(key, at + value.size()))
-      text.replace(at, key.size(), value);
-  }
-  if (text.find("${") != std::string::npos) throw std::logic_error("attention_cuda_mma: unfilled template variable");
-  return text;
-}
 
 // Constants, this block's (b, h), the indexing of qkv / out / lse, and the fragment loaders.
 const char* kCommon = R"(  // Batch, sequence length, channels, heads, head size; the score scale 1 / sqrt(HS).
@@ -108,6 +88,22 @@ const char* kCommon = R"(  // Batch, sequence length, channels, heads, head size
       st_pair(tile + r * LD + c, v);
     }
   };
+  // f(j, e, col, i) for every element of a warp's 8 C tiles: s[j][e] is at column col = 8j + 2t
+  // + (e & 1) of the walked tile and row r0 + 8i of the warp's own (i = e >> 1).
+  auto each = [&](auto&& f) {
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) f(j, e, 8 * j + 2 * t + (e & 1), e >> 1);
+  };
+  // The keys and values of rows k0 .. k0 + TILE - 1 into k_tile and v_tile, once every warp is
+  // done with the previous ones.
+  auto load_kv = [&](bf16* k_tile, bf16* v_tile, const bf16* qkv, int k0) {
+    __syncthreads();
+    load_tile(k_tile, qkv, 1, k0);
+    load_tile(v_tile, qkv, 2, k0);
+    __syncthreads();
+  };
 )";
 
 const char* kForward = R"(// Causal self-attention forward on tensor cores (B=${B} T=${T} C=${C} H=${H}, head size ${HS}, bf16).
@@ -134,10 +130,7 @@ ${COMMON}  const bf16* qkv = (const bf16*)b[0];
 
   const int key_end = min(q0 + TILE, T);
   for (int k0 = 0; k0 < key_end; k0 += TILE) {
-    __syncthreads();  // the previous step is done with the tiles
-    load_tile(k_tile, qkv, 1, k0);
-    load_tile(v_tile, qkv, 2, k0);
-    __syncthreads();
+    load_kv(k_tile, v_tile, qkv, k0);
 
     float s[8][4] = {};
     rows_product(s, qf, k_tile);
@@ -145,14 +138,11 @@ ${COMMON}  const bf16* qkv = (const bf16*)b[0];
     // rows r0 (e = 0, 1) and r0 + 8 (e = 2, 3). Key 0 is in every row's first step, so m is
     // finite from then on (rows past the sequence too: computed, never stored).
     float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int key = k0 + 8 * j + 2 * t + (e & 1), row = r0 + (e >> 1) * 8;
-        s[j][e] = key <= row && key < T ? s[j][e] * scale : -INFINITY;
-        mx[e >> 1] = fmaxf(mx[e >> 1], s[j][e]);
-      }
+    each([&](int j, int e, int col, int i) {
+      const int key = k0 + col, row = r0 + 8 * i;
+      s[j][e] = key <= row && key < T ? s[j][e] * scale : -INFINITY;
+      mx[i] = fmaxf(mx[i], s[j][e]);
+    });
     float rescale[2], sum[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int i = 0; i < 2; i++) {
@@ -162,13 +152,10 @@ ${COMMON}  const bf16* qkv = (const bf16*)b[0];
       rescale[i] = expf(m[i] - m_new);  // 0 on the first step (m = -inf)
       m[i] = m_new;
     }
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        s[j][e] = expf(s[j][e] - m[e >> 1]);  // masked keys: exp(-inf) = 0
-        sum[e >> 1] += s[j][e];
-      }
+    each([&](int j, int e, int, int i) {
+      s[j][e] = expf(s[j][e] - m[i]);  // masked keys: exp(-inf) = 0
+      sum[i] += s[j][e];
+    });
 #pragma unroll
     for (int i = 0; i < 2; i++) {
       sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], 1);
@@ -206,18 +193,21 @@ const char* kBackwardHeader = R"(// Causal self-attention backward on tensor cor
 // disjoint parts of dqkv and together all of it.
 )";
 
-const char* kBackwardDkv = R"(
-// dk and dv of one key tile of one (b, h). Warp w owns keys k0 + 16w .. + 15 (k and v in registers
-// as A fragments); per query tile: S^T = k q^T and dP^T = v dout^T (queries row-wise), then
-// dv += P^T dout and dk += dS^T q (queries column-wise).
-extern "C" __global__ void __launch_bounds__(${THREADS}) ${SYMBOL}_dkv(void* const* b, const long long* range) {
-${COMMON}  const bf16* dout = (const bf16*)b[0];
+// The backward kernels' operands (attention_cuda.h).
+const char* kBackwardOperands = R"(  const bf16* dout = (const bf16*)b[0];
   const bf16* qkv = (const bf16*)b[1];
   const bf16* out = (const bf16*)b[2];
   const float* lse = (const float*)b[3];
   bf16* dqkv = (bf16*)b[4];
   (void)range;
-  __shared__ __align__(16) bf16 q_tile[TILE * LD], g_tile[TILE * LD];  // queries, their dout
+)";
+
+const char* kBackwardDkv = R"(
+// dk and dv of one key tile of one (b, h). Warp w owns keys k0 + 16w .. + 15 (k and v in registers
+// as A fragments); per query tile: S^T = k q^T and dP^T = v dout^T (queries row-wise), then
+// dv += P^T dout and dk += dS^T q (queries column-wise).
+extern "C" __global__ void __launch_bounds__(${THREADS}) ${SYMBOL}_dkv(void* const* b, const long long* range) {
+${COMMON}${OPERANDS}  __shared__ __align__(16) bf16 q_tile[TILE * LD], g_tile[TILE * LD];  // queries, their dout
   __shared__ float lse_tile[TILE], d_tile[TILE];                      // their lse and D
 
   // Blocks in order of decreasing work: the first key tiles (seen by the most queries) first.
@@ -247,15 +237,12 @@ ${COMMON}  const bf16* dout = (const bf16*)b[0];
     rows_product(s, kf, q_tile);
     rows_product(dp, vf, g_tile);
     // s becomes p = exp(scale * s - lse[query]) (0 unless key <= query < T), dp becomes ds.
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int col = 8 * j + 2 * t + (e & 1), query = q0 + col, key = r0 + (e >> 1) * 8;
-        const float p = key <= query && query < T ? expf(s[j][e] * scale - lse_tile[col]) : 0.0f;
-        s[j][e] = p;
-        dp[j][e] = p * (dp[j][e] - d_tile[col]);
-      }
+    each([&](int j, int e, int col, int i) {
+      const int query = q0 + col, key = r0 + 8 * i;
+      const float p = key <= query && query < T ? expf(s[j][e] * scale - lse_tile[col]) : 0.0f;
+      s[j][e] = p;
+      dp[j][e] = p * (dp[j][e] - d_tile[col]);
+    });
     cols_product(dv, s, g_tile);
     cols_product(dk, dp, q_tile);
   }
@@ -278,13 +265,7 @@ const char* kBackwardDq = R"(
 // registers as A fragments); per key tile up to the diagonal: S = q k^T and dP = dout v^T (keys
 // row-wise), then dq += dS k (keys column-wise).
 extern "C" __global__ void __launch_bounds__(${THREADS}) ${SYMBOL}_dq(void* const* b, const long long* range) {
-${COMMON}  const bf16* dout = (const bf16*)b[0];
-  const bf16* qkv = (const bf16*)b[1];
-  const bf16* out = (const bf16*)b[2];
-  const float* lse = (const float*)b[3];
-  bf16* dqkv = (bf16*)b[4];
-  (void)range;
-  __shared__ __align__(16) bf16 k_tile[TILE * LD], v_tile[TILE * LD];
+${COMMON}${OPERANDS}  __shared__ __align__(16) bf16 k_tile[TILE * LD], v_tile[TILE * LD];
 
   // Blocks in order of decreasing work: the last query tiles (most keys) first.
   constexpr int q_tiles = (T + TILE - 1) / TILE;
@@ -310,23 +291,17 @@ ${COMMON}  const bf16* dout = (const bf16*)b[0];
 
   const int key_end = min(q0 + TILE, T);
   for (int k0 = 0; k0 < key_end; k0 += TILE) {
-    __syncthreads();  // the previous step is done with the tiles
-    load_tile(k_tile, qkv, 1, k0);
-    load_tile(v_tile, qkv, 2, k0);
-    __syncthreads();
+    load_kv(k_tile, v_tile, qkv, k0);
 
     float s[8][4] = {}, dp[8][4] = {};
     rows_product(s, qf, k_tile);
     rows_product(dp, gf, v_tile);
     // ds = p (dp - D) with p = exp(scale * s - lse) (0 unless key <= row < T), kept in dp.
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int key = k0 + 8 * j + 2 * t + (e & 1), i = e >> 1, row = r0 + 8 * i;
-        const float p = key <= row && row < T ? expf(s[j][e] * scale - row_lse[i]) : 0.0f;
-        dp[j][e] = p * (dp[j][e] - row_d[i]);
-      }
+    each([&](int j, int e, int col, int i) {
+      const int key = k0 + col, row = r0 + 8 * i;
+      const float p = key <= row && row < T ? expf(s[j][e] * scale - row_lse[i]) : 0.0f;
+      dp[j][e] = p * (dp[j][e] - row_d[i]);
+    });
     cols_product(dq, dp, k_tile);
   }
 
@@ -346,9 +321,10 @@ std::vector<std::pair<std::string, std::string>> vars(const std::string& symbol,
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));  // as the CPU kernels compute it
   std::vector<std::pair<std::string, std::string>> common = {
       {"B", num(s.B)},   {"T", num(s.T)},         {"C", num(s.C)},           {"H", num(s.H)},
-      {"HS", num(hs)},   {"SCALE", flt(scale)},   {"TILE", num(kTile)},      {"THREADS", num(kThreads)},
+      {"HS", num(hs)},   {"SCALE", floatLiteral(scale)},   {"TILE", num(kTile)},      {"THREADS", num(kThreads)},
       {"WARPS", num(kWarps)}};
-  std::vector<std::pair<std::string, std::string>> v = {{"SYMBOL", symbol}, {"COMMON", fill(kCommon, common)}};
+  std::vector<std::pair<std::string, std::string>> v = {
+      {"SYMBOL", symbol}, {"COMMON", fillTemplate(kCommon, common)}, {"OPERANDS", kBackwardOperands}};
   v.insert(v.end(), common.begin(), common.end());
   return v;
 }
@@ -363,7 +339,7 @@ bool cudaAttentionUsesTensorCores(const AttentionShape& s) {
 
 AttentionSource cudaAttentionForwardMma(const std::string& symbol, const AttentionShape& s) {
   AttentionSource a;
-  a.source = fill(kForward, vars(symbol, s));
+  a.source = fillTemplate(kForward, vars(symbol, s));
   a.launches.push_back({symbol, gridOf(s), unsigned(kThreads)});
   return a;
 }
@@ -371,7 +347,7 @@ AttentionSource cudaAttentionForwardMma(const std::string& symbol, const Attenti
 AttentionSource cudaAttentionBackwardMma(const std::string& symbol, const AttentionShape& s) {
   const auto v = vars(symbol, s);
   AttentionSource a;
-  a.source = fill(kBackwardHeader, v) + fill(kBackwardDkv, v) + fill(kBackwardDq, v);
+  a.source = fillTemplate(kBackwardHeader, v) + fillTemplate(kBackwardDkv, v) + fillTemplate(kBackwardDq, v);
   a.launches.push_back({symbol + "_dkv", gridOf(s), unsigned(kThreads)});
   a.launches.push_back({symbol + "_dq", gridOf(s), unsigned(kThreads)});
   return a;

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "emulated_device.h"
+#include "runtime/cpu/bf16.h"
 #include "runtime/error.h"
 #include "runtime/executor.h"
 #include "runtime/module.h"
@@ -33,19 +34,6 @@ using O = fb::OpCode;
 
 namespace {
 
-float bf2f(uint16_t h) {
-  uint32_t u = uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-uint16_t f2bf(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return uint16_t(u >> 16);
-}
 // A typed view of an operand.
 struct View {
   void* p = nullptr;
@@ -53,14 +41,14 @@ struct View {
   float get(int64_t i) const {
     switch (t) {
       case fb::DType::F32: return static_cast<const float*>(p)[i];
-      case fb::DType::BF16: return bf2f(static_cast<const uint16_t*>(p)[i]);
+      case fb::DType::BF16: return cpu::from_bf16(static_cast<const uint16_t*>(p)[i]);
       default: return float(static_cast<const int32_t*>(p)[i]);
     }
   }
   void set(int64_t i, float v) const {
     switch (t) {
       case fb::DType::F32: static_cast<float*>(p)[i] = v; break;
-      case fb::DType::BF16: static_cast<uint16_t*>(p)[i] = f2bf(v); break;
+      case fb::DType::BF16: static_cast<uint16_t*>(p)[i] = cpu::to_bf16(v); break;
       default: static_cast<int32_t*>(p)[i] = int32_t(v);
     }
   }

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/cpu/bf16.h"
 #include "runtime/error.h"
 
 #ifndef KILN_EMU_DIR
@@ -28,19 +29,6 @@ namespace fs = std::filesystem;
 typedef void (*KernelFn)(void* const*, const long long*);
 typedef void (*LaunchFn)(KernelFn, const char*, unsigned, unsigned, void* const*, const long long*);
 
-float bf2f(uint16_t h) {
-  uint32_t u = uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-uint16_t f2bf(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return uint16_t(u >> 16);
-}
 float gelu(float u) { return 0.5f * u * (1.0f + std::tanh(0.7978845608028654f * (u + 0.044715f * u * u * u))); }
 float gelu_grad(float dy, float u) {
   const float th = std::tanh(0.7978845608028654f * (u + 0.044715f * u * u * u));
@@ -49,11 +37,11 @@ float gelu_grad(float dy, float u) {
          dy;
 }
 float get(DevicePtr p, fb::DType t, int64_t i) {
-  if (t == fb::DType::BF16) return bf2f(reinterpret_cast<const uint16_t*>(p)[i]);
+  if (t == fb::DType::BF16) return cpu::from_bf16(reinterpret_cast<const uint16_t*>(p)[i]);
   return reinterpret_cast<const float*>(p)[i];
 }
 void set(DevicePtr p, fb::DType t, int64_t i, float v) {
-  if (t == fb::DType::BF16) reinterpret_cast<uint16_t*>(p)[i] = f2bf(v);
+  if (t == fb::DType::BF16) reinterpret_cast<uint16_t*>(p)[i] = cpu::to_bf16(v);
   else reinterpret_cast<float*>(p)[i] = v;
 }
 

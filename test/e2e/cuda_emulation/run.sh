@@ -24,6 +24,14 @@ driver="$build/bin/kiln-cuda-emulator"
 [ -x "$driver" ] || { echo "run.sh: $driver is missing (build the tests)"; exit 2; }
 
 status=0
+# check CFG CUDA_MODULE WHAT [VAR=VALUE...]: the driver on CFG's cpu module and CUDA_MODULE (with
+# those variables), its output also in CUDA_MODULE.log; a failure fails the test.
+check() {
+  local cfg=$1 mod=$2 what=$3
+  shift 3
+  echo "== $cfg: run$what"
+  env "$@" "$driver" "$work/$cfg/cpu.kiln" "$mod" --steps "$steps" 2>&1 | tee "$mod.log" || status=1
+}
 for cfg in $configs; do
   spec="$root/test/e2e/configs/$cfg.toml"
   d="$work/$cfg"
@@ -33,31 +41,23 @@ for cfg in $configs; do
   echo "== $cfg: kilnc (cpu, cuda)"
   "$build/bin/kilnc" "$spec" --emit=module -o "$d/cpu.kiln" > /dev/null
   "$build/bin/kilnc" "$d/$cfg-cuda.toml" --emit=module -o "$d/cuda.kiln" > /dev/null
-  echo "== $cfg: run"
-  if ! "$driver" "$d/cpu.kiln" "$d/cuda.kiln" --steps "$steps"; then
-    status=1
-  fi
+  check "$cfg" "$d/cuda.kiln" ""
 done
 # A cuBLASLt that fuses no epilogue: the runtime runs them as a support kernel after the product.
 if [ -z "${CONFIGS_PLAIN+x}" ]; then CONFIGS_PLAIN="tiny-bf16 awkward"; fi
 for cfg in $CONFIGS_PLAIN; do
-  d="$work/$cfg"
-  [ -f "$d/cuda.kiln" ] || continue
-  echo "== $cfg: run, cuBLASLt without fused epilogues"
-  if ! KILN_EMU_PLAIN_CUBLASLT=1 "$driver" "$d/cpu.kiln" "$d/cuda.kiln" --steps "$steps" 2>&1 | tee "$d/plain.log"; then
-    status=1
-  fi
-  grep -q "run their epilogue as a separate kernel" "$d/plain.log" || { echo "$cfg: the fallback did not run"; status=1; }
+  [ -f "$work/$cfg/cuda.kiln" ] || continue
+  check "$cfg" "$work/$cfg/cuda.kiln" ", cuBLASLt without fused epilogues" KILN_EMU_PLAIN_CUBLASLT=1
+  grep -q "run their epilogue as a separate kernel" "$work/$cfg/cuda.kiln.log" ||
+    { echo "$cfg: the fallback did not run"; status=1; }
 done
 # The SIMT attention kernels on a bf16 module (kilnc --cuda-simt-attention; the tensor-core ones
 # are the default there).
 if [ -z "${CONFIGS_SIMT+x}" ]; then CONFIGS_SIMT="long-bf16"; fi
 for cfg in $CONFIGS_SIMT; do
-  d="$work/$cfg"
-  [ -f "$d/$cfg-cuda.toml" ] || continue
-  echo "== $cfg: run, SIMT attention"
-  "$build/bin/kilnc" "$d/$cfg-cuda.toml" --emit=module -o "$d/cuda-simt.kiln" --cuda-simt-attention > /dev/null
-  "$driver" "$d/cpu.kiln" "$d/cuda-simt.kiln" --steps "$steps" || status=1
+  [ -f "$work/$cfg/$cfg-cuda.toml" ] || continue
+  "$build/bin/kilnc" "$work/$cfg/$cfg-cuda.toml" --emit=module -o "$work/$cfg/cuda-simt.kiln" --cuda-simt-attention > /dev/null
+  check "$cfg" "$work/$cfg/cuda-simt.kiln" ", SIMT attention"
 done
 [ $status -eq 0 ] && echo "cuda emulation: all configs pass" || echo "cuda emulation: FAILED"
 exit $status
