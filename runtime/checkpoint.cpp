@@ -412,7 +412,6 @@ std::string module_fingerprint(const Module& m) {
 }
 
 void save_checkpoint(const std::string& dir, Executor& ex, const TrainingState& st, int keep) {
-  ex.sync_to_host();
   const fs::path d = dir_path(dir);
   if (st.step < 0) throw Error(d.string() + ": cannot save a checkpoint for step " + std::to_string(st.step));
   Json extra;
@@ -430,7 +429,9 @@ void save_checkpoint(const std::string& dir, Executor& ex, const TrainingState& 
   if (ec || !fs::is_directory(d))
     throw Error(d.string() + ": cannot create the checkpoint directory" + (ec ? ": " + ec.message() : ""));
 
-  // The header and the list of data pieces (pointers into the arena), in the same order.
+  // The header and the list of data pieces (pointers into the arena, or on a GPU into the host
+  // copy of its state, brought up to date here), in the same order.
+  ex.sync_to_host();
   const Module& m = ex.module();
   std::vector<std::pair<const void*, size_t>> tensors;
   Json params = Json::array();
@@ -551,7 +552,8 @@ TrainingState load_checkpoint(const std::string& path, Executor& ex) {
   }
   if (!by_name.empty()) throw Error(path + ": parameter '" + by_name.begin()->first + "' is not in the module");
 
-  // Everything is validated: from here on nothing can fail, so the executor is never half-loaded.
+  // Everything is validated: from here on nothing in the file can fail, so the executor is never
+  // half-loaded (on a GPU the upload below can still fail, and that ends the run).
   for (const auto& [q, e] : plan) {
     std::memcpy(ex.f32(q->value()), p.data + e->value.offset, e->value.bytes);
     std::memcpy(ex.f32(q->adam_m()), p.data + e->adam_m.offset, e->adam_m.bytes);

@@ -336,22 +336,36 @@ void Executor::run_generated(const fb::Instr& ins) {
   kernel_fns_[size_t(ins.ints()->Get(0))](kernel_args_.data(), kernel_ranges_.data());
 }
 
-// On a GPU: the host copy of a state buffer, or of a program's result after the program ran.
 float* Executor::f32(uint32_t b) {
+  const fb::Buffer& buf = module_.buffer(b);
   if (device_) {
-    if (const uint8_t* r = device_->result(b)) return reinterpret_cast<float*>(const_cast<uint8_t*>(r));
-    if (module_.buffer(b).offset() >= module_.fb().state_size())
-      throw Error(module_.source() + ": buffer " + module_.buffer(b).name()->str() +
-                  " lives on the GPU (only the state and programs' results are copied to the host)");
+    if (buf.offset() >= module_.fb().state_size())
+      throw Error(module_.source() + ": buffer " + buf.name()->str() +
+                  " lives on the GPU (only the state region has a host copy; read() copies others)");
+    const bool host_written = buf.kind() == fb::BufferKind::Input || buf.kind() == fb::BufferKind::Hyper;
+    if (host_stale_ && !host_written)
+      throw Error(module_.source() + ": the host copy of " + buf.name()->str() +
+                  " is older than the GPU's (sync_to_host() first)");
   }
-  return reinterpret_cast<float*>(arena_ + module_.buffer(b).offset());
+  return reinterpret_cast<float*>(arena_ + buf.offset());
+}
+
+void Executor::read(uint32_t b, size_t offset, size_t bytes, void* dst) {
+  const fb::Buffer& buf = module_.buffer(b);
+  if (offset > buf.size() || bytes > buf.size() - offset)
+    throw Error(module_.source() + ": read of bytes [" + std::to_string(offset) + ", " + std::to_string(offset + bytes) +
+                ") of buffer " + buf.name()->str() + ", which has " + std::to_string(buf.size()));
+  if (device_) return device_->read(buf.offset() + offset, bytes, dst);
+  std::memcpy(dst, arena_ + buf.offset() + offset, bytes);
 }
 int32_t* Executor::i32(uint32_t b) { return reinterpret_cast<int32_t*>(f32(b)); }
 
 std::string Executor::device_name() const { return device_ ? device_->device_name() : "cpu"; }
 
 void Executor::sync_to_host() {
-  if (device_) device_->pull_state();
+  if (!device_ || !host_stale_) return;
+  device_->pull_state();
+  host_stale_ = false;
 }
 
 void Executor::refuse_on_device(const char* what) const {
@@ -384,7 +398,7 @@ int32_t* Executor::input(const std::string& name) {
 }
 
 void Executor::zero_grads() {
-  if (device_) return device_->zero_grads();
+  if (device_) return device_->zero_grads();  // the host copy keeps its (unused) gradients
   for (const fb::Parameter* p : *module_.fb().parameters())
     cpu::fill(f32(p->grad()), 0.0f, numel(module_.buffer(p->grad())));
 }
@@ -393,7 +407,10 @@ float Executor::run(const std::string& name) {
   const fb::Program* prog = module_.program(name);
   if (!prog || std::find(programs_.begin(), programs_.end(), name) == programs_.end())
     throw Error(module_.source() + ": program '" + name + "' is not loaded in this executor");
-  if (device_) return device_->run(name, profile_ ? &profile_by_op_ : nullptr);
+  if (device_) {
+    host_stale_ = true;
+    return device_->run(name, profile_ ? &profile_by_op_ : nullptr);
+  }
   for (const fb::Instr* ins : *prog->instrs()) {
     if (!profile_) {
       exec(*ins);

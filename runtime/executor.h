@@ -25,8 +25,15 @@ class Executor {
   // Runs a program ("forward", "micro_step", "optimizer_step"); returns its scalar result.
   float run(const std::string& program);
 
+  // The host memory of a buffer. On a GPU only the state region has a host copy: inputs and
+  // hyperparameters (written here, uploaded by run()), and parameters, gradients and moments,
+  // readable after sync_to_host() (kiln::Error while the GPU holds newer values), writable before
+  // refresh_compute_copies() uploads them.
   float* f32(uint32_t buffer);
   int32_t* i32(uint32_t buffer);
+  // Copies bytes [offset, offset + bytes) of a buffer to dst: any buffer, also an activation on
+  // the GPU (a program's result, e.g. the logits).
+  void read(uint32_t buffer, size_t offset, size_t bytes, void* dst);
   // Scalars and inputs by name; kiln::Error when the module has none of that name.
   void set_hyper(const std::string& name, float value);
   bool has_hyper(const std::string& name) const;
@@ -85,6 +92,7 @@ class Executor {
   void refuse_on_device(const char* what) const;
   const Module& module_;
   std::unique_ptr<DeviceExecutor> device_;  // target "cuda": the GPU runs the programs
+  bool host_stale_ = false;  // the GPU has changed the state since the last sync_to_host()
   std::vector<std::string> programs_;  // the programs this executor may run
   uint8_t* arena_ = nullptr;
   std::map<size_t, std::vector<float>> scratch_;          // by operand slot

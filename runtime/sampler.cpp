@@ -47,12 +47,14 @@ std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t
       }
       ex.run("logits");
       for (int64_t r = 0; r < rows; ++r) {
+        // Only the row sampled from is read (on a GPU, only it is copied to the host).
         const int64_t at = (r * T + last[size_t(r)]) * Vp;
         if (bf16) {
-          const auto* p = reinterpret_cast<const uint16_t*>(ex.f32(program->result())) + at;
-          cpu::widen_bf16(row.data(), p, V);
+          std::vector<uint16_t> h(static_cast<size_t>(V));
+          ex.read(program->result(), size_t(at) * 2, size_t(V) * 2, h.data());
+          cpu::widen_bf16(row.data(), h.data(), V);
         } else {
-          std::copy_n(ex.f32(program->result()) + at, V, row.data());
+          ex.read(program->result(), size_t(at) * 4, size_t(V) * 4, row.data());
         }
         for (float& x : row)
           if (std::isnan(x)) x = -INFINITY;  // a strict weak order for the sort

@@ -15,20 +15,21 @@ mkdir -p "$out"
 [ -f "$out/sotu/train_000.bin" ] ||
   build/bin/kiln-data prepare "$corpus"/*.txt --out "$out/sotu" --val-fraction 0.05
 
+# GPT-2 124M on the GPU when there is one and this build can use it: kilnc compiled with NVRTC
+# (and so the runtime with the same CUDA toolkit's cuBLASLt), else gpt2-mini on the CPU.
 spec=models/gpt2-mini.toml
-name=gpt2-mini
 lr=2e-3
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-  if [ -f /usr/local/cuda/include/cublasLt.h ]; then
+  if grep -q '^KILN_HAVE_NVRTC:INTERNAL=ON' build/CMakeCache.txt 2>/dev/null; then
     spec=models/gpt2-124m-cuda.toml
-    name=gpt2-124m
     lr=6e-4
     echo "train-demo: a CUDA GPU is present: training GPT-2 124M (bf16) on it"
   else
-    echo "train-demo: a CUDA GPU is present but no CUDA toolkit (/usr/local/cuda): training $spec on the CPU"
+    echo "train-demo: a CUDA GPU is present but this build has no CUDA (no toolkit when it was configured): training $spec on the CPU"
   fi
 fi
-spec="${KILN_DEMO_SPEC:-$spec}"
+if [ -n "${KILN_DEMO_SPEC:-}" ]; then spec=$KILN_DEMO_SPEC; fi
+name=$(basename "$spec" .toml)
 build/bin/kilnc "$spec" -o "$out/gpt2"
 build/bin/kiln-inspect "$out/gpt2"
 

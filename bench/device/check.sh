@@ -476,7 +476,8 @@ else
     fi
   fi
   if [ "$rc" = 0 ]; then
-    record build-configure ok "$LAST_DT" "$([ ${#KENV[@]} -gt 1 ] && echo "with the dependency bundle in $DEPS_ROOT" || echo "with this machine's packages")"
+    cuda_line=$(cat "$WORK"/build-configure*.log 2>/dev/null | grep -a -E -m1 'CUDA backend:|runs cpu modules only' | sed 's/^-- //')
+    record build-configure ok "$LAST_DT" "$([ ${#KENV[@]} -gt 1 ] && echo "with the dependency bundle in $DEPS_ROOT" || echo "with this machine's packages"); ${cuda_line:-no CUDA line}"
     rc=0
     boxed build-ninja 300 30 "$WORK/build-ninja.log" "${KENV[@]}" ninja -C "$BUILD_DIR" -j "$(nproc)" kiln-run || rc=$?
     if [ "$rc" = 0 ] && [ -x "$BUILD_DIR/bin/kiln-run" ]; then

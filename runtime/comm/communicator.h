@@ -8,7 +8,7 @@
 //                  MASTER_PORT): rank 0 listens, the others connect; a star through rank 0 over
 //                  plain sockets, for launchers without MPI. runtime/comm/tcp_communicator.cpp
 //   NCCL           GPU buffers; its unique id travels over the MPI (or TCP) bootstrap, which also
-//                  carries the host-side scalars. Only for a GPU target (none exists yet).
+//                  carries the host-side scalars. Only for a GPU target (not wired to its executor yet).
 //                  runtime/comm/nccl_communicator.cpp
 //
 // Float buffers live where the target's executor keeps its arena (host memory for the CPU

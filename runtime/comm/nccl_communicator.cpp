@@ -1,6 +1,7 @@
 // The NCCL backend: float collectives on GPU buffers, for a CUDA target's executor. Built when
-// CMake finds the CUDA toolkit and NCCL (KILN_HAVE_NCCL); chosen only for a GPU target
-// (select_comm_backend), which does not exist yet, so nothing runs this code today.
+// CMake finds the CUDA toolkit and NCCL (KILN_HAVE_NCCL); chosen only for a cuda module
+// (select_comm_backend). Data-parallel training of cuda modules is refused for now (the trainer
+// says so before anything is allocated), so nothing exercises this code yet.
 //
 // Set-up: the bootstrap communicator (MPI under mpirun/srun, else the TCP rendezvous) gives the
 // rank and world; this process takes GPU local_rank % device count (OMPI_COMM_WORLD_LOCAL_RANK
@@ -9,8 +10,10 @@
 // the bootstrap.
 //
 // Ordering: collectives run on the communicator's own stream, which first waits for the work
-// queued so far on the legacy default stream. When the CUDA executor exists it should hand its
-// stream over instead (an event per bucket is what lets the all-reduce overlap the backward).
+// queued so far on the legacy default stream. The device executor's compute stream is a
+// non-blocking one (runtime/cuda/cuda_device.cpp), which the legacy stream does not order with:
+// wiring data parallelism to it needs that stream (or an event per bucket, which is also what
+// lets the all-reduce overlap the backward).
 //
 // Failure: wait() polls the stream and ncclCommGetAsyncError; an error, or no completion within
 // KILN_COMM_TIMEOUT, aborts the NCCL communicator and raises a kiln::Error.

@@ -98,22 +98,12 @@ cudaDataType_t cuda_type(fb::DType t, const std::string& where, const char* role
   }
 }
 
-struct Epilogue {
-  cublasLtEpilogue_t value;
-  bool bias;  // reads the bias vector
-  bool aux;   // writes (GELU_AUX*) or reads (DGELU) the pre-GELU matrix
-};
-
-Epilogue epilogue(const MatmulSpec& s) {
-  if (s.epilogue == "DEFAULT") return {CUBLASLT_EPILOGUE_DEFAULT, false, false};
-  if (s.epilogue == "BIAS") return {CUBLASLT_EPILOGUE_BIAS, true, false};
-  if (s.epilogue == "GELU") return {CUBLASLT_EPILOGUE_GELU, false, false};
-  if (s.epilogue == "GELU_AUX") return {CUBLASLT_EPILOGUE_GELU_AUX, false, true};
-  if (s.epilogue == "GELU_BIAS") return {CUBLASLT_EPILOGUE_GELU_BIAS, true, false};
-  if (s.epilogue == "GELU_AUX_BIAS") return {CUBLASLT_EPILOGUE_GELU_AUX_BIAS, true, true};
-  if (s.epilogue == "DGELU") return {CUBLASLT_EPILOGUE_DGELU, false, true};
-  throw Error(s.where + ": unknown cuBLASLt epilogue '" + s.epilogue +
-              "' (DEFAULT, BIAS, GELU, GELU_AUX, GELU_BIAS, GELU_AUX_BIAS, DGELU)");
+// The cuBLASLt epilogue of a spec's epilogue name.
+cublasLtEpilogue_t lt_epilogue(const EpilogueFlags& f) {
+  if (f.dgelu) return CUBLASLT_EPILOGUE_DGELU;
+  if (f.gelu && f.aux_out) return f.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+  if (f.gelu) return f.bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
+  return f.bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
 }
 
 // "m=64 n=2304 k=768 trans_a=0 trans_b=1 epilogue=BIAS types A=BF16 B=BF16 D=F32 bias=F32": for messages.
@@ -162,9 +152,9 @@ class CudaDevice final : public Device {
     check_cuda(cudaMemcpyAsync(dst, ptr(src), bytes, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync (download)");
     check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (download)");
   }
-  void zero(DevicePtr dst, size_t bytes) override {
+  void fill(DevicePtr dst, uint8_t byte, size_t bytes) override {
     if (bytes == 0) return;
-    check_cuda(cudaMemsetAsync(ptr(dst), 0, bytes, stream_), "cudaMemsetAsync");
+    check_cuda(cudaMemsetAsync(ptr(dst), byte, bytes, stream_), "cudaMemsetAsync");
   }
   void synchronize() override { check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
 
@@ -177,6 +167,11 @@ class CudaDevice final : public Device {
 
   bool begin_capture() override;
   Graph end_capture() override;
+  void abort_capture() noexcept override {
+    cudaGraph_t graph = nullptr;
+    if (cudaStreamEndCapture(stream_, &graph) == cudaSuccess && graph) (void)cudaGraphDestroy(graph);
+    (void)cudaGetLastError();
+  }
   void launch_graph(Graph g) override;
 
  private:
@@ -419,12 +414,12 @@ void CudaDevice::launch(Function fn, unsigned grid, unsigned block, DevicePtr op
 // and D^T (column-major [n,m], ld n) is exactly D row-major. The bias runs along D^T's rows,
 // i.e. along D's columns (length n): the row-major bias as it is.
 Device::Matmul CudaDevice::plan_matmul(const MatmulSpec& s) {
-  const Epilogue ep = epilogue(s);
+  const EpilogueFlags ep = epilogue_flags(s.epilogue, s.where);
   if (s.m <= 0 || s.n <= 0 || s.k <= 0) throw Error(s.where + ": empty matrix product (" + product(s) + ")");
   if (!s.a || !s.b || !s.d) throw Error(s.where + ": matrix product without A, B or D (" + product(s) + ")");
   if (s.beta != 0.0f && !s.c) throw Error(s.where + ": matrix product with beta != 0 but no C (" + product(s) + ")");
   if (ep.bias && !s.bias) throw Error(s.where + ": epilogue " + s.epilogue + " without a bias vector");
-  if (ep.aux && !s.aux) throw Error(s.where + ": epilogue " + s.epilogue + " without an aux matrix");
+  if (ep.reads_aux() && !s.aux) throw Error(s.where + ": epilogue " + s.epilogue + " without an aux matrix");
   const cudaDataType_t a_type = cuda_type(s.a_type, s.where, "A");
   const cudaDataType_t b_type = cuda_type(s.b_type, s.where, "B");
   const cudaDataType_t d_type = cuda_type(s.d_type, s.where, "D");
@@ -445,7 +440,7 @@ Device::Matmul CudaDevice::plan_matmul(const MatmulSpec& s) {
              s.where, "cublasLtMatmulDescSetAttribute TRANSA");
     check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &trans_second, sizeof trans_second),
              s.where, "cublasLtMatmulDescSetAttribute TRANSB");
-    const uint32_t epilogue_value = ep.value;
+    const uint32_t epilogue_value = lt_epilogue(ep);
     check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue_value,
                                             sizeof epilogue_value),
              s.where, "cublasLtMatmulDescSetAttribute EPILOGUE");
@@ -458,7 +453,7 @@ Device::Matmul CudaDevice::plan_matmul(const MatmulSpec& s) {
                                               sizeof bias_type),
                s.where, "cublasLtMatmulDescSetAttribute BIAS_DATA_TYPE");
     }
-    if (ep.aux) {
+    if (ep.reads_aux()) {
       // The pre-GELU matrix, shaped like D: column-major [n,m] with ld n.
       void* aux = ptr(s.aux);
       const int64_t aux_ld = s.n;

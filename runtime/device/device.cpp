@@ -14,6 +14,21 @@ std::function<std::unique_ptr<Device>()>& factory() {
 }
 }  // namespace
 
+EpilogueFlags epilogue_flags(const std::string& e, const std::string& where) {
+  EpilogueFlags f;
+  if (e == "DEFAULT") return f;
+  if (e == "BIAS") f.bias = true;
+  else if (e == "GELU") f.gelu = true;
+  else if (e == "GELU_AUX") f.gelu = f.aux_out = true;
+  else if (e == "GELU_BIAS") f.gelu = f.bias = true;
+  else if (e == "GELU_AUX_BIAS") f.gelu = f.aux_out = f.bias = true;
+  else if (e == "DGELU") f.dgelu = true;
+  else
+    throw Error(where + ": unknown cuBLASLt epilogue '" + e +
+                "' (DEFAULT, BIAS, GELU, GELU_AUX, GELU_BIAS, GELU_AUX_BIAS, DGELU)");
+  return f;
+}
+
 void set_device_factory(std::function<std::unique_ptr<Device>()> f) { factory() = std::move(f); }
 
 std::unique_ptr<Device> make_device() {

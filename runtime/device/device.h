@@ -31,6 +31,15 @@ struct MatmulSpec {
   DevicePtr a = 0, b = 0, c = 0, d = 0, bias = 0, aux = 0;  // 0: none
 };
 
+// What a cuBLASLt epilogue name (MatmulSpec::epilogue) does after the product, in this order:
+// adds the bias, writes the pre-GELU value to aux, applies GELU; or multiplies by the GELU
+// derivative at aux (DGELU). Throws kiln::Error for a name that is none of them.
+struct EpilogueFlags {
+  bool bias = false, aux_out = false, gelu = false, dgelu = false;
+  bool reads_aux() const { return aux_out || dgelu; }
+};
+EpilogueFlags epilogue_flags(const std::string& epilogue, const std::string& where);
+
 class Device {
  public:
   virtual ~Device() = default;
@@ -44,7 +53,8 @@ class Device {
   virtual void upload(DevicePtr dst, const void* src, size_t bytes) = 0;
   // Device to host: waits for the stream's work before it, and for the copy.
   virtual void download(void* dst, DevicePtr src, size_t bytes) = 0;
-  virtual void zero(DevicePtr dst, size_t bytes) = 0;  // in stream order
+  virtual void fill(DevicePtr dst, uint8_t byte, size_t bytes) = 0;  // in stream order
+  void zero(DevicePtr dst, size_t bytes) { fill(dst, 0, bytes); }
   virtual void synchronize() = 0;                       // waits for the stream
 
   // The module's generated kernels (its cuda_images for this GPU's architecture).
@@ -67,6 +77,8 @@ class Device {
   using Graph = size_t;
   virtual bool begin_capture() = 0;
   virtual Graph end_capture() = 0;
+  // Ends a capture that failed half way, recording nothing (no error of its own).
+  virtual void abort_capture() noexcept = 0;
   virtual void launch_graph(Graph g) = 0;
 };
 

@@ -50,6 +50,8 @@ DeviceExecutor::DeviceExecutor(const Module& module, const std::vector<std::stri
     : module_(module) {
   const char* g = std::getenv("KILN_CUDA_GRAPHS");
   graphs_ = !(g && std::string(g) == "0");
+  const char* poison = std::getenv("KILN_CUDA_POISON");
+  poison_ = poison && std::string(poison) == "1";
   try {
     device_ = make_device();
   } catch (const Error& e) {
@@ -61,7 +63,8 @@ DeviceExecutor::DeviceExecutor(const Module& module, const std::vector<std::stri
   const uint64_t bytes = std::max<uint64_t>(module.fb().state_size() + activations, 256);
   arena_ = device_->alloc(bytes, module.source() + "'s arena (" + std::to_string(module.fb().state_size()) +
                                      " bytes of state, " + std::to_string(activations) + " of activations)");
-  device_->zero(arena_, bytes);
+  activation_bytes_ = activations;
+  device_->zero(arena_, module.fb().state_size());  // activations: written by kernels before they are read
   scratch_ = device_->alloc(256, "the gradient-norm accumulator");
   device_->zero(scratch_, 256);
   device_->load_kernels(module);
@@ -95,11 +98,9 @@ DeviceExecutor::DeviceExecutor(const Module& module, const std::vector<std::stri
                  "refused it fused, e.g. %s\n", module.source().c_str(), unfused_epilogues_, unfused_reason_.c_str());
 }
 
-DeviceExecutor::~DeviceExecutor() {
-  if (!device_) return;
-  for (DevicePtr p : {tables_, scratch_, arena_})
-    if (p) device_->free(p);
-}
+// The device frees what is left when it goes (after a fault every CUDA call fails: nothing here
+// may throw while an error unwinds).
+DeviceExecutor::~DeviceExecutor() = default;
 
 size_t DeviceExecutor::add_words(const std::vector<uint64_t>& words) {
   const size_t at = table_words_.size();
@@ -177,11 +178,9 @@ void DeviceExecutor::plan_kernel(Program& p, const fb::Instr& ins, const std::st
     if (!m.a || !m.b || !m.d) throw Error(m.where + ": a cuBLASLt call needs A, B and D");
     if ((m.beta != 0.0f) != (m.c != 0)) throw Error(m.where + ": cuBLASLt beta and C disagree");
     if (m.c && c_type != m.d_type) throw Error(m.where + ": cuBLASLt C and D differ in type");
-    const std::string& e = m.epilogue;
-    const bool bias = e == "BIAS" || e == "GELU_BIAS" || e == "GELU_AUX_BIAS";
-    const bool aux = e == "GELU_AUX" || e == "GELU_AUX_BIAS" || e == "DGELU";
-    if (bias != (m.bias != 0)) throw Error(m.where + ": epilogue " + e + " and the bias operand disagree");
-    if (aux != (m.aux != 0)) throw Error(m.where + ": epilogue " + e + " and the aux operand disagree");
+    const EpilogueFlags f = epilogue_flags(m.epilogue, m.where);
+    if (f.bias != (m.bias != 0)) throw Error(m.where + ": epilogue " + m.epilogue + " and the bias operand disagree");
+    if (f.reads_aux() != (m.aux != 0)) throw Error(m.where + ": epilogue " + m.epilogue + " and the aux operand disagree");
     Step s{Step::Matmul, name + " (cuBLASLt)"};
     try {
       s.matmul = device_->plan_matmul(m);
@@ -219,19 +218,21 @@ void DeviceExecutor::plan_kernel(Program& p, const fb::Instr& ins, const std::st
 // not fuse), the plain product and then the support kernel kiln_matmul_epilogue: the product
 // goes to the auxiliary output when there is one to write (it is the pre-GELU value), else to D.
 void DeviceExecutor::plan_unfused_epilogue(Program& p, MatmulSpec m, const std::string& name, const std::string& why) {
-  const std::string e = m.epilogue;
-  const bool bias = m.bias != 0, aux_out = e == "GELU_AUX" || e == "GELU_AUX_BIAS", dgelu = e == "DGELU";
-  const bool gelu = e.rfind("GELU", 0) == 0;
-  const int64_t flags = (bias ? 1 : 0) | (gelu ? 2 : 0) | (aux_out ? 4 : 0) | (dgelu ? 8 : 0);
+  const EpilogueFlags e = epilogue_flags(m.epilogue, m.where);
+  const int64_t flags = (e.bias ? 1 : 0) | (e.gelu ? 2 : 0) | (e.aux_out ? 4 : 0) | (e.dgelu ? 8 : 0);
   const DevicePtr bias_ptr = m.bias, aux = m.aux, d = m.d;
   const fb::DType bias_type = m.bias_type, aux_type = m.aux_type, d_type = m.d_type;
   MatmulSpec plain = m;
   plain.epilogue = "DEFAULT";
   plain.bias = plain.aux = 0;
-  if (aux_out) plain.d = aux, plain.d_type = aux_type;
-  if (plain.d_type != d_type && plain.c) throw Error(m.where + ": " + why);  // C is typed like D
+  if (e.aux_out) plain.d = aux, plain.d_type = aux_type;
+  if (plain.d_type != d_type && plain.c) throw Error(why);  // C is typed like D
   Step s{Step::Matmul, name + " (cuBLASLt)"};
-  s.matmul = device_->plan_matmul(plain);
+  try {
+    s.matmul = device_->plan_matmul(plain);
+  } catch (const Error& plain_error) {
+    throw Error(std::string(plain_error.what()) + "; fused, " + why);
+  }
   p.steps.push_back(s);
   Step f{Step::Launch, name + " (epilogue)"};
   f.operands = add_words({plain.d, bias_ptr, aux, d});
@@ -288,8 +289,18 @@ void DeviceExecutor::issue(const Program& p) {
 }
 
 float DeviceExecutor::run(const std::string& name, std::map<std::string, std::pair<double, int64_t>>* profile) {
-  Program& p = programs_.at(name);
+  try {
+    return run_program(programs_.at(name), profile);
+  } catch (const Error& e) {
+    // Kernels run asynchronously: a fault shows at the next synchronising call, whatever it is.
+    throw Error(module_.source() + ": program " + name + " on " + device_name_ + ": " + e.what() +
+                (profile ? "" : " (KILN_CUDA_GRAPHS=0 and --profile run kernel by kernel, to find the one at fault)"));
+  }
+}
+
+float DeviceExecutor::run_program(Program& p, std::map<std::string, std::pair<double, int64_t>>* profile) {
   for (auto [begin, end] : host_written_) device_->upload(arena_ + begin, host_state_ + begin, end - begin);
+  if (poison_) device_->fill(arena_ + module_.fb().state_size(), 0xff, activation_bytes_);
   if (profile) {
     device_->synchronize();
     for (const Step& s : p.steps) {
@@ -303,8 +314,14 @@ float DeviceExecutor::run(const std::string& name, std::map<std::string, std::pa
   } else if (graphs_ && p.runs > 0) {
     // The first run went eagerly (libraries finish their lazy set-up outside a capture).
     if (!p.graph_ready && device_->begin_capture()) {
-      issue(p);
-      p.graph = device_->end_capture();
+      try {
+        issue(p);
+        p.graph = device_->end_capture();
+      } catch (...) {
+        device_->abort_capture();
+        graphs_ = false;  // the program can still run eagerly, and does from now on
+        throw;
+      }
       p.graph_ready = true;
     }
     if (p.graph_ready) device_->launch_graph(p.graph);
@@ -313,12 +330,11 @@ float DeviceExecutor::run(const std::string& name, std::map<std::string, std::pa
     issue(p);
   }
   ++p.runs;
-  const uint32_t r = p.fb->result();
-  const fb::Buffer& rb = module_.buffer(r);
-  std::vector<uint8_t>& host = results_[r];
-  host.resize(rb.size());
-  device_->download(host.data(), at(r), rb.size());
-  return first_float(host, rb.dtype());
+  // The result's first element: the loss or the gradient norm (the logits are read() by rows).
+  const fb::Buffer& rb = module_.buffer(p.fb->result());
+  std::vector<uint8_t> first(std::min<uint64_t>(rb.size(), 4));
+  device_->download(first.data(), arena_ + rb.offset(), first.size());
+  return first_float(first, rb.dtype());
 }
 
 void DeviceExecutor::push_state() {
@@ -333,9 +349,5 @@ void DeviceExecutor::zero_grads() {
     device_->zero(at(p->grad()), module_.buffer(p->grad()).size());
 }
 
-const uint8_t* DeviceExecutor::result(uint32_t buffer) const {
-  auto it = results_.find(buffer);
-  return it == results_.end() ? nullptr : it->second.data();
-}
 
 }  // namespace kiln

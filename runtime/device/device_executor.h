@@ -28,14 +28,16 @@ class DeviceExecutor {
   DeviceExecutor& operator=(const DeviceExecutor&) = delete;
 
   // Uploads the inputs and hyperparameters, runs the program (replaying its CUDA graph from its
-  // second run on), downloads its result buffer and returns its first element.
+  // second run on) and returns the first element of its result buffer (read() gives the rest).
   // With `profile`, runs eagerly and adds each kernel's wall time (seconds, calls) by name.
+  // KILN_CUDA_POISON=1 fills the activations with NaN bytes before every run, so that a kernel
+  // reading what no kernel wrote shows (the emulation tests run so).
   float run(const std::string& program, std::map<std::string, std::pair<double, int64_t>>* profile);
   void push_state();  // the host copy of the state region -> the device
   void pull_state();  // the device's state region -> the host copy
   void zero_grads();  // clears the gradient accumulators on the device
-  // The host copy of a program's result buffer after its last run; null for any other buffer.
-  const uint8_t* result(uint32_t buffer) const;
+  // Bytes [offset, offset + bytes) of the arena, to the host.
+  void read(uint64_t offset, size_t bytes, void* dst) { device_->download(dst, arena_ + offset, bytes); }
   const std::string& device_name() const { return device_name_; }
 
  private:
@@ -58,6 +60,7 @@ class DeviceExecutor {
     bool graph_ready = false;
     Device::Graph graph = 0;
   };
+  float run_program(Program& p, std::map<std::string, std::pair<double, int64_t>>* profile);
   void plan(Program& p);
   void plan_kernel(Program& p, const fb::Instr& ins, const std::string& where);
   void plan_norm(Program& p, const fb::Instr& ins, const std::string& where);
@@ -75,8 +78,8 @@ class DeviceExecutor {
   std::vector<uint64_t> table_words_;  // operand address tables and ranges, uploaded once
   std::map<std::string, Program> programs_;
   std::vector<std::pair<uint64_t, uint64_t>> host_written_;  // [offset, end) of inputs and hypers
-  std::unordered_map<uint32_t, std::vector<uint8_t>> results_;
-  bool graphs_ = true;
+  bool graphs_ = true, poison_ = false;
+  uint64_t activation_bytes_ = 0;
   int unfused_epilogues_ = 0;  // products whose epilogue cuBLASLt refused to fuse
   std::string unfused_reason_;
 };

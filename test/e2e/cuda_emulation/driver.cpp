@@ -10,8 +10,8 @@
 // parameters (seeded, then perturbed so that no bias or LayerNorm weight is trivially 0 or 1)
 // and the same tokens; after each micro_step and optimizer_step every state buffer (gradients,
 // parameters, AdamW moments, compute copies) and the program's result are compared by name.
-// The emulated device fills fresh memory with NaN bytes, so a kernel that reads what nobody
-// wrote shows. Exit status 0 when everything is within tolerance.
+// The activations are filled with NaN bytes before every program (KILN_CUDA_POISON=1), so a
+// kernel that reads what no kernel wrote shows. Exit status 0 when everything is within tolerance.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -113,6 +113,7 @@ int main(int argc, char** argv) {
   }
   try {
     set_device_factory(make_emulated_device);
+    setenv("KILN_CUDA_POISON", "1", 0);  // NaN activations before every program (device_executor.h)
     Module cpu_m = Module::load(argv[1]);
     Module cuda_m = Module::load(argv[2]);
     const bool bf16 = cuda_m.fb().model()->precision()->str() == "bf16";

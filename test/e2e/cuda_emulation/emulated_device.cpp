@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "runtime/cpu/bf16.h"
+#include "runtime/cpu/kernels.h"
 #include "runtime/error.h"
 
 #ifndef KILN_EMU_DIR
@@ -29,13 +30,6 @@ namespace fs = std::filesystem;
 typedef void (*KernelFn)(void* const*, const long long*);
 typedef void (*LaunchFn)(KernelFn, const char*, unsigned, unsigned, void* const*, const long long*);
 
-float gelu(float u) { return 0.5f * u * (1.0f + std::tanh(0.7978845608028654f * (u + 0.044715f * u * u * u))); }
-float gelu_grad(float dy, float u) {
-  const float th = std::tanh(0.7978845608028654f * (u + 0.044715f * u * u * u));
-  return (0.5f * (1.0f + th) +
-          0.5f * u * (1.0f - th * th) * 0.7978845608028654f * (1.0f + 3.0f * 0.044715f * u * u)) *
-         dy;
-}
 float get(DevicePtr p, fb::DType t, int64_t i) {
   if (t == fb::DType::BF16) return cpu::from_bf16(reinterpret_cast<const uint16_t*>(p)[i]);
   return reinterpret_cast<const float*>(p)[i];
@@ -45,12 +39,10 @@ void set(DevicePtr p, fb::DType t, int64_t i, float v) {
   else reinterpret_cast<float*>(p)[i] = v;
 }
 
-// cuBLASLt's product and epilogues, row-major (MatmulSpec), accumulated in double.
+// cuBLASLt's product and epilogues, row-major (MatmulSpec), accumulated in double; GELU and its
+// derivative are the CPU runtime's.
 void emulate_matmul(const MatmulSpec& s) {
-  const std::string& e = s.epilogue;
-  const bool bias = e == "BIAS" || e == "GELU_BIAS" || e == "GELU_AUX_BIAS";
-  const bool gelu_out = e == "GELU" || e == "GELU_AUX" || e == "GELU_BIAS" || e == "GELU_AUX_BIAS";
-  const bool aux_out = e == "GELU_AUX" || e == "GELU_AUX_BIAS", dgelu = e == "DGELU";
+  const EpilogueFlags f = epilogue_flags(s.epilogue, s.where);
   const int64_t M = s.m, N = s.n, K = s.k;
   std::vector<float> out(size_t(M * N));
   for (int64_t i = 0; i < M; i++)
@@ -61,10 +53,13 @@ void emulate_matmul(const MatmulSpec& s) {
                double(get(s.b, s.b_type, s.trans_b ? j * K + p : p * N + j));
       float x = float(acc);
       if (s.beta != 0.0f) x += s.beta * get(s.c, s.d_type, i * N + j);
-      if (bias) x += get(s.bias, s.bias_type, j);
-      if (aux_out) set(s.aux, s.aux_type, i * N + j, x);
-      if (gelu_out) x = gelu(x);
-      if (dgelu) x = gelu_grad(x, get(s.aux, s.aux_type, i * N + j));
+      if (f.bias) x += get(s.bias, s.bias_type, j);
+      if (f.aux_out) set(s.aux, s.aux_type, i * N + j, x);
+      if (f.gelu) cpu::gelu_fwd(&x, &x, 1);
+      if (f.dgelu) {
+        const float u = get(s.aux, s.aux_type, i * N + j), dy = x;
+        cpu::gelu_bwd(&x, &u, &dy, 1);
+      }
       out[size_t(i * N + j)] = x;
     }
   for (int64_t i = 0; i < M * N; i++) set(s.d, s.d_type, i, out[size_t(i)]);
@@ -99,9 +94,9 @@ class EmulatedDevice final : public Device {
     check(src, bytes, "download");
     std::memcpy(dst, reinterpret_cast<const void*>(src), bytes);
   }
-  void zero(DevicePtr dst, size_t bytes) override {
-    check(dst, bytes, "zero");
-    work([=] { std::memset(reinterpret_cast<void*>(dst), 0, bytes); });
+  void fill(DevicePtr dst, uint8_t byte, size_t bytes) override {
+    check(dst, bytes, "fill");
+    work([=] { std::memset(reinterpret_cast<void*>(dst), byte, bytes); });
   }
   void synchronize() override { not_capturing("synchronize"); }
 
@@ -152,10 +147,7 @@ class EmulatedDevice final : public Device {
   }
 
   Matmul plan_matmul(const MatmulSpec& s) override {
-    static const char* known[] = {"DEFAULT", "BIAS", "GELU", "GELU_AUX", "GELU_BIAS", "GELU_AUX_BIAS", "DGELU"};
-    bool ok = false;
-    for (const char* k : known) ok |= s.epilogue == k;
-    if (!ok) throw Error(s.where + ": no cuBLASLt epilogue " + s.epilogue);
+    (void)epilogue_flags(s.epilogue, s.where);  // a name cuBLASLt has
     // KILN_EMU_PLAIN_CUBLASLT=1: a cuBLASLt without fused epilogues (tests the runtime's fallback).
     const char* plain = std::getenv("KILN_EMU_PLAIN_CUBLASLT");
     if (plain && std::string(plain) == "1" && s.epilogue != "DEFAULT")
@@ -187,6 +179,11 @@ class EmulatedDevice final : public Device {
     if (!capturing_) throw Error("emulated device: end_capture without begin_capture");
     capturing_ = false;
     return graphs_.size() - 1;
+  }
+  void abort_capture() noexcept override {
+    if (!capturing_) return;
+    capturing_ = false;
+    graphs_.pop_back();
   }
   void launch_graph(Graph g) override {
     not_capturing("launch_graph");

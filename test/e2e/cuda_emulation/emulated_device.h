@@ -6,8 +6,8 @@
 #include "runtime/device/device.h"
 
 namespace kiln {
-// Memory is host memory (fresh allocations are filled with NaN bytes, so a kernel that reads
-// what nobody wrote shows); kernels are the module's kernel_source compiled over shim.h by the
+// Memory is host memory (fresh allocations are filled with NaN bytes; KILN_CUDA_POISON=1 has the
+// executor refill the activations before every run); kernels are the module's kernel_source compiled over shim.h by the
 // host compiler ($CXX, default c++) into $KILN_EMU_CACHE (default $TMPDIR/kiln-emu-cache);
 // cuBLASLt calls are computed by a loop in double; graphs record the work and replay it.
 std::unique_ptr<Device> make_emulated_device();
