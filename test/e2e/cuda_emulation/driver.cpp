@@ -190,29 +190,26 @@ int main(int argc, char** argv) {
       compare(r, what, View{&ev, fb::DType::F32}, View{&cv, fb::DType::F32}, 1, tol, true);
     };
 
+    // Runs a program on both, then compares its result and the state (gradients only, or all).
+    auto compare_program = [&](int step, const char* program, const char* result, bool grads_only) {
+      const float c = cpu.run(program), e = gpu.run(program);
+      Result r;
+      std::printf("step %d %s: %s cpu %.7g emulated cuda %.7g\n", step, program, result, c, e);
+      scalar(r, result, e, c);
+      compare_state(r, grads_only);
+      std::printf("  %s: %d buffers, %d failed, worst rel %.3g (%s)\n", program, r.checked, r.failed, r.worst,
+                  r.worst_name.c_str());
+      return r;
+    };
     Result total;
     for (int s = 1; s <= steps; s++) {
       cpu.zero_grads();
       gpu.zero_grads();
-      const float cl = cpu.run("micro_step");
-      const float el = gpu.run("micro_step");
-      Result r;
-      std::printf("step %d micro_step: loss cpu %.7g emulated cuda %.7g\n", s, cl, el);
-      scalar(r, "loss", el, cl);
-      compare_state(r, true);
-      std::printf("  micro_step: %d buffers, %d failed, worst rel %.3g (%s)\n", r.checked, r.failed, r.worst,
-                  r.worst_name.c_str());
+      const Result r = compare_program(s, "micro_step", "loss", true);
       set_hyper("lr", lr);
       set_hyper("step", float(s));
-      const float cn = cpu.run("optimizer_step");
-      const float en = gpu.run("optimizer_step");
-      Result q;
-      std::printf("step %d optimizer_step: grad norm cpu %.7g emulated cuda %.7g\n", s, cn, en);
-      scalar(q, "grad_norm", en, cn);
-      compare_state(q, false);
-      std::printf("  optimizer_step: %d buffers, %d failed, worst rel %.3g (%s)\n", q.checked, q.failed, q.worst,
-                  q.worst_name.c_str());
-      for (Result* x : {&r, &q}) {
+      const Result q = compare_program(s, "optimizer_step", "grad_norm", false);
+      for (const Result* x : {&r, &q}) {
         total.checked += x->checked, total.failed += x->failed;
         if (x->worst > total.worst) total.worst = x->worst, total.worst_name = x->worst_name;
       }
