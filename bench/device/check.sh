@@ -666,6 +666,7 @@ if [ -n "$KILN_RUN_BIN" ] && [ -z "$CPU_ONLY_RUNTIME" ] && [ -f "$DEV/modules/$B
   boxed kiln-profile 90 25 "$WORK/kiln-profile.log" "${KENV[@]}" "$KILN_RUN_BIN" "$DEV/modules/$BENCH.kiln" \
     train --data "$pdata" --steps 3 --lr-schedule constant --profile || rc=$?
   if [ "$rc" = 0 ]; then record kiln-profile ok "$LAST_DT" "3 steps, per-kernel table in summary.md"
+  elif timed_out "$rc"; then record kiln-profile "timed out" "$LAST_DT" "$(tail -n 1 "$WORK/kiln-profile.log" | oneline)"
   elif [ "$rc" != 200 ]; then record kiln-profile failed "$LAST_DT" "$(err_line "$WORK/kiln-profile.log") (exit $rc)"; fi
 else
   record kiln-profile skipped 0 "no kiln-run that runs cuda modules here"
