@@ -311,25 +311,9 @@ float DeviceExecutor::run_program(Program& p, std::map<std::string, std::pair<do
       seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       ++calls;
     }
-  } else if (graphs_ && p.runs > 0) {
-    // The first run went eagerly (libraries finish their lazy set-up outside a capture).
-    if (!p.graph_ready && device_->begin_capture()) {
-      try {
-        issue(p);
-        p.graph = device_->end_capture();
-      } catch (...) {
-        device_->abort_capture();
-        graphs_ = false;  // the program can still run eagerly, and does from now on
-        throw;
-      }
-      p.graph_ready = true;
-    }
-    if (p.graph_ready) device_->launch_graph(p.graph);
-    else issue(p);
   } else {
-    issue(p);
+    replay(p);
   }
-  ++p.runs;
   // The result's first element: the loss or the gradient norm (the logits are read() by rows).
   const fb::Buffer& rb = module_.buffer(p.fb->result());
   std::vector<uint8_t> first(std::min<uint64_t>(rb.size(), 4));
@@ -344,9 +328,35 @@ void DeviceExecutor::push_state() {
 
 void DeviceExecutor::pull_state() { device_->download(host_state_, arena_, module_.fb().state_size()); }
 
+// Issues a program's steps, as a CUDA graph from its second run on (the first runs eagerly:
+// libraries finish their lazy set-up outside a capture).
+void DeviceExecutor::replay(Program& p) {
+  if (graphs_ && p.runs > 0 && !p.graph_ready && device_->begin_capture()) {
+    try {
+      issue(p);
+      p.graph = device_->end_capture();
+    } catch (...) {
+      device_->abort_capture();
+      graphs_ = false;  // the programs can still run eagerly, and do from now on
+      throw;
+    }
+    p.graph_ready = true;
+  }
+  if (graphs_ && p.graph_ready) device_->launch_graph(p.graph);
+  else issue(p);
+  ++p.runs;
+}
+
+// One clear per gradient buffer (they lie between the values and moments): a graph of them.
 void DeviceExecutor::zero_grads() {
-  for (const fb::Parameter* p : *module_.fb().parameters())
-    device_->zero(at(p->grad()), module_.buffer(p->grad()).size());
+  if (zero_grads_.steps.empty())
+    for (const fb::Parameter* p : *module_.fb().parameters()) {
+      Step s{Step::Zero, "zero_grads"};
+      s.ptr = at(p->grad());
+      s.bytes = module_.buffer(p->grad()).size();
+      zero_grads_.steps.push_back(s);
+    }
+  replay(zero_grads_);
 }
 
 

@@ -68,6 +68,7 @@ class DeviceExecutor {
   DevicePtr at(uint32_t buffer) const { return arena_ + module_.buffer(buffer).offset(); }
   size_t add_words(const std::vector<uint64_t>& words);  // to the table block; its word offset
   void issue(const Program& p);
+  void replay(Program& p);
   void issue(const Step& s);
 
   const Module& module_;
@@ -77,6 +78,7 @@ class DeviceExecutor {
   DevicePtr arena_ = 0, tables_ = 0, scratch_ = 0;
   std::vector<uint64_t> table_words_;  // operand address tables and ranges, uploaded once
   std::map<std::string, Program> programs_;
+  Program zero_grads_;  // the gradient clears of zero_grads()
   std::vector<std::pair<uint64_t, uint64_t>> host_written_;  // [offset, end) of inputs and hypers
   bool graphs_ = true, poison_ = false;
   uint64_t activation_bytes_ = 0;
