@@ -145,7 +145,15 @@ DataParallel::DataParallel(Executor& ex, Communicator& comm, int zero, int64_t b
   compiled_ = !groups.empty();
   plan_ = compiled_ ? plan_buckets(groups, sizes, comm.world_size()) : plan_buckets(sizes, bucket_bytes, comm.world_size());
   if (comm.world_size() == 1) return;  // nothing to exchange; the hooks stay off
-  staging_.resize(size_t(plan_.total));
+  // A GPU's gradients are in device memory: the collectives must take it (NCCL) and run on the
+  // executor's stream, after the kernels that compute what they reduce.
+  if (ex.comm_needs_device_memory()) {
+    if (!comm.device_memory())
+      throw Error(m.source() + ": data parallel: the gradients of a cuda module are in GPU memory, which " +
+                  comm.describe() + " cannot reduce; use --comm nccl (the default under a launcher)");
+    comm.use_stream(ex.device_stream());
+  }
+  staging_ = ex.comm_buffer(plan_.total);
   started_.assign(plan_.buckets.size(), false);
   ex.set_gradient_hooks([this](int64_t b) { if (armed_) start_bucket(size_t(b)); },
                         [this] { finish_gradient_reduction(); });
@@ -171,23 +179,16 @@ std::string DataParallel::describe() const {
 
 // Copies between the parameters' buffers and bucket b's staging range: every element, or with
 // owned_only this rank's piece only.
-void DataParallel::pack(size_t b, bool grads, bool owned_only) {
-  const Module& m = ex_.module();
-  for (size_t p : plan_.buckets[b].params) {
-    const fb::Parameter& prm = *m.fb().parameters()->Get(uint32_t(p));
-    const float* src = ex_.f32(grads ? prm.grad() : prm.value());
-    auto [lo, hi] = owned_only ? plan_.owned(p, comm_.rank()) : std::make_pair(int64_t(0), plan_.params[p].size);
-    if (hi > lo) std::memcpy(&staging_[size_t(plan_.params[p].flat + lo)], src + lo, size_t(hi - lo) * sizeof(float));
-  }
-}
+void DataParallel::pack(size_t b, bool grads, bool owned_only) { copy(b, grads, owned_only, true); }
+void DataParallel::unpack(size_t b, bool grads, bool owned_only) { copy(b, grads, owned_only, false); }
 
-void DataParallel::unpack(size_t b, bool grads, bool owned_only) {
+void DataParallel::copy(size_t b, bool grads, bool owned_only, bool to_staging) {
   const Module& m = ex_.module();
   for (size_t p : plan_.buckets[b].params) {
     const fb::Parameter& prm = *m.fb().parameters()->Get(uint32_t(p));
-    float* dst = ex_.f32(grads ? prm.grad() : prm.value());
     auto [lo, hi] = owned_only ? plan_.owned(p, comm_.rank()) : std::make_pair(int64_t(0), plan_.params[p].size);
-    if (hi > lo) std::memcpy(dst + lo, &staging_[size_t(plan_.params[p].flat + lo)], size_t(hi - lo) * sizeof(float));
+    if (hi > lo)
+      ex_.copy_elements(grads ? prm.grad() : prm.value(), lo, hi - lo, staging_ + plan_.params[p].flat + lo, to_staging);
   }
 }
 
@@ -195,7 +196,7 @@ void DataParallel::start_bucket(size_t b) {
   if (b >= plan_.buckets.size() || started_[b]) return;
   const BucketPlan::Bucket& k = plan_.buckets[b];
   pack(b, /*grads=*/true, /*owned_only=*/false);
-  float* data = &staging_[size_t(k.begin)];
+  float* data = staging_ + k.begin;
   pending_.push_back({b, zero_ ? comm_.ireduce_scatter_sum(data, k.pieces) : comm_.iall_reduce_sum(data, k.end - k.begin)});
   started_[b] = true;
 }
@@ -221,7 +222,7 @@ void DataParallel::gather_gradients() {
   if (comm_.world_size() == 1 || zero_ == 0) return;
   // The owned pieces of staging hold the reduced gradients since the reduce-scatter.
   for (size_t b = 0; b < plan_.buckets.size(); ++b)
-    pending_.push_back({b, comm_.iall_gather(&staging_[size_t(plan_.buckets[b].begin)], plan_.buckets[b].pieces)});
+    pending_.push_back({b, comm_.iall_gather(staging_ + plan_.buckets[b].begin, plan_.buckets[b].pieces)});
   for (auto& [b, request] : pending_) {
     request->wait();
     unpack(b, /*grads=*/true, /*owned_only=*/false);
@@ -233,7 +234,7 @@ void DataParallel::gather_parameters() {
   if (comm_.world_size() == 1 || zero_ == 0) return;
   for (size_t b = 0; b < plan_.buckets.size(); ++b) {
     pack(b, /*grads=*/false, /*owned_only=*/true);
-    pending_.push_back({b, comm_.iall_gather(&staging_[size_t(plan_.buckets[b].begin)], plan_.buckets[b].pieces)});
+    pending_.push_back({b, comm_.iall_gather(staging_ + plan_.buckets[b].begin, plan_.buckets[b].pieces)});
   }
   for (auto& [b, request] : pending_) {
     request->wait();

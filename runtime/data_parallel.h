@@ -4,7 +4,9 @@
 // (the backward pass finishes the last parameters first), grouped up to --bucket-mb each; a
 // parameter larger than that is a bucket of its own. The buckets are laid out one after another
 // in a flat staging vector (the gradient buffers are interleaved with the values and moments in
-// the arena, so each bucket is packed into staging, reduced there and unpacked). The 1/world of
+// the arena, so each bucket is packed into staging, reduced there and unpacked). For a cuda
+// module staging is GPU memory, the copies and the collectives (NCCL) run on the executor's
+// stream, and ZeRO-1 is not available yet. The 1/world of
 // the average is folded into the loss weight (loss / (accum * world)), so the reduction is a sum.
 //
 // ZeRO-1 (--zero 1): each bucket is cut into world_size contiguous pieces of equal size (+-1) and
@@ -80,13 +82,15 @@ class DataParallel {
   void start_bucket(size_t b);
   void pack(size_t b, bool grads, bool owned_only);
   void unpack(size_t b, bool grads, bool owned_only);
+  void copy(size_t b, bool grads, bool owned_only, bool to_staging);
 
   Executor& ex_;
   Communicator& comm_;
   int zero_;
   int64_t bucket_bytes_;
   BucketPlan plan_;
-  std::vector<float> staging_;  // one fp32 per parameter element (world > 1 only)
+  float* staging_ = nullptr;  // one fp32 per parameter element (world > 1 only; the executor's,
+                             // in GPU memory for a cuda module)
   std::vector<std::pair<size_t, std::unique_ptr<CommRequest>>> pending_;  // (bucket, request)
   std::vector<bool> started_;
   bool compiled_ = false;  // buckets from the module's ReduceGradients instructions

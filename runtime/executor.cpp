@@ -369,10 +369,39 @@ void Executor::sync_to_host() {
 }
 
 void Executor::refuse_on_device(const char* what) const {
-  if (device_)
-    throw Error(module_.source() + ": " + what + " is not supported for cuda modules yet: train on one GPU "
-                "(one rank)");
+  if (device_) throw Error(module_.source() + ": " + what + " is not supported for cuda modules yet");
 }
+
+void Executor::set_gradient_hooks(std::function<void(int64_t)> reduce, std::function<void()> wait) {
+  if (device_) return device_->set_gradient_hooks(std::move(reduce), std::move(wait));
+  reduce_hook_ = std::move(reduce);
+  wait_hook_ = std::move(wait);
+}
+
+float* Executor::comm_buffer(int64_t n) {
+  if (device_) return device_->staging(n);
+  comm_staging_.resize(size_t(n));
+  return comm_staging_.data();
+}
+
+void Executor::copy_elements(uint32_t buffer, int64_t offset, int64_t n, float* staging, bool to_staging) {
+  const fb::Buffer& b = module_.buffer(buffer);
+  if (b.dtype() != fb::DType::F32 || offset < 0 || n < 0 || offset + n > numel(b))
+    throw Error(module_.source() + ": elements [" + std::to_string(offset) + ", " + std::to_string(offset + n) +
+                ") of " + b.name()->str() + " are not fp32 elements it holds");
+  const size_t bytes = size_t(n) * sizeof(float);
+  if (device_) {
+    const DevicePtr at = device_->address(b.offset() + uint64_t(offset) * sizeof(float));
+    const DevicePtr st = DevicePtr(reinterpret_cast<uintptr_t>(staging));
+    return to_staging ? device_->copy(st, at, bytes) : device_->copy(at, st, bytes);
+  }
+  float* at = reinterpret_cast<float*>(arena_ + b.offset()) + offset;
+  if (to_staging) std::memcpy(staging, at, bytes);
+  else std::memcpy(at, staging, bytes);
+}
+
+bool Executor::comm_needs_device_memory() const { return device_ && !device_->host_addressable(); }
+void* Executor::device_stream() const { return device_ ? device_->stream() : nullptr; }
 
 static int find_buffer(const Module& m, fb::BufferKind kind, const std::string& name) {
   for (uint32_t i = 0; i < m.fb().buffers()->size(); ++i) {

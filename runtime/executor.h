@@ -62,16 +62,22 @@ class Executor {
   void set_parameter_slice(size_t param, int64_t begin, int64_t end);
   // GlobalNorm passes its sum of squares through `reduce` (the sum over ranks) before the sqrt.
   void set_norm_reducer(std::function<double(double)> reduce) {
-    refuse_on_device("data-parallel training");
+    refuse_on_device("ZeRO-1 (--zero 1)");
     norm_reducer_ = std::move(reduce);
   }
   // ReduceGradients instructions call `reduce(bucket)`; WaitGradients calls `wait()`. Unset, both
-  // do nothing (a single process).
-  void set_gradient_hooks(std::function<void(int64_t)> reduce, std::function<void()> wait) {
-    refuse_on_device("data-parallel training");
-    reduce_hook_ = std::move(reduce);
-    wait_hook_ = std::move(wait);
-  }
+  // do nothing (a single process). On a GPU they run as the program is issued (the kernels
+  // before them are queued, not done: what they enqueue must follow them on the stream).
+  void set_gradient_hooks(std::function<void(int64_t)> reduce, std::function<void()> wait);
+  // Gradient staging for the communicator: n floats of host memory, or on a GPU of device memory
+  // (allocated once), and copies between it and elements [offset, offset + n) of a buffer (on a
+  // GPU in stream order).
+  float* comm_buffer(int64_t n);
+  void copy_elements(uint32_t buffer, int64_t offset, int64_t n, float* staging, bool to_staging);
+  // On a GPU whose memory the host cannot address: the communicator must take device memory
+  // (NCCL), on this stream (a cudaStream_t).
+  bool comm_needs_device_memory() const;
+  void* device_stream() const;
 
  private:
   void check(const fb::Program& prog) const;
@@ -104,6 +110,7 @@ class Executor {
   std::function<double(double)> norm_reducer_;
   std::function<void(int64_t)> reduce_hook_;
   std::function<void()> wait_hook_;
+  std::vector<float> comm_staging_;  // CPU: comm_buffer()
 };
 
 }  // namespace kiln

@@ -135,10 +135,10 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   const int64_t tokens_per_micro = B * T * world;
   const int64_t total = o.total_batch ? o.total_batch : tokens_per_micro;
   if (o.steps <= 0) throw Error("--steps: must be at least 1");
-  // Before anything is allocated: the GPU path has no gradient exchange yet.
-  if (world > 1 && model.target() && model.target()->str() == "cuda")
-    throw Error(module.source() + ": data-parallel training of a cuda module is not supported yet: train it on "
-                "one GPU (one rank)");
+  // Before anything is allocated: the GPU path has no sharded optimizer yet.
+  if (world > 1 && o.zero != 0 && model.target() && model.target()->str() == "cuda")
+    throw Error(module.source() + ": --zero 1 (ZeRO-1) is not supported for cuda modules yet; drop it (the "
+                "gradients are still averaged across the ranks)");
   if (total % tokens_per_micro != 0)
     throw Error("--total-batch: " + std::to_string(total) + " is not a multiple of B*T*ranks = " +
                 std::to_string(tokens_per_micro));

@@ -8,7 +8,8 @@
 //                  MASTER_PORT): rank 0 listens, the others connect; a star through rank 0 over
 //                  plain sockets, for launchers without MPI. runtime/comm/tcp_communicator.cpp
 //   NCCL           GPU buffers; its unique id travels over the MPI (or TCP) bootstrap, which also
-//                  carries the host-side scalars. Only for a GPU target (not wired to its executor yet).
+//                  carries the host-side scalars. Only for a GPU target; its collectives join the
+//                  device executor's stream.
 //                  runtime/comm/nccl_communicator.cpp
 //
 // Float buffers live where the target's executor keeps its arena (host memory for the CPU
@@ -45,6 +46,12 @@ class Communicator {
   virtual int local_rank() const = 0;
   // "single process", "MPI", "TCP 127.0.0.1:29500", "NCCL 2.28.9 over MPI" — for the start line.
   virtual std::string describe() const = 0;
+
+  // Whether the float collectives take device memory (NCCL) rather than host memory.
+  virtual bool device_memory() const { return false; }
+  // Device-memory backends: run the collectives on this stream (a cudaStream_t), in order after
+  // the work queued on it, instead of their own stream.
+  virtual void use_stream(void* stream) { (void)stream; }
 
   // data[0, n) becomes the sum over ranks, identical on every rank.
   virtual std::unique_ptr<CommRequest> iall_reduce_sum(float* data, int64_t n) = 0;

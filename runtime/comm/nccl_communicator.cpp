@@ -1,7 +1,6 @@
 // The NCCL backend: float collectives on GPU buffers, for a CUDA target's executor. Built when
-// CMake finds the CUDA toolkit and NCCL (KILN_HAVE_NCCL); chosen only for a cuda module
-// (select_comm_backend). Data-parallel training of cuda modules is refused for now (the trainer
-// says so before anything is allocated), so nothing exercises this code yet.
+// CMake finds the CUDA toolkit and NCCL (KILN_HAVE_NCCL); chosen for a cuda module run by a
+// launcher (select_comm_backend). Not yet run on GPUs: the build machines have none.
 //
 // Set-up: the bootstrap communicator (MPI under mpirun/srun, else the TCP rendezvous) gives the
 // rank and world; this process takes GPU local_rank % device count (OMPI_COMM_WORLD_LOCAL_RANK
@@ -9,11 +8,10 @@
 // ncclCommInitRank. Host values (the loss, norm pieces, start-up checks) and barriers go over
 // the bootstrap.
 //
-// Ordering: collectives run on the communicator's own stream, which first waits for the work
-// queued so far on the legacy default stream. The device executor's compute stream is a
-// non-blocking one (runtime/cuda/cuda_device.cpp), which the legacy stream does not order with:
-// wiring data parallelism to it needs that stream (or an event per bucket, which is also what
-// lets the all-reduce overlap the backward).
+// Ordering: the device executor hands its compute stream over (use_stream), so a bucket's
+// all-reduce follows the kernels that computed its gradients and precedes the optimizer's;
+// without one, collectives run on the communicator's own stream after the work queued on the
+// legacy default stream.
 //
 // Failure: wait() polls the stream and ncclCommGetAsyncError; an error, or no completion within
 // KILN_COMM_TIMEOUT, aborts the NCCL communicator and raises a kiln::Error.
@@ -48,7 +46,7 @@ class NcclCommunicator final : public Communicator {
 
   std::unique_ptr<CommRequest> iall_reduce_sum(float* data, int64_t n) override {
     begin();
-    nccl(ncclAllReduce(data, data, size_t(n), ncclFloat, ncclSum, comm_, stream_), "ncclAllReduce");
+    nccl(ncclAllReduce(data, data, size_t(n), ncclFloat, ncclSum, comm_, stream()), "ncclAllReduce");
     return finish("all_reduce of " + std::to_string(n) + " floats");
   }
   std::unique_ptr<CommRequest> ireduce_scatter_sum(float* data, const std::vector<int64_t>& counts) override {
@@ -56,13 +54,13 @@ class NcclCommunicator final : public Communicator {
     begin();
     if (equal(counts)) {  // in place: this rank's piece is recvbuff
       const size_t c = size_t(counts[0]);
-      nccl(ncclReduceScatter(data, data + size_t(rank()) * c, c, ncclFloat, ncclSum, comm_, stream_),
+      nccl(ncclReduceScatter(data, data + size_t(rank()) * c, c, ncclFloat, ncclSum, comm_, stream()),
            "ncclReduceScatter");
     } else {  // unequal pieces: one reduce to each piece's owner
       nccl(ncclGroupStart(), "ncclGroupStart");
       for (int r = 0; r < world_size(); ++r) {
         float* p = data + piece_offset(counts, r);
-        nccl(ncclReduce(p, p, size_t(counts[size_t(r)]), ncclFloat, ncclSum, r, comm_, stream_), "ncclReduce");
+        nccl(ncclReduce(p, p, size_t(counts[size_t(r)]), ncclFloat, ncclSum, r, comm_, stream()), "ncclReduce");
       }
       nccl(ncclGroupEnd(), "ncclGroupEnd");
     }
@@ -73,17 +71,19 @@ class NcclCommunicator final : public Communicator {
     begin();
     if (equal(counts)) {
       const size_t c = size_t(counts[0]);
-      nccl(ncclAllGather(data + size_t(rank()) * c, data, c, ncclFloat, comm_, stream_), "ncclAllGather");
+      nccl(ncclAllGather(data + size_t(rank()) * c, data, c, ncclFloat, comm_, stream()), "ncclAllGather");
     } else {  // unequal pieces: each owner broadcasts its piece
       nccl(ncclGroupStart(), "ncclGroupStart");
       for (int r = 0; r < world_size(); ++r) {
         float* p = data + piece_offset(counts, r);
-        nccl(ncclBroadcast(p, p, size_t(counts[size_t(r)]), ncclFloat, r, comm_, stream_), "ncclBroadcast");
+        nccl(ncclBroadcast(p, p, size_t(counts[size_t(r)]), ncclFloat, r, comm_, stream()), "ncclBroadcast");
       }
       nccl(ncclGroupEnd(), "ncclGroupEnd");
     }
     return finish("all_gather of " + std::to_string(piece_offset(counts, world_size())) + " floats");
   }
+  bool device_memory() const override { return true; }
+  void use_stream(void* stream) override { external_ = static_cast<cudaStream_t>(stream); }
   void all_reduce_sum(double* data, int64_t n) override { boot_->all_reduce_sum(data, n); }
   void broadcast(void* data, size_t bytes, int root) override { boot_->broadcast(data, bytes, root); }
   void barrier() override { boot_->barrier(); }
@@ -138,15 +138,18 @@ class NcclCommunicator final : public Communicator {
       if (c != counts[0]) return false;
     return true;
   }
-  // Orders the collective after the work already queued on the legacy default stream.
+  // The stream collectives run on: the executor's (use_stream), where they follow its kernels;
+  // else our own, ordered after the work already queued on the legacy default stream.
   void begin() {
+    if (external_) return;
     cuda(cudaEventRecord(ready_, nullptr), "cudaEventRecord");
     cuda(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
   }
+  cudaStream_t stream() const { return external_ ? external_ : stream_; }
   std::unique_ptr<CommRequest> finish(std::string what) {
     cudaEvent_t ev = nullptr;
     cuda(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
-    cuda(cudaEventRecord(ev, stream_), "cudaEventRecord");
+    cuda(cudaEventRecord(ev, stream()), "cudaEventRecord");
     return std::make_unique<Request>(*this, ev, std::move(what));
   }
   void wait_event(cudaEvent_t ev, const std::string& what) {
@@ -184,6 +187,7 @@ class NcclCommunicator final : public Communicator {
   int device_ = 0;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
+  cudaStream_t external_ = nullptr;  // the device executor's compute stream (use_stream)
   cudaEvent_t ready_ = nullptr;
 };
 

@@ -13,8 +13,9 @@
 // - Matrix products use cuBLASLt, planned once per product (descriptors, layouts, algorithm)
 //   and run with no host work beyond the call, so they can also be captured in a CUDA graph.
 //
-// All calls are expected from one thread: cudaSetDevice(0) at construction makes GPU 0's primary
-// context current on it, which the driver calls rely on.
+// All calls are expected from one thread: cudaSetDevice at construction makes the GPU's primary
+// context current on it, which the driver calls rely on. The GPU is the current one: 0, or the
+// one the NCCL communicator chose for this rank (local rank % GPUs) before the executor starts.
 #include "runtime/cuda/cuda_device.h"
 
 #include <cublasLt.h>
@@ -152,6 +153,11 @@ class CudaDevice final : public Device {
     check_cuda(cudaMemcpyAsync(dst, ptr(src), bytes, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync (download)");
     check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (download)");
   }
+  void copy(DevicePtr dst, DevicePtr src, size_t bytes) override {
+    if (bytes == 0) return;
+    check_cuda(cudaMemcpyAsync(ptr(dst), ptr(src), bytes, cudaMemcpyDeviceToDevice, stream_), "cudaMemcpyAsync (copy)");
+  }
+  void* stream() const override { return stream_; }
   void fill(DevicePtr dst, uint8_t byte, size_t bytes) override {
     if (bytes == 0) return;
     check_cuda(cudaMemsetAsync(ptr(dst), byte, bytes, stream_), "cudaMemsetAsync");
@@ -222,12 +228,14 @@ CudaDevice::CudaDevice() {
   if (count == 0)
     throw Error("no CUDA GPU is usable: the driver reports no device (cudaGetDeviceCount); a cuda module needs "
                 "an NVIDIA GPU and its driver");
-  // Creates GPU 0's primary context and makes it current (a busy exclusive-mode GPU fails here).
-  e = cudaSetDevice(0);
+  // Creates the GPU's primary context and makes it current (a busy exclusive-mode GPU fails here).
+  int device = 0;
+  (void)cudaGetDevice(&device);
+  e = cudaSetDevice(device);
   if (e != cudaSuccess)
-    throw Error(std::string("no CUDA GPU is usable: ") + cudaGetErrorString(e) +
-                " (cudaSetDevice 0); a cuda module needs an NVIDIA GPU and its driver");
-  check_cuda(cudaGetDeviceProperties(&prop_, 0), "cudaGetDeviceProperties");
+    throw Error(std::string("no CUDA GPU is usable: ") + cudaGetErrorString(e) + " (cudaSetDevice " +
+                std::to_string(device) + "); a cuda module needs an NVIDIA GPU and its driver");
+  check_cuda(cudaGetDeviceProperties(&prop_, device), "cudaGetDeviceProperties");
   try {
     // Non-blocking: the legacy default stream, which libraries may use, never waits for it.
     check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");

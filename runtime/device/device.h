@@ -53,9 +53,16 @@ class Device {
   virtual void upload(DevicePtr dst, const void* src, size_t bytes) = 0;
   // Device to host: waits for the stream's work before it, and for the copy.
   virtual void download(void* dst, DevicePtr src, size_t bytes) = 0;
+  virtual void copy(DevicePtr dst, DevicePtr src, size_t bytes) = 0;   // device to device, in stream order
   virtual void fill(DevicePtr dst, uint8_t byte, size_t bytes) = 0;  // in stream order
   void zero(DevicePtr dst, size_t bytes) { fill(dst, 0, bytes); }
   virtual void synchronize() = 0;                       // waits for the stream
+  // The compute stream as the CUDA runtime knows it (a cudaStream_t), for libraries that join it
+  // (NCCL); null where there is none.
+  virtual void* stream() const { return nullptr; }
+  // Whether device addresses are host addresses too (the emulation), so that host code such as
+  // an MPI or TCP communicator may read and write device memory.
+  virtual bool host_addressable() const { return false; }
 
   // The module's generated kernels (its cuda_images for this GPU's architecture).
   virtual void load_kernels(const Module& module) = 0;
@@ -82,7 +89,8 @@ class Device {
   virtual void launch_graph(Graph g) = 0;
 };
 
-// The device cuda modules run on: the first CUDA GPU, unless a test substituted its own factory.
+// The device cuda modules run on: the current CUDA GPU (0, or the one a communicator chose for
+// this rank), unless a test substituted its own factory.
 // Throws kiln::Error with the reason when there is none (no driver, no GPU, a runtime built
 // without CUDA).
 std::unique_ptr<Device> make_device();

@@ -117,10 +117,14 @@ void DeviceExecutor::plan(Program& p) {
     switch (ins.op()) {
       case O::Kernel: plan_kernel(p, ins, where); break;
       case O::GlobalNorm: plan_norm(p, ins, where); break;
-      // One GPU: its gradients are complete where they are (data-parallel cuda runs are refused
-      // by kiln::Executor before they get here).
-      case O::ReduceGradients:
-      case O::WaitGradients: break;
+      // Host hooks of data parallelism (nothing to do on one GPU).
+      case O::ReduceGradients: {
+        Step s{Step::Reduce, "reduce_gradients"};
+        s.bucket = ins.ints()->Get(0);
+        p.steps.push_back(s);
+        break;
+      }
+      case O::WaitGradients: p.steps.push_back(Step{Step::Wait, "wait_gradients"}); break;
       default:
         throw Error(where + ": a cuda module runs generated kernels only; recompile it with this kilnc "
                     "(its cuda target fuses every op)");
@@ -281,6 +285,12 @@ void DeviceExecutor::issue(const Step& s) {
     case Step::Launch:
       device_->launch(s.fn, s.grid, s.block, tables_ + 8 * s.operands, s.has_ranges ? tables_ + 8 * s.ranges : 0);
       break;
+    case Step::Reduce:
+      if (reduce_hook_) reduce_hook_(s.bucket);
+      break;
+    case Step::Wait:
+      if (wait_hook_) wait_hook_();
+      break;
   }
 }
 
@@ -327,6 +337,22 @@ void DeviceExecutor::push_state() {
 }
 
 void DeviceExecutor::pull_state() { device_->download(host_state_, arena_, module_.fb().state_size()); }
+
+void DeviceExecutor::set_gradient_hooks(std::function<void(int64_t)> reduce, std::function<void()> wait) {
+  reduce_hook_ = std::move(reduce);
+  wait_hook_ = std::move(wait);
+  graphs_ = false;
+}
+
+float* DeviceExecutor::staging(int64_t n) {
+  if (n > staging_n_) {
+    if (staging_) device_->free(staging_);
+    staging_ = 0;
+    staging_ = device_->alloc(size_t(n) * sizeof(float), "the gradient staging of data parallelism");
+    staging_n_ = n;
+  }
+  return reinterpret_cast<float*>(staging_);
+}
 
 // Issues a program's steps, as a CUDA graph from its second run on (the first runs eagerly:
 // libraries finish their lazy set-up outside a capture).

@@ -5,6 +5,7 @@
 // loaded, pull_state before they are saved).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -36,6 +37,17 @@ class DeviceExecutor {
   void push_state();  // the host copy of the state region -> the device
   void pull_state();  // the device's state region -> the host copy
   void zero_grads();  // clears the gradient accumulators on the device
+  // Data parallelism: ReduceGradients instructions call reduce(bucket) and WaitGradients wait(),
+  // on the host, as the program is issued (stream-ordered work they enqueue, e.g. NCCL, follows
+  // the kernels before them). Programs then run eagerly: a graph would replay none of it.
+  void set_gradient_hooks(std::function<void(int64_t)> reduce, std::function<void()> wait);
+  // Device memory for gradient staging (float elements), allocated once, and device copies in
+  // stream order; address() is an arena offset's device address.
+  float* staging(int64_t n);
+  DevicePtr address(uint64_t offset) const { return arena_ + offset; }
+  void copy(DevicePtr dst, DevicePtr src, size_t bytes) { device_->copy(dst, src, bytes); }
+  void* stream() const { return device_->stream(); }
+  bool host_addressable() const { return device_->host_addressable(); }
   // Bytes [offset, offset + bytes) of the arena, to the host.
   void read(uint64_t offset, size_t bytes, void* dst) { device_->download(dst, arena_ + offset, bytes); }
   const std::string& device_name() const { return device_name_; }
@@ -43,7 +55,7 @@ class DeviceExecutor {
  private:
   // One thing a program does on the device, planned at load.
   struct Step {
-    enum Kind { Zero, Matmul, Launch } kind;
+    enum Kind { Zero, Matmul, Launch, Reduce, Wait } kind;  // Reduce, Wait: the host hooks
     std::string name;              // for the profile: the kernel's name
     DevicePtr ptr = 0;             // Zero: what to clear
     size_t bytes = 0;
@@ -52,6 +64,7 @@ class DeviceExecutor {
     unsigned grid = 0, block = 0;
     size_t operands = 0, ranges = 0;
     bool has_ranges = false;
+    int64_t bucket = 0;            // Reduce: the gradient bucket
   };
   struct Program {
     const fb::Program* fb = nullptr;
@@ -82,6 +95,10 @@ class DeviceExecutor {
   std::vector<std::pair<uint64_t, uint64_t>> host_written_;  // [offset, end) of inputs and hypers
   bool graphs_ = true, poison_ = false;
   uint64_t activation_bytes_ = 0;
+  std::function<void(int64_t)> reduce_hook_;
+  std::function<void()> wait_hook_;
+  DevicePtr staging_ = 0;
+  int64_t staging_n_ = 0;
   int unfused_epilogues_ = 0;  // products whose epilogue cuBLASLt refused to fuse
   std::string unfused_reason_;
 };

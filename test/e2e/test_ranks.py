@@ -24,6 +24,9 @@ and (group tcp, the environment rendezvous RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PO
   tcp_rank_error rank 1 fails at start (missing data): rank 0 exits non-zero too
   tcp_no_root    rank 1 without rank 0: exits non-zero after KILN_COMM_TIMEOUT=3 s, saying so
   nccl_refused   --comm nccl on a cpu module is an error naming the target
+and (group cuda, for a cuda spec compiled into kiln-run-emulated with --kilnc-arg=--runtime=...):
+  tcp_plain      2 TCP ranks (no ZeRO): the same checks as tcp, through the device executor
+  zero1_refused  --zero 1 on a cuda module: every rank ends with a message saying so
 
 The shards hold 12*B*T + 1 tokens: one process with 2 micro-steps and two ranks cross to the next
 shard at the same token (the loader's rule, training-semantics.md "Data", depends on
@@ -188,7 +191,7 @@ def setup(c: Ctx):
         spec = tomllib.load(f)
     c.B, c.T = int(spec["compile"]["batch_size"]), int(spec["compile"]["seq_len"])
     V = int(spec["model"]["vocab_size"])
-    subprocess.run([c.a.kilnc, c.a.spec, "-o", c.exe], check=True, cwd=c.workdir)
+    subprocess.run([c.a.kilnc, c.a.spec, "-o", c.exe, *c.a.kilnc_arg], check=True, cwd=c.workdir)
     gen = Generator(V, 1234)
     n = 12 * c.B * c.T + 1
     for i in range(2):
@@ -429,7 +432,29 @@ def case_nccl_refused(c: Ctx):
     return p.stderr.strip()
 
 
+# A cuda module (on kiln-run-emulated: --kilnc-arg=--runtime=.../kiln-run-emulated): the gradient
+# buckets go through the device executor's staging and hooks.
+def case_tcp_plain(c: Ctx):
+    procs, _ = start_tcp(c, "tcp_plain", ["--comm", "tcp"])
+    res = finish(procs)
+    for r, (rc, o, e) in enumerate(res):
+        if rc != 0:
+            raise TestFailure(f"tcp_plain: rank {r} exit {rc}\n{o[-2000:]}\n{e[-2000:]}")
+    return compare_runs("tcp vs 1 process", c.ref, c.log("tcp_plain"), c.ref_w, c.weights("tcp_plain"))
+
+
+def case_zero1_refused(c: Ctx):
+    procs, _ = start_tcp(c, "zero1_refused", ["--comm", "tcp", "--zero", "1"], save=False)
+    res = finish(procs, timeout=120)
+    want = "--zero 1 (ZeRO-1) is not supported for cuda modules yet"
+    for r, (rc, o, e) in enumerate(res):
+        if rc == 0 or want not in e:
+            raise TestFailure(f"zero1_refused: rank {r} exit {rc}:\n{e[-2000:]}")
+    return res[0][2].strip().splitlines()[-1]
+
+
 GROUPS = {
+    "cuda": [case_tcp_plain, case_zero1_refused],
     "mpi": [case_mpi, case_mpi_zero1, case_mpi_accum, case_mpi_kill, case_mpi_hang],
     "tcp": [case_tcp, case_single_zero1, case_tcp_kill_1, case_tcp_kill_0, case_tcp_hang, case_tcp_rank_error,
             case_tcp_no_root,
@@ -442,7 +467,9 @@ def main(argv=None) -> int:
     ap.add_argument("--kilnc", required=True)
     ap.add_argument("--spec", required=True)
     ap.add_argument("--workdir", required=True)
-    ap.add_argument("--group", choices=("mpi", "tcp", "all"), default="all")
+    ap.add_argument("--group", choices=("mpi", "tcp", "cuda", "all"), default="all",
+                    help="all: mpi and tcp; cuda: the cases for a cuda spec (run on kiln-run-emulated)")
+    ap.add_argument("--kilnc-arg", action="append", default=[], help="an extra kilnc argument (repeatable)")
     ap.add_argument("--mpirun", default="mpirun")
     ap.add_argument("--steps", type=int, default=10)
     a = ap.parse_args(argv)

@@ -94,6 +94,12 @@ class EmulatedDevice final : public Device {
     check(src, bytes, "download");
     std::memcpy(dst, reinterpret_cast<const void*>(src), bytes);
   }
+  void copy(DevicePtr dst, DevicePtr src, size_t bytes) override {
+    check(dst, bytes, "copy");
+    check(src, bytes, "copy");
+    work([=] { std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes); });
+  }
+  bool host_addressable() const override { return true; }
   void fill(DevicePtr dst, uint8_t byte, size_t bytes) override {
     check(dst, bytes, "fill");
     work([=] { std::memset(reinterpret_cast<void*>(dst), byte, bytes); });
