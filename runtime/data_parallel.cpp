@@ -152,11 +152,17 @@ DataParallel::DataParallel(Executor& ex, Communicator& comm, int zero, int64_t b
       throw Error(m.source() + ": data parallel: the gradients of a cuda module are in GPU memory, which " +
                   comm.describe() + " cannot reduce; use --comm nccl (the default under a launcher)");
     comm.use_stream(ex.device_stream());
+  } else if (comm.device_memory()) {
+    throw Error(m.source() + ": data parallel: " + comm.describe() + " reduces GPU memory, but this module's "
+                "buffers are in host memory");
   }
   staging_ = ex.comm_buffer(plan_.total);
   started_.assign(plan_.buckets.size(), false);
   ex.set_gradient_hooks([this](int64_t b) { if (armed_) start_bucket(size_t(b)); },
-                        [this] { finish_gradient_reduction(); });
+                        [this] { finish_gradient_reduction(); },
+                        [this] {  // the started collectives, without unpacking them yet
+                          for (auto& pending : pending_) pending.second->wait();
+                        });
   if (zero_ == 1) {
     check_optimizer_program(m);
     for (size_t p = 0; p < sizes.size(); ++p) {
@@ -166,6 +172,10 @@ DataParallel::DataParallel(Executor& ex, Communicator& comm, int zero, int64_t b
     Communicator* c = &comm_;
     ex.set_norm_reducer([c](double sum_squares) { return c->all_reduce_sum(sum_squares); });
   }
+}
+
+DataParallel::~DataParallel() {
+  if (comm_.device_memory()) comm_.use_stream(nullptr);  // the executor's stream goes with it
 }
 
 std::string DataParallel::describe() const {

@@ -60,6 +60,9 @@ class DataParallel {
   // parameter slices and norm reducer; kiln::Error when the optimizer program is not the
   // GlobalNorm/ClipCoef/AdamW sequence those hooks know.
   DataParallel(Executor& ex, Communicator& comm, int zero, int64_t bucket_bytes);
+  ~DataParallel();
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
 
   // Armed for the last micro-step of an optimizer step: the program's ReduceGradients
   // instructions then start their buckets while the backward pass goes on.

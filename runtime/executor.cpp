@@ -372,8 +372,9 @@ void Executor::refuse_on_device(const char* what) const {
   if (device_) throw Error(module_.source() + ": " + what + " is not supported for cuda modules yet");
 }
 
-void Executor::set_gradient_hooks(std::function<void(int64_t)> reduce, std::function<void()> wait) {
-  if (device_) return device_->set_gradient_hooks(std::move(reduce), std::move(wait));
+void Executor::set_gradient_hooks(std::function<void(int64_t)> reduce, std::function<void()> wait,
+                                  std::function<void()> drain) {
+  if (device_) return device_->set_gradient_hooks(std::move(reduce), std::move(wait), std::move(drain));
   reduce_hook_ = std::move(reduce);
   wait_hook_ = std::move(wait);
 }
@@ -391,6 +392,7 @@ void Executor::copy_elements(uint32_t buffer, int64_t offset, int64_t n, float* 
                 ") of " + b.name()->str() + " are not fp32 elements it holds");
   const size_t bytes = size_t(n) * sizeof(float);
   if (device_) {
+    if (!to_staging) host_stale_ = true;
     const DevicePtr at = device_->address(b.offset() + uint64_t(offset) * sizeof(float));
     const DevicePtr st = DevicePtr(reinterpret_cast<uintptr_t>(staging));
     return to_staging ? device_->copy(st, at, bytes) : device_->copy(at, st, bytes);

@@ -68,7 +68,10 @@ class Executor {
   // ReduceGradients instructions call `reduce(bucket)`; WaitGradients calls `wait()`. Unset, both
   // do nothing (a single process). On a GPU they run as the program is issued (the kernels
   // before them are queued, not done: what they enqueue must follow them on the stream).
-  void set_gradient_hooks(std::function<void(int64_t)> reduce, std::function<void()> wait);
+  // drain(): waits for what reduce() started; a GPU program calls it before it blocks on its
+  // stream (so a dead peer ends the run on the communicator's timeout). Unused on the CPU.
+  void set_gradient_hooks(std::function<void(int64_t)> reduce, std::function<void()> wait,
+                          std::function<void()> drain = {});
   // Gradient staging for the communicator: n floats of host memory, or on a GPU of device memory
   // (allocated once), and copies between it and elements [offset, offset + n) of a buffer (on a
   // GPU in stream order).

@@ -12,6 +12,7 @@
 #include "runtime/checkpoint.h"
 #include "runtime/data_loader.h"
 #include "runtime/data_parallel.h"
+#include "runtime/device/device.h"
 #include "runtime/error.h"
 #include "runtime/executor.h"
 #include "runtime/params.h"
@@ -135,10 +136,14 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   const int64_t tokens_per_micro = B * T * world;
   const int64_t total = o.total_batch ? o.total_batch : tokens_per_micro;
   if (o.steps <= 0) throw Error("--steps: must be at least 1");
-  // Before anything is allocated: the GPU path has no sharded optimizer yet.
-  if (world > 1 && o.zero != 0 && model.target() && model.target()->str() == "cuda")
+  // Before anything is allocated on the GPUs: what the GPU path's data parallelism cannot do.
+  const bool cuda = model.target() && model.target()->str() == "cuda";
+  if (world > 1 && cuda && o.zero == 1)
     throw Error(module.source() + ": --zero 1 (ZeRO-1) is not supported for cuda modules yet; drop it (the "
                 "gradients are still averaged across the ranks)");
+  if (world > 1 && cuda && !comm.device_memory() && !devices_host_addressable())
+    throw Error(module.source() + ": data parallel: the gradients of a cuda module are in GPU memory, which " +
+                comm.describe() + " cannot reduce; use --comm nccl (the default under a launcher)");
   if (total % tokens_per_micro != 0)
     throw Error("--total-batch: " + std::to_string(total) + " is not a multiple of B*T*ranks = " +
                 std::to_string(tokens_per_micro));

@@ -12,6 +12,10 @@ std::function<std::unique_ptr<Device>()>& factory() {
   static std::function<std::unique_ptr<Device>()> f;
   return f;
 }
+bool& host_addressable_flag() {
+  static bool host_addressable = false;
+  return host_addressable;
+}
 }  // namespace
 
 EpilogueFlags epilogue_flags(const std::string& e, const std::string& where) {
@@ -29,7 +33,12 @@ EpilogueFlags epilogue_flags(const std::string& e, const std::string& where) {
   return f;
 }
 
-void set_device_factory(std::function<std::unique_ptr<Device>()> f) { factory() = std::move(f); }
+void set_device_factory(std::function<std::unique_ptr<Device>()> f, bool host_addressable) {
+  factory() = std::move(f);
+  host_addressable_flag() = host_addressable;
+}
+
+bool devices_host_addressable() { return factory() && host_addressable_flag(); }
 
 std::unique_ptr<Device> make_device() {
   if (factory()) return factory()();

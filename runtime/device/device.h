@@ -60,8 +60,9 @@ class Device {
   // The compute stream as the CUDA runtime knows it (a cudaStream_t), for libraries that join it
   // (NCCL); null where there is none.
   virtual void* stream() const { return nullptr; }
-  // Whether device addresses are host addresses too (the emulation), so that host code such as
-  // an MPI or TCP communicator may read and write device memory.
+  // Whether device addresses are host addresses too and work is done by the time a call returns
+  // (the emulation), so that host code such as an MPI or TCP communicator may read and write
+  // device memory.
   virtual bool host_addressable() const { return false; }
 
   // The module's generated kernels (its cuda_images for this GPU's architecture).
@@ -94,7 +95,10 @@ class Device {
 // Throws kiln::Error with the reason when there is none (no driver, no GPU, a runtime built
 // without CUDA).
 std::unique_ptr<Device> make_device();
-// Tests: run cuda modules on another implementation (the CUDA emulation).
-void set_device_factory(std::function<std::unique_ptr<Device>()> factory);
+// Tests: run cuda modules on another implementation (the CUDA emulation), whose memory the host
+// may address (host_addressable) or not.
+void set_device_factory(std::function<std::unique_ptr<Device>()> factory, bool host_addressable = false);
+// Whether make_device()'s devices have host-addressable memory (before any is made).
+bool devices_host_addressable();
 
 }  // namespace kiln

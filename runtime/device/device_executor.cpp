@@ -122,9 +122,13 @@ void DeviceExecutor::plan(Program& p) {
         Step s{Step::Reduce, "reduce_gradients"};
         s.bucket = ins.ints()->Get(0);
         p.steps.push_back(s);
+        p.host_hooks = true;
         break;
       }
-      case O::WaitGradients: p.steps.push_back(Step{Step::Wait, "wait_gradients"}); break;
+      case O::WaitGradients:
+        p.steps.push_back(Step{Step::Wait, "wait_gradients"});
+        p.host_hooks = true;
+        break;
       default:
         throw Error(where + ": a cuda module runs generated kernels only; recompile it with this kilnc "
                     "(its cuda target fuses every op)");
@@ -286,10 +290,12 @@ void DeviceExecutor::issue(const Step& s) {
       device_->launch(s.fn, s.grid, s.block, tables_ + 8 * s.operands, s.has_ranges ? tables_ + 8 * s.ranges : 0);
       break;
     case Step::Reduce:
-      if (reduce_hook_) reduce_hook_(s.bucket);
-      break;
     case Step::Wait:
-      if (wait_hook_) wait_hook_();
+      if (s.kind == Step::Reduce ? !reduce_hook_ : !wait_hook_) break;
+      in_hook_ = true;
+      if (s.kind == Step::Reduce) reduce_hook_(s.bucket);
+      else wait_hook_();
+      in_hook_ = false;
       break;
   }
 }
@@ -302,6 +308,10 @@ float DeviceExecutor::run(const std::string& name, std::map<std::string, std::pa
   try {
     return run_program(programs_.at(name), profile);
   } catch (const Error& e) {
+    if (in_hook_) {  // the communicator's error (a peer failed, a timeout): its words
+      in_hook_ = false;
+      throw;
+    }
     // Kernels run asynchronously: a fault shows at the next synchronising call, whatever it is.
     throw Error(module_.source() + ": program " + name + " on " + device_name_ + ": " + e.what() +
                 (profile ? "" : " (KILN_CUDA_GRAPHS=0 and --profile run kernel by kernel, to find the one at fault)"));
@@ -324,6 +334,14 @@ float DeviceExecutor::run_program(Program& p, std::map<std::string, std::pair<do
   } else {
     replay(p);
   }
+  // Collectives a hook started (on the stream, after the kernels) are waited for here, under the
+  // communicator's timeout, rather than inside the download below, which could wait forever for a
+  // peer that died.
+  if (p.host_hooks && drain_hook_) {
+    in_hook_ = true;
+    drain_hook_();
+    in_hook_ = false;
+  }
   // The result's first element: the loss or the gradient norm (the logits are read() by rows).
   const fb::Buffer& rb = module_.buffer(p.fb->result());
   std::vector<uint8_t> first(std::min<uint64_t>(rb.size(), 4));
@@ -338,10 +356,13 @@ void DeviceExecutor::push_state() {
 
 void DeviceExecutor::pull_state() { device_->download(host_state_, arena_, module_.fb().state_size()); }
 
-void DeviceExecutor::set_gradient_hooks(std::function<void(int64_t)> reduce, std::function<void()> wait) {
+void DeviceExecutor::set_gradient_hooks(std::function<void(int64_t)> reduce, std::function<void()> wait,
+                                        std::function<void()> drain) {
   reduce_hook_ = std::move(reduce);
   wait_hook_ = std::move(wait);
-  graphs_ = false;
+  drain_hook_ = std::move(drain);
+  for (auto& [name, p] : programs_)
+    if (p.host_hooks) p.graph_ready = false;  // runs eagerly from now on (replay)
 }
 
 float* DeviceExecutor::staging(int64_t n) {
@@ -357,6 +378,12 @@ float* DeviceExecutor::staging(int64_t n) {
 // Issues a program's steps, as a CUDA graph from its second run on (the first runs eagerly:
 // libraries finish their lazy set-up outside a capture).
 void DeviceExecutor::replay(Program& p) {
+  const bool hooks = p.host_hooks && (reduce_hook_ || wait_hook_);
+  if (hooks) {  // host work between the kernels: a graph would replay none of it
+    issue(p);
+    ++p.runs;
+    return;
+  }
   if (graphs_ && p.runs > 0 && !p.graph_ready && device_->begin_capture()) {
     try {
       issue(p);

@@ -39,8 +39,11 @@ class DeviceExecutor {
   void zero_grads();  // clears the gradient accumulators on the device
   // Data parallelism: ReduceGradients instructions call reduce(bucket) and WaitGradients wait(),
   // on the host, as the program is issued (stream-ordered work they enqueue, e.g. NCCL, follows
-  // the kernels before them). Programs then run eagerly: a graph would replay none of it.
-  void set_gradient_hooks(std::function<void(int64_t)> reduce, std::function<void()> wait);
+  // the kernels before them); drain() waits for what they started (with the communicator's
+  // timeout) before a program that started any blocks on the stream. Programs with such
+  // instructions then run eagerly: a graph would replay none of it.
+  void set_gradient_hooks(std::function<void(int64_t)> reduce, std::function<void()> wait,
+                          std::function<void()> drain);
   // Device memory for gradient staging (float elements), allocated once, and device copies in
   // stream order; address() is an arena offset's device address.
   float* staging(int64_t n);
@@ -70,6 +73,7 @@ class DeviceExecutor {
     const fb::Program* fb = nullptr;
     std::vector<Step> steps;
     int runs = 0;
+    bool host_hooks = false;  // has Reduce or Wait steps
     bool graph_ready = false;
     Device::Graph graph = 0;
   };
@@ -96,7 +100,8 @@ class DeviceExecutor {
   bool graphs_ = true, poison_ = false;
   uint64_t activation_bytes_ = 0;
   std::function<void(int64_t)> reduce_hook_;
-  std::function<void()> wait_hook_;
+  std::function<void()> wait_hook_, drain_hook_;
+  bool in_hook_ = false;  // an error thrown by a hook passes through run() as it is
   DevicePtr staging_ = 0;
   int64_t staging_n_ = 0;
   int unfused_epilogues_ = 0;  // products whose epilogue cuBLASLt refused to fuse

@@ -26,6 +26,8 @@ and (group tcp, the environment rendezvous RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PO
   nccl_refused   --comm nccl on a cpu module is an error naming the target
 and (group cuda, for a cuda spec compiled into kiln-run-emulated with --kilnc-arg=--runtime=...):
   tcp_plain      2 TCP ranks (no ZeRO): the same checks as tcp, through the device executor
+  tcp_accum      2 ranks x 2 micro-steps against 1 process x 4
+  tcp_hang_cuda  SIGSTOP rank 1 with KILN_COMM_TIMEOUT=20: rank 0 gives up on it
   zero1_refused  --zero 1 on a cuda module: every rank ends with a message saying so
 
 The shards hold 12*B*T + 1 tokens: one process with 2 micro-steps and two ranks cross to the next
@@ -306,13 +308,13 @@ def case_mpi_hang(c: Ctx):
 # ---------------------------------------------------------------------------------------------
 # TCP rendezvous
 # ---------------------------------------------------------------------------------------------
-def start_tcp(c: Ctx, tag, extra=(), steps=None, save=True, port=None, per_rank=None, env_extra=None):
+def start_tcp(c: Ctx, tag, extra=(), steps=None, save=True, port=None, per_rank=None, env_extra=None, micro=2):
     port = port or free_port()
     procs = []
     for r in range(2):
         env = child_env({"RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r), "MASTER_ADDR": "127.0.0.1",
                          "MASTER_PORT": str(port), **(env_extra or {})})
-        args = c.train_args(tag, extra, steps=steps, save=save, log=(r == 0))
+        args = c.train_args(tag, extra, steps=steps, save=save, log=(r == 0), micro=micro)
         if r == 1:
             args += ["--log", os.path.join(c.workdir, f"{tag}.jsonl")]  # the same file: must stay unwritten
         if per_rank:
@@ -353,9 +355,9 @@ def case_single_zero1(c: Ctx):
     return compare_runs("1 process --zero 1", c.ref, c.log("single_zero1"), c.ref_w, c.weights("single_zero1"), tol=0)
 
 
-def tcp_kill(c: Ctx, victim: int, sig=signal.SIGKILL, tag=None, expect="disconnected"):
+def tcp_kill(c: Ctx, victim: int, sig=signal.SIGKILL, tag=None, expect="disconnected", extra=(), timeout="4"):
     tag = tag or f"tcp_kill_{victim}"
-    procs, port = start_tcp(c, tag, steps=10**6, save=False, env_extra={"KILN_COMM_TIMEOUT": "4"})
+    procs, port = start_tcp(c, tag, extra, steps=10**6, save=False, env_extra={"KILN_COMM_TIMEOUT": timeout})
     try:
         wait_for(lambda: log_has_a_step(os.path.join(c.workdir, f"{tag}.jsonl")), 60, "the first TCP step")
         procs[victim].send_signal(sig)
@@ -435,12 +437,33 @@ def case_nccl_refused(c: Ctx):
 # A cuda module (on kiln-run-emulated: --kilnc-arg=--runtime=.../kiln-run-emulated): the gradient
 # buckets go through the device executor's staging and hooks.
 def case_tcp_plain(c: Ctx):
-    procs, _ = start_tcp(c, "tcp_plain", ["--comm", "tcp"])
+    procs, port = start_tcp(c, "tcp_plain", ["--comm", "tcp"])
     res = finish(procs)
     for r, (rc, o, e) in enumerate(res):
         if rc != 0:
             raise TestFailure(f"tcp_plain: rank {r} exit {rc}\n{o[-2000:]}\n{e[-2000:]}")
+    if f"data parallel: rank 0 of 2 over TCP (rendezvous at 127.0.0.1:{port})" not in res[0][2]:
+        raise TestFailure(f"tcp_plain: rank 0 did not announce the TCP rendezvous:\n{res[0][2]}")
+    if res[1][1].strip():
+        raise TestFailure(f"tcp_plain: rank 1 printed progress:\n{res[1][1]}")
     return compare_runs("tcp vs 1 process", c.ref, c.log("tcp_plain"), c.ref_w, c.weights("tcp_plain"))
+
+
+def case_tcp_accum(c: Ctx):
+    # 2 ranks x 2 micro-steps against 1 process x 4: only the last micro-step's buckets are reduced.
+    c.run(c.train_args("ref4", micro=4), "reference (1 process, 4 micro-steps)")
+    procs, _ = start_tcp(c, "tcp_accum", ["--comm", "tcp"], micro=4)
+    for r, (rc, o, e) in enumerate(finish(procs)):
+        if rc != 0:
+            raise TestFailure(f"tcp_accum: rank {r} exit {rc}\n{o[-2000:]}\n{e[-2000:]}")
+    return compare_runs("tcp 2x2 vs 1 process x4", c.log("ref4"), c.log("tcp_accum"), c.weights("ref4"),
+                        c.weights("tcp_accum"))
+
+
+def case_tcp_hang_cuda(c: Ctx):
+    # A stopped peer ends the other rank on the communicator's timeout (a GPU rank waits for the
+    # started collectives before it blocks on its stream). Emulated steps take seconds: 20 s.
+    return tcp_kill(c, 1, signal.SIGSTOP, "tcp_hang_cuda", "for 20 s (hung or unreachable", ["--comm", "tcp"], "20")
 
 
 def case_zero1_refused(c: Ctx):
@@ -454,7 +477,7 @@ def case_zero1_refused(c: Ctx):
 
 
 GROUPS = {
-    "cuda": [case_tcp_plain, case_zero1_refused],
+    "cuda": [case_tcp_plain, case_tcp_accum, case_tcp_hang_cuda, case_zero1_refused],
     "mpi": [case_mpi, case_mpi_zero1, case_mpi_accum, case_mpi_kill, case_mpi_hang],
     "tcp": [case_tcp, case_single_zero1, case_tcp_kill_1, case_tcp_kill_0, case_tcp_hang, case_tcp_rank_error,
             case_tcp_no_root,

@@ -112,7 +112,7 @@ int main(int argc, char** argv) {
     else { std::fprintf(stderr, "unknown option %s\n", a.c_str()); return 2; }
   }
   try {
-    set_device_factory(make_emulated_device);
+    set_device_factory(make_emulated_device, /*host_addressable=*/true);
     setenv("KILN_CUDA_POISON", "1", 0);  // NaN activations before every program (device_executor.h)
     Module cpu_m = Module::load(argv[1]);
     Module cuda_m = Module::load(argv[2]);

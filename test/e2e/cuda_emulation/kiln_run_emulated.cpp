@@ -4,6 +4,6 @@
 #include "runtime/cli.h"
 
 int main(int argc, char** argv) {
-  kiln::set_device_factory(kiln::make_emulated_device);
+  kiln::set_device_factory(kiln::make_emulated_device, /*host_addressable=*/true);
   return kiln::run_main(argc, argv);
 }
