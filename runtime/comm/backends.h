@@ -54,6 +54,8 @@ std::unique_ptr<Communicator> make_tcp_communicator_from_env();
 #ifdef KILN_HAVE_NCCL
 // An NCCL communicator over `bootstrap`, which carries its unique id and the host values.
 std::unique_ptr<Communicator> make_nccl_communicator(std::unique_ptr<Communicator> bootstrap);
+// Opens NCCL and looks up every function the communicator uses (for tests); kiln::Error if not.
+void open_nccl();
 #endif
 
 }  // namespace kiln::comm

@@ -24,10 +24,31 @@
 #include <thread>
 
 #include "runtime/comm/backends.h"
+#include "runtime/cuda/shared_library.h"
 #include "runtime/error.h"
 
 namespace kiln::comm {
 namespace {
+
+// NCCL, opened at run time (runtime/cuda/shared_library.h): the library found at build time,
+// then the loader's search.
+#define KILN_NCCL_FUNCTIONS(F)                                                                        \
+  F(ncclAllGather) F(ncclAllReduce) F(ncclBroadcast) F(ncclCommAbort) F(ncclCommDestroy)              \
+  F(ncclCommGetAsyncError) F(ncclCommInitRank) F(ncclGetErrorString) F(ncclGetLastError)              \
+  F(ncclGetUniqueId) F(ncclGetVersion) F(ncclGroupEnd) F(ncclGroupStart) F(ncclReduce) F(ncclReduceScatter)
+struct NcclApi {
+  KILN_NCCL_FUNCTIONS(KILN_API_MEMBER)
+};
+const NcclApi& nccl_api() {
+  static const NcclApi loaded = [] {
+    NcclApi api;
+    const std::string what = "NCCL";
+    void* library = open_library({KILN_NCCL_LIBRARY, "libnccl.so.2", "libnccl.so"}, what);
+    KILN_NCCL_FUNCTIONS(KILN_API_LOAD)
+    return api;
+  }();
+  return loaded;
+}
 
 class NcclCommunicator final : public Communicator {
  public:
@@ -39,14 +60,14 @@ class NcclCommunicator final : public Communicator {
   int local_rank() const override { return boot_->local_rank(); }
   std::string describe() const override {
     int v = 0;
-    ncclGetVersion(&v);
+    nccl_api().ncclGetVersion(&v);
     return "NCCL " + std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100) +
            " on GPU " + std::to_string(device_) + ", over " + boot_->describe();
   }
 
   std::unique_ptr<CommRequest> iall_reduce_sum(float* data, int64_t n) override {
     begin();
-    nccl(ncclAllReduce(data, data, size_t(n), ncclFloat, ncclSum, comm_, stream()), "ncclAllReduce");
+    nccl(nccl_api().ncclAllReduce(data, data, size_t(n), ncclFloat, ncclSum, comm_, stream()), "ncclAllReduce");
     return finish("all_reduce of " + std::to_string(n) + " floats");
   }
   std::unique_ptr<CommRequest> ireduce_scatter_sum(float* data, const std::vector<int64_t>& counts) override {
@@ -54,15 +75,15 @@ class NcclCommunicator final : public Communicator {
     begin();
     if (equal(counts)) {  // in place: this rank's piece is recvbuff
       const size_t c = size_t(counts[0]);
-      nccl(ncclReduceScatter(data, data + size_t(rank()) * c, c, ncclFloat, ncclSum, comm_, stream()),
+      nccl(nccl_api().ncclReduceScatter(data, data + size_t(rank()) * c, c, ncclFloat, ncclSum, comm_, stream()),
            "ncclReduceScatter");
     } else {  // unequal pieces: one reduce to each piece's owner
-      nccl(ncclGroupStart(), "ncclGroupStart");
+      nccl(nccl_api().ncclGroupStart(), "ncclGroupStart");
       for (int r = 0; r < world_size(); ++r) {
         float* p = data + piece_offset(counts, r);
-        nccl(ncclReduce(p, p, size_t(counts[size_t(r)]), ncclFloat, ncclSum, r, comm_, stream()), "ncclReduce");
+        nccl(nccl_api().ncclReduce(p, p, size_t(counts[size_t(r)]), ncclFloat, ncclSum, r, comm_, stream()), "ncclReduce");
       }
-      nccl(ncclGroupEnd(), "ncclGroupEnd");
+      nccl(nccl_api().ncclGroupEnd(), "ncclGroupEnd");
     }
     return finish("reduce_scatter of " + std::to_string(piece_offset(counts, world_size())) + " floats");
   }
@@ -71,14 +92,14 @@ class NcclCommunicator final : public Communicator {
     begin();
     if (equal(counts)) {
       const size_t c = size_t(counts[0]);
-      nccl(ncclAllGather(data + size_t(rank()) * c, data, c, ncclFloat, comm_, stream()), "ncclAllGather");
+      nccl(nccl_api().ncclAllGather(data + size_t(rank()) * c, data, c, ncclFloat, comm_, stream()), "ncclAllGather");
     } else {  // unequal pieces: each owner broadcasts its piece
-      nccl(ncclGroupStart(), "ncclGroupStart");
+      nccl(nccl_api().ncclGroupStart(), "ncclGroupStart");
       for (int r = 0; r < world_size(); ++r) {
         float* p = data + piece_offset(counts, r);
-        nccl(ncclBroadcast(p, p, size_t(counts[size_t(r)]), ncclFloat, r, comm_, stream()), "ncclBroadcast");
+        nccl(nccl_api().ncclBroadcast(p, p, size_t(counts[size_t(r)]), ncclFloat, r, comm_, stream()), "ncclBroadcast");
       }
-      nccl(ncclGroupEnd(), "ncclGroupEnd");
+      nccl(nccl_api().ncclGroupEnd(), "ncclGroupEnd");
     }
     return finish("all_gather of " + std::to_string(piece_offset(counts, world_size())) + " floats");
   }
@@ -88,7 +109,7 @@ class NcclCommunicator final : public Communicator {
   void broadcast(void* data, size_t bytes, int root) override { boot_->broadcast(data, bytes, root); }
   void barrier() override { boot_->barrier(); }
   [[noreturn]] void abort(const std::string& message) override {
-    if (comm_) ncclCommAbort(comm_);
+    if (comm_) nccl_api().ncclCommAbort(comm_);
     comm_ = nullptr;
     boot_->abort(message);
     std::_Exit(1);  // not reached
@@ -122,8 +143,8 @@ class NcclCommunicator final : public Communicator {
   }
   void nccl(ncclResult_t rc, const char* call) {
     if (rc == ncclSuccess || rc == ncclInProgress) return;
-    const char* last = comm_ ? ncclGetLastError(comm_) : nullptr;
-    throw Error(who() + ": " + call + ": " + ncclGetErrorString(rc) + (last && *last ? std::string(" (") + last + ")" : ""));
+    const char* last = comm_ ? nccl_api().ncclGetLastError(comm_) : nullptr;
+    throw Error(who() + ": " + call + ": " + nccl_api().ncclGetErrorString(rc) + (last && *last ? std::string(" (") + last + ")" : ""));
   }
   void cuda(cudaError_t rc, const char* call) const {
     if (rc != cudaSuccess) throw Error(who() + ": " + call + ": " + cudaGetErrorString(rc));
@@ -162,16 +183,16 @@ class NcclCommunicator final : public Communicator {
         cuda(q, what.c_str());
       }
       ncclResult_t async = ncclSuccess;
-      ncclCommGetAsyncError(comm_, &async);
+      nccl_api().ncclCommGetAsyncError(comm_, &async);
       if (async != ncclSuccess && async != ncclInProgress) {
         cudaEventDestroy(ev);
-        ncclCommAbort(comm_);
+        nccl_api().ncclCommAbort(comm_);
         comm_ = nullptr;
-        throw Error(who() + ": " + what + ": " + ncclGetErrorString(async) + " (a peer rank failed or left)");
+        throw Error(who() + ": " + what + ": " + nccl_api().ncclGetErrorString(async) + " (a peer rank failed or left)");
       }
       if (std::chrono::steady_clock::now() > deadline) {
         cudaEventDestroy(ev);
-        ncclCommAbort(comm_);
+        nccl_api().ncclCommAbort(comm_);
         comm_ = nullptr;
         throw Error(who() + ": " + what + ": did not complete within " + std::to_string(int(timeout_)) +
                     " s; another rank has probably died or hung (KILN_COMM_TIMEOUT sets the limit)");
@@ -200,11 +221,11 @@ NcclCommunicator::NcclCommunicator(std::unique_ptr<Communicator> bootstrap) : bo
   device_ = local_rank() % devices;
   cuda(cudaSetDevice(device_), "cudaSetDevice");
   ncclUniqueId id{};
-  if (rank() == 0) nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+  if (rank() == 0) nccl(nccl_api().ncclGetUniqueId(&id), "ncclGetUniqueId");
   boot_->broadcast(&id, sizeof id, 0);
   {
     Watchdog::Scope guard(watchdog_, "ncclCommInitRank (connecting to the other ranks)", timeout_);
-    nccl(ncclCommInitRank(&comm_, world_size(), id, rank()), "ncclCommInitRank");
+    nccl(nccl_api().ncclCommInitRank(&comm_, world_size(), id, rank()), "ncclCommInitRank");
   }
   cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
   cuda(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
@@ -213,10 +234,12 @@ NcclCommunicator::NcclCommunicator(std::unique_ptr<Communicator> bootstrap) : bo
 NcclCommunicator::~NcclCommunicator() {
   if (ready_) cudaEventDestroy(ready_);
   if (stream_) cudaStreamDestroy(stream_);
-  if (comm_) ncclCommDestroy(comm_);
+  if (comm_) nccl_api().ncclCommDestroy(comm_);
 }
 
 }  // namespace
+
+void open_nccl() { (void)nccl_api(); }
 
 std::unique_ptr<Communicator> make_nccl_communicator(std::unique_ptr<Communicator> bootstrap) {
   return std::make_unique<NcclCommunicator>(std::move(bootstrap));

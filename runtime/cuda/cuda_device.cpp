@@ -30,11 +30,39 @@
 #include <unordered_set>
 #include <vector>
 
+#include "runtime/cuda/shared_library.h"
 #include "runtime/error.h"
 #include "runtime/module.h"
 
+#ifndef KILN_CUDA_LIBRARY_DIR
+#define KILN_CUDA_LIBRARY_DIR "/usr/local/cuda/lib64"
+#endif
+
 namespace kiln {
 namespace {
+
+// cuBLASLt, opened at run time (runtime/cuda/shared_library.h): the toolkit's copy, then the
+// loader's search.
+#define KILN_CUBLASLT_FUNCTIONS(F)                                                                     \
+  F(cublasLtCreate) F(cublasLtDestroy) F(cublasLtGetStatusString) F(cublasLtMatmul)                   \
+  F(cublasLtMatmulAlgoGetHeuristic) F(cublasLtMatmulDescCreate) F(cublasLtMatmulDescDestroy)           \
+  F(cublasLtMatmulDescSetAttribute) F(cublasLtMatmulPreferenceCreate) F(cublasLtMatmulPreferenceDestroy) \
+  F(cublasLtMatmulPreferenceSetAttribute) F(cublasLtMatrixLayoutCreate) F(cublasLtMatrixLayoutDestroy)
+struct CublasLtApi {
+  KILN_CUBLASLT_FUNCTIONS(KILN_API_MEMBER)
+};
+const CublasLtApi& lt() {
+  static const CublasLtApi loaded = [] {
+    CublasLtApi api;
+    const std::string what = "cuBLASLt", major = std::to_string(CUDART_VERSION / 1000);
+    void* library = open_library({std::string(KILN_CUDA_LIBRARY_DIR) + "/libcublasLt.so." + major,
+                                  "libcublasLt.so." + major, "libcublasLt.so"},
+                                 what);
+    KILN_CUBLASLT_FUNCTIONS(KILN_API_LOAD)
+    return api;
+  }();
+  return loaded;
+}
 
 constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // cuBLASLt's scratch, allocated once
 // The driver API version whose function signatures we use (all five exist unchanged since).
@@ -68,7 +96,7 @@ void check_cuda(cudaError_t e, const char* call) {
 }
 
 void check_lt(cublasStatus_t st, const std::string& where, const char* call) {
-  if (st != CUBLAS_STATUS_SUCCESS) throw Error(where + ": " + call + ": " + cublasLtGetStatusString(st));
+  if (st != CUBLAS_STATUS_SUCCESS) throw Error(where + ": " + call + ": " + lt().cublasLtGetStatusString(st));
 }
 
 // One driver function, for the driver API of kDriverApiVersion.
@@ -244,7 +272,7 @@ CudaDevice::CudaDevice() {
     module_unload_ = driver_function<CuModuleUnload>("cuModuleUnload");
     module_get_function_ = driver_function<CuModuleGetFunction>("cuModuleGetFunction");
     launch_kernel_ = driver_function<CuLaunchKernel>("cuLaunchKernel");
-    check_lt(cublasLtCreate(&lt_), "cuBLASLt", "cublasLtCreate");
+    check_lt(lt().cublasLtCreate(&lt_), "cuBLASLt", "cublasLtCreate");
     e = cudaMalloc(&workspace_, kWorkspaceBytes);
     if (e != cudaSuccess) {
       workspace_ = nullptr;
@@ -264,10 +292,10 @@ std::string CudaDevice::cu_error(CUresult r) const {
 }
 
 void CudaDevice::destroy(MatmulPlan& p) noexcept {
-  if (p.out) cublasLtMatrixLayoutDestroy(p.out);
-  if (p.second) cublasLtMatrixLayoutDestroy(p.second);
-  if (p.first) cublasLtMatrixLayoutDestroy(p.first);
-  if (p.desc) cublasLtMatmulDescDestroy(p.desc);
+  if (p.out) lt().cublasLtMatrixLayoutDestroy(p.out);
+  if (p.second) lt().cublasLtMatrixLayoutDestroy(p.second);
+  if (p.first) lt().cublasLtMatrixLayoutDestroy(p.first);
+  if (p.desc) lt().cublasLtMatmulDescDestroy(p.desc);
   p.out = p.second = p.first = nullptr;
   p.desc = nullptr;
 }
@@ -287,7 +315,7 @@ void CudaDevice::release() noexcept {
   graphs_.clear();
   for (MatmulPlan& p : plans_) destroy(p);
   plans_.clear();
-  if (lt_) (void)cublasLtDestroy(lt_);
+  if (lt_) (void)lt().cublasLtDestroy(lt_);
   lt_ = nullptr;
   if (workspace_) (void)cudaFree(workspace_);
   workspace_ = nullptr;
@@ -441,23 +469,23 @@ Device::Matmul CudaDevice::plan_matmul(const MatmulSpec& s) {
   try {
     // CUBLAS_COMPUTE_32F: fp32 accumulation, and for fp32 inputs true fp32 products, not TF32
     // (that would be CUBLAS_COMPUTE_32F_FAST_TF32): the parity tests compare with fp32 references.
-    check_lt(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), s.where, "cublasLtMatmulDescCreate");
+    check_lt(lt().cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), s.where, "cublasLtMatmulDescCreate");
     const int32_t trans_first = s.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's A is our B
     const int32_t trans_second = s.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-    check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans_first, sizeof trans_first),
+    check_lt(lt().cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans_first, sizeof trans_first),
              s.where, "cublasLtMatmulDescSetAttribute TRANSA");
-    check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &trans_second, sizeof trans_second),
+    check_lt(lt().cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &trans_second, sizeof trans_second),
              s.where, "cublasLtMatmulDescSetAttribute TRANSB");
     const uint32_t epilogue_value = lt_epilogue(ep);
-    check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue_value,
+    check_lt(lt().cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue_value,
                                             sizeof epilogue_value),
              s.where, "cublasLtMatmulDescSetAttribute EPILOGUE");
     if (ep.bias) {
       const void* bias = ptr(s.bias);
       const int32_t bias_type = cuda_type(s.bias_type, s.where, "bias");
-      check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias), s.where,
+      check_lt(lt().cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias), s.where,
                "cublasLtMatmulDescSetAttribute BIAS_POINTER");
-      check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+      check_lt(lt().cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
                                               sizeof bias_type),
                s.where, "cublasLtMatmulDescSetAttribute BIAS_DATA_TYPE");
     }
@@ -466,11 +494,11 @@ Device::Matmul CudaDevice::plan_matmul(const MatmulSpec& s) {
       void* aux = ptr(s.aux);
       const int64_t aux_ld = s.n;
       const int32_t aux_type = cuda_type(s.aux_type, s.where, "aux");
-      check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux),
+      check_lt(lt().cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux),
                s.where, "cublasLtMatmulDescSetAttribute EPILOGUE_AUX_POINTER");
-      check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld),
+      check_lt(lt().cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld),
                s.where, "cublasLtMatmulDescSetAttribute EPILOGUE_AUX_LD");
-      check_lt(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &aux_type,
+      check_lt(lt().cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &aux_type,
                                               sizeof aux_type),
                s.where, "cublasLtMatmulDescSetAttribute EPILOGUE_AUX_DATA_TYPE");
     }
@@ -480,16 +508,16 @@ Device::Matmul CudaDevice::plan_matmul(const MatmulSpec& s) {
     const uint64_t first_rows = s.trans_b ? k : n, first_cols = s.trans_b ? n : k;
     // Second operand, A: stored [m,k] row-major = [k,m] column-major; with trans_a [k,m] -> [m,k].
     const uint64_t second_rows = s.trans_a ? m : k, second_cols = s.trans_a ? k : m;
-    check_lt(cublasLtMatrixLayoutCreate(&p.first, b_type, first_rows, first_cols, int64_t(first_rows)), s.where,
+    check_lt(lt().cublasLtMatrixLayoutCreate(&p.first, b_type, first_rows, first_cols, int64_t(first_rows)), s.where,
              "cublasLtMatrixLayoutCreate (B)");
-    check_lt(cublasLtMatrixLayoutCreate(&p.second, a_type, second_rows, second_cols, int64_t(second_rows)), s.where,
+    check_lt(lt().cublasLtMatrixLayoutCreate(&p.second, a_type, second_rows, second_cols, int64_t(second_rows)), s.where,
              "cublasLtMatrixLayoutCreate (A)");
     // C and D: one layout, so that in-place accumulation (C == D) has identical layouts.
-    check_lt(cublasLtMatrixLayoutCreate(&p.out, d_type, n, m, int64_t(n)), s.where, "cublasLtMatrixLayoutCreate (D)");
+    check_lt(lt().cublasLtMatrixLayoutCreate(&p.out, d_type, n, m, int64_t(n)), s.where, "cublasLtMatrixLayoutCreate (D)");
 
-    check_lt(cublasLtMatmulPreferenceCreate(&pref), s.where, "cublasLtMatmulPreferenceCreate");
+    check_lt(lt().cublasLtMatmulPreferenceCreate(&pref), s.where, "cublasLtMatmulPreferenceCreate");
     const uint64_t workspace = kWorkspaceBytes;
-    check_lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
+    check_lt(lt().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
                                                   sizeof workspace),
              s.where, "cublasLtMatmulPreferenceSetAttribute MAX_WORKSPACE_BYTES");
     const uint32_t align[4] = {alignment(s.b), alignment(s.a), alignment(DevicePtr(reinterpret_cast<uintptr_t>(p.c))),
@@ -498,24 +526,24 @@ Device::Matmul CudaDevice::plan_matmul(const MatmulSpec& s) {
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
     for (int i = 0; i < 4; i++)
-      check_lt(cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &align[i], sizeof align[i]), s.where,
+      check_lt(lt().cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &align[i], sizeof align[i]), s.where,
                "cublasLtMatmulPreferenceSetAttribute MIN_ALIGNMENT");
 
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     cublasStatus_t st =
-        cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.first, p.second, p.out, p.out, pref, 1, &result, &found);
+        lt().cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.first, p.second, p.out, p.out, pref, 1, &result, &found);
     if (st != CUBLAS_STATUS_SUCCESS || found == 0 || result.state != CUBLAS_STATUS_SUCCESS)
       throw Error(s.where + ": cuBLASLt has no algorithm for this product (" + product(s) +
                   "; cublasLtMatmulAlgoGetHeuristic: " +
-                  (st != CUBLAS_STATUS_SUCCESS ? cublasLtGetStatusString(st)
+                  (st != CUBLAS_STATUS_SUCCESS ? lt().cublasLtGetStatusString(st)
                    : found == 0                ? "no result"
-                                               : cublasLtGetStatusString(result.state)) +
+                                               : lt().cublasLtGetStatusString(result.state)) +
                   ")");
     p.algo = result.algo;
-    (void)cublasLtMatmulPreferenceDestroy(pref);
+    (void)lt().cublasLtMatmulPreferenceDestroy(pref);
   } catch (...) {
-    if (pref) (void)cublasLtMatmulPreferenceDestroy(pref);
+    if (pref) (void)lt().cublasLtMatmulPreferenceDestroy(pref);
     destroy(p);
     throw;
   }
@@ -529,10 +557,10 @@ void CudaDevice::matmul(Matmul i) {
   // Host scalars (the default CUBLASLT_POINTER_MODE_HOST); cuBLASLt reads them during the call,
   // so a graph capture records their values.
   const float alpha = 1.0f, beta = p.spec.beta;
-  cublasStatus_t st = cublasLtMatmul(lt_, p.desc, &alpha, ptr(p.spec.b), p.first, ptr(p.spec.a), p.second, &beta,
+  cublasStatus_t st = lt().cublasLtMatmul(lt_, p.desc, &alpha, ptr(p.spec.b), p.first, ptr(p.spec.a), p.second, &beta,
                                      p.c, p.out, ptr(p.spec.d), p.out, &p.algo, workspace_, kWorkspaceBytes, stream_);
   if (st != CUBLAS_STATUS_SUCCESS)
-    throw Error(p.spec.where + ": cublasLtMatmul: " + cublasLtGetStatusString(st) + " (" + product(p.spec) + ")");
+    throw Error(p.spec.where + ": cublasLtMatmul: " + lt().cublasLtGetStatusString(st) + " (" + product(p.spec) + ")");
 }
 
 bool CudaDevice::begin_capture() {
@@ -564,5 +592,7 @@ void CudaDevice::launch_graph(Graph g) {
 }  // namespace
 
 std::unique_ptr<Device> make_cuda_device() { return std::make_unique<CudaDevice>(); }
+
+void open_cublaslt() { (void)lt(); }
 
 }  // namespace kiln

@@ -11,5 +11,8 @@ namespace kiln {
 // Opens GPU 0 with one compute stream, a cuBLASLt handle and its workspace. Throws kiln::Error
 // with one clear line when no CUDA GPU is usable (no driver, no device, a busy device).
 std::unique_ptr<Device> make_cuda_device();
+// Opens cuBLASLt and looks up every function the device uses (done by make_cuda_device; for
+// tests); throws kiln::Error naming what is missing.
+void open_cublaslt();
 
 }  // namespace kiln
