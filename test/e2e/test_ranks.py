@@ -337,16 +337,21 @@ def finish(procs, timeout=300):
     return out
 
 
-def case_tcp(c: Ctx):
-    procs, port = start_tcp(c, "tcp", ["--zero", "1", "--bucket-mb", "0.03"])
+def run_tcp_pair(c: Ctx, tag, extra):
+    """Two TCP ranks to the end: both exit 0, rank 0 announces the rendezvous, rank 1 prints nothing."""
+    procs, port = start_tcp(c, tag, extra)
     res = finish(procs)
     for r, (rc, o, e) in enumerate(res):
         if rc != 0:
-            raise TestFailure(f"tcp: rank {r} exit {rc}\n{o[-2000:]}\n{e[-2000:]}")
+            raise TestFailure(f"{tag}: rank {r} exit {rc}\n{o[-2000:]}\n{e[-2000:]}")
     if f"data parallel: rank 0 of 2 over TCP (rendezvous at 127.0.0.1:{port})" not in res[0][2]:
-        raise TestFailure(f"tcp: rank 0 did not announce the TCP rendezvous:\n{res[0][2]}")
+        raise TestFailure(f"{tag}: rank 0 did not announce the TCP rendezvous:\n{res[0][2]}")
     if res[1][1].strip():
-        raise TestFailure(f"tcp: rank 1 printed progress:\n{res[1][1]}")
+        raise TestFailure(f"{tag}: rank 1 printed progress:\n{res[1][1]}")
+
+
+def case_tcp(c: Ctx):
+    run_tcp_pair(c, "tcp", ["--zero", "1", "--bucket-mb", "0.03"])
     return compare_runs("tcp --zero 1 vs 1 process", c.ref, c.log("tcp"), c.ref_w, c.weights("tcp"))
 
 
@@ -437,15 +442,7 @@ def case_nccl_refused(c: Ctx):
 # A cuda module (on kiln-run-emulated: --kilnc-arg=--runtime=.../kiln-run-emulated): the gradient
 # buckets go through the device executor's staging and hooks.
 def case_tcp_plain(c: Ctx):
-    procs, port = start_tcp(c, "tcp_plain", ["--comm", "tcp"])
-    res = finish(procs)
-    for r, (rc, o, e) in enumerate(res):
-        if rc != 0:
-            raise TestFailure(f"tcp_plain: rank {r} exit {rc}\n{o[-2000:]}\n{e[-2000:]}")
-    if f"data parallel: rank 0 of 2 over TCP (rendezvous at 127.0.0.1:{port})" not in res[0][2]:
-        raise TestFailure(f"tcp_plain: rank 0 did not announce the TCP rendezvous:\n{res[0][2]}")
-    if res[1][1].strip():
-        raise TestFailure(f"tcp_plain: rank 1 printed progress:\n{res[1][1]}")
+    run_tcp_pair(c, "tcp_plain", ["--comm", "tcp"])
     return compare_runs("tcp vs 1 process", c.ref, c.log("tcp_plain"), c.ref_w, c.weights("tcp_plain"))
 
 
