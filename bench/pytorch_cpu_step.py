@@ -40,10 +40,8 @@ import tomllib
 
 import numpy as np
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
-from torch_gpt2_block import HAVE_SDPA, Block  # noqa: E402  (bench/ is on sys.path)
+from torch_gpt2_block import HAVE_SDPA, GPT2  # noqa: E402  (bench/ is on sys.path)
 SHARD_MAGIC, SHARD_HEADER_BYTES = 20240520, 256 * 4
 
 
@@ -92,32 +90,6 @@ class Loader:
         buf = torch.from_numpy(self.tokens[self.pos:self.pos + n + 1].astype(np.int64))
         self.pos += n
         return buf[:-1].view(self.B, self.T), buf[1:].view(self.B, self.T)
-
-
-class GPT2(nn.Module):
-    def __init__(self, cfg: dict):
-        super().__init__()
-        C, V, Tmax = cfg["n_embd"], cfg["vocab_size"], cfg["block_size"]
-        self.wte = nn.Embedding(V, C)
-        self.wpe = nn.Embedding(Tmax, C)
-        self.h = nn.ModuleList(Block(C, cfg["n_head"], Tmax) for _ in range(cfg["n_layer"]))
-        self.ln_f = nn.LayerNorm(C, eps=1e-5)
-        # GPT-2's initialisation (the residual projections scaled by 1/sqrt(2L)); it does not
-        # change the timing, only keeps the loss where Kiln's is.
-        for name, p in self.named_parameters():
-            if p.dim() == 2:
-                std = 0.02 / math.sqrt(2 * cfg["n_layer"]) if name.endswith("proj.weight") else 0.02
-                nn.init.normal_(p, 0.0, std)
-            elif name.endswith("bias"):
-                nn.init.zeros_(p)
-
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        T = idx.size(1)
-        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
-        for block in self.h:
-            x = block(x)
-        logits = F.linear(self.ln_f(x), self.wte.weight)  # tied lm_head, no bias
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
 
 
 def blas_info() -> dict:

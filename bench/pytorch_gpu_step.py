@@ -72,7 +72,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from torch_gpt2_block import HAVE_SDPA, Block  # noqa: E402  (bench/ is on sys.path)
+from torch_gpt2_block import HAVE_SDPA, GPT2  # noqa: E402  (bench/ is on sys.path)
 HAVE_COMPILE = hasattr(torch, "compile")
 SHARD_MAGIC, SHARD_HEADER_INTS = 20240520, 256
 GPT2_124M = dict(n_layer=12, n_head=12, n_embd=768, vocab_size=50257, block_size=1024)
@@ -143,35 +143,6 @@ class RandomLoader:
         b = self.batches[self.i % len(self.batches)]
         self.i += 1
         return b
-
-
-# --- model ----------------------------------------------------------------------------------------
-class GPT2(nn.Module):
-    def __init__(self, cfg: dict):
-        super().__init__()
-        C, Tmax = cfg["n_embd"], cfg["block_size"]
-        self.V, self.Vp = cfg["vocab_size"], cfg["padded_vocab"]
-        self.wte = nn.Embedding(self.Vp, C)            # rows V..Vp-1: padding, as in Kiln
-        self.wpe = nn.Embedding(Tmax, C)
-        self.h = nn.ModuleList(Block(C, cfg["n_head"], Tmax) for _ in range(cfg["n_layer"]))
-        self.ln_f = nn.LayerNorm(C, eps=1e-5)
-        # GPT-2's initialisation (residual projections scaled by 1/sqrt(2L)): the time does not
-        # depend on it; it keeps the loss where Kiln's is.
-        for name, p in self.named_parameters():
-            if p.dim() == 2:
-                std = 0.02 / math.sqrt(2 * cfg["n_layer"]) if name.endswith("proj.weight") else 0.02
-                nn.init.normal_(p, 0.0, std)
-            elif name.endswith("bias"):
-                nn.init.zeros_(p)
-
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        T = idx.size(1)
-        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
-        for block in self.h:
-            x = block(x)
-        logits = F.linear(self.ln_f(x), self.wte.weight)        # tied lm_head, no bias: [B, T, Vp]
-        logits = logits[..., :self.V].float()                    # padded logits out; fp32 loss
-        return F.cross_entropy(logits.reshape(-1, self.V), targets.reshape(-1))
 
 
 def make_optimizer(model: nn.Module, device: str) -> tuple[torch.optim.Optimizer, str]:
