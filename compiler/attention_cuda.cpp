@@ -48,6 +48,36 @@ const char* kQkScores = R"(    // s[i][j] = q[row i] . k[k0 + j*32 + lane]
     }
 )";
 
+// The key/value tile of the forward and dq kernels, and its loader.
+const char* kKvTile = R"(  __shared__ float kv_tile[KTILE * LD];  // this step's keys or values: [key][channel]
+  auto load_tile = [&](int part, int k0) {  // rows past the sequence read as 0
+    for (int e = threadIdx.x; e < KTILE * HS; e += THREADS) {
+      const int r = e / HS, c = e % HS;
+      kv_tile[r * LD + c] = k0 + r < T ? ld(qkv, qkv_at(k0 + r, part, c)) : 0.0f;
+    }
+  };
+)";
+
+// acc[i][c] += sum_key x[i][key] tile[key][c] over the key tile in shared memory (the forward's
+// o += p v, dq's dq += ds k): x[i][key] is broadcast from lane key % 32.
+const char* kTileAccumulate = R"(#pragma unroll
+    for (int kj = 0; kj < KPL; kj++) {
+#pragma unroll 8
+      for (int src = 0; src < 32; src++) {
+        const int r = kj * 32 + src;  // key k0 + r, whose x lane src holds
+        float tc[CPL];
+#pragma unroll
+        for (int j = 0; j < CPL; j++) tc[j] = j * 32 + lane < HS ? kv_tile[r * LD + j * 32 + lane] : 0.0f;
+#pragma unroll
+        for (int i = 0; i < ROWS; i++) {
+          const float x = __shfl_sync(0xffffffffu, ${X}[i][kj], src);
+#pragma unroll
+          for (int j = 0; j < CPL; j++) ${ACC}[i][j] += x * tc[j];
+        }
+      }
+    }
+)";
+
 int64_t headSize(const AttentionShape& s) {
   if (s.B <= 0 || s.T <= 0 || s.C <= 0 || s.H <= 0) throw std::invalid_argument("attention: sizes must be positive");
   if (s.C % s.H != 0) throw std::invalid_argument("attention: H must divide C");
@@ -105,14 +135,7 @@ ${INDEXING}
     for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;  // every lane holds the warp's max
   };
-  __shared__ float kv_tile[KTILE * LD];  // this step's keys, then its values: [key][channel]
-  auto load_tile = [&](int part, int k0) {  // rows past the sequence read as 0
-    for (int e = threadIdx.x; e < KTILE * HS; e += THREADS) {
-      const int r = e / HS, c = e % HS;
-      kv_tile[r * LD + c] = k0 + r < T ? ld(qkv, qkv_at(k0 + r, part, c)) : 0.0f;
-    }
-  };
-
+${KV_TILE}
   // This warp's query rows, spread over the lanes: q[i][j] = q[q0 + warp*ROWS + i][j*32 + lane].
   float q[ROWS][CPL], o[ROWS][CPL], m[ROWS], l[ROWS];
 #pragma unroll
@@ -169,23 +192,7 @@ ${QK_SCORES}
     __syncthreads();
 
     // o[i][c] += sum_key p[i][key] v[key][c]
-#pragma unroll
-    for (int kj = 0; kj < KPL; kj++) {
-#pragma unroll 8
-      for (int src = 0; src < 32; src++) {
-        const int r = kj * 32 + src;  // key k0 + r, whose p lane src holds
-        float vc[CPL];
-#pragma unroll
-        for (int j = 0; j < CPL; j++) vc[j] = j * 32 + lane < HS ? kv_tile[r * LD + j * 32 + lane] : 0.0f;
-#pragma unroll
-        for (int i = 0; i < ROWS; i++) {
-          const float p = __shfl_sync(0xffffffffu, s[i][kj], src);
-#pragma unroll
-          for (int j = 0; j < CPL; j++) o[i][j] += p * vc[j];
-        }
-      }
-    }
-  }
+${ACC_O}  }
 
   // out = o / l; lse = m + log l.
 #pragma unroll
@@ -376,14 +383,7 @@ ${COMMON}  constexpr int ROWS = ${ROWS}, QTILE = 8 * ROWS;  // query rows per wa
   const int q0 = (q_tiles - 1 - (int)blockIdx.x / (B * H)) * QTILE;
   const int batch = (blockIdx.x % (B * H)) / H, h = blockIdx.x % H;
 ${INDEXING}
-  __shared__ float kv_tile[KTILE * LD];  // this step's values, then its keys: [key][channel]
-  auto load_tile = [&](int part, int k0) {  // rows past the sequence read as 0
-    for (int e = threadIdx.x; e < KTILE * HS; e += THREADS) {
-      const int r = e / HS, c = e % HS;
-      kv_tile[r * LD + c] = k0 + r < T ? ld(qkv, qkv_at(k0 + r, part, c)) : 0.0f;
-    }
-  };
-
+${KV_TILE}
   // This warp's rows, spread over the lanes: q[i][j] = q[q0 + warp*ROWS + i][j*32 + lane], g = dout likewise.
   // Rows past the sequence are 0 and masked out.
   float q[ROWS][CPL], g[ROWS][CPL], dq[ROWS][CPL], row_lse[ROWS], row_d[ROWS];
@@ -448,23 +448,7 @@ ${QK_SCORES}
     }
 
     // dq[i][c] += sum_key ds[i][key] k[key][c]
-#pragma unroll
-    for (int kj = 0; kj < KPL; kj++) {
-#pragma unroll 8
-      for (int src = 0; src < 32; src++) {
-        const int r = kj * 32 + src;  // key k0 + r, whose ds lane src holds
-        float kc[CPL];
-#pragma unroll
-        for (int j = 0; j < CPL; j++) kc[j] = j * 32 + lane < HS ? kv_tile[r * LD + j * 32 + lane] : 0.0f;
-#pragma unroll
-        for (int i = 0; i < ROWS; i++) {
-          const float ds = __shfl_sync(0xffffffffu, dp[i][kj], src);
-#pragma unroll
-          for (int j = 0; j < CPL; j++) dq[i][j] += ds * kc[j];
-        }
-      }
-    }
-  }
+${ACC_DQ}  }
 
 #pragma unroll
   for (int i = 0; i < ROWS; i++) {
@@ -491,7 +475,10 @@ std::vector<std::pair<std::string, std::string>> shapeVars(const std::string& sy
       {"DTYPE", s.bf16 ? "bf16 storage" : "fp32"},
       {"COMMON", fillTemplate(kCommon, common)},
       {"INDEXING", kIndexing},
-      {"QK_SCORES", kQkScores}};
+      {"QK_SCORES", kQkScores},
+      {"KV_TILE", kKvTile},
+      {"ACC_O", fillTemplate(kTileAccumulate, {{"X", "s"}, {"ACC", "o"}})},
+      {"ACC_DQ", fillTemplate(kTileAccumulate, {{"X", "dp"}, {"ACC", "dq"}})}};
   vars.insert(vars.end(), common.begin(), common.end());
   return vars;
 }
