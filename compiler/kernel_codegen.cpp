@@ -754,17 +754,8 @@ class Emitter {
                 "rows_done = 0;\n";
     body_ += "  __shared__ float smx[32], ssum[32];\n";
     body_ += "  const long long r = blockIdx.x, row = r * " + num(V) + ";\n";
-    body_ += "  float mx = -INFINITY, sum = 0.0f;\n";
-    body_ += "  for (long long j = threadIdx.x; j < " + num(valid) + "; j += blockDim.x) {\n";
-    body_ += "    const float v = " + at(logits, "row + j") + ";\n";
-    body_ += "    if (v > mx) { sum = sum * expf(mx - v) + 1.0f; mx = v; } else { sum += expf(v - mx); }\n  }\n";
-    body_ += "  combine_max_sum(mx, sum);\n";
-    body_ += "  if (threadIdx.x % 32 == 0) { smx[threadIdx.x / 32] = mx; ssum[threadIdx.x / 32] = sum; }\n";
-    body_ += "  __syncthreads();\n";
-    body_ += "  if (threadIdx.x < 32) {\n";
-    body_ += "    mx = threadIdx.x < blockDim.x / 32 ? smx[threadIdx.x] : -INFINITY;\n";
-    body_ += "    sum = threadIdx.x < blockDim.x / 32 ? ssum[threadIdx.x] : 0.0f;\n";
-    body_ += "    combine_max_sum(mx, sum);\n  }\n";
+    cudaRowMaxSum(logits, valid);
+    body_ += "  }\n";
     body_ += "  if (threadIdx.x == 0) {\n";
     body_ += "    const float lse = mx + logf(sum);\n";
     for (const std::string& o : lseOut) body_ += "    st(" + o + ", r, lse);\n";
@@ -802,6 +793,23 @@ class Emitter {
     return success();
   }
 
+  // One block per row of logits (r, row = r * V): the row's max mx and sum of exp(x - mx) over
+  // its first `valid` columns, by the online softmax per thread, then across warps; warp 0 ends
+  // inside `if (threadIdx.x < 32) {` holding them (the caller closes it). Needs smx, ssum [32].
+  void cudaRowMaxSum(Value logits, int64_t valid) {
+    body_ += "  float mx = -INFINITY, sum = 0.0f;\n";
+    body_ += "  for (long long j = threadIdx.x; j < " + num(valid) + "; j += blockDim.x) {\n";
+    body_ += "    const float v = " + at(logits, "row + j") + ";\n";
+    body_ += "    if (v > mx) { sum = sum * expf(mx - v) + 1.0f; mx = v; } else { sum += expf(v - mx); }\n  }\n";
+    body_ += "  combine_max_sum(mx, sum);\n";
+    body_ += "  if (threadIdx.x % 32 == 0) { smx[threadIdx.x / 32] = mx; ssum[threadIdx.x / 32] = sum; }\n";
+    body_ += "  __syncthreads();\n";
+    body_ += "  if (threadIdx.x < 32) {\n";
+    body_ += "    mx = threadIdx.x < blockDim.x / 32 ? smx[threadIdx.x] : -INFINITY;\n";
+    body_ += "    sum = threadIdx.x < blockDim.x / 32 ? ssum[threadIdx.x] : 0.0f;\n";
+    body_ += "    combine_max_sum(mx, sum);\n";
+  }
+
   // CUDA: one block per row; each thread keeps a running max and sum (online softmax), the block
   // combines them, then writes the gradient over the logits. The mean loss is summed across blocks
   // and the last block to finish writes it (and resets the sum for the next launch).
@@ -815,17 +823,7 @@ class Emitter {
     body_ += "  const long long r = blockIdx.x, row = r * " + num(V) + ";\n";
     body_ += "  const int t = " + at(targets, "r") + ";\n";
     body_ += "  if (threadIdx.x == 0) row_xt = " + at(logits, "row + t") + ";\n";
-    body_ += "  float mx = -INFINITY, sum = 0.0f;\n";
-    body_ += "  for (long long j = threadIdx.x; j < " + num(valid) + "; j += blockDim.x) {\n";
-    body_ += "    const float v = " + at(logits, "row + j") + ";\n";
-    body_ += "    if (v > mx) { sum = sum * expf(mx - v) + 1.0f; mx = v; } else { sum += expf(v - mx); }\n  }\n";
-    body_ += "  combine_max_sum(mx, sum);\n";
-    body_ += "  if (threadIdx.x % 32 == 0) { smx[threadIdx.x / 32] = mx; ssum[threadIdx.x / 32] = sum; }\n";
-    body_ += "  __syncthreads();\n";
-    body_ += "  if (threadIdx.x < 32) {\n";
-    body_ += "    mx = threadIdx.x < blockDim.x / 32 ? smx[threadIdx.x] : -INFINITY;\n";
-    body_ += "    sum = threadIdx.x < blockDim.x / 32 ? ssum[threadIdx.x] : 0.0f;\n";
-    body_ += "    combine_max_sum(mx, sum);\n";
+    cudaRowMaxSum(logits, valid);
     body_ += "    if (threadIdx.x == 0) row_lse = mx + logf(sum);\n  }\n";
     body_ += "  __syncthreads();\n";
     body_ += "  const float lse = row_lse, g = " + at(dloss, "0") + " / " + num(N) + ".0f;\n";
