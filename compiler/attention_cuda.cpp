@@ -26,23 +26,25 @@ namespace {
 
 constexpr int kThreads = 256;  // threads per block: 8 warps
 
-// The scores of a warp's query rows against the key tile in shared memory (forward and dQ).
-const char* kQkScores = R"(    // s[i][j] = q[row i] . k[k0 + j*32 + lane]
-    float s[ROWS][KPL] = {};
+// Products of a warp's rows (in registers, spread over the lanes) with the rows of the tile in
+// shared memory: ${OUT}[i][j] = ${IN}[row i] . tile[k0 + j*32 + lane] (the forward's and dq's
+// scores q k, dq's dp = dout v).
+const char* kRowProducts = R"(    // ${OUT}[i][j] = ${IN}[row i] . tile[k0 + j*32 + lane]
+    float ${OUT}[ROWS][KPL] = {};
 #pragma unroll
     for (int cj = 0; cj < CPL; cj++) {
 #pragma unroll 8
       for (int src = 0; src < 32; src++) {
         const int c = cj * 32 + src;
         if (c >= HS) break;
-        float kc[KPL];
+        float tc[KPL];
 #pragma unroll
-        for (int j = 0; j < KPL; j++) kc[j] = kv_tile[(j * 32 + lane) * LD + c];
+        for (int j = 0; j < KPL; j++) tc[j] = kv_tile[(j * 32 + lane) * LD + c];
 #pragma unroll
         for (int i = 0; i < ROWS; i++) {
-          const float qc = __shfl_sync(0xffffffffu, q[i][cj], src);  // q[row i][c]
+          const float xc = __shfl_sync(0xffffffffu, ${IN}[i][cj], src);  // ${IN}[row i][c]
 #pragma unroll
-          for (int j = 0; j < KPL; j++) s[i][j] += qc * kc[j];
+          for (int j = 0; j < KPL; j++) ${OUT}[i][j] += xc * tc[j];
         }
       }
     }
@@ -410,26 +412,8 @@ ${KV_TILE}
     load_tile(2, k0);
     __syncthreads();
 
-    // dp[i][j] = dout[row i] . v[k0 + j*32 + lane]
-    float dp[ROWS][KPL] = {};
-#pragma unroll
-    for (int cj = 0; cj < CPL; cj++) {
-#pragma unroll 8
-      for (int src = 0; src < 32; src++) {
-        const int c = cj * 32 + src;
-        if (c >= HS) break;
-        float vc[KPL];
-#pragma unroll
-        for (int j = 0; j < KPL; j++) vc[j] = kv_tile[(j * 32 + lane) * LD + c];
-#pragma unroll
-        for (int i = 0; i < ROWS; i++) {
-          const float gc = __shfl_sync(0xffffffffu, g[i][cj], src);  // dout[row i][c]
-#pragma unroll
-          for (int j = 0; j < KPL; j++) dp[i][j] += gc * vc[j];
-        }
-      }
-    }
-
+    // dout . v (g holds dout)
+${DP_SCORES}
     __syncthreads();  // everyone is done reading the values
     load_tile(1, k0);
     __syncthreads();
@@ -475,7 +459,8 @@ std::vector<std::pair<std::string, std::string>> shapeVars(const std::string& sy
       {"DTYPE", s.bf16 ? "bf16 storage" : "fp32"},
       {"COMMON", fillTemplate(kCommon, common)},
       {"INDEXING", kIndexing},
-      {"QK_SCORES", kQkScores},
+      {"QK_SCORES", fillTemplate(kRowProducts, {{"OUT", "s"}, {"IN", "q"}})},
+      {"DP_SCORES", fillTemplate(kRowProducts, {{"OUT", "dp"}, {"IN", "g"}})},
       {"KV_TILE", kKvTile},
       {"ACC_O", fillTemplate(kTileAccumulate, {{"X", "s"}, {"ACC", "o"}})},
       {"ACC_DQ", fillTemplate(kTileAccumulate, {{"X", "dp"}, {"ACC", "dq"}})}};

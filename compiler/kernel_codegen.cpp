@@ -760,11 +760,7 @@ class Emitter {
     body_ += "    const float lse = mx + logf(sum);\n";
     for (const std::string& o : lseOut) body_ += "    st(" + o + ", r, lse);\n";
     body_ += "    atomicAdd(&" + symbolPrefix() + "loss_sum, (double)(lse - " + at(logits, "row + " + at(targets, "r")) + "));\n";
-    body_ += "    __threadfence();\n";
-    body_ += "    if (atomicAdd(&" + symbolPrefix() + "rows_done, 1u) == gridDim.x - 1) {\n";
-    body_ += "      const double total = atomicAdd(&" + symbolPrefix() + "loss_sum, 0.0);\n";
-    for (const std::string& o : lossOut) body_ += "      st(" + o + ", 0, (float)(total / " + num(N) + ".0));\n";
-    body_ += "      " + symbolPrefix() + "loss_sum = 0.0;\n      " + symbolPrefix() + "rows_done = 0;\n    }\n  }\n";
+    cudaLossTotal(lossOut, N);
     return success();
   }
 
@@ -791,6 +787,16 @@ class Emitter {
     locals(ArrayRef<Operation*>(ops).drop_front(), "  ");
     stores(ops, "  ");
     return success();
+  }
+
+  // Thread 0 of a row's block, after adding the row's loss to loss_sum: the last block to finish
+  // writes the mean over the N rows and resets the sum and counter for the next launch.
+  void cudaLossTotal(const std::vector<std::string>& lossOut, int64_t N) {
+    body_ += "    __threadfence();\n";
+    body_ += "    if (atomicAdd(&" + symbolPrefix() + "rows_done, 1u) == gridDim.x - 1) {\n";
+    body_ += "      const double total = atomicAdd(&" + symbolPrefix() + "loss_sum, 0.0);\n";
+    for (const std::string& o : lossOut) body_ += "      st(" + o + ", 0, (float)(total / " + num(N) + ".0));\n";
+    body_ += "      " + symbolPrefix() + "loss_sum = 0.0;\n      " + symbolPrefix() + "rows_done = 0;\n    }\n  }\n";
   }
 
   // One block per row of logits (r, row = r * V): the row's max mx and sum of exp(x - mx) over
@@ -833,11 +839,7 @@ class Emitter {
     body_ += "    st(" + dl + ", row + j, d);\n  }\n";
     body_ += "  if (threadIdx.x == 0) {\n";
     body_ += "    atomicAdd(&" + symbolPrefix() + "loss_sum, (double)(lse - row_xt));\n";
-    body_ += "    __threadfence();\n";
-    body_ += "    if (atomicAdd(&" + symbolPrefix() + "rows_done, 1u) == gridDim.x - 1) {\n";
-    body_ += "      const double total = atomicAdd(&" + symbolPrefix() + "loss_sum, 0.0);\n";
-    for (const std::string& o : lossOut) body_ += "      st(" + o + ", 0, (float)(total / " + num(N) + ".0));\n";
-    body_ += "      " + symbolPrefix() + "loss_sum = 0.0;\n      " + symbolPrefix() + "rows_done = 0;\n    }\n  }\n";
+    cudaLossTotal(lossOut, N);
     return success();
   }
 
