@@ -12,9 +12,13 @@
 // one A fragment over 16 keys (the P or dS operand of the next product), and a row's values sit
 // in the 4 lanes of its g: row reductions are two __shfl_xor_sync (1, 2).
 // A block is 4 warps of 16 rows (64 queries, or 64 keys for dk/dv) and walks 64-row tiles of the
-// other side in shared memory (bf16, rows padded by 8 elements: the fragment loads hit 32
-// different banks). B operands read a tile row-wise (one 32-bit load: B = X^T of a row-major X)
-// or column-wise (two 16-bit loads: B = X).
+// other side in shared memory (bf16, rows padded by 8 elements so that the 8 row addresses of an
+// ldmatrix fall in different banks). The walk is pipelined: while a tile is used, the next one
+// is copied in by cp.async into the other of two buffers. B fragments come from ldmatrix, four
+// 8x8 matrices (two B fragments) per instruction: plain for B = X^T of a row-major tile X (the
+// scores: keys or queries as the tile's rows), transposed for B = X (the value-side products).
+// Softmax exponentials are exp2 of scores pre-multiplied by log2(e); tiles wholly inside the
+// causal triangle and the sequence skip the mask.
 #include <cmath>
 #include <sstream>
 #include <stdexcept>
@@ -28,9 +32,10 @@ namespace {
 constexpr int kWarps = 4, kThreads = 32 * kWarps, kTile = 16 * kWarps;
 
 // Constants, this block's (b, h), the indexing of qkv / out / lse, and the fragment loaders.
-const char* kCommon = R"(  // Batch, sequence length, channels, heads, head size; the score scale 1 / sqrt(HS).
+const char* kCommon = R"(  // Batch, sequence length, channels, heads, head size; the score scale 1 / sqrt(HS), and it
+  // times log2(e): exp(scale x - y) = exp2(scale_log2 x - log2e y).
   constexpr int B = ${B}, T = ${T}, C = ${C}, H = ${H}, HS = ${HS};
-  constexpr float scale = ${SCALE};
+  constexpr float scale = ${SCALE}, scale_log2 = ${SCALE_LOG2}, log2e = 1.44269504f;
   constexpr int TILE = ${TILE};        // rows per block, and per step of the walked side
   constexpr int KC = HS / 16, NC = HS / 8;  // 16-channel chunks (products over channels), 8-channel C tiles
   constexpr int LD = HS + 8;           // row stride of the shared tiles, in bf16 elements
@@ -52,40 +57,62 @@ const char* kCommon = R"(  // Batch, sequence length, channels, heads, head size
       f[kc][3] = r0 + 8 < T ? ld_pair(base + at(r0 + 8, c + 8)) : 0u;
     }
   };
-  // acc[j] (8 C tiles: 16 rows x 64 tile rows) += a . tile^T over the channels: B = tile^T,
-  // read row-wise from a [TILE][LD] shared tile.
+  // The row address this lane gives ldmatrix: row lane % 8 of matrix lane / 8.
+  const int lm = lane / 8, lr = lane % 8;
+  // acc[j] (8 C tiles: 16 rows x 64 tile rows) += a . tile^T over the channels: B = tile^T; one
+  // ldmatrix gives the B fragments of tile rows 8j .. 8j + 15 for 16 channels.
   auto rows_product = [&](float (*acc)[4], const uint32_t (*a)[4], const bf16* tile) {
 #pragma unroll
-    for (int j = 0; j < 8; j++)
+    for (int j = 0; j < 8; j += 2)
 #pragma unroll
       for (int kc = 0; kc < KC; kc++) {
-        const bf16* p = tile + (8 * j + g) * LD + 16 * kc + 2 * t;
-        const uint32_t bf[2] = {ld_pair(p), ld_pair(p + 8)};
+        uint32_t bf[4];
+        ldmatrix_x4(bf, tile + (8 * (j + lm / 2) + lr) * LD + 16 * kc + 8 * (lm % 2));
         mma_bf16_16816(acc[j], a[kc], bf);
+        mma_bf16_16816(acc[j + 1], a[kc], bf + 2);
       }
   };
   // acc[n] (NC C tiles: 16 rows x HS channels) += x . tile, x the 16 x 64 values in 8 C tiles
-  // (rounded to bf16 as A fragments), tile [TILE][LD] read column-wise.
+  // (rounded to bf16 as A fragments): B = tile, one transposed ldmatrix per 16 tile rows x 16
+  // channels.
   auto cols_product = [&](float (*acc)[4], const float (*x)[4], const bf16* tile) {
 #pragma unroll
     for (int kc = 0; kc < 4; kc++) {
       const uint32_t af[4] = {pack_bf16(x[2 * kc][0], x[2 * kc][1]), pack_bf16(x[2 * kc][2], x[2 * kc][3]),
                               pack_bf16(x[2 * kc + 1][0], x[2 * kc + 1][1]), pack_bf16(x[2 * kc + 1][2], x[2 * kc + 1][3])};
 #pragma unroll
-      for (int n = 0; n < NC; n++) {
-        const bf16* p = tile + (16 * kc + 2 * t) * LD + 8 * n + g;
-        const uint32_t bf[2] = {(uint32_t)p[0] | ((uint32_t)p[LD] << 16), (uint32_t)p[8 * LD] | ((uint32_t)p[9 * LD] << 16)};
+      for (int n = 0; n < NC; n += 2) {
+        uint32_t bf[4];
+        ldmatrix_x4_trans(bf, tile + (16 * kc + 8 * (lm % 2) + lr) * LD + 8 * (n + lm / 2));
         mma_bf16_16816(acc[n], af, bf);
+        mma_bf16_16816(acc[n + 1], af, bf + 2);
       }
     }
   };
-  // Rows r0 .. r0 + TILE - 1 of part `part` of qkv (or of dout: part -1) into a shared tile.
+  // Starts copying rows r0 .. r0 + TILE - 1 of part `part` of qkv (of dout: part -1) into a shared
+  // tile, 16 bytes per cp.async; rows past the sequence become zeros.
   auto load_tile = [&](bf16* tile, const bf16* base, int part, int r0) {
-    for (int e = threadIdx.x; e < TILE * HS / 2; e += ${THREADS}) {
-      const int r = e / (HS / 2), c = 2 * (e % (HS / 2));
-      uint32_t v = 0u;
-      if (r0 + r < T) v = ld_pair(base + (part < 0 ? act_at(r0 + r, c) : qkv_at(r0 + r, part, c)));
-      st_pair(tile + r * LD + c, v);
+    for (int e = threadIdx.x; e < TILE * HS / 8; e += ${THREADS}) {
+      const int r = e / (HS / 8), c = 8 * (e % (HS / 8)), row = min(r0 + r, T - 1);  // a valid address
+      cp_async16(tile + r * LD + c, base + (part < 0 ? act_at(row, c) : qkv_at(row, part, c)), r0 + r < T);
+    }
+  };
+  // The walk over n tiles of the other side, double-buffered: issue(i, buf) starts the copies of
+  // tile i into buffer buf, body(i, buf) uses it. Tile i + 1 is in flight while tile i is used.
+  auto walk = [&](int n, auto&& issue, auto&& body) {
+    issue(0, 0);
+    cp_async_commit();
+    for (int i = 0; i < n; i++) {
+      if (i + 1 < n) {
+        issue(i + 1, (i + 1) % 2);
+        cp_async_commit();
+        cp_async_wait<1>();  // this thread's copies of tile i have landed
+      } else {
+        cp_async_wait<0>();
+      }
+      __syncthreads();  // ... and every other thread's
+      body(i, i % 2);
+      __syncthreads();  // every warp is done with buffer i % 2 before tile i + 2 is copied into it
     }
   };
   // f(j, e, col, i) for every element of a warp's 8 C tiles: s[j][e] is at column col = 8j + 2t
@@ -95,14 +122,6 @@ const char* kCommon = R"(  // Batch, sequence length, channels, heads, head size
     for (int j = 0; j < 8; j++)
 #pragma unroll
       for (int e = 0; e < 4; e++) f(j, e, 8 * j + 2 * t + (e & 1), e >> 1);
-  };
-  // The keys and values of rows k0 .. k0 + TILE - 1 into k_tile and v_tile, once every warp is
-  // done with the previous ones.
-  auto load_kv = [&](bf16* k_tile, bf16* v_tile, const bf16* qkv, int k0) {
-    __syncthreads();
-    load_tile(k_tile, qkv, 1, k0);
-    load_tile(v_tile, qkv, 2, k0);
-    __syncthreads();
   };
 )";
 
@@ -119,28 +138,32 @@ ${COMMON}  const bf16* qkv = (const bf16*)b[0];
   bf16* out = (bf16*)b[1];
   float* lse = (float*)b[2];
   (void)range;
-  __shared__ __align__(16) bf16 k_tile[TILE * LD], v_tile[TILE * LD];
+  __shared__ __align__(16) bf16 k_tile[2][TILE * LD], v_tile[2][TILE * LD];
 
   // Blocks in order of decreasing work: the last query tiles (most keys) first.
   constexpr int q_tiles = (T + TILE - 1) / TILE;
   const int q0 = (q_tiles - 1 - (int)blockIdx.x / (B * H)) * TILE, r0 = q0 + 16 * warp + g;
   uint32_t qf[KC][4];
   load_a(qf, qkv, [&](int r, int c) { return qkv_at(r, 0, c); }, r0);
+  // Per row (r0: i = 0, r0 + 8: i = 1): o the unnormalised output, m the running max of the
+  // scores in log2 units (scale_log2 q . k), l the sum of exp2(score - m).
   float o[NC][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
-  const int key_end = min(q0 + TILE, T);
-  for (int k0 = 0; k0 < key_end; k0 += TILE) {
-    load_kv(k_tile, v_tile, qkv, k0);
-
+  walk(q0 / TILE + 1, [&](int tile, int buf) {  // the key tiles up to the diagonal
+    load_tile(k_tile[buf], qkv, 1, tile * TILE);
+    load_tile(v_tile[buf], qkv, 2, tile * TILE);
+  }, [&](int tile, int buf) {
+    const int k0 = tile * TILE;
     float s[8][4] = {};
-    rows_product(s, qf, k_tile);
-    // Scale and mask (a key past the row or the sequence is -inf), then the online softmax of
-    // rows r0 (e = 0, 1) and r0 + 8 (e = 2, 3). Key 0 is in every row's first step, so m is
-    // finite from then on (rows past the sequence too: computed, never stored).
+    rows_product(s, qf, k_tile[buf]);
+    // On the diagonal tile and the sequence's last, a key past the row or the sequence is -inf.
+    // Key 0 is in every row's first tile, so m is finite from then on (rows past the sequence
+    // too: computed, never stored).
+    const bool masked = k0 == q0 || k0 + TILE > T;
     float mx[2] = {-INFINITY, -INFINITY};
     each([&](int j, int e, int col, int i) {
       const int key = k0 + col, row = r0 + 8 * i;
-      s[j][e] = key <= row && key < T ? s[j][e] * scale : -INFINITY;
+      s[j][e] = masked && (key > row || key >= T) ? -INFINITY : s[j][e] * scale_log2;
       mx[i] = fmaxf(mx[i], s[j][e]);
     });
     float rescale[2], sum[2] = {0.0f, 0.0f};
@@ -149,11 +172,11 @@ ${COMMON}  const bf16* qkv = (const bf16*)b[0];
       mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
       mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
       const float m_new = fmaxf(m[i], mx[i]);
-      rescale[i] = expf(m[i] - m_new);  // 0 on the first step (m = -inf)
+      rescale[i] = exp2f(m[i] - m_new);  // 0 on the first tile (m = -inf)
       m[i] = m_new;
     }
     each([&](int j, int e, int, int i) {
-      s[j][e] = expf(s[j][e] - m[i]);  // masked keys: exp(-inf) = 0
+      s[j][e] = exp2f(s[j][e] - m[i]);  // masked keys: exp2(-inf) = 0
       sum[i] += s[j][e];
     });
 #pragma unroll
@@ -166,10 +189,10 @@ ${COMMON}  const bf16* qkv = (const bf16*)b[0];
     for (int n = 0; n < NC; n++)
 #pragma unroll
       for (int e = 0; e < 4; e++) o[n][e] *= rescale[e >> 1];
-    cols_product(o, s, v_tile);
-  }
+    cols_product(o, s, v_tile[buf]);
+  });
 
-  // out = o / l; lse = m + log l.
+  // out = o / l; lse = (m + log2 l) / log2(e), the natural log-sum-exp of the scaled scores.
 #pragma unroll
   for (int i = 0; i < 2; i++) {
     const int row = r0 + 8 * i;
@@ -177,7 +200,7 @@ ${COMMON}  const bf16* qkv = (const bf16*)b[0];
     const float inv = 1.0f / l[i];
 #pragma unroll
     for (int n = 0; n < NC; n++) st_pair(out + act_at(row, 8 * n + 2 * t), pack_bf16(o[n][2 * i] * inv, o[n][2 * i + 1] * inv));
-    if (t == 0) lse[lse_at(row)] = m[i] + logf(l[i]);
+    if (t == 0) lse[lse_at(row)] = (m[i] + log2f(l[i])) / log2e;
   }
 }
 )";
@@ -207,45 +230,48 @@ const char* kBackwardDkv = R"(
 // as A fragments); per query tile: S^T = k q^T and dP^T = v dout^T (queries row-wise), then
 // dv += P^T dout and dk += dS^T q (queries column-wise).
 extern "C" __global__ void __launch_bounds__(${THREADS}) ${SYMBOL}_dkv(void* const* b, const long long* range) {
-${COMMON}${OPERANDS}  __shared__ __align__(16) bf16 q_tile[TILE * LD], g_tile[TILE * LD];  // queries, their dout
-  __shared__ float lse_tile[TILE], d_tile[TILE];                      // their lse and D
+${COMMON}${OPERANDS}  __shared__ __align__(16) bf16 q_tile[2][TILE * LD], g_tile[2][TILE * LD];  // queries, their dout
+  __shared__ float lse_tile[2][TILE], d_tile[2][TILE];  // their lse (times log2(e)) and D
 
   // Blocks in order of decreasing work: the first key tiles (seen by the most queries) first.
+  constexpr int q_tiles = (T + TILE - 1) / TILE;
   const int k0 = (int)blockIdx.x / (B * H) * TILE, r0 = k0 + 16 * warp + g;
   uint32_t kf[KC][4], vf[KC][4];
   load_a(kf, qkv, [&](int r, int c) { return qkv_at(r, 1, c); }, r0);
   load_a(vf, qkv, [&](int r, int c) { return qkv_at(r, 2, c); }, r0);
   float dk[NC][4] = {}, dv[NC][4] = {};
 
-  for (int q0 = k0; q0 < T; q0 += TILE) {
-    __syncthreads();  // the previous step is done with the tiles
-    load_tile(q_tile, qkv, 0, q0);
-    load_tile(g_tile, dout, -1, q0);
+  walk(q_tiles - k0 / TILE, [&](int tile, int buf) {  // the query tiles from the diagonal on
+    const int q0 = k0 + tile * TILE;
+    load_tile(q_tile[buf], qkv, 0, q0);
+    load_tile(g_tile[buf], dout, -1, q0);
     for (int r = warp; r < TILE; r += ${WARPS}) {  // D = dout . out, a warp per query
       float part = 0.0f;
       if (q0 + r < T)
         for (int c = lane; c < HS; c += 32) part += ld(dout, act_at(q0 + r, c)) * ld(out, act_at(q0 + r, c));
       part = warp_sum(part);
       if (lane == 0) {
-        d_tile[r] = part;
-        lse_tile[r] = q0 + r < T ? lse[lse_at(q0 + r)] : 0.0f;
+        d_tile[buf][r] = part;
+        lse_tile[buf][r] = q0 + r < T ? lse[lse_at(q0 + r)] * log2e : 0.0f;
       }
     }
-    __syncthreads();
-
+  }, [&](int tile, int buf) {
+    const int q0 = k0 + tile * TILE;
     float s[8][4] = {}, dp[8][4] = {};
-    rows_product(s, kf, q_tile);
-    rows_product(dp, vf, g_tile);
-    // s becomes p = exp(scale * s - lse[query]) (0 unless key <= query < T), dp becomes ds.
+    rows_product(s, kf, q_tile[buf]);
+    rows_product(dp, vf, g_tile[buf]);
+    // s becomes p = exp(scale * s - lse[query]) (0 unless key <= query < T: only the diagonal
+    // tile and the sequence's last need the test), dp becomes ds.
+    const bool masked = q0 == k0 || q0 + TILE > T;
     each([&](int j, int e, int col, int i) {
       const int query = q0 + col, key = r0 + 8 * i;
-      const float p = key <= query && query < T ? expf(s[j][e] * scale - lse_tile[col]) : 0.0f;
+      const float p = masked && (key > query || query >= T) ? 0.0f : exp2f(s[j][e] * scale_log2 - lse_tile[buf][col]);
       s[j][e] = p;
-      dp[j][e] = p * (dp[j][e] - d_tile[col]);
+      dp[j][e] = p * (dp[j][e] - d_tile[buf][col]);
     });
-    cols_product(dv, s, g_tile);
-    cols_product(dk, dp, q_tile);
-  }
+    cols_product(dv, s, g_tile[buf]);
+    cols_product(dk, dp, q_tile[buf]);
+  });
 
 #pragma unroll
   for (int i = 0; i < 2; i++) {
@@ -265,7 +291,7 @@ const char* kBackwardDq = R"(
 // registers as A fragments); per key tile up to the diagonal: S = q k^T and dP = dout v^T (keys
 // row-wise), then dq += dS k (keys column-wise).
 extern "C" __global__ void __launch_bounds__(${THREADS}) ${SYMBOL}_dq(void* const* b, const long long* range) {
-${COMMON}${OPERANDS}  __shared__ __align__(16) bf16 k_tile[TILE * LD], v_tile[TILE * LD];
+${COMMON}${OPERANDS}  __shared__ __align__(16) bf16 k_tile[2][TILE * LD], v_tile[2][TILE * LD];
 
   // Blocks in order of decreasing work: the last query tiles (most keys) first.
   constexpr int q_tiles = (T + TILE - 1) / TILE;
@@ -273,7 +299,8 @@ ${COMMON}${OPERANDS}  __shared__ __align__(16) bf16 k_tile[TILE * LD], v_tile[TI
   uint32_t qf[KC][4], gf[KC][4];
   load_a(qf, qkv, [&](int r, int c) { return qkv_at(r, 0, c); }, r0);
   load_a(gf, dout, act_at, r0);
-  // D and lse of rows r0 and r0 + 8: each lane sums its channels of the row, then the 4 lanes of g.
+  // D and lse (times log2(e)) of rows r0 and r0 + 8: each lane sums its channels of the row, then
+  // the 4 lanes of g.
   float row_d[2], row_lse[2];
 #pragma unroll
   for (int i = 0; i < 2; i++) {
@@ -285,25 +312,28 @@ ${COMMON}${OPERANDS}  __shared__ __align__(16) bf16 k_tile[TILE * LD], v_tile[TI
     d += __shfl_xor_sync(0xffffffffu, d, 1);
     d += __shfl_xor_sync(0xffffffffu, d, 2);
     row_d[i] = d;
-    row_lse[i] = row < T ? lse[lse_at(row)] : 0.0f;
+    row_lse[i] = row < T ? lse[lse_at(row)] * log2e : 0.0f;
   }
   float dq[NC][4] = {};
 
-  const int key_end = min(q0 + TILE, T);
-  for (int k0 = 0; k0 < key_end; k0 += TILE) {
-    load_kv(k_tile, v_tile, qkv, k0);
-
+  walk(q0 / TILE + 1, [&](int tile, int buf) {  // the key tiles up to the diagonal
+    load_tile(k_tile[buf], qkv, 1, tile * TILE);
+    load_tile(v_tile[buf], qkv, 2, tile * TILE);
+  }, [&](int tile, int buf) {
+    const int k0 = tile * TILE;
     float s[8][4] = {}, dp[8][4] = {};
-    rows_product(s, qf, k_tile);
-    rows_product(dp, gf, v_tile);
-    // ds = p (dp - D) with p = exp(scale * s - lse) (0 unless key <= row < T), kept in dp.
+    rows_product(s, qf, k_tile[buf]);
+    rows_product(dp, gf, v_tile[buf]);
+    // ds = p (dp - D) with p = exp(scale * s - lse) (0 unless key <= row < T: only the diagonal
+    // tile and the sequence's last need the test), kept in dp.
+    const bool masked = k0 == q0 || k0 + TILE > T;
     each([&](int j, int e, int col, int i) {
       const int key = k0 + col, row = r0 + 8 * i;
-      const float p = key <= row && row < T ? expf(s[j][e] * scale - row_lse[i]) : 0.0f;
+      const float p = masked && (key > row || row >= T) ? 0.0f : exp2f(s[j][e] * scale_log2 - row_lse[i]);
       dp[j][e] = p * (dp[j][e] - row_d[i]);
     });
-    cols_product(dq, dp, k_tile);
-  }
+    cols_product(dq, dp, k_tile[buf]);
+  });
 
 #pragma unroll
   for (int i = 0; i < 2; i++) {
@@ -321,7 +351,7 @@ std::vector<std::pair<std::string, std::string>> vars(const std::string& symbol,
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));  // as the CPU kernels compute it
   std::vector<std::pair<std::string, std::string>> common = {
       {"B", num(s.B)},   {"T", num(s.T)},         {"C", num(s.C)},           {"H", num(s.H)},
-      {"HS", num(hs)},   {"SCALE", floatLiteral(scale)},   {"TILE", num(kTile)},      {"THREADS", num(kThreads)},
+      {"HS", num(hs)},   {"SCALE", floatLiteral(scale)}, {"SCALE_LOG2", floatLiteral(static_cast<float>(scale * 1.4426950408889634))},   {"TILE", num(kTile)},      {"THREADS", num(kThreads)},
       {"WARPS", num(kWarps)}};
   std::vector<std::pair<std::string, std::string>> v = {
       {"SYMBOL", symbol}, {"COMMON", fillTemplate(kCommon, common)}, {"OPERANDS", kBackwardOperands}};

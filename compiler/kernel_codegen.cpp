@@ -1141,18 +1141,41 @@ KILN_FN void combine_max_sum(float& mx, float& sum) {
   }
 }
 
-// Two bf16 as one 32-bit word (the lower index in the low half), and the tensor-core product of
-// the attention kernels (compiler/attention_cuda_mma.cpp): d += a b with a a 16x16 bf16 A
-// fragment, b a 16x8 bf16 B fragment, d a 16x8 fp32 C fragment, one warp.
+// Two bf16 as one 32-bit word (the lower index in the low half), and the warp-wide instructions of
+// the tensor-core attention kernels (compiler/attention_cuda_mma.cpp):
+//   mma_bf16_16816: d += a b, a a 16x16 bf16 A fragment, b a 16x8 bf16 B fragment, d a 16x8 fp32
+//     C fragment;
+//   ldmatrix_x4(_trans): four 8x8 bf16 matrices from shared memory, lane l giving the address of
+//     row l % 8 of matrix l / 8 (16-byte aligned); r[m] gets row l / 4, columns 2 (l % 4) and
+//     2 (l % 4) + 1 of matrix m (of its transpose with _trans): B fragments in one instruction;
+//   cp_async16: 16 bytes global -> shared, asynchronously (zeros when !full); cp_async_commit
+//     closes this thread's group of copies, cp_async_wait<N> waits until at most N are in flight.
+// test/e2e/cuda_emulation/shim.h defines KILN_CUDA_EMULATION and emulates them on the CPU.
 KILN_FN uint32_t ld_pair(const bf16* p) { return *(const uint32_t*)p; }
 KILN_FN void st_pair(bf16* p, uint32_t v) { *(uint32_t*)p = v; }
 KILN_FN uint32_t pack_bf16(float lo, float hi) { return (uint32_t)f2bf(lo) | ((uint32_t)f2bf(hi) << 16); }
-#ifndef KILN_EMULATED_MMA
+#ifndef KILN_CUDA_EMULATION
 KILN_FN void mma_bf16_16816(float* d, const uint32_t* a, const uint32_t* b) {
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
+KILN_FN void ldmatrix_x4(uint32_t* r, const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"((uint32_t)__cvta_generic_to_shared(p)));
+}
+KILN_FN void ldmatrix_x4_trans(uint32_t* r, const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"((uint32_t)__cvta_generic_to_shared(p)));
+}
+KILN_FN void cp_async16(void* smem, const void* gmem, bool full) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+               :: "r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem), "r"(full ? 16 : 0) : "memory");
+}
+KILN_FN void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> KILN_FN void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory"); }
 #endif
 
 // The global gradient norm, for the runtime's GlobalNorm instruction (runtime/device): b[0..n-1]

@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <unordered_map>
@@ -198,6 +199,7 @@ class CudaDevice final : public Device {
 
   Matmul plan_matmul(const MatmulSpec& s) override;
   void matmul(Matmul i) override;
+  std::string planning_note() const override;
 
   bool begin_capture() override;
   Graph end_capture() override;
@@ -218,6 +220,15 @@ class CudaDevice final : public Device {
     cublasLtMatmulAlgo_t algo{};
     const void* c = nullptr;  // C's address: s.c when beta != 0, else D's (not read)
   };
+  // The algorithm chosen for one product shape (product() and the operands' alignments), shared
+  // by every plan of that shape; with tuning, the times of the heuristic's first candidate and of
+  // the chosen one (ms per call), and how many plans use it.
+  struct Choice {
+    cublasLtMatmulAlgo_t algo{};
+    float first_ms = 0.0f, best_ms = 0.0f;
+    int candidates = 1, uses = 0;
+  };
+  Choice choose(const MatmulPlan& p, const cublasLtMatmulHeuristicResult_t* r, int n);
   static void destroy(MatmulPlan& p) noexcept;
   std::string cu_error(CUresult r) const;
   void release() noexcept;
@@ -239,6 +250,8 @@ class CudaDevice final : public Device {
   cublasLtHandle_t lt_ = nullptr;
   void* workspace_ = nullptr;
   std::vector<MatmulPlan> plans_;
+  std::unordered_map<std::string, Choice> choices_;
+  bool tune_ = true;  // KILN_CUBLASLT_TUNE=0: the heuristic's first candidate, untimed
   std::vector<cudaGraphExec_t> graphs_;
 };
 
@@ -264,6 +277,8 @@ CudaDevice::CudaDevice() {
     throw Error(std::string("no CUDA GPU is usable: ") + cudaGetErrorString(e) + " (cudaSetDevice " +
                 std::to_string(device) + "); a cuda module needs an NVIDIA GPU and its driver");
   check_cuda(cudaGetDeviceProperties(&prop_, device), "cudaGetDeviceProperties");
+  const char* tune = std::getenv("KILN_CUBLASLT_TUNE");
+  tune_ = !(tune && std::string(tune) == "0");
   try {
     // Non-blocking: the legacy default stream, which libraries may use, never waits for it.
     check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
@@ -529,18 +544,28 @@ Device::Matmul CudaDevice::plan_matmul(const MatmulSpec& s) {
       check_lt(lt().cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &align[i], sizeof align[i]), s.where,
                "cublasLtMatmulPreferenceSetAttribute MIN_ALIGNMENT");
 
-    cublasLtMatmulHeuristicResult_t result{};
+    // The heuristic's candidates, best guess first; one product shape is planned once.
+    constexpr int kCandidates = 8;
+    cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
     int found = 0;
-    cublasStatus_t st =
-        lt().cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.first, p.second, p.out, p.out, pref, 1, &result, &found);
-    if (st != CUBLAS_STATUS_SUCCESS || found == 0 || result.state != CUBLAS_STATUS_SUCCESS)
+    cublasStatus_t st = lt().cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.first, p.second, p.out, p.out, pref,
+                                                            tune_ ? kCandidates : 1, results, &found);
+    int usable = 0;
+    for (int i = 0; i < found; i++)
+      if (results[i].state == CUBLAS_STATUS_SUCCESS) results[usable++] = results[i];
+    if (st != CUBLAS_STATUS_SUCCESS || usable == 0)
       throw Error(s.where + ": cuBLASLt has no algorithm for this product (" + product(s) +
                   "; cublasLtMatmulAlgoGetHeuristic: " +
                   (st != CUBLAS_STATUS_SUCCESS ? lt().cublasLtGetStatusString(st)
                    : found == 0                ? "no result"
-                                               : lt().cublasLtGetStatusString(result.state)) +
+                                               : lt().cublasLtGetStatusString(results[0].state)) +
                   ")");
-    p.algo = result.algo;
+    const std::string shape = product(s) + " align " + std::to_string(align[0]) + "/" + std::to_string(align[1]) +
+                              "/" + std::to_string(align[2]) + "/" + std::to_string(align[3]);
+    auto known = choices_.find(shape);
+    if (known == choices_.end()) known = choices_.emplace(shape, choose(p, results, usable)).first;
+    known->second.uses++;
+    p.algo = known->second.algo;
     (void)lt().cublasLtMatmulPreferenceDestroy(pref);
   } catch (...) {
     if (pref) (void)lt().cublasLtMatmulPreferenceDestroy(pref);
@@ -549,6 +574,74 @@ Device::Matmul CudaDevice::plan_matmul(const MatmulSpec& s) {
   }
   plans_.push_back(p);
   return plans_.size() - 1;
+}
+
+// cuBLASLt's heuristic guesses from a performance model; for the few shapes of a model the guess
+// is checked: each candidate runs on the plan's own operands (one warm-up call, then kTimed calls
+// between two events) and the fastest is kept. Plans are made at load, before the arena holds
+// anything (device.h), so what these calls write is overwritten before it is read. A candidate
+// whose call fails is skipped.
+CudaDevice::Choice CudaDevice::choose(const MatmulPlan& p, const cublasLtMatmulHeuristicResult_t* r, int n) {
+  Choice c;
+  c.algo = r[0].algo;
+  c.candidates = n;
+  if (n < 2) return c;
+  constexpr int kTimed = 3;
+  struct Events {
+    cudaEvent_t start = nullptr, stop = nullptr;
+    ~Events() {
+      if (start) (void)cudaEventDestroy(start);
+      if (stop) (void)cudaEventDestroy(stop);
+    }
+  } ev;
+  check_cuda(cudaEventCreate(&ev.start), "cudaEventCreate");
+  check_cuda(cudaEventCreate(&ev.stop), "cudaEventCreate");
+  const float alpha = 1.0f, beta = p.spec.beta;
+  auto call = [&](const cublasLtMatmulAlgo_t& algo) {
+    return lt().cublasLtMatmul(lt_, p.desc, &alpha, ptr(p.spec.b), p.first, ptr(p.spec.a), p.second, &beta, p.c,
+                               p.out, ptr(p.spec.d), p.out, &algo, workspace_, kWorkspaceBytes, stream_);
+  };
+  float best = -1.0f;
+  for (int i = 0; i < n; i++) {
+    if (call(r[i].algo) != CUBLAS_STATUS_SUCCESS) continue;
+    check_cuda(cudaEventRecord(ev.start, stream_), "cudaEventRecord");
+    bool ok = true;
+    for (int k = 0; k < kTimed && ok; k++) ok = call(r[i].algo) == CUBLAS_STATUS_SUCCESS;
+    check_cuda(cudaEventRecord(ev.stop, stream_), "cudaEventRecord");
+    check_cuda(cudaEventSynchronize(ev.stop), "cudaEventSynchronize (timing cuBLASLt algorithms)");
+    float ms = 0.0f;
+    check_cuda(cudaEventElapsedTime(&ms, ev.start, ev.stop), "cudaEventElapsedTime");
+    if (!ok) continue;
+    ms /= kTimed;
+    if (i == 0) c.first_ms = ms;
+    if (best < 0.0f || ms < best) {
+      best = ms;
+      c.algo = r[i].algo;
+    }
+  }
+  c.best_ms = best < 0.0f ? 0.0f : best;
+  if (c.first_ms == 0.0f) c.first_ms = c.best_ms;  // the first candidate failed: no comparison
+  return c;
+}
+
+std::string CudaDevice::planning_note() const {
+  int timed = 0, changed = 0;
+  double first = 0.0, best = 0.0;
+  for (const auto& [shape, c] : choices_) {
+    if (c.candidates < 2) continue;
+    timed++;
+    if (c.best_ms < c.first_ms) changed++;
+    first += double(c.first_ms) * c.uses;
+    best += double(c.best_ms) * c.uses;
+  }
+  if (timed == 0) return "";
+  char buf[320];
+  std::snprintf(buf, sizeof buf,
+                "cuBLASLt: timed the heuristic's candidates for %d product shapes at load; %d run faster with "
+                "another than its first guess (all planned products once: %.3f ms instead of %.3f ms; "
+                "KILN_CUBLASLT_TUNE=0 keeps its first guess)",
+                timed, changed, best, first);
+  return buf;
 }
 
 void CudaDevice::matmul(Matmul i) {

@@ -75,10 +75,13 @@ class Device {
   virtual void launch(Function f, unsigned grid, unsigned block, DevicePtr operands, DevicePtr ranges) = 0;
 
   // cuBLASLt: plans a product once (layouts, epilogue, algorithm); throws kiln::Error naming
-  // spec.where when the library has no algorithm for it.
+  // spec.where when the library has no algorithm for it. Planning may run the product on its
+  // operands (to time algorithms): plan before the arena holds anything worth keeping.
   using Matmul = size_t;
   virtual Matmul plan_matmul(const MatmulSpec& spec) = 0;
   virtual void matmul(Matmul m) = 0;
+  // One line on how the products were planned ("" when there is nothing to say), for the log.
+  virtual std::string planning_note() const { return ""; }
 
   // CUDA graphs: the work issued between begin_capture and end_capture is recorded, not run,
   // and replayed by launch_graph. Returns false (and records nothing) where unsupported.

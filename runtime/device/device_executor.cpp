@@ -64,7 +64,6 @@ DeviceExecutor::DeviceExecutor(const Module& module, const std::vector<std::stri
   arena_ = device_->alloc(bytes, module.source() + "'s arena (" + std::to_string(module.fb().state_size()) +
                                      " bytes of state, " + std::to_string(activations) + " of activations)");
   activation_bytes_ = activations;
-  device_->zero(arena_, module.fb().state_size());  // activations: written by kernels before they are read
   scratch_ = device_->alloc(256, "the gradient-norm accumulator");
   device_->zero(scratch_, 256);
   device_->load_kernels(module);
@@ -74,6 +73,10 @@ DeviceExecutor::DeviceExecutor(const Module& module, const std::vector<std::stri
     p.fb = module.program(name);
     plan(p);
   }
+  // After planning, which may have run products on the arena: the state starts as zeros (the
+  // host uploads its own before the first run); activations are written by kernels before they
+  // are read.
+  device_->zero(arena_, module.fb().state_size());
   if (!table_words_.empty()) {
     tables_ = device_->alloc(table_words_.size() * 8, "the kernels' operand tables");
     device_->upload(tables_, table_words_.data(), table_words_.size() * 8);
@@ -93,6 +96,8 @@ DeviceExecutor::DeviceExecutor(const Module& module, const std::vector<std::stri
     open = host;
   }
   device_->synchronize();
+  if (const std::string note = device_->planning_note(); !note.empty())
+    std::fprintf(stderr, "note: %s: %s\n", module.source().c_str(), note.c_str());
   if (unfused_epilogues_)
     std::fprintf(stderr, "note: %s: %d matrix products run their epilogue as a separate kernel; cuBLASLt "
                  "refused it fused, e.g. %s\n", module.source().c_str(), unfused_epilogues_, unfused_reason_.c_str());

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <string>
 #include <vector>
@@ -118,8 +119,14 @@ class EmulatedDevice final : public Device {
     const fs::path cache = cache_env && *cache_env ? fs::path(cache_env)
                                                    : fs::path(tmp && *tmp ? tmp : "/tmp") / "kiln-emu-cache";
     fs::create_directories(cache);
+    // The key covers the emulation itself (shim.h, kernels_tu.cpp), so a changed shim recompiles.
+    std::string emulation;
+    for (const char* f : {KILN_EMU_DIR "/shim.h", KILN_EMU_DIR "/kernels_tu.cpp"}) {
+      std::ifstream in(f, std::ios::binary);
+      emulation.append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
     char key[32];
-    std::snprintf(key, sizeof key, "%016zx", std::hash<std::string>()(src + cxx + flags + KILN_EMU_DIR));
+    std::snprintf(key, sizeof key, "%016zx", std::hash<std::string>()(src + emulation + cxx + flags + KILN_EMU_DIR));
     const fs::path cu = cache / (std::string(key) + ".cu"), so = cache / (std::string(key) + ".so");
     if (!fs::exists(so)) {
       const std::string pid = std::to_string(getpid());

@@ -10,7 +10,9 @@
 # host C++20 compiler ($CXX, default c++) for the emulated kernels (cached in $KILN_EMU_CACHE).
 # CONFIGS selects specs of test/e2e/configs (default: the parity four, and long / long-bf16 for
 # sequences of several attention tiles); STEPS the optimizer steps (2);
-# CONFIGS_PLAIN those run again on a cuBLASLt without fused epilogues (default tiny-bf16 awkward).
+# CONFIGS_PLAIN those run again on a cuBLASLt without fused epilogues (default tiny-bf16 awkward),
+# CONFIGS_SIMT with SIMT attention (long-bf16), CONFIGS_RACE on the race-exposing schedules
+# (long-bf16).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../../.." && pwd)"
@@ -58,6 +60,15 @@ for cfg in $CONFIGS_SIMT; do
   [ -f "$work/$cfg/$cfg-cuda.toml" ] || continue
   "$build/bin/kilnc" "$work/$cfg/$cfg-cuda.toml" --emit=module -o "$work/$cfg/cuda-simt.kiln" --cuda-simt-attention > /dev/null
   check "$cfg" "$work/$cfg/cuda-simt.kiln" ", SIMT attention"
+done
+# Shared-memory races (shim.h): each warp runs as far as it can before the next starts, with the
+# asynchronous copies landing as late as the GPU may let them, then as early.
+if [ -z "${CONFIGS_RACE+x}" ]; then CONFIGS_RACE="long-bf16"; fi
+for cfg in $CONFIGS_RACE; do
+  [ -f "$work/$cfg/cuda.kiln" ] || continue
+  for copies in deferred eager; do
+    check "$cfg" "$work/$cfg/cuda.kiln" ", a warp at a time, $copies copies" KEMU_SCHEDULE=warps KEMU_CP_ASYNC=$copies
+  done
 done
 [ $status -eq 0 ] && echo "cuda emulation: all configs pass" || echo "cuda emulation: FAILED"
 exit $status

@@ -7,7 +7,8 @@
 // jumps between stacks).
 //
 // Execution model: the blocks of a launch run one after another; the threads of a block run as
-// cooperative fibers (ucontext) that switch only at __syncthreads and the warp shuffles, so
+// cooperative fibers (ucontext) that switch only at __syncthreads and the warp-wide operations
+// (shuffles, mma, ldmatrix; their order: KEMU_SCHEDULE below), so
 // every other operation (shared memory, atomics) is free of races. __syncthreads waits for every
 // thread of the block that has not returned; a shuffle waits for every live lane of its warp.
 // A barrier nobody can pass (a deadlock on the GPU), __syncthreads reached from different lines
@@ -52,6 +53,18 @@ inline char* stacks = nullptr;
 inline long long n_block_syncs = 0, n_warp_syncs = 0, n_launches = 0, n_blocks = 0;
 inline long long n_shfl_exited_lanes = 0, n_divergent_syncthreads = 0;
 inline const char* launch_name = "";
+
+// A thread's queued cp.async copies (see cp_async16 below).
+constexpr int kMaxPending = 64;
+struct AsyncCopy {
+  void* dst;
+  const void* src;
+  bool full;
+  int group;
+};
+inline AsyncCopy pending[kMaxThreads][kMaxPending];
+inline int n_pending[kMaxThreads], open_group[kMaxThreads];
+inline long long n_async_copies = 0;
 
 inline void yield() {
   if (!_setjmp(fibers[cur].jb)) _longjmp(sched, 1);
@@ -177,6 +190,15 @@ __attribute__((noinline)) inline void resume(int i) {
   exit(3);
 }
 
+// The order warps run in between block barriers. By default every warp takes one step (up to its
+// next shuffle or warp-wide instruction) per round, so warps stay in step; KEMU_SCHEDULE=warps
+// runs each warp as far as it can before the next one starts, so that a missing __syncthreads
+// between one warp's reads of shared memory and another's writes changes what is read.
+inline const bool warp_at_a_time = [] {
+  const char* v = getenv("KEMU_SCHEDULE");
+  return v && strcmp(v, "warps") == 0;
+}();
+
 inline void run_block(unsigned n) {
   live_block = int(n);
   block_arrived = 0;
@@ -192,22 +214,26 @@ inline void run_block(unsigned n) {
     fibers[i].started = false;
     makecontext(&fibers[i].ctx, trampoline, 0);
     fibers[i].st = Run;
+    n_pending[i] = 0;
+    open_group[i] = 0;
   }
   while (live_block > 0) {
     bool ran = false, released = false;
-    for (unsigned i = 0; i < n; i++)
-      if (fibers[i].st == Run) {
-        resume(int(i));
-        ran = true;
-      }
     for (unsigned w = 0; w < (n + 31) / 32; w++)
-      if (warp_arrived[w] > 0 && warp_arrived[w] == live_warp[w]) {
+      for (;;) {
+        for (unsigned i = w * 32; i < n && i < w * 32 + 32; i++)
+          if (fibers[i].st == Run) {
+            resume(int(i));
+            ran = true;
+          }
+        if (warp_arrived[w] == 0 || warp_arrived[w] != live_warp[w]) break;
         if (live_warp[w] < lanes_warp[w]) n_shfl_exited_lanes++;
         for (unsigned i = w * 32; i < n && i < w * 32 + 32; i++)
           if (fibers[i].st == AtWarp) fibers[i].st = Run;
         warp_arrived[w] = 0;
         n_warp_syncs++;
         released = true;
+        if (!warp_at_a_time) break;
       }
     if (block_arrived > 0 && block_arrived == live_block) {
       int line = -1;
@@ -232,12 +258,32 @@ inline void run_block(unsigned n) {
 }
 }  // namespace kemu
 
-// mma.sync.m16n8k16 (bf16 in, fp32 accumulate) across a warp, with the fragment layout of the PTX
-// ISA (see compiler/attention_cuda_mma.cpp): every lane publishes its A and B registers, then
-// computes its own four D elements from the whole warp's. Replaces the prelude's inline asm.
-#define KILN_EMULATED_MMA
+// The prelude's warp-wide instructions (kernelPrelude, compiler/kernel_codegen.cpp), replacing its
+// inline asm. mma.sync.m16n8k16 (bf16 in, fp32 accumulate) with the fragment layout of the PTX ISA
+// (see compiler/attention_cuda_mma.cpp): every lane publishes its A and B registers, then computes
+// its own four D elements from the whole warp's. ldmatrix: every lane publishes its row address,
+// then gathers its registers. Both check the alignment the hardware requires.
+#define KILN_CUDA_EMULATION
 namespace kemu {
 inline unsigned mma_a[kMaxThreads][4], mma_b[kMaxThreads][2];
+inline const unsigned short* ldm_row[kMaxThreads];
+[[noreturn]] inline void misaligned(const char* what, const void* p) {
+  fprintf(stderr, "kemu: %s block %u thread %d: %s address %p is not 16-byte aligned\n", launch_name, block_idx.x,
+          cur, what, p);
+  exit(3);
+}
+inline void ldmatrix(unsigned* r, const unsigned short* p, bool trans) {
+  if ((unsigned long long)p % 16) misaligned("ldmatrix row", p);
+  ldm_row[cur] = p;
+  sync_warp(__LINE__);
+  const int lane = cur % 32, base = cur - lane, g = lane / 4, t = lane % 4;
+  for (int m = 0; m < 4; m++) {
+    const unsigned short* const* rows = &ldm_row[base + 8 * m];
+    const unsigned lo = trans ? rows[2 * t][g] : rows[g][2 * t], hi = trans ? rows[2 * t + 1][g] : rows[g][2 * t + 1];
+    r[m] = lo | hi << 16;
+  }
+  sync_warp(__LINE__);  // every lane has gathered before any publishes a new address
+}
 }  // namespace kemu
 inline void mma_bf16_16816(float* d, const unsigned* a, const unsigned* b) {
   using namespace kemu;
@@ -264,6 +310,53 @@ inline void mma_bf16_16816(float* d, const unsigned* a, const unsigned* b) {
   }
   sync_warp(__LINE__);  // every lane has read the fragments before any publishes new ones
   for (int e = 0; e < 4; e++) d[e] = out[e];
+}
+inline void ldmatrix_x4(unsigned* r, const unsigned short* p) { kemu::ldmatrix(r, p, false); }
+inline void ldmatrix_x4_trans(unsigned* r, const unsigned short* p) { kemu::ldmatrix(r, p, true); }
+
+// cp.async: on the GPU a copy lands at some moment between its issue and the wait that covers it.
+// The emulation takes one of the two extremes, so that a race shows as wrong numbers instead of
+// passing by luck: by default a thread's copies are queued until a cp_async_wait<N> completes the
+// groups older than its N newest commits (a tile read before its wait reads stale bytes);
+// with KEMU_CP_ASYNC=eager they land at once (a tile refilled while another warp still reads it
+// changes under that warp).
+namespace kemu {
+inline const bool eager_copies = [] {
+  const char* v = getenv("KEMU_CP_ASYNC");
+  return v && strcmp(v, "eager") == 0;
+}();
+}  // namespace kemu
+inline void cp_async16(void* smem, const void* gmem, bool full) {
+  using namespace kemu;
+  if ((unsigned long long)smem % 16) misaligned("cp.async shared", smem);
+  if ((unsigned long long)gmem % 16) misaligned("cp.async global", gmem);
+  if (n_pending[cur] == kMaxPending) {
+    fprintf(stderr, "kemu: %s: more than %d asynchronous copies in flight in one thread\n", launch_name, kMaxPending);
+    exit(3);
+  }
+  n_async_copies++;
+  if (eager_copies) {
+    if (full) memcpy(smem, gmem, 16);
+    else memset(smem, 0, 16);
+    return;
+  }
+  pending[cur][n_pending[cur]++] = {smem, gmem, full, open_group[cur]};
+}
+inline void cp_async_commit() { kemu::open_group[kemu::cur]++; }
+template <int N>
+inline void cp_async_wait() {
+  using namespace kemu;
+  int kept = 0;
+  for (int i = 0; i < n_pending[cur]; i++) {
+    AsyncCopy& c = pending[cur][i];
+    if (c.group < open_group[cur] - N) {  // committed, and not among the N newest groups
+      if (c.full) memcpy(c.dst, c.src, 16);
+      else memset(c.dst, 0, 16);
+    } else {
+      pending[cur][kept++] = c;
+    }
+  }
+  n_pending[cur] = kept;
 }
 
 // One launch of a generated function: grid x block threads (1-D), blocks in order.
