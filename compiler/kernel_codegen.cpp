@@ -486,27 +486,34 @@ class Emitter {
     for (const std::string& o : outs_.lookup(ln.getRstd())) body_ += ind + "st(" + o + ", r, " + rstd + ");\n";
   }
 
-  // CUDA: one warp per row; x is read again for each pass rather than kept.
+  // CUDA: one warp per row. When C is a multiple of 32 (up to 1024) each lane keeps its C / 32
+  // elements of x in registers, so x (and the residual add before it) is read and computed once;
+  // otherwise x is read again for each pass.
   LogicalResult cudaLayerNorm(LayerNormOp ln, int64_t N, int64_t C, float eps) {
     Value x = ln.getInput();
+    const bool inRegisters = C % 32 == 0 && C <= 1024;
     block_ = 256;
     grid_ = unsigned((N + 7) / 8);
     body_ += "  const long long r = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32;\n";
     body_ += "  const int lane = threadIdx.x % 32;\n  if (r >= " + num(N) + ") return;\n";
+    const std::string rowLoop = inRegisters ? "#pragma unroll\n  for (int k = 0; k < " + num(C / 32) + "; ++k) {\n    const long long c = lane + 32 * k" : "  for (long long c = lane; c < " + num(C) + "; c += 32) {\n    const long long";
+    const std::string index = inRegisters ? ", i = r * " + num(C) + " + c;\n" : " i = r * " + num(C) + " + c;\n";
+    if (inRegisters) body_ += "  float xr[" + num(C / 32) + "];  // x[r, lane + 32 k]\n";
     body_ += "  float sum = 0.0f;\n";
-    body_ += "  for (long long c = lane; c < " + num(C) + "; c += 32) {\n    const long long i = r * " + num(C) + " + c;\n";
+    body_ += rowLoop + index;
     body_ += "    const float xv = " + at(x, "i") + ";\n";
     if (Operation* add = x.getDefiningOp())
       for (const std::string& o : outs_.lookup(add->getResult(0))) body_ += "    st(" + o + ", i, xv);\n";
+    if (inRegisters) body_ += "    xr[k] = xv;\n";
     body_ += "    sum += xv;\n  }\n";
     body_ += "  const float m = warp_sum(sum) / " + num(C) + ".0f;\n";
     body_ += "  float ssq = 0.0f;\n";
-    body_ += "  for (long long c = lane; c < " + num(C) + "; c += 32) {\n    const long long i = r * " + num(C) + " + c;\n";
-    body_ += "    const float d = " + at(x, "i") + " - m;\n    ssq += d * d;\n  }\n";
+    const std::string xAt = inRegisters ? "xr[k]" : at(x, "i");
+    body_ += rowLoop + index;
+    body_ += "    const float d = " + xAt + " - m;\n    ssq += d * d;\n  }\n";
     body_ += "  const float s = rsqrtf(warp_sum(ssq) / " + num(C) + ".0f + " + flt(eps) + ");\n";
-    body_ += "  for (long long c = lane; c < " + num(C) + "; c += 32) {\n    const long long i = r * " + num(C) + " + c;\n";
-    layerNormOutput(ln, "(" + at(x, "i") + " - m) * s * " + at(ln.getWeight(), "c") + " + " + at(ln.getBias(), "c"),
-                    "    ");
+    body_ += rowLoop + index;
+    layerNormOutput(ln, "(" + xAt + " - m) * s * " + at(ln.getWeight(), "c") + " + " + at(ln.getBias(), "c"), "    ");
     body_ += "  }\n  if (lane == 0) {\n";
     layerNormStats(ln, "m", "s", "    ");
     body_ += "  }\n";
@@ -591,7 +598,9 @@ class Emitter {
   }
 
   // CUDA: one warp per row for dx; each block sums its rows' dw, db and bias-gradient columns in
-  // shared memory and adds them to the accumulators with atomics at the end.
+  // shared memory and adds them to the accumulators with atomics at the end. When C is a multiple
+  // of 32 (up to 1024) each lane keeps dy and xhat of its C / 32 columns in registers between
+  // the two passes over the row; otherwise they are read again.
   LogicalResult cudaLayerNormGrad(LayerNormGradOp lg, SmallVector<ReduceSumOp>& sums, int64_t N, int64_t C) {
     Value dy = lg->getOperand(0), x = lg->getOperand(1), w = lg->getOperand(2), mean = lg->getOperand(3),
           rstd = lg->getOperand(4);
@@ -623,14 +632,21 @@ class Emitter {
     body_ += "  const int lane = threadIdx.x % 32;\n";
     body_ += "  for (long long r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; r < " + num(N) +
              "; r += gridDim.x * (blockDim.x / 32)) {\n";
+    const bool inRegisters = C % 32 == 0 && C <= 1024;
+    const std::string rowLoop = inRegisters ? "#pragma unroll\n    for (int k = 0; k < " + num(C / 32) +
+                                                  "; ++k) {\n      const long long c = lane + 32 * k, i = r * " + num(C) + " + c;\n"
+                                            : "    for (long long c = lane; c < " + num(C) +
+                                                  "; c += 32) {\n      const long long i = r * " + num(C) + " + c;\n";
     body_ += "    const float m = " + at(mean, "r") + ", s = " + at(rstd, "r") + ";\n";
+    if (inRegisters) body_ += "    float dr[" + num(C / 32) + "], xr[" + num(C / 32) + "];  // dy and xhat at [r, lane + 32 k]\n";
     body_ += "    float sg = 0.0f, sgx = 0.0f;\n";
-    body_ += "    for (long long c = lane; c < " + num(C) + "; c += 32) {\n      const long long i = r * " + num(C) + " + c;\n";
-    body_ += "      const float xhat = (" + at(x, "i") + " - m) * s, g = " + at(dy, "i") + " * " + at(w, "c") + ";\n";
+    body_ += rowLoop;
+    body_ += "      const float d = " + at(dy, "i") + ", xhat = (" + at(x, "i") + " - m) * s, g = d * " + at(w, "c") + ";\n";
+    if (inRegisters) body_ += "      dr[k] = d;\n      xr[k] = xhat;\n";
     body_ += "      sg += g;\n      sgx += g * xhat;\n    }\n";
     body_ += "    const float mean_g = warp_sum(sg) / " + num(C) + ".0f, mean_gx = warp_sum(sgx) / " + num(C) + ".0f;\n";
-    body_ += "    for (long long c = lane; c < " + num(C) + "; c += 32) {\n      const long long i = r * " + num(C) + " + c;\n";
-    layerNormGradElement(lg, N * C, "      ");
+    body_ += rowLoop;
+    layerNormGradElement(lg, N * C, "      ", inRegisters);
     body_ += "      atomicAdd(&part[c], d * xhat);\n      atomicAdd(&part[" + num(C) + " + c], d);\n";
     for (size_t k = 0; k < sums.size(); ++k)
       body_ += "      atomicAdd(&part[" + num((2 + int64_t(k)) * C) + " + c], " + at(sums[k].getInput(), "i") + ");\n";
@@ -644,9 +660,11 @@ class Emitter {
 
   // Element i of a row of the layer-norm backward (m, s, mean_g and mean_gx known): dx, then the
   // residual add and casts that follow it, and their stores. Leaves d and xhat for the column sums.
-  void layerNormGradElement(LayerNormGradOp lg, int64_t n, const std::string& ind) {
+  // With inRegisters, d and xhat come from the row's registers dr[k], xr[k].
+  void layerNormGradElement(LayerNormGradOp lg, int64_t n, const std::string& ind, bool inRegisters = false) {
     Value dy = lg->getOperand(0), x = lg->getOperand(1), w = lg->getOperand(2);
-    body_ += ind + "const float d = " + at(dy, "i") + ", xhat = (" + at(x, "i") + " - m) * s, g = d * " + at(w, "c") + ";\n";
+    const std::string d = inRegisters ? "dr[k]" : at(dy, "i"), xhat = inRegisters ? "xr[k]" : "(" + at(x, "i") + " - m) * s";
+    body_ += ind + "const float d = " + d + ", xhat = " + xhat + ", g = d * " + at(w, "c") + ";\n";
     std::string dx = "s * (g - mean_g - xhat * mean_gx)";
     if (isBF16(lg->getResult(0))) dx = "rb(" + dx + ")";
     body_ += ind + "const float dx = " + dx + ";\n";

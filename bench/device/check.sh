@@ -304,6 +304,11 @@ ref = next((x for x in torch_runs.values() if x and x.get("flops_formula")), Non
 if ref:
     md.append(f"- model FLOPs per step = {ref['flops_formula']}; N_params = {ref['parameters']:,} "
               f"-> {ref['flops_per_step']:.4g} at B={ref['B']} T={ref['T']}")
+kl = f"{work}/kiln-{bench}.log"
+if os.path.exists(kl):  # what the runtime said at load (e.g. how cuBLASLt's algorithms were chosen)
+    for line in open(kl, errors="replace"):
+        if line.startswith("note: "):
+            md.append(f"- Kiln {line.strip()[:600]}")
 md.append(f"- ms/step: median over the timed steps (PyTorch: {next((x['steps'] for x in torch_runs.values() if x and 'steps' in x), '?')} "
           f"after warm-up, CUDA events; Kiln: its dt_ms, the first {kwarm} steps not counted)")
 # Kiln's profile (print_profile: kernel, total ms, share, calls) and the attention comparison.
