@@ -14,7 +14,8 @@
 // A block is 4 warps of 16 rows (64 queries, or 64 keys for dk/dv) and walks 64-row tiles of the
 // other side in shared memory (bf16, rows padded by 8 elements so that the 8 row addresses of an
 // ldmatrix fall in different banks). The walk is pipelined: while a tile is used, the next one
-// is copied in by cp.async into the other of two buffers. B fragments come from ldmatrix, four
+// is copied in by cp.async into the other of two buffers (head sizes up to 80; larger heads have
+// one buffer, as two would pass the 48 KB of static shared memory). B fragments come from ldmatrix, four
 // 8x8 matrices (two B fragments) per instruction: plain for B = X^T of a row-major tile X (the
 // scores: keys or queries as the tile's rows), transposed for B = X (the value-side products).
 // Softmax exponentials are exp2 of scores pre-multiplied by log2(e); tiles wholly inside the
@@ -37,6 +38,7 @@ const char* kCommon = R"(  // Batch, sequence length, channels, heads, head size
   constexpr int B = ${B}, T = ${T}, C = ${C}, H = ${H}, HS = ${HS};
   constexpr float scale = ${SCALE}, scale_log2 = ${SCALE_LOG2}, log2e = 1.44269504f;
   constexpr int TILE = ${TILE};        // rows per block, and per step of the walked side
+  constexpr int STAGES = ${STAGES};    // tile buffers: 2 (the next tile is copied during this one) when they fit
   constexpr int KC = HS / 16, NC = HS / 8;  // 16-channel chunks (products over channels), 8-channel C tiles
   constexpr int LD = HS + 8;           // row stride of the shared tiles, in bf16 elements
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -97,22 +99,27 @@ const char* kCommon = R"(  // Batch, sequence length, channels, heads, head size
       cp_async16(tile + r * LD + c, base + (part < 0 ? act_at(row, c) : qkv_at(row, part, c)), r0 + r < T);
     }
   };
-  // The walk over n tiles of the other side, double-buffered: issue(i, buf) starts the copies of
-  // tile i into buffer buf, body(i, buf) uses it. Tile i + 1 is in flight while tile i is used.
+  // The walk over n tiles of the other side: issue(i, buf) starts the copies of tile i into
+  // buffer buf, body(i, buf) uses it. With two stages tile i + 1 is in flight while tile i is
+  // used; with one (large heads: two do not fit in 48 KB) it is copied after.
   auto walk = [&](int n, auto&& issue, auto&& body) {
     issue(0, 0);
     cp_async_commit();
     for (int i = 0; i < n; i++) {
-      if (i + 1 < n) {
-        issue(i + 1, (i + 1) % 2);
+      if (STAGES == 2 && i + 1 < n) {
+        issue(i + 1, (i + 1) % STAGES);
         cp_async_commit();
         cp_async_wait<1>();  // this thread's copies of tile i have landed
       } else {
         cp_async_wait<0>();
       }
       __syncthreads();  // ... and every other thread's
-      body(i, i % 2);
-      __syncthreads();  // every warp is done with buffer i % 2 before tile i + 2 is copied into it
+      body(i, i % STAGES);
+      __syncthreads();  // every warp is done with this buffer before another tile is copied into it
+      if (STAGES == 1 && i + 1 < n) {
+        issue(i + 1, 0);
+        cp_async_commit();
+      }
     }
   };
   // f(j, e, col, i) for every element of a warp's 8 C tiles: s[j][e] is at column col = 8j + 2t
@@ -138,7 +145,7 @@ ${COMMON}  const bf16* qkv = (const bf16*)b[0];
   bf16* out = (bf16*)b[1];
   float* lse = (float*)b[2];
   (void)range;
-  __shared__ __align__(16) bf16 k_tile[2][TILE * LD], v_tile[2][TILE * LD];
+  __shared__ __align__(16) bf16 k_tile[STAGES][TILE * LD], v_tile[STAGES][TILE * LD];
 
   // Blocks in order of decreasing work: the last query tiles (most keys) first.
   constexpr int q_tiles = (T + TILE - 1) / TILE;
@@ -230,8 +237,8 @@ const char* kBackwardDkv = R"(
 // as A fragments); per query tile: S^T = k q^T and dP^T = v dout^T (queries row-wise), then
 // dv += P^T dout and dk += dS^T q (queries column-wise).
 extern "C" __global__ void __launch_bounds__(${THREADS}) ${SYMBOL}_dkv(void* const* b, const long long* range) {
-${COMMON}${OPERANDS}  __shared__ __align__(16) bf16 q_tile[2][TILE * LD], g_tile[2][TILE * LD];  // queries, their dout
-  __shared__ float lse_tile[2][TILE], d_tile[2][TILE];  // their lse (times log2(e)) and D
+${COMMON}${OPERANDS}  __shared__ __align__(16) bf16 q_tile[STAGES][TILE * LD], g_tile[STAGES][TILE * LD];  // queries, their dout
+  __shared__ float lse_tile[STAGES][TILE], d_tile[STAGES][TILE];  // their lse (times log2(e)) and D
 
   // Blocks in order of decreasing work: the first key tiles (seen by the most queries) first.
   constexpr int q_tiles = (T + TILE - 1) / TILE;
@@ -291,7 +298,7 @@ const char* kBackwardDq = R"(
 // registers as A fragments); per key tile up to the diagonal: S = q k^T and dP = dout v^T (keys
 // row-wise), then dq += dS k (keys column-wise).
 extern "C" __global__ void __launch_bounds__(${THREADS}) ${SYMBOL}_dq(void* const* b, const long long* range) {
-${COMMON}${OPERANDS}  __shared__ __align__(16) bf16 k_tile[2][TILE * LD], v_tile[2][TILE * LD];
+${COMMON}${OPERANDS}  __shared__ __align__(16) bf16 k_tile[STAGES][TILE * LD], v_tile[STAGES][TILE * LD];
 
   // Blocks in order of decreasing work: the last query tiles (most keys) first.
   constexpr int q_tiles = (T + TILE - 1) / TILE;
@@ -346,13 +353,20 @@ ${COMMON}${OPERANDS}  __shared__ __align__(16) bf16 k_tile[2][TILE * LD], v_tile
 }
 )";
 
+// Tile buffers per walked tile: two when the kernels' static shared memory (each stage: two
+// [TILE][HS + 8] bf16 tiles, and dk/dv's two fp32 rows of TILE) stays within 48 KB.
+int stagesOf(int64_t hs) {
+  const int64_t stage = 2 * kTile * (hs + 8) * 2 + 2 * kTile * 4;
+  return 2 * stage <= 48 * 1024 ? 2 : 1;
+}
+
 std::vector<std::pair<std::string, std::string>> vars(const std::string& symbol, const AttentionShape& s) {
   const int64_t hs = s.C / s.H;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));  // as the CPU kernels compute it
   std::vector<std::pair<std::string, std::string>> common = {
       {"B", num(s.B)},   {"T", num(s.T)},         {"C", num(s.C)},           {"H", num(s.H)},
       {"HS", num(hs)},   {"SCALE", floatLiteral(scale)}, {"SCALE_LOG2", floatLiteral(static_cast<float>(scale * 1.4426950408889634))},   {"TILE", num(kTile)},      {"THREADS", num(kThreads)},
-      {"WARPS", num(kWarps)}};
+      {"WARPS", num(kWarps)}, {"STAGES", num(stagesOf(hs))}};
   std::vector<std::pair<std::string, std::string>> v = {
       {"SYMBOL", symbol}, {"COMMON", fillTemplate(kCommon, common)}, {"OPERANDS", kBackwardOperands}};
   v.insert(v.end(), common.begin(), common.end());

@@ -120,6 +120,19 @@ std::optional<std::vector<uint8_t>> compileCpuKernels(const std::string& source,
   return bytes;
 }
 
+#ifdef KILN_HAVE_NVRTC
+// The part of a compiler log worth showing: its error lines (a log of warnings can bury the one
+// error, e.g. ptxas's at the end), else its first 2000 characters.
+static std::string errorLines(const std::string& log) {
+  std::string out, line;
+  std::istringstream in(log);
+  int n = 0;
+  while (std::getline(in, line))
+    if (line.find("error") != std::string::npos && n++ < 20) out += line + "\n";
+  return out.empty() ? log.substr(0, 2000) : out;
+}
+#endif
+
 std::optional<std::vector<std::pair<std::string, std::vector<uint8_t>>>> compileCudaKernels(
     const std::string& source, std::string& error) {
 #ifdef KILN_HAVE_NVRTC
@@ -138,7 +151,7 @@ std::optional<std::vector<std::pair<std::string, std::vector<uint8_t>>>> compile
       nvrtcGetProgramLogSize(prog, &n);
       std::string log(n, '\0');
       nvrtcGetProgramLog(prog, log.data());
-      error = std::string(arch) + ": " + nvrtcGetErrorString(r) + "\n" + log.substr(0, 2000);
+      error = std::string(arch) + ": " + nvrtcGetErrorString(r) + "\n" + errorLines(log);
       nvrtcDestroyProgram(&prog);
       return std::nullopt;
     }

@@ -509,7 +509,7 @@ class Emitter {
     body_ += "  const float m = warp_sum(sum) / " + num(C) + ".0f;\n";
     body_ += "  float ssq = 0.0f;\n";
     const std::string xAt = inRegisters ? "xr[k]" : at(x, "i");
-    body_ += rowLoop + index;
+    body_ += inRegisters ? "#pragma unroll\n  for (int k = 0; k < " + num(C / 32) + "; ++k) {\n" : rowLoop + index;
     body_ += "    const float d = " + xAt + " - m;\n    ssq += d * d;\n  }\n";
     body_ += "  const float s = rsqrtf(warp_sum(ssq) / " + num(C) + ".0f + " + flt(eps) + ");\n";
     body_ += rowLoop + index;
@@ -775,7 +775,7 @@ class Emitter {
     cudaRowMaxSum(logits, valid);
     body_ += "  }\n";
     body_ += "  if (threadIdx.x == 0) {\n";
-    body_ += "    const float lse = mx + logf(sum);\n";
+    body_ += "    const float lse = (mx + log2f(sum)) * 0.693147181f;\n";
     for (const std::string& o : lseOut) body_ += "    st(" + o + ", r, lse);\n";
     body_ += "    atomicAdd(&" + symbolPrefix() + "loss_sum, (double)(lse - " + at(logits, "row + " + at(targets, "r")) + "));\n";
     cudaLossTotal(lossOut, N);
@@ -817,14 +817,16 @@ class Emitter {
     body_ += "      " + symbolPrefix() + "loss_sum = 0.0;\n      " + symbolPrefix() + "rows_done = 0;\n    }\n  }\n";
   }
 
-  // One block per row of logits (r, row = r * V): the row's max mx and sum of exp(x - mx) over
-  // its first `valid` columns, by the online softmax per thread, then across warps; warp 0 ends
+  // One block per row of logits (r, row = r * V): the row's max mx and sum of exp2(x - mx) over
+  // its first `valid` columns, x = logit * log2(e) (log2 units: the row's log-sum-exp is
+  // (mx + log2(sum)) * ln 2), by the online softmax per thread, then across warps; warp 0 ends
   // inside `if (threadIdx.x < 32) {` holding them (the caller closes it). Needs smx, ssum [32].
   void cudaRowMaxSum(Value logits, int64_t valid) {
     body_ += "  float mx = -INFINITY, sum = 0.0f;\n";
+    body_ += "#pragma unroll 4\n";
     body_ += "  for (long long j = threadIdx.x; j < " + num(valid) + "; j += blockDim.x) {\n";
-    body_ += "    const float v = " + at(logits, "row + j") + ";\n";
-    body_ += "    if (v > mx) { sum = sum * expf(mx - v) + 1.0f; mx = v; } else { sum += expf(v - mx); }\n  }\n";
+    body_ += "    const float v = " + at(logits, "row + j") + " * 1.44269504f;\n";
+    body_ += "    if (v > mx) { sum = sum * exp2f(mx - v) + 1.0f; mx = v; } else { sum += exp2f(v - mx); }\n  }\n";
     body_ += "  combine_max_sum(mx, sum);\n";
     body_ += "  if (threadIdx.x % 32 == 0) { smx[threadIdx.x / 32] = mx; ssum[threadIdx.x / 32] = sum; }\n";
     body_ += "  __syncthreads();\n";
@@ -848,11 +850,13 @@ class Emitter {
     body_ += "  const int t = " + at(targets, "r") + ";\n";
     body_ += "  if (threadIdx.x == 0) row_xt = " + at(logits, "row + t") + ";\n";
     cudaRowMaxSum(logits, valid);
-    body_ += "    if (threadIdx.x == 0) row_lse = mx + logf(sum);\n  }\n";
+    body_ += "    if (threadIdx.x == 0) row_lse = (mx + log2f(sum)) * 0.693147181f;\n  }\n";
     body_ += "  __syncthreads();\n";
-    body_ += "  const float lse = row_lse, g = " + at(dloss, "0") + " / " + num(N) + ".0f;\n";
+    body_ += "  // d = g (softmax - onehot), softmax = exp(x - lse) = exp2(x log2(e) - lse log2(e)).\n";
+    body_ += "  const float lse = row_lse, lse2 = lse * 1.44269504f, g = " + at(dloss, "0") + " / " + num(N) + ".0f;\n";
+    body_ += "#pragma unroll 4\n";
     body_ += "  for (long long j = threadIdx.x; j < " + num(V) + "; j += blockDim.x) {\n";
-    body_ += "    float d = j < " + num(valid) + " ? g * expf(" + at(logits, "row + j") + " - lse) : 0.0f;\n";
+    body_ += "    float d = j < " + num(valid) + " ? g * exp2f(" + at(logits, "row + j") + " * 1.44269504f - lse2) : 0.0f;\n";
     body_ += "    if (j == t) d -= g;\n";
     body_ += "    st(" + dl + ", row + j, d);\n  }\n";
     body_ += "  if (threadIdx.x == 0) {\n";
@@ -1149,12 +1153,13 @@ KILN_FN float warp_sum(float v) {
   for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;  // every lane holds the warp's sum
 }
-// Merges (max, sum of exp(x - max)) pairs across a warp: the online softmax's reduction.
+// Merges (max, sum of exp2(x - max)) pairs across a warp: the online softmax's reduction, in
+// log2 units (x = logit * log2(e); exp2 is the GPU's native exponential).
 KILN_FN void combine_max_sum(float& mx, float& sum) {
   for (int o = 16; o > 0; o /= 2) {
     const float om = __shfl_xor_sync(0xffffffffu, mx, o), os = __shfl_xor_sync(0xffffffffu, sum, o);
     const float nm = fmaxf(mx, om);
-    if (nm != -INFINITY) sum = sum * expf(mx - nm) + os * expf(om - nm);
+    if (nm != -INFINITY) sum = sum * exp2f(mx - nm) + os * exp2f(om - nm);
     mx = nm;
   }
 }

@@ -11,6 +11,8 @@
 #include <memory>
 #include <string>
 
+#include "runtime/error.h"
+
 #include "runtime/module.h"
 
 namespace kiln {
@@ -39,6 +41,13 @@ struct EpilogueFlags {
   bool reads_aux() const { return aux_out || dgelu; }
 };
 EpilogueFlags epilogue_flags(const std::string& epilogue, const std::string& where);
+
+// What plan_matmul throws when cuBLASLt has no algorithm for a product as asked (typically its
+// epilogue for these types): the executor then runs the product plain and the epilogue after it.
+// Any other error (a CUDA fault while timing candidates) is not a refusal and stops the load.
+struct MatmulUnsupported : Error {
+  using Error::Error;
+};
 
 class Device {
  public:

@@ -198,7 +198,7 @@ void DeviceExecutor::plan_kernel(Program& p, const fb::Instr& ins, const std::st
     try {
       s.matmul = device_->plan_matmul(m);
       p.steps.push_back(s);
-    } catch (const Error& e) {
+    } catch (const MatmulUnsupported& e) {
       if (m.epilogue == "DEFAULT") throw;
       plan_unfused_epilogue(p, m, name, e.what());
     }

@@ -164,15 +164,17 @@ class EmulatedDevice final : public Device {
     // KILN_EMU_PLAIN_CUBLASLT=1: a cuBLASLt without fused epilogues (tests the runtime's fallback).
     const char* plain = std::getenv("KILN_EMU_PLAIN_CUBLASLT");
     if (plain && std::string(plain) == "1" && s.epilogue != "DEFAULT")
-      throw Error(s.where + ": cuBLASLt has no algorithm for this product (emulated: epilogue " + s.epilogue + ")");
+      throw MatmulUnsupported(s.where + ": cuBLASLt has no algorithm for this product (emulated: epilogue " +
+                              s.epilogue + ")");
     // What cuBLASLt accepts (cublasLt.h): A and B of one type, the bias and the GELU auxiliary
     // matrix in D's type (C has D's type by construction).
     auto name = [](fb::DType t) { return std::string(dtype_name(t)); };
-    if (s.a_type != s.b_type) throw Error(s.where + ": cuBLASLt A is " + name(s.a_type) + ", B " + name(s.b_type));
+    if (s.a_type != s.b_type)
+      throw MatmulUnsupported(s.where + ": cuBLASLt A is " + name(s.a_type) + ", B " + name(s.b_type));
     if (s.bias && s.bias_type != s.d_type)
-      throw Error(s.where + ": cuBLASLt bias is " + name(s.bias_type) + ", D " + name(s.d_type));
+      throw MatmulUnsupported(s.where + ": cuBLASLt bias is " + name(s.bias_type) + ", D " + name(s.d_type));
     if (s.aux && s.aux_type != s.d_type)
-      throw Error(s.where + ": cuBLASLt aux is " + name(s.aux_type) + ", D " + name(s.d_type));
+      throw MatmulUnsupported(s.where + ": cuBLASLt aux is " + name(s.aux_type) + ", D " + name(s.d_type));
     for (auto [p, n] : {std::pair{s.a, s.m * s.k}, {s.b, s.k * s.n}, {s.d, s.m * s.n}})
       check(p, size_t(n) * 2, "matmul operand");
     matmuls_.push_back(s);
