@@ -18,6 +18,7 @@
 #      then, time allowing, the B=32 runs (Kiln, eager, compile; an out-of-memory is a result)
 #   g) Kiln's per-kernel profile (kiln-run --profile, 3 steps) and causal attention forward +
 #      backward per PyTorch SDPA backend (flash, efficient, cudnn) at the benchmark's shape
+#   s) compute-sanitizer racecheck and memcheck on one step of long-bf16-cuda.kiln
 #   f) the table: summary.md (kiln / torch eager / torch.compile: tok/s, ms/step, TFLOP/s, MFU,
 #      peak memory; kiln/compile and kiln/eager ratios), results.json, check.log, work.tar.gz
 #
@@ -680,6 +681,36 @@ if [ -n "$PY" ] && [ "$GPU_TORCH" = 1 ] && [ "$GPU_STEPS" = 1 ]; then
   torch_run torch-attention 90 20 --attention -B 16 -T 1024
 elif [ -n "$PY" ] && [ "$DRY" = 1 ]; then
   torch_run torch-attention 60 10 --device cpu --tiny --attention
+fi
+
+# --- s) compute-sanitizer on the real GPU: racecheck (shared-memory hazards between threads, e.g.
+# in the attention kernels' cp.async pipeline, which the CPU emulation can only provoke) and
+# memcheck (out-of-bounds and misaligned accesses), one eager step of long-bf16-cuda.kiln (several
+# attention tiles) on the shard its parity probe used.
+log "s) compute-sanitizer"
+SAN=$(command -v compute-sanitizer || true)
+[ -z "$SAN" ] && [ -x /usr/local/cuda/bin/compute-sanitizer ] && SAN=/usr/local/cuda/bin/compute-sanitizer
+san_mod=$DEV/modules/long-bf16-cuda.kiln
+san_data="$WORK/parity-long-bf16-cuda/data/train_*.bin"
+if [ "$GPU_STEPS" = 0 ] || [ -z "$KILN_RUN_BIN" ] || [ -n "$CPU_ONLY_RUNTIME" ]; then
+  record sanitizer skipped 0 "no kiln-run that runs cuda modules on a GPU here"
+elif [ -z "$SAN" ]; then
+  record sanitizer skipped 0 "no compute-sanitizer on PATH or in /usr/local/cuda/bin"
+elif [ ! -f "$san_mod" ] || ! compgen -G "$san_data" > /dev/null; then
+  record sanitizer skipped 0 "no long-bf16-cuda module or shard (see parity)"
+else
+  for tool in racecheck memcheck; do
+    rc=0
+    boxed "sanitizer-$tool" 60 20 "$WORK/sanitizer-$tool.log" "${KENV[@]}" KILN_CUDA_GRAPHS=0 "$SAN" --tool "$tool" \
+      --error-exitcode 9 "$KILN_RUN_BIN" "$san_mod" train --data "$san_data" --steps 1 || rc=$?
+    summary=$(grep -a -E '(ERROR|RACECHECK) SUMMARY' "$WORK/sanitizer-$tool.log" | tail -n 1 | oneline || true)
+    case "$rc" in
+      0) record "sanitizer-$tool" ok "$LAST_DT" "${summary:-no summary line}" ;;
+      200) ;;
+      124|137) record "sanitizer-$tool" "timed out" "$LAST_DT" "${summary:-}" ;;
+      *) record "sanitizer-$tool" FAIL "$LAST_DT" "${summary:-$(err_line "$WORK/sanitizer-$tool.log")} (exit $rc; the hazards are in work.tar.gz: sanitizer-$tool.log)" ;;
+    esac
+  done
 fi
 
 # --- the B=32 runs, time allowing --------------------------------------------------------------
