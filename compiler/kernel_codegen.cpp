@@ -486,6 +486,17 @@ class Emitter {
     for (const std::string& o : outs_.lookup(ln.getRstd())) body_ += ind + "st(" + o + ", r, " + rstd + ");\n";
   }
 
+  // The loop of a warp over its row r of C: column c and element i = r * C + c per iteration;
+  // inRegisters: iteration k (c = lane + 32 k, fully unrolled, so arrays indexed by k stay in
+  // registers), else a loop over c.
+  static std::string cudaRowLoop(int64_t C, bool inRegisters, const std::string& ind) {
+    if (inRegisters)
+      return "#pragma unroll\n" + ind + "for (int k = 0; k < " + num(C / 32) + "; ++k) {\n" + ind +
+             "  const long long c = lane + 32 * k, i = r * " + num(C) + " + c;\n";
+    return ind + "for (long long c = lane; c < " + num(C) + "; c += 32) {\n" + ind + "  const long long i = r * " +
+           num(C) + " + c;\n";
+  }
+
   // CUDA: one warp per row. When C is a multiple of 32 (up to 1024) each lane keeps its C / 32
   // elements of x in registers, so x (and the residual add before it) is read and computed once;
   // otherwise x is read again for each pass.
@@ -496,11 +507,10 @@ class Emitter {
     grid_ = unsigned((N + 7) / 8);
     body_ += "  const long long r = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32;\n";
     body_ += "  const int lane = threadIdx.x % 32;\n  if (r >= " + num(N) + ") return;\n";
-    const std::string rowLoop = inRegisters ? "#pragma unroll\n  for (int k = 0; k < " + num(C / 32) + "; ++k) {\n    const long long c = lane + 32 * k" : "  for (long long c = lane; c < " + num(C) + "; c += 32) {\n    const long long";
-    const std::string index = inRegisters ? ", i = r * " + num(C) + " + c;\n" : " i = r * " + num(C) + " + c;\n";
+    const std::string rowLoop = cudaRowLoop(C, inRegisters, "  ");
     if (inRegisters) body_ += "  float xr[" + num(C / 32) + "];  // x[r, lane + 32 k]\n";
     body_ += "  float sum = 0.0f;\n";
-    body_ += rowLoop + index;
+    body_ += rowLoop;
     body_ += "    const float xv = " + at(x, "i") + ";\n";
     if (Operation* add = x.getDefiningOp())
       for (const std::string& o : outs_.lookup(add->getResult(0))) body_ += "    st(" + o + ", i, xv);\n";
@@ -509,10 +519,10 @@ class Emitter {
     body_ += "  const float m = warp_sum(sum) / " + num(C) + ".0f;\n";
     body_ += "  float ssq = 0.0f;\n";
     const std::string xAt = inRegisters ? "xr[k]" : at(x, "i");
-    body_ += inRegisters ? "#pragma unroll\n  for (int k = 0; k < " + num(C / 32) + "; ++k) {\n" : rowLoop + index;
+    body_ += inRegisters ? "#pragma unroll\n  for (int k = 0; k < " + num(C / 32) + "; ++k) {\n" : rowLoop;
     body_ += "    const float d = " + xAt + " - m;\n    ssq += d * d;\n  }\n";
     body_ += "  const float s = rsqrtf(warp_sum(ssq) / " + num(C) + ".0f + " + flt(eps) + ");\n";
-    body_ += rowLoop + index;
+    body_ += rowLoop;
     layerNormOutput(ln, "(" + xAt + " - m) * s * " + at(ln.getWeight(), "c") + " + " + at(ln.getBias(), "c"), "    ");
     body_ += "  }\n  if (lane == 0) {\n";
     layerNormStats(ln, "m", "s", "    ");
@@ -633,10 +643,7 @@ class Emitter {
     body_ += "  for (long long r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; r < " + num(N) +
              "; r += gridDim.x * (blockDim.x / 32)) {\n";
     const bool inRegisters = C % 32 == 0 && C <= 1024;
-    const std::string rowLoop = inRegisters ? "#pragma unroll\n    for (int k = 0; k < " + num(C / 32) +
-                                                  "; ++k) {\n      const long long c = lane + 32 * k, i = r * " + num(C) + " + c;\n"
-                                            : "    for (long long c = lane; c < " + num(C) +
-                                                  "; c += 32) {\n      const long long i = r * " + num(C) + " + c;\n";
+    const std::string rowLoop = cudaRowLoop(C, inRegisters, "    ");
     body_ += "    const float m = " + at(mean, "r") + ", s = " + at(rstd, "r") + ";\n";
     if (inRegisters) body_ += "    float dr[" + num(C / 32) + "], xr[" + num(C / 32) + "];  // dy and xhat at [r, lane + 32 k]\n";
     body_ += "    float sg = 0.0f, sgx = 0.0f;\n";

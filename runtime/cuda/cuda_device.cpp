@@ -491,38 +491,43 @@ Device::Matmul CudaDevice::plan_matmul(const MatmulSpec& s) {
   try {
     // CUBLAS_COMPUTE_32F: fp32 accumulation, and for fp32 inputs true fp32 products, not TF32
     // (that would be CUBLAS_COMPUTE_32F_FAST_TF32): the parity tests compare with fp32 references.
-    check_lt_plan(lt().cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), s.where, "cublasLtMatmulDescCreate");
+    check_lt_plan(lt().cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), s.where,
+                  "cublasLtMatmulDescCreate");
     const int32_t trans_first = s.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's A is our B
     const int32_t trans_second = s.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-    check_lt_plan(lt().cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans_first, sizeof trans_first),
-             s.where, "cublasLtMatmulDescSetAttribute TRANSA");
-    check_lt_plan(lt().cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &trans_second, sizeof trans_second),
-             s.where, "cublasLtMatmulDescSetAttribute TRANSB");
+    check_lt_plan(
+        lt().cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans_first, sizeof trans_first),
+        s.where, "cublasLtMatmulDescSetAttribute TRANSA");
+    check_lt_plan(
+        lt().cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &trans_second, sizeof trans_second),
+        s.where, "cublasLtMatmulDescSetAttribute TRANSB");
     const uint32_t epilogue_value = lt_epilogue(ep);
     check_lt_plan(lt().cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue_value,
-                                            sizeof epilogue_value),
-             s.where, "cublasLtMatmulDescSetAttribute EPILOGUE");
+                                                      sizeof epilogue_value),
+                  s.where, "cublasLtMatmulDescSetAttribute EPILOGUE");
     if (ep.bias) {
       const void* bias = ptr(s.bias);
       const int32_t bias_type = cuda_type(s.bias_type, s.where, "bias");
-      check_lt_plan(lt().cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias), s.where,
-               "cublasLtMatmulDescSetAttribute BIAS_POINTER");
+      check_lt_plan(lt().cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias),
+                    s.where, "cublasLtMatmulDescSetAttribute BIAS_POINTER");
       check_lt_plan(lt().cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
-                                              sizeof bias_type),
-               s.where, "cublasLtMatmulDescSetAttribute BIAS_DATA_TYPE");
+                                                        sizeof bias_type),
+                    s.where, "cublasLtMatmulDescSetAttribute BIAS_DATA_TYPE");
     }
     if (ep.reads_aux()) {
       // The pre-GELU matrix, shaped like D: column-major [n,m] with ld n.
       void* aux = ptr(s.aux);
       const int64_t aux_ld = s.n;
       const int32_t aux_type = cuda_type(s.aux_type, s.where, "aux");
-      check_lt_plan(lt().cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux),
-               s.where, "cublasLtMatmulDescSetAttribute EPILOGUE_AUX_POINTER");
-      check_lt_plan(lt().cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld),
-               s.where, "cublasLtMatmulDescSetAttribute EPILOGUE_AUX_LD");
+      check_lt_plan(
+          lt().cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux),
+          s.where, "cublasLtMatmulDescSetAttribute EPILOGUE_AUX_POINTER");
+      check_lt_plan(
+          lt().cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld),
+          s.where, "cublasLtMatmulDescSetAttribute EPILOGUE_AUX_LD");
       check_lt_plan(lt().cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &aux_type,
-                                              sizeof aux_type),
-               s.where, "cublasLtMatmulDescSetAttribute EPILOGUE_AUX_DATA_TYPE");
+                                                        sizeof aux_type),
+                    s.where, "cublasLtMatmulDescSetAttribute EPILOGUE_AUX_DATA_TYPE");
     }
 
     // Column-major layouts (rows, cols, ld = rows) of what is stored, before the transposes.
@@ -530,18 +535,19 @@ Device::Matmul CudaDevice::plan_matmul(const MatmulSpec& s) {
     const uint64_t first_rows = s.trans_b ? k : n, first_cols = s.trans_b ? n : k;
     // Second operand, A: stored [m,k] row-major = [k,m] column-major; with trans_a [k,m] -> [m,k].
     const uint64_t second_rows = s.trans_a ? m : k, second_cols = s.trans_a ? k : m;
-    check_lt_plan(lt().cublasLtMatrixLayoutCreate(&p.first, b_type, first_rows, first_cols, int64_t(first_rows)), s.where,
-             "cublasLtMatrixLayoutCreate (B)");
-    check_lt_plan(lt().cublasLtMatrixLayoutCreate(&p.second, a_type, second_rows, second_cols, int64_t(second_rows)), s.where,
-             "cublasLtMatrixLayoutCreate (A)");
+    check_lt_plan(lt().cublasLtMatrixLayoutCreate(&p.first, b_type, first_rows, first_cols, int64_t(first_rows)),
+                  s.where, "cublasLtMatrixLayoutCreate (B)");
+    check_lt_plan(lt().cublasLtMatrixLayoutCreate(&p.second, a_type, second_rows, second_cols, int64_t(second_rows)),
+                  s.where, "cublasLtMatrixLayoutCreate (A)");
     // C and D: one layout, so that in-place accumulation (C == D) has identical layouts.
-    check_lt_plan(lt().cublasLtMatrixLayoutCreate(&p.out, d_type, n, m, int64_t(n)), s.where, "cublasLtMatrixLayoutCreate (D)");
+    check_lt_plan(lt().cublasLtMatrixLayoutCreate(&p.out, d_type, n, m, int64_t(n)), s.where,
+                  "cublasLtMatrixLayoutCreate (D)");
 
     check_lt_plan(lt().cublasLtMatmulPreferenceCreate(&pref), s.where, "cublasLtMatmulPreferenceCreate");
     const uint64_t workspace = kWorkspaceBytes;
     check_lt_plan(lt().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
-                                                  sizeof workspace),
-             s.where, "cublasLtMatmulPreferenceSetAttribute MAX_WORKSPACE_BYTES");
+                                                            sizeof workspace),
+                  s.where, "cublasLtMatmulPreferenceSetAttribute MAX_WORKSPACE_BYTES");
     const uint32_t align[4] = {alignment(s.b), alignment(s.a), alignment(DevicePtr(reinterpret_cast<uintptr_t>(p.c))),
                                alignment(s.d)};
     const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
@@ -549,7 +555,7 @@ Device::Matmul CudaDevice::plan_matmul(const MatmulSpec& s) {
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
     for (int i = 0; i < 4; i++)
       check_lt_plan(lt().cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &align[i], sizeof align[i]), s.where,
-               "cublasLtMatmulPreferenceSetAttribute MIN_ALIGNMENT");
+                    "cublasLtMatmulPreferenceSetAttribute MIN_ALIGNMENT");
 
     // The heuristic's candidates, best guess first; one product shape is planned once.
     constexpr int kCandidates = 8;
@@ -562,11 +568,11 @@ Device::Matmul CudaDevice::plan_matmul(const MatmulSpec& s) {
       if (results[i].state == CUBLAS_STATUS_SUCCESS) results[usable++] = results[i];
     if (st != CUBLAS_STATUS_SUCCESS || usable == 0)
       throw MatmulUnsupported(s.where + ": cuBLASLt has no algorithm for this product (" + product(s) +
-                  "; cublasLtMatmulAlgoGetHeuristic: " +
-                  (st != CUBLAS_STATUS_SUCCESS ? lt().cublasLtGetStatusString(st)
-                   : found == 0                ? "no result"
-                                               : lt().cublasLtGetStatusString(results[0].state)) +
-                  ")");
+                              "; cublasLtMatmulAlgoGetHeuristic: " +
+                              (st != CUBLAS_STATUS_SUCCESS ? lt().cublasLtGetStatusString(st)
+                               : found == 0                ? "no result"
+                                                           : lt().cublasLtGetStatusString(results[0].state)) +
+                              ")");
     (void)lt().cublasLtMatmulPreferenceDestroy(pref);
     pref = nullptr;
     // One choice per shape (the product, and the alignments of every matrix and vector it reads
