@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -133,10 +134,9 @@ static std::string errorLines(const std::string& log) {
 }
 #endif
 
-std::optional<std::vector<std::pair<std::string, std::vector<uint8_t>>>> compileCudaKernels(
-    const std::string& source, std::string& error) {
+std::optional<std::vector<CudaImageBuild>> compileCudaKernels(const std::string& source, std::string& error) {
 #ifdef KILN_HAVE_NVRTC
-  std::vector<std::pair<std::string, std::vector<uint8_t>>> images;
+  std::vector<CudaImageBuild> images;
   for (const char* arch : {"sm_80", "sm_90"}) {
     nvrtcProgram prog;
     if (nvrtcCreateProgram(&prog, source.c_str(), "kernels.cu", 0, nullptr, nullptr) != NVRTC_SUCCESS) {
@@ -144,13 +144,13 @@ std::optional<std::vector<std::pair<std::string, std::vector<uint8_t>>>> compile
       return std::nullopt;
     }
     const std::string archOpt = std::string("--gpu-architecture=") + arch;
-    const char* opts[] = {archOpt.c_str(), "--std=c++17", "-default-device"};
-    const nvrtcResult r = nvrtcCompileProgram(prog, 3, opts);
+    const char* opts[] = {archOpt.c_str(), "--std=c++17", "-default-device", "--ptxas-options=-v"};
+    const nvrtcResult r = nvrtcCompileProgram(prog, 4, opts);
+    size_t n = 0;
+    nvrtcGetProgramLogSize(prog, &n);
+    std::string log(n, '\0');
+    nvrtcGetProgramLog(prog, log.data());
     if (r != NVRTC_SUCCESS) {
-      size_t n = 0;
-      nvrtcGetProgramLogSize(prog, &n);
-      std::string log(n, '\0');
-      nvrtcGetProgramLog(prog, log.data());
       error = std::string(arch) + ": " + nvrtcGetErrorString(r) + "\n" + errorLines(log);
       nvrtcDestroyProgram(&prog);
       return std::nullopt;
@@ -160,7 +160,7 @@ std::optional<std::vector<std::pair<std::string, std::vector<uint8_t>>>> compile
     std::vector<uint8_t> cubin(size);
     nvrtcGetCUBIN(prog, reinterpret_cast<char*>(cubin.data()));
     nvrtcDestroyProgram(&prog);
-    images.push_back({arch, std::move(cubin)});
+    images.push_back({arch, std::move(cubin), parsePtxasInfo(log)});
   }
   return images;
 #else

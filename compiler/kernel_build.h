@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "compiler/kernel_codegen.h"
+#include "compiler/ptxas_info.h"
 
 namespace kiln {
 
@@ -18,10 +19,16 @@ namespace kiln {
 // first diagnostics.
 std::optional<std::vector<uint8_t>> compileCpuKernels(const std::string& source, std::string& error);
 
-// Compiles CUDA kernel source with NVRTC for sm_80 and sm_90: (arch, cubin) pairs. Fails with
-// a message when kilnc was built without NVRTC.
-std::optional<std::vector<std::pair<std::string, std::vector<uint8_t>>>> compileCudaKernels(
-    const std::string& source, std::string& error);
+// One architecture's compiled kernels.
+struct CudaImageBuild {
+  std::string arch;  // "sm_80", "sm_90"
+  std::vector<uint8_t> cubin;
+  std::vector<CudaFunctionResources> resources;
+};
+
+// Compiles CUDA kernel source with NVRTC for sm_80 and sm_90 (ptxas verbose, for the
+// resources). Fails with a message when kilnc was built without NVRTC.
+std::optional<std::vector<CudaImageBuild>> compileCudaKernels(const std::string& source, std::string& error);
 
 // Writes `source` as DIR/kernels.cpp (or kernels.cu) and `manifest` as DIR/kernels.tsv.
 bool dumpKernelSource(const std::string& dir, Target target, const std::string& source,

@@ -519,8 +519,13 @@ class Writer {
           k.hasFunction, cudaFunctions(fbb, k.functions), k.zero.empty() ? 0 : fbb.CreateVector(k.zero)));
     }
     std::vector<flatbuffers::Offset<fb::CudaImage>> images;
-    for (const auto& [arch, cubin] : cudaImages_)
-      images.push_back(fb::CreateCudaImageDirect(fbb, arch.c_str(), &cubin));
+    for (const CudaImageBuild& image : cudaImages_) {
+      std::vector<flatbuffers::Offset<fb::FunctionResources>> resources;
+      for (const CudaFunctionResources& r : image.resources)
+        resources.push_back(fb::CreateFunctionResourcesDirect(fbb, r.symbol.c_str(), r.registers, r.sharedBytes,
+                                                               r.stackBytes, r.spillStoreBytes, r.spillLoadBytes));
+      images.push_back(fb::CreateCudaImageDirect(fbb, image.arch.c_str(), &image.cubin, &resources));
+    }
     auto root = fb::CreateModuleDirect(fbb, kModuleFormatVersion, "kilnc 0.2", model,
                                        state + activations, &buffers, &params, &progs, state,
                                        activations, naive, options_.recompute.c_str(),
@@ -562,7 +567,7 @@ class Writer {
   std::vector<uint32_t> fusionToKernel_;  // fusion region (in program order) -> kernel
   std::string kernelSource_;
   std::vector<uint8_t> cpuLibrary_;
-  std::vector<std::pair<std::string, std::vector<uint8_t>>> cudaImages_;
+  std::vector<CudaImageBuild> cudaImages_;
   std::vector<Buf> bufs_;
   std::vector<ParameterOp> params_;
   std::map<std::string, ParamBuffers> paramBufs_;

@@ -7,6 +7,7 @@
 #include "runtime/error.h"
 #include "runtime/file_io.h"
 #include "runtime/module.h"
+#include "tools/kiln-inspect/cuda_report.h"
 #include "tools/kiln-inspect/fusion_report.h"
 #include "tools/kiln-inspect/loss_plot.h"
 #include "tools/kiln-inspect/memory_report.h"
@@ -61,6 +62,7 @@ ordered_json report(const Module& m) {
                   {"list", list}};
   add_memory_report(m, j);
   add_fusion_report(m, j);
+  add_cuda_report(m, j);
   return j;
 }
 
@@ -137,6 +139,7 @@ void print_text(const ordered_json& j) {
     std::printf("%-16s %8d  %s\n", p["name"].get<std::string>().c_str(), p["kernels"].get<int>(), ops.c_str());
   }
   print_fusion_report(j);
+  print_cuda_summary(j);
 }
 
 }  // namespace
@@ -165,10 +168,13 @@ int main(int argc, char** argv) {
   CLI::App app{"kiln-inspect: report on a Kiln module or training executable\n"
                "(kiln-inspect plot LOG.jsonl -o loss.svg draws loss curves)"};
   std::string path, svg, source;
-  bool json = false, verify = false, buffers = false;
+  bool json = false, verify = false, buffers = false, cuda_resources = false;
   app.add_option("module", path, "module (.kiln) or executable written by kilnc")->required();
   app.add_flag("--json", json, "print the report as one JSON object");
   app.add_flag("--buffers", buffers, "list every buffer: kind, dtype, offset, bytes, shape");
+  app.add_flag("--cuda-resources", cuda_resources,
+               "cuda modules: every generated function's registers, shared memory and spills as ptxas reported "
+               "them, and the blocks per SM they allow");
   app.add_flag("--verify-plan", verify, "check the memory plan (no two live buffers overlap) and say so");
   app.add_option("--svg", svg, "draw the memory timeline of the largest program into this SVG file");
   app.add_option("--kernel-source", source,
@@ -201,6 +207,7 @@ int main(int argc, char** argv) {
     ordered_json j = report(m);
     if (json) std::printf("%s\n", j.dump(2).c_str());
     else if (buffers) print_buffers(j);
+    else if (cuda_resources) print_cuda_resources(j);
     else print_text(j);
     return 0;
   } catch (const Error& e) {

@@ -1,0 +1,115 @@
+#include "tools/kiln-inspect/cuda_report.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <string>
+
+namespace kiln {
+namespace {
+
+// Per-SM limits of the architectures kilnc compiles for (CUDA C++ Programming Guide, "Compute
+// Capabilities"): 64K 32-bit registers allocated per warp in units of 256, 2048 threads, 32
+// blocks, and the shared memory an SM has for blocks (1 KB of it reserved per block).
+struct SmLimits {
+  unsigned shared_bytes;
+};
+SmLimits limits(const std::string& arch) { return arch == "sm_80" ? SmLimits{164 * 1024} : SmLimits{228 * 1024}; }
+
+// Blocks of `block` threads one SM holds at once with these resources, and what limits it.
+std::pair<unsigned, std::string> resident_blocks(const std::string& arch, unsigned block, unsigned registers,
+                                                 unsigned shared) {
+  const unsigned warps = (block + 31) / 32;
+  const unsigned warp_registers = std::max(1u, (std::max(registers, 1u) * 32 + 255) / 256 * 256);
+  const unsigned by_registers = 65536 / warp_registers / warps;
+  const unsigned by_threads = 2048 / (warps * 32);
+  const unsigned by_shared = shared ? limits(arch).shared_bytes / ((shared + 127) / 128 * 128 + 1024) : 32;
+  unsigned n = std::min({by_registers, by_threads, by_shared, 32u});
+  std::string why = n == by_registers ? "registers" : n == by_shared ? "shared memory" : n == by_threads ? "threads" : "blocks";
+  return {n, why};
+}
+
+}  // namespace
+
+void add_cuda_report(const Module& m, nlohmann::ordered_json& j) {
+  const auto* images = m.fb().cuda_images();
+  if (!images || images->size() == 0) return;
+  const fb::CudaImage* image = images->Get(images->size() - 1);  // the newest architecture
+  for (const fb::CudaImage* i : *images)
+    if (i->arch() && image->arch() && i->arch()->str() > image->arch()->str()) image = i;
+  const std::string arch = image->arch() ? image->arch()->str() : "";
+  // Block sizes of the functions the module launches (support kernels: the runtime chooses).
+  std::map<std::string, unsigned> blocks;
+  if (const auto* kernels = m.fb().kernels())
+    for (const fb::Kernel* k : *kernels)
+      if (k->cuda_functions())
+        for (const fb::CudaFunction* f : *k->cuda_functions()) blocks[f->symbol()->str()] = f->block();
+  nlohmann::ordered_json list = nlohmann::ordered_json::array();
+  if (image->resources())
+    for (const fb::FunctionResources* r : *image->resources()) {
+      const std::string symbol = r->symbol() ? r->symbol()->str() : "";
+      nlohmann::ordered_json f = {{"symbol", symbol}, {"registers", r->registers()},
+                                  {"shared_bytes", r->shared_bytes()}, {"stack_bytes", r->stack_bytes()},
+                                  {"spill_store_bytes", r->spill_store_bytes()},
+                                  {"spill_load_bytes", r->spill_load_bytes()}};
+      if (auto b = blocks.find(symbol); b != blocks.end() && b->second) {
+        auto [n, why] = resident_blocks(arch, b->second, r->registers(), r->shared_bytes());
+        f["block"] = b->second;
+        f["blocks_per_sm"] = n;
+        f["warps_per_sm"] = n * ((b->second + 31) / 32);
+        f["limited_by"] = why;
+      }
+      list.push_back(f);
+    }
+  j["cuda"] = {{"arch", arch}, {"functions", list}};
+}
+
+void print_cuda_summary(const nlohmann::ordered_json& j) {
+  if (!j.contains("cuda")) return;
+  const auto& c = j["cuda"];
+  const auto& fns = c["functions"];
+  if (fns.empty()) {
+    std::printf("cuda       %s: no resources recorded (a module from an older kilnc)\n",
+                c["arch"].get<std::string>().c_str());
+    return;
+  }
+  std::string most, spills;
+  unsigned most_registers = 0;
+  for (const auto& f : fns) {
+    if (f["registers"].get<unsigned>() > most_registers)
+      most_registers = f["registers"].get<unsigned>(), most = f["symbol"].get<std::string>();
+    if (f["spill_store_bytes"].get<unsigned>() || f["spill_load_bytes"].get<unsigned>())
+      spills += (spills.empty() ? "" : ", ") + f["symbol"].get<std::string>();
+  }
+  std::printf("cuda       %s (ptxas): %zu functions; most registers %u (%s); spills: %s "
+              "(kiln-inspect --cuda-resources lists them)\n",
+              c["arch"].get<std::string>().c_str(), fns.size(), most_registers, most.c_str(),
+              spills.empty() ? "none" : spills.c_str());
+}
+
+void print_cuda_resources(const nlohmann::ordered_json& j) {
+  if (!j.contains("cuda")) {
+    std::printf("no CUDA images: a cpu module\n");
+    return;
+  }
+  const auto& c = j["cuda"];
+  std::printf("%s, as ptxas compiled them; resident blocks and warps per SM (of 64) from the block size the\n"
+              "module launches with (support kernels: chosen by the runtime, not shown)\n",
+              c["arch"].get<std::string>().c_str());
+  std::printf("%-56s %5s %5s %8s %6s %6s %6s %7s  %s\n", "function", "block", "regs", "smem", "stack", "spill",
+              "blocks", "warps", "limited by");
+  for (const auto& f : c["functions"]) {
+    const unsigned spill = f["spill_store_bytes"].get<unsigned>() + f["spill_load_bytes"].get<unsigned>();
+    if (f.contains("block"))
+      std::printf("%-56s %5u %5u %8u %6u %6u %6u %7u  %s\n", f["symbol"].get<std::string>().c_str(),
+                  f["block"].get<unsigned>(), f["registers"].get<unsigned>(), f["shared_bytes"].get<unsigned>(),
+                  f["stack_bytes"].get<unsigned>(), spill, f["blocks_per_sm"].get<unsigned>(),
+                  f["warps_per_sm"].get<unsigned>(), f["limited_by"].get<std::string>().c_str());
+    else
+      std::printf("%-56s %5s %5u %8u %6u %6u %6s %7s\n", f["symbol"].get<std::string>().c_str(), "-",
+                  f["registers"].get<unsigned>(), f["shared_bytes"].get<unsigned>(), f["stack_bytes"].get<unsigned>(),
+                  spill, "-", "-");
+  }
+}
+
+}  // namespace kiln
