@@ -33,6 +33,7 @@ struct CudaKernelLaunch {
 struct AttentionSource {
   std::string source;
   std::vector<CudaKernelLaunch> launches;
+  uint64_t scratch_bytes = 0;  // device workspace the kernels use, at b[operands] (module.fbs)
 };
 
 // Forward: one kernel named `symbol`.
@@ -42,7 +43,9 @@ struct AttentionSource {
 AttentionSource cudaAttentionForward(const std::string& symbol, const AttentionShape& s);
 
 // Backward: two kernels, `symbol`_dkv then `symbol`_dq (independent: they write disjoint parts
-// of dqkv). Every element of dqkv is written (no accumulation into it, no scratch buffer).
+// of dqkv). Every element of dqkv is written (no accumulation into it). The tensor-core kernels
+// run `symbol`_delta first, which writes D = dout . out and lse log2(e) per row into the
+// workspace b[5] (2 B H T floats) that the other two read.
 //   b[0] = dout [B, T, C], b[1] = qkv, b[2] = out, b[3] = lse, b[4] = dqkv [B, T, 3C]
 AttentionSource cudaAttentionBackward(const std::string& symbol, const AttentionShape& s);
 

@@ -218,18 +218,47 @@ const char* kBackwardHeader = R"(// Causal self-attention backward on tensor cor
 //   dp[r][r2] = dout[r] . v[r2],        ds[r][r2] = p[r][r2] (dp[r][r2] - D[r]),
 //   dv[r2] = sum_r p[r][r2] dout[r],    dk[r2] = scale * sum_r ds[r][r2] q[r],
 //   dq[r]  = scale * sum_r2 ds[r][r2] k[r2].
-// Two kernels, each rebuilding p and ds: ${SYMBOL}_dkv (one block per key tile, walking the
-// queries that see it) and ${SYMBOL}_dq (one block per query tile, walking its keys). They write
-// disjoint parts of dqkv and together all of it.
+// Three kernels: ${SYMBOL}_delta writes D and lse log2(e) per row into the workspace; then two,
+// each rebuilding p and ds: ${SYMBOL}_dkv (one block per key tile, walking the queries that see
+// it) and ${SYMBOL}_dq (one block per query tile, walking its keys). They write disjoint parts of
+// dqkv and together all of it.
 )";
 
-// The backward kernels' operands (attention_cuda.h).
+// The backward kernels' operands (attention_cuda.h), and the workspace: D = dout . out of row
+// r at delta[lse_at(r)], lse[r] log2(e) at lse2[lse_at(r)].
 const char* kBackwardOperands = R"(  const bf16* dout = (const bf16*)b[0];
   const bf16* qkv = (const bf16*)b[1];
   const bf16* out = (const bf16*)b[2];
   const float* lse = (const float*)b[3];
   bf16* dqkv = (bf16*)b[4];
-  (void)range;
+  float* delta = (float*)b[5];
+  float* lse2 = delta + B * H * T;
+  (void)range, (void)lse, (void)out;
+)";
+
+const char* kBackwardDelta = R"(
+// D[r] = dout[r] . out[r] and lse[r] log2(e) of every row of every (b, h), once, for the two
+// kernels after this one (each of them reads them for many tiles): a warp per row, a lane per
+// pair of channels.
+extern "C" __global__ void ${SYMBOL}_delta(void* const* b, const long long* range) {
+  constexpr int B = ${B}, T = ${T}, C = ${C}, H = ${H}, HS = ${HS};
+  constexpr float log2e = 1.44269504f;
+${OPERANDS}  const long long row = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32;  // (batch, h, r)
+  const int lane = threadIdx.x % 32;
+  if (row >= (long long)B * H * T) return;
+  const int r = (int)(row % T), h = (int)(row / T % H), batch = (int)(row / T / H);
+  const long long at = ((long long)batch * T + r) * C + h * HS;
+  float d = 0.0f;
+  for (int c = 2 * lane; c < HS; c += 64) {
+    const uint32_t g2 = ld_pair(dout + at + c), o2 = ld_pair(out + at + c);
+    d += bf2f((bf16)(g2 & 0xffffu)) * bf2f((bf16)(o2 & 0xffffu)) + bf2f((bf16)(g2 >> 16)) * bf2f((bf16)(o2 >> 16));
+  }
+  d = warp_sum(d);
+  if (lane == 0) {
+    delta[row] = d;
+    lse2[row] = lse[row] * log2e;
+  }
+}
 )";
 
 const char* kBackwardDkv = R"(
@@ -238,7 +267,7 @@ const char* kBackwardDkv = R"(
 // dv += P^T dout and dk += dS^T q (queries column-wise).
 extern "C" __global__ void __launch_bounds__(${THREADS}) ${SYMBOL}_dkv(void* const* b, const long long* range) {
 ${COMMON}${OPERANDS}  __shared__ __align__(16) bf16 q_tile[STAGES][TILE * LD], g_tile[STAGES][TILE * LD];  // queries, their dout
-  __shared__ float lse_tile[STAGES][TILE], d_tile[STAGES][TILE];  // their lse (times log2(e)) and D
+  __shared__ float lse_tile[STAGES][TILE], d_tile[STAGES][TILE];  // their lse log2(e) and D
 
   // Blocks in order of decreasing work: the first key tiles (seen by the most queries) first.
   constexpr int q_tiles = (T + TILE - 1) / TILE;
@@ -252,15 +281,9 @@ ${COMMON}${OPERANDS}  __shared__ __align__(16) bf16 q_tile[STAGES][TILE * LD], g
     const int q0 = k0 + tile * TILE;
     load_tile(q_tile[buf], qkv, 0, q0);
     load_tile(g_tile[buf], dout, -1, q0);
-    for (int r = warp; r < TILE; r += ${WARPS}) {  // D = dout . out, a warp per query
-      float part = 0.0f;
-      if (q0 + r < T)
-        for (int c = lane; c < HS; c += 32) part += ld(dout, act_at(q0 + r, c)) * ld(out, act_at(q0 + r, c));
-      part = warp_sum(part);
-      if (lane == 0) {
-        d_tile[buf][r] = part;
-        lse_tile[buf][r] = q0 + r < T ? lse[lse_at(q0 + r)] * log2e : 0.0f;
-      }
+    for (int r = threadIdx.x; r < TILE; r += ${THREADS}) {  // the queries' D and lse log2(e), from _delta
+      d_tile[buf][r] = q0 + r < T ? delta[lse_at(q0 + r)] : 0.0f;
+      lse_tile[buf][r] = q0 + r < T ? lse2[lse_at(q0 + r)] : 0.0f;
     }
   }, [&](int tile, int buf) {
     const int q0 = k0 + tile * TILE;
@@ -306,20 +329,13 @@ ${COMMON}${OPERANDS}  __shared__ __align__(16) bf16 k_tile[STAGES][TILE * LD], v
   uint32_t qf[KC][4], gf[KC][4];
   load_a(qf, qkv, [&](int r, int c) { return qkv_at(r, 0, c); }, r0);
   load_a(gf, dout, act_at, r0);
-  // D and lse (times log2(e)) of rows r0 and r0 + 8: each lane sums its channels of the row, then
-  // the 4 lanes of g.
+  // D and lse log2(e) of rows r0 and r0 + 8, from _delta.
   float row_d[2], row_lse[2];
 #pragma unroll
   for (int i = 0; i < 2; i++) {
     const int row = r0 + 8 * i;
-    float d = 0.0f;
-    if (row < T)
-      for (int c = 2 * t; c < HS; c += 8) d += ld(dout, act_at(row, c)) * ld(out, act_at(row, c)) +
-                                              ld(dout, act_at(row, c + 1)) * ld(out, act_at(row, c + 1));
-    d += __shfl_xor_sync(0xffffffffu, d, 1);
-    d += __shfl_xor_sync(0xffffffffu, d, 2);
-    row_d[i] = d;
-    row_lse[i] = row < T ? lse[lse_at(row)] * log2e : 0.0f;
+    row_d[i] = row < T ? delta[lse_at(row)] : 0.0f;
+    row_lse[i] = row < T ? lse2[lse_at(row)] : 0.0f;
   }
   float dq[NC][4] = {};
 
@@ -391,7 +407,11 @@ AttentionSource cudaAttentionForwardMma(const std::string& symbol, const Attenti
 AttentionSource cudaAttentionBackwardMma(const std::string& symbol, const AttentionShape& s) {
   const auto v = vars(symbol, s);
   AttentionSource a;
-  a.source = fillTemplate(kBackwardHeader, v) + fillTemplate(kBackwardDkv, v) + fillTemplate(kBackwardDq, v);
+  a.source = fillTemplate(kBackwardHeader, v) + fillTemplate(kBackwardDelta, v) + fillTemplate(kBackwardDkv, v) +
+             fillTemplate(kBackwardDq, v);
+  const int64_t rows = s.B * s.H * s.T;
+  a.launches.push_back({symbol + "_delta", unsigned((rows + 7) / 8), 256u});
+  a.scratch_bytes = uint64_t(2 * rows) * sizeof(float);
   a.launches.push_back({symbol + "_dkv", gridOf(s), unsigned(kThreads)});
   a.launches.push_back({symbol + "_dq", gridOf(s), unsigned(kThreads)});
   return a;

@@ -49,6 +49,7 @@ struct GeneratedKernel {
   unsigned launches = 1;
   std::vector<unsigned> zeroOperands;  // cleared by the runtime before the launch (CUDA atomics)
   std::vector<CudaKernelLaunch> functions;  // CUDA: the generated functions, in launch order
+  uint64_t cudaScratchBytes = 0;  // CUDA: workspace the functions use (b[operands]; module.fbs)
 };
 
 // Source of one kernel named `symbol`. Fails (with a diagnostic on the op) for a region its kind's

@@ -258,6 +258,7 @@ class Writer {
       info.launches = gen->launches;
       info.zero = gen->zeroOperands;
       info.functions = gen->functions;
+      info.scratch = gen->cudaScratchBytes;
       for (uint32_t b : fu.in) info.numel.push_back(int64_t(bufs_[b].size / (bufs_[b].dtype == fb::DType::BF16 ? 2 : 4))),
                                info.dtype.push_back(bufs_[b].dtype);
       for (uint32_t b : fu.out) info.numel.push_back(int64_t(bufs_[b].size / (bufs_[b].dtype == fb::DType::BF16 ? 2 : 4))),
@@ -334,6 +335,7 @@ class Writer {
         k.source = head + src.source;
         k.functions = src.launches;
         k.launches = unsigned(src.launches.size());
+        k.cudaScratchBytes = src.scratch_bytes;
       }
       const double B = double(shape.B), T = double(shape.T), C = double(shape.C);
       k.flops = (isa<AttentionOp>(op) ? 4.0 : 8.0) * B * T * T * C;  // the convention of kiln-inspect
@@ -516,7 +518,8 @@ class Writer {
                                           k.matmul->aux, k.matmul->c, k.matmul->d, k.matmul->beta,
                                           fbb.CreateString(k.matmul->epilogue))
                    : 0,
-          k.hasFunction, cudaFunctions(fbb, k.functions), k.zero.empty() ? 0 : fbb.CreateVector(k.zero)));
+          k.hasFunction, cudaFunctions(fbb, k.functions), k.zero.empty() ? 0 : fbb.CreateVector(k.zero),
+          k.scratch));
     }
     std::vector<flatbuffers::Offset<fb::CudaImage>> images;
     for (const CudaImageBuild& image : cudaImages_) {
@@ -553,6 +556,7 @@ class Writer {
     bool hasFunction = true;
     std::vector<unsigned> zero;
     std::vector<CudaKernelLaunch> functions;
+    uint64_t scratch = 0;
     std::vector<int64_t> numel;
     std::vector<fb::DType> dtype;
     std::vector<uint32_t> adamw;

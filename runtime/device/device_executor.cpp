@@ -66,6 +66,11 @@ DeviceExecutor::DeviceExecutor(const Module& module, const std::vector<std::stri
   activation_bytes_ = activations;
   scratch_ = device_->alloc(256, "the gradient-norm accumulator");
   device_->zero(scratch_, 256);
+  // Kernels run one after another on the stream, so one workspace serves them all.
+  uint64_t workspace = 0;
+  if (const auto* kernels = module.fb().kernels())
+    for (const fb::Kernel* k : *kernels) workspace = std::max<uint64_t>(workspace, k->cuda_scratch_bytes());
+  if (workspace) workspace_ = device_->alloc(workspace, "the kernels' workspace");
   device_->load_kernels(module);
 
   for (const std::string& name : programs) {
@@ -149,6 +154,7 @@ void DeviceExecutor::plan_kernel(Program& p, const fb::Instr& ins, const std::st
   for (uint32_t b : *ins.inputs()) bufs.push_back(b);
   for (uint32_t b : *ins.outputs()) bufs.push_back(b);
   for (uint32_t b : bufs) operands.push_back(at(b));
+  if (k.cuda_scratch_bytes()) operands.push_back(workspace_);  // b[operands]
 
   if (k.zero_operands())
     for (uint32_t z : *k.zero_operands()) {

@@ -93,6 +93,7 @@ class DeviceExecutor {
   std::unique_ptr<Device> device_;
   std::string device_name_;
   DevicePtr arena_ = 0, tables_ = 0, scratch_ = 0;
+  DevicePtr workspace_ = 0;  // the kernels' workspace (module.fbs cuda_scratch_bytes), one for all
   std::vector<uint64_t> table_words_;  // operand address tables and ranges, uploaded once
   std::map<std::string, Program> programs_;
   Program zero_grads_;  // the gradient clears of zero_grads()

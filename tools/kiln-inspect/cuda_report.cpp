@@ -61,7 +61,10 @@ void add_cuda_report(const Module& m, nlohmann::ordered_json& j) {
       }
       list.push_back(f);
     }
-  j["cuda"] = {{"arch", arch}, {"functions", list}};
+  uint64_t workspace = 0;  // the runtime allocates the largest kernel's (module.fbs)
+  if (const auto* kernels = m.fb().kernels())
+    for (const fb::Kernel* k : *kernels) workspace = std::max<uint64_t>(workspace, k->cuda_scratch_bytes());
+  j["cuda"] = {{"arch", arch}, {"workspace_bytes", workspace}, {"functions", list}};
 }
 
 void print_cuda_summary(const nlohmann::ordered_json& j) {
@@ -85,6 +88,9 @@ void print_cuda_summary(const nlohmann::ordered_json& j) {
               "(kiln-inspect --cuda-resources lists them)\n",
               c["arch"].get<std::string>().c_str(), fns.size(), most_registers, most.c_str(),
               spills.empty() ? "none" : spills.c_str());
+  if (c["workspace_bytes"].get<uint64_t>())
+    std::printf("  kernel workspace %llu bytes, outside the arena (the runtime allocates it once)\n",
+                (unsigned long long)c["workspace_bytes"].get<uint64_t>());
 }
 
 void print_cuda_resources(const nlohmann::ordered_json& j) {
