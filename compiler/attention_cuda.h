@@ -45,7 +45,9 @@ AttentionSource cudaAttentionForward(const std::string& symbol, const AttentionS
 // Backward: two kernels, `symbol`_dkv then `symbol`_dq (independent: they write disjoint parts
 // of dqkv). Every element of dqkv is written (no accumulation into it). The tensor-core kernels
 // run `symbol`_delta first, which writes D = dout . out and lse log2(e) per row into the
-// workspace b[5] (2 B H T floats) that the other two read.
+// workspace b[5] (2 B H T floats) that the others read; for head sizes up to 112 their _dkv also
+// adds dq into an fp32 [B, T, C] accumulator after those in the workspace (cleared by _delta),
+// and `symbol`_dq_store rounds it into dqkv instead of _dq.
 //   b[0] = dout [B, T, C], b[1] = qkv, b[2] = out, b[3] = lse, b[4] = dqkv [B, T, 3C]
 AttentionSource cudaAttentionBackward(const std::string& symbol, const AttentionShape& s);
 

@@ -20,6 +20,7 @@
 // scores: keys or queries as the tile's rows), transposed for B = X (the value-side products).
 // Softmax exponentials are exp2 of scores pre-multiplied by log2(e); tiles wholly inside the
 // causal triangle and the sequence skip the mask.
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 #include <stdexcept>
@@ -218,10 +219,11 @@ const char* kBackwardHeader = R"(// Causal self-attention backward on tensor cor
 //   dp[r][r2] = dout[r] . v[r2],        ds[r][r2] = p[r][r2] (dp[r][r2] - D[r]),
 //   dv[r2] = sum_r p[r][r2] dout[r],    dk[r2] = scale * sum_r ds[r][r2] q[r],
 //   dq[r]  = scale * sum_r2 ds[r][r2] k[r2].
-// Three kernels: ${SYMBOL}_delta writes D and lse log2(e) per row into the workspace; then two,
-// each rebuilding p and ds: ${SYMBOL}_dkv (one block per key tile, walking the queries that see
-// it) and ${SYMBOL}_dq (one block per query tile, walking its keys). They write disjoint parts of
-// dqkv and together all of it.
+// Three kernels: ${SYMBOL}_delta writes D and lse log2(e) per row into the workspace; then
+// ${SYMBOL}_dkv (one block per key tile, walking the queries that see it) writes dk and dv and,
+// when its tiles fit in shared memory (DQ_IN_DKV), adds dq into an fp32 accumulator that
+// ${SYMBOL}_dq_store rounds into dqkv; otherwise ${SYMBOL}_dq (one block per query tile, walking
+// its keys) rebuilds p and ds and writes dq. Together they write all of dqkv.
 )";
 
 // The backward kernels' operands (attention_cuda.h), and the workspace: D = dout . out of row
@@ -233,13 +235,14 @@ const char* kBackwardOperands = R"(  const bf16* dout = (const bf16*)b[0];
   bf16* dqkv = (bf16*)b[4];
   float* delta = (float*)b[5];
   float* lse2 = delta + B * H * T;
-  (void)range, (void)lse, (void)out;
+  float* dq_acc = lse2 + B * H * T;  // [B, T, C] fp32, when dq is accumulated by _dkv (DQ_IN_DKV)
+  (void)range, (void)lse, (void)out, (void)dq_acc;
 )";
 
 const char* kBackwardDelta = R"(
 // D[r] = dout[r] . out[r] and lse[r] log2(e) of every row of every (b, h), once, for the two
-// kernels after this one (each of them reads them for many tiles): a warp per row, a lane per
-// pair of channels.
+// kernels after this one (each of them reads them for many tiles), and the row's dq accumulator
+// cleared when _dkv accumulates dq: a warp per row, a lane per pair of channels.
 extern "C" __global__ void ${SYMBOL}_delta(void* const* b, const long long* range) {
   constexpr int B = ${B}, T = ${T}, C = ${C}, H = ${H}, HS = ${HS};
   constexpr float log2e = 1.44269504f;
@@ -252,6 +255,7 @@ ${OPERANDS}  const long long row = (blockIdx.x * (long long)blockDim.x + threadI
   for (int c = 2 * lane; c < HS; c += 64) {
     const uint32_t g2 = ld_pair(dout + at + c), o2 = ld_pair(out + at + c);
     d += bf2f((bf16)(g2 & 0xffffu)) * bf2f((bf16)(o2 & 0xffffu)) + bf2f((bf16)(g2 >> 16)) * bf2f((bf16)(o2 >> 16));
+    if (${DQ_IN_DKV}) dq_acc[at + c] = dq_acc[at + c + 1] = 0.0f;  // _dkv adds into it
   }
   d = warp_sum(d);
   if (lane == 0) {
@@ -264,10 +268,18 @@ ${OPERANDS}  const long long row = (blockIdx.x * (long long)blockDim.x + threadI
 const char* kBackwardDkv = R"(
 // dk and dv of one key tile of one (b, h). Warp w owns keys k0 + 16w .. + 15 (k and v in registers
 // as A fragments); per query tile: S^T = k q^T and dP^T = v dout^T (queries row-wise), then
-// dv += P^T dout and dk += dS^T q (queries column-wise).
+// dv += P^T dout and dk += dS^T q (queries column-wise). With DQ_IN_DKV (FlashAttention-2's
+// order: 5 tile products per pair of tiles instead of 7 with the separate dq kernel), also this
+// key tile's share of dq: dS goes to shared memory (into the dout tile, used by then, when a row
+// of it holds 64 queries), warp w takes queries q0 + 16w .. + 15 and adds dS^T k (k from a tile
+// of this block's keys) into the fp32 accumulator with atomics; _dq_store rounds it.
 extern "C" __global__ void __launch_bounds__(${THREADS}) ${SYMBOL}_dkv(void* const* b, const long long* range) {
-${COMMON}${OPERANDS}  __shared__ __align__(16) bf16 q_tile[STAGES][TILE * LD], g_tile[STAGES][TILE * LD];  // queries, their dout
+${COMMON}${OPERANDS}  constexpr bool DQ_IN_DKV = ${DQ_IN_DKV};
+  constexpr int LDS = HS >= TILE ? LD : TILE + 8;  // row stride of the dS tile [key][query]
+  __shared__ __align__(16) bf16 q_tile[STAGES][TILE * LD], g_tile[STAGES][TILE * LD];  // queries, their dout
   __shared__ float lse_tile[STAGES][TILE], d_tile[STAGES][TILE];  // their lse log2(e) and D
+  __shared__ __align__(16) bf16 kk_tile[DQ_IN_DKV ? TILE * LD : 8];  // this block's keys (DQ_IN_DKV)
+  __shared__ __align__(16) bf16 ds_own[DQ_IN_DKV && HS < TILE ? TILE * LDS : 8];  // dS when a dout row is too short
 
   // Blocks in order of decreasing work: the first key tiles (seen by the most queries) first.
   constexpr int q_tiles = (T + TILE - 1) / TILE;
@@ -276,6 +288,11 @@ ${COMMON}${OPERANDS}  __shared__ __align__(16) bf16 q_tile[STAGES][TILE * LD], g
   load_a(kf, qkv, [&](int r, int c) { return qkv_at(r, 1, c); }, r0);
   load_a(vf, qkv, [&](int r, int c) { return qkv_at(r, 2, c); }, r0);
   float dk[NC][4] = {}, dv[NC][4] = {};
+  if constexpr (DQ_IN_DKV) {
+    load_tile(kk_tile, qkv, 1, k0);
+    cp_async_commit();
+    cp_async_wait<0>();  // (read after the walk's first barrier)
+  }
 
   walk(q_tiles - k0 / TILE, [&](int tile, int buf) {  // the query tiles from the diagonal on
     const int q0 = k0 + tile * TILE;
@@ -301,6 +318,36 @@ ${COMMON}${OPERANDS}  __shared__ __align__(16) bf16 q_tile[STAGES][TILE * LD], g
     });
     cols_product(dv, s, g_tile[buf]);
     cols_product(dk, dp, q_tile[buf]);
+    if constexpr (DQ_IN_DKV) {
+      bf16* ds = HS >= TILE ? g_tile[buf] : ds_own;
+      __syncthreads();  // every warp is done with the dout tile
+      each([&](int j, int e, int col, int i) {  // dS [key][query], bf16 as the dq product's input
+        if ((e & 1) == 0) st_pair(ds + (16 * warp + g + 8 * i) * LDS + col, pack_bf16(dp[j][e], dp[j][e + 1]));
+      });
+      __syncthreads();
+      // dq (queries q0 + 16 warp .. + 15) += dS^T kk over this block's 64 keys: A = dS^T by
+      // transposed ldmatrix of the [key][query] tile, B = kk read column-wise.
+      float dqp[NC][4] = {};
+#pragma unroll
+      for (int kc = 0; kc < 4; kc++) {
+        uint32_t af[4];
+        ldmatrix_x4_trans(af, ds + (16 * kc + 8 * (lm / 2) + lr) * LDS + 16 * warp + 8 * (lm % 2));
+#pragma unroll
+        for (int n = 0; n < NC; n += 2) {
+          uint32_t bf[4];
+          ldmatrix_x4_trans(bf, kk_tile + (16 * kc + 8 * (lm % 2) + lr) * LD + 8 * (n + lm / 2));
+          mma_bf16_16816(dqp[n], af, bf);
+          mma_bf16_16816(dqp[n + 1], af, bf + 2);
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < NC; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int query = q0 + 16 * warp + g + 8 * (e >> 1);
+          if (query < T) atomicAdd(&dq_acc[act_at(query, 8 * n + 2 * t + (e & 1))], dqp[n][e]);
+        }
+    }
   });
 
 #pragma unroll
@@ -376,6 +423,29 @@ int stagesOf(int64_t hs) {
   return 2 * stage <= 48 * 1024 ? 2 : 1;
 }
 
+const char* kBackwardDqStore = R"(
+// dq = scale * the fp32 sums _dkv accumulated, rounded to bf16 into dqkv's q part.
+extern "C" __global__ void ${SYMBOL}_dq_store(void* const* b, const long long* range) {
+  constexpr int B = ${B}, T = ${T}, C = ${C}, H = ${H};
+  constexpr float scale = ${SCALE};
+${OPERANDS}  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (long long)B * T * C / 2;
+       i += (long long)gridDim.x * blockDim.x) {
+    const long long row = 2 * i / C, c = 2 * i % C;
+    st_pair(dqkv + row * 3 * C + c, pack_bf16(dq_acc[2 * i] * scale, dq_acc[2 * i + 1] * scale));
+  }
+}
+)";
+
+// Shared memory of the dk/dv kernel when it also accumulates dq: the buffers per stage (query
+// and dout tiles, their lse and D), the block's key tile, and a dS tile of its own when a dout
+// row cannot hold 64 queries. Two stages when that fits in 48 KB, else one; 0: it does not fit
+// (large heads), and the separate dq kernel runs instead.
+int dkvStagesWithDq(int64_t hs) {
+  const int64_t stage = 2 * kTile * (hs + 8) * 2 + 2 * kTile * 4, keys = kTile * (hs + 8) * 2;
+  const int64_t ds = hs < kTile ? kTile * (kTile + 8) * 2 : 0, limit = 48 * 1024;
+  return 2 * stage + keys + ds <= limit ? 2 : stage + keys + ds <= limit ? 1 : 0;
+}
+
 std::vector<std::pair<std::string, std::string>> vars(const std::string& symbol, const AttentionShape& s) {
   const int64_t hs = s.C / s.H;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));  // as the CPU kernels compute it
@@ -405,15 +475,33 @@ AttentionSource cudaAttentionForwardMma(const std::string& symbol, const Attenti
 }
 
 AttentionSource cudaAttentionBackwardMma(const std::string& symbol, const AttentionShape& s) {
-  const auto v = vars(symbol, s);
+  const int64_t hs = s.C / s.H, rows = s.B * s.H * s.T;
+  const int dkvStages = dkvStagesWithDq(hs);
+  const bool dqInDkv = dkvStages > 0;
+  auto v = vars(symbol, s);
+  v.push_back({"DQ_IN_DKV", dqInDkv ? "true" : "false"});
+  // The dk/dv kernel's own stage count (its extra tiles), in its copy of the common part.
+  auto dkv = v;
+  for (auto& [name, value] : dkv) {
+    if (name == "STAGES" && dqInDkv) value = num(dkvStages);
+  }
+  for (auto& [name, value] : dkv)
+    if (name == "COMMON") {
+      std::vector<std::pair<std::string, std::string>> common;
+      for (const auto& kv : dkv)
+        if (kv.first != "SYMBOL" && kv.first != "COMMON" && kv.first != "OPERANDS") common.push_back(kv);
+      value = fillTemplate(kCommon, common);
+    }
   AttentionSource a;
-  a.source = fillTemplate(kBackwardHeader, v) + fillTemplate(kBackwardDelta, v) + fillTemplate(kBackwardDkv, v) +
-             fillTemplate(kBackwardDq, v);
-  const int64_t rows = s.B * s.H * s.T;
+  a.source = fillTemplate(kBackwardHeader, v) + fillTemplate(kBackwardDelta, v) + fillTemplate(kBackwardDkv, dkv) +
+             fillTemplate(dqInDkv ? kBackwardDqStore : kBackwardDq, v);
   a.launches.push_back({symbol + "_delta", unsigned((rows + 7) / 8), 256u});
-  a.scratch_bytes = uint64_t(2 * rows) * sizeof(float);
+  a.scratch_bytes = uint64_t(2 * rows + (dqInDkv ? s.B * s.T * s.C : 0)) * sizeof(float);
   a.launches.push_back({symbol + "_dkv", gridOf(s), unsigned(kThreads)});
-  a.launches.push_back({symbol + "_dq", gridOf(s), unsigned(kThreads)});
+  if (dqInDkv)
+    a.launches.push_back({symbol + "_dq_store", unsigned(std::min<int64_t>((s.B * s.T * s.C / 2 + 255) / 256, 4096)), 256u});
+  else
+    a.launches.push_back({symbol + "_dq", gridOf(s), unsigned(kThreads)});
   return a;
 }
 

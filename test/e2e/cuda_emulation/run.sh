@@ -9,17 +9,17 @@
 # Needs BUILD_DIR/bin/kilnc and BUILD_DIR/bin/kiln-cuda-emulator (built with the tests) and a
 # host C++20 compiler ($CXX, default c++) for the emulated kernels (cached in $KILN_EMU_CACHE).
 # CONFIGS selects specs of test/e2e/configs (default: the parity four, long / long-bf16 for
-# sequences of several attention tiles, wide-bf16 for the largest head); STEPS the optimizer steps (2);
+# sequences of several attention tiles, hs96-bf16 and wide-bf16 for larger heads); STEPS the optimizer steps (2);
 # CONFIGS_PLAIN those run again on a cuBLASLt without fused epilogues (default tiny-bf16 awkward),
 # CONFIGS_SIMT with SIMT attention (long-bf16), CONFIGS_RACE on the race-exposing schedules
-# (long-bf16 wide-bf16: two tile buffers and one).
+# (long-bf16 hs96-bf16 wide-bf16: two tile buffers and one; dq in the dk/dv kernel or its own).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../../.." && pwd)"
 build="$(cd "${1:-$root/build}" && pwd)"
 work="${2:-$(mktemp -d "${TMPDIR:-/tmp}/kiln-cuda-emu.XXXXXX")}"
 mkdir -p "$work"
-configs="${CONFIGS:-tiny tiny-bf16 awkward awkward-bf16 long long-bf16 wide-bf16}"
+configs="${CONFIGS:-tiny tiny-bf16 awkward awkward-bf16 long long-bf16 hs96-bf16 wide-bf16}"
 steps="${STEPS:-2}"
 export KILN_EMU_CACHE="${KILN_EMU_CACHE:-$work/kernel-cache}"
 driver="$build/bin/kiln-cuda-emulator"
@@ -63,7 +63,7 @@ for cfg in $CONFIGS_SIMT; do
 done
 # Shared-memory races (shim.h): each warp runs as far as it can before the next starts, with the
 # asynchronous copies landing as late as the GPU may let them, then as early.
-if [ -z "${CONFIGS_RACE+x}" ]; then CONFIGS_RACE="long-bf16 wide-bf16"; fi
+if [ -z "${CONFIGS_RACE+x}" ]; then CONFIGS_RACE="long-bf16 hs96-bf16 wide-bf16"; fi
 for cfg in $CONFIGS_RACE; do
   [ -f "$work/$cfg/cuda.kiln" ] || continue
   for copies in deferred eager; do
