@@ -75,21 +75,25 @@ const char* kCommon = R"(  // Batch, sequence length, channels, heads, head size
         mma_bf16_16816(acc[j + 1], a[kc], bf + 2);
       }
   };
-  // acc[n] (NC C tiles: 16 rows x HS channels) += x . tile, x the 16 x 64 values in 8 C tiles
-  // (rounded to bf16 as A fragments): B = tile, one transposed ldmatrix per 16 tile rows x 16
+  // acc[n] (NC C tiles: 16 rows x HS channels) += a . tile rows 16 kc .. 16 kc + 15, a one A
+  // fragment over those rows: B = the tile read column-wise, one transposed ldmatrix per 16
   // channels.
+  auto cols_chunk = [&](float (*acc)[4], const uint32_t* a, const bf16* tile, int kc) {
+#pragma unroll
+    for (int n = 0; n < NC; n += 2) {
+      uint32_t bf[4];
+      ldmatrix_x4_trans(bf, tile + (16 * kc + 8 * (lm % 2) + lr) * LD + 8 * (n + lm / 2));
+      mma_bf16_16816(acc[n], a, bf);
+      mma_bf16_16816(acc[n + 1], a, bf + 2);
+    }
+  };
+  // acc[n] += x . tile, x the 16 x 64 values in 8 C tiles (rounded to bf16 as A fragments).
   auto cols_product = [&](float (*acc)[4], const float (*x)[4], const bf16* tile) {
 #pragma unroll
     for (int kc = 0; kc < 4; kc++) {
       const uint32_t af[4] = {pack_bf16(x[2 * kc][0], x[2 * kc][1]), pack_bf16(x[2 * kc][2], x[2 * kc][3]),
                               pack_bf16(x[2 * kc + 1][0], x[2 * kc + 1][1]), pack_bf16(x[2 * kc + 1][2], x[2 * kc + 1][3])};
-#pragma unroll
-      for (int n = 0; n < NC; n += 2) {
-        uint32_t bf[4];
-        ldmatrix_x4_trans(bf, tile + (16 * kc + 8 * (lm % 2) + lr) * LD + 8 * (n + lm / 2));
-        mma_bf16_16816(acc[n], af, bf);
-        mma_bf16_16816(acc[n + 1], af, bf + 2);
-      }
+      cols_chunk(acc, af, tile, kc);
     }
   };
   // Starts copying rows r0 .. r0 + TILE - 1 of part `part` of qkv (of dout: part -1) into a shared
@@ -332,13 +336,7 @@ ${COMMON}${OPERANDS}  constexpr bool DQ_IN_DKV = ${DQ_IN_DKV};
       for (int kc = 0; kc < 4; kc++) {
         uint32_t af[4];
         ldmatrix_x4_trans(af, ds + (16 * kc + 8 * (lm / 2) + lr) * LDS + 16 * warp + 8 * (lm % 2));
-#pragma unroll
-        for (int n = 0; n < NC; n += 2) {
-          uint32_t bf[4];
-          ldmatrix_x4_trans(bf, kk_tile + (16 * kc + 8 * (lm % 2) + lr) * LD + 8 * (n + lm / 2));
-          mma_bf16_16816(dqp[n], af, bf);
-          mma_bf16_16816(dqp[n + 1], af, bf + 2);
-        }
+        cols_chunk(dqp, af, kk_tile, kc);
       }
 #pragma unroll
       for (int n = 0; n < NC; n++)

@@ -493,41 +493,24 @@ Device::Matmul CudaDevice::plan_matmul(const MatmulSpec& s) {
     // (that would be CUBLAS_COMPUTE_32F_FAST_TF32): the parity tests compare with fp32 references.
     check_lt_plan(lt().cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), s.where,
                   "cublasLtMatmulDescCreate");
-    const int32_t trans_first = s.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's A is our B
-    const int32_t trans_second = s.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-    check_lt_plan(
-        lt().cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans_first, sizeof trans_first),
-        s.where, "cublasLtMatmulDescSetAttribute TRANSA");
-    check_lt_plan(
-        lt().cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &trans_second, sizeof trans_second),
-        s.where, "cublasLtMatmulDescSetAttribute TRANSB");
-    const uint32_t epilogue_value = lt_epilogue(ep);
-    check_lt_plan(lt().cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue_value,
-                                                      sizeof epilogue_value),
-                  s.where, "cublasLtMatmulDescSetAttribute EPILOGUE");
+    // One attribute of the product's descriptor, by value; `name` for the message.
+    auto set = [&](cublasLtMatmulDescAttributes_t attr, const auto& value, const char* name) {
+      check_lt_plan(lt().cublasLtMatmulDescSetAttribute(p.desc, attr, &value, sizeof value), s.where,
+                    (std::string("cublasLtMatmulDescSetAttribute ") + name).c_str());
+    };
+    set(CUBLASLT_MATMUL_DESC_TRANSA, int32_t(s.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N), "TRANSA");  // its A is our B
+    set(CUBLASLT_MATMUL_DESC_TRANSB, int32_t(s.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N), "TRANSB");
+    set(CUBLASLT_MATMUL_DESC_EPILOGUE, uint32_t(lt_epilogue(ep)), "EPILOGUE");
     if (ep.bias) {
-      const void* bias = ptr(s.bias);
-      const int32_t bias_type = cuda_type(s.bias_type, s.where, "bias");
-      check_lt_plan(lt().cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias),
-                    s.where, "cublasLtMatmulDescSetAttribute BIAS_POINTER");
-      check_lt_plan(lt().cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
-                                                        sizeof bias_type),
-                    s.where, "cublasLtMatmulDescSetAttribute BIAS_DATA_TYPE");
+      set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void*>(ptr(s.bias)), "BIAS_POINTER");
+      set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, int32_t(cuda_type(s.bias_type, s.where, "bias")), "BIAS_DATA_TYPE");
     }
     if (ep.reads_aux()) {
       // The pre-GELU matrix, shaped like D: column-major [n,m] with ld n.
-      void* aux = ptr(s.aux);
-      const int64_t aux_ld = s.n;
-      const int32_t aux_type = cuda_type(s.aux_type, s.where, "aux");
-      check_lt_plan(
-          lt().cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux),
-          s.where, "cublasLtMatmulDescSetAttribute EPILOGUE_AUX_POINTER");
-      check_lt_plan(
-          lt().cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld),
-          s.where, "cublasLtMatmulDescSetAttribute EPILOGUE_AUX_LD");
-      check_lt_plan(lt().cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &aux_type,
-                                                        sizeof aux_type),
-                    s.where, "cublasLtMatmulDescSetAttribute EPILOGUE_AUX_DATA_TYPE");
+      set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, ptr(s.aux), "EPILOGUE_AUX_POINTER");
+      set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, int64_t(s.n), "EPILOGUE_AUX_LD");
+      set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, int32_t(cuda_type(s.aux_type, s.where, "aux")),
+          "EPILOGUE_AUX_DATA_TYPE");
     }
 
     // Column-major layouts (rows, cols, ld = rows) of what is stored, before the transposes.
