@@ -61,7 +61,7 @@ class Emitter {
     std::string ops;
     for (Operation& op : f_.getFusedOps()) ops += (ops.empty() ? "" : ", ") + op.getName().stripDialect().str();
     std::string sig = t_ == Target::Cpu ? "extern \"C\" void " + symbol + "(void* const* b, const int64_t* range)"
-                                        : "extern \"C\" __global__ void " + symbol +
+                                        : "extern \"C\" __global__ void " + launchBounds() + symbol +
                                               "(void* const* b, const long long* range)";
     std::string head = "// " + f_.getKind().str() + " kernel: " + ops + "\n// at " + location() + "\n";
     if (!cublasLt_.empty()) head += "// cuBLASLt: " + cublasLt_ + "\n";
@@ -711,7 +711,8 @@ class Emitter {
     auto gradOut = outs_.lookup(cg->getResult(0));
     if (gradOut.empty()) return f_.emitError() << "kilnc: the classifier's gradient is not used";
     const std::string dl = gradOut.front();
-    if (t_ == Target::Cuda) return cudaClassifier(logits, targets, dloss, N, V, valid, lossOut, dl);
+    if (t_ == Target::Cuda)
+      return cudaClassifier(logits, targets, dloss, N, V, valid, lossOut, dl, isBF16(cg->getResult(0)));
     body_ += "  // Row i: lse = max + log sum exp(x - max) over the " + num(valid) + " classes; loss_i = lse - x[t];\n";
     body_ += "  // dlogits = dloss / N * (softmax - onehot(t)), written over the logits when they share storage.\n";
     body_ += "  double* row_loss = (double*)scratch(1, " + num(2 * N) + ");\n";
@@ -747,6 +748,11 @@ class Emitter {
     for (const std::string& o : lossOut) body_ += "  st(" + o + ", 0, (float)(total / " + num(N) + ".0));\n";
     return success();
   }
+
+  // Blocks over 256 threads tell ptxas their size, which then keeps registers within what such a
+  // block may hold (64 per thread for 1024; without it the launch could fail). Smaller blocks get
+  // ptxas's own choice, which may hold 255 registers a thread.
+  std::string launchBounds() const { return block_ > 256 ? "__launch_bounds__(" + num(block_) + ") " : ""; }
 
   // The mean loss alone (evaluation), and the rows' log-sum-exp where it is read later: the same
   // row pass as the training classifier without the gradient.
@@ -847,7 +853,10 @@ class Emitter {
   // combines them, then writes the gradient over the logits. The mean loss is summed across blocks
   // and the last block to finish writes it (and resets the sum for the next launch).
   LogicalResult cudaClassifier(Value logits, Value targets, Value dloss, int64_t N, int64_t V, int64_t valid,
-                               const std::vector<std::string>& lossOut, const std::string& dl) {
+                               const std::vector<std::string>& lossOut, const std::string& dl, bool dlBF16) {
+    auto arg = dyn_cast<BlockArgument>(logits);
+    if (arg && isBF16(logits) && dlBF16 && V % 2 == 0 && V <= 2 * kRowThreads * 32)
+      return cudaClassifierInRegisters(ptr_[arg], targets, dloss, N, V, valid, lossOut, dl);
     block_ = 256;
     grid_ = unsigned(N);
     preamble_ = "__device__ double " + symbolPrefix() + "loss_sum = 0.0;\n__device__ unsigned " + symbolPrefix() +
@@ -868,6 +877,58 @@ class Emitter {
     body_ += "    st(" + dl + ", row + j, d);\n  }\n";
     body_ += "  if (threadIdx.x == 0) {\n";
     body_ += "    atomicAdd(&" + symbolPrefix() + "loss_sum, (double)(lse - row_xt));\n";
+    cudaLossTotal(lossOut, N);
+    return success();
+  }
+
+  // The same for bf16 logits and gradient with an even row length (GPT-2's padded vocabulary):
+  // a block of kRowThreads per row keeps the row in registers as bf16 pairs (at most 32 per
+  // thread), so the logits are read from memory once, not once per pass; the gradient is
+  // written over them pair by pair.
+  static constexpr int64_t kRowThreads = 1024;
+  LogicalResult cudaClassifierInRegisters(const std::string& x, Value targets, Value dloss, int64_t N, int64_t V,
+                                          int64_t valid, const std::vector<std::string>& lossOut,
+                                          const std::string& dl) {
+    const int64_t pairs = (V / 2 + kRowThreads - 1) / kRowThreads;
+    block_ = unsigned(kRowThreads);
+    grid_ = unsigned(N);
+    preamble_ = "__device__ double " + symbolPrefix() + "loss_sum = 0.0;\n__device__ unsigned " + symbolPrefix() +
+                "rows_done = 0;\n";
+    const std::string each = "#pragma unroll\n  for (int k = 0; k < " + num(pairs) +
+                             "; ++k) {\n    const long long j = 2 * (threadIdx.x + " + num(kRowThreads) + " * k);\n";
+    body_ += "  __shared__ float smx[32], ssum[32];\n  __shared__ float row_lse;\n";
+    body_ += "  const long long r = blockIdx.x, row = r * " + num(V) + ";\n";
+    body_ += "  const int t = " + at(targets, "r") + ";\n";
+    body_ += "  // This thread's logits: pair k is columns j, j + 1 with j = 2 (threadIdx.x + " + num(kRowThreads) + " k).\n";
+    body_ += "  uint32_t x2[" + num(pairs) + "];\n";
+    body_ += each + "    x2[k] = j < " + num(V) + " ? ld_pair(" + x + " + row + j) : 0u;\n  }\n";
+    body_ += "  const float xt = bf2f(" + x + "[row + t]);\n";
+    body_ += "  float mx = -INFINITY, sum = 0.0f;  // log2 units, as cudaRowMaxSum\n";
+    body_ += each + "    for (int h = 0; h < 2; ++h) {\n";
+    body_ += "      if (j + h >= " + num(valid) + ") break;\n";
+    body_ += "      const float v = bf2f((bf16)(h ? x2[k] >> 16 : x2[k] & 0xffffu)) * 1.44269504f;\n";
+    body_ += "      if (v > mx) { sum = sum * exp2f(mx - v) + 1.0f; mx = v; } else { sum += exp2f(v - mx); }\n";
+    body_ += "    }\n  }\n";
+    body_ += "  combine_max_sum(mx, sum);\n";
+    body_ += "  if (threadIdx.x % 32 == 0) { smx[threadIdx.x / 32] = mx; ssum[threadIdx.x / 32] = sum; }\n";
+    body_ += "  __syncthreads();\n";
+    body_ += "  if (threadIdx.x < 32) {\n";
+    body_ += "    mx = smx[threadIdx.x];\n    sum = ssum[threadIdx.x];\n";
+    body_ += "    combine_max_sum(mx, sum);\n";
+    body_ += "    if (threadIdx.x == 0) row_lse = (mx + log2f(sum)) * 0.693147181f;\n  }\n";
+    body_ += "  __syncthreads();\n";
+    body_ += "  // d = g (softmax - onehot), softmax = exp2(x log2(e) - lse log2(e)); 0 past the classes.\n";
+    body_ += "  const float lse = row_lse, lse2 = lse * 1.44269504f, g = " + at(dloss, "0") + " / " + num(N) + ".0f;\n";
+    body_ += each + "    if (j >= " + num(V) + ") break;\n";
+    body_ += "    float d[2];\n";
+    body_ += "    for (int h = 0; h < 2; ++h) {\n";
+    body_ += "      const float v = bf2f((bf16)(h ? x2[k] >> 16 : x2[k] & 0xffffu));\n";
+    body_ += "      d[h] = j + h < " + num(valid) + " ? g * exp2f(v * 1.44269504f - lse2) : 0.0f;\n";
+    body_ += "      if (j + h == t) d[h] -= g;\n";
+    body_ += "    }\n";
+    body_ += "    st_pair(" + dl + " + row + j, pack_bf16(d[0], d[1]));\n  }\n";
+    body_ += "  if (threadIdx.x == 0) {\n";
+    body_ += "    atomicAdd(&" + symbolPrefix() + "loss_sum, (double)(lse - xt));\n";
     cudaLossTotal(lossOut, N);
     return success();
   }
