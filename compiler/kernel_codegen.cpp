@@ -840,6 +840,11 @@ class Emitter {
     body_ += "  for (long long j = threadIdx.x; j < " + num(valid) + "; j += blockDim.x) {\n";
     body_ += "    const float v = " + at(logits, "row + j") + " * 1.44269504f;\n";
     body_ += "    if (v > mx) { sum = sum * exp2f(mx - v) + 1.0f; mx = v; } else { sum += exp2f(v - mx); }\n  }\n";
+    cudaBlockMaxSum();
+  }
+  // Each thread's (mx, sum) merged across the block; warp 0 ends inside `if (threadIdx.x < 32) {`
+  // holding the block's (the caller closes it). Needs smx, ssum [32].
+  void cudaBlockMaxSum() {
     body_ += "  combine_max_sum(mx, sum);\n";
     body_ += "  if (threadIdx.x % 32 == 0) { smx[threadIdx.x / 32] = mx; ssum[threadIdx.x / 32] = sum; }\n";
     body_ += "  __syncthreads();\n";
@@ -909,12 +914,7 @@ class Emitter {
     body_ += "      const float v = bf2f((bf16)(h ? x2[k] >> 16 : x2[k] & 0xffffu)) * 1.44269504f;\n";
     body_ += "      if (v > mx) { sum = sum * exp2f(mx - v) + 1.0f; mx = v; } else { sum += exp2f(v - mx); }\n";
     body_ += "    }\n  }\n";
-    body_ += "  combine_max_sum(mx, sum);\n";
-    body_ += "  if (threadIdx.x % 32 == 0) { smx[threadIdx.x / 32] = mx; ssum[threadIdx.x / 32] = sum; }\n";
-    body_ += "  __syncthreads();\n";
-    body_ += "  if (threadIdx.x < 32) {\n";
-    body_ += "    mx = smx[threadIdx.x];\n    sum = ssum[threadIdx.x];\n";
-    body_ += "    combine_max_sum(mx, sum);\n";
+    cudaBlockMaxSum();
     body_ += "    if (threadIdx.x == 0) row_lse = (mx + log2f(sum)) * 0.693147181f;\n  }\n";
     body_ += "  __syncthreads();\n";
     body_ += "  // d = g (softmax - onehot), softmax = exp2(x log2(e) - lse log2(e)); 0 past the classes.\n";
