@@ -781,8 +781,7 @@ class Emitter {
     }
     block_ = 256;
     grid_ = unsigned(N);
-    preamble_ = "__device__ double " + symbolPrefix() + "loss_sum = 0.0;\n__device__ unsigned " + symbolPrefix() +
-                "rows_done = 0;\n";
+    preamble_ = lossTotalState();
     body_ += "  __shared__ float smx[32], ssum[32];\n";
     body_ += "  const long long r = blockIdx.x, row = r * " + num(V) + ";\n";
     cudaRowMaxSum(logits, valid);
@@ -820,6 +819,11 @@ class Emitter {
     return success();
   }
 
+  // The device variables cudaLossTotal uses: the sum of the rows' losses and the rows done.
+  std::string lossTotalState() const {
+    return "__device__ double " + symbolPrefix() + "loss_sum = 0.0;\n__device__ unsigned " + symbolPrefix() +
+           "rows_done = 0;\n";
+  }
   // Thread 0 of a row's block, after adding the row's loss to loss_sum: the last block to finish
   // writes the mean over the N rows and resets the sum and counter for the next launch.
   void cudaLossTotal(const std::vector<std::string>& lossOut, int64_t N) {
@@ -864,8 +868,7 @@ class Emitter {
       return cudaClassifierInRegisters(ptr_[arg], targets, dloss, N, V, valid, lossOut, dl);
     block_ = 256;
     grid_ = unsigned(N);
-    preamble_ = "__device__ double " + symbolPrefix() + "loss_sum = 0.0;\n__device__ unsigned " + symbolPrefix() +
-                "rows_done = 0;\n";
+    preamble_ = lossTotalState();
     body_ += "  __shared__ float smx[32], ssum[32];\n  __shared__ float row_lse, row_xt;\n";
     body_ += "  const long long r = blockIdx.x, row = r * " + num(V) + ";\n";
     body_ += "  const int t = " + at(targets, "r") + ";\n";
@@ -897,8 +900,7 @@ class Emitter {
     const int64_t pairs = (V / 2 + kRowThreads - 1) / kRowThreads;
     block_ = unsigned(kRowThreads);
     grid_ = unsigned(N);
-    preamble_ = "__device__ double " + symbolPrefix() + "loss_sum = 0.0;\n__device__ unsigned " + symbolPrefix() +
-                "rows_done = 0;\n";
+    preamble_ = lossTotalState();
     const std::string each = "#pragma unroll\n  for (int k = 0; k < " + num(pairs) +
                              "; ++k) {\n    const long long j = 2 * (threadIdx.x + " + num(kRowThreads) + " * k);\n";
     body_ += "  __shared__ float smx[32], ssum[32];\n  __shared__ float row_lse;\n";

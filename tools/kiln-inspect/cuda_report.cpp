@@ -11,19 +11,16 @@ namespace {
 // Per-SM limits of the architectures kilnc compiles for (CUDA C++ Programming Guide, "Compute
 // Capabilities"): 64K 32-bit registers allocated per warp in units of 256, 2048 threads, 32
 // blocks, and the shared memory an SM has for blocks (1 KB of it reserved per block).
-struct SmLimits {
-  unsigned shared_bytes;
-};
-SmLimits limits(const std::string& arch) { return arch == "sm_80" ? SmLimits{164 * 1024} : SmLimits{228 * 1024}; }
+unsigned sm_shared_bytes(const std::string& arch) { return arch == "sm_80" ? 164 * 1024 : 228 * 1024; }
 
 // Blocks of `block` threads one SM holds at once with these resources, and what limits it.
 std::pair<unsigned, std::string> resident_blocks(const std::string& arch, unsigned block, unsigned registers,
                                                  unsigned shared) {
   const unsigned warps = (block + 31) / 32;
-  const unsigned warp_registers = std::max(1u, (std::max(registers, 1u) * 32 + 255) / 256 * 256);
+  const unsigned warp_registers = (std::max(registers, 1u) * 32 + 255) / 256 * 256;
   const unsigned by_registers = 65536 / warp_registers / warps;
   const unsigned by_threads = 2048 / (warps * 32);
-  const unsigned by_shared = shared ? limits(arch).shared_bytes / ((shared + 127) / 128 * 128 + 1024) : 32;
+  const unsigned by_shared = shared ? sm_shared_bytes(arch) / ((shared + 127) / 128 * 128 + 1024) : 32;
   unsigned n = std::min({by_registers, by_threads, by_shared, 32u});
   std::string why = n == by_registers ? "registers" : n == by_shared ? "shared memory" : n == by_threads ? "threads" : "blocks";
   return {n, why};

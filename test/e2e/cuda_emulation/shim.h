@@ -64,7 +64,6 @@ struct AsyncCopy {
 };
 inline AsyncCopy pending[kMaxThreads][kMaxPending];
 inline int n_pending[kMaxThreads], open_group[kMaxThreads];
-inline long long n_async_copies = 0;
 
 inline void yield() {
   if (!_setjmp(fibers[cur].jb)) _longjmp(sched, 1);
@@ -334,7 +333,6 @@ inline void cp_async16(void* smem, const void* gmem, bool full) {
     fprintf(stderr, "kemu: %s: more than %d asynchronous copies in flight in one thread\n", launch_name, kMaxPending);
     exit(3);
   }
-  n_async_copies++;
   if (eager_copies) {
     if (full) memcpy(smem, gmem, 16);
     else memset(smem, 0, 16);
