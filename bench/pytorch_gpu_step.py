@@ -40,7 +40,9 @@ torch.compile prints {"skipped": ...} and exits 0.
 --peak-matmul instead measures the bf16 matrix-product rate: an N x N x N torch.matmul (N = 8192
 by default), --matmul-iters products between two CUDA events, best and median of
 --matmul-repeats such timings after 3 warm-up products, 2 N^3 FLOPs each; prints JSON with
-peak_tflops (the best).
+peak_tflops (the best). It also measures the memory bandwidth the same way: a --copy-mib MiB
+tensor copied into another (read + write counted), bandwidth_gbs the best (kiln-inspect
+--roofline's memory rate).
 
 --attention instead times causal attention alone, forward + backward, as F.scaled_dot_product_attention
 with each backend this torch offers (flash, efficient, cudnn; math only on the CPU), at the
@@ -184,6 +186,23 @@ def emit(out: dict, path: str | None) -> None:
 
 
 # --- --peak-matmul --------------------------------------------------------------------------------
+def timed(fn, iters: int, device: str) -> float:
+    """Seconds for `iters` calls of fn, between two CUDA events (or on the host clock)."""
+    if device != "cuda":
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        return time.perf_counter() - t0
+    torch.cuda.synchronize()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    for _ in range(iters):
+        fn()
+    e1.record()
+    e1.synchronize()
+    return e0.elapsed_time(e1) / 1e3
+
+
 def peak_matmul(a, device: str) -> dict:
     n = a.matmul_size
     out = {"bench": "peak_matmul", "dtype": "bfloat16", "n": n, "iters": a.matmul_iters,
@@ -194,24 +213,19 @@ def peak_matmul(a, device: str) -> dict:
     z = torch.empty(n, n, device=device, dtype=torch.bfloat16)
     for _ in range(3):
         torch.matmul(x, y, out=z)
-    rates = []
-    for _ in range(a.matmul_repeats):
-        if device == "cuda":
-            torch.cuda.synchronize()
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            for _ in range(a.matmul_iters):
-                torch.matmul(x, y, out=z)
-            e1.record()
-            e1.synchronize()
-            sec = e0.elapsed_time(e1) / 1e3
-        else:
-            t0 = time.perf_counter()
-            for _ in range(a.matmul_iters):
-                torch.matmul(x, y, out=z)
-            sec = time.perf_counter() - t0
-        rates.append(2 * n ** 3 * a.matmul_iters / sec / 1e12)
+    rates = [2 * n ** 3 * a.matmul_iters / timed(lambda: torch.matmul(x, y, out=z), a.matmul_iters, device) / 1e12
+             for _ in range(a.matmul_repeats)]
     out.update(peak_tflops=max(rates), median_tflops=statistics.median(rates), tflops_each=rates)
+    del x, y, z
+    # Memory bandwidth: one large device-to-device copy, its bytes read and written.
+    nbytes = a.copy_mib * 2**20
+    src = torch.ones(nbytes // 4, device=device, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    for _ in range(2):
+        dst.copy_(src)
+    rates = [2 * nbytes * a.matmul_iters / timed(lambda: dst.copy_(src), a.matmul_iters, device) / 1e9
+             for _ in range(a.matmul_repeats)]
+    out.update(copy_bytes=nbytes, bandwidth_gbs=max(rates), bandwidth_gbs_each=rates)
     return out
 
 
@@ -421,6 +435,7 @@ def main() -> int:
     ap.add_argument("--matmul-size", type=int, default=8192)
     ap.add_argument("--matmul-iters", type=int, default=10)
     ap.add_argument("--matmul-repeats", type=int, default=5)
+    ap.add_argument("--copy-mib", type=int, default=1024, help="--peak-matmul: MiB copied to measure bandwidth")
     ap.add_argument("--json", help="also write the JSON line to this file")
     a = ap.parse_args()
     if (a.steps is not None and a.steps < 1) or (a.warmup is not None and a.warmup < 1):

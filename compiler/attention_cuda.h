@@ -34,6 +34,7 @@ struct AttentionSource {
   std::string source;
   std::vector<CudaKernelLaunch> launches;
   uint64_t scratch_bytes = 0;  // device workspace the kernels use, at b[operands] (module.fbs)
+  double tensor_flops = 0;     // the tile products the tensor cores execute (module.fbs)
 };
 
 // Forward: one kernel named `symbol`.

@@ -459,6 +459,13 @@ std::vector<std::pair<std::string, std::string>> vars(const std::string& symbol,
 
 unsigned gridOf(const AttentionShape& s) { return unsigned(s.B * s.H * ((s.T + kTile - 1) / kTile)); }
 
+// Arithmetic of `products` tile products (each 2 x TILE x TILE x HS) for every (query tile, key
+// tile) pair the causal walk visits: whole tiles up to and including the diagonal.
+double tileProductFlops(const AttentionShape& s, int products) {
+  const double tiles = double((s.T + kTile - 1) / kTile), pairs = tiles * (tiles + 1) / 2;
+  return double(products) * 2.0 * kTile * kTile * double(s.C / s.H) * pairs * double(s.B * s.H);
+}
+
 }  // namespace
 
 bool cudaAttentionUsesTensorCores(const AttentionShape& s) {
@@ -469,6 +476,7 @@ AttentionSource cudaAttentionForwardMma(const std::string& symbol, const Attenti
   AttentionSource a;
   a.source = fillTemplate(kForward, vars(symbol, s));
   a.launches.push_back({symbol, gridOf(s), unsigned(kThreads)});
+  a.tensor_flops = tileProductFlops(s, 2);  // S = q k^T, out += P v
   return a;
 }
 
@@ -496,6 +504,9 @@ AttentionSource cudaAttentionBackwardMma(const std::string& symbol, const Attent
   a.launches.push_back({symbol + "_delta", unsigned((rows + 7) / 8), 256u});
   a.scratch_bytes = uint64_t(2 * rows + (dqInDkv ? s.B * s.T * s.C : 0)) * sizeof(float);
   a.launches.push_back({symbol + "_dkv", gridOf(s), unsigned(kThreads)});
+  // _dkv: S and dP again, dv += P^T dout, dk += dS^T q; dq += dS k in _dkv or in _dq, which
+  // rebuilds S and dP itself.
+  a.tensor_flops = tileProductFlops(s, dqInDkv ? 5 : 7);
   if (dqInDkv)
     a.launches.push_back({symbol + "_dq_store", unsigned(std::min<int64_t>((s.B * s.T * s.C / 2 + 255) / 256, 4096)), 256u});
   else

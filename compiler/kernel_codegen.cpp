@@ -68,6 +68,7 @@ class Emitter {
     k.source = body_.empty() ? head + "// (no generated function: the library call does all of it)\n"
                              : head + preamble_ + sig + " {\n" + decls_ + body_ + "}\n";
     k.flops = flops_;
+    k.tensorFlops = tensorFlops_;
     k.cudaGrid = grid_;
     k.cudaBlock = block_;
     k.cublasLt = cublasLt_;
@@ -231,7 +232,8 @@ class Emitter {
     auto lhs = tensorOf(mm.getLhs()).getShape();
     const int64_t M = out[0], N = out[1], K = mm.getTransposeLhs() ? lhs[0] : lhs[1];
     const bool tA = mm.getTransposeLhs(), tB = mm.getTransposeRhs();
-    flops_ = 2.0 * double(M) * double(N) * double(K) + double(M * N) * double(epilogue.size());
+    tensorFlops_ = 2.0 * double(M) * double(N) * double(K);
+    flops_ = tensorFlops_ + double(M * N) * double(epilogue.size());
     if (t_ == Target::Cuda) return cudaMatmulNote(mm, epilogue, columns, M, N, K);
 
     auto operandF32 = [&](Value v, const char* name) {
@@ -1102,6 +1104,7 @@ class Emitter {
   std::string decls_, body_;
   unsigned next_ = 0;
   double flops_ = 0;
+  double tensorFlops_ = 0;
   unsigned grid_ = 0, block_ = 0;
 };
 

@@ -41,6 +41,7 @@ struct MatmulCall {
 struct GeneratedKernel {
   std::string source;   // the kernel's function, readable (empty when the library does it all)
   double flops = 0;     // arithmetic per call, for reports
+  double tensorFlops = 0;  // of it, the matrix product's 2 m n k (module.fbs: tensor_flops)
   unsigned cudaGrid = 0, cudaBlock = 0;  // launch shape of the generated function (CUDA)
   // CUDA matrix products: the cuBLASLt call ("epilogue=BIAS ..."), run before the generated
   // function (if any) for what cuBLASLt cannot do. Launches: both.

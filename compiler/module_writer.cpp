@@ -249,6 +249,7 @@ class Writer {
       }
       const std::string& name = info.name;
       info.flops = gen->flops;
+      info.tensorFlops = gen->tensorFlops;
       info.grid = gen->cudaGrid;
       info.block = gen->cudaBlock;
       info.cublasLt = gen->cublasLt;
@@ -336,6 +337,7 @@ class Writer {
         k.functions = src.launches;
         k.launches = unsigned(src.launches.size());
         k.cudaScratchBytes = src.scratch_bytes;
+        k.tensorFlops = src.tensor_flops;
       }
       const double B = double(shape.B), T = double(shape.T), C = double(shape.C);
       k.flops = (isa<AttentionOp>(op) ? 4.0 : 8.0) * B * T * T * C;  // the convention of kiln-inspect
@@ -519,7 +521,7 @@ class Writer {
                                           fbb.CreateString(k.matmul->epilogue))
                    : 0,
           k.hasFunction, cudaFunctions(fbb, k.functions), k.zero.empty() ? 0 : fbb.CreateVector(k.zero),
-          k.scratch));
+          k.scratch, k.tensorFlops));
     }
     std::vector<flatbuffers::Offset<fb::CudaImage>> images;
     for (const CudaImageBuild& image : cudaImages_) {
@@ -549,7 +551,7 @@ class Writer {
   struct KernelInfo {
     std::string symbol, name, kind;
     std::vector<std::string> ops;
-    double flops = 0;
+    double flops = 0, tensorFlops = 0;
     unsigned grid = 0, block = 0, launches = 1;
     std::string cublasLt;
     std::optional<MatmulCall> matmul;

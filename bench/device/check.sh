@@ -6,9 +6,9 @@
 # Steps, each time-boxed (timeout) inside one budget (--budget, 450 s: the whole stays under 8
 # minutes); a step that no longer fits is skipped and reported as such:
 #   a) the machine: nvidia-smi -L, driver, nvcc, cmake, ninja, compiler, python, torch
-#   b) the runtime: cmake -DKILN_COMPILER=OFF -DKILN_TESTS=OFF into build-dev, ninja kiln-run; if
-#      configuring with the machine's own packages fails, again with the carried dependency
-#      bundle (bench/device/deps/kiln-build-deps.tar.gz unpacked into /tmp/kiln-deps)
+#   b) the runtime: cmake -DKILN_COMPILER=OFF -DKILN_TESTS=OFF into build-dev, ninja kiln-run (then
+#      kiln-inspect, for g)); if configuring with the machine's own packages fails, again with
+#      the carried dependency bundle (bench/device/deps/kiln-build-deps.tar.gz unpacked into /tmp/kiln-deps)
 #   c) parity: each bench/device/modules/NAME.kiln with a spec bench/device/specs/NAME.toml
 #      (the gpt2-* benchmark modules aside): one training step as a probe; if the runtime runs it,
 #      test/e2e/test_parity.py --exe (a wrapper running kiln-run NAME.kiln) against the PyTorch
@@ -16,7 +16,8 @@
 #   d) PyTorch (bench/pytorch_gpu_step.py): peak bf16 matmul, eager and torch.compile at B=16 T=1024
 #   e) Kiln: kiln-run gpt2-124m-bf16-cuda.kiln train, MFU against the measured matmul peak
 #      then, time allowing, the B=32 runs (Kiln, eager, compile; an out-of-memory is a result)
-#   g) Kiln's per-kernel profile (kiln-run --profile, 3 steps) and causal attention forward +
+#   g) Kiln's per-kernel profile (kiln-run --profile, 3 steps) against each kernel's roofline bound
+#      (kiln-inspect --roofline at the measured rates), and causal attention forward +
 #      backward per PyTorch SDPA backend (flash, efficient, cudnn) at the benchmark's shape
 #   s) compute-sanitizer racecheck and memcheck on one step of long-bf16-cuda.kiln
 #   f) the table: summary.md (kiln / torch eager / torch.compile: tok/s, ms/step, TFLOP/s, MFU,
@@ -328,13 +329,44 @@ if os.path.exists(pp):
                              "share": parts[2], "calls": int(parts[3])})
             except ValueError:
                 pass
+# kiln-inspect --roofline --json (the boxed log: the command line, then the JSON).
+roof = None
+rp = f"{work}/kiln-roofline.json"
+if os.path.exists(rp):
+    text = open(rp, errors="replace").read()
+    try:
+        roof = json.loads(text[text.index("\n{") + 1:]).get("roofline")
+    except (ValueError, AttributeError):
+        roof = None
+bounds = {k["name"]: k for k in (roof or {}).get("kernels", [])}
+if roof:
+    rt = roof["rates"]
+    md += ["", f"- roofline (kiln-inspect --roofline: matrix products at {rt['tensor_tflops']:.0f} TFLOP/s, memory at "
+           f"{rt['bandwidth_gbs']:.0f} GB/s, measured in d) where given, else the H200 datasheet's; other arithmetic "
+           f"at {rt['vector_tflops']:.0f} TFLOP/s): a step of one micro-step takes at least "
+           f"{roof['step_bound_ms']:.2f} ms, so MFU is at most {100 * roof['mfu_ceiling']:.1f}%"]
 if prof:
-    md += ["", "## Kiln: time per kernel (kiln-run --profile: 3 steps of B=16 run eagerly, synchronised after "
-           "each kernel, so launch gaps are included)", "", "| kernel | total ms | share | calls | ms per call |",
-           "|---|---:|---:|---:|---:|"]
-    for r in prof[:25]:
-        md.append(f"| {r['kernel']} | {r['total_ms']:.1f} | {r['share']} | {r['calls']} | "
-                  f"{r['total_ms'] / max(r['calls'], 1):.3f} |")
+    # A product's cuBLASLt call and its generated function are two rows of the profile and one
+    # kernel of the roofline: merged here.
+    steps_profiled = 3
+    merged = {}
+    for r in prof:
+        m = merged.setdefault(r["kernel"].replace(" (cuBLASLt)", ""), {"total_ms": 0.0, "calls": 0})
+        m["total_ms"] += r["total_ms"]
+        m["calls"] += r["calls"]
+    total = sum(m["total_ms"] for m in merged.values()) / steps_profiled
+    md += ["", f"## Kiln: time per kernel (kiln-run --profile: {steps_profiled} steps of B=16 run eagerly, each "
+           "kernel between CUDA events), against its roofline bound", "",
+           "| kernel | ms per step | share | calls | bound ms | bound / measured | limit |",
+           "|---|---:|---:|---:|---:|---:|---|"]
+    for name, m in sorted(merged.items(), key=lambda kv: -kv[1]["total_ms"])[:30]:
+        b = bounds.get(name)
+        per = m["total_ms"] / steps_profiled
+        m["bound_ms"] = b["bound_ms"] if b else None
+        md.append(f"| {name} | {per:.3f} | {100 * per / total if total else 0:.1f}% | {m['calls']} | "
+                  + (f"{b['bound_ms']:.3f} | {b['bound_ms'] / per:.2f} | {b['limit']} |" if b and per > 0 else "— | — | |"))
+    bound = sum(bounds[n]["bound_ms"] for n in merged if n in bounds)
+    md.append(f"| all | {total:.3f} | | | {bound:.3f} | {bound / total if total else 0:.2f} | |")
 att = torch_runs.get("torch-attention")
 if att:
     md += ["", f"## Attention, forward + backward, B={att.get('B')} H={att.get('H')} T={att.get('T')} "
@@ -359,7 +391,7 @@ open(f"{out}/summary.md", "w").write("\n".join(md))
 doc = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "dry_run": dry == "1",
        "budget_s": int(budget), "elapsed_s": int(elapsed), "machine": info, "steps": steps,
        "table": rows, "ratios": ratios, "parity": parity, "torch": torch_runs, "kiln_profile": prof,
-       "peak_matmul_tflops": peak}
+       "kiln_roofline": roof, "peak_matmul_tflops": peak}
 with open(f"{out}/results.json", "w") as fh:
     json.dump(doc, fh, indent=1)
     fh.write("\n")
@@ -489,6 +521,11 @@ else
     if [ "$rc" = 0 ] && [ -x "$BUILD_DIR/bin/kiln-run" ]; then
       KILN_RUN_BIN=$BUILD_DIR/bin/kiln-run
       record build-ninja ok "$LAST_DT" "$KILN_RUN_BIN"
+      # kiln-inspect, for g)'s roofline (no MLIR either); the rest goes on without it.
+      rc=0
+      boxed build-inspect 120 20 "$WORK/build-inspect.log" "${KENV[@]}" ninja -C "$BUILD_DIR" -j "$(nproc)" kiln-inspect || rc=$?
+      if [ "$rc" = 0 ]; then record build-inspect ok "$LAST_DT" "$BUILD_DIR/bin/kiln-inspect"
+      elif [ "$rc" != 200 ]; then record build-inspect failed "$LAST_DT" "$(err_line "$WORK/build-inspect.log")"; fi
     elif [ "$rc" != 200 ]; then
       record build-ninja "$(timed_out "$rc" && echo "timed out" || echo failed)" "$LAST_DT" "$(err_line "$WORK/build-ninja.log")"
     fi
@@ -660,8 +697,8 @@ log "e) Kiln"
 kiln_bench "$BENCH" 20
 
 # --- g) where Kiln's step goes; attention against PyTorch's SDPA backends -----------------------
-# kiln-run --profile: 3 steps of the benchmark module run eagerly, synchronising after each kernel
-# (summary.md lists the largest rows); pytorch_gpu_step.py --attention: causal SDPA forward +
+# kiln-run --profile: 3 steps of the benchmark module run eagerly, each kernel timed between CUDA
+# events (summary.md lists the largest rows, each against its roofline bound from kiln-inspect); pytorch_gpu_step.py --attention: causal SDPA forward +
 # backward per backend (flash, efficient, cudnn) at the same shape, the numbers for choosing
 # between Kiln's attention kernels and cuDNN's.
 log "g) Kiln's per-kernel profile; attention backends"
@@ -676,6 +713,22 @@ if [ -n "$KILN_RUN_BIN" ] && [ -z "$CPU_ONLY_RUNTIME" ] && [ -f "$DEV/modules/$B
   elif [ "$rc" != 200 ]; then record kiln-profile failed "$LAST_DT" "$(err_line "$WORK/kiln-profile.log") (exit $rc)"; fi
 else
   record kiln-profile skipped 0 "no kiln-run that runs cuda modules here"
+fi
+# Each kernel's least time at this GPU's measured rates (matmul peak and copy bandwidth from d)),
+# for the profile's "bound / measured" column.
+inspect=$([ -n "$KILN_RUN_BIN" ] && echo "$(dirname "$KILN_RUN_BIN")/kiln-inspect")
+if [ -n "$inspect" ] && [ -x "$inspect" ] && [ -f "$DEV/modules/$BENCH.kiln" ]; then
+  rates=()
+  [ -n "$PEAK" ] && rates+=(--peak-tflops "$PEAK")
+  bw=$(jget "$WORK/torch-peak.json" bandwidth_gbs)
+  [ -n "$bw" ] && rates+=(--bandwidth-gbs "$bw")
+  rc=0
+  boxed kiln-roofline 30 5 "$WORK/kiln-roofline.json" "$inspect" "$DEV/modules/$BENCH.kiln" --roofline --json \
+    "${rates[@]}" || rc=$?
+  if [ "$rc" = 0 ]; then record kiln-roofline ok "$LAST_DT" "kiln-inspect --roofline ${rates[*]}"
+  elif [ "$rc" != 200 ]; then record kiln-roofline failed "$LAST_DT" "$(err_line "$WORK/kiln-roofline.json") (exit $rc)"; fi
+else
+  record kiln-roofline skipped 0 "no kiln-inspect beside kiln-run, or no $BENCH.kiln"
 fi
 if [ -n "$PY" ] && [ "$GPU_TORCH" = 1 ] && [ "$GPU_STEPS" = 1 ]; then
   torch_run torch-attention 90 20 --attention -B 16 -T 1024

@@ -216,6 +216,22 @@ class CudaDevice final : public Device {
   }
   void launch_graph(Graph g) override;
 
+  // Profiling marks are CUDA events on the stream: kernel time without the host's gaps.
+  void start_timing(size_t marks) override {
+    while (timing_.size() < marks) {
+      cudaEvent_t e = nullptr;
+      check_cuda(cudaEventCreate(&e), "cudaEventCreate (profiling)");
+      timing_.push_back(e);
+    }
+  }
+  void mark(size_t i) override { check_cuda(cudaEventRecord(timing_.at(i), stream_), "cudaEventRecord (profiling)"); }
+  double seconds(size_t i, size_t j) override {
+    check_cuda(cudaEventSynchronize(timing_.at(j)), "cudaEventSynchronize (profiling)");
+    float ms = 0;
+    check_cuda(cudaEventElapsedTime(&ms, timing_.at(i), timing_.at(j)), "cudaEventElapsedTime (profiling)");
+    return ms * 1e-3;
+  }
+
  private:
   // A planned cuBLASLt product. cuBLASLt's first operand is our B, its second our A (see
   // plan_matmul); C and D share one layout.
@@ -260,6 +276,7 @@ class CudaDevice final : public Device {
   std::unordered_map<std::string, Choice> choices_;
   bool tune_ = true;  // KILN_CUBLASLT_TUNE=0: the heuristic's first candidate, untimed
   std::vector<cudaGraphExec_t> graphs_;
+  std::vector<cudaEvent_t> timing_;  // profiling marks
 };
 
 CudaDevice::CudaDevice() {
@@ -333,6 +350,8 @@ void CudaDevice::release() noexcept {
     }
     (void)cudaStreamSynchronize(stream_);
   }
+  for (cudaEvent_t e : timing_) (void)cudaEventDestroy(e);
+  timing_.clear();
   for (cudaGraphExec_t g : graphs_) (void)cudaGraphExecDestroy(g);
   graphs_.clear();
   for (MatmulPlan& p : plans_) destroy(p);

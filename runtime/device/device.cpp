@@ -1,6 +1,8 @@
 // Which Device a cuda module runs on.
 #include "runtime/device/device.h"
 
+#include <chrono>
+
 #include "runtime/error.h"
 #ifdef KILN_HAVE_CUDA
 #include "runtime/cuda/cuda_device.h"
@@ -31,6 +33,11 @@ EpilogueFlags epilogue_flags(const std::string& e, const std::string& where) {
     throw Error(where + ": unknown cuBLASLt epilogue '" + e +
                 "' (DEFAULT, BIAS, GELU, GELU_AUX, GELU_BIAS, GELU_AUX_BIAS, DGELU)");
   return f;
+}
+
+void Device::mark(size_t i) {
+  synchronize();
+  host_marks_.at(i) = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 void set_device_factory(std::function<std::unique_ptr<Device>()> f, bool host_addressable) {

@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "runtime/error.h"
 
@@ -100,6 +101,17 @@ class Device {
   // Ends a capture that failed half way, recording nothing (no error of its own).
   virtual void abort_capture() noexcept = 0;
   virtual void launch_graph(Graph g) = 0;
+
+  // Profiling: timing marks in stream order. start_timing(n) readies marks 0..n-1; mark(i)
+  // records mark i after the work issued so far; seconds(i, j) waits for mark j and gives the
+  // device's time between marks i and j. This default times on the host, waiting for the
+  // stream at each mark (right for a device whose work is done when a call returns).
+  virtual void start_timing(size_t marks) { host_marks_.assign(marks, 0.0); }
+  virtual void mark(size_t i);
+  virtual double seconds(size_t i, size_t j) { return host_marks_.at(j) - host_marks_.at(i); }
+
+ private:
+  std::vector<double> host_marks_;
 };
 
 // The device cuda modules run on: the current CUDA GPU (0, or the one a communicator chose for

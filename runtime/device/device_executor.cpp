@@ -11,7 +11,6 @@
 #include "runtime/device/device_executor.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -325,21 +324,23 @@ float DeviceExecutor::run(const std::string& name, std::map<std::string, std::pa
     }
     // Kernels run asynchronously: a fault shows at the next synchronising call, whatever it is.
     throw Error(module_.source() + ": program " + name + " on " + device_name_ + ": " + e.what() +
-                (profile ? "" : " (KILN_CUDA_GRAPHS=0 and --profile run kernel by kernel, to find the one at fault)"));
+                 " (CUDA_LAUNCH_BLOCKING=1 KILN_CUDA_GRAPHS=0 stops at the kernel at fault)");
   }
 }
 
 float DeviceExecutor::run_program(Program& p, std::map<std::string, std::pair<double, int64_t>>* profile) {
   for (auto [begin, end] : host_written_) device_->upload(arena_ + begin, host_state_ + begin, end - begin);
   if (poison_) device_->fill(arena_ + module_.fb().state_size(), 0xff, activation_bytes_);
-  if (profile) {
-    device_->synchronize();
-    for (const Step& s : p.steps) {
-      auto t0 = std::chrono::steady_clock::now();
-      issue(s);
-      device_->synchronize();
-      auto& [seconds, calls] = (*profile)[s.name];
-      seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (profile) {  // eagerly, a timing mark between steps; read once the program is done
+    device_->start_timing(p.steps.size() + 1);
+    device_->mark(0);
+    for (size_t i = 0; i < p.steps.size(); ++i) {
+      issue(p.steps[i]);
+      device_->mark(i + 1);
+    }
+    for (size_t i = 0; i < p.steps.size(); ++i) {
+      auto& [seconds, calls] = (*profile)[p.steps[i].name];
+      seconds += device_->seconds(i, i + 1);
       ++calls;
     }
   } else {

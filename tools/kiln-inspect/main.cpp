@@ -1,6 +1,8 @@
 // kiln-inspect: reports on a module or a training executable (text, or --json).
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -11,13 +13,14 @@
 #include "tools/kiln-inspect/fusion_report.h"
 #include "tools/kiln-inspect/loss_plot.h"
 #include "tools/kiln-inspect/memory_report.h"
+#include "tools/kiln-inspect/roofline_report.h"
 
 using namespace kiln;
 using nlohmann::ordered_json;
 
 namespace {
 
-ordered_json report(const Module& m) {
+ordered_json report(const Module& m, const RooflineRates& rates) {
   const fb::Module& f = m.fb();
   const fb::Model& model = *f.model();
   ordered_json j;
@@ -63,6 +66,7 @@ ordered_json report(const Module& m) {
   add_memory_report(m, j);
   add_fusion_report(m, j);
   add_cuda_report(m, j);
+  add_roofline_report(m, rates, j);
   return j;
 }
 
@@ -168,13 +172,30 @@ int main(int argc, char** argv) {
   CLI::App app{"kiln-inspect: report on a Kiln module or training executable\n"
                "(kiln-inspect plot LOG.jsonl -o loss.svg draws loss curves)"};
   std::string path, svg, source;
-  bool json = false, verify = false, buffers = false, cuda_resources = false;
+  bool json = false, verify = false, buffers = false, cuda_resources = false, roofline = false;
+  RooflineRates rates;
+  const CLI::Validator positive(
+      [](std::string& s) {
+        char* end = nullptr;
+        const double v = std::strtod(s.c_str(), &end);
+        return end != s.c_str() && *end == 0 && v > 0 && std::isfinite(v) ? "" : "needs a positive number, got '" + s + "'";
+      },
+      "POSITIVE");
   app.add_option("module", path, "module (.kiln) or executable written by kilnc")->required();
   app.add_flag("--json", json, "print the report as one JSON object");
   app.add_flag("--buffers", buffers, "list every buffer: kind, dtype, offset, bytes, shape");
   app.add_flag("--cuda-resources", cuda_resources,
                "cuda modules: every generated function's registers, shared memory and spills as ptxas reported "
                "them, and the blocks per SM they allow");
+  app.add_flag("--roofline", roofline,
+               "cuda modules: the least time each kernel can take at the rates below (matrix products, other "
+               "arithmetic, memory; the slowest of the three) and the highest MFU that allows");
+  app.add_option("--peak-tflops", rates.tensor_tflops, "--roofline: matrix-product rate, TFLOP/s")
+      ->capture_default_str()->check(positive);
+  app.add_option("--vector-tflops", rates.vector_tflops, "--roofline: rate of other arithmetic, TFLOP/s")
+      ->capture_default_str()->check(positive);
+  app.add_option("--bandwidth-gbs", rates.bandwidth_gbs, "--roofline: memory bandwidth, GB/s")
+      ->capture_default_str()->check(positive);
   app.add_flag("--verify-plan", verify, "check the memory plan (no two live buffers overlap) and say so");
   app.add_option("--svg", svg, "draw the memory timeline of the largest program into this SVG file");
   app.add_option("--kernel-source", source,
@@ -182,6 +203,8 @@ int main(int argc, char** argv) {
                  "compiled from) to this file; - for stdout")
       ->type_name("FILE");
   CLI11_PARSE(app, argc, argv);
+  if (app.count("--peak-tflops") || app.count("--vector-tflops") || app.count("--bandwidth-gbs"))
+    rates.source = "as given";
   try {
     Module m = Module::load(path);  // loading verifies the module and its memory plan
     if (verify) {
@@ -204,10 +227,11 @@ int main(int argc, char** argv) {
       if (source != "-") std::fprintf(stderr, "wrote %s (%u bytes)\n", source.c_str(), text->size());
       return 0;
     }
-    ordered_json j = report(m);
+    ordered_json j = report(m, rates);
     if (json) std::printf("%s\n", j.dump(2).c_str());
     else if (buffers) print_buffers(j);
     else if (cuda_resources) print_cuda_resources(j);
+    else if (roofline) print_roofline(j);
     else print_text(j);
     return 0;
   } catch (const Error& e) {

@@ -1,0 +1,166 @@
+#include "tools/kiln-inspect/roofline_report.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <string>
+
+#include "runtime/error.h"
+
+namespace kiln {
+namespace {
+
+// One kernel name's work in one launch of it (a Kernel instruction, its clearing, the norm).
+struct Work {
+  double tensor_flops = 0, vector_flops = 0, bytes = 0;
+};
+
+struct Row {
+  std::string name, kind;
+  Work per_step;                        // summed over the programs' launches
+  std::map<std::string, int64_t> runs;  // program -> instructions
+  int64_t launches = 0;                 // GPU launches in all programs
+  double tensor_s = 0, vector_s = 0, memory_s = 0, bound_s = 0;
+};
+
+double operand_bytes(const fb::Kernel& k, uint32_t i) {
+  return double(k.operand_numel()->Get(i)) * double(dtype_bytes(static_cast<fb::DType>(k.operand_dtype()->Get(i))));
+}
+
+// The kernel's own work: its matrix products at the tensor rate, the rest of its arithmetic
+// (attention's softmax aside: `flops` counts attention by convention) at the CUDA-core rate, and
+// every operand (and its workspace) read or written once.
+Work kernel_work(const fb::Kernel& k) {
+  Work w;
+  w.tensor_flops = k.tensor_flops();
+  const std::string kind = k.kind() ? k.kind()->str() : "";
+  if (kind.rfind("attention", 0) != 0) w.vector_flops = std::max(0.0, k.flops() - k.tensor_flops());
+  for (uint32_t i = 0; i < k.operand_numel()->size(); ++i) w.bytes += operand_bytes(k, i);
+  w.bytes += double(k.cuda_scratch_bytes());
+  return w;
+}
+
+}  // namespace
+
+void add_roofline_report(const Module& m, const RooflineRates& rates, nlohmann::ordered_json& j) {
+  const fb::Module& f = m.fb();
+  const auto* kernels = f.kernels();
+  const std::string target = f.model()->target() ? f.model()->target()->str() : "";
+  if (target != "cuda" || !kernels) return;
+  bool recorded = false;
+  for (const fb::Kernel* k : *kernels) recorded |= k->tensor_flops() > 0;
+
+  std::map<std::string, Row> rows;
+  nlohmann::ordered_json programs = nlohmann::ordered_json::object();
+  for (const char* program : {"micro_step", "optimizer_step"}) {
+    const fb::Program* p = m.program(program);
+    if (!p) continue;
+    double tensor = 0, memory = 0, bound = 0, memory_bound = 0;  // this program's sums, seconds
+    auto add = [&](const std::string& name, const std::string& kind, const Work& w, int64_t launches) {
+      Row& r = rows[name];
+      r.name = name, r.kind = kind;
+      r.per_step.tensor_flops += w.tensor_flops;
+      r.per_step.vector_flops += w.vector_flops;
+      r.per_step.bytes += w.bytes;
+      r.runs[program]++;
+      r.launches += launches;
+      const double t = w.tensor_flops / (rates.tensor_tflops * 1e12),
+                   v = w.vector_flops / (rates.vector_tflops * 1e12), b = w.bytes / (rates.bandwidth_gbs * 1e9);
+      const double least = std::max({t, v, b});
+      r.tensor_s += t, r.vector_s += v, r.memory_s += b, r.bound_s += least;
+      tensor += t, memory += b, bound += least;
+      if (b >= t && b >= v) memory_bound += least;
+    };
+    for (const fb::Instr* ins : *p->instrs()) {
+      if (ins->op() == fb::OpCode::Kernel) {
+        const fb::Kernel& k = *kernels->Get(uint32_t(ins->ints()->Get(0)));
+        const std::string name = k.name() ? k.name()->str() : k.symbol()->str();
+        if (k.zero_operands() && k.zero_operands()->size()) {  // the runtime's clearing: its own row
+          Work clear;
+          for (uint32_t z : *k.zero_operands()) clear.bytes += operand_bytes(k, z);
+          add(name + " (clear)", "clear", clear, k.zero_operands()->size());
+        }
+        add(name, k.kind() ? k.kind()->str() : "", kernel_work(k), k.launches());
+      } else if (ins->op() == fb::OpCode::GlobalNorm) {  // the runtime's norm: reads every gradient
+        Work w;
+        for (uint32_t b : *ins->inputs()) {
+          w.bytes += double(m.buffer(b).size());
+          w.vector_flops += 2.0 * double(numel(m.buffer(b)));
+        }
+        add("global_norm", "norm", w, 1);
+      }
+    }
+    programs[program] = {{"bound_ms", bound * 1e3}, {"tensor_ms", tensor * 1e3}, {"memory_ms", memory * 1e3},
+                         {"memory_bound_kernels_ms", memory_bound * 1e3}};
+  }
+
+  nlohmann::ordered_json list = nlohmann::ordered_json::array();
+  std::vector<const Row*> order;
+  for (const auto& [name, r] : rows) order.push_back(&r);
+  std::stable_sort(order.begin(), order.end(), [](const Row* a, const Row* b) { return a->bound_s > b->bound_s; });
+  for (const Row* r : order) {
+    const char* limit = r->memory_s >= r->tensor_s && r->memory_s >= r->vector_s ? "memory"
+                        : r->tensor_s >= r->vector_s                              ? "tensor"
+                                                                                  : "vector";
+    list.push_back({{"name", r->name}, {"kind", r->kind}, {"runs", r->runs}, {"launches", r->launches},
+                    {"tensor_flops", r->per_step.tensor_flops}, {"vector_flops", r->per_step.vector_flops},
+                    {"bytes", r->per_step.bytes}, {"limit", limit}, {"bound_ms", r->bound_s * 1e3}});
+  }
+  // The MFU a step of one micro-step could reach: model FLOPs over (bound time x tensor rate).
+  const double model_flops = j["flops"]["rule_6nd_plus_attention"].get<double>();
+  double step_s = 0;
+  for (const auto& [name, p] : programs.items()) step_s += p["bound_ms"].get<double>() * 1e-3;
+  const double micro_s = programs.contains("micro_step") ? programs["micro_step"]["bound_ms"].get<double>() * 1e-3 : 0;
+  j["roofline"] = {
+      {"rates", {{"tensor_tflops", rates.tensor_tflops}, {"vector_tflops", rates.vector_tflops},
+                 {"bandwidth_gbs", rates.bandwidth_gbs}, {"source", rates.source}}},
+      {"recorded", recorded},
+      {"programs", programs},
+      {"model_flops_per_micro_step", model_flops},
+      {"step_bound_ms", step_s * 1e3},
+      {"mfu_ceiling", step_s > 0 ? model_flops / (step_s * rates.tensor_tflops * 1e12) : 0.0},
+      {"mfu_ceiling_micro_step_only", micro_s > 0 ? model_flops / (micro_s * rates.tensor_tflops * 1e12) : 0.0},
+      {"kernels", list}};
+}
+
+void print_roofline(const nlohmann::ordered_json& j) {
+  if (!j.contains("roofline"))
+    throw Error(j["module"].get<std::string>() + ": --roofline is for cuda modules (its rates are a GPU's); this one's "
+                "target is " + j["model"]["target"].get<std::string>());
+  const auto& r = j["roofline"];
+  if (!r["recorded"].get<bool>())
+    throw Error(j["module"].get<std::string>() + ": the module records no tensor FLOPs (an older kilnc); recompile it "
+                "for --roofline");
+  const auto& rates = r["rates"];
+  std::printf("roofline   least time per kernel at %.0f TFLOP/s for matrix products, %.0f TFLOP/s for other "
+              "arithmetic, %.0f GB/s of memory (%s)\n",
+              rates["tensor_tflops"].get<double>(), rates["vector_tflops"].get<double>(),
+              rates["bandwidth_gbs"].get<double>(), rates["source"].get<std::string>().c_str());
+  std::printf("           (the slowest of the three per kernel; every operand read or written once, which caches "
+              "can only add to)\n");
+  for (const auto& [name, p] : r["programs"].items()) {
+    const double bound = p["bound_ms"].get<double>();
+    std::printf("  %-15s %.4g ms: matrix products %.4g ms, memory-bound kernels %.4g ms (%.0f%%)\n", name.c_str(),
+                bound, p["tensor_ms"].get<double>(), p["memory_bound_kernels_ms"].get<double>(),
+                bound > 0 ? 100 * p["memory_bound_kernels_ms"].get<double>() / bound : 0.0);
+  }
+  std::printf("  a step of one micro-step takes at least %.4g ms: MFU at most %.1f%% of %.0f TFLOP/s "
+              "(%.4g model FLOPs per micro-step; %.1f%% for the micro-step alone)\n",
+              r["step_bound_ms"].get<double>(), 100 * r["mfu_ceiling"].get<double>(),
+              rates["tensor_tflops"].get<double>(), r["model_flops_per_micro_step"].get<double>(),
+              100 * r["mfu_ceiling_micro_step_only"].get<double>());
+  const double total = r["step_bound_ms"].get<double>();
+  std::printf("\n  %-52s %8s %12s %11s %10s %7s %10s %6s\n", "kernel (as kiln-run --profile names it)", "launches",
+              "matrix GFLOP", "other GFLOP", "moved MB", "limit", "bound us", "share");
+  for (const auto& k : r["kernels"]) {
+    std::string name = k["name"].get<std::string>();
+    if (name.size() > 52) name = name.substr(0, 49) + "...";
+    const double ms = k["bound_ms"].get<double>();
+    std::printf("  %-52s %8lld %12.3f %11.3f %10.3f %7s %10.2f %5.1f%%\n", name.c_str(),
+                (long long)k["launches"].get<int64_t>(), k["tensor_flops"].get<double>() / 1e9,
+                k["vector_flops"].get<double>() / 1e9, k["bytes"].get<double>() / 1e6,
+                k["limit"].get<std::string>().c_str(), ms * 1e3, total > 0 ? 100 * ms / total : 0.0);
+  }
+}
+
+}  // namespace kiln
