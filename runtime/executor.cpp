@@ -361,6 +361,7 @@ void Executor::read(uint32_t b, size_t offset, size_t bytes, void* dst) {
 int32_t* Executor::i32(uint32_t b) { return reinterpret_cast<int32_t*>(f32(b)); }
 
 std::string Executor::device_name() const { return device_ ? device_->device_name() : "cpu"; }
+size_t Executor::device_bytes() const { return device_ ? device_->device_bytes() : 0; }
 
 void Executor::sync_to_host() {
   if (!device_ || !host_stale_) return;

@@ -48,6 +48,8 @@ class Executor {
   void sync_to_host();
   // "cpu", or the GPU the module runs on ("NVIDIA H200 (sm_90, 139.8 GiB)").
   std::string device_name() const;
+  // Bytes the GPU holds for this executor (arena, workspaces, tables); 0 on the CPU.
+  size_t device_bytes() const;
 
   // Per-opcode wall time of every instruction run since profiling was enabled.
   void enable_profiling(bool on) { profile_ = on; }

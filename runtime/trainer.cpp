@@ -295,6 +295,9 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
                  peak / 1e12, o.peak_tflops > 0 ? "--peak-tflops"
                  : gpu ? "the H100/H200's nominal dense bf16 rate; give --peak-tflops for another GPU"
                        : "cores x 2.5 GHz x 32 fp32 FLOPs per cycle");
+  if (root && ex.device_bytes())
+    std::fprintf(stderr, "device memory: %.1f MiB held by Kiln (the arena %.1f MiB, the rest workspaces and tables)\n",
+                 double(ex.device_bytes()) / double(1 << 20), double(module.fb().arena_size()) / double(1 << 20));
   if (o.profile && root) ex.print_profile();
   if (!o.save.empty() && root) {
     save_parameters(ex, o.save);

@@ -223,6 +223,16 @@ def planned_arena_gib(module):
         pass
     return None
 
+def held_gib(log):
+    """What kiln-run said it held on the GPU ("device memory: X MiB held by Kiln ..."), in GiB."""
+    try:
+        for line in open(log, errors="replace"):
+            if line.startswith("device memory: "):
+                return float(line.split()[2]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
 rows, ratios = [], []
 for B, suffix in ((16, ""), (32, "-b32")):
     k = kiln_run(f"kiln-{bench}{suffix}")
@@ -245,8 +255,12 @@ for B, suffix in ((16, ""), (32, "-b32")):
         krow.update(ms=ms, tok_s=(Bk * T) / (ms / 1e3), tflops=kflops / (ms / 1e3) / 1e12 if kflops else None,
                     loss_first=k.get("loss_first"), loss_last=k.get("loss_last"))
     krow["note"] = k["note"]
+    held = held_gib(f"{work}/kiln-{bench}{suffix}.log")
     arena = planned_arena_gib(f"{bench}{suffix}.kiln")
-    if arena is not None:
+    if held is not None:
+        krow["mem"] = held
+        krow["note"] += "; peak mem = all Kiln allocated on the GPU (arena, workspaces, tables)"
+    elif arena is not None:
         krow["mem"] = arena
         krow["note"] += "; peak mem = the arena kiln-inspect planned"
     krow["raw"] = k

@@ -28,7 +28,6 @@
 #include <cstring>
 #include <string>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "runtime/cuda/shared_library.h"
@@ -177,6 +176,11 @@ class CudaDevice final : public Device {
 
   DevicePtr alloc(size_t bytes, const std::string& what) override;
   void free(DevicePtr p) override;
+  size_t allocated_bytes() const override {
+    size_t n = workspace_ ? kWorkspaceBytes : 0;
+    for (const auto& [p, bytes] : allocations_) n += bytes;
+    return n;
+  }
   void upload(DevicePtr dst, const void* src, size_t bytes) override {
     if (bytes == 0) return;
     // From pageable memory the runtime stages the bytes before returning, so `src` may change
@@ -258,7 +262,7 @@ class CudaDevice final : public Device {
 
   cudaDeviceProp prop_{};
   cudaStream_t stream_ = nullptr;  // the one compute stream (a CUstream for the driver)
-  std::unordered_set<DevicePtr> allocations_;  // freed at destruction if the executor did not
+  std::unordered_map<DevicePtr, size_t> allocations_;  // bytes; freed at destruction if the executor did not
 
   CuGetErrorString get_error_string_ = nullptr;
   CuModuleLoadData module_load_data_ = nullptr;
@@ -360,7 +364,7 @@ void CudaDevice::release() noexcept {
   lt_ = nullptr;
   if (workspace_) (void)cudaFree(workspace_);
   workspace_ = nullptr;
-  for (DevicePtr p : allocations_) (void)cudaFree(ptr(p));
+  for (const auto& [p, bytes] : allocations_) (void)cudaFree(ptr(p));
   allocations_.clear();
   if (module_ && module_unload_) (void)module_unload_(module_);
   module_ = nullptr;
@@ -383,7 +387,7 @@ DevicePtr CudaDevice::alloc(size_t bytes, const std::string& what) {
                 std::to_string(total_bytes) + " bytes free (cudaMemGetInfo)");
   }
   DevicePtr d = reinterpret_cast<uintptr_t>(p);
-  if (d) allocations_.insert(d);
+  if (d) allocations_[d] = bytes;
   return d;
 }
 

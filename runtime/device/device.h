@@ -59,6 +59,8 @@ class Device {
   // Memory. alloc throws kiln::Error naming `what` and the bytes needed when it cannot.
   virtual DevicePtr alloc(size_t bytes, const std::string& what) = 0;
   virtual void free(DevicePtr p) = 0;
+  // Bytes of device memory held now: alloc's blocks and the device's own (library workspaces).
+  virtual size_t allocated_bytes() const = 0;
   // Host to device, in stream order (the host buffer may change once this returns).
   virtual void upload(DevicePtr dst, const void* src, size_t bytes) = 0;
   // Device to host: waits for the stream's work before it, and for the copy.

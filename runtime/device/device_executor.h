@@ -54,6 +54,7 @@ class DeviceExecutor {
   // Bytes [offset, offset + bytes) of the arena, to the host.
   void read(uint64_t offset, size_t bytes, void* dst) { device_->download(dst, arena_ + offset, bytes); }
   const std::string& device_name() const { return device_name_; }
+  size_t device_bytes() const { return device_->allocated_bytes(); }  // all it holds on the GPU
 
  private:
   // One thing a program does on the device, planned at load.

@@ -144,6 +144,7 @@ void print_text(const ordered_json& j) {
   }
   print_fusion_report(j);
   print_cuda_summary(j);
+  print_roofline_summary(j);
 }
 
 }  // namespace

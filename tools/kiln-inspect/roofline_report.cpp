@@ -123,6 +123,15 @@ void add_roofline_report(const Module& m, const RooflineRates& rates, nlohmann::
       {"kernels", list}};
 }
 
+void print_roofline_summary(const nlohmann::ordered_json& j) {
+  if (!j.contains("roofline") || !j["roofline"]["recorded"].get<bool>()) return;
+  const auto& r = j["roofline"];
+  std::printf("roofline   a step of one micro-step takes at least %.4g ms at %s rates: MFU at most %.1f%% "
+              "(kiln-inspect --roofline lists every kernel)\n",
+              r["step_bound_ms"].get<double>(), r["rates"]["source"].get<std::string>().c_str(),
+              100 * r["mfu_ceiling"].get<double>());
+}
+
 void print_roofline(const nlohmann::ordered_json& j) {
   if (!j.contains("roofline"))
     throw Error(j["module"].get<std::string>() + ": --roofline is for cuda modules (its rates are a GPU's); this one's "

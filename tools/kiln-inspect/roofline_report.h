@@ -24,5 +24,7 @@ struct RooflineRates {
 void add_roofline_report(const Module& m, const RooflineRates& rates, nlohmann::ordered_json& j);
 // The table (--roofline).
 void print_roofline(const nlohmann::ordered_json& j);
+// One line (in the default report), nothing for a module without the roofline.
+void print_roofline_summary(const nlohmann::ordered_json& j);
 
 }  // namespace kiln

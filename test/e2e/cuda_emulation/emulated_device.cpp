@@ -81,6 +81,11 @@ class EmulatedDevice final : public Device {
     allocations_[DevicePtr(p)] = bytes;
     return DevicePtr(p);
   }
+  size_t allocated_bytes() const override {
+    size_t n = 0;
+    for (const auto& [p, bytes] : allocations_) n += bytes;
+    return n;
+  }
   void free(DevicePtr p) override {
     if (!allocations_.erase(p)) throw Error("emulated device: free of an address it did not allocate");
     std::free(reinterpret_cast<void*>(p));
