@@ -232,8 +232,10 @@ class Emitter {
     auto lhs = tensorOf(mm.getLhs()).getShape();
     const int64_t M = out[0], N = out[1], K = mm.getTransposeLhs() ? lhs[0] : lhs[1];
     const bool tA = mm.getTransposeLhs(), tB = mm.getTransposeRhs();
-    tensorFlops_ = 2.0 * double(M) * double(N) * double(K);
-    flops_ = tensorFlops_ + double(M * N) * double(epilogue.size());
+    const double product = 2.0 * double(M) * double(N) * double(K);
+    // bf16 products run on tensor cores; fp32 ones (compute 32F, no TF32) on the CUDA cores.
+    tensorFlops_ = tensorOf(mm.getLhs()).getElementType().isBF16() ? product : 0.0;
+    flops_ = product + double(M * N) * double(epilogue.size());
     if (t_ == Target::Cuda) return cudaMatmulNote(mm, epilogue, columns, M, N, K);
 
     auto operandF32 = [&](Value v, const char* name) {

@@ -484,7 +484,7 @@ void Executor::print_profile() const {
   std::sort(rows.rbegin(), rows.rend());
   std::fprintf(stderr, "%-40s %10s %7s %10s\n", "kernel", "total ms", "share", "calls");
   for (const auto& [sec, op] : rows)
-    std::fprintf(stderr, "%-40s %10.1f %6.1f%% %10lld\n", op.c_str(), sec * 1e3, 100 * sec / total,
+    std::fprintf(stderr, "%-40s %10.3f %6.1f%% %10lld\n", op.c_str(), sec * 1e3, 100 * sec / total,
                  (long long)profile_by_op_.at(op).second);
 }
 

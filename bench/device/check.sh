@@ -316,6 +316,10 @@ if pk and pk.get("peak_tflops"):
               + (" [CPU smoke]" if pk.get("device") == "cpu" else ""))
 elif pk:
     md.append(f"- peak matmul: {pk.get('error', 'no result')}")
+if pk and (pk.get("bandwidth_gbs") or pk.get("bandwidth_error")):
+    md.append(f"- memory bandwidth: {pk['copy_bytes'] // 2**20} MiB copied on the {'CPU [CPU smoke]' if pk.get('device') == 'cpu' else 'GPU'}, best of {pk['repeats']} x "
+              f"{pk['iters']}: {pk['bandwidth_gbs']:.0f} GB/s (read + write)" if pk.get("bandwidth_gbs")
+              else f"- memory bandwidth: {pk['bandwidth_error']}")
 ref = next((x for x in torch_runs.values() if x and x.get("flops_formula")), None)
 if ref:
     md.append(f"- model FLOPs per step = {ref['flops_formula']}; N_params = {ref['parameters']:,} "
@@ -352,6 +356,9 @@ if os.path.exists(rp):
         roof = json.loads(text[text.index("\n{") + 1:]).get("roofline")
     except (ValueError, AttributeError):
         roof = None
+if roof and not roof.get("recorded"):
+    md += ["", "- roofline: the module records no tensor FLOPs (compiled by an older kilnc: rerun prepare.sh); not used"]
+    roof = None
 bounds = {k["name"]: k for k in (roof or {}).get("kernels", [])}
 if roof:
     rt = roof["rates"]
@@ -371,7 +378,7 @@ if prof:
     total = sum(m["total_ms"] for m in merged.values()) / steps_profiled
     md += ["", f"## Kiln: time per kernel (kiln-run --profile: {steps_profiled} steps of B=16 run eagerly, each "
            "kernel between CUDA events), against its roofline bound", "",
-           "| kernel | ms per step | share | calls | bound ms | bound / measured | limit |",
+           f"| kernel | ms per step | share | calls in {steps_profiled} steps | bound ms | bound / measured | limit |",
            "|---|---:|---:|---:|---:|---:|---|"]
     for name, m in sorted(merged.items(), key=lambda kv: -kv[1]["total_ms"])[:30]:
         b = bounds.get(name)
@@ -711,8 +718,8 @@ log "e) Kiln"
 kiln_bench "$BENCH" 20
 
 # --- g) where Kiln's step goes; attention against PyTorch's SDPA backends -----------------------
-# kiln-run --profile: 3 steps of the benchmark module run eagerly, each kernel timed between CUDA
-# events (summary.md lists the largest rows, each against its roofline bound from kiln-inspect); pytorch_gpu_step.py --attention: causal SDPA forward +
+# kiln-run --profile: 3 steps of the benchmark module run eagerly, each kernel's GPU time taken
+# between CUDA events (summary.md lists the largest rows, each against its roofline bound from kiln-inspect); pytorch_gpu_step.py --attention: causal SDPA forward +
 # backward per backend (flash, efficient, cudnn) at the same shape, the numbers for choosing
 # between Kiln's attention kernels and cuDNN's.
 log "g) Kiln's per-kernel profile; attention backends"
@@ -730,7 +737,7 @@ else
 fi
 # Each kernel's least time at this GPU's measured rates (matmul peak and copy bandwidth from d)),
 # for the profile's "bound / measured" column.
-inspect=$([ -n "$KILN_RUN_BIN" ] && echo "$(dirname "$KILN_RUN_BIN")/kiln-inspect")
+inspect=${KILN_RUN_BIN:+$(dirname "$KILN_RUN_BIN")/kiln-inspect}
 if [ -n "$inspect" ] && [ -x "$inspect" ] && [ -f "$DEV/modules/$BENCH.kiln" ]; then
   rates=()
   [ -n "$PEAK" ] && rates+=(--peak-tflops "$PEAK")

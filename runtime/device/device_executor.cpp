@@ -331,17 +331,12 @@ float DeviceExecutor::run(const std::string& name, std::map<std::string, std::pa
 float DeviceExecutor::run_program(Program& p, std::map<std::string, std::pair<double, int64_t>>* profile) {
   for (auto [begin, end] : host_written_) device_->upload(arena_ + begin, host_state_ + begin, end - begin);
   if (poison_) device_->fill(arena_ + module_.fb().state_size(), 0xff, activation_bytes_);
-  if (profile) {  // eagerly, a timing mark between steps; read once the program is done
+  if (profile) {  // eagerly, a timing mark between steps; read once the program is done (below)
     device_->start_timing(p.steps.size() + 1);
     device_->mark(0);
     for (size_t i = 0; i < p.steps.size(); ++i) {
       issue(p.steps[i]);
       device_->mark(i + 1);
-    }
-    for (size_t i = 0; i < p.steps.size(); ++i) {
-      auto& [seconds, calls] = (*profile)[p.steps[i].name];
-      seconds += device_->seconds(i, i + 1);
-      ++calls;
     }
   } else {
     replay(p);
@@ -354,6 +349,12 @@ float DeviceExecutor::run_program(Program& p, std::map<std::string, std::pair<do
     drain_hook_();
     in_hook_ = false;
   }
+  if (profile)
+    for (size_t i = 0; i < p.steps.size(); ++i) {
+      auto& [seconds, calls] = (*profile)[p.steps[i].name];
+      seconds += device_->seconds(i, i + 1);
+      ++calls;
+    }
   // The result's first element: the loss or the gradient norm (the logits are read() by rows).
   const fb::Buffer& rb = module_.buffer(p.fb->result());
   std::vector<uint8_t> first(std::min<uint64_t>(rb.size(), 4));

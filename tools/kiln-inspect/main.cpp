@@ -204,8 +204,11 @@ int main(int argc, char** argv) {
                  "compiled from) to this file; - for stdout")
       ->type_name("FILE");
   CLI11_PARSE(app, argc, argv);
-  if (app.count("--peak-tflops") || app.count("--vector-tflops") || app.count("--bandwidth-gbs"))
-    rates.source = "as given";
+  std::string given;
+  for (const char* flag : {"--peak-tflops", "--vector-tflops", "--bandwidth-gbs"})
+    if (app.count(flag)) given += std::string(given.empty() ? "" : ", ") + flag;
+  if (given.size() == std::string("--peak-tflops, --vector-tflops, --bandwidth-gbs").size()) rates.source = "as given";
+  else if (!given.empty()) rates.source = given + " as given, the rest " + rates.source;
   try {
     Module m = Module::load(path);  // loading verifies the module and its memory plan
     if (verify) {

@@ -27,14 +27,16 @@ double operand_bytes(const fb::Kernel& k, uint32_t i) {
   return double(k.operand_numel()->Get(i)) * double(dtype_bytes(static_cast<fb::DType>(k.operand_dtype()->Get(i))));
 }
 
-// The kernel's own work: its matrix products at the tensor rate, the rest of its arithmetic
-// (attention's softmax aside: `flops` counts attention by convention) at the CUDA-core rate, and
-// every operand (and its workspace) read or written once.
+// The kernel's own work: its tensor-core products at the tensor rate, the rest of its arithmetic
+// at the CUDA-core rate (tensor-core attention's softmax aside: its `flops` is the convention's
+// count of the products; SIMT attention runs all of `flops` on the CUDA cores), and every operand
+// (and its workspace) read or written once.
 Work kernel_work(const fb::Kernel& k) {
   Work w;
   w.tensor_flops = k.tensor_flops();
   const std::string kind = k.kind() ? k.kind()->str() : "";
   if (kind.rfind("attention", 0) != 0) w.vector_flops = std::max(0.0, k.flops() - k.tensor_flops());
+  else if (w.tensor_flops == 0) w.vector_flops = k.flops();
   for (uint32_t i = 0; i < k.operand_numel()->size(); ++i) w.bytes += operand_bytes(k, i);
   w.bytes += double(k.cuda_scratch_bytes());
   return w;
@@ -87,7 +89,7 @@ void add_roofline_report(const Module& m, const RooflineRates& rates, nlohmann::
           w.bytes += double(m.buffer(b).size());
           w.vector_flops += 2.0 * double(numel(m.buffer(b)));
         }
-        add("global_norm", "norm", w, 1);
+        add("global_norm", "norm", w, 2);  // partial sums of squares, then their total
       }
     }
     programs[program] = {{"bound_ms", bound * 1e3}, {"tensor_ms", tensor * 1e3}, {"memory_ms", memory * 1e3},
@@ -106,8 +108,12 @@ void add_roofline_report(const Module& m, const RooflineRates& rates, nlohmann::
                     {"tensor_flops", r->per_step.tensor_flops}, {"vector_flops", r->per_step.vector_flops},
                     {"bytes", r->per_step.bytes}, {"limit", limit}, {"bound_ms", r->bound_s * 1e3}});
   }
-  // The MFU a step of one micro-step could reach: model FLOPs over (bound time x tensor rate).
+  // The MFU a step of one micro-step could reach: model FLOPs (the trainer's rule, which counts
+  // attention in full) over (bound time x tensor rate); and how busy the tensor cores could be
+  // with the products the kernels execute (causal attention as run).
   const double model_flops = j["flops"]["rule_6nd_plus_attention"].get<double>();
+  double executed = 0;
+  for (const auto& [name, r] : rows) executed += r.per_step.tensor_flops;
   double step_s = 0;
   for (const auto& [name, p] : programs.items()) step_s += p["bound_ms"].get<double>() * 1e-3;
   const double micro_s = programs.contains("micro_step") ? programs["micro_step"]["bound_ms"].get<double>() * 1e-3 : 0;
@@ -120,13 +126,14 @@ void add_roofline_report(const Module& m, const RooflineRates& rates, nlohmann::
       {"step_bound_ms", step_s * 1e3},
       {"mfu_ceiling", step_s > 0 ? model_flops / (step_s * rates.tensor_tflops * 1e12) : 0.0},
       {"mfu_ceiling_micro_step_only", micro_s > 0 ? model_flops / (micro_s * rates.tensor_tflops * 1e12) : 0.0},
+      {"tensor_busy_ceiling", step_s > 0 ? executed / (step_s * rates.tensor_tflops * 1e12) : 0.0},
       {"kernels", list}};
 }
 
 void print_roofline_summary(const nlohmann::ordered_json& j) {
   if (!j.contains("roofline") || !j["roofline"]["recorded"].get<bool>()) return;
   const auto& r = j["roofline"];
-  std::printf("roofline   a step of one micro-step takes at least %.4g ms at %s rates: MFU at most %.1f%% "
+  std::printf("roofline   a step of one micro-step takes at least %.4g ms (rates: %s): MFU at most %.1f%% "
               "(kiln-inspect --roofline lists every kernel)\n",
               r["step_bound_ms"].get<double>(), r["rates"]["source"].get<std::string>().c_str(),
               100 * r["mfu_ceiling"].get<double>());
@@ -145,8 +152,8 @@ void print_roofline(const nlohmann::ordered_json& j) {
               "arithmetic, %.0f GB/s of memory (%s)\n",
               rates["tensor_tflops"].get<double>(), rates["vector_tflops"].get<double>(),
               rates["bandwidth_gbs"].get<double>(), rates["source"].get<std::string>().c_str());
-  std::printf("           (the slowest of the three per kernel; every operand read or written once, which caches "
-              "can only add to)\n");
+  std::printf("           (the slowest of the three per kernel; memory: every operand read or written once from "
+              "HBM, which a kernel finding its input in L2 can beat)\n");
   for (const auto& [name, p] : r["programs"].items()) {
     const double bound = p["bound_ms"].get<double>();
     std::printf("  %-15s %.4g ms: matrix products %.4g ms, memory-bound kernels %.4g ms (%.0f%%)\n", name.c_str(),
@@ -154,10 +161,12 @@ void print_roofline(const nlohmann::ordered_json& j) {
                 bound > 0 ? 100 * p["memory_bound_kernels_ms"].get<double>() / bound : 0.0);
   }
   std::printf("  a step of one micro-step takes at least %.4g ms: MFU at most %.1f%% of %.0f TFLOP/s "
-              "(%.4g model FLOPs per micro-step; %.1f%% for the micro-step alone)\n",
+              "(%.1f%% for the micro-step alone)\n",
               r["step_bound_ms"].get<double>(), 100 * r["mfu_ceiling"].get<double>(),
-              rates["tensor_tflops"].get<double>(), r["model_flops_per_micro_step"].get<double>(),
-              100 * r["mfu_ceiling_micro_step_only"].get<double>());
+              rates["tensor_tflops"].get<double>(), 100 * r["mfu_ceiling_micro_step_only"].get<double>());
+  std::printf("  (MFU: %.4g model FLOPs per micro-step by the trainer's rule, attention counted in full; the "
+              "products the kernels execute keep the tensor cores at most %.1f%% busy)\n",
+              r["model_flops_per_micro_step"].get<double>(), 100 * r["tensor_busy_ceiling"].get<double>());
   const double total = r["step_bound_ms"].get<double>();
   std::printf("\n  %-52s %8s %12s %11s %10s %7s %10s %6s\n", "kernel (as kiln-run --profile names it)", "launches",
               "matrix GFLOP", "other GFLOP", "moved MB", "limit", "bound us", "share");

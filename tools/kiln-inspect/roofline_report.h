@@ -16,7 +16,7 @@ struct RooflineRates {
   double tensor_tflops = 989;
   double vector_tflops = 67;
   double bandwidth_gbs = 4800;
-  std::string source = "H200 SXM datasheet";
+  std::string source = "H200 SXM datasheet";  // where the rates come from, for the report
 };
 
 // Adds "roofline" (the rates, per kernel name and per program the bounds, the MFU ceiling) to the
