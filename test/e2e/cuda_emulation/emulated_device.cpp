@@ -30,6 +30,7 @@ namespace {
 namespace fs = std::filesystem;
 typedef void (*KernelFn)(void* const*, const long long*);
 typedef void (*LaunchFn)(KernelFn, const char*, unsigned, unsigned, void* const*, const long long*);
+typedef void (*StatsFn)(long long*);  // shim.h's kemu_stats
 
 float get(DevicePtr p, fb::DType t, int64_t i) {
   if (t == fb::DType::BF16) return cpu::from_bf16(reinterpret_cast<const uint16_t*>(p)[i]);
@@ -146,6 +147,7 @@ class EmulatedDevice final : public Device {
     lib_ = dlopen(so.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (!lib_) throw Error("emulated device: cannot load " + so.string() + ": " + dlerror());
     launch_ = reinterpret_cast<LaunchFn>(dlsym(lib_, "kemu_launch"));
+    stats_ = reinterpret_cast<StatsFn>(dlsym(lib_, "kemu_stats"));
     if (!launch_) throw Error("emulated device: " + so.string() + " lacks kemu_launch");
   }
   Function function(const std::string& symbol) override {
@@ -162,6 +164,7 @@ class EmulatedDevice final : public Device {
       clock_ += 1e-3;
       launch(fn, name, grid, block, reinterpret_cast<void* const*>(operands),
              reinterpret_cast<const long long*>(ranges));
+      hazards(name);
     });
   }
 
@@ -231,6 +234,22 @@ class EmulatedDevice final : public Device {
   }
 
  private:
+  // What the GPU leaves undefined and the emulation noticed in the launch just run: a shuffle
+  // (full mask) in a warp some of whose lanes had returned, __syncthreads reached from
+  // different lines in one round.
+  void hazards(const char* kernel) {
+    if (!stats_) return;
+    long long s[6] = {};
+    stats_(s);
+    if (s[4] > seen_[0] || s[5] > seen_[1]) {
+      const bool shfl = s[4] > seen_[0];
+      seen_[0] = s[4], seen_[1] = s[5];
+      throw Error(std::string("emulated device: kernel ") + kernel + ": " +
+                  (shfl ? "a warp-wide operation in a warp some of whose lanes had returned"
+                        : "__syncthreads reached from different lines in one round") +
+                  " (undefined on a GPU)");
+    }
+  }
   // Runs work now, or records it into the graph being captured.
   void work(std::function<void()> w) {
     if (capturing_) graphs_.back().push_back(std::move(w));
@@ -248,6 +267,8 @@ class EmulatedDevice final : public Device {
   std::map<DevicePtr, size_t> allocations_;
   void* lib_ = nullptr;
   LaunchFn launch_ = nullptr;
+  StatsFn stats_ = nullptr;
+  long long seen_[2] = {};  // hazards counted so far: shuffles with returned lanes, divergent barriers
   std::map<const void*, std::string> names_;
   std::vector<MatmulSpec> matmuls_;
   std::vector<std::vector<std::function<void()>>> graphs_;

@@ -11,8 +11,9 @@
 // (shuffles, mma, ldmatrix; their order: KEMU_SCHEDULE below), so
 // every other operation (shared memory, atomics) is free of races. __syncthreads waits for every
 // thread of the block that has not returned; a shuffle waits for every live lane of its warp.
-// A barrier nobody can pass (a deadlock on the GPU), __syncthreads reached from different lines
-// in the same round, and a shuffle in a warp some of whose lanes have returned are reported.
+// A barrier nobody can pass (a deadlock on the GPU) stops the run; __syncthreads reached from
+// different lines in the same round, and a shuffle in a warp some of whose lanes have returned,
+// are counted (kemu_stats), and the emulated device fails the launch that did either.
 //
 // Used by kernels_tu.cpp, which includes the generated kernels.cu inside a namespace after this
 // header; the driver (driver.cpp) reaches launches through kemu_launch (extern "C").
