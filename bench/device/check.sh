@@ -8,7 +8,8 @@
 #   a) the machine: nvidia-smi -L, driver, nvcc, cmake, ninja, compiler, python, torch
 #   b) the runtime: cmake -DKILN_COMPILER=OFF -DKILN_TESTS=OFF into build-dev, ninja kiln-run (then
 #      kiln-inspect, for g)); if configuring with the machine's own packages fails, again with
-#      the carried dependency bundle (bench/device/deps/kiln-build-deps.tar.gz unpacked into /tmp/kiln-deps)
+#      the carried dependency bundle (bench/device/deps/kiln-build-deps.tar.gz unpacked into
+#      /tmp/kiln-deps)
 #   c) parity: each bench/device/modules/NAME.kiln with a spec bench/device/specs/NAME.toml
 #      (the gpt2-* benchmark modules aside): one training step as a probe; if the runtime runs it,
 #      test/e2e/test_parity.py --exe (a wrapper running kiln-run NAME.kiln) against the PyTorch
@@ -16,12 +17,12 @@
 #   d) PyTorch (bench/pytorch_gpu_step.py): peak bf16 matmul, eager and torch.compile at B=16 T=1024
 #   e) Kiln: kiln-run gpt2-124m-bf16-cuda.kiln train, MFU against the measured matmul peak
 #      then, time allowing, the B=32 runs (Kiln, eager, compile; an out-of-memory is a result)
+#   t) GPT-2 124M on the demo corpus (SOTU): 40 steps with validation and checkpoints, resumed to
+#      60 with --save, then samples from the saved weights (scripts/train-demo.sh's GPU path)
 #   g) Kiln's per-kernel profile (kiln-run --profile, 3 steps) against each kernel's roofline bound
 #      (kiln-inspect --roofline at the measured rates), and causal attention forward +
 #      backward per PyTorch SDPA backend (flash, efficient, cudnn) at the benchmark's shape
 #   s) compute-sanitizer racecheck and memcheck on one step of long-bf16-cuda.kiln
-#   t) GPT-2 124M on the demo corpus (SOTU): 40 steps with validation and checkpoints, resumed to
-#      60 with --save, then samples from the saved weights (scripts/train-demo.sh's GPU path)
 #   f) the table: summary.md (kiln / torch eager / torch.compile: tok/s, ms/step, TFLOP/s, MFU,
 #      peak memory; kiln/compile and kiln/eager ratios), results.json, check.log, work.tar.gz
 #
@@ -746,6 +747,50 @@ kiln_bench() {
 log "e) Kiln"
 kiln_bench "$BENCH" 20
 
+# --- t) the training product on the GPU (#8; scripts/train-demo.sh's GPU path, which needs kilnc,
+# with the same model compiled on the build machine): GPT-2 124M on the demo corpus (SOTU, GPT-2
+# BPE) with validation, checkpoints, a resume from the last one, saved weights, then samples from
+# them. The losses, the resume line and the samples go to summary.md.
+log "t) GPT-2 124M on the demo corpus"
+demo=$WORK/demo
+if [ "$GPU_STEPS" = 0 ] || [ -z "$KILN_RUN_BIN" ] || [ -n "$CPU_ONLY_RUNTIME" ]; then
+  record demo skipped 0 "no kiln-run that runs cuda modules on a GPU here"
+elif [ ! -f "$DEV/data/sotu/train_000.bin" ] || [ ! -f "$DEV/data/tokenizer/vocab.bpe" ] || [ ! -f "$DEV/modules/$BENCH.kiln" ]; then
+  record demo skipped 0 "no demo corpus, tokenizer or $BENCH.kiln carried (rerun prepare.sh)"
+else
+  rm -rf "$demo"
+  mkdir -p "$demo"
+  targs=(train --data "$DEV/data/sotu/train_*.bin" --val-data "$DEV/data/sotu/val_*.bin" --val-every 20
+         --val-steps 4 --lr 6e-4 --warmup-steps 10 --checkpoint-dir "$demo/checkpoints" --checkpoint-every 20
+         --print-every 10 --log "$demo/train.jsonl")
+  [ -n "$PEAK" ] && targs+=(--peak-tflops "$PEAK")
+  rc=0
+  boxed demo-train 90 30 "$WORK/demo-train.log" "${KENV[@]}" "$KILN_RUN_BIN" "$DEV/modules/$BENCH.kiln" \
+    "${targs[@]}" --steps 40 || rc=$?
+  if [ "$rc" = 0 ]; then
+    record demo-train ok "$LAST_DT" "40 steps, checkpoints at 20 and 40"
+    rc=0
+    boxed demo-resume 90 20 "$WORK/demo-resume.log" "${KENV[@]}" "$KILN_RUN_BIN" "$DEV/modules/$BENCH.kiln" \
+      "${targs[@]}" --steps 60 --resume --save "$demo/gpt2-124m.safetensors" || rc=$?
+    if [ "$rc" = 0 ]; then
+      record demo-resume ok "$LAST_DT" "$(grep -a -m1 '^resuming from' "$WORK/demo-resume.log" | oneline)"
+      rc=0
+      boxed demo-sample 60 10 "$WORK/demo-sample.log" "${KENV[@]}" "$KILN_RUN_BIN" "$DEV/modules/$BENCH.kiln" \
+        sample --init "$demo/gpt2-124m.safetensors" --tokenizer "$DEV/data/tokenizer" \
+        --prompt "The state of the Union is" --max-new-tokens 40 --num-samples 2 --seed 7 || rc=$?
+      if [ "$rc" = 0 ]; then record demo-sample ok "$LAST_DT" "2 samples in summary.md"
+      elif [ "$rc" != 200 ]; then
+        record demo-sample "$(timed_out "$rc" && echo "timed out" || echo failed)" "$LAST_DT" "$(err_line "$WORK/demo-sample.log") (exit $rc)"
+      fi
+    elif [ "$rc" != 200 ]; then
+      record demo-resume "$(timed_out "$rc" && echo "timed out" || echo failed)" "$LAST_DT" "$(err_line "$WORK/demo-resume.log") (exit $rc)"
+    fi
+  elif [ "$rc" != 200 ]; then
+    record demo-train "$(timed_out "$rc" && echo "timed out" || echo failed)" "$LAST_DT" "$(err_line "$WORK/demo-train.log") (exit $rc)"
+  fi
+  rm -rf "$demo/checkpoints" "$demo/gpt2-124m.safetensors"  # gigabytes: not for work.tar.gz
+fi
+
 # --- g) where Kiln's step goes; attention against PyTorch's SDPA backends -----------------------
 # kiln-run --profile: 3 steps of the benchmark module run eagerly, each kernel's GPU time taken
 # between CUDA events (summary.md lists the largest rows, each against its roofline bound from kiln-inspect); pytorch_gpu_step.py --attention: causal SDPA forward +
@@ -814,50 +859,6 @@ else
       *) record "sanitizer-$tool" FAIL "$LAST_DT" "${summary:-$(err_line "$WORK/sanitizer-$tool.log")} (exit $rc; the hazards are in work.tar.gz: sanitizer-$tool.log)" ;;
     esac
   done
-fi
-
-# --- t) the training product on the GPU (#8; scripts/train-demo.sh's GPU path, which needs kilnc,
-# with the same model compiled on the build machine): GPT-2 124M on the demo corpus (SOTU, GPT-2
-# BPE) with validation, checkpoints, a resume from the last one, saved weights, then samples from
-# them. The losses, the resume line and the samples go to summary.md.
-log "t) GPT-2 124M on the demo corpus"
-demo=$WORK/demo
-if [ "$GPU_STEPS" = 0 ] || [ -z "$KILN_RUN_BIN" ] || [ -n "$CPU_ONLY_RUNTIME" ]; then
-  record demo skipped 0 "no kiln-run that runs cuda modules on a GPU here"
-elif [ ! -f "$DEV/data/sotu/train_000.bin" ] || [ ! -f "$DEV/data/tokenizer/vocab.bpe" ] || [ ! -f "$DEV/modules/$BENCH.kiln" ]; then
-  record demo skipped 0 "no demo corpus, tokenizer or $BENCH.kiln carried (rerun prepare.sh)"
-else
-  rm -rf "$demo"
-  mkdir -p "$demo"
-  targs=(train --data "$DEV/data/sotu/train_*.bin" --val-data "$DEV/data/sotu/val_*.bin" --val-every 20
-         --val-steps 4 --lr 6e-4 --warmup-steps 10 --checkpoint-dir "$demo/checkpoints" --checkpoint-every 20
-         --print-every 10 --log "$demo/train.jsonl")
-  [ -n "$PEAK" ] && targs+=(--peak-tflops "$PEAK")
-  rc=0
-  boxed demo-train 90 30 "$WORK/demo-train.log" "${KENV[@]}" "$KILN_RUN_BIN" "$DEV/modules/$BENCH.kiln" \
-    "${targs[@]}" --steps 40 || rc=$?
-  if [ "$rc" = 0 ]; then
-    record demo-train ok "$LAST_DT" "40 steps, checkpoints at 20 and 40"
-    rc=0
-    boxed demo-resume 90 20 "$WORK/demo-resume.log" "${KENV[@]}" "$KILN_RUN_BIN" "$DEV/modules/$BENCH.kiln" \
-      "${targs[@]}" --steps 60 --resume --save "$demo/gpt2-124m.safetensors" || rc=$?
-    if [ "$rc" = 0 ]; then
-      record demo-resume ok "$LAST_DT" "$(grep -a -m1 '^resuming from' "$WORK/demo-resume.log" | oneline)"
-      rc=0
-      boxed demo-sample 60 10 "$WORK/demo-sample.log" "${KENV[@]}" "$KILN_RUN_BIN" "$DEV/modules/$BENCH.kiln" \
-        sample --init "$demo/gpt2-124m.safetensors" --tokenizer "$DEV/data/tokenizer" \
-        --prompt "The state of the Union is" --max-new-tokens 40 --num-samples 2 --seed 7 || rc=$?
-      if [ "$rc" = 0 ]; then record demo-sample ok "$LAST_DT" "2 samples in summary.md"
-      elif [ "$rc" != 200 ]; then
-        record demo-sample "$(timed_out "$rc" && echo "timed out" || echo failed)" "$LAST_DT" "$(err_line "$WORK/demo-sample.log") (exit $rc)"
-      fi
-    elif [ "$rc" != 200 ]; then
-      record demo-resume "$(timed_out "$rc" && echo "timed out" || echo failed)" "$LAST_DT" "$(err_line "$WORK/demo-resume.log") (exit $rc)"
-    fi
-  elif [ "$rc" != 200 ]; then
-    record demo-train "$(timed_out "$rc" && echo "timed out" || echo failed)" "$LAST_DT" "$(err_line "$WORK/demo-train.log") (exit $rc)"
-  fi
-  rm -rf "$demo/checkpoints" "$demo/gpt2-124m.safetensors"  # gigabytes: not for work.tar.gz
 fi
 
 # --- the B=32 runs, time allowing --------------------------------------------------------------
