@@ -220,7 +220,8 @@ class CudaDevice final : public Device {
   }
   void launch_graph(Graph g) override;
 
-  // Profiling marks are CUDA events on the stream: kernel time without the host's gaps.
+  // Profiling marks are CUDA events on the stream: GPU time between them (the host's launch gaps
+  // count only where the GPU waits for the host).
   void start_timing(size_t marks) override {
     while (timing_.size() < marks) {
       cudaEvent_t e = nullptr;
