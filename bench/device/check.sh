@@ -16,7 +16,7 @@
 #      reference; if it refuses, "kiln: not available: <its error line>"
 #   d) PyTorch (bench/pytorch_gpu_step.py): peak bf16 matmul, eager and torch.compile at B=16 T=1024
 #   e) Kiln: kiln-run gpt2-124m-bf16-cuda.kiln train, MFU against the measured matmul peak
-#      then, time allowing, the B=32 runs (Kiln, eager, compile; an out-of-memory is a result)
+#      then, time allowing, the B=32 and B=64 runs (Kiln, eager, compile; an out-of-memory is a result)
 #   t) GPT-2 124M on the demo corpus (SOTU): 40 steps with validation and checkpoints, resumed to
 #      60 with --save, then samples from the saved weights (scripts/train-demo.sh's GPU path)
 #   g) Kiln's per-kernel profile (kiln-run --profile, 3 steps) against each kernel's roofline bound
@@ -27,7 +27,7 @@
 #      peak memory; kiln/compile and kiln/eager ratios), results.json, check.log, work.tar.gz
 #
 # Usage: bash bench/device/check.sh [--dry-run] [--budget S] [--steps N] [--kiln-steps N]
-#                                   [--no-build] [--no-parity] [--no-b32] [--compile-mode M]
+#                                   [--no-build] [--no-parity] [--no-large-batches] [--compile-mode M]
 #   --dry-run        no build and no GPU: uses an existing kiln-run (KILN_RUN, build-dev/ or
 #                    build/) for the Kiln steps (the refusal path) and runs PyTorch in its --tiny
 #                    CPU smoke configuration; for checking the script on the build machine
@@ -35,7 +35,7 @@
 #   --steps N        PyTorch timed steps (default 20, after 5 warm-up steps)
 #   --kiln-steps N   Kiln steps (default 30; the first 5 are not counted)
 #   --no-build       use an existing kiln-run instead of building
-#   --no-parity      skip c)     --no-b32   skip the B=32 runs
+#   --no-parity      skip c)     --no-large-batches   skip the B=32 and B=64 runs
 #   --compile-mode M torch.compile mode (default, reduce-overhead, max-autotune, ...)
 # Environment: OUT (default ./device-out; created), PYTHON (default: the first of python3,
 #   /usr/bin/python3 that imports torch), KILN_RUN, KILN_BUILD_DIR (default build-dev),
@@ -78,7 +78,7 @@ while [ $# -gt 0 ]; do
     --kiln-steps) need_int "$1" "${2-}" $((KILN_WARMUP + 1)); KILN_STEPS=$2; shift 2 ;;
     --no-build) DO_BUILD=0; shift ;;
     --no-parity) DO_PARITY=0; shift ;;
-    --no-b32) DO_B32=0; shift ;;
+    --no-large-batches|--no-b32) DO_B32=0; shift ;;
     --compile-mode) [ -n "${2-}" ] || { echo "check.sh: --compile-mode needs a mode" >&2; exit 2; }
                     COMPILE_MODE=$2; shift 2 ;;
     *) echo "check.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
@@ -237,7 +237,7 @@ def held_gib(log):
     return None
 
 rows, ratios = [], []
-for B, suffix in ((16, ""), (32, "-b32")):
+for B, suffix in ((16, ""), (32, "-b32"), (64, "-b64")):
     k = kiln_run(f"kiln-{bench}{suffix}")
     e = torch_runs.get(f"torch-eager{suffix}")
     c = torch_runs.get(f"torch-compile{suffix}")
@@ -861,19 +861,23 @@ else
   done
 fi
 
-# --- the B=32 runs, time allowing --------------------------------------------------------------
+# --- the B=32 and B=64 runs, time allowing: Kiln's first (short), then PyTorch eager, then compile
 if [ "$DO_B32" = 0 ]; then
-  record b32 skipped 0 "--no-b32"
+  record large-batches skipped 0 "--no-large-batches"
 elif [ "$GPU_STEPS" = 0 ]; then
-  record b32 skipped 0 "$([ "$DRY" = 1 ] && echo "dry run" || echo "no GPU")"
+  record large-batches skipped 0 "$([ "$DRY" = 1 ] && echo "dry run" || echo "no GPU")"
 else
-  log "B=32, time allowing"
-  kiln_bench "$BENCH-b32" 20
+  log "B=32 and B=64, time allowing"
+  for b in 32 64; do kiln_bench "$BENCH-b$b" 20; done
   if [ -n "$PY" ] && [ "$GPU_TORCH" = 1 ]; then
-    torch_run torch-eager-b32 150 60 --mode eager -B 32 -T 1024 --steps "$TORCH_STEPS" --warmup "$TORCH_WARMUP" \
-      "${DATA_ARGS[@]}" "${PEAK_ARGS[@]}"
-    torch_run torch-compile-b32 300 150 --mode compile --compile-mode "$COMPILE_MODE" -B 32 -T 1024 \
-      --steps "$TORCH_STEPS" --warmup "$TORCH_WARMUP" "${DATA_ARGS[@]}" "${PEAK_ARGS[@]}"
+    for b in 32 64; do
+      torch_run "torch-eager-b$b" 150 60 --mode eager -B "$b" -T 1024 --steps "$TORCH_STEPS" \
+        --warmup "$TORCH_WARMUP" "${DATA_ARGS[@]}" "${PEAK_ARGS[@]}"
+    done
+    for b in 32 64; do
+      torch_run "torch-compile-b$b" 300 150 --mode compile --compile-mode "$COMPILE_MODE" -B "$b" -T 1024 \
+        --steps "$TORCH_STEPS" --warmup "$TORCH_WARMUP" "${DATA_ARGS[@]}" "${PEAK_ARGS[@]}"
+    done
   fi
 fi
 # f) in finish(), on exit.
