@@ -18,6 +18,7 @@ struct AttentionShape {
   int64_t B, T, C, H;  // batch, sequence length, channels, heads (hs = C / H <= 128)
   bool bf16;           // qkv, out, dout, dqkv stored as bf16 (else fp32); lse is always fp32
   bool simt = false;   // never the tensor-core kernels (kilnc --cuda-simt-attention)
+  int forwardRows = 0;  // query rows per warp of the tensor-core forward: 16 or 32; 0: its choice
 };
 
 // One kernel launch: `symbol` with a 1-D grid of `grid` blocks of `block` threads. All shared

@@ -11,13 +11,15 @@
 // So a warp's 16 x 64 score tile is 8 C tiles; two neighbouring C tiles, rounded to bf16, are
 // one A fragment over 16 keys (the P or dS operand of the next product), and a row's values sit
 // in the 4 lanes of its g: row reductions are two __shfl_xor_sync (1, 2).
-// A block is 4 warps of 16 rows (64 queries, or 64 keys for dk/dv) and walks 64-row tiles of the
-// other side in shared memory (bf16, rows padded by 8 elements so that the 8 row addresses of an
-// ldmatrix fall in different banks). The walk is pipelined: while a tile is used, the next one
-// is copied in by cp.async into the other of two buffers (head sizes up to 80; larger heads have
-// one buffer, as two would pass the 48 KB of static shared memory). B fragments come from ldmatrix, four
-// 8x8 matrices (two B fragments) per instruction: plain for B = X^T of a row-major tile X (the
-// scores: keys or queries as the tile's rows), transposed for B = X (the value-side products).
+// A block is 4 warps of 16 rows (64 queries, or 64 keys for dk/dv; the forward's warps take 32
+// rows, two m-tiles, where head size and sequence allow: forwardMTiles) and walks 64-row tiles
+// of the other side in shared memory (bf16, rows padded by 8 elements so that the 8 row
+// addresses of an ldmatrix fall in different banks). The walk is pipelined: while a tile is
+// used, the next one is copied in by cp.async into the other of two buffers (head sizes up to
+// 80; larger heads have one buffer, as two would pass the 48 KB of static shared memory). B
+// fragments come from ldmatrix, four 8x8 matrices (two B fragments) per instruction: plain for
+// B = X^T of a row-major tile X (the scores: keys or queries as the tile's rows), transposed for
+// B = X (the value-side products); each feeds the products of all the warp's m-tiles.
 // Softmax exponentials are exp2 of scores pre-multiplied by log2(e); tiles wholly inside the
 // causal triangle and the sequence skip the mask.
 #include <algorithm>
@@ -41,6 +43,7 @@ const char* kCommon = R"(  // Batch, sequence length, channels, heads, head size
   constexpr int TILE = ${TILE};        // rows per block, and per step of the walked side
   constexpr int STAGES = ${STAGES};    // tile buffers: 2 (the next tile is copied during this one) when they fit
   constexpr int KC = HS / 16, NC = HS / 8;  // 16-channel chunks (products over channels), 8-channel C tiles
+  constexpr int MT = ${MT};            // 16-row m-tiles per warp: each B fragment read serves MT products
   constexpr int LD = HS + 8;           // row stride of the shared tiles, in bf16 elements
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int batch = (blockIdx.x % (B * H)) / H, h = blockIdx.x % H;
@@ -62,37 +65,52 @@ const char* kCommon = R"(  // Batch, sequence length, channels, heads, head size
   };
   // The row address this lane gives ldmatrix: row lane % 8 of matrix lane / 8.
   const int lm = lane / 8, lr = lane % 8;
-  // acc[j] (8 C tiles: 16 rows x 64 tile rows) += a . tile^T over the channels: B = tile^T; one
-  // ldmatrix gives the B fragments of tile rows 8j .. 8j + 15 for 16 channels.
-  auto rows_product = [&](float (*acc)[4], const uint32_t (*a)[4], const bf16* tile) {
+  // The products below take the warp's MT m-tiles at once (acc[mt], a[mt]; with MT = 1, &x of
+  // a single tile's x): each ldmatrix's B fragments feed 2 MT mma.
+  // acc[mt][j] (8 C tiles: 16 rows x 64 tile rows) += a[mt] . tile^T over the channels: B =
+  // tile^T; one ldmatrix gives the B fragments of tile rows 8j .. 8j + 15 for 16 channels.
+  auto rows_product = [&](float (*acc)[8][4], const uint32_t (*a)[KC][4], const bf16* tile) {
 #pragma unroll
     for (int j = 0; j < 8; j += 2)
 #pragma unroll
       for (int kc = 0; kc < KC; kc++) {
         uint32_t bf[4];
         ldmatrix_x4(bf, tile + (8 * (j + lm / 2) + lr) * LD + 16 * kc + 8 * (lm % 2));
-        mma_bf16_16816(acc[j], a[kc], bf);
-        mma_bf16_16816(acc[j + 1], a[kc], bf + 2);
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+          mma_bf16_16816(acc[mt][j], a[mt][kc], bf);
+          mma_bf16_16816(acc[mt][j + 1], a[mt][kc], bf + 2);
+        }
       }
   };
-  // acc[n] (NC C tiles: 16 rows x HS channels) += a . tile rows 16 kc .. 16 kc + 15, a one A
-  // fragment over those rows: B = the tile read column-wise, one transposed ldmatrix per 16
-  // channels.
-  auto cols_chunk = [&](float (*acc)[4], const uint32_t* a, const bf16* tile, int kc) {
+  // acc[mt][n] (NC C tiles: 16 rows x HS channels) += a[mt] . tile rows 16 kc .. 16 kc + 15, a
+  // one A fragment over those rows: B = the tile read column-wise, one transposed ldmatrix per
+  // 16 channels.
+  auto cols_chunk = [&](float (*acc)[NC][4], const uint32_t (*a)[4], const bf16* tile, int kc) {
 #pragma unroll
     for (int n = 0; n < NC; n += 2) {
       uint32_t bf[4];
       ldmatrix_x4_trans(bf, tile + (16 * kc + 8 * (lm % 2) + lr) * LD + 8 * (n + lm / 2));
-      mma_bf16_16816(acc[n], a, bf);
-      mma_bf16_16816(acc[n + 1], a, bf + 2);
+#pragma unroll
+      for (int mt = 0; mt < MT; mt++) {
+        mma_bf16_16816(acc[mt][n], a[mt], bf);
+        mma_bf16_16816(acc[mt][n + 1], a[mt], bf + 2);
+      }
     }
   };
-  // acc[n] += x . tile, x the 16 x 64 values in 8 C tiles (rounded to bf16 as A fragments).
-  auto cols_product = [&](float (*acc)[4], const float (*x)[4], const bf16* tile) {
+  // acc[mt] += x[mt] . tile, x[mt] 16 x 64 values in 8 C tiles (rounded to bf16 as A fragments).
+  auto cols_product = [&](float (*acc)[NC][4], const float (*x)[8][4], const bf16* tile) {
 #pragma unroll
     for (int kc = 0; kc < 4; kc++) {
-      const uint32_t af[4] = {pack_bf16(x[2 * kc][0], x[2 * kc][1]), pack_bf16(x[2 * kc][2], x[2 * kc][3]),
-                              pack_bf16(x[2 * kc + 1][0], x[2 * kc + 1][1]), pack_bf16(x[2 * kc + 1][2], x[2 * kc + 1][3])};
+      uint32_t af[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; mt++) {
+        const float (*y)[4] = x[mt];
+        af[mt][0] = pack_bf16(y[2 * kc][0], y[2 * kc][1]);
+        af[mt][1] = pack_bf16(y[2 * kc][2], y[2 * kc][3]);
+        af[mt][2] = pack_bf16(y[2 * kc + 1][0], y[2 * kc + 1][1]);
+        af[mt][3] = pack_bf16(y[2 * kc + 1][2], y[2 * kc + 1][3]);
+      }
       cols_chunk(acc, af, tile, kc);
     }
   };
@@ -141,10 +159,10 @@ const char* kForward = R"(// Causal self-attention forward on tensor cores (B=${
 // For each (b, h) and query row r, with scale = 1 / sqrt(${HS}):
 //   s[r2] = scale * q[r] . k[r2] for r2 <= r,   out[r] = sum_r2 softmax(s)[r2] v[r2],
 //   lse[r] = log sum_r2 exp(s[r2]).
-// One block per (query tile, b, h); warp w owns queries q0 + 16w .. q0 + 16w + 15 (q in registers
-// as A fragments) and walks the key tiles up to the diagonal: S = q k^T (keys row-wise), the
-// online softmax on the C fragments (running max m and sum l per row; o and l rescaled when m
-// grows), then o += P v (values column-wise).
+// One block per (query tile of ${QTILE}, b, h); warp w owns the ${MT} x 16 queries from
+// q0 + 16 MT w (q in registers as A fragments) and walks the key tiles up to the block's last
+// query: S = q k^T (keys row-wise), the online softmax on the C fragments (running max m and sum
+// l per row; o and l rescaled when m grows), then o += P v (values column-wise).
 extern "C" __global__ void __launch_bounds__(${THREADS}) ${SYMBOL}(void* const* b, const long long* range) {
 ${COMMON}  const bf16* qkv = (const bf16*)b[0];
   bf16* out = (bf16*)b[1];
@@ -153,67 +171,77 @@ ${COMMON}  const bf16* qkv = (const bf16*)b[0];
   __shared__ __align__(16) bf16 k_tile[STAGES][TILE * LD], v_tile[STAGES][TILE * LD];
 
   // Blocks in order of decreasing work: the last query tiles (most keys) first.
-  constexpr int q_tiles = (T + TILE - 1) / TILE;
-  const int q0 = (q_tiles - 1 - (int)blockIdx.x / (B * H)) * TILE, r0 = q0 + 16 * warp + g;
-  uint32_t qf[KC][4];
-  load_a(qf, qkv, [&](int r, int c) { return qkv_at(r, 0, c); }, r0);
-  // Per row (r0: i = 0, r0 + 8: i = 1): o the unnormalised output, m the running max of the
-  // scores in log2 units (scale_log2 q . k), l the sum of exp2(score - m).
-  float o[NC][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  constexpr int QTILE = MT * TILE, q_tiles = (T + QTILE - 1) / QTILE;
+  const int q0 = (q_tiles - 1 - (int)blockIdx.x / (B * H)) * QTILE, r0 = q0 + 16 * MT * warp + g;
+  uint32_t qf[MT][KC][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++) load_a(qf[mt], qkv, [&](int r, int c) { return qkv_at(r, 0, c); }, r0 + 16 * mt);
+  // Per row (m-tile mt; r0 + 16 mt: i = 0, + 8: i = 1): o the unnormalised output, m the running
+  // max of the scores in log2 units (scale_log2 q . k), l the sum of exp2(score - m).
+  float o[MT][NC][4] = {}, m[MT][2], l[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++) m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.0f;
 
-  walk(q0 / TILE + 1, [&](int tile, int buf) {  // the key tiles up to the diagonal
+  walk((min(q0 + QTILE, T) + TILE - 1) / TILE, [&](int tile, int buf) {  // the key tiles to the last query
     load_tile(k_tile[buf], qkv, 1, tile * TILE);
     load_tile(v_tile[buf], qkv, 2, tile * TILE);
   }, [&](int tile, int buf) {
     const int k0 = tile * TILE;
-    float s[8][4] = {};
+    float s[MT][8][4] = {};
     rows_product(s, qf, k_tile[buf]);
-    // On the diagonal tile and the sequence's last, a key past the row or the sequence is -inf.
-    // Key 0 is in every row's first tile, so m is finite from then on (rows past the sequence
-    // too: computed, never stored).
-    const bool masked = k0 == q0 || k0 + TILE > T;
-    float mx[2] = {-INFINITY, -INFINITY};
-    each([&](int j, int e, int col, int i) {
-      const int key = k0 + col, row = r0 + 8 * i;
-      s[j][e] = masked && (key > row || key >= T) ? -INFINITY : s[j][e] * scale_log2;
-      mx[i] = fmaxf(mx[i], s[j][e]);
-    });
-    float rescale[2], sum[2] = {0.0f, 0.0f};
+    // A tile with a key past the block's first query, or past the sequence, tests the mask (such
+    // a key is -inf). Key 0 is in every row's first tile, so m is finite from then on, also in
+    // tiles wholly masked for a warp's rows (and for rows past the sequence: computed, never
+    // stored).
+    const bool masked = k0 + TILE - 1 > q0 || k0 + TILE > T;
+    float mx[MT][2], rescale[MT][2], sum[MT][2];
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
-      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
-      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
-      const float m_new = fmaxf(m[i], mx[i]);
-      rescale[i] = exp2f(m[i] - m_new);  // 0 on the first tile (m = -inf)
-      m[i] = m_new;
+    for (int mt = 0; mt < MT; mt++) {
+      mx[mt][0] = mx[mt][1] = -INFINITY, sum[mt][0] = sum[mt][1] = 0.0f;
+      each([&](int j, int e, int col, int i) {
+        const int key = k0 + col, row = r0 + 16 * mt + 8 * i;
+        s[mt][j][e] = masked && (key > row || key >= T) ? -INFINITY : s[mt][j][e] * scale_log2;
+        mx[mt][i] = fmaxf(mx[mt][i], s[mt][j][e]);
+      });
+#pragma unroll
+      for (int i = 0; i < 2; i++) {
+        mx[mt][i] = fmaxf(mx[mt][i], __shfl_xor_sync(0xffffffffu, mx[mt][i], 1));
+        mx[mt][i] = fmaxf(mx[mt][i], __shfl_xor_sync(0xffffffffu, mx[mt][i], 2));
+        const float m_new = fmaxf(m[mt][i], mx[mt][i]);
+        rescale[mt][i] = exp2f(m[mt][i] - m_new);  // 0 on the first tile (m = -inf)
+        m[mt][i] = m_new;
+      }
+      each([&](int j, int e, int, int i) {
+        s[mt][j][e] = exp2f(s[mt][j][e] - m[mt][i]);  // masked keys: exp2(-inf) = 0
+        sum[mt][i] += s[mt][j][e];
+      });
+#pragma unroll
+      for (int i = 0; i < 2; i++) {
+        sum[mt][i] += __shfl_xor_sync(0xffffffffu, sum[mt][i], 1);
+        sum[mt][i] += __shfl_xor_sync(0xffffffffu, sum[mt][i], 2);
+        l[mt][i] = l[mt][i] * rescale[mt][i] + sum[mt][i];
+      }
+#pragma unroll
+      for (int n = 0; n < NC; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[mt][n][e] *= rescale[mt][e >> 1];
     }
-    each([&](int j, int e, int, int i) {
-      s[j][e] = exp2f(s[j][e] - m[i]);  // masked keys: exp2(-inf) = 0
-      sum[i] += s[j][e];
-    });
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-      sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], 1);
-      sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], 2);
-      l[i] = l[i] * rescale[i] + sum[i];
-    }
-#pragma unroll
-    for (int n = 0; n < NC; n++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) o[n][e] *= rescale[e >> 1];
     cols_product(o, s, v_tile[buf]);
   });
 
   // out = o / l; lse = (m + log2 l) / log2(e), the natural log-sum-exp of the scaled scores.
 #pragma unroll
-  for (int i = 0; i < 2; i++) {
-    const int row = r0 + 8 * i;
-    if (row >= T) continue;
-    const float inv = 1.0f / l[i];
+  for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-    for (int n = 0; n < NC; n++) st_pair(out + act_at(row, 8 * n + 2 * t), pack_bf16(o[n][2 * i] * inv, o[n][2 * i + 1] * inv));
-    if (t == 0) lse[lse_at(row)] = (m[i] + log2f(l[i])) / log2e;
-  }
+    for (int i = 0; i < 2; i++) {
+      const int row = r0 + 16 * mt + 8 * i;
+      if (row >= T) continue;
+      const float inv = 1.0f / l[mt][i];
+#pragma unroll
+      for (int n = 0; n < NC; n++)
+        st_pair(out + act_at(row, 8 * n + 2 * t), pack_bf16(o[mt][n][2 * i] * inv, o[mt][n][2 * i + 1] * inv));
+      if (t == 0) lse[lse_at(row)] = (m[mt][i] + log2f(l[mt][i])) / log2e;
+    }
 }
 )";
 
@@ -309,8 +337,8 @@ ${COMMON}${OPERANDS}  constexpr bool DQ_IN_DKV = ${DQ_IN_DKV};
   }, [&](int tile, int buf) {
     const int q0 = k0 + tile * TILE;
     float s[8][4] = {}, dp[8][4] = {};
-    rows_product(s, kf, q_tile[buf]);
-    rows_product(dp, vf, g_tile[buf]);
+    rows_product(&s, &kf, q_tile[buf]);
+    rows_product(&dp, &vf, g_tile[buf]);
     // s becomes p = exp(scale * s - lse[query]) (0 unless key <= query < T: only the diagonal
     // tile and the sequence's last need the test), dp becomes ds.
     const bool masked = q0 == k0 || q0 + TILE > T;
@@ -320,8 +348,8 @@ ${COMMON}${OPERANDS}  constexpr bool DQ_IN_DKV = ${DQ_IN_DKV};
       s[j][e] = p;
       dp[j][e] = p * (dp[j][e] - d_tile[buf][col]);
     });
-    cols_product(dv, s, g_tile[buf]);
-    cols_product(dk, dp, q_tile[buf]);
+    cols_product(&dv, &s, g_tile[buf]);
+    cols_product(&dk, &dp, q_tile[buf]);
     if constexpr (DQ_IN_DKV) {
       bf16* ds = HS >= TILE ? g_tile[buf] : ds_own;
       __syncthreads();  // every warp is done with the dout tile
@@ -334,9 +362,9 @@ ${COMMON}${OPERANDS}  constexpr bool DQ_IN_DKV = ${DQ_IN_DKV};
       float dqp[NC][4] = {};
 #pragma unroll
       for (int kc = 0; kc < 4; kc++) {
-        uint32_t af[4];
-        ldmatrix_x4_trans(af, ds + (16 * kc + 8 * (lm / 2) + lr) * LDS + 16 * warp + 8 * (lm % 2));
-        cols_chunk(dqp, af, kk_tile, kc);
+        uint32_t af[1][4];
+        ldmatrix_x4_trans(af[0], ds + (16 * kc + 8 * (lm / 2) + lr) * LDS + 16 * warp + 8 * (lm % 2));
+        cols_chunk(&dqp, af, kk_tile, kc);
       }
 #pragma unroll
       for (int n = 0; n < NC; n++)
@@ -390,8 +418,8 @@ ${COMMON}${OPERANDS}  __shared__ __align__(16) bf16 k_tile[STAGES][TILE * LD], v
   }, [&](int tile, int buf) {
     const int k0 = tile * TILE;
     float s[8][4] = {}, dp[8][4] = {};
-    rows_product(s, qf, k_tile[buf]);
-    rows_product(dp, gf, v_tile[buf]);
+    rows_product(&s, &qf, k_tile[buf]);
+    rows_product(&dp, &gf, v_tile[buf]);
     // ds = p (dp - D) with p = exp(scale * s - lse) (0 unless key <= row < T: only the diagonal
     // tile and the sequence's last need the test), kept in dp.
     const bool masked = k0 == q0 || k0 + TILE > T;
@@ -400,7 +428,7 @@ ${COMMON}${OPERANDS}  __shared__ __align__(16) bf16 k_tile[STAGES][TILE * LD], v
       const float p = masked && (key > row || row >= T) ? 0.0f : exp2f(s[j][e] * scale_log2 - row_lse[i]);
       dp[j][e] = p * (dp[j][e] - row_d[i]);
     });
-    cols_product(dq, dp, k_tile[buf]);
+    cols_product(&dq, &dp, k_tile[buf]);
   });
 
 #pragma unroll
@@ -444,26 +472,38 @@ int dkvStagesWithDq(int64_t hs) {
   return 2 * stage + keys + ds <= limit ? 2 : stage + keys + ds <= limit ? 1 : 0;
 }
 
-std::vector<std::pair<std::string, std::string>> vars(const std::string& symbol, const AttentionShape& s) {
+// 16-row m-tiles per warp in the forward: two for head sizes up to 64 and sequences of more than
+// one tile (each B fragment read from shared memory then feeds two products, and half as many
+// blocks copy the key tiles; two tiles' o, S and q fit in the registers), else one.
+// AttentionShape::forwardRows chooses otherwise (kilnc --cuda-attention-rows).
+int forwardMTiles(const AttentionShape& s) {
+  if (s.forwardRows) return s.forwardRows / 16;
+  return s.C / s.H <= 64 && s.T > kTile ? 2 : 1;
+}
+
+std::vector<std::pair<std::string, std::string>> vars(const std::string& symbol, const AttentionShape& s,
+                                                      int mTiles = 1) {
   const int64_t hs = s.C / s.H;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));  // as the CPU kernels compute it
   std::vector<std::pair<std::string, std::string>> common = {
       {"B", num(s.B)},   {"T", num(s.T)},         {"C", num(s.C)},           {"H", num(s.H)},
       {"HS", num(hs)},   {"SCALE", floatLiteral(scale)}, {"SCALE_LOG2", floatLiteral(static_cast<float>(scale * 1.4426950408889634))},   {"TILE", num(kTile)},      {"THREADS", num(kThreads)},
-      {"WARPS", num(kWarps)}, {"STAGES", num(stagesOf(hs))}};
+      {"WARPS", num(kWarps)}, {"STAGES", num(stagesOf(hs))}, {"MT", num(mTiles)}, {"QTILE", num(kTile * mTiles)}};
   std::vector<std::pair<std::string, std::string>> v = {
       {"SYMBOL", symbol}, {"COMMON", fillTemplate(kCommon, common)}, {"OPERANDS", kBackwardOperands}};
   v.insert(v.end(), common.begin(), common.end());
   return v;
 }
 
-unsigned gridOf(const AttentionShape& s) { return unsigned(s.B * s.H * ((s.T + kTile - 1) / kTile)); }
+unsigned gridOf(const AttentionShape& s, int rows = kTile) { return unsigned(s.B * s.H * ((s.T + rows - 1) / rows)); }
 
-// Arithmetic of `products` tile products (each 2 x TILE x TILE x HS) for every (query tile, key
-// tile) pair the causal walk visits: whole tiles up to and including the diagonal.
-double tileProductFlops(const AttentionShape& s, int products) {
-  const double tiles = double((s.T + kTile - 1) / kTile), pairs = tiles * (tiles + 1) / 2;
-  return double(products) * 2.0 * kTile * kTile * double(s.C / s.H) * pairs * double(s.B * s.H);
+// Arithmetic of `products` products (each 2 HS per (row, key) pair) for every pair the causal
+// walk visits: blocks of `rows` rows against whole key tiles up to the block's last row.
+double tileProductFlops(const AttentionShape& s, int products, int rows = kTile) {
+  double pairs = 0;
+  for (int64_t r0 = 0; r0 < s.T; r0 += rows)
+    pairs += double(rows) * kTile * double((std::min<int64_t>(r0 + rows, s.T) + kTile - 1) / kTile);
+  return double(products) * 2.0 * double(s.C / s.H) * pairs * double(s.B * s.H);
 }
 
 }  // namespace
@@ -474,9 +514,10 @@ bool cudaAttentionUsesTensorCores(const AttentionShape& s) {
 
 AttentionSource cudaAttentionForwardMma(const std::string& symbol, const AttentionShape& s) {
   AttentionSource a;
-  a.source = fillTemplate(kForward, vars(symbol, s));
-  a.launches.push_back({symbol, gridOf(s), unsigned(kThreads)});
-  a.tensor_flops = tileProductFlops(s, 2);  // S = q k^T, out += P v
+  const int mTiles = forwardMTiles(s);
+  a.source = fillTemplate(kForward, vars(symbol, s, mTiles));
+  a.launches.push_back({symbol, gridOf(s, kTile * mTiles), unsigned(kThreads)});
+  a.tensor_flops = tileProductFlops(s, 2, kTile * mTiles);  // S = q k^T, out += P v
   return a;
 }
 

@@ -324,7 +324,7 @@ class Writer {
     const int64_t heads = isa<AttentionOp>(op) ? int64_t(cast<AttentionOp>(op).getNumHeads())
                                                : int64_t(cast<AttentionGradOp>(op).getNumHeads());
     AttentionShape shape{t.getDimSize(0), t.getDimSize(1), t.getDimSize(2) / 3, heads, t.getElementType().isBF16(),
-                         options_.simtAttention};
+                         options_.simtAttention, options_.attentionRows};
     try {
       GeneratedKernel k;
       const std::string head =

@@ -15,6 +15,7 @@ struct WriteOptions {
   bool fusion = true;              // recorded: false for --no-fusion
   std::string dumpKernelsDir;      // when set, the generated kernel sources are written here
   bool simtAttention = false;      // cuda: never the tensor-core attention kernels
+  int attentionRows = 0;           // cuda: query rows per warp of the tensor-core forward (0: its choice)
 };
 
 // One instruction per op: a built-in kernel for a graph op, a generated kernel for a kiln.fusion

@@ -335,21 +335,25 @@ if os.path.exists(kl):  # what the runtime said at load (e.g. how cuBLASLt's alg
 md.append(f"- ms/step: median over the timed steps (PyTorch: {next((x['steps'] for x in torch_runs.values() if x and 'steps' in x), '?')} "
           f"after warm-up, CUDA events; Kiln: its dt_ms, the first {kwarm} steps not counted)")
 # Kiln's profile (print_profile: kernel, total ms, share, calls) and the attention comparison.
-prof = []
-pp = f"{work}/kiln-profile.log"
-if os.path.exists(pp):
-    seen_header = False
-    for line in open(pp, errors="replace"):
-        if line.startswith("kernel") and "total ms" in line:
-            seen_header = True
-            continue
-        parts = line.rsplit(None, 3)
-        if seen_header and len(parts) == 4:
-            try:
-                prof.append({"kernel": parts[0].strip(), "total_ms": float(parts[1]),
-                             "share": parts[2], "calls": int(parts[3])})
-            except ValueError:
-                pass
+def read_profile(path):
+    """The rows of kiln-run --profile's table (kernel, total ms, share, calls)."""
+    rows, seen_header = [], False
+    if os.path.exists(path):
+        for line in open(path, errors="replace"):
+            if line.startswith("kernel") and "total ms" in line:
+                seen_header = True
+                continue
+            parts = line.rsplit(None, 3)
+            if seen_header and len(parts) == 4:
+                try:
+                    rows.append({"kernel": parts[0].strip(), "total_ms": float(parts[1]),
+                                 "share": parts[2], "calls": int(parts[3])})
+                except ValueError:
+                    pass
+    return rows
+
+prof = read_profile(f"{work}/kiln-profile.log")
+prof16 = read_profile(f"{work}/kiln-profile-rows16.log")  # the forward with 16-row warps
 # kiln-inspect --roofline --json (the boxed log: the command line, then the JSON).
 roof = None
 rp = f"{work}/kiln-roofline.json"
@@ -396,10 +400,15 @@ if att:
     md += ["", f"## Attention, forward + backward, B={att.get('B')} H={att.get('H')} T={att.get('T')} "
            f"head size {att.get('head_size')} ({att.get('dtype')}, causal): ms per layer", "",
            "| implementation | median ms | note |", "|---|---:|---|"]
-    by = {r["kernel"]: r for r in prof}
+    by, by16 = {r["kernel"]: r for r in prof}, {r["kernel"]: r for r in prof16}
     if "attention" in by and "attention_grad" in by and by["attention"]["calls"]:
         ms = (by["attention"]["total_ms"] + by["attention_grad"]["total_ms"]) / by["attention"]["calls"]
         md.append(f"| kiln (attention + attention_grad kernels) | {ms:.3f} | from the profile above |")
+    for label, b in (("32 query rows per warp (the default)", by), ("16 query rows per warp (kilnc "
+                     "--cuda-attention-rows 16)", by16)):
+        if "attention" in b and b["attention"]["calls"]:
+            md.append(f"| kiln forward alone, {label} | {b['attention']['total_ms'] / b['attention']['calls']:.3f} "
+                      "| kiln-run --profile |")
     for name, r in (att.get("backends") or {}).items():
         md.append(f"| torch SDPA {name} | {f(r.get('median_ms'), '.3f')} | {r.get('error', '')} |")
     if att.get("skipped") or att.get("error"):
@@ -793,13 +802,14 @@ fi
 
 # --- g) where Kiln's step goes; attention against PyTorch's SDPA backends -----------------------
 # kiln-run --profile: 3 steps of the benchmark module run eagerly, each kernel's GPU time taken
-# between CUDA events (summary.md lists the largest rows, each against its roofline bound from kiln-inspect); pytorch_gpu_step.py --attention: causal SDPA forward +
-# backward per backend (flash, efficient, cudnn) at the same shape, the numbers for choosing
-# between Kiln's attention kernels and cuDNN's.
+# between CUDA events (summary.md lists the largest rows, each against its roofline bound from
+# kiln-inspect); pytorch_gpu_step.py --attention: causal SDPA forward + backward per backend
+# (flash, efficient, cudnn) at the same shape, the numbers for choosing between Kiln's attention
+# kernels and cuDNN's.
 log "g) Kiln's per-kernel profile; attention backends"
+pdata="$DEV/data/gpt2-124m/train_*.bin"
+[ -f "$BENCH_DATA" ] || pdata="$WORK/data/train_*.bin"
 if [ -n "$KILN_RUN_BIN" ] && [ -z "$CPU_ONLY_RUNTIME" ] && [ -f "$DEV/modules/$BENCH.kiln" ]; then
-  pdata="$DEV/data/gpt2-124m/train_*.bin"
-  [ -f "$BENCH_DATA" ] || pdata="$WORK/data/train_*.bin"
   rc=0
   boxed kiln-profile 90 25 "$WORK/kiln-profile.log" "${KENV[@]}" "$KILN_RUN_BIN" "$DEV/modules/$BENCH.kiln" \
     train --data "$pdata" --steps 3 --lr-schedule constant --profile || rc=$?
@@ -829,6 +839,17 @@ if [ -n "$PY" ] && [ "$GPU_TORCH" = 1 ] && [ "$GPU_STEPS" = 1 ]; then
   torch_run torch-attention 90 20 --attention -B 16 -T 1024
 elif [ -n "$PY" ] && [ "$DRY" = 1 ]; then
   torch_run torch-attention 60 10 --device cpu --tiny --attention
+fi
+# The attention forward with 16-row warps (prepare.sh's -rows16 module), for its profile row
+# beside the default's 32: the numbers behind kilnc's choice.
+if [ -n "$KILN_RUN_BIN" ] && [ -z "$CPU_ONLY_RUNTIME" ] && [ "$GPU_STEPS" = 1 ] && [ -f "$DEV/modules/$BENCH-rows16.kiln" ]; then
+  rc=0
+  boxed kiln-profile-rows16 60 20 "$WORK/kiln-profile-rows16.log" "${KENV[@]}" "$KILN_RUN_BIN" \
+    "$DEV/modules/$BENCH-rows16.kiln" train --data "$pdata" --steps 3 --lr-schedule constant --profile || rc=$?
+  if [ "$rc" = 0 ]; then record kiln-profile-rows16 ok "$LAST_DT" "the attention row in summary.md's attention table"
+  elif [ "$rc" != 200 ]; then
+    record kiln-profile-rows16 "$(timed_out "$rc" && echo "timed out" || echo failed)" "$LAST_DT" "$(err_line "$WORK/kiln-profile-rows16.log") (exit $rc)"
+  fi
 fi
 
 # --- s) compute-sanitizer on the real GPU: racecheck (shared-memory hazards between threads, e.g.

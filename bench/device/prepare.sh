@@ -5,7 +5,8 @@
 #
 #   specs/    generated specs (git-ignored):
 #               gpt2-124m-bf16-cuda.toml      models/gpt2-124m.toml, precision bf16, target cuda,
-#                                             B=16 T=1024 (the benchmark); -b32, -b64: B=32, 64
+#                                             B=16 T=1024 (the benchmark); -b32, -b64: B=32, 64;
+#                                             -rows16: kilnc --cuda-attention-rows 16
 #               {tiny,tiny-bf16,awkward,awkward-bf16,long-bf16}-cuda.toml
 #                                             test/e2e/configs/*.toml with target = "cuda" (parity)
 #               long-bf16-simt-cuda.toml      the same, compiled with --cuda-simt-attention
@@ -91,6 +92,7 @@ bench_spec() {  # bench_spec NAME B
   set_key "$f" target '"cuda"'
 }
 bench_spec gpt2-124m-bf16-cuda 16
+bench_spec gpt2-124m-bf16-cuda-rows16 16  # compiled with --cuda-attention-rows 16 (check.sh's g)
 if [ "$B32" = 1 ]; then
   bench_spec gpt2-124m-bf16-cuda-b32 32
   bench_spec gpt2-124m-bf16-cuda-b64 64
@@ -118,6 +120,7 @@ for f in "$DEV"/specs/*.toml; do
   t0=$SECONDS
   flags=()
   [[ "$name" == *-simt-cuda ]] && flags=(--cuda-simt-attention)
+  [[ "$name" == *-rows16 ]] && flags=(--cuda-attention-rows 16)
   if ! "$KILNC" "$f" --emit=module -o "$mod" "${flags[@]}" > "$DEV/modules/$name.log" 2>&1; then
     rm -f "$mod"
     cat "$DEV/modules/$name.log" >&2

@@ -54,6 +54,7 @@ int main(int argc, char** argv) {
   std::string input, output, emit = "exe", runtime, recompute = "none";
   double bucketMB = 25.0;
   bool debugInfo = false, printAfterAll = false, noFusion = false, singleOps = false, simtAttention = false;
+  int attentionRows = 0;
   std::string dumpKernels;
   app.add_option("input", input, "model spec (.toml) or kiln IR (.mlir)")->required();
   app.add_option("-o,--output", output, "output file (default: stdout for IR)");
@@ -76,6 +77,10 @@ int main(int argc, char** argv) {
   app.add_flag("--cuda-simt-attention", simtAttention,
                "cuda target: attention on the SIMT kernels (fp32 FMAs) even where the tensor-core ones apply "
                "(bf16, head size a multiple of 16)");
+  app.add_option("--cuda-attention-rows", attentionRows,
+                 "cuda target: query rows per warp of the tensor-core attention forward, 16 or 32 (default: 32 "
+                 "for head sizes up to 64 and sequences over 64, else 16)")
+      ->check(CLI::IsMember({16, 32}));
   app.add_option("--runtime", runtime, "runtime binary to embed the module in (default: kiln-run beside kilnc)");
   app.add_flag("--debug-info", debugInfo, "print IR with locations");
   app.add_flag("--print-ir-after-all", printAfterAll, "print the IR after every pass (stderr)");
@@ -151,6 +156,7 @@ int main(int argc, char** argv) {
     options.fusion = !noFusion;
     options.dumpKernelsDir = dumpKernels;
     options.simtAttention = simtAttention;
+    options.attentionRows = attentionRows;
     auto bytes = kiln::writeModule(*module, spec, options);
     if (failed(bytes)) return 1;
     if (emit == "module") {
