@@ -3,7 +3,7 @@
 # CMake, ninja and PyTorch, but no MLIR and no network), after bench/device/prepare.sh has
 # compiled the modules on the build machine. See bench/device/README.md.
 #
-# Steps, each time-boxed (timeout) inside one budget (--budget, 450 s: the whole stays under 8
+# Steps, each time-boxed (timeout) inside one budget (--budget, 470 s: the whole stays under 8
 # minutes); a step that no longer fits is skipped and reported as such:
 #   a) the machine: nvidia-smi -L, driver, nvcc, cmake, ninja, compiler, python, torch
 #   b) the runtime: cmake -DKILN_COMPILER=OFF -DKILN_TESTS=OFF into build-dev, ninja kiln-run (then
@@ -31,7 +31,7 @@
 #   --dry-run        no build and no GPU: uses an existing kiln-run (KILN_RUN, build-dev/ or
 #                    build/) for the Kiln steps (the refusal path) and runs PyTorch in its --tiny
 #                    CPU smoke configuration; for checking the script on the build machine
-#   --budget S       seconds for everything (default 450)
+#   --budget S       seconds for everything (default 470)
 #   --steps N        PyTorch timed steps (default 20, after 5 warm-up steps)
 #   --kiln-steps N   Kiln steps (default 30; the first 5 are not counted)
 #   --no-build       use an existing kiln-run instead of building
@@ -49,7 +49,7 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 DEV=$ROOT/bench/device
 BUILD_DIR=${KILN_BUILD_DIR:-$ROOT/build-dev}
 DEPS_ROOT=${KILN_DEPS_DIR:-/tmp/kiln-deps}
-BUDGET=450
+BUDGET=470
 RESERVE=15            # seconds kept for the table and the archive
 PARITY_BUDGET=180     # seconds for all of c)
 TORCH_STEPS=20
