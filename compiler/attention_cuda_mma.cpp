@@ -40,7 +40,7 @@ const char* kCommon = R"(  // Batch, sequence length, channels, heads, head size
   // times log2(e): exp(scale x - y) = exp2(scale_log2 x - log2e y).
   constexpr int B = ${B}, T = ${T}, C = ${C}, H = ${H}, HS = ${HS};
   constexpr float scale = ${SCALE}, scale_log2 = ${SCALE_LOG2}, log2e = 1.44269504f;
-  constexpr int TILE = ${TILE};        // rows per block, and per step of the walked side
+  constexpr int TILE = ${TILE};        // rows of a walked tile; a block owns MT x TILE rows
   constexpr int STAGES = ${STAGES};    // tile buffers: 2 (the next tile is copied during this one) when they fit
   constexpr int KC = HS / 16, NC = HS / 8;  // 16-channel chunks (products over channels), 8-channel C tiles
   constexpr int MT = ${MT};            // 16-row m-tiles per warp: each B fragment read serves MT products
