@@ -49,7 +49,10 @@ void add_roofline_report(const Module& m, const RooflineRates& rates, nlohmann::
   const auto* kernels = f.kernels();
   const std::string target = f.model()->target() ? f.model()->target()->str() : "";
   if (target != "cuda" || !kernels) return;
-  bool recorded = false;
+  // A bf16 module from an older kilnc has no tensor FLOPs; an fp32 one has none to record (its
+  // products and SIMT attention run on the CUDA cores).
+  const std::string precision = f.model()->precision() ? f.model()->precision()->str() : "";
+  bool recorded = precision != "bf16";
   for (const fb::Kernel* k : *kernels) recorded |= k->tensor_flops() > 0;
 
   std::map<std::string, Row> rows;
