@@ -793,8 +793,7 @@ class Emitter {
     body_ += "  if (threadIdx.x == 0) {\n";
     body_ += "    const float lse = (mx + log2f(sum)) * 0.693147181f;\n";
     for (const std::string& o : lseOut) body_ += "    st(" + o + ", r, lse);\n";
-    body_ += "    atomicAdd(&" + symbolPrefix() + "loss_sum, (double)(lse - " + at(logits, "row + " + at(targets, "r")) + "));\n";
-    cudaLossTotal(lossOut, N);
+    cudaLossTotal("lse - " + at(logits, "row + " + at(targets, "r")), lossOut, N);
     return success();
   }
 
@@ -828,14 +827,25 @@ class Emitter {
     return "__device__ double " + symbolPrefix() + "loss_sum = 0.0;\n__device__ unsigned " + symbolPrefix() +
            "rows_done = 0;\n";
   }
-  // Thread 0 of a row's block, after adding the row's loss to loss_sum: the last block to finish
-  // writes the mean over the N rows and resets the sum and counter for the next launch.
-  void cudaLossTotal(const std::vector<std::string>& lossOut, int64_t N) {
+  // Thread 0 of a row's block: adds the row's loss (an expression) to loss_sum; the last block to
+  // finish writes the mean over the N rows and resets the sum and counter for the next launch.
+  void cudaLossTotal(const std::string& rowLoss, const std::vector<std::string>& lossOut, int64_t N) {
+    body_ += "    atomicAdd(&" + symbolPrefix() + "loss_sum, (double)(" + rowLoss + "));\n";
     body_ += "    __threadfence();\n";
     body_ += "    if (atomicAdd(&" + symbolPrefix() + "rows_done, 1u) == gridDim.x - 1) {\n";
     body_ += "      const double total = atomicAdd(&" + symbolPrefix() + "loss_sum, 0.0);\n";
     for (const std::string& o : lossOut) body_ += "      st(" + o + ", 0, (float)(total / " + num(N) + ".0));\n";
     body_ += "      " + symbolPrefix() + "loss_sum = 0.0;\n      " + symbolPrefix() + "rows_done = 0;\n    }\n  }\n";
+  }
+
+  // After cudaRowMaxSum / cudaBlockMaxSum (warp 0 inside its `if`): the row's log-sum-exp shared
+  // with the block as row_lse, then each thread's lse, lse log2(e) and g = dloss / N, the scale of
+  // the gradient d = g (softmax - onehot) (`softmax` says how it is computed).
+  void cudaRowLseAndScale(Value dloss, int64_t N, const std::string& softmax) {
+    body_ += "    if (threadIdx.x == 0) row_lse = (mx + log2f(sum)) * 0.693147181f;\n  }\n";
+    body_ += "  __syncthreads();\n";
+    body_ += "  // d = g (softmax - onehot), " + softmax + "\n";
+    body_ += "  const float lse = row_lse, lse2 = lse * 1.44269504f, g = " + at(dloss, "0") + " / " + num(N) + ".0f;\n";
   }
 
   // One block per row of logits (r, row = r * V): the row's max mx and sum of exp2(x - mx) over
@@ -878,18 +888,14 @@ class Emitter {
     body_ += "  const int t = " + at(targets, "r") + ";\n";
     body_ += "  if (threadIdx.x == 0) row_xt = " + at(logits, "row + t") + ";\n";
     cudaRowMaxSum(logits, valid);
-    body_ += "    if (threadIdx.x == 0) row_lse = (mx + log2f(sum)) * 0.693147181f;\n  }\n";
-    body_ += "  __syncthreads();\n";
-    body_ += "  // d = g (softmax - onehot), softmax = exp(x - lse) = exp2(x log2(e) - lse log2(e)).\n";
-    body_ += "  const float lse = row_lse, lse2 = lse * 1.44269504f, g = " + at(dloss, "0") + " / " + num(N) + ".0f;\n";
+    cudaRowLseAndScale(dloss, N, "softmax = exp(x - lse) = exp2(x log2(e) - lse log2(e)).");
     body_ += "#pragma unroll 4\n";
     body_ += "  for (long long j = threadIdx.x; j < " + num(V) + "; j += blockDim.x) {\n";
     body_ += "    float d = j < " + num(valid) + " ? g * exp2f(" + at(logits, "row + j") + " * 1.44269504f - lse2) : 0.0f;\n";
     body_ += "    if (j == t) d -= g;\n";
     body_ += "    st(" + dl + ", row + j, d);\n  }\n";
     body_ += "  if (threadIdx.x == 0) {\n";
-    body_ += "    atomicAdd(&" + symbolPrefix() + "loss_sum, (double)(lse - row_xt));\n";
-    cudaLossTotal(lossOut, N);
+    cudaLossTotal("lse - row_xt", lossOut, N);
     return success();
   }
 
@@ -921,10 +927,7 @@ class Emitter {
     body_ += "      if (v > mx) { sum = sum * exp2f(mx - v) + 1.0f; mx = v; } else { sum += exp2f(v - mx); }\n";
     body_ += "    }\n  }\n";
     cudaBlockMaxSum();
-    body_ += "    if (threadIdx.x == 0) row_lse = (mx + log2f(sum)) * 0.693147181f;\n  }\n";
-    body_ += "  __syncthreads();\n";
-    body_ += "  // d = g (softmax - onehot), softmax = exp2(x log2(e) - lse log2(e)); 0 past the classes.\n";
-    body_ += "  const float lse = row_lse, lse2 = lse * 1.44269504f, g = " + at(dloss, "0") + " / " + num(N) + ".0f;\n";
+    cudaRowLseAndScale(dloss, N, "softmax = exp2(x log2(e) - lse log2(e)); 0 past the classes.");
     body_ += each + "    if (j >= " + num(V) + ") break;\n";
     body_ += "    float d[2];\n";
     body_ += "    for (int h = 0; h < 2; ++h) {\n";
@@ -934,8 +937,7 @@ class Emitter {
     body_ += "    }\n";
     body_ += "    st_pair(" + dl + " + row + j, pack_bf16(d[0], d[1]));\n  }\n";
     body_ += "  if (threadIdx.x == 0) {\n";
-    body_ += "    atomicAdd(&" + symbolPrefix() + "loss_sum, (double)(lse - xt));\n";
-    cudaLossTotal(lossOut, N);
+    cudaLossTotal("lse - xt", lossOut, N);
     return success();
   }
 
