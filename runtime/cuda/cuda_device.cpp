@@ -248,13 +248,14 @@ class CudaDevice final : public Device {
     const void* c = nullptr;  // C's address: s.c when beta != 0, else D's (not read)
   };
   // The algorithm chosen for one product shape (product() and the operands' alignments), shared
-  // by every plan of that shape; with tuning, the times of the heuristic's first candidate and of
+  // by every plan of that shape; with tuning, the times of the first candidate that ran and of
   // the chosen one (ms per call), and how many plans use it.
   struct Choice {
     cublasLtMatmulAlgo_t algo{};
     float first_ms = 0.0f, best_ms = 0.0f;
     int candidates = 1, uses = 0;
-    bool changed = false;  // another candidate than the heuristic's first
+    bool timed = false;    // several candidates ran and were timed
+    bool changed = false;  // another candidate than the first that ran
   };
   Choice choose(const MatmulPlan& p, const cublasLtMatmulHeuristicResult_t* r, int n);
   static void destroy(MatmulPlan& p) noexcept;
@@ -279,7 +280,7 @@ class CudaDevice final : public Device {
   void* workspace_ = nullptr;
   std::vector<MatmulPlan> plans_;
   std::unordered_map<std::string, Choice> choices_;
-  bool tune_ = true;  // KILN_CUBLASLT_TUNE=0: the heuristic's first candidate, untimed
+  bool tune_ = true;  // KILN_CUBLASLT_TUNE=0: the heuristic's first candidate that runs, untimed
   std::vector<cudaGraphExec_t> graphs_;
   std::vector<cudaEvent_t> timing_;  // profiling marks
 };
@@ -569,7 +570,7 @@ Device::Matmul CudaDevice::plan_matmul(const MatmulSpec& s) {
     cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
     int found = 0;
     cublasStatus_t st = lt().cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.first, p.second, p.out, p.out, pref,
-                                                            tune_ ? kCandidates : 1, results, &found);
+                                                            kCandidates, results, &found);
     int usable = 0;
     for (int i = 0; i < found; i++)
       if (results[i].state == CUBLAS_STATUS_SUCCESS) results[usable++] = results[i];
@@ -606,17 +607,17 @@ Device::Matmul CudaDevice::plan_matmul(const MatmulSpec& s) {
   return plans_.size() - 1;
 }
 
-// cuBLASLt's heuristic guesses from a performance model; for the few shapes of a model the guess
-// is checked: each candidate runs on the plan's own operands (one warm-up call, then kTimed calls
-// between two events) and the fastest is kept if it beats the heuristic's first by more than
-// kMargin (timing noise alone must not change the choice, and with it the rounding, from one run
-// to the next). Plans are made at load, before the arena holds anything (device.h), so what
-// these calls write is overwritten before it is read. A candidate whose call fails is skipped.
+// cuBLASLt's heuristic guesses from a performance model, and a product it offers algorithms for
+// may still be refused by the call itself (cublasLt.h: an unsupported EPILOGUE_AUX_DATA_TYPE
+// "calling cublasLtMatmul() will return CUBLAS_INVALID_VALUE"), so every choice is tried on the
+// plan's own operands first. Without tuning the first candidate that runs is kept. With tuning,
+// each candidate that runs is timed (its trial call is the warm-up, then kTimed calls between two
+// events) and the fastest is kept if it beats the first that ran by more than kMargin (timing
+// noise alone must not change the choice, and with it the rounding, from one run to the next).
+// If none runs, the product is refused (MatmulUnsupported: the executor then runs it plain, with
+// the epilogue as a kernel of its own). Plans are made at load, before the arena holds anything
+// (device.h), so what these calls write is overwritten before it is read.
 CudaDevice::Choice CudaDevice::choose(const MatmulPlan& p, const cublasLtMatmulHeuristicResult_t* r, int n) {
-  Choice c;
-  c.algo = r[0].algo;
-  c.candidates = n;
-  if (n < 2) return c;
   constexpr int kTimed = 5;
   constexpr float kMargin = 0.03f;
   struct Events {
@@ -626,17 +627,29 @@ CudaDevice::Choice CudaDevice::choose(const MatmulPlan& p, const cublasLtMatmulH
       if (stop) (void)cudaEventDestroy(stop);
     }
   } ev;
-  check_cuda(cudaEventCreate(&ev.start), "cudaEventCreate");
-  check_cuda(cudaEventCreate(&ev.stop), "cudaEventCreate");
   const float alpha = 1.0f, beta = p.spec.beta;
   auto call = [&](const cublasLtMatmulAlgo_t& algo) {
     return lt().cublasLtMatmul(lt_, p.desc, &alpha, ptr(p.spec.b), p.first, ptr(p.spec.a), p.second, &beta, p.c,
                                p.out, ptr(p.spec.d), p.out, &algo, workspace_, kWorkspaceBytes, stream_);
   };
+  Choice c;
+  c.candidates = n;
+  cublasStatus_t refusal = CUBLAS_STATUS_SUCCESS;  // the first candidate's refusal, for the message
+  int first = -1, best_i = -1, ran = 0;
   float best = -1.0f;
-  int best_i = 0;
   for (int i = 0; i < n; i++) {
-    if (call(r[i].algo) != CUBLAS_STATUS_SUCCESS) continue;
+    const cublasStatus_t st = call(r[i].algo);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+      if (refusal == CUBLAS_STATUS_SUCCESS) refusal = st;
+      continue;
+    }
+    if (first < 0) first = i;
+    ++ran;
+    if (!tune_) break;
+    if (!ev.start) {
+      check_cuda(cudaEventCreate(&ev.start), "cudaEventCreate");
+      check_cuda(cudaEventCreate(&ev.stop), "cudaEventCreate");
+    }
     check_cuda(cudaEventRecord(ev.start, stream_), "cudaEventRecord");
     bool ok = true;
     for (int k = 0; k < kTimed && ok; k++) ok = call(r[i].algo) == CUBLAS_STATUS_SUCCESS;
@@ -646,18 +659,26 @@ CudaDevice::Choice CudaDevice::choose(const MatmulPlan& p, const cublasLtMatmulH
     check_cuda(cudaEventElapsedTime(&ms, ev.start, ev.stop), "cudaEventElapsedTime");
     if (!ok) continue;
     ms /= kTimed;
-    if (i == 0) c.first_ms = ms;
+    if (i == first) c.first_ms = ms;
     if (best < 0.0f || ms < best) {
       best = ms;
       best_i = i;
     }
   }
-  if (best < 0.0f) return c;  // no candidate ran: the heuristic's first, untimed
-  if (c.first_ms > 0.0f && best_i != 0 && best > (1.0f - kMargin) * c.first_ms) best_i = 0, best = c.first_ms;
-  if (c.first_ms == 0.0f) c.first_ms = best;  // the first candidate failed: no comparison
+  if (first < 0)
+    throw MatmulUnsupported(p.spec.where + ": cuBLASLt refused each of the " + std::to_string(n) +
+                            " algorithms its heuristic offered for this product (" + product(p.spec) +
+                            "; cublasLtMatmul: " + lt().cublasLtGetStatusString(refusal) + ")");
+  // A fault in a trial call shows here, while loading, rather than in the first step.
+  check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (trying cuBLASLt algorithms)");
+  c.algo = r[first].algo;
+  if (best_i < 0 || ran < 2) return c;  // untimed, or nothing to compare: the first that ran
+  if (best_i != first && c.first_ms > 0.0f && best > (1.0f - kMargin) * c.first_ms) best_i = first, best = c.first_ms;
+  if (c.first_ms == 0.0f) c.first_ms = best;  // the first that ran failed its timed calls: no comparison
   c.algo = r[best_i].algo;
   c.best_ms = best;
-  c.changed = best_i != 0;
+  c.timed = true;
+  c.changed = best_i != first;
   return c;
 }
 
@@ -665,7 +686,7 @@ std::string CudaDevice::planning_note() const {
   int timed = 0, changed = 0;
   double first = 0.0, best = 0.0;
   for (const auto& [shape, c] : choices_) {
-    if (c.candidates < 2) continue;
+    if (!c.timed) continue;
     timed++;
     if (c.changed) changed++;
     first += double(c.first_ms) * c.uses;

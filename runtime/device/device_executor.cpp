@@ -397,16 +397,27 @@ void DeviceExecutor::replay(Program& p) {
     ++p.runs;
     return;
   }
-  if (graphs_ && p.runs > 0 && !p.graph_ready && device_->begin_capture()) {
-    try {
-      issue(p);
-      p.graph = device_->end_capture();
-    } catch (...) {
-      device_->abort_capture();
-      graphs_ = false;  // the programs can still run eagerly, and do from now on
-      throw;
+  if (graphs_ && p.runs > 0 && !p.graph_ready) {
+    // Nothing runs while a stream is captured, so a capture that fails has done nothing: the
+    // program runs eagerly below, and every program does from now on (said once).
+    std::string failed;
+    if (!device_->begin_capture()) {
+      failed = "the stream cannot be captured";
+    } else {
+      try {
+        issue(p);
+        p.graph = device_->end_capture();
+        p.graph_ready = true;
+      } catch (const Error& e) {
+        device_->abort_capture();
+        failed = e.what();
+      }
     }
-    p.graph_ready = true;
+    if (!failed.empty()) {
+      graphs_ = false;
+      std::fprintf(stderr, "note: %s: capturing program %s as a CUDA graph failed (%s); every program runs eagerly "
+                   "from now on\n", module_.source().c_str(), p.fb && p.fb->name() ? p.fb->name()->c_str() : "zero_grads", failed.c_str());
+    }
   }
   if (graphs_ && p.graph_ready) device_->launch_graph(p.graph);
   else issue(p);

@@ -220,6 +220,11 @@ class EmulatedDevice final : public Device {
   }
   Graph end_capture() override {
     if (!capturing_) throw Error("emulated device: end_capture without begin_capture");
+    // KEMU_CAPTURE_FAIL=1: every capture is invalidated, as a CUDA stream capture is by a call
+    // it does not allow (tests the runtime's fall-back to eager runs).
+    const char* fail = std::getenv("KEMU_CAPTURE_FAIL");
+    if (fail && std::string(fail) == "1")
+      throw Error("cudaStreamEndCapture: operation not permitted when stream is capturing (emulated)");
     capturing_ = false;
     return graphs_.size() - 1;
   }
