@@ -8,6 +8,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <csignal>
+
 #include <algorithm>
 #include <cerrno>
 #include <cctype>
@@ -24,6 +26,7 @@
 #include "runtime/error.h"
 #include "runtime/shape.h"
 #include "runtime/file_io.h"
+#include "runtime/params.h"
 
 // The file is little-endian and tensor bytes are copied as they lie in memory.
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "kiln assumes a little-endian host");
@@ -146,6 +149,24 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const fs::path& di
 }
 
 fs::path dir_path(const std::string& dir) { return dir.empty() ? fs::path(".") : fs::path(dir); }
+
+// Temporaries ("ckpt_00000100.kiln-ckpt.tmp.4242", "latest.tmp.4242") that a process killed while
+// writing left behind (up to a model's state each): removed when their writer, the pid in the
+// name, no longer runs on this machine.
+void remove_stale_temporaries(const fs::path& dir) {
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const size_t tmp = name.rfind(".tmp.");
+    if (tmp == std::string::npos || !(name.compare(0, tmp, "latest") == 0 || step_of(name.substr(0, tmp)))) continue;
+    const std::string pid = name.substr(tmp + 5);
+    if (pid.empty() || pid.size() > 9 || pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    const pid_t writer = static_cast<pid_t>(std::stol(pid));
+    if (writer == ::getpid() || ::kill(writer, 0) == 0 || errno != ESRCH) continue;
+    std::error_code rm;
+    fs::remove(it->path(), rm);  // best effort: a temporary never stands for a checkpoint
+  }
+}
 
 // The whole file, mapped read-only. Mapping rather than reading keeps the bytes in the page cache
 // instead of a second heap copy of the model (19 GB for GPT-2 XL's values and moments). Safe to
@@ -353,6 +374,15 @@ Parsed parse(const std::string& path, const MappedFile& bytes) {
     e.adam_v = parse_span(member(j, "adam_v", path, at), numel, data_size, path, at + "adam_v ");
     p.entries.push_back(std::move(e));
   }
+  // Each tensor's bytes are its own: spans that overlap would load one tensor's values as another's.
+  std::vector<std::pair<Span, std::string>> spans;
+  for (const Entry& e : p.entries)
+    for (const auto& [s, what] : {std::pair{e.value, "value"}, {e.adam_m, "adam_m"}, {e.adam_v, "adam_v"}})
+      if (s.bytes) spans.push_back({s, "parameter '" + e.name + "' " + what});
+  std::sort(spans.begin(), spans.end(), [](const auto& a, const auto& b) { return a.first.offset < b.first.offset; });
+  for (size_t i = 1; i < spans.size(); ++i)
+    if (spans[i].first.offset < spans[i - 1].first.offset + spans[i - 1].first.bytes)
+      bad_header(path, spans[i].second + " overlaps " + spans[i - 1].second);
   p.data = bytes.data() + data_start;
   return p;
 }
@@ -432,6 +462,13 @@ void save_checkpoint(const std::string& dir, Executor& ex, const TrainingState& 
   // The header and the list of data pieces (pointers into the arena, or on a GPU into the host
   // copy of its state, brought up to date here), in the same order.
   ex.sync_to_host();
+  // A loss and gradient norm can be finite while the update they led to is not (a huge --lr):
+  // such a state is never saved, so the last good checkpoint stays the latest.
+  if (const std::string bad = first_non_finite(ex, true); !bad.empty())
+    throw Error((d / checkpoint_name(st.step)).string() + ": not written: " + bad +
+                " holds a NaN or an infinity after step " + std::to_string(st.step) +
+                "'s update; the last good checkpoint is kept (lower --lr or check the data)");
+  remove_stale_temporaries(d);
   const Module& m = ex.module();
   std::vector<std::pair<const void*, size_t>> tensors;
   Json params = Json::array();

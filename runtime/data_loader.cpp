@@ -178,7 +178,7 @@ void DataLoader::seek(size_t shard, int64_t position) {
   std::vector<uint16_t> tokens;
   const int64_t count = shard == shard_ ? tokens_in_current_shard()
                                         : open_shard(files_[shard], {B_, T_, world_size_}, &tokens);
-  if (position < 0 || position + step_ + 1 > count)
+  if (position < 0 || position > count - step_ - 1)  // (not position + step_ + 1: it may overflow)
     throw Error(files_[shard] + ": seek: position " + std::to_string(position) +
                 " leaves no room for one step of " + std::to_string(step_ + 1) + " tokens in " +
                 std::to_string(count) + " tokens");

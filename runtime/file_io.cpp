@@ -5,10 +5,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 
 #include "runtime/error.h"
 
@@ -28,14 +28,33 @@ void write_all(int fd, const void* src, size_t n, const std::string& path) {
 
 }  // namespace
 
+// Read to the end rather than by the size stat reports: pipes (/dev/stdin, <(...)) and /proc
+// files have none, or report 0.
 std::vector<uint8_t> read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path + ": cannot open: " + std::strerror(errno));
-  in.seekg(0, std::ios::end);
-  std::vector<uint8_t> bytes(static_cast<size_t>(in.tellg()));
-  in.seekg(0);
-  if (!in.read(reinterpret_cast<char*>(bytes.data()), std::streamsize(bytes.size())))
-    throw Error(path + ": read failed");
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error(path + ": cannot open: " + std::strerror(errno));
+  std::vector<uint8_t> bytes;
+  try {
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) throw Error(path + ": stat: " + std::strerror(errno));
+    if (S_ISDIR(st.st_mode)) throw Error(path + ": cannot read: a directory");
+    // One byte past a regular file's size, so that its end is found without growing the buffer.
+    bytes.resize(S_ISREG(st.st_mode) && st.st_size > 0 ? static_cast<size_t>(st.st_size) + 1 : size_t(1) << 20);
+    size_t n = 0;
+    for (;;) {
+      if (n == bytes.size()) bytes.resize(2 * bytes.size());
+      const ssize_t got = ::read(fd, bytes.data() + n, bytes.size() - n);
+      if (got < 0 && errno == EINTR) continue;
+      if (got < 0) throw Error(path + ": read: " + std::strerror(errno));
+      if (got == 0) break;
+      n += static_cast<size_t>(got);
+    }
+    bytes.resize(n);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  ::close(fd);
   return bytes;
 }
 

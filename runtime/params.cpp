@@ -91,9 +91,14 @@ void load_llmc_bin(Executor& ex, const std::string& path) {
   if (h[1] != 3 && h[1] != 5) throw Error(path + ": header: version " + std::to_string(h[1]) + " (expected 3 = fp32 or 5 = bf16)");
   const fb::Model& m = *ex.module().fb().model();
   const int64_t maxT = h[2], V = h[3], L = h[4], NH = h[5], C = h[6], Vp = h[7];
-  if (maxT != m.block_size() || V != m.vocab_size() || L != m.n_layer() || NH != m.n_head() || C != m.n_embd() || Vp < V)
+  if (maxT != m.block_size() || V != m.vocab_size() || L != m.n_layer() || NH != m.n_head() || C != m.n_embd())
     throw Error(path + ": header: model L=" + std::to_string(L) + " H=" + std::to_string(NH) + " C=" + std::to_string(C) +
-                " V=" + std::to_string(V) + " Tmax=" + std::to_string(maxT) + " does not match the compiled model");
+                " V=" + std::to_string(V) + " Tmax=" + std::to_string(maxT) + " does not match the compiled model (L=" +
+                std::to_string(m.n_layer()) + " H=" + std::to_string(m.n_head()) + " C=" + std::to_string(m.n_embd()) +
+                " V=" + std::to_string(m.vocab_size()) + " Tmax=" + std::to_string(m.block_size()) + ")");
+  if (Vp < V)
+    throw Error(path + ": header: padded vocabulary " + std::to_string(Vp) + " is smaller than the vocabulary " +
+                std::to_string(V));
   const bool bf16 = h[1] == 5;
   const size_t elem = bf16 ? 2 : 4;
   size_t pos = 1024;
@@ -167,6 +172,11 @@ void load_parameters(Executor& ex, const std::string& path) {
   std::map<std::string, SafeTensor> file;
   for (SafeTensor& t : read_safetensors(path)) {
     std::string name = t.name.rfind(kPrefix, 0) == 0 ? t.name.substr(kPrefix.size()) : t.name;
+    if (auto it = file.find(name); it != file.end())
+      throw Error(path + ": tensor '" + name + "' appears twice (as '" + it->second.name + "' and '" + t.name + "')");
+    // Before any value is converted: the error names the file (to_f32's cannot).
+    if (t.dtype != "F32" && t.dtype != "BF16" && t.dtype != "F16")
+      throw Error(path + ": tensor '" + t.name + "' is " + t.dtype + "; weights are read as F32, BF16 or F16");
     file[name] = std::move(t);
   }
   std::set<std::string> used;
@@ -189,11 +199,16 @@ void load_parameters(Executor& ex, const std::string& path) {
   }
   for (const auto& [name, t] : file) {
     if (used.count(name)) continue;
-    bool mask = name.size() > 9 && (name.rfind(".attn.bias") == name.size() - 10 ||
-                                    name.rfind(".attn.masked_bias") == name.size() - 17);
-    if (mask) continue;
+    auto ends_with = [&](const std::string& suffix) {
+      return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+    };
+    if (ends_with(".attn.bias") || ends_with(".attn.masked_bias")) continue;  // the causal-mask buffers
     if (name == "lm_head.weight" && file.count("wte.weight")) {
-      if (to_f32(t) != to_f32(file.at("wte.weight")))
+      const SafeTensor& wte = file.at("wte.weight");
+      if (t.shape != wte.shape)
+        throw Error(path + ": lm_head.weight has shape " + shape_str(t.shape) + ", wte.weight " + shape_str(wte.shape) +
+                    "; Kiln's GPT-2 ties them");
+      if (to_f32(t) != to_f32(wte))
         throw Error(path + ": lm_head.weight differs from wte.weight; Kiln's GPT-2 ties them");
       continue;
     }
@@ -201,8 +216,26 @@ void load_parameters(Executor& ex, const std::string& path) {
   }
 }
 
+std::string first_non_finite(Executor& ex, bool moments) {
+  for (const fb::Parameter* p : *ex.module().fb().parameters()) {
+    const std::pair<const char*, uint32_t> fields[] = {{"value", p->value()}, {"AdamW m", p->adam_m()},
+                                                       {"AdamW v", p->adam_v()}};
+    for (const auto& [what, idx] : fields) {
+      if (!moments && idx != p->value()) continue;
+      const float* x = ex.f32(idx);
+      const int64_t n = numel(ex.module().buffer(idx));
+      for (int64_t i = 0; i < n; ++i)
+        if (!std::isfinite(x[i])) return "parameter '" + p->name()->str() + "' (" + what + ")";
+    }
+  }
+  return "";
+}
+
 void save_parameters(Executor& ex, const std::string& path, ParamField field) {
   ex.sync_to_host();
+  if (field == ParamField::Value)
+    if (const std::string bad = first_non_finite(ex, false); !bad.empty())
+      throw Error(path + ": not written: " + bad + " holds a NaN or an infinity (the update diverged; lower --lr)");
   std::vector<SafeTensor> out;
   for (const fb::Parameter* p : *ex.module().fb().parameters()) {
     uint32_t b = field == ParamField::Value ? p->value() : p->grad();

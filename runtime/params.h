@@ -22,7 +22,13 @@ void load_parameters(Executor& ex, const std::string& path);
 // Writes parameter values (kind = value) or gradients (kind = grad) as F32 safetensors with
 // "transformer."-prefixed names, in the shapes of a Hugging Face GPT-2 file: wte.weight [V, C]
 // without the padded rows.
+// Values are checked first: a diverged update (NaN or infinite weights) is refused rather than
+// written over a file of good ones.
 enum class ParamField { Value, Grad };
 void save_parameters(Executor& ex, const std::string& path, ParamField field = ParamField::Value);
+
+// "parameter 'h.0.mlp.c_fc.weight' (value)": the first parameter whose value (and with
+// `moments`, AdamW m or v) holds a NaN or an infinity, in the host copy; "" when all are finite.
+std::string first_non_finite(Executor& ex, bool moments);
 
 }  // namespace kiln

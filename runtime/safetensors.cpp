@@ -10,6 +10,8 @@
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <vector>
 
 #include "runtime/error.h"
 #include "runtime/shape.h"
@@ -90,15 +92,27 @@ Header read_header(const std::string& path, Fd& file) {
   std::string text(header_len, '\0');
   read_exact(file.fd, text.data(), header_len, 8, path, "header");
 
+  // JSON lets a key repeat and keeps its last value; a tensor named twice would lose one silently.
+  std::vector<std::set<std::string>> keys;  // of each object being parsed
+  std::string repeated;
+  auto note_keys = [&](int /*depth*/, Json::parse_event_t event, Json& parsed) {
+    if (event == Json::parse_event_t::object_start) keys.emplace_back();
+    else if (event == Json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
+    else if (event == Json::parse_event_t::key && !keys.empty() && !keys.back().insert(parsed.get<std::string>()).second &&
+             repeated.empty())
+      repeated = parsed.get<std::string>();
+    return true;
+  };
   Json json;
   try {
-    json = Json::parse(text);
+    json = Json::parse(text, note_keys);
   } catch (const Json::exception& e) {
     std::string msg = e.what();
     std::replace(msg.begin(), msg.end(), '\n', ' ');  // errors are one line
     throw Error(path + ": header: JSON parse error: " + msg);
   }
   if (!json.is_object()) throw Error(path + ": header: is not a JSON object");
+  if (!repeated.empty()) throw Error(path + ": header: '" + repeated + "' appears twice");
 
   Header h;
   h.data_start = 8 + header_len;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <thread>
 #include <fstream>
@@ -100,6 +101,30 @@ void next_batch(Executor& ex, DataLoader& data, int64_t n, int32_t vocab) {
                   std::to_string(vocab) + " (data for another tokenizer?)");
 }
 
+// Where the run will write, checked before the first step rather than found unusable after the
+// last: --save's folder exists and the name is not read back as an llm.c file; the checkpoint
+// folder is (or can be made) a folder. Only the root rank writes.
+void check_output_paths(const TrainOptions& o, bool root) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (const auto& [flag, path] : {std::pair{"--save", o.save}, {"--dump-grads", o.dump_grads}}) {
+    if (path.empty()) continue;
+    if (path.size() > 4 && path.compare(path.size() - 4, 4, ".bin") == 0)
+      throw Error(std::string(flag) + ": " + path + ": writes Hugging Face safetensors, but a .bin name is read back "
+                  "as an llm.c model file (--init); name it .safetensors");
+    const fs::path dir = fs::path(path).parent_path();
+    if (!dir.empty() && !fs::is_directory(dir, ec))
+      throw Error(std::string(flag) + ": " + path + ": the folder " + dir.string() + " does not exist");
+    if (fs::is_directory(path, ec)) throw Error(std::string(flag) + ": " + path + ": is a folder");
+  }
+  if (!o.checkpoint_dir.empty() && root) {
+    fs::create_directories(o.checkpoint_dir, ec);
+    if (!fs::is_directory(o.checkpoint_dir))
+      throw Error("--checkpoint-dir: " + o.checkpoint_dir + ": is not a folder and cannot be made one" +
+                  (ec ? ": " + ec.message() : ""));
+  }
+}
+
 double evaluate(Executor& ex, DataLoader& val, int64_t steps, Communicator& comm) {
   const fb::Model& model = *ex.module().fb().model();
   double sum = 0;
@@ -148,6 +173,15 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     throw Error("--total-batch: " + std::to_string(total) + " is not a multiple of B*T*ranks = " +
                 std::to_string(tokens_per_micro));
   const int64_t accum = total / tokens_per_micro;
+  // The hyperparameters reach the step as 32-bit floats: one that overflows would become an infinity.
+  for (const auto& [flag, v] : {std::pair{"--lr", o.schedule.lr}, {"--beta1", o.beta1}, {"--beta2", o.beta2},
+                                {"--eps", o.eps}, {"--weight-decay", o.weight_decay}, {"--grad-clip", o.grad_clip}})
+    if (!std::isfinite(v) || !std::isfinite(float(v))) {
+      char text[32];
+      std::snprintf(text, sizeof text, "%g", v);
+      throw Error(std::string(flag) + ": " + text + " does not fit a 32-bit float (the step computes in them)");
+    }
+  check_output_paths(o, root);
   for (const char* p : {"micro_step", "optimizer_step"})
     if (!module.program(p))
       throw Error(module.source() + ": has no '" + std::string(p) + "' program (not a training module)");
@@ -171,6 +205,9 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
         throw Error(*latest + ": written by " + std::to_string(st.world_size) + " rank(s) with --zero " +
                     std::to_string(st.zero_stage) + "; this run has " + std::to_string(world) +
                     " rank(s) with --zero " + std::to_string(o.zero));
+      if (st.step >= o.steps)
+        throw Error(*latest + ": is at step " + std::to_string(st.step) + ", already at or past --steps " +
+                    std::to_string(o.steps) + " (give more steps to go on training)");
       loader.seek(size_t(st.data_shard), st.data_position);
       first_step = st.step;
       if (root) std::fprintf(stderr, "resuming from %s at step %lld\n", latest->c_str(), (long long)first_step);
@@ -255,7 +292,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
 
     // A diverged step stops the run before anything is logged or checkpointed from it.
     if (!std::isfinite(loss) || !std::isfinite(norm))
-      throw Error("step " + std::to_string(step) + ": loss " + std::to_string(loss) + ", grad norm " +
+      throw Error("step " + std::to_string(step + 1) + ": loss " + std::to_string(loss) + ", grad norm " +
                   std::to_string(norm) + " is not finite; stopping without writing a checkpoint (the last "
                   "good one is kept; lower --lr or check the data)");
     const bool last = step + 1 == o.steps;

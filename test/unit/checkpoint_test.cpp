@@ -1,5 +1,6 @@
 // Training checkpoints: round trip, retention and `latest`, and refusing (without touching the
 // executor) anything corrupt, truncated, forged or saved for another model.
+#include <cmath>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -91,7 +92,8 @@ std::vector<uint8_t> param_module(const ModelSpec& spec = {}) {
 }
 
 // Fills every parameter's value, grad and moments with distinct bit patterns, including -0, a
-// denormal, infinities and a NaN with a payload, which only a bitwise copy preserves.
+// denormal and the extremes of the finite range, which only a bitwise copy preserves. (No NaN or
+// infinity: a state holding one is never saved.)
 void fill(Executor& ex, uint32_t seed) {
   uint32_t x = seed * 2654435761u + 1;
   for (const fb::Parameter* p : *ex.module().fb().parameters())
@@ -100,10 +102,11 @@ void fill(Executor& ex, uint32_t seed) {
       for (int64_t i = 0; i < numel(ex.module().buffer(idx)); ++i) {
         x ^= x << 13, x ^= x >> 17, x ^= x << 5;
         uint32_t bits = x;
+        if ((bits & 0x7f800000u) == 0x7f800000u) bits ^= 0x00800000u;  // finite: exponent not all ones
         if (i == 0) bits = 0x80000000u;       // -0.0
         if (i == 1) bits = 0x00000001u;       // smallest denormal
-        if (i == 2) bits = 0x7fc12345u;       // NaN with a payload
-        if (i == 3) bits = 0xff800000u;       // -inf
+        if (i == 2) bits = 0x7f7fffffu;       // largest finite
+        if (i == 3) bits = 0x80800000u;       // -smallest normal
         std::memcpy(&f[i], &bits, 4);
       }
     }
@@ -517,6 +520,29 @@ TEST_F(Checkpoint, NoTemporaryFilesAreLeftBehindEvenWhenASaveFails) {
   st = sample_state(-1);
   EXPECT_THROW(save_checkpoint(dir_.string(), ex, st, 1), Error);
   EXPECT_EQ(listing(dir_).size(), 3u);
+}
+
+// A finite loss can lead to an update that is not (a huge learning rate): such a state is
+// refused, so the last good checkpoint stays the latest and nothing else is written.
+TEST_F(Checkpoint, ANonFiniteStateIsNeverSaved) {
+  Executor ex(module_);
+  fill(ex, 1);
+  save_checkpoint(dir_.string(), ex, sample_state(1), 1);
+  const fb::Parameter* p = module_.fb().parameters()->Get(1);
+  for (uint32_t idx : {p->value(), p->adam_m(), p->adam_v()}) {
+    float* f = ex.f32(idx);
+    const float keep = f[5];
+    f[5] = idx == p->adam_v() ? INFINITY : NAN;
+    const std::string what = idx == p->value() ? "(value)" : idx == p->adam_m() ? "(AdamW m)" : "(AdamW v)";
+    const std::string e = error_of([&] { save_checkpoint(dir_.string(), ex, sample_state(2), 1); });
+    EXPECT_NE(e.find("ckpt_00000002.kiln-ckpt: not written: parameter '" + p->name()->str() + "' " + what +
+                     " holds a NaN or an infinity after step 2's update; the last good checkpoint is kept"),
+              std::string::npos)
+        << e;
+    f[5] = keep;
+  }
+  EXPECT_EQ(listing(dir_), (std::set<std::string>{"ckpt_00000001.kiln-ckpt", "latest"}));
+  EXPECT_EQ(latest_checkpoint(dir_.string()), (dir_ / "ckpt_00000001.kiln-ckpt").string());
 }
 
 TEST_F(Checkpoint, CreatesNestedDirectoriesAndRejectsAFileInTheWay) {

@@ -1,5 +1,6 @@
 #include "runtime/data_loader.h"
 
+#include <cstdint>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -149,6 +150,9 @@ TEST_F(DataLoaderTest, SeekResumesExactly) {
   EXPECT_KILN_ERROR(b.seek(2, 0), path("d_*.bin"), "shard 2", "2 shards");
   EXPECT_KILN_ERROR(b.seek(1 - s, 26), path(s ? "d_0.bin" : "d_1.bin"), "position 26");
   EXPECT_KILN_ERROR(b.seek(s, -1), "position -1");
+  // A position near the largest int64 (a damaged checkpoint) must not overflow past the check.
+  EXPECT_KILN_ERROR(b.seek(s, INT64_MAX), "position 9223372036854775807");
+  EXPECT_KILN_ERROR(b.seek(s, INT64_MAX - 3), "position 9223372036854775804");
   EXPECT_EQ(b.shard(), s);
   EXPECT_EQ(b.position(), p);
   EXPECT_EQ(step(a, 4), step(b, 4));

@@ -163,7 +163,7 @@ int plot_main(int argc, char** argv) {
     std::fprintf(stderr, "wrote %s\n", out.c_str());
     return 0;
   } catch (const Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
+    std::fprintf(stderr, "error: %s\n", kiln::one_line(e.what()).c_str());
     return 1;
   }
 }
@@ -239,7 +239,7 @@ int main(int argc, char** argv) {
     else print_text(j);
     return 0;
   } catch (const Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
+    std::fprintf(stderr, "error: %s\n", kiln::one_line(e.what()).c_str());
     return 1;
   }
 }

@@ -168,7 +168,7 @@ int main(int argc, char** argv) {
                  emit == "exe" ? "training executable" : "module", bytes->size());
     return 0;
   } catch (const kiln::Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
+    std::fprintf(stderr, "error: %s\n", kiln::one_line(e.what()).c_str());
     return 1;
   }
 }
