@@ -1,6 +1,10 @@
 #include "runtime/cli.h"
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -63,22 +67,77 @@ void add_train_options(CLI::App& train, TrainOptions& o) {
 struct SampleCommand {
   std::string init, prompt, prompt_ids, tokenizer;
   SampleOptions options;
+  CLI::Option* prompt_opt = nullptr;
+  CLI::Option* prompt_ids_opt = nullptr;
 };
+
+// CLI::PositiveNumber is a Range, whose comparisons let NaN through (and infinity is in range).
+// Parsed as the float it will be stored in, so 1e39 (inf) and 1e-50 (0) are refused too.
+const CLI::Validator kPositiveFinite(
+    [](std::string& s) {
+      float v = 0;
+      if (!CLI::detail::lexical_cast(s, v) || !std::isfinite(v) || !(v > 0))
+        return "Value " + s + " is not a positive finite number";
+      return std::string();
+    },
+    "POSITIVE");
+
+// CLI11 reads an unsigned option with strtoull, which takes "-1" as 2^64-1 and saturates 2^64:
+// the seed must be plain decimal digits that fit.
+const CLI::Validator kSeed(
+    [](std::string& s) {
+      uint64_t v = 0;
+      const auto [end, err] = std::from_chars(s.data(), s.data() + s.size(), v);
+      if (s.empty() || err != std::errc() || end != s.data() + s.size())
+        return "Value " + s + " is not an integer in [0, " + std::to_string(UINT64_MAX) + "]";
+      return std::string();
+    },
+    "");
+
+// A word of the command line for a message: at most 40 bytes, cut between UTF-8 characters.
+std::string clip(const std::string& w) {
+  if (w.size() <= 40) return w;
+  size_t n = 40;
+  while (n > 0 && (static_cast<unsigned char>(w[n]) & 0xC0) == 0x80) --n;
+  return w.substr(0, n) + "...";
+}
+
+// --prompt-ids: whitespace-separated decimal digits (leading zeros allowed; a sign, "0x" or
+// "1e3" are not ids), each in [0, V). The value saturates at V, so a long number is out of range
+// instead of wrapping to some other id.
+std::vector<int32_t> parse_prompt_ids(const std::string& text, int64_t V) {
+  std::vector<int32_t> ids;
+  std::istringstream in(text);
+  std::string word;
+  while (in >> word) {
+    if (!std::all_of(word.begin(), word.end(), [](char ch) { return ch >= '0' && ch <= '9'; }))
+      throw Error("--prompt-ids: '" + clip(word) + "' is not a token id");
+    int64_t id = 0;
+    for (char ch : word) id = std::min<int64_t>(id * 10 + (ch - '0'), V);
+    if (id >= V) throw Error("--prompt-ids: token " + clip(word) + " is not in [0, " + std::to_string(V) + ")");
+    ids.push_back(static_cast<int32_t>(id));
+  }
+  return ids;
+}
 
 void add_sample_options(CLI::App& cmd, SampleCommand& c) {
   cmd.add_option("--init", c.init, "weights to sample from (safetensors or llm.c .bin)")->required();
-  cmd.add_option("--prompt", c.prompt, "text to continue (GPT-2 BPE; needs the GPT-2 vocabulary)");
-  cmd.add_option("--prompt-ids", c.prompt_ids, "token ids to continue, separated by spaces");
+  c.prompt_opt = cmd.add_option("--prompt", c.prompt, "text to continue (GPT-2 BPE; needs the GPT-2 vocabulary)");
+  c.prompt_ids_opt = cmd.add_option("--prompt-ids", c.prompt_ids, "token ids to continue, separated by spaces")
+                         ->excludes(c.prompt_opt);
   cmd.add_option("--max-new-tokens", c.options.max_new_tokens, "tokens to sample")->capture_default_str()->check(CLI::PositiveNumber);
   cmd.add_option("--top-k", c.options.top_k, "sample among the k most likely tokens (0: all)")->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd.add_option("--num-samples", c.options.num_samples, "continuations to print")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd.add_option("--seed", c.options.seed, "random seed")->capture_default_str();
-  cmd.add_option("--temperature", c.options.temperature, "softmax temperature")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd.add_option("--seed", c.options.seed, "random seed")->capture_default_str()->check(kSeed);
+  cmd.add_option("--temperature", c.options.temperature, "softmax temperature")->capture_default_str()->check(kPositiveFinite);
   cmd.add_option("--tokenizer", c.tokenizer, "directory with GPT-2's encoder.json and vocab.bpe");
 }
 
 int run_sample(const Module& module, SampleCommand& c) {
-  if (c.prompt.empty() == c.prompt_ids.empty()) throw Error("sample: give exactly one of --prompt and --prompt-ids");
+  // Given counts, not emptiness: --prompt "" is a prompt (of no tokens), refused below by name.
+  if (!c.prompt_opt->count() && !c.prompt_ids_opt->count())
+    throw Error("sample: give exactly one of --prompt and --prompt-ids");
+  const char* given = c.prompt_opt->count() ? "--prompt" : "--prompt-ids";
   // Only the forward-only program: no backward activations are allocated.
   Executor ex(module, {"logits"});
   init_parameters(ex, 0);
@@ -88,30 +147,28 @@ int run_sample(const Module& module, SampleCommand& c) {
   std::optional<Gpt2Tokenizer> tok;
   if (V == 50257) tok = Gpt2Tokenizer::load(c.tokenizer.empty() ? Gpt2Tokenizer::default_dir() : c.tokenizer);
   std::vector<int32_t> prompt;
-  if (!c.prompt.empty()) {
+  if (c.prompt_opt->count()) {
     if (!tok) throw Error("--prompt: this model's vocabulary has " + std::to_string(V) +
                           " tokens, not GPT-2's 50257; give --prompt-ids instead");
     prompt = tok->encode(c.prompt);
   } else {
-    std::istringstream in(c.prompt_ids);
-    std::string word;
-    while (in >> word) {
-      char* end = nullptr;
-      long id = std::strtol(word.c_str(), &end, 10);
-      if (*end || word.empty()) throw Error("--prompt-ids: '" + word + "' is not a token id");
-      prompt.push_back(int32_t(id));
-    }
+    prompt = parse_prompt_ids(c.prompt_ids, V);
   }
+  if (prompt.empty()) throw Error(std::string(given) + ": needs at least one token");
   auto samples = kiln::sample(ex, prompt, c.options);
   for (size_t i = 0; i < samples.size(); ++i) {
     std::printf("--- sample %zu ---\n", i + 1);
     if (tok) {
-      std::printf("%s\n", tok->decode(samples[i]).c_str());
+      // Bytes, not a C string: token 188 decodes to a NUL byte, and the text goes on after it.
+      const std::string text = tok->decode(samples[i]);
+      std::fwrite(text.data(), 1, text.size(), stdout);
+      std::printf("\n");
     } else {
       for (size_t k = 0; k < samples[i].size(); ++k) std::printf("%s%d", k ? " " : "", samples[i][k]);
       std::printf("\n");
     }
   }
+  if (std::fflush(stdout) != 0) throw Error("stdout: write failed");
   return 0;
 }
 
@@ -122,7 +179,7 @@ int run_main(int argc, char** argv) {
   try {
     embedded = read_embedded_module("/proc/self/exe");
   } catch (const Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
+    std::fprintf(stderr, "error: %s\n", kiln::one_line(e.what()).c_str());
     return 1;
   }
 
@@ -157,7 +214,7 @@ int run_main(int argc, char** argv) {
                                              : "rank " + std::to_string(comm->rank()) + " of " +
                                                    std::to_string(comm->world_size()) + ": " + msg);
     }
-    std::fprintf(stderr, "error: %s\n", e.what());
+    std::fprintf(stderr, "error: %s\n", kiln::one_line(e.what()).c_str());
     return 1;
   }
 }

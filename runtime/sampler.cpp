@@ -15,9 +15,14 @@ std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t
   const int64_t B = model.batch_size(), T = model.seq_len(), V = model.vocab_size();
   const fb::Program* program = ex.module().program("logits");
   if (!program) throw Error(ex.module().source() + ": no 'logits' program (recompile with this kilnc)");
-  if (prompt.empty()) throw Error("--prompt: needs at least one token");
+  // The caller knows where the prompt came from (an option, a file) and checks it there, naming
+  // that; these are the sampler's own guards, in terms of its arguments.
+  if (prompt.empty()) throw Error("sample: the prompt has no tokens");
   for (int32_t t : prompt)
-    if (t < 0 || t >= V) throw Error("--prompt: token " + std::to_string(t) + " is not in [0, " + std::to_string(V) + ")");
+    if (t < 0 || t >= V) throw Error("sample: prompt token " + std::to_string(t) + " is not in [0, " + std::to_string(V) + ")");
+  // NaN would make every weight NaN and the pick always the last of the top k, whatever the seed.
+  if (!std::isfinite(o.temperature) || o.temperature <= 0)
+    throw Error("sample: temperature " + std::to_string(o.temperature) + " is not a positive finite number");
   const fb::Buffer& logits = ex.module().buffer(program->result());
   const bool bf16 = logits.dtype() == fb::DType::BF16;
   // Rows of the logits are Vp wide (the vocabulary padded to a multiple of 128); only the first

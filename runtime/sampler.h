@@ -12,13 +12,14 @@ struct SampleOptions {
   int64_t top_k = 50;            // 0 = the whole vocabulary
   int64_t num_samples = 1;
   uint64_t seed = 1337;
-  float temperature = 1.0f;
+  float temperature = 1.0f;      // finite and > 0
 };
 
 // Returns one token sequence per sample: the prompt followed by max_new_tokens sampled tokens.
 // Up to B samples run together (one per row); each step runs the forward pass over the last T
 // tokens of every row and samples the next token from the softmax of the last position's
-// logits (restricted to the k largest). Deterministic for a seed.
+// logits (restricted to the k largest). Deterministic for a seed. kiln::Error when the prompt is
+// empty or holds an id outside [0, vocab), or the temperature is not finite and positive.
 std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t>& prompt,
                                          const SampleOptions& options);
 

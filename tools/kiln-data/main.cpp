@@ -1,7 +1,7 @@
 // kiln-data: the GPT-2 tokenizer on the command line, and training data in llm.c's shard format.
 //
 //   kiln-data encode < text.txt          token ids of stdin (ordinary text), space-separated
-//   kiln-data decode < ids.txt           the text of whitespace-separated token ids
+//   kiln-data decode < ids.txt           the text of whitespace-separated token ids (decimal digits)
 //   kiln-data prepare FILES... --out DIR [--val-fraction F] [--shard-tokens N]
 //
 // prepare: each FILE is one document; each document is preceded by <|endoftext|> (50256), as
@@ -14,7 +14,8 @@
 // DIR/.kiln-data-prepare.<pid>/ and moved into DIR only when every document has been encoded, so
 // a failed run leaves DIR as it was; a successful run then removes older train_NNN.bin and
 // val_NNN.bin shards in DIR that it did not write, so DIR holds exactly this data set. (A run
-// killed by a signal can leave DIR/.kiln-data-prepare.<pid>/ behind; it is safe to delete.)
+// killed by a signal can leave DIR/.kiln-data-prepare.<pid>/ behind; it is safe to delete, unless
+// the run was killed while swapping the shards in: then its old/ holds older shards moved aside.)
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -74,6 +75,18 @@ int cmd_encode(const Gpt2Tokenizer& tok) {
   return 0;
 }
 
+// A word of the input for a message: at most 40 bytes, cut between UTF-8 characters, with NUL and
+// other control characters escaped (a NUL would end the message, an ESC reach the terminal).
+std::string shown(std::string_view w) {
+  if (w.size() <= 40) return one_line(w);
+  size_t n = 40;
+  while (n > 0 && (static_cast<unsigned char>(w[n]) & 0xC0) == 0x80) --n;
+  return one_line(w.substr(0, n)) + "...";
+}
+
+// A token id is decimal digits only, leading zeros allowed ("007" is 7); a sign ("+5", "-0",
+// "-1") makes a word not an id. The value saturates at the vocabulary size, so a long number is
+// out of range instead of wrapping to some other id.
 int cmd_decode(const Gpt2Tokenizer& tok) {
   const std::string in = read_stdin();
   std::vector<int32_t> ids;
@@ -87,15 +100,12 @@ int cmd_decode(const Gpt2Tokenizer& tok) {
     while (j < in.size() && !space(in[j])) ++j;
     const std::string word = in.substr(i, j - i);
     const std::string at = "stdin: token " + std::to_string(ids.size()) + ": ";
-    const bool digits = std::all_of(word.begin() + (word[0] == '-' ? 1 : 0), word.end(),
-                                    [](char c) { return c >= '0' && c <= '9'; }) &&
-                        word != "-";
-    if (!digits) throw Error(at + "\"" + word.substr(0, 40) + "\" is not a token id");
-    const bool fits = word.size() <= 10;
-    const long long id = fits ? std::stoll(word) : 0;
-    if (!fits || id < 0 || id >= tok.vocab_size())
-      throw Error(at + "id " + word.substr(0, 40) + " is not in [0, " +
-                  std::to_string(tok.vocab_size()) + ")");
+    if (!std::all_of(word.begin(), word.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      throw Error(at + "\"" + shown(word) + "\" is not a token id");
+    const int64_t vocab = tok.vocab_size();
+    int64_t id = 0;
+    for (char c : word) id = std::min<int64_t>(id * 10 + (c - '0'), vocab);
+    if (id >= vocab) throw Error(at + "id " + shown(word) + " is not in [0, " + std::to_string(vocab) + ")");
     ids.push_back(static_cast<int32_t>(id));
     i = j;
   }
@@ -166,7 +176,8 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
     if (ec || !fs::exists(st)) throw Error(f + ": cannot open: no such file");
     if (fs::is_directory(st)) throw Error(f + ": is a directory, not a document");
     if (::access(f.c_str(), R_OK) != 0) throw Error(f + ": cannot open: " + std::strerror(errno));
-    total_bytes += fs::file_size(f, ec);
+    // Only for the progress bar: a pipe (/dev/stdin, <(cmd)) has no size, a /proc file says 0.
+    if (fs::is_regular_file(st)) total_bytes += fs::file_size(f, ec);
   }
 
   const size_t n = o.files.size();
@@ -186,6 +197,7 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
   fs::create_directory(tmp, ec);
   if (ec) throw Error(tmp.string() + ": cannot create directory: " + ec.message());
 
+  bool keep_tmp = false;  // set when tmp holds the only copy of older shards
   Split train, val;
   train.name = "train";
   val.name = "val";
@@ -221,27 +233,58 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
     for (Split* s : {&train, &val})
       if (!s->pending.empty()) write_shard(*s, s->pending.size());
 
-    // Everything is encoded: move the shards into place, then drop older shards not rewritten.
+    // Everything is encoded: swap the data sets. Every older shard is first moved aside into
+    // tmp/old, then the new ones into DIR; a rename that fails (say, onto a directory named like
+    // a shard) puts back what was moved, so DIR is left as it was. Only files and links count as
+    // shards: a directory is never moved, and is never deleted with tmp.
     std::set<std::string> written;
-    for (Split* s : {&train, &val})
-      for (const std::string& name : s->shards) {
+    for (const Split* s : {&train, &val}) written.insert(s->shards.begin(), s->shards.end());
+    const std::regex shard_name(R"((train|val)_[0-9]{3}\.bin)");
+    std::vector<std::string> older;
+    for (fs::directory_iterator it(out, ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      if (std::regex_match(name, shard_name) && it->symlink_status(ec).type() != fs::file_type::directory)
+        older.push_back(name);
+    }
+    if (ec) throw Error(o.out + ": cannot list: " + ec.message());
+    const fs::path aside = tmp / "old";
+    fs::create_directory(aside, ec);
+    if (ec) throw Error(aside.string() + ": cannot create directory: " + ec.message());
+    std::vector<std::string> moved_aside, moved_in;
+    try {
+      for (const std::string& name : older) {
+        fs::rename(out / name, aside / name, ec);
+        if (ec) throw Error((out / name).string() + ": moving the older shard aside: " + ec.message());
+        moved_aside.push_back(name);
+      }
+      for (const std::string& name : written) {
         fs::rename(tmp / name, out / name, ec);
         if (ec) throw Error((out / name).string() + ": moving the new shard into place: " + ec.message());
-        written.insert(name);
+        moved_in.push_back(name);
       }
-    fs::remove_all(tmp, ec);
-    const std::regex shard_name(R"((train|val)_[0-9]{3}\.bin)");
-    std::vector<fs::path> older;
-    for (const auto& entry : fs::directory_iterator(out, ec)) {
-      const std::string name = entry.path().filename().string();
-      if (std::regex_match(name, shard_name) && !written.count(name)) older.push_back(entry.path());
+    } catch (const std::exception& e) {
+      std::string lost;
+      for (auto n = moved_in.rbegin(); n != moved_in.rend(); ++n) {
+        fs::rename(out / *n, tmp / *n, ec);
+        if (ec) lost += " " + *n;  // a new shard left in DIR
+      }
+      for (auto n = moved_aside.rbegin(); n != moved_aside.rend(); ++n) {
+        fs::rename(aside / *n, out / *n, ec);
+        if (ec) lost += " " + *n;
+      }
+      if (lost.empty()) throw;
+      // The older shards still in tmp/old are the only copy: tmp is kept, and said.
+      keep_tmp = true;
+      throw Error(std::string(e.what()) + "; then could not restore" + lost + " (the older shards are in " +
+                  aside.string() + ")");
     }
     size_t removed = 0;
-    for (const fs::path& p : older) removed += fs::remove(p, ec) ? 1 : 0;
+    for (const std::string& name : older) removed += written.count(name) ? 0 : 1;
+    fs::remove_all(tmp, ec);
 
     const double t = seconds_since(start);
-    std::printf("prepared %zu documents (%.2f MB) in %.2f s, %.1f MB/s\n", n, total_bytes / 1e6, t,
-                t > 0 ? total_bytes / 1e6 / t : 0.0);
+    std::printf("prepared %zu documents (%.2f MB) in %.2f s, %.1f MB/s\n", n, bytes_done / 1e6, t,
+                t > 0 ? bytes_done / 1e6 / t : 0.0);
     for (const Split* s : {&train, &val}) {
       std::printf("%s: %zu document%s, %" PRIu64 " tokens, ", s->name.c_str(), s->documents,
                   s->documents == 1 ? "" : "s", s->tokens);
@@ -256,7 +299,7 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
     if (removed) std::printf("removed %zu older shards from %s\n", removed, o.out.c_str());
     return 0;
   } catch (...) {
-    fs::remove_all(tmp, ec);
+    if (!keep_tmp) fs::remove_all(tmp, ec);
     if (created_out) fs::remove(out, ec);  // only if still empty
     throw;
   }
@@ -288,7 +331,14 @@ int main(int argc, char** argv) {
                       "share of the documents for val, spread evenly (at least 1 when > 0 and there "
                       "are 2 or more documents)")
       ->capture_default_str()
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(CLI::Validator(
+          [](std::string& s) {
+            // Not CLI::Range: its comparisons let NaN through, which would mean 0.
+            double v = 0;
+            if (!CLI::detail::lexical_cast(s, v) || !(v >= 0 && v <= 1)) return "Value " + s + " not in range 0 to 1";
+            return std::string();
+          },
+          "FLOAT in [0 - 1]"));
   prepare->add_option("--shard-tokens", prep.shard_tokens, "most tokens per shard")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{INT32_MAX}));
@@ -313,10 +363,10 @@ int main(int argc, char** argv) {
     if (prepare->parsed()) return cmd_prepare(tok, prep);
     return 1;
   } catch (const Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
+    std::fprintf(stderr, "error: %s\n", kiln::one_line(e.what()).c_str());
     return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
+    std::fprintf(stderr, "error: %s\n", kiln::one_line(e.what()).c_str());
     return 1;
   }
 }
