@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -177,7 +178,10 @@ int run_sample(const Module& module, SampleCommand& c) {
 int run_main(int argc, char** argv) {
   std::optional<std::vector<uint8_t>> embedded;
   try {
-    embedded = read_embedded_module("/proc/self/exe");
+    // Messages name the file the user ran, not /proc/self/exe.
+    std::error_code ec;
+    const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+    embedded = read_embedded_module("/proc/self/exe", ec || self.empty() ? argv[0] : self);
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", kiln::one_line(e.what()).c_str());
     return 1;
@@ -204,6 +208,8 @@ int run_main(int argc, char** argv) {
       const fb::Model& model = *module.fb().model();
       comm = make_communicator(parse_comm_backend(train_opts.comm), model.target() ? model.target()->str() : "cpu");
       kiln::train(module, train_opts, *comm);
+      // The progress lines go to stdout: a full disk or a closed pipe there is an error too.
+      if (std::fflush(stdout) != 0 || std::ferror(stdout)) throw Error("stdout: write failed");
     }
     return 0;
   } catch (const Error& e) {

@@ -8,7 +8,29 @@
 
 namespace kiln {
 
-std::optional<std::vector<uint8_t>> read_embedded_module(const std::string& path) {
+namespace {
+
+// Where a 64-bit ELF file's own contents end: its section header table, which linkers place
+// last; 0 when the file is not a 64-bit ELF. Bytes past it were appended (a module).
+uint64_t elf_extent(std::ifstream& in) {
+  unsigned char h[64] = {};
+  in.seekg(0);
+  if (!in.read(reinterpret_cast<char*>(h), sizeof h) || std::memcmp(h, "\x7f" "ELF", 4) != 0 || h[4] != 2) {
+    in.clear();
+    return 0;
+  }
+  uint64_t shoff = 0;
+  uint16_t shentsize = 0, shnum = 0;
+  std::memcpy(&shoff, h + 0x28, 8);
+  std::memcpy(&shentsize, h + 0x3A, 2);
+  std::memcpy(&shnum, h + 0x3C, 2);
+  return shoff + uint64_t(shentsize) * shnum;
+}
+
+}  // namespace
+
+std::optional<std::vector<uint8_t>> read_embedded_module(const std::string& path, const std::string& shown_as) {
+  const std::string shown = shown_as.empty() ? path : shown_as;
   std::ifstream in(path, std::ios::binary);
   if (!in) return std::nullopt;
   in.seekg(0, std::ios::end);
@@ -17,16 +39,22 @@ std::optional<std::vector<uint8_t>> read_embedded_module(const std::string& path
   char trailer[16];
   in.seekg(size - 16);
   in.read(trailer, 16);
-  if (std::memcmp(trailer + 8, kEmbeddedMagic, 8) != 0) return std::nullopt;
+  if (std::memcmp(trailer + 8, kEmbeddedMagic, 8) != 0) {
+    const uint64_t extent = elf_extent(in);
+    if (extent > 0 && extent < uint64_t(size))
+      throw Error(shown + ": " + std::to_string(uint64_t(size) - extent) + " bytes follow the program but end in no "
+                  "module trailer (a damaged or truncated Kiln executable: compile it again with kilnc)");
+    return std::nullopt;
+  }
   uint64_t moduleSize;
   std::memcpy(&moduleSize, trailer, 8);
   if (moduleSize > uint64_t(size - 16))
-    throw Error(path + ": embedded module: size " + std::to_string(moduleSize) +
+    throw Error(shown + ": embedded module: size " + std::to_string(moduleSize) +
                 " exceeds the file (truncated executable?)");
   std::vector<uint8_t> bytes(moduleSize);
   in.seekg(size - 16 - int64_t(moduleSize));
   in.read(reinterpret_cast<char*>(bytes.data()), int64_t(moduleSize));
-  if (!in) throw Error(path + ": embedded module: read failed");
+  if (!in) throw Error(shown + ": embedded module: read failed");
   return bytes;
 }
 

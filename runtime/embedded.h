@@ -12,8 +12,11 @@ namespace kiln {
 
 constexpr char kEmbeddedMagic[8] = {'K', 'I', 'L', 'N', 'M', 'O', 'D', '1'};
 
-// The module appended to `path`, or nullopt when the file carries none.
-std::optional<std::vector<uint8_t>> read_embedded_module(const std::string& path);
+// The module appended to `path`, or nullopt when the file carries none; messages name it
+// `shown` (the executable's own name rather than /proc/self/exe). An ELF file with bytes after
+// the program but no trailer at its end is an error (a damaged or truncated executable), not a
+// file without a module.
+std::optional<std::vector<uint8_t>> read_embedded_module(const std::string& path, const std::string& shown = "");
 
 // Writes `runtime` + `module` + trailer to `out` (temporary name, fsync, rename; mode 0755).
 void write_executable(const std::string& out, const std::string& runtime,

@@ -59,26 +59,9 @@ struct Shape {
 
 // The element count each operand must hold, derived from the instruction's ints.
 // Returns false when the instruction's operand or int counts are wrong.
-// ints each opcode carries (-n: at least n).
-int int_count(O op) {
-  switch (op) {
-    case O::Embedding: case O::EmbeddingGrad: return 3;
-    case O::Matmul: return 5;
-    case O::Broadcast: case O::ReduceSum: case O::Transpose: case O::LayerNorm: case O::LayerNormGrad:
-    case O::AdamW: return 2;
-    case O::CrossEntropy: case O::CrossEntropyGrad: return 3;
-    case O::Split: case O::Concat: return -3;
-    case O::Attention: case O::AttentionGrad: return 4;
-    case O::GlobalNorm: return -1;
-    case O::ReduceGradients: return -2;
-    case O::ClipCoef: case O::WaitGradients: return 0;
-    default: return 1;
-  }
-}
-
 bool expected(const fb::Instr& ins, Shape& s) {
   const auto& v = *ins.ints();
-  const int want = int_count(ins.op());
+  const int want = instr_int_count(ins.op());
   if (want >= 0 ? int(v.size()) != want : int(v.size()) < -want) return false;
   for (int64_t x : v)
     if (x < 0) return false;
@@ -184,7 +167,11 @@ Executor::Executor(const Module& module, std::vector<std::string> programs)
   // On a GPU the host holds only a copy of the state region; the activations live there.
   const bool gpu = target == "cuda";
   const uint64_t bytes = std::max<uint64_t>(module.fb().state_size() + (gpu ? 0 : activations), 256);
-  auto gib = [](uint64_t b) { return std::to_string(double(b) / double(1ull << 30)).substr(0, 5) + " GiB"; };
+  auto gib = [](uint64_t b) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.4g GiB", double(b) / double(1ull << 30));
+    return std::string(text);
+  };
   // Linux overcommits: check before allocating rather than die touching the pages.
   const uint64_t avail = available_memory();
   if (avail && bytes > avail)

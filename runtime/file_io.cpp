@@ -58,8 +58,28 @@ std::vector<uint8_t> read_file(const std::string& path) {
   return bytes;
 }
 
-void write_file_atomic(const std::string& path,
+void write_file_atomic(const std::string& given,
                        const std::vector<std::pair<const void*, size_t>>& pieces, int mode) {
+  std::string path = given;
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
+    std::error_code ec;
+    const std::filesystem::path target = std::filesystem::weakly_canonical(path, ec);
+    if (!ec) path = target.string();
+  }
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) throw Error(given + ": cannot write: a directory");
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0) throw Error(given + ": cannot open for writing: " + std::strerror(errno));
+    try {
+      for (const auto& [data, size] : pieces) write_all(fd, data, size, given);
+    } catch (...) {
+      ::close(fd);
+      throw;
+    }
+    if (::close(fd) != 0) throw Error(given + ": close: " + std::strerror(errno));
+    return;
+  }
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
   if (fd < 0) throw Error(path + ": creating " + tmp + ": " + std::strerror(errno));

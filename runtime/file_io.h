@@ -13,7 +13,9 @@ std::vector<uint8_t> read_file(const std::string& path);
 
 // Atomically replaces `path` with the concatenation of `pieces` (pointer, size): write to
 // path + ".tmp.<pid>", fsync, rename, fsync the directory. On failure the temporary file is
-// removed and `path` is left as it was.
+// removed and `path` is left as it was. A symbolic link is followed (the file it names is
+// replaced, the link stays); an existing path that is not a regular file or a folder (a device
+// such as /dev/null, a FIFO) is written in place, since a rename would replace it with a file.
 void write_file_atomic(const std::string& path,
                        const std::vector<std::pair<const void*, size_t>>& pieces, int mode = 0644);
 

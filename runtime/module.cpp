@@ -3,6 +3,7 @@
 // indices, sizes inside the arena, one instruction's operands against its opcode).
 #include "runtime/module.h"
 
+#include <set>
 #include <string>
 
 #include "runtime/embedded.h"
@@ -49,6 +50,26 @@ const fb::Program* Module::program(const std::string& name) const {
   return nullptr;
 }
 
+int instr_int_count(fb::OpCode op) {
+  using O = fb::OpCode;
+  switch (op) {
+    case O::Embedding: case O::EmbeddingGrad: return 3;
+    case O::Matmul: return 5;
+    case O::Broadcast: case O::ReduceSum: case O::Transpose: case O::LayerNorm: case O::LayerNormGrad:
+    case O::AdamW: return 2;
+    case O::CrossEntropy: case O::CrossEntropyGrad: return 3;
+    case O::Split: case O::Concat: return -3;
+    case O::Attention: case O::AttentionGrad: return 4;
+    case O::GlobalNorm: return -1;
+    case O::ReduceGradients: return -2;
+    case O::ClipCoef: case O::WaitGradients: return 0;
+    default: return 1;
+  }
+}
+
+// What every reader of a module relies on (the executor, the sampler, kiln-inspect's reports):
+// indices in range, the names and counts the reports print, and the model's sizes agreeing with
+// the buffers the runtime fills from them. The executor checks each instruction's operands further.
 void Module::verify() const {
   auto bad = [&](const std::string& where, const std::string& what) {
     throw Error(source_ + ": " + where + ": " + what);
@@ -93,6 +114,7 @@ void Module::verify() const {
         bad(where, "state buffers must be fp32 and of the parameter's size");
     }
   }
+  const uint32_t nkernels = fb_->kernels() ? fb_->kernels()->size() : 0;
   for (const fb::Program* prog : *fb_->programs()) {
     if (!prog->name() || !prog->instrs()) bad("programs", "a program lacks a name or code");
     check_index(prog->result(), "program " + prog->name()->str() + ": result");
@@ -103,8 +125,80 @@ void Module::verify() const {
       if (!ins->inputs() || !ins->outputs() || !ins->ints()) bad(where, "missing operands");
       for (uint32_t idx : *ins->inputs()) check_index(idx, where);
       for (uint32_t idx : *ins->outputs()) check_index(idx, where);
+      const int want = instr_int_count(ins->op());
+      const int have = int(ins->ints()->size());
+      if (want >= 0 ? have != want : have < -want)
+        bad(where, std::string(fb::EnumNameOpCode(ins->op())) + " carries " + std::to_string(have) + " ints, not " +
+                       (want >= 0 ? "" : "at least ") + std::to_string(want >= 0 ? want : -want));
+      if (ins->op() == fb::OpCode::Kernel) {
+        const int64_t kernel = ins->ints()->Get(0);
+        if (kernel < 0 || kernel >= int64_t(nkernels))
+          bad(where, "kernel index " + std::to_string(kernel) + " out of range (" + std::to_string(nkernels) + " kernels)");
+        const fb::Kernel* kp = fb_->kernels()->Get(uint32_t(kernel));
+        const size_t n = ins->inputs()->size() + ins->outputs()->size();
+        if (!kp->operand_numel() || !kp->operand_dtype() || kp->operand_numel()->size() != n ||
+            kp->operand_dtype()->size() != n)
+          bad(where, "kernel " + std::to_string(kernel) + " does not describe the instruction's " + std::to_string(n) +
+                         " operands");
+      }
     }
   }
+
+  for (uint32_t i = 0; i < nbuf; ++i)
+    if (!buffer(i).name()) bad("buffers[" + std::to_string(i) + "]", "has no name");
+  for (uint32_t i = 0; i < nkernels; ++i) {
+    const fb::Kernel* k = fb_->kernels()->Get(i);
+    const std::string where = "kernels[" + std::to_string(i) + "]";
+    if (!k->symbol() || !k->name() || !k->kind() || !k->ops()) bad(where, "missing symbol, name, kind or ops");
+    if (k->cuda_functions())
+      for (const fb::CudaFunction* f : *k->cuda_functions())
+        if (!f->symbol()) bad(where, "a CUDA function has no symbol");
+    // An optimizer kernel's ranges are built from adamw_params, one per adamw op it fuses.
+    if (k->adamw_params()) {
+      size_t adamw = 0;
+      for (const flatbuffers::String* op : *k->ops()) adamw += op->str() == "adamw";
+      if (k->adamw_params()->size() != adamw)
+        bad(where, std::to_string(k->adamw_params()->size()) + " adamw_params for " + std::to_string(adamw) +
+                       " adamw ops");
+      std::set<uint32_t> seen;
+      for (uint32_t v : *k->adamw_params()) {
+        check_index(v, where + ": adamw_params");
+        if (buffer(v).kind() != fb::BufferKind::Parameter || !seen.insert(v).second)
+          bad(where, "adamw_params: buffer " + std::to_string(v) + " is not a parameter, or repeats");
+      }
+    }
+  }
+  for (uint32_t i = 0; i < fb_->parameters()->size(); ++i) {
+    const fb::Parameter* p = fb_->parameters()->Get(i);
+    using K = fb::BufferKind;
+    const std::pair<uint32_t, K> fields[] = {{p->value(), K::Parameter}, {p->grad(), K::Gradient},
+                                             {p->adam_m(), K::AdamM}, {p->adam_v(), K::AdamV}};
+    for (const auto& [idx, kind] : fields)
+      if (buffer(idx).kind() != kind || buffer(idx).offset() + buffer(idx).size() > fb_->state_size())
+        bad("parameters[" + std::to_string(i) + "]", "buffer " + std::to_string(idx) + " is not of kind " +
+                                                         fb::EnumNameBufferKind(kind) + " in the state region");
+  }
+
+  // The sizes the trainer and the sampler take from the model, against the buffers they fill.
+  const fb::Model& md = *fb_->model();
+  const int64_t B = md.batch_size(), T = md.seq_len(), V = md.vocab_size();
+  if (B <= 0 || T <= 0 || V <= 0 || md.n_layer() <= 0 || md.n_head() <= 0 || md.n_embd() <= 0 || T > md.block_size())
+    bad("model", "B=" + std::to_string(B) + " T=" + std::to_string(T) + " V=" + std::to_string(V) + " L=" +
+                     std::to_string(md.n_layer()) + " H=" + std::to_string(md.n_head()) + " C=" +
+                     std::to_string(md.n_embd()) + " Tmax=" + std::to_string(md.block_size()) +
+                     ": sizes must be positive, with T <= Tmax");
+  for (uint32_t i = 0; i < nbuf; ++i) {
+    const fb::Buffer& b = buffer(i);
+    const std::string name = b.name()->str();
+    if (b.kind() == fb::BufferKind::Input && (name == "idx" || name == "targets") &&
+        (b.dtype() != fb::DType::I32 || numel(b) != B * T))
+      bad("buffers[" + std::to_string(i) + "] '" + name + "'", "holds " + std::to_string(numel(b)) + " " +
+                                                               dtype_name(b.dtype()) + ", the model's B*T is " +
+                                                               std::to_string(B * T) + " I32");
+  }
+  for (const fb::Parameter* p : *fb_->parameters())
+    if (p->name()->str() == "wte.weight" && (p->shape()->size() != 2 || p->shape()->Get(0) < V))
+      bad("parameter wte.weight", "has fewer rows than the model's vocabulary of " + std::to_string(V));
 }
 
 }  // namespace kiln

@@ -31,6 +31,10 @@ class Module {
   const fb::Module* fb_ = nullptr;
 };
 
+// How many ints an instruction of `op` carries (runtime/executor.cpp says what they are); -n: at
+// least n.
+int instr_int_count(fb::OpCode op);
+
 size_t dtype_bytes(fb::DType t);
 const char* dtype_name(fb::DType t);
 int64_t numel(const fb::Buffer& b);

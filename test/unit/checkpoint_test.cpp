@@ -417,7 +417,7 @@ TEST_F(Checkpoint, FingerprintCoversSizesNamesShapesDecayAndPrecisionButNotThePl
   s.params[0].name = "wpe.weight";
   EXPECT_NE(fp(s), base);
   s = {};
-  s.params[0].shape = {4, 16};  // same element count
+  s.params[1].shape = {12, 4};  // same element count
   EXPECT_NE(fp(s), base);
 }
 

@@ -4,10 +4,12 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 
 #include "runtime/error.h"
+#include "tools/kiln-inspect/xml_text.h"
 
 namespace kiln {
 namespace {
@@ -16,7 +18,6 @@ struct Series {
   std::string label;
   std::vector<std::pair<double, double>> points;  // (step, loss)
 };
-
 }  // namespace
 
 std::string loss_plot_svg(const std::vector<std::string>& logs) {
@@ -33,6 +34,8 @@ std::string loss_plot_svg(const std::vector<std::string>& logs) {
       auto j = nlohmann::json::parse(line, nullptr, false);
       if (j.is_discarded() || !j.is_object() || !j.contains("step"))
         throw Error(path + ":" + std::to_string(n) + ": not a training log record (JSON with \"step\")");
+      if (!j["step"].is_number() || !std::isfinite(j["step"].get<double>()))
+        throw Error(path + ":" + std::to_string(n) + ": \"step\" is " + j["step"].dump() + ", not a finite number");
       const double step = j["step"].get<double>();
       if (j.contains("loss") && j["loss"].is_number()) train_by_step[step] = j["loss"].get<double>();
       if (j.contains("val_loss") && j["val_loss"].is_number()) val_by_step[step] = j["val_loss"].get<double>();
@@ -52,19 +55,20 @@ std::string loss_plot_svg(const std::vector<std::string>& logs) {
     }
   if (x1 <= x0) x1 = x0 + 1;
   if (y1 <= y0) y1 = y0 + 1;
-  const double pad = (y1 - y0) * 0.05;
-  y0 -= pad, y1 += pad;
+  // Halves, so that the spans of values near the largest double stay finite.
+  const double pad = (y1 / 2 - y0 / 2) * 0.1, big = std::numeric_limits<double>::max();
+  y0 = std::max(y0 - pad, -big), y1 = std::min(y1 + pad, big);
 
   const double W = 900, H = 540, L = 70, R = 20, T = 40, Bm = 50;
-  auto px = [&](double x) { return L + (x - x0) / (x1 - x0) * (W - L - R); };
-  auto py = [&](double y) { return T + (y1 - y) / (y1 - y0) * (H - T - Bm); };
+  auto px = [&](double x) { return L + (x / 2 - x0 / 2) / (x1 / 2 - x0 / 2) * (W - L - R); };
+  auto py = [&](double y) { return T + (y1 / 2 - y / 2) / (y1 / 2 - y0 / 2) * (H - T - Bm); };
   std::string svg;
   char buf[512];
   auto add = [&](const char* fmt, auto... a) { std::snprintf(buf, sizeof buf, fmt, a...), svg += buf; };
   add("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" font-size=\"12\">\n", W, H);
   add("<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n<text x=\"%.0f\" y=\"24\" font-size=\"15\">loss</text>\n", L);
   for (int i = 0; i <= 5; ++i) {  // grid and tick labels
-    const double y = y0 + (y1 - y0) * i / 5, x = x0 + (x1 - x0) * i / 5;
+    const double f = i / 5.0, y = y0 * (1 - f) + y1 * f, x = x0 * (1 - f) + x1 * f;
     add("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n", L, py(y), W - R, py(y));
     add("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%.3g</text>\n", L - 6, py(y) + 4, y);
     add("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%.0f</text>\n", px(x), H - Bm + 18, x);
@@ -77,8 +81,8 @@ std::string loss_plot_svg(const std::vector<std::string>& logs) {
       if (std::isfinite(y)) std::snprintf(buf, sizeof buf, "%.1f,%.1f ", px(x), py(y)), pts += buf;
     svg += "<polyline fill=\"none\" stroke-width=\"1.5\" stroke=\"" + std::string(colours[i % 6]) +
            "\" points=\"" + pts + "\"/>\n";
-    add("<text x=\"%.1f\" y=\"%.1f\" fill=\"%s\">%s</text>\n", W - R - 340, T + 16 + 16.0 * i, colours[i % 6],
-        series[i].label.c_str());
+    add("<text x=\"%.1f\" y=\"%.1f\" fill=\"%s\">", W - R - 340, T + 16 + 16.0 * i, colours[i % 6]);
+    svg += xml_escaped(series[i].label) + "</text>\n";
   }
   return svg + "</svg>\n";
 }

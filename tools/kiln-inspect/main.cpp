@@ -229,14 +229,16 @@ int main(int argc, char** argv) {
       if (source == "-") std::fwrite(text->data(), 1, text->size(), stdout);
       else write_file_atomic(source, {{text->data(), text->size()}});
       if (source != "-") std::fprintf(stderr, "wrote %s (%u bytes)\n", source.c_str(), text->size());
-      return 0;
+    } else {
+      ordered_json j = report(m, rates);
+      if (json) std::printf("%s\n", j.dump(2).c_str());
+      else if (buffers) print_buffers(j);
+      else if (cuda_resources) print_cuda_resources(j);
+      else if (roofline) print_roofline(j);
+      else print_text(j);
     }
-    ordered_json j = report(m, rates);
-    if (json) std::printf("%s\n", j.dump(2).c_str());
-    else if (buffers) print_buffers(j);
-    else if (cuda_resources) print_cuda_resources(j);
-    else if (roofline) print_roofline(j);
-    else print_text(j);
+    // A report cut short (a full disk, a closed pipe) must not look like a whole one.
+    if (std::fflush(stdout) != 0 || std::ferror(stdout)) throw Error("stdout: write failed");
     return 0;
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", kiln::one_line(e.what()).c_str());

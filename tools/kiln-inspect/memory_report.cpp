@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <map>
 
+#include "tools/kiln-inspect/xml_text.h"
+
 namespace kiln {
 namespace {
 
@@ -169,9 +171,9 @@ std::string memory_timeline_svg(const Module& m) {
   const fb::Program* p = largest_program(m);
   const double W = 1200, H = 640, left = 70, top = 40, right = 20, bottom = 40;
   std::string out;
-  char line[512];
-  auto add = [&](const char* fmt, auto... args) {
-    std::snprintf(line, sizeof line, fmt, args...);
+  auto add = [&](const char* fmt, auto... args) {  // sized to fit: a cut line would break the XML
+    std::string line(size_t(std::snprintf(nullptr, 0, fmt, args...)), '\0');
+    std::snprintf(line.data(), line.size() + 1, fmt, args...);
     out += line;
   };
   add("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" font-size=\"12\">\n", W, H);
@@ -183,13 +185,13 @@ std::string memory_timeline_svg(const Module& m) {
   const double arena = std::max(1.0, double(m.fb().activation_size()));
   const double sx = (W - left - right) / n, sy = (H - top - bottom) / arena;
   add("<text x=\"%.0f\" y=\"22\" font-size=\"15\">%s: memory timeline of program '%s' (%.1f MiB planned activations)</text>\n",
-      left, m.source().c_str(), p->name()->c_str(), arena / 1048576.0);
+      left, xml_escaped(m.source()).c_str(), xml_escaped(p->name()->str()).c_str(), arena / 1048576.0);
   const char* colour[] = {"#4e79a7", "#f28e2b", "#59a14f", "#b07aa1"};  // by phase
   for (const Span& s : spans) {
     const fb::Buffer& b = m.buffer(s.buffer);
     add("<rect x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%.2f\" fill=\"%s\" fill-opacity=\"0.75\" stroke=\"#333\" stroke-width=\"0.2\"><title>%s: %llu bytes, kernels %lld..%lld</title></rect>\n",
         left + s.first * sx, top + (double(b.offset()) - base) * sy, std::max(1.0, (s.last - s.first + 1) * sx),
-        std::max(0.5, double(b.size()) * sy), colour[int(s.producer->phase()) & 3], b.name()->c_str(),
+        std::max(0.5, double(b.size()) * sy), colour[int(s.producer->phase()) & 3], xml_escaped(b.name()->str()).c_str(),
         (unsigned long long)b.size(), (long long)s.first, (long long)s.last);
   }
   add("<text x=\"%.0f\" y=\"%.0f\">kernel index (time) &#8594;</text>\n", left, H - 12);
