@@ -531,13 +531,17 @@ class Writer {
                                                                r.stackBytes, r.spillStoreBytes, r.spillLoadBytes));
       images.push_back(fb::CreateCudaImageDirect(fbb, image.arch.c_str(), &image.cubin, &resources));
     }
+    // The runtime checks its machine code against this before loading it (module.fbs).
+    std::vector<std::pair<const uint8_t*, size_t>> code;
+    if (!cpuLibrary_.empty()) code.push_back({cpuLibrary_.data(), cpuLibrary_.size()});
+    for (const CudaImageBuild& image : cudaImages_) code.push_back({image.cubin.data(), image.cubin.size()});
     auto root = fb::CreateModuleDirect(fbb, kModuleFormatVersion, "kilnc 0.2", model,
                                        state + activations, &buffers, &params, &progs, state,
                                        activations, naive, options_.recompute.c_str(),
                                        kernels_.empty() ? nullptr : &kernels,
                                        kernels_.empty() ? nullptr : kernelSource_.c_str(),
                                        cpuLibrary_.empty() ? nullptr : &cpuLibrary_,
-                                       images.empty() ? nullptr : &images, options_.fusion);
+                                       images.empty() ? nullptr : &images, options_.fusion, kernels_crc32(code));
     fb::FinishModuleBuffer(fbb, root);
     return std::vector<uint8_t>(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
   }

@@ -1,8 +1,11 @@
 #include "compiler/pipeline.h"
 
+#include "Kiln/KilnDialect.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Pass/PassRegistry.h"
 #include "mlir/Transforms/Passes.h"
 #include "passes/Passes.h"
+#include "llvm/ADT/StringExtras.h"
 
 using namespace mlir;
 
@@ -59,31 +62,116 @@ void setModuleSpec(ModuleOp module, const ModelSpec& s) {
                   }));
 }
 
+namespace {
+
+// The module's IR agrees with its spec where the runtime relies on both: it fills the inputs with
+// batch_size x seq_len token ids below vocab_size, and reports and checkpoints use the sizes.
+LogicalResult checkSpecAgainstIR(ModuleOp module, const ModelSpec& s) {
+  const int64_t B = s.batch_size, T = s.seq_len, V = s.vocab_size, C = s.n_embd, H = s.n_head;
+  auto ids = RankedTensorType::get({B, T}, IntegerType::get(module.getContext(), 32));
+  WalkResult walk = module.walk([&](Operation* op) -> WalkResult {
+    if (auto in = dyn_cast<InputOp>(op)) {
+      if ((in.getInputName() == "idx" || in.getInputName() == "targets") && in.getType() != ids)
+        return in.emitError() << "kiln.input \"" << in.getInputName() << "\" is " << in.getType()
+                              << " but 'kiln.spec' has batch_size = " << B << ", seq_len = " << T
+                              << " (expected " << ids << ")";
+    } else if (auto p = dyn_cast<ParameterOp>(op)) {
+      ArrayRef<int64_t> shape = p.getTensorType().getShape();
+      if (p.getSymName() == "wte.weight" && (shape.size() != 2 || shape[0] < V || shape[1] != C))
+        return p.emitError() << "@wte.weight " << p.getType() << " must be [rows >= vocab_size = "
+                             << V << ", n_embd = " << C << "] by 'kiln.spec'";
+      if (p.getSymName() == "wpe.weight" && shape != ArrayRef<int64_t>{s.block_size, C})
+        return p.emitError() << "@wpe.weight " << p.getType() << " must be [block_size = "
+                             << s.block_size << ", n_embd = " << C << "] by 'kiln.spec'";
+    } else if (isa<AttentionOp, AttentionGradOp>(op)) {
+      const int64_t h = isa<AttentionOp>(op) ? int64_t(cast<AttentionOp>(op).getNumHeads())
+                                             : int64_t(cast<AttentionGradOp>(op).getNumHeads());
+      if (h != H)
+        return op->emitError() << op->getName() << " has num_heads = " << h
+                               << " but 'kiln.spec' has n_head = " << H;
+    }
+    return WalkResult::advance();
+  });
+  return failure(walk.wasInterrupted());
+}
+
+}  // namespace
+
 FailureOr<ModelSpec> getModuleSpec(ModuleOp module) {
   auto dict = module->getAttrOfType<DictionaryAttr>("kiln.spec");
   if (!dict) return module.emitError("the module has no 'kiln.spec' attribute (was it built by kilnc?)");
+  // The checks of a TOML spec (compiler/spec.cpp): an edited file must not carry sizes the
+  // runtime trusts (it sizes and fills buffers from them).
+  auto bad = [&]() { return module.emitError() << "'kiln.spec' "; };
   ModelSpec s;
-  auto str = [&](const char* k, std::string& out) {
-    if (auto a = dict.getAs<StringAttr>(k)) out = a.str();
-  };
-  bool ok = true;
-  auto num = [&](const char* k, int& out) {
-    if (auto a = dict.getAs<IntegerAttr>(k)) out = int(a.getInt());
-    else ok = false;
-  };
-  str("path", s.path);
-  str("name", s.name);
-  str("precision", s.precision);
-  str("target", s.target);
-  num("n_layer", s.n_layer);
-  num("n_head", s.n_head);
-  num("n_embd", s.n_embd);
-  num("vocab_size", s.vocab_size);
-  num("block_size", s.block_size);
-  num("batch_size", s.batch_size);
-  num("seq_len", s.seq_len);
-  if (!ok) return module.emitError("'kiln.spec' lacks one of the integer model sizes");
+  std::pair<const char*, std::string*> strings[] = {
+      {"path", &s.path}, {"name", &s.name}, {"precision", &s.precision}, {"target", &s.target}};
+  std::pair<const char*, int*> integers[] = {
+      {"n_layer", &s.n_layer},       {"n_head", &s.n_head},         {"n_embd", &s.n_embd},
+      {"vocab_size", &s.vocab_size}, {"block_size", &s.block_size}, {"batch_size", &s.batch_size},
+      {"seq_len", &s.seq_len}};
+  for (NamedAttribute a : dict) {
+    auto known = [&](auto& table) {
+      return llvm::any_of(table, [&](auto& k) { return a.getName().getValue() == k.first; });
+    };
+    if (!known(strings) && !known(integers))
+      return bad() << "has the unknown key '" << a.getName().str() << "'";
+  }
+  for (auto [key, out] : strings) {
+    Attribute a = dict.get(key);
+    if (!a) continue;  // path and name are for messages; precision and target have defaults
+    auto str = dyn_cast<StringAttr>(a);
+    if (!str) return bad() << key << " must be a string";
+    *out = str.str();
+  }
+  for (auto [key, out] : integers) {
+    auto a = dyn_cast_or_null<IntegerAttr>(dict.get(key));
+    if (!a || a.getType().isInteger(1)) return bad() << "needs the integer key '" << key << "'";
+    // Any integer type: the value counts, read as its type's signedness, and must fit its range.
+    const APInt& v = a.getValue();
+    const bool isUnsigned = a.getType().isUnsignedInteger();
+    const auto [lo, hi] = spec_range(key);
+    const bool fits = isUnsigned ? v.getActiveBits() < 64 : v.getSignificantBits() <= 64;
+    const int64_t n = !fits ? 0 : isUnsigned ? int64_t(v.getZExtValue()) : v.getSExtValue();
+    if (!fits || n < lo || n > hi)
+      return bad() << key << " = " << llvm::toString(v, 10, !isUnsigned) << " is out of range ["
+                   << int64_t(lo) << ", " << int64_t(hi) << "]";
+    *out = int(n);
+  }
+  for (const char* key : {"precision", "target"}) {
+    const std::string& v = key == std::string("precision") ? s.precision : s.target;
+    const std::set<std::string>& allowed = spec_choices(key);
+    if (!allowed.count(v)) {
+      std::string list;
+      for (const std::string& c : allowed) list += (list.empty() ? "\"" : ", \"") + c + "\"";
+      return bad() << key << " = \"" << v << "\" is not one of " << list;
+    }
+  }
+  if (dict.get("name") && !is_spec_name(s.name))
+    return bad() << "name = \"" << s.name << "\" must be one or more letters, digits, '_', '-' or '.'";
+  if (auto relation = spec_relation_error(s, [](const std::string& k) { return k; }))
+    return bad() << relation->second;
+  if (failed(checkSpecAgainstIR(module, s))) return failure();
   return s;
+}
+
+LogicalResult verifyEntryPoints(ModuleOp module) {
+  auto scalar = RankedTensorType::get({}, Float32Type::get(module.getContext()));
+  for (StringRef name : {"forward", "logits", "micro_step", "optimizer_step"}) {
+    auto f = module.lookupSymbol<func::FuncOp>(name);
+    if (!f) continue;
+    if (f.isExternal() || f.getNumArguments() != 0)
+      return f.emitError() << "@" << name
+                           << " must have a body and take no arguments (inputs are kiln.input ops)";
+    const bool logits = name == "logits";
+    ArrayRef<Type> results = f.getResultTypes();
+    if (results.size() != 1 || (logits ? !isa<RankedTensorType>(results[0]) : results[0] != scalar))
+      return f.emitError() << "@" << name << " must return one "
+                           << (logits                      ? "tensor, the logits"
+                               : name == "optimizer_step" ? "tensor<f32>, the gradient norm"
+                                                           : "tensor<f32>, the loss");
+  }
+  return success();
 }
 
 }  // namespace kiln

@@ -4,6 +4,7 @@
 
 #include <toml++/toml.h>
 
+#include <cctype>
 #include <filesystem>
 #include <set>
 #include <sstream>
@@ -12,6 +13,25 @@
 
 namespace kiln {
 namespace {
+
+struct IntegerKey {
+  const char* table;
+  const char* key;
+  SpecRange range;
+};
+const IntegerKey kIntegerKeys[] = {
+    {"model", "n_layer", {1, 1024}},        {"model", "n_head", {1, 1024}},
+    {"model", "n_embd", {1, 1 << 16}},      {"model", "vocab_size", {2, 1 << 20}},
+    {"model", "block_size", {1, 1 << 20}},  {"compile", "batch_size", {1, 1 << 16}},
+    {"compile", "seq_len", {1, 1 << 20}},
+};
+
+// The table a key belongs to ("model" or "compile").
+std::string table_of(const std::string& key) {
+  for (const IntegerKey& k : kIntegerKeys)
+    if (key == k.key) return k.table;
+  return "compile";
+}
 
 std::string where(const std::string& path, const toml::source_region& src) {
   std::ostringstream os;
@@ -29,8 +49,9 @@ struct TableReader {
   const toml::table& table;
   std::string name;
 
-  // An integer key in [lo, hi]; required unless `fallback` is given.
-  int integer(const std::string& key, long lo, long hi, const int* fallback = nullptr) const {
+  // An integer key within its spec_range; required unless `fallback` is given.
+  int integer(const std::string& key, const int* fallback = nullptr) const {
+    const auto [lo, hi] = spec_range(key);
     const toml::node* node = table.get(key);
     if (!node) {
       if (fallback) return *fallback;
@@ -45,8 +66,8 @@ struct TableReader {
     return static_cast<int>(*v);
   }
 
-  std::string choice(const std::string& key, const std::set<std::string>& allowed,
-                     const std::string& fallback) const {
+  std::string choice(const std::string& key, const std::string& fallback) const {
+    const std::set<std::string>& allowed = spec_choices(key);
     const toml::node* node = table.get(key);
     if (!node) return fallback;
     if (!node->is_string()) fail(path, *node, "[" + name + "] " + key + " must be a string");
@@ -69,7 +90,44 @@ struct TableReader {
 
 }  // namespace
 
+SpecRange spec_range(const std::string& key) {
+  for (const IntegerKey& k : kIntegerKeys)
+    if (key == k.key) return k.range;
+  throw Error("spec_range: unknown key '" + key + "'");
+}
+
+const std::set<std::string>& spec_choices(const std::string& key) {
+  static const std::set<std::string> precisions{"fp32", "bf16"}, targets{"cpu", "cuda"};
+  if (key == "precision") return precisions;
+  if (key == "target") return targets;
+  throw Error("spec_choices: unknown key '" + key + "'");
+}
+
+bool is_spec_name(const std::string& name) {
+  if (name.empty()) return false;
+  for (char c : name)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-' && c != '.') return false;
+  return true;
+}
+
+std::optional<std::pair<std::string, std::string>> spec_relation_error(
+    const ModelSpec& s, const std::function<std::string(const std::string&)>& name) {
+  auto problem = [](const std::string& key, const std::string& text) { return std::pair{key, text}; };
+  if (s.n_embd % s.n_head != 0)
+    return problem("n_embd", name("n_embd") + " = " + std::to_string(s.n_embd) +
+                                 " is not divisible by n_head = " + std::to_string(s.n_head));
+  if (s.seq_len > s.block_size)
+    return problem("seq_len", name("seq_len") + " = " + std::to_string(s.seq_len) + " exceeds " +
+                                  name("block_size") + " = " + std::to_string(s.block_size));
+  if (s.vocab_size > 65536)
+    return problem("vocab_size", name("vocab_size") + " = " + std::to_string(s.vocab_size) +
+                                     " does not fit llm.c's uint16 token shards (at most 65536)");
+  return std::nullopt;
+}
+
 ModelSpec parse_spec(const std::string& path) {
+  // toml++ reads a folder as an empty file, which would be reported as a spec without tables.
+  if (std::filesystem::is_directory(path)) throw Error(path + ": is a folder, not a spec file");
   toml::table root;
   try {
     root = toml::parse_file(path);
@@ -96,33 +154,29 @@ ModelSpec parse_spec(const std::string& path) {
   if (const toml::node* n = model.table.get("name")) {
     if (!n->is_string()) fail(path, *n, "[model] name must be a string");
     s.name = *n->value<std::string>();
+    if (!is_spec_name(s.name))
+      fail(path, *n, "[model] name = \"" + s.name +
+                         "\" must be one or more letters, digits, '_', '-' or '.'");
   }
   s.model_line = model.table.source().begin.line ? model.table.source().begin.line : 1;
-  s.n_layer = model.integer("n_layer", 1, 1024);
-  s.n_head = model.integer("n_head", 1, 1024);
-  s.n_embd = model.integer("n_embd", 1, 1 << 16);
-  s.vocab_size = model.integer("vocab_size", 2, 1 << 20);
-  s.block_size = model.integer("block_size", 1, 1 << 20);
+  s.n_layer = model.integer("n_layer");
+  s.n_head = model.integer("n_head");
+  s.n_embd = model.integer("n_embd");
+  s.vocab_size = model.integer("vocab_size");
+  s.block_size = model.integer("block_size");
 
   TableReader compile{path, *root["compile"].as_table(), "compile"};
   compile.no_unknown_keys({"batch_size", "seq_len", "precision", "target"});
-  s.batch_size = compile.integer("batch_size", 1, 1 << 16);
-  s.seq_len = compile.integer("seq_len", 1, 1 << 20, &s.block_size);
-  s.precision = compile.choice("precision", {"fp32", "bf16"}, "fp32");
-  s.target = compile.choice("target", {"cpu", "cuda"}, "cpu");
+  s.batch_size = compile.integer("batch_size");
+  s.seq_len = compile.integer("seq_len", &s.block_size);
+  s.precision = compile.choice("precision", "fp32");
+  s.target = compile.choice("target", "cpu");
 
-  if (s.n_embd % s.n_head != 0)
-    fail(path, *model.table.get("n_embd"),
-         "[model] n_embd = " + std::to_string(s.n_embd) + " is not divisible by n_head = " +
-             std::to_string(s.n_head));
-  if (s.seq_len > s.block_size)
-    fail(path, compile.table.get("seq_len") ? *compile.table.get("seq_len") : compile.table,
-         "[compile] seq_len = " + std::to_string(s.seq_len) + " exceeds [model] block_size = " +
-             std::to_string(s.block_size));
-  if (s.vocab_size > 65536)
-    fail(path, *model.table.get("vocab_size"),
-         "[model] vocab_size = " + std::to_string(s.vocab_size) +
-             " does not fit llm.c's uint16 token shards (at most 65536)");
+  auto named = [](const std::string& k) { return "[" + table_of(k) + "] " + k; };
+  if (auto bad = spec_relation_error(s, named)) {
+    const toml::table& t = table_of(bad->first) == "model" ? model.table : compile.table;
+    fail(path, t.get(bad->first) ? *t.get(bad->first) : t, bad->second);  // seq_len may be implicit
+  }
   return s;
 }
 

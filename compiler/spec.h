@@ -1,6 +1,10 @@
 // A model spec (TOML): the model's shape and how to compile it. No MLIR here.
 #pragma once
+#include <functional>
+#include <optional>
+#include <set>
 #include <string>
+#include <utility>
 
 namespace kiln {
 
@@ -16,5 +20,21 @@ struct ModelSpec {
 
 // Parses and checks a spec; throws kiln::Error ("FILE:LINE:COL: [table] key: problem").
 ModelSpec parse_spec(const std::string& path);
+
+// The rules every spec obeys, shared by parse_spec and the check of a module's `kiln.spec`
+// attribute (compiler/pipeline.cpp), so an edited .mlir file cannot carry sizes a TOML spec
+// could not.
+struct SpecRange { long lo, hi; };
+// The range of an integer key (n_layer, ..., batch_size, seq_len).
+SpecRange spec_range(const std::string& key);
+// The values a string key (precision, target) may take.
+const std::set<std::string>& spec_choices(const std::string& key);
+// A model name is a non-empty identifier (letters, digits, '_', '-', '.'): it becomes the
+// module's symbol, which must print and parse back.
+bool is_spec_name(const std::string& name);
+// The first relation between keys `s` breaks, as {the key to blame, the problem}; `name` spells
+// a key as its source does ("[model] n_embd" in a TOML spec).
+std::optional<std::pair<std::string, std::string>> spec_relation_error(
+    const ModelSpec& s, const std::function<std::string(const std::string&)>& name);
 
 }  // namespace kiln

@@ -19,6 +19,18 @@ struct BucketGradientsPass : kiln::impl::BucketGradientsBase<BucketGradientsPass
     ModuleOp module = getOperation();
     auto step = module.lookupSymbol<func::FuncOp>("micro_step");
     if (!step || step.isExternal()) return;
+    if (failed(refusePlanned(module, "kiln-bucket-gradients"))) return signalPassFailure();
+    // A second run would add buckets numbered from 0 again, out of program order for the runtime.
+    Operation* placed = nullptr;
+    module.walk([&](Operation* op) {
+      if (isa<ReduceGradientsOp, WaitGradientsOp>(op)) placed = op;
+      return placed ? WalkResult::interrupt() : WalkResult::advance();
+    });
+    if (placed) {
+      placed->emitError() << "kiln-bucket-gradients: the module already has gradient buckets ('"
+                          << placed->getName() << "'); the pass runs once";
+      return signalPassFailure();
+    }
     if (!(bucketMB > 0)) {
       module.emitError() << "kiln-bucket-gradients: bucket-mb must be positive, not " << bucketMB;
       return signalPassFailure();

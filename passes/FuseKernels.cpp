@@ -367,6 +367,7 @@ class Fuser {
 struct FuseKernelsPass : kiln::impl::FuseKernelsBase<FuseKernelsPass> {
   using FuseKernelsBase::FuseKernelsBase;
   void runOnOperation() override {
+    if (failed(refusePlanned(getOperation(), "kiln-fuse-kernels"))) return signalPassFailure();
     for (auto f : getOperation().getOps<func::FuncOp>())
       if (!f.isExternal()) Fuser(f, singleOps).run();
   }

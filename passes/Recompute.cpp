@@ -17,6 +17,8 @@ struct RecomputePass : kiln::impl::RecomputeBase<RecomputePass> {
   using RecomputeBase::RecomputeBase;
 
   void runOnOperation() override {
+    // Also with mode=none: this is the first pass of kiln-plan-pipeline, which must not run twice.
+    if (failed(refusePlanned(getOperation(), "kiln-recompute"))) return signalPassFailure();
     if (mode == "none") return;
     if (mode != "cheap") {
       getOperation().emitError() << "kiln-recompute: unknown mode '" << mode
@@ -26,6 +28,10 @@ struct RecomputePass : kiln::impl::RecomputeBase<RecomputePass> {
     auto step = getOperation().lookupSymbol<func::FuncOp>("micro_step");
     if (!step || step.isExternal()) return;
     Block& body = step.getBody().front();
+    if (body.getTerminator()->getNumOperands() != 1) {
+      step.emitError("kiln-recompute: @micro_step must return one value, the loss");
+      return signalPassFailure();
+    }
     Operation* loss = body.getTerminator()->getOperand(0).getDefiningOp();
     if (!loss) return;
 

@@ -6,6 +6,7 @@
 #include <set>
 #include <string>
 
+#include "runtime/crc32.h"
 #include "runtime/embedded.h"
 #include "runtime/error.h"
 #include "runtime/file_io.h"
@@ -48,6 +49,12 @@ const fb::Program* Module::program(const std::string& name) const {
     for (const fb::Program* p : *fb_->programs())
       if (p->name() && p->name()->str() == name) return p;
   return nullptr;
+}
+
+uint32_t kernels_crc32(const std::vector<std::pair<const uint8_t*, size_t>>& code) {
+  uint32_t crc = 0;
+  for (const auto& [data, size] : code) crc = crc32_update(crc, data, size);
+  return crc;
 }
 
 int instr_int_count(fb::OpCode op) {
@@ -178,6 +185,16 @@ void Module::verify() const {
         bad("parameters[" + std::to_string(i) + "]", "buffer " + std::to_string(idx) + " is not of kind " +
                                                          fb::EnumNameBufferKind(kind) + " in the state region");
   }
+
+  // Machine code is loaded (dlopen, cuModuleLoadData) and run: a flipped byte there would crash
+  // or compute garbage rather than fail cleanly.
+  std::vector<std::pair<const uint8_t*, size_t>> code;
+  if (fb_->cpu_library()) code.push_back({fb_->cpu_library()->data(), fb_->cpu_library()->size()});
+  if (fb_->cuda_images())
+    for (const fb::CudaImage* im : *fb_->cuda_images())
+      if (im->cubin()) code.push_back({im->cubin()->data(), im->cubin()->size()});
+  if (!code.empty() && kernels_crc32(code) != fb_->kernels_crc32())
+    bad("kernels", "the compiled kernels' checksum does not match (a damaged module: compile it again with kilnc)");
 
   // The sizes the trainer and the sampler take from the model, against the buffers they fill.
   const fb::Model& md = *fb_->model();

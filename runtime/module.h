@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "schema/module_generated.h"
@@ -9,7 +10,7 @@
 namespace kiln {
 
 // The module format this runtime reads and kilnc writes (2: generated fused kernels).
-constexpr uint32_t kModuleFormatVersion = 2;
+constexpr uint32_t kModuleFormatVersion = 3;  // 3: kernels_crc32
 
 class Module {
  public:
@@ -34,6 +35,10 @@ class Module {
 // How many ints an instruction of `op` carries (runtime/executor.cpp says what they are); -n: at
 // least n.
 int instr_int_count(fb::OpCode op);
+
+// The CRC-32 a module records of its machine code (module.fbs kernels_crc32): of these spans, in
+// order (the cpu library, then each cuda image's cubin).
+uint32_t kernels_crc32(const std::vector<std::pair<const uint8_t*, size_t>>& code);
 
 size_t dtype_bytes(fb::DType t);
 const char* dtype_name(fb::DType t);

@@ -291,10 +291,16 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     elapsed += dt;
 
     // A diverged step stops the run before anything is logged or checkpointed from it.
-    if (!std::isfinite(loss) || !std::isfinite(norm))
+    if (!std::isfinite(loss) || !std::isfinite(norm)) {
+      // What to look at: on the first step nothing has been updated yet, so the weights came in so.
+      std::string hint = "lower --lr or check the data";
+      if (step == first_step && !o.init.empty()) hint = "the weights of --init " + o.init + " may hold a NaN or an infinity";
+      else if (step == first_step && o.resume) hint = "the checkpoint resumed from may hold a NaN or an infinity";
       throw Error("step " + std::to_string(step + 1) + ": loss " + std::to_string(loss) + ", grad norm " +
-                  std::to_string(norm) + " is not finite; stopping without writing a checkpoint (the last "
-                  "good one is kept; lower --lr or check the data)");
+                  std::to_string(norm) + " is not finite; stopping" +
+                  (o.checkpoint_dir.empty() ? "" : " without writing a checkpoint (the last good one is kept)") +
+                  " (" + hint + ")");
+    }
     const bool last = step + 1 == o.steps;
     double val_loss = NAN;
     if (val && ((o.val_every > 0 && step % o.val_every == 0) || last)) {

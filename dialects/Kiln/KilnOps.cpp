@@ -7,6 +7,8 @@
 #include "mlir/IR/PatternMatch.h"
 #include "llvm/ADT/STLExtras.h"
 
+#include <cmath>
+
 using namespace mlir;
 using namespace kiln;
 
@@ -45,10 +47,19 @@ LogicalResult ParameterOp::verify() {
   if (init != "normal" && init != "zeros" && init != "ones")
     return emitOpError() << "init must be \"normal\", \"zeros\" or \"ones\", not \"" << init << "\"";
   float std = getInitStd().convertToFloat();
-  if (init == "normal" && !(std > 0.0f))
-    return emitOpError() << "init \"normal\" needs init_std > 0";
+  if (init == "normal" && !(std > 0.0f && std::isfinite(std)))
+    return emitOpError() << "init \"normal\" needs init_std > 0 (and finite)";
   if (!getTensorType().hasStaticShape())
     return emitOpError() << "needs a static shape";
+  // A bound far above any real tensor (2^48 elements is 1 PiB of fp32) keeps each state buffer's
+  // byte size, and their sum over a module (value, gradient, two moments per parameter), from
+  // wrapping int64.
+  ArrayRef<int64_t> shape = getTensorType().getShape();
+  uint64_t elements = 1;
+  bool overflow = false;
+  for (int64_t d : shape) overflow |= __builtin_mul_overflow(elements, uint64_t(d), &elements);
+  if (!llvm::is_contained(shape, 0) && (overflow || elements > (uint64_t(1) << 48)))
+    return emitOpError() << "shape " << shapeStr(shape) << " has more than 2^48 elements";
   return success();
 }
 
@@ -274,22 +285,76 @@ LogicalResult LayerNormOp::verify() {
     if (tensorType(s).getShape() != in.getShape().drop_back())
       return emitOpError() << "mean and rstd must have the input's shape without the last "
                               "dimension, " << shapeStr(in.getShape().drop_back());
-  if (getEpsilon().convertToFloat() <= 0.0f) return emitOpError() << "epsilon must be > 0";
+  const float eps = getEpsilon().convertToFloat();
+  if (!(eps > 0.0f && std::isfinite(eps))) return emitOpError() << "epsilon must be > 0 (and finite)";
+  return success();
+}
+
+// The kernels index the weight, the statistics and the gradients by the input's rows and columns.
+LogicalResult LayerNormGradOp::verify() {
+  auto in = tensorType(getInput());
+  if (in.getRank() < 1) return emitOpError() << "input must have at least one dimension";
+  ArrayRef<int64_t> shape = in.getShape();
+  const int64_t c = shape.back();
+  for (Value v : {getGrad(), getInputGrad()})
+    if (tensorType(v).getShape() != shape)
+      return emitOpError() << "grad and input_grad must have the input's shape " << shapeStr(shape);
+  for (Value v : {getWeight(), getWeightGrad(), getBiasGrad()})
+    if (tensorType(v).getShape() != ArrayRef<int64_t>{c})
+      return emitOpError() << "weight, weight_grad and bias_grad must be [" << c << "] (the last dimension)";
+  for (Value v : {getMean(), getRstd()})
+    if (tensorType(v).getShape() != shape.drop_back())
+      return emitOpError() << "mean and rstd must have the input's shape without the last "
+                              "dimension, " << shapeStr(shape.drop_back());
+  return success();
+}
+
+// Shared by attention and attention_grad: qkv is [B, T, 3C] and num_heads divides C. Sets
+// {B, T, C}.
+static LogicalResult verifyPackedQkv(Operation *op, RankedTensorType qkv, int64_t h,
+                                     SmallVectorImpl<int64_t> &btc) {
+  if (qkv.getRank() != 3 || qkv.getDimSize(2) % 3 != 0)
+    return op->emitOpError() << "qkv must be [B, T, 3C], got " << shapeStr(qkv.getShape());
+  btc.assign({qkv.getDimSize(0), qkv.getDimSize(1), qkv.getDimSize(2) / 3});
+  if (h <= 0 || btc[2] % h != 0)
+    return op->emitOpError() << "num_heads " << h << " must divide the " << btc[2] << " channels";
   return success();
 }
 
 LogicalResult AttentionOp::verify() {
-  auto qkv = tensorType(getQkv()), out = tensorType(getResult()), lse = tensorType(getLse());
-  if (qkv.getRank() != 3 || qkv.getDimSize(2) % 3 != 0)
-    return emitOpError() << "qkv must be [B, T, 3C], got " << shapeStr(qkv.getShape());
-  int64_t b = qkv.getDimSize(0), t = qkv.getDimSize(1), c = qkv.getDimSize(2) / 3;
-  int64_t h = getNumHeads();
-  if (h <= 0 || c % h != 0)
-    return emitOpError() << "num_heads " << h << " must divide the " << c << " channels";
-  if (out.getShape() != ArrayRef<int64_t>{b, t, c})
-    return emitOpError() << "result must be " << shapeStr({b, t, c});
+  auto out = tensorType(getResult()), lse = tensorType(getLse());
+  const int64_t h = int64_t(getNumHeads());
+  SmallVector<int64_t, 3> btc;
+  if (failed(verifyPackedQkv(*this, tensorType(getQkv()), h, btc))) return failure();
+  const int64_t b = btc[0], t = btc[1];
+  if (out.getShape() != ArrayRef<int64_t>(btc))
+    return emitOpError() << "result must be " << shapeStr(btc);
   if (lse.getShape() != ArrayRef<int64_t>{b, h, t})
     return emitOpError() << "lse must be " << shapeStr({b, h, t}) << " [B, H, T]";
+  // The kernels read and write every tensor but lse in qkv's element type.
+  if (out.getElementType() != tensorType(getQkv()).getElementType() || !lse.getElementType().isF32())
+    return emitOpError() << "result must have qkv's element type, and lse must be f32";
+  return success();
+}
+
+// The forward's operands and results, as kiln.attention relates them, and a gradient per qkv.
+LogicalResult AttentionGradOp::verify() {
+  auto qkv = tensorType(getQkv());
+  const int64_t h = int64_t(getNumHeads());
+  SmallVector<int64_t, 3> btc;
+  if (failed(verifyPackedQkv(*this, qkv, h, btc))) return failure();
+  const int64_t b = btc[0], t = btc[1];
+  for (auto [name, v] : {std::pair<const char *, Value>{"grad", getGrad()}, {"result", getResult()}})
+    if (tensorType(v).getShape() != ArrayRef<int64_t>(btc))
+      return emitOpError() << name << " must be " << shapeStr(btc) << " [B, T, C]";
+  if (tensorType(getLse()).getShape() != ArrayRef<int64_t>{b, h, t})
+    return emitOpError() << "lse must be " << shapeStr({b, h, t}) << " [B, H, T]";
+  if (tensorType(getQkvGrad()).getShape() != qkv.getShape())
+    return emitOpError() << "qkv_grad must have qkv's shape " << shapeStr(qkv.getShape());
+  for (Value v : {getGrad(), getResult(), getQkvGrad()})
+    if (tensorType(v).getElementType() != qkv.getElementType())
+      return emitOpError() << "grad, result and qkv_grad must have qkv's element type";
+  if (!tensorType(getLse()).getElementType().isF32()) return emitOpError() << "lse must be f32";
   return success();
 }
 

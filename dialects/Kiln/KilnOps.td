@@ -311,13 +311,16 @@ def Kiln_LayerNormGradOp : Kiln_Op<"layer_norm_grad", [Pure]> {
   let summary = "gradients of layer normalisation";
   let description = [{
     From the result gradient and the saved statistics, the gradients of the input, the weight
-    and the bias.
+    and the bias. Shapes as in `kiln.layer_norm`: `grad` and `input_grad` have the input's
+    shape, `weight` and its gradients are `[C]` (the last dimension), `mean` and `rstd` have the
+    input's shape without its last dimension.
   }];
   let arguments = (ins Kiln_FloatTensor:$grad, Kiln_FloatTensor:$input,
                        Kiln_FloatTensor:$weight, Kiln_FloatTensor:$mean, Kiln_FloatTensor:$rstd);
   let results = (outs Kiln_FloatTensor:$input_grad, Kiln_FloatTensor:$weight_grad,
                       Kiln_FloatTensor:$bias_grad);
   let assemblyFormat = "$grad `,` $input `,` $weight `,` $mean `,` $rstd attr-dict `:` type($grad) `,` type($input) `,` type($weight) `,` type($mean) `,` type($rstd) `->` type(results)";
+  let hasVerifier = 1;
 }
 
 def Kiln_AttentionOp : Kiln_DiffOp<"attention", [Pure]> {
@@ -340,7 +343,12 @@ def Kiln_AttentionGradOp : Kiln_Op<"attention_grad", [Pure]> {
   let arguments = (ins Kiln_FloatTensor:$grad, Kiln_FloatTensor:$qkv,
                        Kiln_FloatTensor:$result, Kiln_FloatTensor:$lse, I64Attr:$num_heads);
   let results = (outs Kiln_FloatTensor:$qkv_grad);
+  let description = [{
+    From the result gradient `grad : [B, T, C]`, the forward's operand `qkv : [B, T, 3C]`, its
+    `result : [B, T, C]` and log-sum-exp `lse : [B, H, T]`, the gradient of `qkv`, of its shape.
+  }];
   let assemblyFormat = "$grad `,` $qkv `,` $result `,` $lse attr-dict `:` type($grad) `,` type($qkv) `,` type($result) `,` type($lse) `->` type($qkv_grad)";
+  let hasVerifier = 1;
 }
 
 def Kiln_CrossEntropyOp : Kiln_DiffOp<"cross_entropy", [Pure]> {

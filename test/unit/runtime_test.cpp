@@ -74,7 +74,7 @@ TEST(Module, RejectsGarbageTruncationAndOtherVersions) {
     Module::from_bytes(add_module(5, 5, 7), "v7.kiln");
     FAIL();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("v7.kiln: format_version: 7 is not 2"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("v7.kiln: format_version: 7 is not 3"), std::string::npos);
   }
 }
 

@@ -90,6 +90,16 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: --emit=%s needs -o FILE\n", emit.c_str());
     return 1;
   }
+  // Writing over the input would lose the spec (or the IR) it was compiled from. Another name
+  // for the same file (a link, ./x) counts too.
+  std::error_code sameError;
+  if (!output.empty() && output != "-" &&
+      (output == input || (std::filesystem::exists(output, sameError) &&
+                           std::filesystem::equivalent(input, output, sameError)))) {
+    std::fprintf(stderr, "error: -o %s names the input file; it would be overwritten\n",
+                 kiln::one_line(output).c_str());
+    return 1;
+  }
 
   MLIRContext ctx;
   ctx.loadDialect<kiln::KilnDialect, func::FuncDialect>();
@@ -98,12 +108,15 @@ int main(int argc, char** argv) {
     kiln::ModelSpec spec;
     const bool fromIR = llvm::StringRef(input).ends_with(".mlir");
     if (fromIR) {
-      llvm::SourceMgr sm;
-      SourceMgrDiagnosticHandler handler(sm, &ctx);
-      module = parseSourceFile<ModuleOp>(input, sm, ParserConfig(&ctx));
+      {
+        llvm::SourceMgr sm;
+        SourceMgrDiagnosticHandler handler(sm, &ctx);
+        module = parseSourceFile<ModuleOp>(input, sm, ParserConfig(&ctx));
+      }
       if (!module) return 1;
+      // Outside the handler's scope: one line each, like the errors of the passes.
       auto s = kiln::getModuleSpec(*module);
-      if (failed(s)) return 1;
+      if (failed(s) || failed(kiln::verifyEntryPoints(*module))) return 1;
       spec = *s;
     } else {
       spec = kiln::parse_spec(input);

@@ -25,6 +25,24 @@ kiln.parameter @w : tensor<4xf32> {init = "normal", init_std = -1.0 : f32}
 
 // -----
 
+// An infinite init_std would draw infinite weights.
+// expected-error@+1 {{'kiln.parameter' op init "normal" needs init_std > 0 (and finite)}}
+kiln.parameter @w : tensor<4xf32> {init = "normal", init_std = 0x7F800000 : f32}
+
+// -----
+
+// A parameter's byte size (and its state's, four times it) must not wrap int64: 2^64 elements.
+// expected-error@+1 {{'kiln.parameter' op shape [4611686018427387904, 4] has more than 2^48 elements}}
+kiln.parameter @w : tensor<4611686018427387904x4xf32> {init = "ones"}
+
+// -----
+
+// 2^48 + 1 elements, without wrapping, is still too many.
+// expected-error@+1 {{'kiln.parameter' op shape [281474976710657] has more than 2^48 elements}}
+kiln.parameter @w : tensor<281474976710657xf32> {init = "zeros"}
+
+// -----
+
 // Parameters need a static shape.
 // expected-error@+1 {{'kiln.parameter' op needs a static shape}}
 kiln.parameter @w : tensor<?x4xf32> {init = "zeros"}
@@ -579,6 +597,73 @@ func.func @f(%x: tensor<4x8xf32>, %w: tensor<8xf32>) {
   return
 }
 
+// -----
+
+// epsilon must be finite: NaN is not > 0 either.
+func.func @f(%x: tensor<4x8xf32>, %w: tensor<8xf32>) {
+  // expected-error@+1 {{'kiln.layer_norm' op epsilon must be > 0 (and finite)}}
+  %0:3 = kiln.layer_norm %x, %w, %w {epsilon = 0x7FC00000 : f32} : tensor<4x8xf32>, tensor<8xf32>, tensor<8xf32> -> tensor<4x8xf32>, tensor<4xf32>, tensor<4xf32>
+  return
+}
+
+//===----------------------------------------------------------------------===//
+// kiln.layer_norm_grad
+//===----------------------------------------------------------------------===//
+
+// -----
+
+// A 0-d input has no last dimension to normalise over.
+func.func @f(%x: tensor<f32>, %w: tensor<1xf32>) {
+  // expected-error@+1 {{'kiln.layer_norm_grad' op input must have at least one dimension}}
+  %0:3 = kiln.layer_norm_grad %x, %x, %w, %x, %x : tensor<f32>, tensor<f32>, tensor<1xf32>, tensor<f32>, tensor<f32> -> tensor<f32>, tensor<1xf32>, tensor<1xf32>
+  return
+}
+
+// -----
+
+// The weight is [C]: a [1] weight for [16, 8] rows would be read past its end.
+func.func @f(%g: tensor<16x8xf32>, %x: tensor<16x8xf32>, %w: tensor<1xf32>, %s: tensor<16xf32>) {
+  // expected-error@+1 {{'kiln.layer_norm_grad' op weight, weight_grad and bias_grad must be [8] (the last dimension)}}
+  %0:3 = kiln.layer_norm_grad %g, %x, %w, %s, %s : tensor<16x8xf32>, tensor<16x8xf32>, tensor<1xf32>, tensor<16xf32>, tensor<16xf32> -> tensor<16x8xf32>, tensor<1xf32>, tensor<1xf32>
+  return
+}
+
+// -----
+
+// The weight and bias gradients are [C].
+func.func @f(%g: tensor<16x8xf32>, %x: tensor<16x8xf32>, %w: tensor<8xf32>, %s: tensor<16xf32>) {
+  // expected-error@+1 {{'kiln.layer_norm_grad' op weight, weight_grad and bias_grad must be [8] (the last dimension)}}
+  %0:3 = kiln.layer_norm_grad %g, %x, %w, %s, %s : tensor<16x8xf32>, tensor<16x8xf32>, tensor<8xf32>, tensor<16xf32>, tensor<16xf32> -> tensor<16x8xf32>, tensor<8xf32>, tensor<24xf32>
+  return
+}
+
+// -----
+
+// The incoming gradient has the input's shape.
+func.func @f(%g: tensor<8x16xf32>, %x: tensor<16x8xf32>, %w: tensor<8xf32>, %s: tensor<16xf32>) {
+  // expected-error@+1 {{'kiln.layer_norm_grad' op grad and input_grad must have the input's shape [16, 8]}}
+  %0:3 = kiln.layer_norm_grad %g, %x, %w, %s, %s : tensor<8x16xf32>, tensor<16x8xf32>, tensor<8xf32>, tensor<16xf32>, tensor<16xf32> -> tensor<16x8xf32>, tensor<8xf32>, tensor<8xf32>
+  return
+}
+
+// -----
+
+// So does the input gradient.
+func.func @f(%g: tensor<16x8xf32>, %x: tensor<16x8xf32>, %w: tensor<8xf32>, %s: tensor<16xf32>) {
+  // expected-error@+1 {{'kiln.layer_norm_grad' op grad and input_grad must have the input's shape [16, 8]}}
+  %0:3 = kiln.layer_norm_grad %g, %x, %w, %s, %s : tensor<16x8xf32>, tensor<16x8xf32>, tensor<8xf32>, tensor<16xf32>, tensor<16xf32> -> tensor<128xf32>, tensor<8xf32>, tensor<8xf32>
+  return
+}
+
+// -----
+
+// mean and rstd are one value per row.
+func.func @f(%g: tensor<2x4x8xf32>, %w: tensor<8xf32>, %m: tensor<2x4xf32>, %r: tensor<8xf32>) {
+  // expected-error@+1 {{'kiln.layer_norm_grad' op mean and rstd must have the input's shape without the last dimension, [2, 4]}}
+  %0:3 = kiln.layer_norm_grad %g, %g, %w, %m, %r : tensor<2x4x8xf32>, tensor<2x4x8xf32>, tensor<8xf32>, tensor<2x4xf32>, tensor<8xf32> -> tensor<2x4x8xf32>, tensor<8xf32>, tensor<8xf32>
+  return
+}
+
 //===----------------------------------------------------------------------===//
 // kiln.attention
 //===----------------------------------------------------------------------===//
@@ -639,10 +724,113 @@ func.func @f(%qkv: tensor<2x4x24xf32>) {
 
 // -----
 
+// The kernel writes the result in qkv's element type.
+func.func @f(%qkv: tensor<2x4x24xbf16>) {
+  // expected-error@+1 {{'kiln.attention' op result must have qkv's element type, and lse must be f32}}
+  %0:2 = kiln.attention %qkv {num_heads = 2 : i64} : tensor<2x4x24xbf16> -> tensor<2x4x8xf32>, tensor<2x2x4xf32>
+  return
+}
+
+// -----
+
 // ODS: num_heads is required.
 func.func @f(%qkv: tensor<2x4x24xf32>) {
   // expected-error@+1 {{'kiln.attention' op requires attribute 'num_heads'}}
   %0:2 = kiln.attention %qkv : tensor<2x4x24xf32> -> tensor<2x4x8xf32>, tensor<2x2x4xf32>
+  return
+}
+
+//===----------------------------------------------------------------------===//
+// kiln.attention_grad
+//===----------------------------------------------------------------------===//
+
+// -----
+
+// qkv is [B, T, 3C].
+func.func @f(%g: tensor<2x4x8xf32>, %qkv: tensor<2x4x25xf32>, %lse: tensor<2x2x4xf32>) {
+  // expected-error@+1 {{'kiln.attention_grad' op qkv must be [B, T, 3C], got [2, 4, 25]}}
+  %0 = kiln.attention_grad %g, %qkv, %g, %lse {num_heads = 2 : i64} : tensor<2x4x8xf32>, tensor<2x4x25xf32>, tensor<2x4x8xf32>, tensor<2x2x4xf32> -> tensor<2x4x25xf32>
+  return
+}
+
+// -----
+
+// num_heads 0 would divide by zero in the kernel generator.
+func.func @f(%g: tensor<2x4x8xf32>, %qkv: tensor<2x4x24xf32>, %lse: tensor<2x2x4xf32>) {
+  // expected-error@+1 {{'kiln.attention_grad' op num_heads 0 must divide the 8 channels}}
+  %0 = kiln.attention_grad %g, %qkv, %g, %lse {num_heads = 0 : i64} : tensor<2x4x8xf32>, tensor<2x4x24xf32>, tensor<2x4x8xf32>, tensor<2x2x4xf32> -> tensor<2x4x24xf32>
+  return
+}
+
+// -----
+
+// A negative num_heads is no count of heads.
+func.func @f(%g: tensor<2x4x8xf32>, %qkv: tensor<2x4x24xf32>, %lse: tensor<2x2x4xf32>) {
+  // expected-error@+1 {{'kiln.attention_grad' op num_heads -2 must divide the 8 channels}}
+  %0 = kiln.attention_grad %g, %qkv, %g, %lse {num_heads = -2 : i64} : tensor<2x4x8xf32>, tensor<2x4x24xf32>, tensor<2x4x8xf32>, tensor<2x2x4xf32> -> tensor<2x4x24xf32>
+  return
+}
+
+// -----
+
+// num_heads divides the channels.
+func.func @f(%g: tensor<2x4x8xf32>, %qkv: tensor<2x4x24xf32>, %lse: tensor<2x3x4xf32>) {
+  // expected-error@+1 {{'kiln.attention_grad' op num_heads 3 must divide the 8 channels}}
+  %0 = kiln.attention_grad %g, %qkv, %g, %lse {num_heads = 3 : i64} : tensor<2x4x8xf32>, tensor<2x4x24xf32>, tensor<2x4x8xf32>, tensor<2x3x4xf32> -> tensor<2x4x24xf32>
+  return
+}
+
+// -----
+
+// The incoming gradient is [B, T, C].
+func.func @f(%g: tensor<2x4x24xf32>, %qkv: tensor<2x4x24xf32>, %r: tensor<2x4x8xf32>, %lse: tensor<2x2x4xf32>) {
+  // expected-error@+1 {{'kiln.attention_grad' op grad must be [2, 4, 8] [B, T, C]}}
+  %0 = kiln.attention_grad %g, %qkv, %r, %lse {num_heads = 2 : i64} : tensor<2x4x24xf32>, tensor<2x4x24xf32>, tensor<2x4x8xf32>, tensor<2x2x4xf32> -> tensor<2x4x24xf32>
+  return
+}
+
+// -----
+
+// So is the forward's result.
+func.func @f(%g: tensor<2x4x8xf32>, %qkv: tensor<2x4x24xf32>, %r: tensor<4x2x8xf32>, %lse: tensor<2x2x4xf32>) {
+  // expected-error@+1 {{'kiln.attention_grad' op result must be [2, 4, 8] [B, T, C]}}
+  %0 = kiln.attention_grad %g, %qkv, %r, %lse {num_heads = 2 : i64} : tensor<2x4x8xf32>, tensor<2x4x24xf32>, tensor<4x2x8xf32>, tensor<2x2x4xf32> -> tensor<2x4x24xf32>
+  return
+}
+
+// -----
+
+// lse is [B, H, T].
+func.func @f(%g: tensor<2x4x8xf32>, %qkv: tensor<2x4x24xf32>, %lse: tensor<2x4x2xf32>) {
+  // expected-error@+1 {{'kiln.attention_grad' op lse must be [2, 2, 4] [B, H, T]}}
+  %0 = kiln.attention_grad %g, %qkv, %g, %lse {num_heads = 2 : i64} : tensor<2x4x8xf32>, tensor<2x4x24xf32>, tensor<2x4x8xf32>, tensor<2x4x2xf32> -> tensor<2x4x24xf32>
+  return
+}
+
+// -----
+
+// The gradient has qkv's shape.
+func.func @f(%g: tensor<2x4x8xf32>, %qkv: tensor<2x4x24xf32>, %lse: tensor<2x2x4xf32>) {
+  // expected-error@+1 {{'kiln.attention_grad' op qkv_grad must have qkv's shape [2, 4, 24]}}
+  %0 = kiln.attention_grad %g, %qkv, %g, %lse {num_heads = 2 : i64} : tensor<2x4x8xf32>, tensor<2x4x24xf32>, tensor<2x4x8xf32>, tensor<2x2x4xf32> -> tensor<8x24xf32>
+  return
+}
+
+// -----
+
+// A bf16 gradient for fp32 qkv would be read as fp32, past its end.
+func.func @f(%g: tensor<2x4x8xbf16>, %qkv: tensor<2x4x24xf32>, %r: tensor<2x4x8xf32>, %lse: tensor<2x2x4xf32>) {
+  // expected-error@+1 {{'kiln.attention_grad' op grad, result and qkv_grad must have qkv's element type}}
+  %0 = kiln.attention_grad %g, %qkv, %r, %lse {num_heads = 2 : i64} : tensor<2x4x8xbf16>, tensor<2x4x24xf32>, tensor<2x4x8xf32>, tensor<2x2x4xf32> -> tensor<2x4x24xf32>
+  return
+}
+
+// -----
+
+// lse is kept in fp32.
+func.func @f(%g: tensor<2x4x8xbf16>, %qkv: tensor<2x4x24xbf16>, %lse: tensor<2x2x4xbf16>) {
+  // expected-error@+1 {{'kiln.attention_grad' op lse must be f32}}
+  %0 = kiln.attention_grad %g, %qkv, %g, %lse {num_heads = 2 : i64} : tensor<2x4x8xbf16>, tensor<2x4x24xbf16>, tensor<2x4x8xbf16>, tensor<2x2x4xbf16> -> tensor<2x4x24xbf16>
   return
 }
 

@@ -46,5 +46,8 @@ write(f"{out}/i32.safetensors", [(k, ("I32", s, b) if k == wpe else (d, s, b)) f
 write(f"{out}/extra16.safetensors", items + [("transformer.h.0.mlp.extra.ww", ("F32", [1], b"\0" * 4))])
 # lm_head.weight transposed: the same values, the wrong shape.
 write(f"{out}/lm-head-t.safetensors", items + [("lm_head.weight", ("F32", wte[1][::-1], wte[2]))])
+# Weights holding a NaN (a diverged run's, say).
+write(f"{out}/nan.safetensors", [(k, (d, s, struct.pack("<f", float("nan")) + b[4:]) if k == wpe else (d, s, b))
+                                 for k, (d, s, b) in items])
 # A tensor name with a newline in it.
 write(f"{out}/newline.safetensors", items + [("bad\nname", ("F32", [1], b"\0" * 4))])
