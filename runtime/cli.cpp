@@ -215,7 +215,7 @@ int run_main(int argc, char** argv) {
   } catch (const Error& e) {
     // One failing rank ends them all, at once, rather than leaving them waiting in a collective.
     if (comm && comm->world_size() > 1) {
-      const std::string msg = e.what();
+      const std::string msg = one_line(e.what());
       comm->abort(msg.rfind("rank ", 0) == 0 ? msg
                                              : "rank " + std::to_string(comm->rank()) + " of " +
                                                    std::to_string(comm->world_size()) + ": " + msg);

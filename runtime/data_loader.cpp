@@ -139,8 +139,10 @@ DataLoader::DataLoader(const std::string& file_or_glob, int64_t B, int64_t T, in
     throw Error(at + "B*T*world_size is larger than any llm.c shard can hold");
 
   files_ = expand_data_pattern(file_or_glob);
-  for (size_t i = 1; i < files_.size(); ++i) open_shard(files_[i], {B_, T_, world_size_}, nullptr);
+  counts_.assign(files_.size(), 0);
+  for (size_t i = 1; i < files_.size(); ++i) counts_[i] = open_shard(files_[i], {B_, T_, world_size_}, nullptr);
   load(0);  // checks shard 0 as it reads it
+  counts_[0] = int64_t(tokens_.size());
 }
 
 void DataLoader::load(size_t shard) {

@@ -41,6 +41,10 @@ class DataLoader {
 
   int64_t tokens_in_current_shard() const { return static_cast<int64_t>(tokens_.size()); }
   const std::vector<std::string>& files() const { return files_; }
+  // Each shard's token count (from its header), and the tokens of the shard now read: what the
+  // ranks of a data-parallel run compare, so that one given other data is caught.
+  const std::vector<int64_t>& shard_tokens() const { return counts_; }
+  const std::vector<uint16_t>& current_tokens() const { return tokens_; }
 
  private:
   void load(size_t shard);  // reads and validates the whole shard; the only one resident
@@ -53,6 +57,7 @@ class DataLoader {
   size_t shard_ = 0;
   int64_t pos_ = 0;
   std::vector<uint16_t> tokens_;
+  std::vector<int64_t> counts_;
 };
 
 }  // namespace kiln

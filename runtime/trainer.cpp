@@ -38,7 +38,7 @@ uint64_t fingerprint(const void* data, size_t n, uint64_t h = 146959810393466560
 // ranks drift apart (or deadlock on different collectives). Checked once at start; every rank
 // learns the outcome, so they all stop together.
 void check_ranks_agree(Communicator& comm, const Module& module, const TrainOptions& o, int64_t total,
-                       Executor& ex) {
+                       Executor& ex, const DataLoader& data) {
   const uint8_t* bytes = flatbuffers::GetBufferStartFromRootPointer(&module.fb());
   // Everything that decides which collectives run (evaluation, gradient dumps) is compared too.
   std::string opts = o.schedule.kind + (o.val_data.empty() ? " no-val" : " val") + (o.dump_grads.empty() ? " no-dump" : " dump");
@@ -52,17 +52,23 @@ void check_ranks_agree(Communicator& comm, const Module& module, const TrainOpti
   uint64_t weights = fingerprint(nullptr, 0);
   for (const fb::Parameter* p : *module.fb().parameters())
     weights = fingerprint(ex.f32(p->value()), module.buffer(p->value()).size(), weights);
-  uint64_t mine[3] = {fingerprint(bytes, module.size_bytes()), fingerprint(opts.data(), opts.size()), weights};
-  uint64_t root[3];
+  // The data: each rank reads its own windows of the same shards, so the shards' sizes and the
+  // tokens of the one being read must agree (the paths may differ from machine to machine).
+  const std::vector<int64_t>& counts = data.shard_tokens();
+  uint64_t tokens = fingerprint(counts.data(), counts.size() * sizeof(int64_t));
+  tokens = fingerprint(data.current_tokens().data(), data.current_tokens().size() * sizeof(uint16_t), tokens);
+  uint64_t mine[4] = {fingerprint(bytes, module.size_bytes()), fingerprint(opts.data(), opts.size()), weights, tokens};
+  uint64_t root[4];
   std::memcpy(root, mine, sizeof root);
   comm.broadcast(root, sizeof root, 0);
-  double differ[3];
-  for (int i = 0; i < 3; ++i) differ[i] = mine[i] != root[i] ? 1 : 0;
-  comm.all_reduce_sum(differ, 3);
-  const char* what[3] = {"the module (a different executable?)",
+  double differ[4];
+  for (int i = 0; i < 4; ++i) differ[i] = mine[i] != root[i] ? 1 : 0;
+  comm.all_reduce_sum(differ, 4);
+  const char* what[4] = {"the module (a different executable?)",
                          "the training options (--steps, --total-batch, --zero, --bucket-mb, the schedule or AdamW)",
-                         "the initial weights (a different --seed, or --init files that differ)"};
-  for (int i = 0; i < 3; ++i)
+                         "the initial weights (a different --seed, or --init files that differ)",
+                         "the training data (--data: other shards, or shards of other sizes)"};
+  for (int i = 0; i < 4; ++i)
     if (differ[i] > 0)
       throw Error("data parallel: " + std::to_string(int(differ[i])) + " rank(s) disagree with rank 0 about " +
                   what[i] + (mine[i] != root[i] ? ", this one among them" : "") +
@@ -181,6 +187,9 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       std::snprintf(text, sizeof text, "%g", v);
       throw Error(std::string(flag) + ": " + text + " does not fit a 32-bit float (the step computes in them)");
     }
+  if (!o.checkpoint_dir.empty() && o.zero)
+    throw Error("--checkpoint-dir: checkpoints of --zero 1 runs (AdamW state sharded across ranks) "
+                "are not supported yet; use --zero 0");
   check_output_paths(o, root);
   for (const char* p : {"micro_step", "optimizer_step"})
     if (!module.program(p))
@@ -197,6 +206,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
 
   // Resume: weights, AdamW state, the step and the data position from the latest checkpoint.
   int64_t first_step = 0;
+  std::string resumed_from;  // the checkpoint, when one was loaded
   if (o.resume) {
     if (o.checkpoint_dir.empty()) throw Error("--resume: needs --checkpoint-dir");
     if (auto latest = latest_checkpoint(o.checkpoint_dir)) {
@@ -210,14 +220,12 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
                     std::to_string(o.steps) + " (give more steps to go on training)");
       loader.seek(size_t(st.data_shard), st.data_position);
       first_step = st.step;
+      resumed_from = *latest;
       if (root) std::fprintf(stderr, "resuming from %s at step %lld\n", latest->c_str(), (long long)first_step);
     } else if (root) {
       std::fprintf(stderr, "no checkpoint in %s yet: starting from step 0\n", o.checkpoint_dir.c_str());
     }
   }
-  if (!o.checkpoint_dir.empty() && o.zero)
-    throw Error("--checkpoint-dir: checkpoints of --zero 1 runs (AdamW state sharded across ranks) "
-                "are not supported yet; use --zero 0");
   if (o.checkpoint_every < 0 || (o.checkpoint_every > 0 && o.checkpoint_dir.empty()))
     throw Error("--checkpoint-every: needs --checkpoint-dir");
   std::unique_ptr<DataLoader> val;
@@ -226,7 +234,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     if (o.val_steps <= 0) throw Error("--val-steps: must be at least 1");
     val = std::make_unique<DataLoader>(o.val_data, B, T, rank, int(world));
   }
-  if (world > 1) check_ranks_agree(comm, module, o, total, ex);
+  if (world > 1) check_ranks_agree(comm, module, o, total, ex, loader);
 
   std::ofstream log;
   if (!o.log.empty() && root) {
@@ -295,7 +303,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       // What to look at: on the first step nothing has been updated yet, so the weights came in so.
       std::string hint = "lower --lr or check the data";
       if (step == first_step && !o.init.empty()) hint = "the weights of --init " + o.init + " may hold a NaN or an infinity";
-      else if (step == first_step && o.resume) hint = "the checkpoint resumed from may hold a NaN or an infinity";
+      else if (step == first_step && !resumed_from.empty()) hint = resumed_from + " may hold a NaN or an infinity";
       throw Error("step " + std::to_string(step + 1) + ": loss " + std::to_string(loss) + ", grad norm " +
                   std::to_string(norm) + " is not finite; stopping" +
                   (o.checkpoint_dir.empty() ? "" : " without writing a checkpoint (the last good one is kept)") +

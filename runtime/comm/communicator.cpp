@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -13,25 +14,36 @@
 namespace kiln {
 namespace {
 
-// A positive integer from the environment, or 0 when unset; kiln::Error when malformed.
+// A non-negative integer from the environment, or -1 when unset; kiln::Error when malformed.
 int env_int(const char* name) {
   const char* v = std::getenv(name);
-  if (!v || !*v) return 0;
+  if (!v || !*v) return -1;
   char* end = nullptr;
   long x = std::strtol(v, &end, 10);
   if (*end || x < 0 || x > 1 << 20)
-    throw Error(std::string("environment: ") + name + "='" + v + "' is not a rank count or index");
+    throw Error(std::string("environment: ") + name + "='" + one_line(v) + "' is not a rank count or index");
   return int(x);
+}
+
+// WORLD_SIZE and RANK as a launcher sets them (torchrun-style): WORLD_SIZE at least 1 and RANK
+// below it. A process with a stray RANK but no world must not train alone as if it were rank 0.
+int env_world() {
+  const int world = env_int("WORLD_SIZE"), rank = env_int("RANK");
+  if (world == 0) throw Error("environment: WORLD_SIZE=0: a world has at least one rank");
+  if (rank > 0 && rank >= std::max(world, 1))
+    throw Error("environment: RANK=" + std::to_string(rank) + " is not in [0, WORLD_SIZE=" +
+                std::to_string(std::max(world, 1)) + ")" + (world < 0 ? " (WORLD_SIZE is not set)" : ""));
+  return std::max(world, 0);
 }
 
 // The number of processes an MPI launcher started, or 0 when not started by one: mpirun
 // (Open MPI sets OMPI_COMM_WORLD_SIZE), MPICH-style PMI (PMI_SIZE), srun --mpi=pmix (PMIX_RANK,
 // with the task count in SLURM_NTASKS).
 int mpi_launcher_world() {
-  if (int n = env_int("OMPI_COMM_WORLD_SIZE")) return n;
-  if (int n = env_int("PMI_SIZE")) return n;
+  if (int n = env_int("OMPI_COMM_WORLD_SIZE"); n > 0) return n;
+  if (int n = env_int("PMI_SIZE"); n > 0) return n;
   if (std::getenv("PMIX_RANK"))
-    if (int n = env_int("SLURM_NTASKS")) return n;
+    if (int n = env_int("SLURM_NTASKS"); n > 0) return n;
   return 0;
 }
 
@@ -101,8 +113,10 @@ double comm_timeout_seconds() {
   char* end = nullptr;
   double s = std::strtod(v, &end);
   if (*end || !(s > 0))
-    throw Error(std::string("environment: KILN_COMM_TIMEOUT='") + v + "' is not a positive number of seconds");
-  return s;
+    throw Error(std::string("environment: KILN_COMM_TIMEOUT='") + one_line(v) + "' is not a positive number of seconds");
+  // A deadline is a steady_clock time point in nanoseconds: past about 292 years it would wrap.
+  // A billion seconds (31 years) is as good as no limit.
+  return std::min(s, 1e9);
 }
 
 CommBackend parse_comm_backend(const std::string& name) {
@@ -126,7 +140,7 @@ const char* comm_backend_name(CommBackend b) {
 }
 
 CommBackend select_comm_backend(CommBackend requested, const std::string& target) {
-  const int mpi_world = mpi_launcher_world(), env_world = env_int("WORLD_SIZE");
+  const int mpi_world = mpi_launcher_world(), env_world = kiln::env_world();
   const bool gpu = is_gpu_target(target);
   switch (requested) {
     case CommBackend::Single:
@@ -136,6 +150,11 @@ CommBackend select_comm_backend(CommBackend requested, const std::string& target
       return CommBackend::Single;
     case CommBackend::Mpi:
       if (!kHaveMpi) throw Error("--comm mpi: this runtime was built without MPI (no MPI found by CMake)");
+      // Outside an MPI launcher MPI starts a world of one: with WORLD_SIZE > 1 every process
+      // would train alone and write the same files.
+      if (mpi_world <= 1 && env_world > 1)
+        throw Error("--comm mpi: WORLD_SIZE=" + std::to_string(env_world) + " but no MPI launcher started this "
+                    "process (run it under mpirun, or use --comm tcp)");
       return CommBackend::Mpi;
     case CommBackend::Tcp: return CommBackend::Tcp;
     case CommBackend::Nccl:

@@ -75,7 +75,9 @@ std::string address_of(const sockaddr_storage& a) {
     port = ntohs(s->sin_port);
   } else if (a.ss_family == AF_INET6) {
     auto* s = reinterpret_cast<const sockaddr_in6*>(&a);
-    inet_ntop(AF_INET6, &s->sin6_addr, host, sizeof host);
+    // An IPv4 peer of the dual-stack listener arrives as ::ffff:a.b.c.d: shown as a.b.c.d.
+    if (IN6_IS_ADDR_V4MAPPED(&s->sin6_addr)) inet_ntop(AF_INET, &s->sin6_addr.s6_addr[12], host, sizeof host);
+    else inet_ntop(AF_INET6, &s->sin6_addr, host, sizeof host);
     port = ntohs(s->sin6_port);
   }
   return std::string(host) + ":" + std::to_string(port);
@@ -243,28 +245,58 @@ TcpCommunicator::~TcpCommunicator() {
 
 void TcpCommunicator::rendezvous_root() {
   const std::string at = who() + ": listening on port " + std::to_string(o_.master_port) + " (MASTER_PORT)";
-  int lfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  // Dual-stack where the host has IPv6 (peers may name rank 0 by an IPv4 or an IPv6 address),
+  // else IPv4 alone.
+  int lfd = ::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const bool v6 = lfd >= 0;
+  if (!v6) lfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (lfd < 0) throw Error(at + ": socket: " + std::strerror(errno));
   struct Closer {
     int fd;
     ~Closer() { ::close(fd); }
   } closer{lfd};
-  int one = 1;
+  int one = 1, zero = 0;
   setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  addr.sin_port = htons(uint16_t(o_.master_port));
-  if (::bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(lfd, o_.world_size) != 0)
+  sockaddr_storage addr{};
+  socklen_t addr_len = 0;
+  if (v6) {
+    setsockopt(lfd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
+    auto* a6 = reinterpret_cast<sockaddr_in6*>(&addr);
+    a6->sin6_family = AF_INET6;
+    a6->sin6_addr = in6addr_any;
+    a6->sin6_port = htons(uint16_t(o_.master_port));
+    addr_len = sizeof(sockaddr_in6);
+  } else {
+    auto* a4 = reinterpret_cast<sockaddr_in*>(&addr);
+    a4->sin_family = AF_INET;
+    a4->sin_addr.s_addr = htonl(INADDR_ANY);
+    a4->sin_port = htons(uint16_t(o_.master_port));
+    addr_len = sizeof(sockaddr_in);
+  }
+  if (::bind(lfd, reinterpret_cast<sockaddr*>(&addr), addr_len) != 0 || ::listen(lfd, o_.world_size) != 0)
     throw Error(at + ": " + std::strerror(errno));
 
   peers_.resize(size_t(o_.world_size));
   const double deadline = now_s() + o_.timeout_s;
+  // Connections accepted whose Hello has not arrived yet. All are polled together, so one that
+  // stays silent (a port scanner, a stale client) holds up no rank that did say hello.
+  struct Pending {
+    int fd;
+    sockaddr_storage from;
+  };
+  std::vector<Pending> pending;
+  struct PendingCloser {
+    std::vector<Pending>& list;
+    ~PendingCloser() {
+      for (const Pending& c : list) ::close(c.fd);
+    }
+  } pending_closer{pending};
   int arrived = 1;
   while (arrived < o_.world_size) {
     const double left = deadline - now_s();
-    pollfd pfd{lfd, POLLIN, 0};
-    int rc = left > 0 ? ::poll(&pfd, 1, int(std::min(left, 1e6) * 1000) + 1) : 0;
+    std::vector<pollfd> fds{{lfd, POLLIN, 0}};
+    for (const Pending& c : pending) fds.push_back({c.fd, POLLIN, 0});
+    int rc = left > 0 ? ::poll(fds.data(), nfds_t(fds.size()), int(std::min(left, 1e6) * 1000) + 1) : 0;
     if (rc < 0 && errno == EINTR) continue;
     if (rc <= 0) {
       std::string missing;
@@ -273,38 +305,51 @@ void TcpCommunicator::rendezvous_root() {
       throw Error(at + ": only " + std::to_string(arrived) + " of " + std::to_string(o_.world_size) +
                   " ranks connected within " + seconds(o_.timeout_s) + " (missing rank " + missing + ")");
     }
-    sockaddr_storage from{};
-    socklen_t len = sizeof from;
-    int fd = ::accept4(lfd, reinterpret_cast<sockaddr*>(&from), &len, SOCK_CLOEXEC);
-    if (fd < 0) continue;
-    set_socket_options(fd, o_.timeout_s);
-    Peer p{fd, "a peer at " + address_of(from)};
-    Header h;
-    try {
-      recv_all(p, &h, sizeof h, "rendezvous");
-    } catch (const Error&) {
-      ::close(fd);  // a stray connection: not fatal
-      continue;
+    // Hellos first (their fds are in `pending`, after the listener's entry), then new connections.
+    std::vector<Pending> ready;
+    for (size_t i = fds.size() - 1; i >= 1; --i)
+      if (fds[i].revents) {
+        ready.push_back(pending[i - 1]);
+        pending.erase(pending.begin() + std::ptrdiff_t(i - 1));
+      }
+    if (fds[0].revents & POLLIN) {
+      Pending c{};
+      socklen_t len = sizeof c.from;
+      c.fd = ::accept4(lfd, reinterpret_cast<sockaddr*>(&c.from), &len, SOCK_CLOEXEC);
+      if (c.fd >= 0) {
+        set_socket_options(c.fd, o_.timeout_s);
+        pending.push_back(c);
+      }
     }
-    if (h.magic != kMagic || h.op != uint32_t(Op::Hello)) {
-      ::close(fd);
-      std::fprintf(stderr, "warning: %s: ignored a connection from %s that is not a Kiln rank\n", at.c_str(),
-                   address_of(from).c_str());
-      continue;
+    for (const Pending& c : ready) {
+      Peer p{c.fd, "a peer at " + address_of(c.from)};
+      Header h;
+      try {
+        recv_all(p, &h, sizeof h, "rendezvous");
+      } catch (const Error&) {
+        ::close(c.fd);  // a stray connection: not fatal
+        continue;
+      }
+      if (h.magic != kMagic || h.op != uint32_t(Op::Hello)) {
+        ::close(c.fd);
+        std::fprintf(stderr, "warning: %s: ignored a connection from %s that is not a Kiln rank\n", at.c_str(),
+                     address_of(c.from).c_str());
+        continue;
+      }
+      const int r = int(h.arg & 0xffffffffu), w = int(h.arg >> 32);
+      if (h.seq != kProtocol)
+        throw Error(at + ": " + p.name + " speaks protocol " + std::to_string(h.seq) + ", this rank " +
+                    std::to_string(kProtocol) + " (different Kiln versions)");
+      if (w != o_.world_size)
+        throw Error(at + ": " + p.name + " (RANK=" + std::to_string(r) + ") has WORLD_SIZE=" + std::to_string(w) +
+                    ", this rank " + std::to_string(o_.world_size));
+      if (r <= 0 || r >= o_.world_size || peers_[size_t(r)].fd >= 0)
+        throw Error(at + ": " + p.name + " says RANK=" + std::to_string(r) +
+                    (r > 0 && r < o_.world_size ? ", which another process already has" : ", which is not in [1, WORLD_SIZE)"));
+      p.name = "rank " + std::to_string(r) + " (" + address_of(c.from) + ")";
+      peers_[size_t(r)] = p;
+      ++arrived;
     }
-    const int r = int(h.arg & 0xffffffffu), w = int(h.arg >> 32);
-    if (h.seq != kProtocol)
-      throw Error(at + ": " + p.name + " speaks protocol " + std::to_string(h.seq) + ", this rank " +
-                  std::to_string(kProtocol) + " (different Kiln versions)");
-    if (w != o_.world_size)
-      throw Error(at + ": " + p.name + " (RANK=" + std::to_string(r) + ") has WORLD_SIZE=" + std::to_string(w) +
-                  ", this rank " + std::to_string(o_.world_size));
-    if (r <= 0 || r >= o_.world_size || peers_[size_t(r)].fd >= 0)
-      throw Error(at + ": " + p.name + " says RANK=" + std::to_string(r) +
-                  (r > 0 && r < o_.world_size ? ", which another process already has" : ", which is not in [1, WORLD_SIZE)"));
-    p.name = "rank " + std::to_string(r) + " (" + address_of(from) + ")";
-    peers_[size_t(r)] = p;
-    ++arrived;
   }
   for (int r = 1; r < o_.world_size; ++r) send_msg(peers_[size_t(r)], Op::Welcome, 0, nullptr, 0, "rendezvous");
 }

@@ -23,6 +23,9 @@ and (group tcp, the environment rendezvous RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PO
   tcp_hang       SIGSTOP rank 1 with KILN_COMM_TIMEOUT=4: rank 0 gives up on it after 4 s
   tcp_rank_error rank 1 fails at start (missing data): rank 0 exits non-zero too
   tcp_no_root    rank 1 without rank 0: exits non-zero after KILN_COMM_TIMEOUT=3 s, saying so
+  tcp_other_data rank 1 reads other shards of the same sizes: both ranks refuse to start
+  tcp_idle_peer  a silent connection reaches rank 0 before rank 1: the ranks still train
+  tcp_ipv6       MASTER_ADDR=::1 (skipped without IPv6 loopback)
   nccl_refused   --comm nccl on a cpu module is an error naming the target
 and (group cuda, for a cuda spec compiled into kiln-run-emulated with --kilnc-arg=--runtime=...):
   tcp_plain      2 TCP ranks (no ZeRO): the same checks as tcp, through the device executor
@@ -430,6 +433,83 @@ def case_tcp_no_root(c: Ctx):
     return f"exit {p.returncode} after {dt:.1f} s: {p.stderr.strip().splitlines()[-1]}"
 
 
+def case_tcp_other_data(c: Ctx):
+    # Rank 1 reads shards of the same sizes but other tokens: both ranks refuse to start.
+    other = os.path.join(c.workdir, "other")
+    os.makedirs(other, exist_ok=True)
+    for i in range(2):
+        with open(os.path.join(c.workdir, f"train_{i:03d}.bin"), "rb") as f:
+            header, tokens = f.read(1024), f.read()
+        ids = array.array("H")
+        ids.frombytes(tokens)
+        ids.reverse()
+        with open(os.path.join(other, f"train_{i:03d}.bin"), "wb") as f:
+            f.write(header + ids.tobytes())
+
+    def other_data(r, args):
+        if r == 1:
+            args[args.index("--data") + 1] = os.path.join(other, "train_*.bin")
+        return args
+    procs, _ = start_tcp(c, "tcp_other_data", save=False, per_rank=other_data)
+    res = finish(procs, timeout=KILL_LIMIT_S)
+    want = "disagree with rank 0 about the training data"
+    for r, (rc, o, e) in enumerate(res):
+        if rc == 0 or want not in e:
+            raise TestFailure(f"tcp_other_data: rank {r} exit {rc}:\n{e[-2000:]}")
+    return res[1][2].strip().splitlines()[-1]
+
+
+def case_tcp_idle_peer(c: Ctx):
+    # A connection to rank 0 that never says hello (a port scanner, a stale client) comes first:
+    # the two ranks still meet and train, within the 6 s timeout.
+    port = free_port()
+
+    def rank(r):
+        env = child_env({"RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                         "KILN_COMM_TIMEOUT": "6"})
+        return subprocess.Popen(c.train_args(f"tcp_idle_peer_{r}", steps=2, save=False), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, cwd=c.workdir, env=env)
+    procs = [rank(0)]
+    idle = None
+    try:
+        wait_for(lambda: socket_open(port), 30, "rank 0 listening")
+        idle = socket.create_connection(("127.0.0.1", port))
+        procs.append(rank(1))
+        res = finish(procs, timeout=KILL_LIMIT_S)
+    finally:
+        if idle:
+            idle.close()
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for r, (rc, o, e) in enumerate(res):
+        if rc != 0:
+            raise TestFailure(f"tcp_idle_peer: rank {r} exit {rc}:\n{e[-2000:]}")
+    return "both ranks trained 2 steps past a silent connection"
+
+
+def case_tcp_ipv6(c: Ctx):
+    # Rank 0 listens on both address families: peers may name it by an IPv6 address.
+    try:
+        socket.create_server(("::1", 0), family=socket.AF_INET6).close()
+    except OSError:
+        return "skipped: this host has no IPv6 loopback"
+    procs, _ = start_tcp(c, "tcp_ipv6", steps=2, save=False, env_extra={"MASTER_ADDR": "::1", "KILN_COMM_TIMEOUT": "20"})
+    res = finish(procs, timeout=KILL_LIMIT_S)
+    for r, (rc, o, e) in enumerate(res):
+        if rc != 0:
+            raise TestFailure(f"tcp_ipv6: rank {r} exit {rc}:\n{e[-2000:]}")
+    return "rendezvous at ::1: both ranks trained 2 steps"
+
+
+def socket_open(port):
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
 def case_nccl_refused(c: Ctx):
     p = subprocess.run(c.train_args("nccl", ["--comm", "nccl"], save=False), capture_output=True, text=True,
                        cwd=c.workdir, env=child_env(), timeout=60)
@@ -477,7 +557,7 @@ GROUPS = {
     "cuda": [case_tcp_plain, case_tcp_accum, case_tcp_hang_cuda, case_zero1_refused],
     "mpi": [case_mpi, case_mpi_zero1, case_mpi_accum, case_mpi_kill, case_mpi_hang],
     "tcp": [case_tcp, case_single_zero1, case_tcp_kill_1, case_tcp_kill_0, case_tcp_hang, case_tcp_rank_error,
-            case_tcp_no_root,
+            case_tcp_no_root, case_tcp_other_data, case_tcp_idle_peer, case_tcp_ipv6,
             case_nccl_refused],
 }
 
