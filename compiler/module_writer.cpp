@@ -2,6 +2,7 @@
 // runtime kernel needs (see the opcode table in runtime/executor.cpp).
 #include "compiler/module_writer.h"
 
+#include <cstdio>
 #include <map>
 
 #include "compiler/attention_cpu.h"
@@ -296,6 +297,9 @@ class Writer {
         return module_.emitError() << "kilnc: --dump-kernels: " << error;
     }
     std::string error;
+    // The one slow step of a compile (seconds for GPT-2 124M): said before it starts.
+    std::fprintf(stderr, "kilnc: compiling %zu generated kernels (%s)\n", kernels_.size(),
+                 target_ == Target::Cpu ? "host C++ compiler" : "NVRTC, for sm_80 and sm_90");
     if (target_ == Target::Cpu) {
       auto lib = compileCpuKernels(source, error);
       if (!lib) return module_.emitError() << "kilnc: compiling the generated CPU kernels failed: " << error;
