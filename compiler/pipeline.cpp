@@ -148,7 +148,7 @@ FailureOr<ModelSpec> getModuleSpec(ModuleOp module) {
     }
   }
   if (dict.get("name") && !is_spec_name(s.name))
-    return bad() << "name = \"" << s.name << "\" must be one or more letters, digits, '_', '-' or '.'";
+    return bad() << "name = \"" << s.name << "\" must be non-empty, without control characters, quotes or backslashes";
   if (auto relation = spec_relation_error(s, [](const std::string& k) { return k; }))
     return bad() << relation->second;
   if (failed(checkSpecAgainstIR(module, s))) return failure();

@@ -105,8 +105,10 @@ const std::set<std::string>& spec_choices(const std::string& key) {
 
 bool is_spec_name(const std::string& name) {
   if (name.empty()) return false;
-  for (char c : name)
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-' && c != '.') return false;
+  for (char c : name) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7F || c == '"' || c == '\\') return false;
+  }
   return true;
 }
 
@@ -138,6 +140,10 @@ ModelSpec parse_spec(const std::string& path) {
   ModelSpec s;
   s.path = path;
   s.name = std::filesystem::path(path).stem().string();
+  // The default from the file's name follows the same rule (it is written into the IR and read back).
+  for (char& c : s.name)
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7F || c == '"' || c == '\\') c = '_';
+  if (s.name.empty()) s.name = "gpt2";
 
   for (const auto& [k, node] : root)
     if (k.str() != "model" && k.str() != "compile")
@@ -156,7 +162,7 @@ ModelSpec parse_spec(const std::string& path) {
     s.name = *n->value<std::string>();
     if (!is_spec_name(s.name))
       fail(path, *n, "[model] name = \"" + s.name +
-                         "\" must be one or more letters, digits, '_', '-' or '.'");
+                         "\" must be non-empty, without control characters, quotes or backslashes");
   }
   s.model_line = model.table.source().begin.line ? model.table.source().begin.line : 1;
   s.n_layer = model.integer("n_layer");

@@ -29,8 +29,8 @@ struct SpecRange { long lo, hi; };
 SpecRange spec_range(const std::string& key);
 // The values a string key (precision, target) may take.
 const std::set<std::string>& spec_choices(const std::string& key);
-// A model name is a non-empty identifier (letters, digits, '_', '-', '.'): it becomes the
-// module's symbol, which must print and parse back.
+// A model name is non-empty, without control characters, quotes or backslashes: it becomes the
+// module's symbol (quoted by MLIR where needed), which must print and parse back.
 bool is_spec_name(const std::string& name);
 // The first relation between keys `s` breaks, as {the key to blame, the problem}; `name` spells
 // a key as its source does ("[model] n_embd" in a TOML spec).

@@ -40,10 +40,20 @@ std::optional<std::vector<uint8_t>> read_embedded_module(const std::string& path
   in.seekg(size - 16);
   in.read(trailer, 16);
   if (std::memcmp(trailer + 8, kEmbeddedMagic, 8) != 0) {
+    // No trailer. Bytes after the program that begin as a Kiln module does (FlatBuffers keeps
+    // the file identifier "KILN" at bytes 4-7) are a damaged or cut executable; other appended
+    // bytes (a packager's) are not ours to judge.
     const uint64_t extent = elf_extent(in);
-    if (extent > 0 && extent < uint64_t(size))
-      throw Error(shown + ": " + std::to_string(uint64_t(size) - extent) + " bytes follow the program but end in no "
-                  "module trailer (a damaged or truncated Kiln executable: compile it again with kilnc)");
+    char id[4] = {};
+    if (extent > 0 && extent + 8 <= uint64_t(size)) {
+      in.clear();
+      in.seekg(int64_t(extent) + 4);
+      in.read(id, 4);
+    }
+    if (in && std::memcmp(id, "KILN", 4) == 0)
+      throw Error(shown + ": " + std::to_string(uint64_t(size) - extent) + " bytes of a Kiln module follow the "
+                  "program but end in no module trailer (a damaged or truncated Kiln executable: compile it again "
+                  "with kilnc)");
     return std::nullopt;
   }
   uint64_t moduleSize;

@@ -60,12 +60,15 @@ std::vector<uint8_t> read_file(const std::string& path) {
 
 void write_file_atomic(const std::string& given,
                        const std::vector<std::pair<const void*, size_t>>& pieces, int mode) {
+  // The file a symbolic link names (relative to the link's folder; through a few links at most),
+  // whether or not it exists yet.
   std::string path = given;
   struct stat st {};
-  if (::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
+  for (int hops = 0; hops < 8 && ::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode); ++hops) {
     std::error_code ec;
-    const std::filesystem::path target = std::filesystem::weakly_canonical(path, ec);
-    if (!ec) path = target.string();
+    const std::filesystem::path target = std::filesystem::read_symlink(path, ec);
+    if (ec) break;
+    path = (target.is_absolute() ? target : std::filesystem::path(path).parent_path() / target).string();
   }
   if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) throw Error(given + ": cannot write: a directory");
   if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {

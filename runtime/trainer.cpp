@@ -114,7 +114,7 @@ void check_output_paths(const TrainOptions& o, bool root) {
   namespace fs = std::filesystem;
   std::error_code ec;
   for (const auto& [flag, path] : {std::pair{"--save", o.save}, {"--dump-grads", o.dump_grads}}) {
-    if (path.empty()) continue;
+    if (path.empty() || !root) continue;  // (other ranks' machines may lack rank 0's folders)
     if (path.size() > 4 && path.compare(path.size() - 4, 4, ".bin") == 0)
       throw Error(std::string(flag) + ": " + path + ": writes Hugging Face safetensors, but a .bin name is read back "
                   "as an llm.c model file (--init); name it .safetensors");
@@ -215,13 +215,17 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
         throw Error(*latest + ": written by " + std::to_string(st.world_size) + " rank(s) with --zero " +
                     std::to_string(st.zero_stage) + "; this run has " + std::to_string(world) +
                     " rank(s) with --zero " + std::to_string(o.zero));
-      if (st.step >= o.steps)
-        throw Error(*latest + ": is at step " + std::to_string(st.step) + ", already at or past --steps " +
+      // A finished run resumed with the same command (a requeued job) has nothing left to do;
+      // one past --steps was asked for fewer steps than it already has.
+      if (st.step > o.steps)
+        throw Error(*latest + ": is at step " + std::to_string(st.step) + ", past --steps " +
                     std::to_string(o.steps) + " (give more steps to go on training)");
       loader.seek(size_t(st.data_shard), st.data_position);
       first_step = st.step;
       resumed_from = *latest;
       if (root) std::fprintf(stderr, "resuming from %s at step %lld\n", latest->c_str(), (long long)first_step);
+      if (root && first_step == o.steps)
+        std::fprintf(stderr, "the run is already at --steps %lld: nothing left to train\n", (long long)o.steps);
     } else if (root) {
       std::fprintf(stderr, "no checkpoint in %s yet: starting from step 0\n", o.checkpoint_dir.c_str());
     }
@@ -303,8 +307,8 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     if (!std::isfinite(loss) || !std::isfinite(norm)) {
       // What to look at: on the first step nothing has been updated yet, so the weights came in so.
       std::string hint = "lower --lr or check the data";
-      if (step == first_step && !o.init.empty()) hint = "the weights of --init " + o.init + " may hold a NaN or an infinity";
-      else if (step == first_step && !resumed_from.empty()) hint = resumed_from + " may hold a NaN or an infinity";
+      if (step == first_step && !resumed_from.empty()) hint = resumed_from + " may hold a NaN or an infinity";
+      else if (step == first_step && !o.init.empty()) hint = "the weights of --init " + o.init + " may hold a NaN or an infinity";
       throw Error("step " + std::to_string(step + 1) + ": loss " + std::to_string(loss) + ", grad norm " +
                   std::to_string(norm) + " is not finite; stopping" +
                   (o.checkpoint_dir.empty() ? "" : " without writing a checkpoint (the last good one is kept)") +

@@ -27,9 +27,11 @@ int env_int(const char* name) {
 
 // WORLD_SIZE and RANK as a launcher sets them (torchrun-style): WORLD_SIZE at least 1 and RANK
 // below it. A process with a stray RANK but no world must not train alone as if it were rank 0.
-int env_world() {
+int env_world(bool under_mpi) {
   const int world = env_int("WORLD_SIZE"), rank = env_int("RANK");
   if (world == 0) throw Error("environment: WORLD_SIZE=0: a world has at least one rank");
+  // Under an MPI launcher MPI numbers the ranks (wrappers often export RANK from it alone).
+  if (under_mpi) return std::max(world, 0);
   if (rank > 0 && rank >= std::max(world, 1))
     throw Error("environment: RANK=" + std::to_string(rank) + " is not in [0, WORLD_SIZE=" +
                 std::to_string(std::max(world, 1)) + ")" + (world < 0 ? " (WORLD_SIZE is not set)" : ""));
@@ -140,7 +142,7 @@ const char* comm_backend_name(CommBackend b) {
 }
 
 CommBackend select_comm_backend(CommBackend requested, const std::string& target) {
-  const int mpi_world = mpi_launcher_world(), env_world = kiln::env_world();
+  const int mpi_world = mpi_launcher_world(), env_world = kiln::env_world(mpi_world > 0);
   const bool gpu = is_gpu_target(target);
   switch (requested) {
     case CommBackend::Single:

@@ -321,17 +321,31 @@ void TcpCommunicator::rendezvous_root() {
         pending.push_back(c);
       }
     }
-    for (const Pending& c : ready) {
+    // Closed here unless they become peers (or are closed first): an error below must not leak them.
+    PendingCloser ready_closer{ready};
+    while (!ready.empty()) {
+      const Pending c = ready.back();
+      ready.pop_back();
       Peer p{c.fd, "a peer at " + address_of(c.from)};
       Header h;
+      // A rank's Hello is one small segment: a sender that stops part-way (not a Kiln rank) is
+      // given two seconds, not the whole timeout, before it is dropped.
+      set_socket_options(c.fd, std::min(o_.timeout_s, 2.0));
       try {
         recv_all(p, &h, sizeof h, "rendezvous");
       } catch (const Error&) {
         ::close(c.fd);  // a stray connection: not fatal
         continue;
       }
+      set_socket_options(c.fd, o_.timeout_s);
+      struct CloseUnlessPeer {
+        int fd;
+        bool kept = false;
+        ~CloseUnlessPeer() {
+          if (!kept) ::close(fd);
+        }
+      } this_one{c.fd};
       if (h.magic != kMagic || h.op != uint32_t(Op::Hello)) {
-        ::close(c.fd);
         std::fprintf(stderr, "warning: %s: ignored a connection from %s that is not a Kiln rank\n", at.c_str(),
                      address_of(c.from).c_str());
         continue;
@@ -348,6 +362,7 @@ void TcpCommunicator::rendezvous_root() {
                     (r > 0 && r < o_.world_size ? ", which another process already has" : ", which is not in [1, WORLD_SIZE)"));
       p.name = "rank " + std::to_string(r) + " (" + address_of(c.from) + ")";
       peers_[size_t(r)] = p;
+      this_one.kept = true;
       ++arrived;
     }
   }

@@ -411,6 +411,9 @@ void DeviceExecutor::replay(Program& p) {
       } catch (const Error& e) {
         device_->abort_capture();
         failed = e.what();
+      } catch (...) {  // not the capture's doing: the stream must still leave capture mode
+        device_->abort_capture();
+        throw;
       }
     }
     if (!failed.empty()) {
