@@ -4,7 +4,7 @@
 
 #include <toml++/toml.h>
 
-#include <cctype>
+#include <algorithm>
 #include <filesystem>
 #include <set>
 #include <sstream>
@@ -25,6 +25,13 @@ const IntegerKey kIntegerKeys[] = {
     {"model", "block_size", {1, 1 << 20}},  {"compile", "batch_size", {1, 1 << 16}},
     {"compile", "seq_len", {1, 1 << 20}},
 };
+
+// A character a model name may hold: the module's symbol is printed quoted where needed, and
+// read back (no control characters, quotes or backslashes).
+bool is_name_char(char c) {
+  const auto u = static_cast<unsigned char>(c);
+  return u >= 0x20 && u != 0x7F && c != '"' && c != '\\';
+}
 
 // The table a key belongs to ("model" or "compile").
 std::string table_of(const std::string& key) {
@@ -104,12 +111,7 @@ const std::set<std::string>& spec_choices(const std::string& key) {
 }
 
 bool is_spec_name(const std::string& name) {
-  if (name.empty()) return false;
-  for (char c : name) {
-    const auto u = static_cast<unsigned char>(c);
-    if (u < 0x20 || u == 0x7F || c == '"' || c == '\\') return false;
-  }
-  return true;
+  return !name.empty() && std::all_of(name.begin(), name.end(), is_name_char);
 }
 
 std::optional<std::pair<std::string, std::string>> spec_relation_error(
@@ -141,8 +143,7 @@ ModelSpec parse_spec(const std::string& path) {
   s.path = path;
   s.name = std::filesystem::path(path).stem().string();
   // The default from the file's name follows the same rule (it is written into the IR and read back).
-  for (char& c : s.name)
-    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7F || c == '"' || c == '\\') c = '_';
+  std::replace_if(s.name.begin(), s.name.end(), [](char c) { return !is_name_char(c); }, '_');
   if (s.name.empty()) s.name = "gpt2";
 
   for (const auto& [k, node] : root)

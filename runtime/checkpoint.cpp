@@ -8,11 +8,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <csignal>
-
 #include <algorithm>
 #include <cerrno>
 #include <cctype>
+#include <csignal>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>

@@ -1,7 +1,6 @@
 #include "runtime/cli.h"
 
 #include <CLI/CLI.hpp>
-#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
@@ -14,6 +13,7 @@
 #include "runtime/comm/communicator.h"
 #include "runtime/embedded.h"
 #include "runtime/error.h"
+#include "runtime/file_io.h"
 #include "runtime/module.h"
 #include "runtime/params.h"
 #include "runtime/sampler.h"
@@ -97,28 +97,16 @@ const CLI::Validator kSeed(
     },
     "");
 
-// A word of the command line for a message: at most 40 bytes, cut between UTF-8 characters.
-std::string clip(const std::string& w) {
-  if (w.size() <= 40) return w;
-  size_t n = 40;
-  while (n > 0 && (static_cast<unsigned char>(w[n]) & 0xC0) == 0x80) --n;
-  return w.substr(0, n) + "...";
-}
-
-// --prompt-ids: whitespace-separated decimal digits (leading zeros allowed; a sign, "0x" or
-// "1e3" are not ids), each in [0, V). The value saturates at V, so a long number is out of range
-// instead of wrapping to some other id.
+// --prompt-ids: whitespace-separated token ids (parse_token_id), each in [0, V).
 std::vector<int32_t> parse_prompt_ids(const std::string& text, int64_t V) {
   std::vector<int32_t> ids;
   std::istringstream in(text);
   std::string word;
   while (in >> word) {
-    if (!std::all_of(word.begin(), word.end(), [](char ch) { return ch >= '0' && ch <= '9'; }))
-      throw Error("--prompt-ids: '" + clip(word) + "' is not a token id");
-    int64_t id = 0;
-    for (char ch : word) id = std::min<int64_t>(id * 10 + (ch - '0'), V);
-    if (id >= V) throw Error("--prompt-ids: token " + clip(word) + " is not in [0, " + std::to_string(V) + ")");
-    ids.push_back(static_cast<int32_t>(id));
+    const std::optional<int64_t> id = parse_token_id(word, V);
+    if (!id) throw Error("--prompt-ids: '" + clipped(word) + "' is not a token id");
+    if (*id >= V) throw Error("--prompt-ids: token " + clipped(word) + " is not in [0, " + std::to_string(V) + ")");
+    ids.push_back(static_cast<int32_t>(*id));
   }
   return ids;
 }
@@ -173,7 +161,7 @@ int run_sample(const Module& module, SampleCommand& c) {
       std::printf("\n");
     }
   }
-  if (std::fflush(stdout) != 0) throw Error("stdout: write failed");
+  flush_stdout();
   return 0;
 }
 
@@ -212,8 +200,7 @@ int run_main(int argc, char** argv) {
       const fb::Model& model = *module.fb().model();
       comm = make_communicator(parse_comm_backend(train_opts.comm), model.target() ? model.target()->str() : "cpu");
       kiln::train(module, train_opts, *comm);
-      // The progress lines go to stdout: a full disk or a closed pipe there is an error too.
-      if (std::fflush(stdout) != 0 || std::ferror(stdout)) throw Error("stdout: write failed");
+      flush_stdout();  // the progress lines went there
     }
     return 0;
   } catch (const Error& e) {

@@ -35,4 +35,12 @@ inline std::string one_line(std::string_view s) {
   return out;
 }
 
+// At most `max` bytes of `s` for a message, cut between UTF-8 characters ("..." marks the cut).
+inline std::string clipped(std::string_view s, size_t max = 40) {
+  if (s.size() <= max) return std::string(s);
+  size_t n = max;
+  while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;
+  return std::string(s.substr(0, n)) + "...";
+}
+
 }  // namespace kiln

@@ -279,16 +279,11 @@ void Executor::check(const fb::Program& prog) const {
   }
 }
 
+// Module::verify has checked the kernel index, the operand tables' lengths and adamw_params;
+// here, each operand's buffer against what the kernel was compiled for.
 void Executor::check_kernel(const fb::Instr& ins, const std::string& where) const {
-  const auto* kernels = module_.fb().kernels();
-  if (!ins.ints() || ins.ints()->size() != 1 || !kernels || ins.ints()->Get(0) < 0 || ins.ints()->Get(0) >= int64_t(kernels->size()))
-    throw Error(where + ": names no kernel of the module");
-  const fb::Kernel& k = *kernels->Get(uint32_t(ins.ints()->Get(0)));
+  const fb::Kernel& k = *module_.fb().kernels()->Get(uint32_t(ins.ints()->Get(0)));
   const size_t n = ins.inputs()->size() + ins.outputs()->size();
-  if (!k.operand_numel() || !k.operand_dtype() || k.operand_numel()->size() != n || k.operand_dtype()->size() != n)
-    throw Error(where + ": kernel " + k.symbol()->str() + " takes " +
-                std::to_string(k.operand_numel() ? k.operand_numel()->size() : 0) + " operands, the instruction has " +
-                std::to_string(n));
   for (size_t i = 0; i < n; ++i) {
     const uint32_t idx = i < ins.inputs()->size() ? ins.inputs()->Get(uint32_t(i))
                                                   : ins.outputs()->Get(uint32_t(i - ins.inputs()->size()));
@@ -299,11 +294,6 @@ void Executor::check_kernel(const fb::Instr& ins, const std::string& where) cons
                   std::to_string(k.operand_numel()->Get(uint32_t(i))) + " " + dtype_name(dtype) + ", buffer " +
                   std::to_string(idx) + " holds " + std::to_string(numel(b)) + " " + dtype_name(b.dtype()));
   }
-  if (k.adamw_params())
-    for (uint32_t v : *k.adamw_params())
-      if (v >= module_.fb().buffers()->size() || module_.buffer(v).kind() != fb::BufferKind::Parameter)
-        throw Error(where + ": kernel " + k.symbol()->str() + " updates buffer " + std::to_string(v) +
-                    ", which is not a parameter");
 }
 
 // A generated kernel gets the arena address of every operand, and for an optimizer kernel the

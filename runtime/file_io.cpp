@@ -5,8 +5,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 
@@ -58,6 +58,10 @@ std::vector<uint8_t> read_file(const std::string& path) {
   return bytes;
 }
 
+void flush_stdout() {
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) throw Error("stdout: write failed");
+}
+
 void write_file_atomic(const std::string& given,
                        const std::vector<std::pair<const void*, size_t>>& pieces, int mode) {
   // The file a symbolic link names (relative to the link's folder; through a few links at most),
@@ -70,8 +74,9 @@ void write_file_atomic(const std::string& given,
     if (ec) break;
     path = (target.is_absolute() ? target : std::filesystem::path(path).parent_path() / target).string();
   }
-  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) throw Error(given + ": cannot write: a directory");
-  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+  const bool exists = ::stat(path.c_str(), &st) == 0;
+  if (exists && S_ISDIR(st.st_mode)) throw Error(given + ": cannot write: a directory");
+  if (exists && !S_ISREG(st.st_mode)) {
     const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
     if (fd < 0) throw Error(given + ": cannot open for writing: " + std::strerror(errno));
     try {

@@ -90,7 +90,7 @@ void Module::verify() const {
   for (uint32_t i = 0; i < nbuf; ++i) {
     const fb::Buffer& b = buffer(i);
     std::string where = "buffers[" + std::to_string(i) + "]";
-    if (!b.shape()) bad(where, "has no shape");
+    if (!b.shape() || !b.name()) bad(where, !b.shape() ? "has no shape" : "has no name");
     // Overflow-checked: a crafted shape must not wrap around to a small size.
     uint64_t elements = 0, bytes = 0;
     if (!checked_numel({b.shape()->begin(), b.shape()->end()}, &elements) ||
@@ -114,11 +114,17 @@ void Module::verify() const {
       if (copy.dtype() != fb::DType::BF16 || copy.kind() != fb::BufferKind::ComputeCopy)
         bad(where, "compute copy must be a BF16 ComputeCopy buffer");
     }
-    for (uint32_t idx : {p->value(), p->grad(), p->adam_m(), p->adam_v()}) {
+    using K = fb::BufferKind;
+    const std::pair<uint32_t, K> fields[] = {{p->value(), K::Parameter}, {p->grad(), K::Gradient},
+                                             {p->adam_m(), K::AdamM}, {p->adam_v(), K::AdamV}};
+    for (const auto& [idx, kind] : fields) {
       check_index(idx, where);
-      if (buffer(idx).dtype() != fb::DType::F32 ||
-          uint64_t(numel(buffer(idx))) != uint64_t(numel(buffer(p->value()))))
+      const fb::Buffer& b = buffer(idx);
+      if (b.dtype() != fb::DType::F32 || uint64_t(numel(b)) != uint64_t(numel(buffer(p->value()))))
         bad(where, "state buffers must be fp32 and of the parameter's size");
+      if (b.kind() != kind || b.offset() + b.size() > fb_->state_size())
+        bad(where, "buffer " + std::to_string(idx) + " is not of kind " + fb::EnumNameBufferKind(kind) +
+                       " in the state region");
     }
   }
   const uint32_t nkernels = fb_->kernels() ? fb_->kernels()->size() : 0;
@@ -151,8 +157,6 @@ void Module::verify() const {
     }
   }
 
-  for (uint32_t i = 0; i < nbuf; ++i)
-    if (!buffer(i).name()) bad("buffers[" + std::to_string(i) + "]", "has no name");
   for (uint32_t i = 0; i < nkernels; ++i) {
     const fb::Kernel* k = fb_->kernels()->Get(i);
     const std::string where = "kernels[" + std::to_string(i) + "]";
@@ -174,16 +178,6 @@ void Module::verify() const {
           bad(where, "adamw_params: buffer " + std::to_string(v) + " is not a parameter, or repeats");
       }
     }
-  }
-  for (uint32_t i = 0; i < fb_->parameters()->size(); ++i) {
-    const fb::Parameter* p = fb_->parameters()->Get(i);
-    using K = fb::BufferKind;
-    const std::pair<uint32_t, K> fields[] = {{p->value(), K::Parameter}, {p->grad(), K::Gradient},
-                                             {p->adam_m(), K::AdamM}, {p->adam_v(), K::AdamV}};
-    for (const auto& [idx, kind] : fields)
-      if (buffer(idx).kind() != kind || buffer(idx).offset() + buffer(idx).size() > fb_->state_size())
-        bad("parameters[" + std::to_string(i) + "]", "buffer " + std::to_string(idx) + " is not of kind " +
-                                                         fb::EnumNameBufferKind(kind) + " in the state region");
   }
 
   // Machine code is loaded (dlopen, cuModuleLoadData) and run: a flipped byte there would crash

@@ -98,8 +98,8 @@ Header read_header(const std::string& path, Fd& file) {
   auto note_keys = [&](int /*depth*/, Json::parse_event_t event, Json& parsed) {
     if (event == Json::parse_event_t::object_start) keys.emplace_back();
     else if (event == Json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
-    else if (event == Json::parse_event_t::key && !keys.empty() && !keys.back().insert(parsed.get<std::string>()).second &&
-             repeated.empty())
+    else if (event == Json::parse_event_t::key && !keys.empty() && repeated.empty() &&
+             !keys.back().insert(parsed.get<std::string>()).second)
       repeated = parsed.get<std::string>();
     return true;
   };

@@ -545,4 +545,14 @@ int32_t Gpt2Tokenizer::vocab_size() const {
   return static_cast<int32_t>(impl_->token_bytes.size());
 }
 
+std::optional<int64_t> parse_token_id(std::string_view word, int64_t vocab) {
+  if (word.empty()) return std::nullopt;
+  int64_t id = 0;
+  for (char c : word) {
+    if (c < '0' || c > '9') return std::nullopt;
+    id = std::min<int64_t>(id * 10 + (c - '0'), vocab);
+  }
+  return id;
+}
+
 }  // namespace kiln

@@ -25,11 +25,17 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 namespace kiln {
+
+// A token id written as text: decimal digits only, leading zeros allowed ("007" is 7); a sign,
+// "0x" or "1e3" make it no id (nullopt). The value saturates at `vocab`, so a long number is out
+// of range (>= vocab) instead of wrapping to some other id.
+std::optional<int64_t> parse_token_id(std::string_view word, int64_t vocab);
 
 class Gpt2Tokenizer {
  public:

@@ -272,40 +272,41 @@ LogicalResult ConcatOp::verify() {
   return verifyLastAxisPieces(*this, tensorType(getResult()), getInputs().getTypes());
 }
 
+// Shared by layer_norm and layer_norm_grad, whose kernels index the per-channel vectors (named
+// `what` in the message) by the input's last dimension and the statistics by its other ones.
+static LogicalResult verifyLayerNormShapes(Operation *op, RankedTensorType in, ArrayRef<Value> perChannel,
+                                           StringRef what, Value mean, Value rstd) {
+  if (in.getRank() < 1) return op->emitOpError() << "input must have at least one dimension";
+  const int64_t c = in.getShape().back();
+  for (Value p : perChannel)
+    if (tensorType(p).getShape() != ArrayRef<int64_t>{c})
+      return op->emitOpError() << what << " must be [" << c << "] (the last dimension)";
+  for (Value s : {mean, rstd})
+    if (tensorType(s).getShape() != in.getShape().drop_back())
+      return op->emitOpError() << "mean and rstd must have the input's shape without the last "
+                                  "dimension, " << shapeStr(in.getShape().drop_back());
+  return success();
+}
+
 LogicalResult LayerNormOp::verify() {
   auto in = tensorType(getInput());
-  if (in.getRank() < 1) return emitOpError() << "input must have at least one dimension";
-  int64_t c = in.getShape().back();
-  for (Value p : {getWeight(), getBias()})
-    if (tensorType(p).getShape() != ArrayRef<int64_t>{c})
-      return emitOpError() << "weight and bias must be [" << c << "] (the last dimension)";
+  if (failed(verifyLayerNormShapes(*this, in, {getWeight(), getBias()}, "weight and bias", getMean(), getRstd())))
+    return failure();
   if (tensorType(getResult()).getShape() != in.getShape())
     return emitOpError() << "result shape must equal the input shape";
-  for (Value s : {getMean(), getRstd()})
-    if (tensorType(s).getShape() != in.getShape().drop_back())
-      return emitOpError() << "mean and rstd must have the input's shape without the last "
-                              "dimension, " << shapeStr(in.getShape().drop_back());
   const float eps = getEpsilon().convertToFloat();
   if (!(eps > 0.0f && std::isfinite(eps))) return emitOpError() << "epsilon must be > 0 (and finite)";
   return success();
 }
 
-// The kernels index the weight, the statistics and the gradients by the input's rows and columns.
 LogicalResult LayerNormGradOp::verify() {
   auto in = tensorType(getInput());
-  if (in.getRank() < 1) return emitOpError() << "input must have at least one dimension";
-  ArrayRef<int64_t> shape = in.getShape();
-  const int64_t c = shape.back();
+  if (failed(verifyLayerNormShapes(*this, in, {getWeight(), getWeightGrad(), getBiasGrad()},
+                                   "weight, weight_grad and bias_grad", getMean(), getRstd())))
+    return failure();
   for (Value v : {getGrad(), getInputGrad()})
-    if (tensorType(v).getShape() != shape)
-      return emitOpError() << "grad and input_grad must have the input's shape " << shapeStr(shape);
-  for (Value v : {getWeight(), getWeightGrad(), getBiasGrad()})
-    if (tensorType(v).getShape() != ArrayRef<int64_t>{c})
-      return emitOpError() << "weight, weight_grad and bias_grad must be [" << c << "] (the last dimension)";
-  for (Value v : {getMean(), getRstd()})
-    if (tensorType(v).getShape() != shape.drop_back())
-      return emitOpError() << "mean and rstd must have the input's shape without the last "
-                              "dimension, " << shapeStr(shape.drop_back());
+    if (tensorType(v).getShape() != in.getShape())
+      return emitOpError() << "grad and input_grad must have the input's shape " << shapeStr(in.getShape());
   return success();
 }
 

@@ -58,8 +58,8 @@ std::string read_stdin() {
 }
 
 void write_stdout(const std::string& s) {
-  if (std::fwrite(s.data(), 1, s.size(), stdout) != s.size() || std::fflush(stdout) != 0)
-    throw Error("stdout: write failed");
+  std::fwrite(s.data(), 1, s.size(), stdout);
+  flush_stdout();
 }
 
 int cmd_encode(const Gpt2Tokenizer& tok) {
@@ -75,18 +75,11 @@ int cmd_encode(const Gpt2Tokenizer& tok) {
   return 0;
 }
 
-// A word of the input for a message: at most 40 bytes, cut between UTF-8 characters, with NUL and
-// other control characters escaped (a NUL would end the message, an ESC reach the terminal).
-std::string shown(std::string_view w) {
-  if (w.size() <= 40) return one_line(w);
-  size_t n = 40;
-  while (n > 0 && (static_cast<unsigned char>(w[n]) & 0xC0) == 0x80) --n;
-  return one_line(w.substr(0, n)) + "...";
-}
+// A word of the input for a message: clipped, with NUL and other control characters escaped
+// here (a NUL would end the message, an ESC reach the terminal).
+std::string shown(std::string_view w) { return one_line(clipped(w)); }
 
-// A token id is decimal digits only, leading zeros allowed ("007" is 7); a sign ("+5", "-0",
-// "-1") makes a word not an id. The value saturates at the vocabulary size, so a long number is
-// out of range instead of wrapping to some other id.
+// Token ids as parse_token_id reads them: "007" is 7; "+5", "-0" and "-1" are no ids.
 int cmd_decode(const Gpt2Tokenizer& tok) {
   const std::string in = read_stdin();
   std::vector<int32_t> ids;
@@ -100,13 +93,11 @@ int cmd_decode(const Gpt2Tokenizer& tok) {
     while (j < in.size() && !space(in[j])) ++j;
     const std::string word = in.substr(i, j - i);
     const std::string at = "stdin: token " + std::to_string(ids.size()) + ": ";
-    if (!std::all_of(word.begin(), word.end(), [](char c) { return c >= '0' && c <= '9'; }))
-      throw Error(at + "\"" + shown(word) + "\" is not a token id");
     const int64_t vocab = tok.vocab_size();
-    int64_t id = 0;
-    for (char c : word) id = std::min<int64_t>(id * 10 + (c - '0'), vocab);
-    if (id >= vocab) throw Error(at + "id " + shown(word) + " is not in [0, " + std::to_string(vocab) + ")");
-    ids.push_back(static_cast<int32_t>(id));
+    const std::optional<int64_t> id = parse_token_id(word, vocab);
+    if (!id) throw Error(at + "\"" + shown(word) + "\" is not a token id");
+    if (*id >= vocab) throw Error(at + "id " + shown(word) + " is not in [0, " + std::to_string(vocab) + ")");
+    ids.push_back(static_cast<int32_t>(*id));
     i = j;
   }
   write_stdout(tok.decode(ids));

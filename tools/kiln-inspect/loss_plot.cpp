@@ -18,6 +18,7 @@ struct Series {
   std::string label;
   std::vector<std::pair<double, double>> points;  // (step, loss)
 };
+
 }  // namespace
 
 std::string loss_plot_svg(const std::vector<std::string>& logs) {

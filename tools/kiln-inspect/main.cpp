@@ -237,8 +237,7 @@ int main(int argc, char** argv) {
       else if (roofline) print_roofline(j);
       else print_text(j);
     }
-    // A report cut short (a full disk, a closed pipe) must not look like a whole one.
-    if (std::fflush(stdout) != 0 || std::ferror(stdout)) throw Error("stdout: write failed");
+    flush_stdout();  // a report cut short must not pass for a whole one
     return 0;
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", kiln::one_line(e.what()).c_str());
