@@ -2,27 +2,14 @@
 #include "compiler/attention_cpu.h"
 
 #include <cmath>
-#include <map>
-#include <sstream>
+
+#include "compiler/source_template.h"
 
 namespace kiln {
 namespace {
 
-// Replaces every ${NAME} of `text` by its value.
-std::string fill(std::string text, const std::map<std::string, std::string>& values) {
-  for (const auto& [name, value] : values) {
-    const std::string key = "${" + name + "}";
-    for (size_t at = text.find(key); at != std::string::npos; at = text.find(key, at + value.size()))
-      text.replace(at, key.size(), value);
-  }
-  return text;
-}
-
-std::map<std::string, std::string> values(const std::string& symbol, const AttentionShape& s) {
+std::vector<std::pair<std::string, std::string>> values(const std::string& symbol, const AttentionShape& s) {
   const int64_t hs = s.C / s.H;
-  std::ostringstream scale;
-  scale.precision(9);
-  scale << 1.0f / std::sqrt(float(hs));
   return {{"SYM", symbol},
           {"B", std::to_string(s.B)},
           {"T", std::to_string(s.T)},
@@ -30,7 +17,7 @@ std::map<std::string, std::string> values(const std::string& symbol, const Atten
           {"C3", std::to_string(3 * s.C)},
           {"H", std::to_string(s.H)},
           {"HS", std::to_string(hs)},
-          {"SCALE", scale.str() + "f"},
+          {"SCALE", floatLiteral(1.0f / std::sqrt(float(hs)))},  // 1.0f at head size 1
           {"ELT", s.bf16 ? "bf16" : "float"},
           {"SHAPE", "B=" + std::to_string(s.B) + " T=" + std::to_string(s.T) + " C=" + std::to_string(s.C) +
                         " H=" + std::to_string(s.H) + ", head size " + std::to_string(hs) +
@@ -40,7 +27,7 @@ std::map<std::string, std::string> values(const std::string& symbol, const Atten
 }  // namespace
 
 std::string cpuAttentionForward(const std::string& symbol, const AttentionShape& s) {
-  return fill(R"(// Causal self-attention forward (${SHAPE}). Per query row t of head h:
+  return fillTemplate(R"(// Causal self-attention forward (${SHAPE}). Per query row t of head h:
 //   s[t2] = q . k[t2] / sqrt(hs) for t2 <= t,  p = softmax(s),  out = sum p[t2] v[t2],
 //   lse = max + log(sum exp(s - max)), kept for the backward.
 extern "C" void ${SYM}(void* const* b, const int64_t* range) {
@@ -88,7 +75,7 @@ extern "C" void ${SYM}(void* const* b, const int64_t* range) {
 }
 
 std::string cpuAttentionBackward(const std::string& symbol, const AttentionShape& s) {
-  return fill(R"(// Causal self-attention backward (${SHAPE}). Per query row t, with p rebuilt from the
+  return fillTemplate(R"(// Causal self-attention backward (${SHAPE}). Per query row t, with p rebuilt from the
 // stored log-sum-exp (p[t2] = exp(s[t2] - lse[t])) and D = do . o:
 //   dv[t2] += p[t2] do,  ds[t2] = p[t2] (do . v[t2] - D) / sqrt(hs),
 //   dq = sum ds[t2] k[t2],  dk[t2] += ds[t2] q.

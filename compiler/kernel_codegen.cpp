@@ -14,7 +14,9 @@
 #include <map>
 #include <sstream>
 
+#include "compiler/source_template.h"
 #include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/TypeSwitch.h"
 
 using namespace mlir;
@@ -26,16 +28,6 @@ RankedTensorType tensorOf(Value v) { return cast<RankedTensorType>(v.getType());
 int64_t numel(Value v) { return tensorOf(v).getNumElements(); }
 bool isBF16(Value v) { return tensorOf(v).getElementType().isBF16(); }
 bool isI32(Value v) { return tensorOf(v).getElementType().isInteger(32); }
-std::string num(int64_t n) { return std::to_string(n); }
-std::string flt(float f) {
-  std::ostringstream os;
-  os.precision(9);
-  os << f << "f";
-  std::string s = os.str();
-  if (s.find_first_of(".e") == std::string::npos) s.insert(s.size() - 1, ".0");
-  return s;
-}
-
 std::string ctype(Value v) { return isI32(v) ? "int32_t" : isBF16(v) ? "bf16" : "float"; }
 
 class Emitter {
@@ -57,6 +49,9 @@ class Emitter {
                        : kind == "reduce_sum"      ? reduceSum()
                                                    : failure();
     if (failed(ok)) return failure();
+    if (unreadable_)
+      return unreadable_->emitError() << "kilnc: the " << kind << " kernel '" << f_.getKernel()
+                                      << "' would read this op's result at one element, which its template cannot";
     GeneratedKernel k;
     std::string ops;
     for (Operation& op : f_.getFusedOps()) ops += (ops.empty() ? "" : ", ") + op.getName().stripDialect().str();
@@ -150,7 +145,12 @@ class Emitter {
         })
         .Case([&](IotaOp) { return "(int32_t)(" + idx + ")"; })
         .Case([&](ZerosOp) { return std::string("0.0f"); })
-        .Default([&](Operation*) { return std::string("/*unsupported*/0"); });
+        .Default([&](Operation* o) {
+          // A value this kernel cannot compute at an element (a column sum read in the row loop):
+          // the region is refused rather than given a wrong number.
+          if (!unreadable_) unreadable_ = o;
+          return std::string("0");
+        });
     if (isa<EmbeddingOp, IotaOp, CastOp>(op) && !isBF16(v)) return e;
     if (isBF16(v) && !isa<BroadcastOp, EmbeddingOp>(op)) return "rb(" + e + ")";
     return e;
@@ -463,7 +463,7 @@ class Emitter {
     body_ += "    double sum = 0.0;\n    for (int64_t c = 0; c < " + num(C) + "; ++c) sum += x[c];\n";
     body_ += "    const double m = sum / " + num(C) + ".0;\n";
     body_ += "    double ssq = 0.0;\n    for (int64_t c = 0; c < " + num(C) + "; ++c) { const double d = x[c] - m; ssq += d * d; }\n";
-    body_ += "    const float mf = (float)m, s = (float)(1.0 / sqrt(ssq / " + num(C) + ".0 + (double)" + flt(eps) + "));\n";
+    body_ += "    const float mf = (float)m, s = (float)(1.0 / sqrt(ssq / " + num(C) + ".0 + (double)" + floatLiteral(eps) + "));\n";
     body_ += "    for (int64_t c = 0; c < " + num(C) + "; ++c) {\n      const int64_t i = r * " + num(C) + " + c;\n";
     layerNormOutput(ln, "(x[c] - mf) * s * " + at(ln.getWeight(), "c") + " + " + at(ln.getBias(), "c"), "      ");
     body_ += "    }\n";
@@ -525,7 +525,7 @@ class Emitter {
     const std::string xAt = inRegisters ? "xr[k]" : at(x, "i");
     body_ += inRegisters ? "#pragma unroll\n  for (int k = 0; k < " + num(C / 32) + "; ++k) {\n" : rowLoop;
     body_ += "    const float d = " + xAt + " - m;\n    ssq += d * d;\n  }\n";
-    body_ += "  const float s = rsqrtf(warp_sum(ssq) / " + num(C) + ".0f + " + flt(eps) + ");\n";
+    body_ += "  const float s = rsqrtf(warp_sum(ssq) / " + num(C) + ".0f + " + floatLiteral(eps) + ");\n";
     body_ += rowLoop;
     layerNormOutput(ln, "(" + xAt + " - m) * s * " + at(ln.getWeight(), "c") + " + " + at(ln.getBias(), "c"), "    ");
     body_ += "  }\n  if (lane == 0) {\n";
@@ -681,8 +681,15 @@ class Emitter {
     body_ += ind + "const float dx = " + dx + ";\n";
     local_[lg->getResult(0)] = "dx";
     SmallVector<Operation*> after;  // row-domain ops after the backward: residual add, casts
-    for (Operation& op : f_.getFusedOps())
+    // Not what follows a column sum: with one row (B T = 1) a bias gradient's cast has n elements too.
+    llvm::DenseSet<Value> columns;
+    for (Operation& op : f_.getFusedOps()) {
+      if (isa<ReduceSumOp>(op) || llvm::any_of(op.getOperands(), [&](Value v) { return columns.contains(v); })) {
+        columns.insert(op.getResults().begin(), op.getResults().end());
+        continue;
+      }
       if (isa<AddOp, CastOp>(op) && lg->isBeforeInBlock(&op) && numel(op.getResult(0)) == n) after.push_back(&op);
+    }
     locals(after, ind);
     for (const std::string& o : outs_.lookup(lg->getResult(0))) body_ += ind + "st(" + o + ", i, dx);\n";
     stores(after, ind);
@@ -1110,6 +1117,7 @@ class Emitter {
   double flops_ = 0;
   double tensorFlops_ = 0;
   unsigned grid_ = 0, block_ = 0;
+  Operation* unreadable_ = nullptr;  // the first op `at` could not read (an error in run)
 };
 
 }  // namespace

@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <map>
+#include <sstream>
 
 #include "compiler/attention_cpu.h"
 #include "compiler/attention_cuda.h"
@@ -223,12 +224,31 @@ class Writer {
     };
   }
 
+  // A kernel's source without what only names its region: the location line and the comments
+  // after a declaration (`float* grad2 = (float*)b[2];  // h.3.mlp.c_fc.weight.grad`) or on
+  // their own line that name a parameter (`// h.3.mlp.c_fc.weight: value, moments`).
+  static std::string sharedCode(const std::string& source) {
+    std::string out;
+    std::istringstream in(source);
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind("// at ", 0) == 0) continue;
+      if (size_t c = line.find(";  // "); c != std::string::npos && line.find("= (") != std::string::npos)
+        line.erase(c + 1);
+      else if (line.rfind("  // ", 0) == 0 && line.find(": value, moments") != std::string::npos)
+        continue;
+      out += line + "\n";
+    }
+    return out;
+  }
+
   // Generates every fusion region's source for the target and compiles it. Regions that
   // generate the same code (the same kernel in every layer) share one kernel.
   LogicalResult buildKernels() {
     if (fusions_.empty()) return success();
     std::string source = kernelPrelude(target_);
     std::map<std::string, uint32_t> byCode;
+    std::vector<std::string> texts;  // per kernel
+    std::vector<size_t> uses;        // fusion regions per kernel
     const std::string placeholder = "KILN_KERNEL_SYMBOL";
     for (size_t k = 0; k < fusions_.size(); ++k) {
       Fusion& fu = fusions_[k];
@@ -268,12 +288,14 @@ class Writer {
       if (fu.op)
         for (const StateWrite& w : stateWrites(fu.op, hasCopy()))
           if (w.role == StateWrite::Value) info.adamw.push_back(paramBufs_.at(w.param).value);
-      // The code without its location comment decides whether an earlier kernel is the same.
-      std::string code = gen->source;
-      if (size_t at = code.find("\n// at "); at != std::string::npos)
-        code.erase(at + 1, code.find('\n', at + 1) - at);
+      // The code without the comments that name its region's buffers decides whether an
+      // earlier kernel is the same (then it runs on this region's operand table). The kernels
+      // whose adamw_params list this region's parameters stay apart.
+      std::string code = sharedCode(gen->source);
+      for (uint32_t b : info.adamw) code += "\n// adamw " + std::to_string(b);
       if (auto it = byCode.find(code); it != byCode.end()) {
         fusionToKernel_.push_back(it->second);
+        ++uses[it->second];
         continue;
       }
       const uint32_t index = uint32_t(kernels_.size());
@@ -287,8 +309,18 @@ class Writer {
       for (CudaKernelLaunch& f : info.functions)
         if (f.symbol.compare(0, placeholder.size(), placeholder) == 0)
           f.symbol = info.symbol + f.symbol.substr(placeholder.size());
-      source += text + "\n";
+      texts.push_back(std::move(text));
+      uses.push_back(1);
       kernels_.push_back(std::move(info));
+    }
+    for (size_t k = 0; k < texts.size(); ++k) {
+      if (uses[k] > 1) {  // said under the location line (else the first line), which is the first region's
+        size_t at = texts[k].find("\n// at ");
+        at = texts[k].find('\n', at == std::string::npos ? 0 : at + 1) + 1;
+        texts[k].insert(at, "// shared by " + std::to_string(uses[k]) +
+                                " regions; comments name the first one's location and buffers\n");
+      }
+      source += texts[k] + "\n";
     }
     kernelSource_ = source;
     if (!options_.dumpKernelsDir.empty()) {

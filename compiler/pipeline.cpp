@@ -64,11 +64,22 @@ void setModuleSpec(ModuleOp module, const ModelSpec& s) {
 
 namespace {
 
+// The layer of a GPT-2 parameter name ("h.3.attn.c_attn.weight" -> 3); -1 for any other name.
+int64_t layerOf(StringRef name) {
+  if (!name.consume_front("h.")) return -1;
+  size_t digits = name.find_first_not_of("0123456789");
+  if (digits == 0 || digits == StringRef::npos || name[digits] != '.') return -1;
+  int64_t layer = -1;
+  return name.take_front(digits).getAsInteger(10, layer) ? -1 : layer;
+}
+
 // The module's IR agrees with its spec where the runtime relies on both: it fills the inputs with
-// batch_size x seq_len token ids below vocab_size, and reports and checkpoints use the sizes.
+// batch_size x seq_len token ids below vocab_size, and reports and checkpoints use the sizes
+// (n_layer: the MFU estimate and llm.c .bin files).
 LogicalResult checkSpecAgainstIR(ModuleOp module, const ModelSpec& s) {
   const int64_t B = s.batch_size, T = s.seq_len, V = s.vocab_size, C = s.n_embd, H = s.n_head;
   auto ids = RankedTensorType::get({B, T}, IntegerType::get(module.getContext(), 32));
+  std::set<int64_t> layers;  // of the parameters named h.N.*
   WalkResult walk = module.walk([&](Operation* op) -> WalkResult {
     if (auto in = dyn_cast<InputOp>(op)) {
       if ((in.getInputName() == "idx" || in.getInputName() == "targets") && in.getType() != ids)
@@ -77,6 +88,12 @@ LogicalResult checkSpecAgainstIR(ModuleOp module, const ModelSpec& s) {
                               << " (expected " << ids << ")";
     } else if (auto p = dyn_cast<ParameterOp>(op)) {
       ArrayRef<int64_t> shape = p.getTensorType().getShape();
+      if (int64_t layer = layerOf(p.getSymName()); layer >= 0) {
+        if (layer >= s.n_layer)
+          return p.emitError() << "@" << p.getSymName() << " belongs to layer " << layer
+                               << " but 'kiln.spec' has n_layer = " << s.n_layer;
+        layers.insert(layer);
+      }
       if (p.getSymName() == "wte.weight" && (shape.size() != 2 || shape[0] < V || shape[1] != C))
         return p.emitError() << "@wte.weight " << p.getType() << " must be [rows >= vocab_size = "
                              << V << ", n_embd = " << C << "] by 'kiln.spec'";
@@ -92,7 +109,12 @@ LogicalResult checkSpecAgainstIR(ModuleOp module, const ModelSpec& s) {
     }
     return WalkResult::advance();
   });
-  return failure(walk.wasInterrupted());
+  if (walk.wasInterrupted()) return failure();
+  // Layers are numbered from 0, so with none past n_layer - 1 a missing one shows in the count.
+  if (!layers.empty() && int64_t(layers.size()) != s.n_layer)
+    return module.emitError() << "the IR has parameters of " << layers.size()
+                              << (layers.size() == 1 ? " layer" : " layers") << " (h.N.*) but 'kiln.spec' has n_layer = " << s.n_layer;
+  return success();
 }
 
 }  // namespace

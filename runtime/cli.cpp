@@ -1,7 +1,11 @@
 #include "runtime/cli.h"
 
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
+
 #include <charconv>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -148,7 +152,27 @@ int run_sample(const Module& module, SampleCommand& c) {
     prompt = parse_prompt_ids(c.prompt_ids, V);
   }
   if (prompt.empty()) throw Error(std::string(given) + ": needs at least one token");
+  // A long generation (GPT-2 124M on a CPU: a second or more per token) says how far it is, on a
+  // terminal only (at most ten times a second, and at the end); the line is cleared before the
+  // samples print.
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  Clock::time_point last{};
+  bool shown = false;
+  if (::isatty(2) == 1) {
+    c.options.progress = [start, &last, &shown](int64_t done, int64_t total) {
+      const Clock::time_point now = Clock::now();
+      if (done < total && now - last < std::chrono::milliseconds(100)) return;
+      last = now;
+      shown = true;
+      const double s = std::chrono::duration<double>(now - start).count();
+      std::fprintf(stderr, "\rsampling: %lld/%lld forward passes, %.0f s, about %.0f s left ", (long long)done,
+                   (long long)total, s, s / double(done) * double(total - done));
+      std::fflush(stderr);
+    };
+  }
   auto samples = kiln::sample(ex, prompt, c.options);
+  if (shown) std::fprintf(stderr, "\r%*s\r", 72, "");
   for (size_t i = 0; i < samples.size(); ++i) {
     std::printf("--- sample %zu ---\n", i + 1);
     if (tok) {

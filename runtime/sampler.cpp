@@ -38,6 +38,8 @@ std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t
   Rng rng{o.seed};
   std::vector<float> row(static_cast<size_t>(V));
   std::vector<int32_t> order(static_cast<size_t>(V));
+  const int64_t passes = (o.num_samples + B - 1) / B * o.max_new_tokens;
+  int64_t passes_done = 0;
   for (int64_t first = 0; first < o.num_samples; first += B) {
     const int64_t rows = std::min(B, o.num_samples - first);
     for (int64_t step = 0; step < o.max_new_tokens; ++step) {
@@ -79,6 +81,7 @@ std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t
           if ((u -= p[size_t(i)]) < 0) { pick = i; break; }
         out[size_t(first + r)].push_back(order[size_t(pick)]);
       }
+      if (o.progress) o.progress(++passes_done, passes);
     }
   }
   return out;

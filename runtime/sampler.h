@@ -1,6 +1,7 @@
 // Top-k sampling from the compiled forward pass (`logits` program): continuations of a prompt.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "runtime/executor.h"
@@ -13,6 +14,9 @@ struct SampleOptions {
   int64_t num_samples = 1;
   uint64_t seed = 1337;
   float temperature = 1.0f;      // finite and > 0
+  // Called after each forward pass with the passes done and the passes in all
+  // (ceil(num_samples / B) * max_new_tokens): for a progress line.
+  std::function<void(int64_t done, int64_t total)> progress;
 };
 
 // Returns one token sequence per sample: the prompt followed by max_new_tokens sampled tokens.

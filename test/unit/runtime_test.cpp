@@ -132,5 +132,22 @@ TEST(LrSchedule, WarmupCosineAndFloor) {
   EXPECT_DOUBLE_EQ(learning_rate(c, 19), 1e-3);
 }
 
+// Messages keep UTF-8 text and escape what could break the line or drive a terminal.
+TEST(OneLine, EscapesControlsAndBytesThatAreNotUtf8) {
+  EXPECT_EQ(one_line("plain: caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80"), "plain: caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80");
+  EXPECT_EQ(one_line("a\nb\rc\td\x1B[2J\x7F"), "a\\nb\\rc\\td\\x1B[2J\\x7F");
+  EXPECT_EQ(one_line(std::string_view("n\0ul", 4)), "n\\x00ul");
+  EXPECT_EQ(one_line("\xC2\x9B" "2J"), "\\xC2\\x9B2J");          // U+009B, the C1 CSI
+  EXPECT_EQ(one_line("\xC2\xA0"), "\xC2\xA0");                   // U+00A0 is text
+  EXPECT_EQ(one_line("\x9B" "2J"), "\\x9B2J");                  // a lone continuation byte
+  EXPECT_EQ(one_line("\xC3"), "\\xC3");                          // cut short at the end
+  EXPECT_EQ(one_line("\xC3(x"), "\\xC3(x");                       // a bad continuation
+  EXPECT_EQ(one_line("\xC0\xAF"), "\\xC0\\xAF");                // overlong '/'
+  EXPECT_EQ(one_line("\xE0\x80\xAF"), "\\xE0\\x80\\xAF");       // overlong, three bytes
+  EXPECT_EQ(one_line("\xED\xA0\x80"), "\\xED\\xA0\\x80");       // a surrogate
+  EXPECT_EQ(one_line("\xF4\x90\x80\x80"), "\\xF4\\x90\\x80\\x80");  // past U+10FFFF
+  EXPECT_EQ(one_line("\xF4\x8F\xBF\xBF"), "\xF4\x8F\xBF\xBF");  // U+10FFFF itself
+}
+
 }  // namespace
 }  // namespace kiln

@@ -9,7 +9,8 @@
 # Needs BUILD_DIR/bin/kilnc and BUILD_DIR/bin/kiln-cuda-emulator (built with the tests) and a
 # host C++20 compiler ($CXX, default c++) for the emulated kernels (cached in $KILN_EMU_CACHE).
 # CONFIGS selects specs of test/e2e/configs (default: the parity four, long / long-bf16 for
-# sequences of several attention tiles, hs96-bf16 and wide-bf16 for larger heads); STEPS the optimizer steps (2);
+# sequences of several attention tiles, hs96-bf16 and wide-bf16 for larger heads, one-token-bf16
+# for B T = 1); STEPS the optimizer steps (2);
 # CONFIGS_PLAIN those run again on a cuBLASLt without fused epilogues (default tiny-bf16 awkward),
 # CONFIGS_SIMT with SIMT attention (long-bf16), CONFIGS_RACE on the race-exposing schedules
 # (long-bf16 hs96-bf16 wide-bf16: two tile buffers and one; dq in the dk/dv kernel or its own).
@@ -19,7 +20,7 @@ root="$(cd "$here/../../.." && pwd)"
 build="$(cd "${1:-$root/build}" && pwd)"
 work="${2:-$(mktemp -d "${TMPDIR:-/tmp}/kiln-cuda-emu.XXXXXX")}"
 mkdir -p "$work"
-configs="${CONFIGS:-tiny tiny-bf16 awkward awkward-bf16 long long-bf16 hs96-bf16 wide-bf16}"
+configs="${CONFIGS:-tiny tiny-bf16 awkward awkward-bf16 long long-bf16 hs96-bf16 wide-bf16 one-token-bf16}"
 steps="${STEPS:-2}"
 export KILN_EMU_CACHE="${KILN_EMU_CACHE:-$work/kernel-cache}"
 driver="$build/bin/kiln-cuda-emulator"
