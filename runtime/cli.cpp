@@ -189,22 +189,35 @@ int run_sample(const Module& module, SampleCommand& c) {
   return 0;
 }
 
+// The help text's first line for an executable: what kilnc compiled into it.
+std::string describe_executable(const Module& module) {
+  const fb::Model& m = *module.fb().model();
+  auto str = [](const flatbuffers::String* s, const char* none) { return s ? s->str() : std::string(none); };
+  return "A Kiln training executable: GPT-2 with " + std::to_string(m.n_layer()) + " layers, " +
+         std::to_string(m.n_head()) + " heads, n_embd " + std::to_string(m.n_embd()) + ", a vocabulary of " +
+         std::to_string(m.vocab_size()) + " and a context of " + std::to_string(m.block_size()) +
+         " tokens; micro-steps of B=" + std::to_string(m.batch_size()) + " x T=" + std::to_string(m.seq_len()) +
+         " in " + str(m.precision(), "fp32") + " for target " + str(m.target(), "cpu") + " (compiled by kilnc from " +
+         str(m.spec(), "IR") + ").";
+}
+
 }  // namespace
 
 int run_main(int argc, char** argv) {
-  std::optional<std::vector<uint8_t>> embedded;
+  // An executable's own module is read first, so that --help can say which model it trains.
+  std::optional<Module> embedded;
   try {
     // Messages name the file the user ran, not /proc/self/exe.
     std::error_code ec;
     const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
-    embedded = read_embedded_module("/proc/self/exe", ec || self.empty() ? argv[0] : self);
+    if (auto bytes = read_embedded_module("/proc/self/exe", ec || self.empty() ? argv[0] : self))
+      embedded = Module::from_bytes(std::move(*bytes), argv[0]);
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", kiln::one_line(e.what()).c_str());
     return 1;
   }
 
-  CLI::App app{embedded ? "A Kiln training executable: GPT-2 compiled by kilnc."
-                        : "kiln-run: run a compiled Kiln module (.kiln)."};
+  CLI::App app{embedded ? describe_executable(*embedded) : "kiln-run: run a compiled Kiln module (.kiln)."};
   app.require_subcommand(1);
   std::string module_path;
   if (!embedded) app.add_option("module", module_path, "module file written by kilnc --emit=module")->required();
@@ -218,7 +231,7 @@ int run_main(int argc, char** argv) {
 
   std::unique_ptr<Communicator> comm;  // outlives the module: MPI_Finalize last
   try {
-    Module module = embedded ? Module::from_bytes(std::move(*embedded), argv[0]) : Module::load(module_path);
+    Module module = embedded ? std::move(*embedded) : Module::load(module_path);
     if (sample->parsed()) return run_sample(module, sample_opts);
     if (train->parsed()) {
       const fb::Model& model = *module.fb().model();
