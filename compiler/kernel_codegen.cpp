@@ -54,7 +54,14 @@ class Emitter {
                                       << "' would read this op's result at one element, which its template cannot";
     GeneratedKernel k;
     std::string ops;
-    for (Operation& op : f_.getFusedOps()) ops += (ops.empty() ? "" : ", ") + op.getName().stripDialect().str();
+    // Runs of one op are counted ("adamw x148" for the optimizer's updates), not listed.
+    SmallVector<std::pair<StringRef, int>> runs;
+    for (Operation& op : f_.getFusedOps()) {
+      StringRef name = op.getName().stripDialect();
+      if (!runs.empty() && runs.back().first == name) ++runs.back().second;
+      else runs.push_back({name, 1});
+    }
+    for (auto [name, n] : runs) ops += (ops.empty() ? "" : ", ") + name.str() + (n > 2 ? " x" + num(n) : n == 2 ? ", " + name.str() : "");
     std::string sig = t_ == Target::Cpu ? "extern \"C\" void " + symbol + "(void* const* b, const int64_t* range)"
                                         : "extern \"C\" __global__ void " + launchBounds() + symbol +
                                               "(void* const* b, const long long* range)";
