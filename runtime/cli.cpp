@@ -27,6 +27,27 @@
 namespace kiln {
 namespace {
 
+// CLI::PositiveNumber is a Range, whose comparisons let NaN through (and infinity is in range).
+// Parsed as the float it will be stored in, so 1e39 (inf) and 1e-50 (0) are refused too.
+const CLI::Validator kPositiveFinite(
+    [](std::string& s) {
+      float v = 0;
+      if (!CLI::detail::lexical_cast(s, v) || !std::isfinite(v) || !(v > 0))
+        return "Value " + s + " is not a positive finite number";
+      return std::string();
+    },
+    "POSITIVE");
+
+// AdamW's betas: in [0, 1) as the float the step uses (1 - beta^t divides the moments; 0.999999999
+// would round to 1).
+const CLI::Validator kBeta(
+    [](std::string& s) {
+      float v = 0;
+      if (!CLI::detail::lexical_cast(s, v) || !(v >= 0 && v < 1)) return "Value " + s + " is not in [0, 1)";
+      return std::string();
+    },
+    "[0, 1)");
+
 void add_train_options(CLI::App& train, TrainOptions& o) {
   train.add_option("--data", o.data, "llm.c token shard(s): a file or a quoted glob")->required();
   train.add_option("--steps", o.steps, "optimizer steps to run")->required()->check(CLI::PositiveNumber);
@@ -38,9 +59,9 @@ void add_train_options(CLI::App& train, TrainOptions& o) {
   train.add_option("--warmup-steps", o.schedule.warmup_steps, "linear warm-up steps")->capture_default_str()->check(CLI::NonNegativeNumber);
   train.add_option("--min-lr-ratio", o.schedule.min_lr_ratio, "cosine floor as a fraction of --lr")->capture_default_str()->check(CLI::Range(0.0, 1.0));
   train.add_option("--weight-decay", o.weight_decay, "AdamW weight decay (2-D weights only)")->capture_default_str()->check(CLI::NonNegativeNumber);
-  train.add_option("--beta1", o.beta1, "AdamW beta1")->capture_default_str()->check(CLI::Range(0.0, 1.0));
-  train.add_option("--beta2", o.beta2, "AdamW beta2")->capture_default_str()->check(CLI::Range(0.0, 1.0));
-  train.add_option("--eps", o.eps, "AdamW epsilon")->capture_default_str()->check(CLI::PositiveNumber);
+  train.add_option("--beta1", o.beta1, "AdamW beta1")->capture_default_str()->check(kBeta);
+  train.add_option("--beta2", o.beta2, "AdamW beta2")->capture_default_str()->check(kBeta);
+  train.add_option("--eps", o.eps, "AdamW epsilon")->capture_default_str()->check(kPositiveFinite);
   train.add_option("--grad-clip", o.grad_clip, "global gradient-norm clip (0 disables)")->capture_default_str()->check(CLI::NonNegativeNumber);
   train.add_option("--total-batch", o.total_batch, "tokens per optimizer step (default B*T*ranks: no accumulation)")->check(CLI::NonNegativeNumber);
   train.add_option("--log", o.log, "append one JSON line per step to this file");
@@ -77,17 +98,6 @@ struct SampleCommand {
   CLI::Option* prompt_opt = nullptr;
   CLI::Option* prompt_ids_opt = nullptr;
 };
-
-// CLI::PositiveNumber is a Range, whose comparisons let NaN through (and infinity is in range).
-// Parsed as the float it will be stored in, so 1e39 (inf) and 1e-50 (0) are refused too.
-const CLI::Validator kPositiveFinite(
-    [](std::string& s) {
-      float v = 0;
-      if (!CLI::detail::lexical_cast(s, v) || !std::isfinite(v) || !(v > 0))
-        return "Value " + s + " is not a positive finite number";
-      return std::string();
-    },
-    "POSITIVE");
 
 // CLI11 reads an unsigned option with strtoull, which takes "-1" as 2^64-1 and saturates 2^64:
 // the seed must be plain decimal digits that fit.

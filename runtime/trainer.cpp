@@ -187,6 +187,11 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       std::snprintf(text, sizeof text, "%g", v);
       throw Error(std::string(flag) + ": " + text + " does not fit a 32-bit float (the step computes in them)");
     }
+  // AdamW divides by sqrt(v_hat) + eps (v is 0 where a gradient always is) and by 1 - beta^t.
+  if (!(float(o.eps) > 0)) throw Error("--eps: must be positive as a 32-bit float (the step computes in them)");
+  for (const auto& [flag, beta] : {std::pair{"--beta1", o.beta1}, {"--beta2", o.beta2}})
+    if (!(float(beta) >= 0 && float(beta) < 1))
+      throw Error(std::string(flag) + ": must be in [0, 1) as a 32-bit float (AdamW divides by 1 - beta^t)");
   if (!o.checkpoint_dir.empty() && o.zero)
     throw Error("--checkpoint-dir: checkpoints of --zero 1 runs (AdamW state sharded across ranks) "
                 "are not supported yet; use --zero 0");
