@@ -49,7 +49,8 @@ const CLI::Validator kBeta(
     "[0, 1)");
 
 void add_train_options(CLI::App& train, TrainOptions& o) {
-  train.add_option("--data", o.data, "llm.c token shard(s): a file or a quoted glob")->required();
+  // One or more: an unquoted glob reaches us as the shell's list of files.
+  train.add_option("--data", o.data, "llm.c token shard(s): files or globs")->required()->expected(1, -1);
   train.add_option("--steps", o.steps, "optimizer steps to run")->required()->check(CLI::PositiveNumber);
   train.add_option("--init", o.init, "start from these weights (Hugging Face GPT-2 safetensors, or an llm.c .bin)");
   train.add_option("--seed", o.seed, "seed of the initialisation when --init is not given")->capture_default_str();
@@ -69,7 +70,7 @@ void add_train_options(CLI::App& train, TrainOptions& o) {
   train.add_option("--dump-grads", o.dump_grads, "write step 0's accumulated gradients (safetensors)");
   train.add_option("--print-every", o.print_every, "print progress every N steps (default: about 50 lines)");
   train.add_flag("--profile", o.profile, "print the time spent in each kind of kernel at the end");
-  train.add_option("--val-data", o.val_data, "validation token shard(s): a file or a quoted glob");
+  train.add_option("--val-data", o.val_data, "validation token shard(s): files or globs")->expected(1, -1);
   train.add_option("--val-every", o.val_every, "evaluate every N steps (and at the end; default 0: only at the end)")
       ->check(CLI::NonNegativeNumber);
   train.add_option("--val-steps", o.val_steps, "batches per evaluation")->capture_default_str()->check(CLI::PositiveNumber);

@@ -114,6 +114,18 @@ std::vector<std::string> expand_data_pattern(const std::string& file_or_glob) {
   return files;
 }
 
+std::vector<std::string> expand_data_patterns(const std::vector<std::string>& files_or_globs) {
+  if (files_or_globs.empty()) throw Error("no data: give a shard file or a glob");
+  std::vector<std::string> files;
+  for (const std::string& p : files_or_globs) {
+    std::vector<std::string> more = expand_data_pattern(p);
+    files.insert(files.end(), more.begin(), more.end());
+  }
+  std::sort(files.begin(), files.end());
+  files.erase(std::unique(files.begin(), files.end()), files.end());
+  return files;
+}
+
 void write_token_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
   if (tokens.size() > static_cast<size_t>(INT32_MAX))
     throw Error(path + ": " + std::to_string(tokens.size()) +
@@ -123,10 +135,17 @@ void write_token_shard(const std::string& path, const std::vector<uint16_t>& tok
                     {{header, sizeof(header)}, {tokens.data(), tokens.size() * sizeof(uint16_t)}});
 }
 
-DataLoader::DataLoader(const std::string& file_or_glob, int64_t B, int64_t T, int rank,
+// The patterns as one name for messages: "data/train_*.bin", or "a.bin b.bin".
+static std::string joined(const std::vector<std::string>& patterns) {
+  std::string s;
+  for (const std::string& p : patterns) s += (s.empty() ? "" : " ") + p;
+  return s;
+}
+
+DataLoader::DataLoader(const std::vector<std::string>& files_or_globs, int64_t B, int64_t T, int rank,
                        int world_size)
-    : pattern_(file_or_glob), B_(B), T_(T), rank_(rank), world_size_(world_size) {
-  const std::string at = file_or_glob + ": DataLoader: ";
+    : pattern_(joined(files_or_globs)), B_(B), T_(T), rank_(rank), world_size_(world_size) {
+  const std::string at = pattern_ + ": DataLoader: ";
   if (B <= 0 || T <= 0)
     throw Error(at + "B=" + std::to_string(B) + " and T=" + std::to_string(T) +
                 " must be positive");
@@ -138,7 +157,7 @@ DataLoader::DataLoader(const std::string& file_or_glob, int64_t B, int64_t T, in
       step_ > INT32_MAX)
     throw Error(at + "B*T*world_size is larger than any llm.c shard can hold");
 
-  files_ = expand_data_pattern(file_or_glob);
+  files_ = expand_data_patterns(files_or_globs);
   counts_.assign(files_.size(), 0);
   for (size_t i = 1; i < files_.size(); ++i) counts_[i] = open_shard(files_[i], {B_, T_, world_size_}, nullptr);
   load(0);  // checks shard 0 as it reads it

@@ -15,6 +15,9 @@ namespace kiln {
 // glob(3) the pattern (a plain path is a pattern matching itself), sorted by path; kiln::Error
 // when nothing matches.
 std::vector<std::string> expand_data_pattern(const std::string& file_or_glob);
+// Several patterns (a shell's expansion of an unquoted glob, or files named one by one): the
+// union of their files, sorted by path, each once; kiln::Error naming a pattern that matches nothing.
+std::vector<std::string> expand_data_patterns(const std::vector<std::string>& files_or_globs);
 
 // Writes an llm.c shard holding `tokens`; atomic (tmp file + rename).
 void write_token_shard(const std::string& path, const std::vector<uint16_t>& tokens);
@@ -24,6 +27,9 @@ class DataLoader {
   // Every shard's header is checked here, so a bad shard fails the run at start, not hours in.
   // Each shard needs at least B*T*world_size + 1 tokens.
   DataLoader(const std::string& file_or_glob, int64_t B, int64_t T, int rank = 0,
+             int world_size = 1)
+      : DataLoader(std::vector<std::string>{file_or_glob}, B, T, rank, world_size) {}
+  DataLoader(const std::vector<std::string>& files_or_globs, int64_t B, int64_t T, int rank = 0,
              int world_size = 1);
 
   // Fills x[B*T] with inputs and y[B*T] with their next tokens. Rank r reads
@@ -49,7 +55,7 @@ class DataLoader {
  private:
   void load(size_t shard);  // reads and validates the whole shard; the only one resident
 
-  std::string pattern_;
+  std::string pattern_;  // the patterns as given, for messages
   std::vector<std::string> files_;
   int64_t B_, T_;
   int rank_, world_size_;

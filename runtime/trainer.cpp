@@ -265,14 +265,18 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   if (root && world > 1)
     std::fprintf(stderr, "data parallel: rank %d of %lld over %s; %s\n", rank, (long long)world,
                  comm.describe().c_str(), dp.describe().c_str());
+  int64_t data_tokens = 0;
+  for (int64_t n : loader.shard_tokens()) data_tokens += n;
+  const std::string data = std::to_string(loader.files().size()) + (loader.files().size() == 1 ? " shard, " : " shards, ") +
+                           std::to_string(data_tokens) + " tokens";
   if (root && world == 1)
-    std::fprintf(stderr, "training %s on %s: %lld steps, B=%lld T=%lld, %lld micro-step(s) of %lld tokens per step\n",
+    std::fprintf(stderr, "training %s on %s: %lld steps, B=%lld T=%lld, %lld micro-step(s) of %lld tokens per step; data: %s\n",
                  module.source().c_str(), ex.device_name().c_str(), (long long)o.steps, (long long)B, (long long)T,
-                 (long long)accum, (long long)tokens_per_micro);
+                 (long long)accum, (long long)tokens_per_micro, data.c_str());
   if (root && world > 1)
     std::fprintf(stderr, "training %s: %lld steps, B=%lld T=%lld, %lld micro-step(s) of %lld tokens on each of %lld "
-                 "ranks: %lld tokens per step\n", module.source().c_str(), (long long)o.steps, (long long)B,
-                 (long long)T, (long long)accum, (long long)(B * T), (long long)world, (long long)total);
+                 "ranks: %lld tokens per step; data: %s\n", module.source().c_str(), (long long)o.steps, (long long)B,
+                 (long long)T, (long long)accum, (long long)(B * T), (long long)world, (long long)total, data.c_str());
   const double step_flops = flops_per_token(module) * double(total);
   // Without --peak-tflops: a CPU estimate, or on a GPU the H100/H200's nominal dense bf16 rate.
   const bool gpu = ex.device_name() != "cpu";

@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "runtime/comm/communicator.h"
 #include "runtime/lr_schedule.h"
@@ -10,7 +11,7 @@
 namespace kiln {
 
 struct TrainOptions {
-  std::string data;             // llm.c token shard(s): a file or a glob
+  std::vector<std::string> data;  // llm.c token shard(s): files or globs (their union, by path)
   int64_t steps = 0;
   std::string init;             // safetensors to start from; otherwise seeded init
   uint64_t seed = 1337;
@@ -24,7 +25,7 @@ struct TrainOptions {
   bool profile = false;         // per-kernel time table at the end
   // Evaluation: every val_every steps (and at the end) the mean loss of val_steps batches of
   // val_data, logged as "val_loss".
-  std::string val_data;
+  std::vector<std::string> val_data;
   int64_t val_every = 0, val_steps = 10;
   // Checkpoints (runtime/checkpoint.h): every checkpoint_every steps into checkpoint_dir,
   // keeping the newest `keep`; resume continues from the latest one there.

@@ -172,6 +172,21 @@ TEST_F(DataLoaderTest, ExpandPatternSortsAndSkipsDirectories) {
   EXPECT_KILN_ERROR(kiln::DataLoader(path("missing.bin"), 1, 1), path("missing.bin"));
 }
 
+// Several patterns (a shell's expansion of an unquoted glob): their union, by path, each file once.
+TEST_F(DataLoaderTest, ExpandPatternsTakesTheUnionInPathOrder) {
+  for (const char* n : {"u_2.bin", "u_0.bin", "u_1.bin"}) shard(n, iota(0, 9));
+  const std::vector<std::string> all{path("u_0.bin"), path("u_1.bin"), path("u_2.bin")};
+  EXPECT_EQ(kiln::expand_data_patterns({path("u_2.bin"), path("u_0.bin"), path("u_1.bin")}), all);
+  EXPECT_EQ(kiln::expand_data_patterns({path("u_1.bin"), path("u_*.bin")}), all);
+  EXPECT_KILN_ERROR(kiln::expand_data_patterns({path("u_0.bin"), path("none.bin")}), path("none.bin"),
+                    "no file matches");
+  EXPECT_KILN_ERROR(kiln::expand_data_patterns({}), "no data");
+  kiln::DataLoader loader(std::vector<std::string>{path("u_2.bin"), path("u_0.bin")}, 1, 4);
+  EXPECT_EQ(loader.files(), (std::vector<std::string>{path("u_0.bin"), path("u_2.bin")}));
+  EXPECT_KILN_ERROR(kiln::DataLoader(std::vector<std::string>{path("u_0.bin"), path("gone.bin")}, 1, 4),
+                    path("gone.bin"), "no file matches");
+}
+
 TEST_F(DataLoaderTest, WriteTokenShardIsAtomicAndLaidOut) {
   const std::string p = shard("w.bin", {1, 2, 65535});
   shard("w.bin", {7, 8, 9, 10});  // overwrite
