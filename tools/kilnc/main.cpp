@@ -27,6 +27,7 @@
 #include "runtime/embedded.h"
 #include "runtime/error.h"
 #include "runtime/file_io.h"
+#include "runtime/module.h"
 
 using namespace mlir;
 
@@ -183,6 +184,10 @@ int main(int argc, char** argv) {
     options.attentionRows = attentionRows;
     auto bytes = kiln::writeModule(*module, spec, options);
     if (failed(bytes)) return 1;
+    // What kiln-run and kiln-inspect check when they load it (runtime/module.cpp, the memory plan):
+    // hand-edited plan IR (offsets, sizes) can pass the IR verifiers and still make a module the
+    // runtime would refuse, which is then refused here, before anything is written.
+    kiln::Module::from_bytes(*bytes, input + ": the module built from it");
     if (output.empty()) {
       std::fprintf(stderr, "kilnc: wrote the generated kernels to %s (no -o: nothing else)\n", dumpKernels.c_str());
       return 0;
