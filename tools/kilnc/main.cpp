@@ -48,6 +48,34 @@ void writeText(const std::string& out, const std::string& text) {
   else kiln::write_file_atomic(out, {{text.data(), text.size()}});
 }
 
+// A diagnostic's text as one line of at most 300 bytes: MLIR's own messages may hold a newline
+// (a quoted string) or a whole printed op ("block with no terminator, has ...").
+std::string diagnosticText(Diagnostic& d) { return kiln::one_line(kiln::clipped(d.str(), 300)); }
+
+// Errors in an input IR file: each with its source line and caret, and its notes.
+struct InputDiagnostics : SourceMgrDiagnosticHandler {
+  InputDiagnostics(llvm::SourceMgr& sm, MLIRContext* ctx) : SourceMgrDiagnosticHandler(sm, ctx) {
+    setHandler([this](Diagnostic& d) {
+      emitDiagnostic(d.getLocation(), diagnosticText(d), d.getSeverity());
+      for (Diagnostic& note : d.getNotes()) emitDiagnostic(note.getLocation(), diagnosticText(note), note.getSeverity());
+      return success();
+    });
+  }
+};
+
+// Errors of the passes and checks after parsing: one line each, "LOC: error: MESSAGE".
+LogicalResult printOneLine(Diagnostic& d) {
+  std::string loc;
+  llvm::raw_string_ostream os(loc);
+  if (!isa<UnknownLoc>(d.getLocation())) os << d.getLocation() << ": ";
+  const char* severity = d.getSeverity() == DiagnosticSeverity::Error     ? "error"
+                         : d.getSeverity() == DiagnosticSeverity::Warning ? "warning"
+                         : d.getSeverity() == DiagnosticSeverity::Note    ? "note"
+                                                                           : "remark";
+  llvm::errs() << os.str() << severity << ": " << diagnosticText(d) << "\n";
+  return success();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -115,6 +143,10 @@ int main(int argc, char** argv) {
 
   MLIRContext ctx;
   ctx.loadDialect<kiln::KilnDialect, func::FuncDialect>();
+  // A verifier's error on an input file is its line, not the whole op it found (a func.func, or a
+  // fusion region, printed in generic form: hundreds of lines).
+  ctx.printOpOnDiagnostic(false);
+  ScopedDiagnosticHandler oneLine(&ctx, printOneLine);
   try {
     OwningOpRef<ModuleOp> module;
     kiln::ModelSpec spec;
@@ -122,7 +154,7 @@ int main(int argc, char** argv) {
     if (fromIR) {
       {
         llvm::SourceMgr sm;
-        SourceMgrDiagnosticHandler handler(sm, &ctx);
+        InputDiagnostics handler(sm, &ctx);
         module = parseSourceFile<ModuleOp>(input, sm, ParserConfig(&ctx));
       }
       if (!module) return 1;
