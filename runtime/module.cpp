@@ -128,6 +128,7 @@ void Module::verify() const {
     }
   }
   const uint32_t nkernels = fb_->kernels() ? fb_->kernels()->size() : 0;
+  const bool cuda = fb_->model()->target() && fb_->model()->target()->str() == "cuda";
   for (const fb::Program* prog : *fb_->programs()) {
     if (!prog->name() || !prog->instrs()) bad("programs", "a program lacks a name or code");
     check_index(prog->result(), "program " + prog->name()->str() + ": result");
@@ -143,6 +144,13 @@ void Module::verify() const {
       if (want >= 0 ? have != want : have < -want)
         bad(where, std::string(fb::EnumNameOpCode(ins->op())) + " carries " + std::to_string(have) + " ints, not " +
                        (want >= 0 ? "" : "at least ") + std::to_string(want >= 0 ? want : -want));
+      // The device executor (runtime/device) runs these only: kilnc fuses every other op of a
+      // cuda module into a generated kernel.
+      using O = fb::OpCode;
+      if (cuda && ins->op() != O::Kernel && ins->op() != O::GlobalNorm && ins->op() != O::ReduceGradients &&
+          ins->op() != O::WaitGradients)
+        bad(where, std::string(fb::EnumNameOpCode(ins->op())) +
+                       ": a cuda module runs generated kernels only (recompile it with this kilnc: its cuda target fuses every op)");
       if (ins->op() == fb::OpCode::Kernel) {
         const int64_t kernel = ins->ints()->Get(0);
         if (kernel < 0 || kernel >= int64_t(nkernels))
@@ -198,15 +206,23 @@ void Module::verify() const {
                      std::to_string(md.n_layer()) + " H=" + std::to_string(md.n_head()) + " C=" +
                      std::to_string(md.n_embd()) + " Tmax=" + std::to_string(md.block_size()) +
                      ": sizes must be positive, with T <= Tmax");
+  // The trainer fills idx and targets before every micro-step, the sampler idx before logits.
+  bool has_idx = false, has_targets = false;
   for (uint32_t i = 0; i < nbuf; ++i) {
     const fb::Buffer& b = buffer(i);
     const std::string name = b.name()->str();
+    if (b.kind() == fb::BufferKind::Input) has_idx |= name == "idx", has_targets |= name == "targets";
     if (b.kind() == fb::BufferKind::Input && (name == "idx" || name == "targets") &&
         (b.dtype() != fb::DType::I32 || numel(b) != B * T))
       bad("buffers[" + std::to_string(i) + "] '" + name + "'", "holds " + std::to_string(numel(b)) + " " +
                                                                dtype_name(b.dtype()) + ", the model's B*T is " +
                                                                std::to_string(B * T) + " I32");
   }
+  for (const char* entry : {"micro_step", "logits"})
+    if (program(entry) && (!has_idx || (entry == std::string("micro_step") && !has_targets)))
+      bad(std::string("program ") + entry, std::string("needs the inputs 'idx'") +
+                                               (entry == std::string("micro_step") ? " and 'targets'" : "") +
+                                               " (kiln.input ops of the IR)");
   for (const fb::Parameter* p : *fb_->parameters())
     if (p->name()->str() == "wte.weight" && (p->shape()->size() != 2 || p->shape()->Get(0) < V))
       bad("parameter wte.weight", "has fewer rows than the model's vocabulary of " + std::to_string(V));

@@ -38,7 +38,8 @@ Module module_for(const std::vector<LiveBuffer>& bufs, const std::vector<uint64_
     std::vector<int64_t> ints = {1};
     instrs.push_back(fb::CreateInstrDirect(fbb, fb::OpCode::Copy, &in, &out, &ints, nullptr, "t"));
   }
-  std::vector<flatbuffers::Offset<fb::Program>> progs = {fb::CreateProgramDirect(fbb, "micro_step", &instrs, 0, arena)};
+  // "forward": a micro_step would need the idx and targets inputs (Module::verify).
+  std::vector<flatbuffers::Offset<fb::Program>> progs = {fb::CreateProgramDirect(fbb, "forward", &instrs, 0, arena)};
   std::vector<flatbuffers::Offset<fb::Parameter>> params;
   auto model = fb::CreateModelDirect(fbb, 1, 1, 4, 16, 8, 1, 8, "fp32", "cpu", "random");
   fb::FinishModuleBuffer(fbb, fb::CreateModuleDirect(fbb, kModuleFormatVersion, "test", model, 256 + arena, &fbufs,
