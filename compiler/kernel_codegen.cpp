@@ -1069,6 +1069,9 @@ class Emitter {
     int64_t total = 0;
     auto index = [&](const std::string& name) { return name.substr(name.find_first_of("0123456789")); };
     for (AdamWOp a : adams) {
+      if (!isa<BlockArgument>(a.getGrad()))
+        return a.emitError() << "kilnc: the CUDA optimizer kernel reads each gradient from memory; this one is "
+                                "computed inside the region";
       total += numel(a.getGrad());
       offsets += ", " + num(total);
       auto& st = state_[a.getOperation()];

@@ -68,6 +68,13 @@ class Writer {
 
   FailureOr<std::vector<uint8_t>> run() {
     for (ParameterOp p : module_.getOps<ParameterOp>()) declareParameter(p);
+    // Every bf16 read of a parameter reads its compute copy, which the optimizer refreshes: known
+    // before any program is lowered, so the optimizer's kernel writes every copy some program reads.
+    module_.walk([&](ParamOp p) {
+      ParamBuffers& pb = paramBufs_.at(p.getName().str());
+      if (cast<RankedTensorType>(p.getType()).getElementType().isBF16() && pb.copy < 0)
+        pb.copy = int32_t(addBuffer(p.getName().str() + ".bf16", fb::BufferKind::ComputeCopy, p.getType()));
+    });
     std::vector<std::pair<std::string, std::vector<Ins>>> programs;
     std::vector<uint32_t> results;
     std::vector<uint64_t> sizes;
@@ -151,11 +158,9 @@ class Writer {
       }
       // Values that name existing storage.
       if (auto p = dyn_cast<ParamOp>(op)) {
-        // A bf16 read is the parameter's compute copy, created on first use.
+        // A bf16 read is the parameter's compute copy (made in run()).
         ParamBuffers& pb = paramBufs_.at(p.getName().str());
         if (cast<RankedTensorType>(p.getType()).getElementType().isBF16()) {
-          if (pb.copy < 0)
-            pb.copy = int32_t(addBuffer(p.getName().str() + ".bf16", fb::BufferKind::ComputeCopy, p.getType()));
           buf[p] = uint32_t(pb.copy);
         } else {
           buf[p] = pb.value;

@@ -73,6 +73,28 @@ int64_t layerOf(StringRef name) {
   return name.take_front(digits).getAsInteger(10, layer) ? -1 : layer;
 }
 
+// Where the values of `v` come from: through reshapes, and from a fusion region's argument to
+// the operand the region was given.
+Value sourceOf(Value v) {
+  while (true) {
+    if (auto a = dyn_cast<BlockArgument>(v)) {
+      auto f = dyn_cast<FusionOp>(a.getOwner()->getParentOp());
+      if (!f || a.getArgNumber() >= f->getNumOperands()) return v;
+      v = f->getOperand(a.getArgNumber());
+    } else if (auto r = v.getDefiningOp<ReshapeOp>()) {
+      v = r.getInput();
+    } else {
+      return v;
+    }
+  }
+}
+
+// The input a value of token ids is ("idx", "targets"), or "" when it is none.
+StringRef inputNameOf(Value v) {
+  auto in = sourceOf(v).getDefiningOp<InputOp>();
+  return in ? in.getInputName() : StringRef();
+}
+
 // The module's IR agrees with its spec where the runtime relies on both: it fills the inputs with
 // batch_size x seq_len token ids below vocab_size, and reports and checkpoints use the sizes
 // (n_layer: the MFU estimate and llm.c .bin files).
@@ -100,6 +122,24 @@ LogicalResult checkSpecAgainstIR(ModuleOp module, const ModelSpec& s) {
       if (p.getSymName() == "wpe.weight" && shape != ArrayRef<int64_t>{s.block_size, C})
         return p.emitError() << "@wpe.weight " << p.getType() << " must be [block_size = "
                              << s.block_size << ", n_embd = " << C << "] by 'kiln.spec'";
+    } else if (auto e = dyn_cast<EmbeddingOp>(op)) {
+      // Rows are read at the ids without a bounds check: the data's tokens are below vocab_size
+      // and positions below their iota's length.
+      const int64_t rows = e.getTable().getType().getDimSize(0);
+      auto iota = sourceOf(e.getIndices()).getDefiningOp<IotaOp>();
+      const int64_t need = inputNameOf(e.getIndices()) == "idx" ? V : iota ? iota.getType().getNumElements() : 0;
+      if (rows < need)
+        return e.emitError() << "kiln.embedding reads a table of " << rows << " rows at ids up to " << need - 1
+                             << (iota ? " (its iota)" : " (token ids below 'kiln.spec' vocab_size)");
+    } else if (isa<CrossEntropyOp, CrossEntropyGradOp>(op)) {
+      Value logits = op->getOperand(isa<CrossEntropyOp>(op) ? 0 : 1);
+      Value targets = op->getOperand(isa<CrossEntropyOp>(op) ? 1 : 3);
+      auto numClasses = op->getAttrOfType<IntegerAttr>("num_classes");
+      const int64_t classes = numClasses ? numClasses.getInt() : cast<RankedTensorType>(logits.getType()).getShape().back();
+      if (inputNameOf(targets) == "targets" && classes < V)
+        return op->emitError() << op->getName() << " has " << classes
+                               << " classes, fewer than 'kiln.spec' vocab_size = " << V
+                               << " (the targets are token ids below it)";
     } else if (isa<AttentionOp, AttentionGradOp>(op)) {
       const int64_t h = isa<AttentionOp>(op) ? int64_t(cast<AttentionOp>(op).getNumHeads())
                                              : int64_t(cast<AttentionGradOp>(op).getNumHeads());
@@ -179,12 +219,28 @@ FailureOr<ModelSpec> getModuleSpec(ModuleOp module) {
 
 LogicalResult verifyEntryPoints(ModuleOp module) {
   auto scalar = RankedTensorType::get({}, Float32Type::get(module.getContext()));
+  // Every buffer is sized from its type: static shapes with no zero dimension (the writer and
+  // the kernel templates divide by element counts and row lengths).
+  WalkResult shapes = module.walk([&](Operation* op) -> WalkResult {
+    auto check = [&](Type t) {
+      auto r = dyn_cast<RankedTensorType>(t);
+      return !isa<TensorType>(t) || (r && r.hasStaticShape() && llvm::all_of(r.getShape(), [](int64_t d) { return d > 0; }));
+    };
+    for (Type t : op->getResultTypes())
+      if (!check(t)) return op->emitError() << "result type " << t << " must have a static shape with no zero dimension";
+    if (auto p = dyn_cast<ParameterOp>(op); p && !check(p.getTensorType()))
+      return op->emitError() << "parameter type " << p.getTensorType() << " must have a static shape with no zero dimension";
+    return WalkResult::advance();
+  });
+  if (shapes.wasInterrupted()) return failure();
   for (StringRef name : {"forward", "logits", "micro_step", "optimizer_step"}) {
     auto f = module.lookupSymbol<func::FuncOp>(name);
     if (!f) continue;
     if (f.isExternal() || f.getNumArguments() != 0)
       return f.emitError() << "@" << name
                            << " must have a body and take no arguments (inputs are kiln.input ops)";
+    if (!f.getBody().hasOneBlock())
+      return f.emitError() << "@" << name << " must have one block (straight-line code)";
     const bool logits = name == "logits";
     ArrayRef<Type> results = f.getResultTypes();
     if (results.size() != 1 || (logits ? !isa<RankedTensorType>(results[0]) : results[0] != scalar))

@@ -39,6 +39,10 @@ struct BucketGradientsPass : kiln::impl::BucketGradientsBase<BucketGradientsPass
 
     // The last accumulation of each parameter, in program order: the op of the step's body
     // that does it (a kiln.accumulate_grad, or the kiln.fusion region holding one).
+    if (!step.getBody().hasOneBlock()) {
+      step.emitError() << "kiln-bucket-gradients: @micro_step must have one block (straight-line code)";
+      return signalPassFailure();
+    }
     Block& body = step.getBody().front();
     llvm::MapVector<StringAttr, Operation*> last;
     step.walk([&](AccumulateGradOp acc) {

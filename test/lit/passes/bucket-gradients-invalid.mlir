@@ -43,3 +43,18 @@ func.func @micro_step() -> tensor<f32> attributes {kiln.arena_size = 256 : i64} 
   kiln.accumulate_grad @w, %w : tensor<4xf32>
   return %l : tensor<f32>
 }
+
+// -----
+
+// Straight-line code only: an accumulation in a second block has no place in the order of the
+// entry block's ops.
+kiln.parameter @w : tensor<4xf32> {init = "zeros"}
+// expected-error@below {{kiln-bucket-gradients: @micro_step must have one block (straight-line code)}}
+func.func @micro_step() -> tensor<f32> {
+  %0 = kiln.zeros : tensor<f32>
+  return %0 : tensor<f32>
+^bb1:
+  %1 = kiln.zeros : tensor<4xf32>
+  kiln.accumulate_grad @w, %1 : tensor<4xf32>
+  return %0 : tensor<f32>
+}
