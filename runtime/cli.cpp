@@ -182,7 +182,14 @@ int run_sample(const Module& module, SampleCommand& c) {
       std::fflush(stderr);
     };
   }
-  auto samples = kiln::sample(ex, prompt, c.options);
+  std::vector<std::vector<int32_t>> samples;
+  try {
+    samples = kiln::sample(ex, prompt, c.options);
+  } catch (const Error&) {
+    if (shown) std::fprintf(stderr, "\n");  // the error goes on a line of its own
+    throw;
+  }
+  c.options.progress = nullptr;  // it refers to this function's locals
   if (shown) std::fprintf(stderr, "\r%*s\r", 72, "");
   for (size_t i = 0; i < samples.size(); ++i) {
     std::printf("--- sample %zu ---\n", i + 1);
@@ -204,8 +211,9 @@ int run_sample(const Module& module, SampleCommand& c) {
 std::string describe_executable(const Module& module) {
   const fb::Model& m = *module.fb().model();
   auto str = [](const flatbuffers::String* s, const char* none) { return s ? s->str() : std::string(none); };
-  return "A Kiln training executable: GPT-2 with " + std::to_string(m.n_layer()) + " layers, " +
-         std::to_string(m.n_head()) + " heads, n_embd " + std::to_string(m.n_embd()) + ", a vocabulary of " +
+  auto count = [](int n, const char* what) { return std::to_string(n) + " " + what + (n == 1 ? "" : "s"); };
+  return "A Kiln training executable: GPT-2 with " + count(m.n_layer(), "layer") + ", " +
+         count(m.n_head(), "head") + ", n_embd " + std::to_string(m.n_embd()) + ", a vocabulary of " +
          std::to_string(m.vocab_size()) + " and a context of " + std::to_string(m.block_size()) +
          " tokens; micro-steps of B=" + std::to_string(m.batch_size()) + " x T=" + std::to_string(m.seq_len()) +
          " in " + str(m.precision(), "fp32") + " for target " + str(m.target(), "cpu") + " (compiled by kilnc from " +

@@ -150,7 +150,7 @@ void Module::verify() const {
       if (cuda && ins->op() != O::Kernel && ins->op() != O::GlobalNorm && ins->op() != O::ReduceGradients &&
           ins->op() != O::WaitGradients)
         bad(where, std::string(fb::EnumNameOpCode(ins->op())) +
-                       ": a cuda module runs generated kernels only (recompile it with this kilnc: its cuda target fuses every op)");
+                       ": a cuda module runs generated kernels only (kilnc fuses every op when it plans a cuda module: compile the spec or its step IR)");
       if (ins->op() == fb::OpCode::Kernel) {
         const int64_t kernel = ins->ints()->Get(0);
         if (kernel < 0 || kernel >= int64_t(nkernels))

@@ -48,9 +48,15 @@ void writeText(const std::string& out, const std::string& text) {
   else kiln::write_file_atomic(out, {{text.data(), text.size()}});
 }
 
-// A diagnostic's text as one line of at most 300 bytes: MLIR's own messages may hold a newline
+// A diagnostic's text as one line of at most 300 bytes before escaping: MLIR's own messages may hold a newline
 // (a quoted string) or a whole printed op ("block with no terminator, has ...").
-std::string diagnosticText(Diagnostic& d) { return kiln::one_line(kiln::clipped(d.str(), 300)); }
+// kilnc's own messages ("kilnc: ...") are kept whole: a kernel compile's error carries the
+// compiler's log lines on purpose.
+std::string diagnosticText(Diagnostic& d) {
+  const std::string text = d.str();
+  if (llvm::StringRef(text).starts_with("kilnc: ")) return text;
+  return kiln::one_line(kiln::clipped(text, 300));
+}
 
 // Errors in an input IR file: each with its source line and caret, and its notes.
 struct InputDiagnostics : SourceMgrDiagnosticHandler {
