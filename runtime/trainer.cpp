@@ -270,12 +270,12 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   const std::string data = std::to_string(loader.files().size()) + (loader.files().size() == 1 ? " shard, " : " shards, ") +
                            std::to_string(data_tokens) + " tokens";
   if (root && world == 1)
-    std::fprintf(stderr, "training %s on %s: %lld steps, B=%lld T=%lld, %lld micro-step(s) of %lld tokens per step; data: %s\n",
-                 module.source().c_str(), ex.device_name().c_str(), (long long)o.steps, (long long)B, (long long)T,
+    std::fprintf(stderr, "training %s on %s: %lld step%s, B=%lld T=%lld, %lld micro-step(s) of %lld tokens per step; data: %s\n",
+                 module.source().c_str(), ex.device_name().c_str(), (long long)o.steps, o.steps == 1 ? "" : "s", (long long)B, (long long)T,
                  (long long)accum, (long long)tokens_per_micro, data.c_str());
   if (root && world > 1)
-    std::fprintf(stderr, "training %s: %lld steps, B=%lld T=%lld, %lld micro-step(s) of %lld tokens on each of %lld "
-                 "ranks: %lld tokens per step; data: %s\n", module.source().c_str(), (long long)o.steps, (long long)B,
+    std::fprintf(stderr, "training %s: %lld step%s, B=%lld T=%lld, %lld micro-step(s) of %lld tokens on each of %lld "
+                 "ranks: %lld tokens per step; data: %s\n", module.source().c_str(), (long long)o.steps, o.steps == 1 ? "" : "s", (long long)B,
                  (long long)T, (long long)accum, (long long)(B * T), (long long)world, (long long)total, data.c_str());
   const double step_flops = flops_per_token(module) * double(total);
   // Without --peak-tflops: a CPU estimate, or on a GPU the H100/H200's nominal dense bf16 rate.
