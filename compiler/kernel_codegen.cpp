@@ -12,9 +12,9 @@
 #include "compiler/kernel_codegen.h"
 
 #include <map>
-#include <sstream>
 
 #include "compiler/source_template.h"
+#include "runtime/op_list.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/TypeSwitch.h"
@@ -53,15 +53,9 @@ class Emitter {
       return unreadable_->emitError() << "kilnc: the " << kind << " kernel '" << f_.getKernel()
                                       << "' would read this op's result at one element, which its template cannot";
     GeneratedKernel k;
-    std::string ops;
-    // Runs of one op are counted ("adamw x148" for the optimizer's updates), not listed.
-    SmallVector<std::pair<StringRef, int>> runs;
-    for (Operation& op : f_.getFusedOps()) {
-      StringRef name = op.getName().stripDialect();
-      if (!runs.empty() && runs.back().first == name) ++runs.back().second;
-      else runs.push_back({name, 1});
-    }
-    for (auto [name, n] : runs) ops += (ops.empty() ? "" : ", ") + name.str() + (n > 2 ? " x" + num(n) : n == 2 ? ", " + name.str() : "");
+    std::vector<std::string> names;
+    for (Operation& op : f_.getFusedOps()) names.push_back(op.getName().stripDialect().str());
+    const std::string ops = op_list(names, ", ");
     std::string sig = t_ == Target::Cpu ? "extern \"C\" void " + symbol + "(void* const* b, const int64_t* range)"
                                         : "extern \"C\" __global__ void " + launchBounds() + symbol +
                                               "(void* const* b, const long long* range)";

@@ -218,11 +218,9 @@ void Module::verify() const {
                                                                dtype_name(b.dtype()) + ", the model's B*T is " +
                                                                std::to_string(B * T) + " I32");
   }
-  for (const char* entry : {"micro_step", "logits"})
-    if (program(entry) && (!has_idx || (entry == std::string("micro_step") && !has_targets)))
-      bad(std::string("program ") + entry, std::string("needs the inputs 'idx'") +
-                                               (entry == std::string("micro_step") ? " and 'targets'" : "") +
-                                               " (kiln.input ops of the IR)");
+  if (program("micro_step") && !(has_idx && has_targets))
+    bad("program micro_step", "needs the inputs 'idx' and 'targets' (kiln.input ops of the IR)");
+  if (program("logits") && !has_idx) bad("program logits", "needs the inputs 'idx' (kiln.input ops of the IR)");
   for (const fb::Parameter* p : *fb_->parameters())
     if (p->name()->str() == "wte.weight" && (p->shape()->size() != 2 || p->shape()->Get(0) < V))
       bad("parameter wte.weight", "has fewer rows than the model's vocabulary of " + std::to_string(V));

@@ -3,8 +3,9 @@
 #include <cstdio>
 #include <map>
 #include <string>
-#include <utility>
 #include <vector>
+
+#include "runtime/op_list.h"
 
 namespace kiln {
 namespace {
@@ -75,16 +76,7 @@ void print_fusion_report(const nlohmann::ordered_json& j) {
     for (const auto& [prog, n] : k["launches"].items())
       if (prog == "micro_step" || prog == "optimizer_step") r.launches += n.get<int>() * k["launches_per_run"].get<int>();
     r.kind = k["kind"].get<std::string>();
-    // A run of one op is counted (adamw x148), as in the generated source's header.
-    std::vector<std::pair<std::string, int>> runs;
-    for (const auto& o : k["ops"]) {
-      const std::string op = o.get<std::string>();
-      if (!runs.empty() && runs.back().first == op) ++runs.back().second;
-      else runs.push_back({op, 1});
-    }
-    r.ops.clear();
-    for (const auto& [op, n] : runs)
-      r.ops += (r.ops.empty() ? "" : " ") + op + (n > 2 ? " x" + std::to_string(n) : n == 2 ? " " + op : "");
+    r.ops = op_list(k["ops"].get<std::vector<std::string>>(), " ");
   }
   std::printf("  %-16s %-44s %7s %8s  fused ops (one kernel)\n", "kind", "generated kernel", "kernels", "launches");
   for (const auto& [name, r] : rows) {
