@@ -8,6 +8,7 @@
 
 #include "compiler/attention_cpu.h"
 #include "compiler/attention_cuda.h"
+#include "compiler/attention_decode.h"
 #include "compiler/kernel_build.h"
 #include "compiler/kernel_codegen.h"
 
@@ -79,7 +80,7 @@ class Writer {
     std::vector<uint32_t> results;
     std::vector<uint64_t> sizes;
     uint64_t activations = 0, naive = 0;
-    for (const char* name : {"forward", "logits", "micro_step", "optimizer_step"}) {
+    for (const char* name : {"forward", "logits", "decode", "micro_step", "optimizer_step"}) {
       auto f = module_.lookupSymbol<func::FuncOp>(name);
       if (!f) continue;
       auto planned = f->getAttrOfType<IntegerAttr>("kiln.arena_size");
@@ -177,6 +178,14 @@ class Writer {
         continue;
       }
       if (auto r = dyn_cast<ReshapeOp>(op)) { buf[r] = of(r.getInput()); continue; }
+      // A key/value cache is storage the plan keeps for the whole call; no kernel fills it.
+      if (auto kv = dyn_cast<KvCacheOp>(op)) {
+        auto offsets = op.getAttrOfType<DenseI64ArrayAttr>("kiln.offsets");
+        if (!offsets || offsets.size() != 1) return op.emitError() << "kilnc: no planned offsets ('kiln.offsets') on this op";
+        buf[kv] = addBuffer(kv.getCacheName().str() + "/kv_cache", fb::BufferKind::Activation, kv.getType(),
+                            uint64_t(offsets[0]));
+        continue;
+      }
       // Ops inside fusion regions must not be planned: only the region's results are buffers.
 
       Ins ins;
@@ -360,6 +369,7 @@ class Writer {
   // Flash-style attention kernels for one attention op (compiler/attention_cpu.cpp and
   // compiler/attention_cuda.cpp).
   FailureOr<GeneratedKernel> attentionKernel(Operation* op, const std::string& symbol) {
+    if (auto d = dyn_cast<DecodeAttentionOp>(op)) return decodeAttentionKernel(d, symbol);
     Value qkv = isa<AttentionOp>(op) ? op->getOperand(0) : op->getOperand(1);
     auto t = cast<RankedTensorType>(qkv.getType());
     const int64_t heads = isa<AttentionOp>(op) ? int64_t(cast<AttentionOp>(op).getNumHeads())
@@ -389,6 +399,29 @@ class Writer {
     }
   }
 
+  FailureOr<GeneratedKernel> decodeAttentionKernel(DecodeAttentionOp op, const std::string& symbol) {
+    auto qkv = cast<RankedTensorType>(op.getQkv().getType());
+    DecodeAttentionShape shape{qkv.getDimSize(0), qkv.getDimSize(1) / 3, int64_t(op.getNumHeads()),
+                               cast<RankedTensorType>(op.getCache().getType()).getDimSize(3),
+                               qkv.getElementType().isBF16()};
+    try {
+      GeneratedKernel k;
+      const std::string head = "// decode_attention kernel (one new position per row against the key/value cache)\n";
+      if (target_ == Target::Cpu) {
+        k.source = head + cpuDecodeAttention(symbol, shape);
+      } else {
+        CudaKernelLaunch launch;
+        k.source = head + cudaDecodeAttention(symbol, shape, launch);
+        k.functions = {launch};
+        k.cudaGrid = launch.grid, k.cudaBlock = launch.block;
+      }
+      k.flops = decodeAttentionFlops(shape);
+      return k;
+    } catch (const std::exception& e) {
+      return op.emitError() << "kilnc: " << e.what();
+    }
+  }
+
   // One line per kernel: symbol, kind and the ops it fuses (written beside dumped sources).
   std::string kernelManifest() const {
     std::string text;
@@ -405,7 +438,7 @@ class Writer {
     using O = fb::OpCode;
     if (auto f = dyn_cast<FusionOp>(op)) return encodeFusion(f, ins);
     // Attention: a template kernel (fused CPU path and CUDA); --no-fusion runs the built-in one.
-    if ((target_ == Target::Cuda || options_.fusion) && isa<AttentionOp, AttentionGradOp>(op)) {
+    if ((target_ == Target::Cuda || options_.fusion) && isa<AttentionOp, AttentionGradOp, DecodeAttentionOp>(op)) {
       ins.op = fb::OpCode::Kernel;
       ins.ints = {int64_t(fusions_.size())};
       fusions_.push_back({FusionOp(), &op, ins.in, ins.out});
@@ -470,6 +503,10 @@ class Writer {
         .Case([&](AttentionOp o) {
           auto s = shape(o.getResult());
           return set(O::Attention, {s[0], s[1], s[2], int64_t(o.getNumHeads())});
+        })
+        .Case([&](DecodeAttentionOp o) {  // B, C, H, S
+          auto s = shape(o.getResult());
+          return set(O::DecodeAttention, {s[0], s[1], int64_t(o.getNumHeads()), shape(o.getCache())[3]});
         })
         .Case([&](AttentionGradOp o) {
           auto s = shape(o.getResult());

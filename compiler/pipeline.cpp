@@ -108,6 +108,21 @@ LogicalResult checkSpecAgainstIR(ModuleOp module, const ModelSpec& s) {
         return in.emitError() << "kiln.input \"" << in.getInputName() << "\" is " << in.getType()
                               << " but 'kiln.spec' has batch_size = " << B << ", seq_len = " << T
                               << " (expected " << ids << ")";
+      // @decode's: one token per row, and the position they are at.
+      auto i32 = IntegerType::get(module.getContext(), 32);
+      if (in.getInputName() == "token" && in.getType() != RankedTensorType::get({B}, i32))
+        return in.emitError() << "kiln.input \"token\" is " << in.getType() << " but 'kiln.spec' has batch_size = "
+                              << B << " (expected " << RankedTensorType::get({B}, i32) << ")";
+      if (in.getInputName() == "position" && in.getType() != RankedTensorType::get({1}, i32))
+        return in.emitError() << "kiln.input \"position\" is " << in.getType() << " (expected "
+                              << RankedTensorType::get({1}, i32) << ")";
+    } else if (auto kv = dyn_cast<KvCacheOp>(op)) {
+      // The sampler decodes positions below seq_len (the context of @logits).
+      ArrayRef<int64_t> shape = kv.getType().getShape();
+      if (shape != ArrayRef<int64_t>{2, B, H, T, C / H})
+        return kv.emitError() << "kiln.kv_cache " << kv.getType() << " must be [2, batch_size = " << B
+                              << ", n_head = " << H << ", seq_len = " << T << ", n_embd / n_head = " << C / H
+                              << "] by 'kiln.spec'";
     } else if (auto p = dyn_cast<ParameterOp>(op)) {
       ArrayRef<int64_t> shape = p.getTensorType().getShape();
       if (int64_t layer = layerOf(p.getSymName()); layer >= 0) {
@@ -127,10 +142,16 @@ LogicalResult checkSpecAgainstIR(ModuleOp module, const ModelSpec& s) {
       // and positions below their iota's length.
       const int64_t rows = e.getTable().getType().getDimSize(0);
       auto iota = sourceOf(e.getIndices()).getDefiningOp<IotaOp>();
-      const int64_t need = inputNameOf(e.getIndices()) == "idx" ? V : iota ? iota.getType().getNumElements() : 0;
+      const StringRef input = inputNameOf(e.getIndices());
+      const int64_t need = input == "idx" || input == "token" ? V
+                           : input == "position"             ? T
+                           : iota                            ? iota.getType().getNumElements()
+                                                             : 0;
       if (rows < need)
         return e.emitError() << "kiln.embedding reads a table of " << rows << " rows at ids up to " << need - 1
-                             << (iota ? " (its iota)" : " (token ids below 'kiln.spec' vocab_size)");
+                             << (iota                 ? " (its iota)"
+                                 : input == "position" ? " (positions below 'kiln.spec' seq_len)"
+                                                       : " (token ids below 'kiln.spec' vocab_size)");
     } else if (isa<CrossEntropyOp, CrossEntropyGradOp>(op)) {
       Value logits = op->getOperand(isa<CrossEntropyOp>(op) ? 0 : 1);
       Value targets = op->getOperand(isa<CrossEntropyOp>(op) ? 1 : 3);
@@ -140,9 +161,8 @@ LogicalResult checkSpecAgainstIR(ModuleOp module, const ModelSpec& s) {
         return op->emitError() << op->getName() << " has " << classes
                                << " classes, fewer than 'kiln.spec' vocab_size = " << V
                                << " (the targets are token ids below it)";
-    } else if (isa<AttentionOp, AttentionGradOp>(op)) {
-      const int64_t h = isa<AttentionOp>(op) ? int64_t(cast<AttentionOp>(op).getNumHeads())
-                                             : int64_t(cast<AttentionGradOp>(op).getNumHeads());
+    } else if (isa<AttentionOp, AttentionGradOp, DecodeAttentionOp>(op)) {
+      const int64_t h = op->getAttrOfType<IntegerAttr>("num_heads").getInt();
       if (h != H)
         return op->emitError() << op->getName() << " has num_heads = " << h
                                << " but 'kiln.spec' has n_head = " << H;
@@ -233,7 +253,7 @@ LogicalResult verifyEntryPoints(ModuleOp module) {
     return WalkResult::advance();
   });
   if (shapes.wasInterrupted()) return failure();
-  for (StringRef name : {"forward", "logits", "micro_step", "optimizer_step"}) {
+  for (StringRef name : {"forward", "logits", "decode", "micro_step", "optimizer_step"}) {
     auto f = module.lookupSymbol<func::FuncOp>(name);
     if (!f) continue;
     if (f.isExternal() || f.getNumArguments() != 0)
@@ -241,7 +261,7 @@ LogicalResult verifyEntryPoints(ModuleOp module) {
                            << " must have a body and take no arguments (inputs are kiln.input ops)";
     if (!f.getBody().hasOneBlock())
       return f.emitError() << "@" << name << " must have one block (straight-line code)";
-    const bool logits = name == "logits";
+    const bool logits = name == "logits" || name == "decode";
     ArrayRef<Type> results = f.getResultTypes();
     if (results.size() != 1 || (logits ? !isa<RankedTensorType>(results[0]) : results[0] != scalar))
       return f.emitError() << "@" << name << " must return one "

@@ -56,7 +56,7 @@ class GPT2Builder {
     declare("ln_f.bias", {C}, "zeros", 0, false);
 
     // @forward: the mean loss (what autodiff differentiates); @logits: the forward pass alone,
-    // for sampling, with no backward buffers.
+    // for sampling, with no backward buffers; @decode: one position at a time, for sampling.
     auto scalar = tensor({});
     auto forward = b_.create<func::FuncOp>(fileLoc_, "forward", b_.getFunctionType({}, {scalar}));
     b_.setInsertionPointToStart(forward.addEntryBlock());
@@ -71,7 +71,49 @@ class GPT2Builder {
     auto head = b_.create<func::FuncOp>(fileLoc_, "logits", b_.getFunctionType({}, {tensor({N, Vp})}));
     b_.setInsertionPointToStart(head.addEntryBlock());
     b_.create<func::ReturnOp>(loc_, buildLogits());
+
+    // @decode: the logits of one new position per row, attending to the keys and values the
+    // earlier calls left in each layer's cache (the sampler's fast path; see buildDecode).
+    b_.setInsertionPointToEnd(module_->getBody());
+    auto decode = b_.create<func::FuncOp>(fileLoc_, "decode", b_.getFunctionType({}, {tensor({B, Vp})}));
+    b_.setInsertionPointToStart(decode.addEntryBlock());
+    b_.create<func::ReturnOp>(loc_, buildDecode());
     return std::move(module_);
+  }
+
+  // The forward pass of the token at `position` of each of the B rows, [B, Vp]: the same layers
+  // as buildLogits on [B, C] activations, with kiln.decode_attention reading (and extending) a
+  // kiln.kv_cache per layer of seq_len positions instead of attending over the whole sequence.
+  Value buildDecode() {
+    const int64_t B = spec_.batch_size, T = spec_.seq_len, C = spec_.n_embd, H = spec_.n_head;
+    const int64_t Vp = paddedVocab(), L = spec_.n_layer;
+    // x = wte[token] + wpe[position]
+    loc_ = at("embed");
+    Value token = b_.create<InputOp>(loc_, itensor({B}), "token");
+    Value position = b_.create<InputOp>(loc_, itensor({1}), "position");
+    Value wte = param("wte.weight");
+    // As buildLogits with T = 1 (so the same fusion applies), then [B, C].
+    Value tok = b_.create<EmbeddingOp>(loc_, tensor({B, 1, C}), wte, reshape(token, {B, 1}));
+    Value pos = b_.create<EmbeddingOp>(loc_, tensor({1, C}), param("wpe.weight"), position);
+    Value x3 = b_.create<AddOp>(loc_, tok, b_.create<BroadcastOp>(loc_, tensor({B, 1, C}), pos));
+    Value x = reshape(x3, {B, C});
+
+    for (int64_t i = 0; i < L; ++i) {
+      std::string h = "h." + std::to_string(i) + ".";
+      loc_ = at(h + "attn");
+      Value a = layerNorm(x, h + "ln_1");
+      Value qkv = linear(a, h + "attn.c_attn", 3 * C);
+      Value cache = b_.create<KvCacheOp>(loc_, tensor({2, B, H, T, C / H}), h + "attn");
+      Value y = b_.create<DecodeAttentionOp>(loc_, tensor({B, C}), qkv, cache, position, H);
+      x = b_.create<AddOp>(loc_, x, linear(y, h + "attn.c_proj", C));
+
+      loc_ = at(h + "mlp");
+      Value m = layerNorm(x, h + "ln_2");
+      Value u = b_.create<GeluOp>(loc_, linear(m, h + "mlp.c_fc", 4 * C));
+      x = b_.create<AddOp>(loc_, x, linear(u, h + "mlp.c_proj", C));
+    }
+    loc_ = at("head");
+    return b_.create<MatmulOp>(loc_, tensor({B, Vp}), layerNorm(x, "ln_f"), wte, false, true);
   }
 
   // The forward pass from the token ids to the logits [B*T, Vp], at the insertion point.

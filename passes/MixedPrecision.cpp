@@ -30,7 +30,7 @@ struct MixedPrecisionPass : kiln::impl::MixedPrecisionBase<MixedPrecisionPass> {
       if (!f.isExternal()) assignTypes(f);
   }
 
-  // Every graph function gets the policy (@forward and @logits alike).
+  // Every graph function gets the policy (@forward, @logits and @decode alike).
   void assignTypes(func::FuncOp forward) {
     Type bf16 = BFloat16Type::get(&getContext()), f32 = Float32Type::get(&getContext());
     OpBuilder b(&getContext());
@@ -74,6 +74,9 @@ struct MixedPrecisionPass : kiln::impl::MixedPrecisionBase<MixedPrecisionPass> {
       } else if (auto attn = dyn_cast<AttentionOp>(op)) {
         convert(op, 0, bf16);
         setResult(attn.getResult(), bf16);
+      } else if (auto dec = dyn_cast<DecodeAttentionOp>(op)) {
+        convert(op, 0, bf16);  // as kiln.attention; the cache stays fp32
+        setResult(dec.getResult(), bf16);
       } else if (auto ln = dyn_cast<LayerNormOp>(op)) {
         bool feedsMatmuls = !ln.getResult().use_empty() &&
                             llvm::all_of(ln.getResult().getUsers(), [](Operation* u) { return isa<MatmulOp>(u); });

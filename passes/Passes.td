@@ -100,7 +100,8 @@ def PlanBuffers : Pass<"kiln-plan-buffers", "::mlir::ModuleOp"> {
   let description = [{
     For each function, computes the live interval of every activation over the (scheduled)
     op order, lets results share storage where that is free (a reshape aliases its input; an
-    elementwise op writes in place over an operand it is the last user of), and packs the
+    elementwise op writes in place over an operand it is the last user of; a `kiln.kv_cache`
+    is live for the whole call, so it shares with nothing), and packs the
     intervals into one arena (largest first, best fit, 256-byte alignment). Writes
     `kiln.offsets` (one byte offset per result; -1 for parameters, gradients, inputs and
     hyperparameters, which live outside the arena) on every op with results, and

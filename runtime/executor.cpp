@@ -67,6 +67,7 @@ bool expected(const fb::Instr& ins, Shape& s) {
     if (x < 0) return false;
   if ((ins.op() == O::Attention || ins.op() == O::AttentionGrad) && (v[3] == 0 || v[2] % v[3] != 0)) return false;
   if ((ins.op() == O::CrossEntropy || ins.op() == O::CrossEntropyGrad) && (v[2] == 0 || v[2] > v[1])) return false;
+  if (ins.op() == O::DecodeAttention && (v[2] == 0 || v[1] % v[2] != 0 || v[3] == 0)) return false;
   // Products of sizes, -1 on overflow (which no buffer satisfies).
   auto mul = [](int64_t a, int64_t b) {
     int64_t r;
@@ -109,6 +110,7 @@ bool expected(const fb::Instr& ins, Shape& s) {
       s.out = {P(I(0), I(1)), I(1), I(1)};
       break;
     case O::Attention: s.in = {P(I(0), I(1), 3, I(2))}; s.out = {P(I(0), I(1), I(2)), P(I(0), I(3), I(1))}; break;
+    case O::DecodeAttention: s.in = {P(I(0), 3, I(1)), P(2, I(0), I(1), I(3)), 1}; s.out = {P(I(0), I(1))}; break;
     case O::AttentionGrad:
       s.in = {P(I(0), I(1), I(2)), P(I(0), I(1), 3, I(2)), P(I(0), I(1), I(2)), P(I(0), I(3), I(1))};
       s.out = {P(I(0), I(1), 3, I(2))};
@@ -134,7 +136,8 @@ bool expected(const fb::Instr& ins, Shape& s) {
 // Which inputs hold i32 token ids.
 bool is_index_input(O op, size_t i) {
   return (op == O::Embedding && i == 1) || (op == O::EmbeddingGrad && i == 1) ||
-         (op == O::CrossEntropy && i == 1) || (op == O::CrossEntropyGrad && i == 3);
+         (op == O::CrossEntropy && i == 1) || (op == O::CrossEntropyGrad && i == 3) ||
+         (op == O::DecodeAttention && i == 2);
 }
 
 }  // namespace
@@ -276,6 +279,9 @@ void Executor::check(const fb::Program& prog) const {
     }
     if (ins.op() == O::LayerNorm && (!ins.floats() || ins.floats()->size() != 1))
       throw Error(where + ": needs its epsilon");
+    // Written in place through its pointer: a bf16 cache would be a scratch copy, lost.
+    if (ins.op() == O::DecodeAttention && module_.buffer(ins.inputs()->Get(1)).dtype() != fb::DType::F32)
+      throw Error(where + ": the key/value cache must be F32");
   }
 }
 
@@ -553,6 +559,12 @@ void Executor::run_kernel(const fb::Instr& ins, const flatbuffers::Vector<int64_
       cpu::layernorm_bwd(out(0), out(1), out(2), in(0), in(1), in(2), in(3), in(4), v[0], v[1]);
       break;
     case O::Attention: cpu::attention_fwd(out(0), out(1), in(0), v[0], v[1], v[2], v[3]); break;
+    case O::DecodeAttention: {  // B, C, H, S; the cache (fp32) is written in place
+      const int64_t p = *iin(2);
+      if (p < 0 || p >= v[3]) throw Error("decode attention: position " + std::to_string(p) + " is not in [0, " + std::to_string(v[3]) + ")");
+      cpu::decode_attention(out(0), in(1), in(0), p, v[0], v[1], v[2], v[3]);
+      break;
+    }
     case O::AttentionGrad:
       cpu::attention_bwd(out(0), in(0), in(1), in(2), in(3), v[0], v[1], v[2], v[3]);
       break;

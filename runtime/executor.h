@@ -1,6 +1,7 @@
 // Runs a module's programs over one arena allocated at start: on the CPU (target "cpu"), or on
 // a GPU through runtime/device (target "cuda"), where the host keeps a copy of the state region.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -56,6 +57,10 @@ class Executor {
   void print_profile() const;
 
   const Module& module() const { return module_; }
+  // Whether this executor loaded the program (run() may run it).
+  bool has_program(const std::string& name) const {
+    return std::find(programs_.begin(), programs_.end(), name) != programs_.end();
+  }
 
   // --- Data-parallel hooks (ZeRO-1; used by runtime/data_parallel.cpp) ---------------------
   // Restricts the optimizer program to elements [begin, end) of parameter `param` (its index in

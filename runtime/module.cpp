@@ -44,6 +44,20 @@ Module Module::from_bytes(std::vector<uint8_t> bytes, std::string source) {
   return m;
 }
 
+std::vector<uint32_t> Module::kept_buffers(const fb::Program& program) const {
+  std::vector<uint32_t> kept;
+  const auto* kernels = fb_->kernels();
+  for (const fb::Instr* ins : *program.instrs()) {
+    if (ins->op() == fb::OpCode::DecodeAttention && ins->inputs()->size() > 1) kept.push_back(ins->inputs()->Get(1));
+    if (ins->op() != fb::OpCode::Kernel || !kernels || ins->ints()->size() != 1 || ins->inputs()->size() < 2) continue;
+    const int64_t k = ins->ints()->Get(0);
+    if (k < 0 || k >= int64_t(kernels->size())) continue;
+    const auto* kind = kernels->Get(uint32_t(k))->kind();
+    if (kind && kind->str() == "decode_attention") kept.push_back(ins->inputs()->Get(1));
+  }
+  return kept;
+}
+
 const fb::Program* Module::program(const std::string& name) const {
   if (fb_->programs())
     for (const fb::Program* p : *fb_->programs())
@@ -66,7 +80,7 @@ int instr_int_count(fb::OpCode op) {
     case O::AdamW: return 2;
     case O::CrossEntropy: case O::CrossEntropyGrad: return 3;
     case O::Split: case O::Concat: return -3;
-    case O::Attention: case O::AttentionGrad: return 4;
+    case O::Attention: case O::AttentionGrad: case O::DecodeAttention: return 4;
     case O::GlobalNorm: return -1;
     case O::ReduceGradients: return -2;
     case O::ClipCoef: case O::WaitGradients: return 0;
@@ -206,12 +220,21 @@ void Module::verify() const {
                      std::to_string(md.n_layer()) + " H=" + std::to_string(md.n_head()) + " C=" +
                      std::to_string(md.n_embd()) + " Tmax=" + std::to_string(md.block_size()) +
                      ": sizes must be positive, with T <= Tmax");
-  // The trainer fills idx and targets before every micro-step, the sampler idx before logits.
-  bool has_idx = false, has_targets = false;
+  // The trainer fills idx and targets before every micro-step, the sampler idx before logits and
+  // token and position before decode.
+  bool has_idx = false, has_targets = false, has_token = false, has_position = false;
   for (uint32_t i = 0; i < nbuf; ++i) {
     const fb::Buffer& b = buffer(i);
     const std::string name = b.name()->str();
-    if (b.kind() == fb::BufferKind::Input) has_idx |= name == "idx", has_targets |= name == "targets";
+    if (b.kind() == fb::BufferKind::Input) {
+      has_idx |= name == "idx", has_targets |= name == "targets";
+      has_token |= name == "token", has_position |= name == "position";
+    }
+    const int64_t want = name == "token" ? B : 1;
+    if (b.kind() == fb::BufferKind::Input && (name == "token" || name == "position") &&
+        (b.dtype() != fb::DType::I32 || numel(b) != want))
+      bad("buffers[" + std::to_string(i) + "] '" + name + "'",
+          "holds " + std::to_string(numel(b)) + " " + dtype_name(b.dtype()) + ", not " + std::to_string(want) + " I32");
     if (b.kind() == fb::BufferKind::Input && (name == "idx" || name == "targets") &&
         (b.dtype() != fb::DType::I32 || numel(b) != B * T))
       bad("buffers[" + std::to_string(i) + "] '" + name + "'", "holds " + std::to_string(numel(b)) + " " +
@@ -221,6 +244,8 @@ void Module::verify() const {
   if (program("micro_step") && !(has_idx && has_targets))
     bad("program micro_step", "needs the inputs 'idx' and 'targets' (kiln.input ops of the IR)");
   if (program("logits") && !has_idx) bad("program logits", "needs the inputs 'idx' (kiln.input ops of the IR)");
+  if (program("decode") && !(has_token && has_position))
+    bad("program decode", "needs the inputs 'token' and 'position' (kiln.input ops of the IR)");
   for (const fb::Parameter* p : *fb_->parameters())
     if (p->name()->str() == "wte.weight" && (p->shape()->size() != 2 || p->shape()->Get(0) < V))
       bad("parameter wte.weight", "has fewer rows than the model's vocabulary of " + std::to_string(V));

@@ -22,6 +22,10 @@ class Module {
   const fb::Module& fb() const { return *fb_; }
   const std::string& source() const { return source_; }
   const fb::Program* program(const std::string& name) const;  // null when absent
+  // Activations a program keeps from one run to the next: the key/value caches that its
+  // decode_attention kernels and DecodeAttention instructions extend and read (their input 1).
+  // Nothing else may share them.
+  std::vector<uint32_t> kept_buffers(const fb::Program& program) const;
   const fb::Buffer& buffer(uint32_t i) const { return *fb_->buffers()->Get(i); }
   size_t size_bytes() const { return bytes_.size(); }
 

@@ -1,6 +1,7 @@
 #include "runtime/sampler.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <numeric>
 
@@ -34,52 +35,93 @@ std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t
                 " rows of at least " + std::to_string(V) + " (recompile with this kilnc)");
   const int64_t k = o.top_k > 0 ? std::min(o.top_k, V) : V;
 
+  // @decode (when the module has it and the executor loaded it) runs one position per call over
+  // the layers' key/value caches: logits [B, Vp], the rows' next-token scores. It serves while a
+  // sequence fits the T positions of the cache; past that, every step runs @logits over the last
+  // T tokens, which is what the sampler does throughout without @decode.
+  const fb::Program* decode = o.kv_cache && ex.has_program("decode") ? ex.module().program("decode") : nullptr;
+  if (decode) {
+    const fb::Buffer& d = ex.module().buffer(decode->result());
+    if ((d.dtype() == fb::DType::BF16) != bf16 || numel(d) != B * Vp)
+      throw Error(ex.module().source() + ": the decode program's result holds " + std::to_string(numel(d)) +
+                  " values, not the " + std::to_string(B) + " rows of " + std::to_string(Vp) +
+                  " of the logits (recompile with this kilnc)");
+  }
+
   std::vector<std::vector<int32_t>> out(static_cast<size_t>(o.num_samples), prompt);
   Rng rng{o.seed};
   std::vector<float> row(static_cast<size_t>(V));
   std::vector<int32_t> order(static_cast<size_t>(V));
   const int64_t passes = (o.num_samples + B - 1) / B * o.max_new_tokens;
   int64_t passes_done = 0;
+  if (o.logits_out) o.logits_out->assign(size_t(o.num_samples * o.max_new_tokens * V), 0.0f);
+  // Samples the `step`th new token of sample `s` from the V logits at element `at` of `result`'s
+  // buffer.
+  auto pick_from = [&](uint32_t result, int64_t at, int64_t s, int64_t step) {
+    // Only the row sampled from is read (on a GPU, only it is copied to the host).
+    if (bf16) {
+      std::vector<uint16_t> h(static_cast<size_t>(V));
+      ex.read(result, size_t(at) * 2, size_t(V) * 2, h.data());
+      cpu::widen_bf16(row.data(), h.data(), V);
+    } else {
+      ex.read(result, size_t(at) * 4, size_t(V) * 4, row.data());
+    }
+    if (o.logits_out) std::copy(row.begin(), row.end(), o.logits_out->begin() + (s * o.max_new_tokens + step) * V);
+    for (float& x : row)
+      if (std::isnan(x)) x = -INFINITY;  // a strict weak order for the sort
+    // Top-k by logit (ties to the lower id), then softmax over those k at the temperature.
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+      return row[size_t(a)] > row[size_t(b)] || (row[size_t(a)] == row[size_t(b)] && a < b);
+    });
+    const double top = row[size_t(order[0])];
+    std::vector<double> p(static_cast<size_t>(k));
+    double sum = 0;
+    for (int64_t i = 0; i < k; ++i)
+      sum += p[size_t(i)] = std::exp((row[size_t(order[size_t(i)])] - top) / std::max(o.temperature, 1e-6f));
+    double u = rng.uniform() * sum;
+    int64_t pick = k - 1;
+    for (int64_t i = 0; i < k; ++i)
+      if ((u -= p[size_t(i)]) < 0) { pick = i; break; }
+    return order[size_t(pick)];
+  };
   for (int64_t first = 0; first < o.num_samples; first += B) {
     const int64_t rows = std::min(B, o.num_samples - first);
+    int64_t cached = 0;  // positions of every row's sequence in the caches (all rows are as long)
     for (int64_t step = 0; step < o.max_new_tokens; ++step) {
-      int32_t* idx = ex.input("idx");
-      std::fill(idx, idx + B * T, 0);
-      std::vector<int64_t> last(static_cast<size_t>(rows));
-      for (int64_t r = 0; r < rows; ++r) {
-        const auto& seq = out[size_t(first + r)];
-        const int64_t n = std::min<int64_t>(int64_t(seq.size()), T);  // the last T tokens
-        std::copy(seq.end() - n, seq.end(), idx + r * T);
-        last[size_t(r)] = n - 1;
-      }
-      ex.run("logits");
-      for (int64_t r = 0; r < rows; ++r) {
-        // Only the row sampled from is read (on a GPU, only it is copied to the host).
-        const int64_t at = (r * T + last[size_t(r)]) * Vp;
-        if (bf16) {
-          std::vector<uint16_t> h(static_cast<size_t>(V));
-          ex.read(program->result(), size_t(at) * 2, size_t(V) * 2, h.data());
-          cpu::widen_bf16(row.data(), h.data(), V);
-        } else {
-          ex.read(program->result(), size_t(at) * 4, size_t(V) * 4, row.data());
+      const auto t0 = std::chrono::steady_clock::now();
+      const int64_t len = int64_t(out[size_t(first)].size());
+      if (decode && len <= T) {
+        // Feed the positions the caches lack (the prompt at the first step, then the last token);
+        // the last call's logits are those of position len - 1.
+        int32_t* token = ex.input("token");
+        for (; cached < len; ++cached) {
+          std::fill(token, token + B, 0);
+          for (int64_t r = 0; r < rows; ++r) token[r] = out[size_t(first + r)][size_t(cached)];
+          *ex.input("position") = int32_t(cached);
+          ex.run("decode");
         }
-        for (float& x : row)
-          if (std::isnan(x)) x = -INFINITY;  // a strict weak order for the sort
-        // Top-k by logit (ties to the lower id), then softmax over those k at the temperature.
-        std::iota(order.begin(), order.end(), 0);
-        std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
-          return row[size_t(a)] > row[size_t(b)] || (row[size_t(a)] == row[size_t(b)] && a < b);
-        });
-        const double top = row[size_t(order[0])];
-        std::vector<double> p(static_cast<size_t>(k));
-        double sum = 0;
-        for (int64_t i = 0; i < k; ++i)
-          sum += p[size_t(i)] = std::exp((row[size_t(order[size_t(i)])] - top) / std::max(o.temperature, 1e-6f));
-        double u = rng.uniform() * sum;
-        int64_t pick = k - 1;
-        for (int64_t i = 0; i < k; ++i)
-          if ((u -= p[size_t(i)]) < 0) { pick = i; break; }
-        out[size_t(first + r)].push_back(order[size_t(pick)]);
+        for (int64_t r = 0; r < rows; ++r)
+          out[size_t(first + r)].push_back(pick_from(decode->result(), r * Vp, first + r, step));
+      } else {
+        int32_t* idx = ex.input("idx");
+        std::fill(idx, idx + B * T, 0);
+        std::vector<int64_t> last(static_cast<size_t>(rows));
+        for (int64_t r = 0; r < rows; ++r) {
+          const auto& seq = out[size_t(first + r)];
+          const int64_t n = std::min<int64_t>(int64_t(seq.size()), T);  // the last T tokens
+          std::copy(seq.end() - n, seq.end(), idx + r * T);
+          last[size_t(r)] = n - 1;
+        }
+        ex.run("logits");
+        for (int64_t r = 0; r < rows; ++r)
+          out[size_t(first + r)].push_back(pick_from(program->result(), (r * T + last[size_t(r)]) * Vp, first + r, step));
+      }
+      if (o.times) {
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        (step == 0 ? o.times->first_steps_s : o.times->other_steps_s) += s;
+        ++(step == 0 ? o.times->first_steps : o.times->other_steps);
+        if (step > 0) o.times->other_tokens += rows;
       }
       if (o.progress) o.progress(++passes_done, passes);
     }

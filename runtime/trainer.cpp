@@ -202,7 +202,10 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
 
   if (!(o.bucket_mb > 0)) throw Error("--bucket-mb: must be positive");
   DataLoader loader(o.data, B, T, rank, int(world));
-  Executor ex(module);
+  // The programs it runs (not the sampler's: their activations need not fit beside them).
+  std::vector<std::string> programs{"micro_step", "optimizer_step"};
+  if (module.program("forward")) programs.push_back("forward");
+  Executor ex(module, programs);
   ex.enable_profiling(o.profile);
   init_parameters(ex, o.seed);  // also clears gradients and AdamW state
   if (!o.init.empty()) load_parameters(ex, o.init);

@@ -13,7 +13,9 @@
 #   c) parity: each bench/device/modules/NAME.kiln with a spec bench/device/specs/NAME.toml
 #      (the gpt2-* benchmark modules aside): one training step as a probe; if the runtime runs it,
 #      test/e2e/test_parity.py --exe (a wrapper running kiln-run NAME.kiln) against the PyTorch
-#      reference; if it refuses, "kiln: not available: <its error line>"
+#      reference, and for tiny-cuda and awkward-bf16-cuda test/e2e/test_decode.py --exe (sampling
+#      with the key/value caches and without, against PyTorch's logits); if it refuses,
+#      "kiln: not available: <its error line>"
 #   d) PyTorch (bench/pytorch_gpu_step.py): peak bf16 matmul, eager and torch.compile at B=16 T=1024
 #   e) Kiln: kiln-run gpt2-124m-bf16-cuda.kiln train, MFU against the measured matmul peak
 #      then, time allowing, the B=32 and B=64 runs (Kiln, eager, compile; an out-of-memory is a result)
@@ -653,6 +655,20 @@ else
       124|137) record "parity-$name" "timed out" "$LAST_DT" ""; parity_row "$name" "timed out" "after $LAST_DT s" ;;
       *) why=$(grep -a -m1 '^FAIL' "$d/parity.log" || err_line "$d/parity.log")
          record "parity-$name" FAIL "$LAST_DT" "$why"; parity_row "$name" FAIL "$why" ;;
+    esac
+    # Sampling with @decode's caches (the decode_attention kernel) and without, against PyTorch.
+    case "$name" in tiny-cuda|awkward-bf16-cuda) ;; *) continue ;; esac
+    max=$((parity_end - SECONDS))
+    [ "$max" -gt 60 ] && max=60
+    rc=0
+    boxed "decode-$name" "$max" 15 "$d/decode.log" "${KENV[@]}" PYTHONUNBUFFERED=1 "$PY" test/e2e/test_decode.py \
+      --exe "$d/kiln-exe" --spec "$spec" --workdir "$d/decode" || rc=$?
+    case "$rc" in
+      0) record "decode-$name" ok "$LAST_DT" "PASS"; parity_row "$name sample (kv cache)" PASS "$(grep -a '^ok' "$d/decode.log" | head -n 1)" ;;
+      200) parity_row "$name sample (kv cache)" skipped "out of time" ;;
+      124|137) record "decode-$name" "timed out" "$LAST_DT" ""; parity_row "$name sample (kv cache)" "timed out" "after $LAST_DT s" ;;
+      *) why=$(grep -a -m1 'FAIL' "$d/decode.log" || err_line "$d/decode.log")
+         record "decode-$name" FAIL "$LAST_DT" "$why"; parity_row "$name sample (kv cache)" FAIL "$why" ;;
     esac
   done
   record parity finished "" "$(cut -f2 "$PARITY_TSV" | sort | uniq -c | awk '{ $1 = $1 " x"; print }' | paste -sd ';' -)"

@@ -338,6 +338,37 @@ LogicalResult AttentionOp::verify() {
   return success();
 }
 
+// The cache's storage outlives the call only because nothing else in the function touches it:
+// the one decode_attention that stores into it and reads it back.
+LogicalResult KvCacheOp::verify() {
+  auto t = tensorType(getResult());
+  if (t.getRank() != 5 || t.getDimSize(0) != 2 || !t.getElementType().isF32())
+    return emitOpError() << "result must be f32 [2, B, H, S, hs] (keys, then values), got " << t;
+  if (!getResult().hasOneUse() || !isa<DecodeAttentionOp>(*getResult().getUsers().begin()) ||
+      getResult().getUses().begin()->getOperandNumber() != 1)
+    return emitOpError() << "result must have one use: the cache operand of a kiln.decode_attention";
+  return success();
+}
+
+LogicalResult DecodeAttentionOp::verify() {
+  auto qkv = tensorType(getQkv()), cache = tensorType(getCache()), out = tensorType(getResult());
+  const int64_t h = int64_t(getNumHeads());
+  if (qkv.getRank() != 2 || qkv.getDimSize(1) % 3 != 0)
+    return emitOpError() << "qkv must be [B, 3C], got " << shapeStr(qkv.getShape());
+  const int64_t b = qkv.getDimSize(0), c = qkv.getDimSize(1) / 3;
+  if (h <= 0 || c % h != 0) return emitOpError() << "num_heads " << h << " must divide the " << c << " channels";
+  if (cache.getRank() != 5 || cache.getDimSize(0) != 2 || cache.getDimSize(1) != b || cache.getDimSize(2) != h ||
+      cache.getDimSize(4) != c / h || !cache.getElementType().isF32())
+    return emitOpError() << "cache must be f32 [2, B = " << b << ", H = " << h << ", S, hs = " << c / h << "], got "
+                         << shapeStr(cache.getShape());
+  if (tensorType(getPosition()).getShape() != ArrayRef<int64_t>{1})
+    return emitOpError() << "position must be [1], got " << shapeStr(tensorType(getPosition()).getShape());
+  if (out.getShape() != ArrayRef<int64_t>{b, c} || out.getElementType() != qkv.getElementType())
+    return emitOpError() << "result must be " << shapeStr({b, c}) << " [B, C] in qkv's element type";
+  if (!getCache().getDefiningOp<KvCacheOp>()) return emitOpError() << "cache must be a kiln.kv_cache";
+  return success();
+}
+
 // The forward's operands and results, as kiln.attention relates them, and a gradient per qkv.
 LogicalResult AttentionGradOp::verify() {
   auto qkv = tensorType(getQkv());

@@ -434,6 +434,49 @@ def Kiln_AdamWOp : Kiln_Op<"adamw", [
 }
 
 //===----------------------------------------------------------------------===//
+// Incremental decoding (the sampler's @decode)
+//===----------------------------------------------------------------------===//
+
+def Kiln_KvCacheOp : Kiln_Op<"kv_cache", [Pure]> {
+  let summary = "one layer's key/value cache for incremental decoding";
+  let description = [{
+    `result : [2, B, H, S, hs]` f32 holds the keys (index 0) and values (index 1) of every
+    position decoded so far, for S positions of each of B rows and H heads. Its storage is
+    planned in the function's activation region and spans the whole call, and nothing else in
+    the function uses it, so it keeps its contents from one call of `@decode` to the next (as
+    long as no other program runs in between: they reuse that region). `name` says which
+    layer it serves, for reports.
+
+    ```mlir
+    %kv = kiln.kv_cache "h.0.attn" : tensor<2x4x2x32x8xf32>
+    ```
+  }];
+  let arguments = (ins StrAttr:$cache_name);
+  let results = (outs Kiln_FloatTensor:$result);
+  let assemblyFormat = "$cache_name attr-dict `:` type($result)";
+  let hasVerifier = 1;
+}
+
+def Kiln_DecodeAttentionOp : Kiln_Op<"decode_attention", [Pure]> {
+  let summary = "causal attention of one new position against a key/value cache";
+  let description = [{
+    `qkv : [B, 3C]` packs the query, key and value of the token at `position : [1]` (i32,
+    the same for every row) of each of B rows. The op stores that key and value into `cache`
+    (a `kiln.kv_cache` it alone uses) at `position`, then returns, per head of
+    `hs = C / num_heads` channels, `softmax(q k^T / sqrt(hs)) v` over cache positions
+    `0 .. position`: `result : [B, C]`, in qkv's element type. That is row `position` of
+    `kiln.attention` over the sequence the cache has seen, so `@decode` gives the logits
+    `@logits` gives at that position without recomputing the earlier ones. The runtime keeps
+    `position` below S; arithmetic is fp32 (the cache is fp32 whatever qkv's type).
+  }];
+  let arguments = (ins Kiln_FloatTensor:$qkv, Kiln_FloatTensor:$cache, Kiln_IndexTensor:$position,
+                       I64Attr:$num_heads);
+  let results = (outs Kiln_FloatTensor:$result);
+  let assemblyFormat = "$qkv `,` $cache `,` $position attr-dict `:` type($qkv) `,` type($cache) `,` type($position) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
 // Data parallelism
 //===----------------------------------------------------------------------===//
 

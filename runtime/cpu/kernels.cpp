@@ -251,6 +251,46 @@ void layernorm_bwd(float* dinp, float* dw, float* db, const float* dout, const f
 // ------------------------------------------------------------------------------------------------
 // Causal self-attention
 
+void decode_attention(float* out, float* cache, const float* qkv, int64_t p, int64_t B, int64_t C, int64_t H,
+                      int64_t S) {
+  const int64_t hs = C / H;
+  const float sc = 1.0f / std::sqrt(static_cast<float>(hs));
+#pragma omp parallel for collapse(2)
+  for (int64_t b = 0; b < B; b++) {
+    for (int64_t h = 0; h < H; h++) {
+      const float* q = qkv + b * 3 * C + h * hs;
+      float* keys = cache + (b * H + h) * S * hs;
+      float* values = keys + B * H * S * hs;
+      for (int64_t c = 0; c < hs; c++) {
+        keys[p * hs + c] = q[C + c];
+        values[p * hs + c] = q[2 * C + c];
+      }
+      // The online softmax of attention_fwd, over the cached positions.
+      float* o = out + b * C + h * hs;
+      for (int64_t c = 0; c < hs; c++) o[c] = 0.0f;
+      float m = -INFINITY, l = 0.0f;
+      for (int64_t t2 = 0; t2 <= p; t2++) {
+        const float* k = keys + t2 * hs;
+        const float* v = values + t2 * hs;
+        float s = 0.0f;
+        for (int64_t c = 0; c < hs; c++) s += q[c] * k[c];
+        s *= sc;
+        if (s > m) {
+          float r = expf(m - s);
+          l *= r;
+          for (int64_t c = 0; c < hs; c++) o[c] *= r;
+          m = s;
+        }
+        float e = expf(s - m);
+        l += e;
+        for (int64_t c = 0; c < hs; c++) o[c] += e * v[c];
+      }
+      const float inv = 1.0f / l;
+      for (int64_t c = 0; c < hs; c++) o[c] *= inv;
+    }
+  }
+}
+
 void attention_fwd(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t C,
                    int64_t H) {
   const int64_t hs = C / H;

@@ -76,7 +76,10 @@ DeviceExecutor::DeviceExecutor(const Module& module, const std::vector<std::stri
     Program& p = programs_[name];
     p.fb = module.program(name);
     plan(p);
+    // Decode's key/value caches keep their contents between runs (KILN_CUDA_POISON spares them).
+    for (uint32_t i : module.kept_buffers(*p.fb)) kept_.push_back({module.buffer(i).offset(), module.buffer(i).offset() + module.buffer(i).size()});
   }
+  std::sort(kept_.begin(), kept_.end());
   // After planning, which may have run products on the arena: the state starts as zeros (the
   // host uploads its own before the first run); activations are written by kernels before they
   // are read.
@@ -330,7 +333,15 @@ float DeviceExecutor::run(const std::string& name, std::map<std::string, std::pa
 
 float DeviceExecutor::run_program(Program& p, std::map<std::string, std::pair<double, int64_t>>* profile) {
   for (auto [begin, end] : host_written_) device_->upload(arena_ + begin, host_state_ + begin, end - begin);
-  if (poison_) device_->fill(arena_ + module_.fb().state_size(), 0xff, activation_bytes_);
+  if (poison_) {  // around the caches that must outlive the run
+    uint64_t at = module_.fb().state_size();
+    const uint64_t end = at + activation_bytes_;
+    for (auto [b, e] : kept_) {
+      if (b > at) device_->fill(arena_ + at, 0xff, std::min(b, end) - at);
+      at = std::max(at, e);
+    }
+    if (end > at) device_->fill(arena_ + at, 0xff, end - at);
+  }
   if (profile) {  // eagerly, a timing mark between steps; read once the program is done (below)
     device_->start_timing(p.steps.size() + 1);
     device_->mark(0);

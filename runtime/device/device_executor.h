@@ -32,7 +32,8 @@ class DeviceExecutor {
   // second run on) and returns the first element of its result buffer (read() gives the rest).
   // With `profile`, runs eagerly and adds each kernel's wall time (seconds, calls) by name.
   // KILN_CUDA_POISON=1 fills the activations with NaN bytes before every run, so that a kernel
-  // reading what no kernel wrote shows (the emulation tests run so).
+  // reading what no kernel wrote shows (the emulation tests run so); not decode's key/value
+  // caches, which hold what earlier runs stored.
   float run(const std::string& program, std::map<std::string, std::pair<double, int64_t>>* profile);
   void push_state();  // the host copy of the state region -> the device
   void pull_state();  // the device's state region -> the host copy
@@ -99,6 +100,7 @@ class DeviceExecutor {
   std::map<std::string, Program> programs_;
   Program zero_grads_;  // the gradient clears of zero_grads()
   std::vector<std::pair<uint64_t, uint64_t>> host_written_;  // [offset, end) of inputs and hypers
+  std::vector<std::pair<uint64_t, uint64_t>> kept_;  // [offset, end) of decode's key/value caches
   bool graphs_ = true, poison_ = false;
   uint64_t activation_bytes_ = 0;
   std::function<void(int64_t)> reduce_hook_;

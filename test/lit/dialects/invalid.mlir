@@ -741,6 +741,87 @@ func.func @f(%qkv: tensor<2x4x24xf32>) {
 }
 
 //===----------------------------------------------------------------------===//
+// kiln.kv_cache and kiln.decode_attention
+//===----------------------------------------------------------------------===//
+
+// -----
+
+// The cache holds keys and values, fp32, per row, head, position and channel.
+func.func @f(%qkv: tensor<2x24xf32>, %p: tensor<1xi32>) {
+  // expected-error@+1 {{'kiln.kv_cache' op result must be f32 [2, B, H, S, hs] (keys, then values), got 'tensor<3x2x2x8x4xf32>'}}
+  %kv = kiln.kv_cache "h.0.attn" : tensor<3x2x2x8x4xf32>
+  return
+}
+
+// -----
+
+// A cache is kept between calls only because nothing but its one decode attention touches it.
+func.func @f(%qkv: tensor<2x24xf32>, %p: tensor<1xi32>) {
+  // expected-error@+1 {{'kiln.kv_cache' op result must have one use: the cache operand of a kiln.decode_attention}}
+  %kv = kiln.kv_cache "h.0.attn" : tensor<2x2x2x8x4xf32>
+  %0 = kiln.decode_attention %qkv, %kv, %p {num_heads = 2 : i64} : tensor<2x24xf32>, tensor<2x2x2x8x4xf32>, tensor<1xi32> -> tensor<2x8xf32>
+  %1 = kiln.decode_attention %qkv, %kv, %p {num_heads = 2 : i64} : tensor<2x24xf32>, tensor<2x2x2x8x4xf32>, tensor<1xi32> -> tensor<2x8xf32>
+  return
+}
+
+// -----
+
+// qkv is one position per row: [B, 3C].
+func.func @f(%qkv: tensor<2x1x24xf32>, %kv: tensor<2x2x2x8x4xf32>, %p: tensor<1xi32>) {
+  // expected-error@+1 {{'kiln.decode_attention' op qkv must be [B, 3C], got [2, 1, 24]}}
+  %0 = kiln.decode_attention %qkv, %kv, %p {num_heads = 2 : i64} : tensor<2x1x24xf32>, tensor<2x2x2x8x4xf32>, tensor<1xi32> -> tensor<2x8xf32>
+  return
+}
+
+// -----
+
+// num_heads divides the channels.
+func.func @f(%qkv: tensor<2x24xf32>, %kv: tensor<2x2x3x8x4xf32>, %p: tensor<1xi32>) {
+  // expected-error@+1 {{'kiln.decode_attention' op num_heads 3 must divide the 8 channels}}
+  %0 = kiln.decode_attention %qkv, %kv, %p {num_heads = 3 : i64} : tensor<2x24xf32>, tensor<2x2x3x8x4xf32>, tensor<1xi32> -> tensor<2x8xf32>
+  return
+}
+
+// -----
+
+// The cache has qkv's rows, heads and head size.
+func.func @f(%qkv: tensor<2x24xf32>, %p: tensor<1xi32>) {
+  %kv = kiln.kv_cache "h.0.attn" : tensor<2x3x2x8x4xf32>
+  // expected-error@+1 {{'kiln.decode_attention' op cache must be f32 [2, B = 2, H = 2, S, hs = 4], got [2, 3, 2, 8, 4]}}
+  %0 = kiln.decode_attention %qkv, %kv, %p {num_heads = 2 : i64} : tensor<2x24xf32>, tensor<2x3x2x8x4xf32>, tensor<1xi32> -> tensor<2x8xf32>
+  return
+}
+
+// -----
+
+// One position for every row.
+func.func @f(%qkv: tensor<2x24xf32>, %p: tensor<2xi32>) {
+  %kv = kiln.kv_cache "h.0.attn" : tensor<2x2x2x8x4xf32>
+  // expected-error@+1 {{'kiln.decode_attention' op position must be [1], got [2]}}
+  %0 = kiln.decode_attention %qkv, %kv, %p {num_heads = 2 : i64} : tensor<2x24xf32>, tensor<2x2x2x8x4xf32>, tensor<2xi32> -> tensor<2x8xf32>
+  return
+}
+
+// -----
+
+// The result is [B, C] in qkv's element type.
+func.func @f(%qkv: tensor<2x24xbf16>, %p: tensor<1xi32>) {
+  %kv = kiln.kv_cache "h.0.attn" : tensor<2x2x2x8x4xf32>
+  // expected-error@+1 {{'kiln.decode_attention' op result must be [2, 8] [B, C] in qkv's element type}}
+  %0 = kiln.decode_attention %qkv, %kv, %p {num_heads = 2 : i64} : tensor<2x24xbf16>, tensor<2x2x2x8x4xf32>, tensor<1xi32> -> tensor<2x8xf32>
+  return
+}
+
+// -----
+
+// The cache is a kiln.kv_cache (storage the plan keeps for the whole call), not any tensor.
+func.func @f(%qkv: tensor<2x24xf32>, %kv: tensor<2x2x2x8x4xf32>, %p: tensor<1xi32>) {
+  // expected-error@+1 {{'kiln.decode_attention' op cache must be a kiln.kv_cache}}
+  %0 = kiln.decode_attention %qkv, %kv, %p {num_heads = 2 : i64} : tensor<2x24xf32>, tensor<2x2x2x8x4xf32>, tensor<1xi32> -> tensor<2x8xf32>
+  return
+}
+
+//===----------------------------------------------------------------------===//
 // kiln.attention_grad
 //===----------------------------------------------------------------------===//
 

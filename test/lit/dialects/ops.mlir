@@ -152,6 +152,16 @@ func.func @attention(%qkv: tensor<2x4x24xf32>) {
   return
 }
 
+// Incremental decoding: a layer's key/value cache and the attention of one position against it.
+// CHECK-LABEL: func.func @decode_attention
+// CHECK:         %[[KV:.*]] = kiln.kv_cache "h.0.attn" : tensor<2x2x2x8x4xf32>
+// CHECK:         kiln.decode_attention %{{.*}}, %[[KV]], %{{.*}} {num_heads = 2 : i64} : tensor<2x24xbf16>, tensor<2x2x2x8x4xf32>, tensor<1xi32> -> tensor<2x8xbf16>
+func.func @decode_attention(%qkv: tensor<2x24xbf16>, %p: tensor<1xi32>) {
+  %kv = kiln.kv_cache "h.0.attn" : tensor<2x2x2x8x4xf32>
+  %y = kiln.decode_attention %qkv, %kv, %p {num_heads = 2 : i64} : tensor<2x24xbf16>, tensor<2x2x2x8x4xf32>, tensor<1xi32> -> tensor<2x8xbf16>
+  return
+}
+
 // Cross-entropy (scalar loss + lse) and its gradient.
 // CHECK-LABEL: func.func @cross_entropy
 // CHECK-SAME:    (%[[LOGITS:.*]]: tensor<4x16xf32>, %[[T:.*]]: tensor<4xi32>)

@@ -53,3 +53,18 @@ func.func @forward() -> tensor<f32> {
   %loss, %lse = kiln.cross_entropy %logits, %t : tensor<4x32xf32>, tensor<4xi32> -> tensor<f32>, tensor<4xf32>
   return %loss : tensor<f32>
 }
+
+// @decode gets the policy too: decode attention reads bf16 qkv (a cast of the fp32 value here)
+// and gives bf16, while its key/value cache stays fp32.
+// CHECK-LABEL: func.func @decode
+// CHECK: %[[KV:.*]] = kiln.kv_cache "h.0.attn" : tensor<2x2x2x8x4xf32>
+// CHECK: %[[Q:.*]] = kiln.cast %{{.*}} : tensor<2x24xf32> -> tensor<2x24xbf16>
+// CHECK: kiln.decode_attention %[[Q]], %[[KV]], %{{.*}} {num_heads = 2 : i64} : tensor<2x24xbf16>, tensor<2x2x2x8x4xf32>, tensor<1xi32> -> tensor<2x8xbf16>
+kiln.parameter @qkv : tensor<2x24xf32> {init = "zeros"}
+func.func @decode() -> tensor<2x8xf32> {
+  %qkv = kiln.param @qkv : tensor<2x24xf32>
+  %p = kiln.input "position" : tensor<1xi32>
+  %kv = kiln.kv_cache "h.0.attn" : tensor<2x2x2x8x4xf32>
+  %y = kiln.decode_attention %qkv, %kv, %p {num_heads = 2 : i64} : tensor<2x24xf32>, tensor<2x2x2x8x4xf32>, tensor<1xi32> -> tensor<2x8xf32>
+  return %y : tensor<2x8xf32>
+}

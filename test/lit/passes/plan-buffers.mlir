@@ -47,3 +47,27 @@ func.func @forward() -> tensor<f32> {
   %l = kiln.reduce_sum %s : tensor<4x64xf32> -> tensor<f32>
   return %l : tensor<f32>
 }
+
+// -----
+
+// A key/value cache is live for the whole call, so nothing shares its storage and it keeps what
+// the previous call stored: the values after its last use (the transpose, the sum) take slots of
+// their own, not [0, 1024), which a cache live only from its op to its use would free for them.
+// CHECK-LABEL: func.func @decode
+// CHECK-SAME: kiln.arena_size = 1536
+// CHECK: kiln.gelu %{{.*}} {kiln.offsets = array<i64: 1024>}
+// CHECK: kiln.kv_cache "h.0.attn" {kiln.offsets = array<i64: 0>}
+// CHECK: kiln.decode_attention {{.*}} {kiln.offsets = array<i64: 1280>
+// CHECK: kiln.transpose {{.*}} {kiln.offsets = array<i64: 1024>}
+// CHECK: kiln.reduce_sum {{.*}} {kiln.offsets = array<i64: 1280>}
+kiln.parameter @w : tensor<2x24xf32> {init = "zeros"}
+func.func @decode() -> tensor<f32> {
+  %w = kiln.param @w : tensor<2x24xf32>
+  %p = kiln.input "position" : tensor<1xi32>
+  %qkv = kiln.gelu %w : tensor<2x24xf32>
+  %kv = kiln.kv_cache "h.0.attn" : tensor<2x2x2x8x4xf32>
+  %y = kiln.decode_attention %qkv, %kv, %p {num_heads = 2 : i64} : tensor<2x24xf32>, tensor<2x2x2x8x4xf32>, tensor<1xi32> -> tensor<2x8xf32>
+  %t = kiln.transpose %y : tensor<2x8xf32> -> tensor<8x2xf32>
+  %s = kiln.reduce_sum %t : tensor<8x2xf32> -> tensor<f32>
+  return %s : tensor<f32>
+}

@@ -1,0 +1,38 @@
+// Source for kiln.decode_attention (one new position per row against a key/value cache), for the
+// CPU and for CUDA: text appended after kernelPrelude(target) (bf16, ld/st, exp_f or expf,
+// warp_sum). Plain C++ (no MLIR).
+//
+// Per row b and head h, with p = position[0] and scale = 1 / sqrt(hs):
+//   cache[0, b, h, p] = k,  cache[1, b, h, p] = v      (the token's key and value, as fp32)
+//   s[t2] = scale q . cache[0, b, h, t2] for t2 <= p,  out = sum_t2 softmax(s)[t2] cache[1, b, h, t2]
+// which is row p of kiln.attention over the positions the cache holds. fp32 arithmetic; the
+// kernels do nothing for a position outside [0, S) (the runtime never passes one).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "compiler/attention_cuda.h"  // CudaKernelLaunch
+
+namespace kiln {
+
+struct DecodeAttentionShape {
+  int64_t B, C, H, S;  // rows, channels, heads, cached positions
+  bool bf16;           // qkv and out stored as bf16 (the cache is fp32)
+};
+
+// Operands of both: b[0] = qkv [B, 3C], b[1] = cache [2, B, H, S, hs] (fp32, read and written),
+// b[2] = position [1] (int32), b[3] = out [B, C].
+//   CPU: extern "C" void SYMBOL(void* const* b, const int64_t* range)
+std::string cpuDecodeAttention(const std::string& symbol, const DecodeAttentionShape& s);
+//   CUDA: extern "C" __global__ void SYMBOL(void* const* b, const long long* range), one block
+//   per (b, h); `launch` gets its grid and block.
+std::string cudaDecodeAttention(const std::string& symbol, const DecodeAttentionShape& s, CudaKernelLaunch& launch);
+
+// The arithmetic of one call at the last position (the most work): 4 B S C.
+double decodeAttentionFlops(const DecodeAttentionShape& s);
+
+// Both throw std::invalid_argument for a shape they do not handle (H not dividing C, a
+// non-positive size, CUDA: scores of S positions that do not fit in 40 KB of shared memory).
+
+}  // namespace kiln

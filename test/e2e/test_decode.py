@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""`sample` decodes with the key/value caches of @decode what PyTorch computes with the whole model.
+
+The test writes weights with a spread large enough that the logits are not all near 0
+(init_params' std times 5), continues a prompt of T/2 tokens by T more, so that each sequence
+outgrows the T cached positions half-way (from there on `sample` runs @logits over the last T
+tokens), for B+1 samples (a second round of rows starts the caches again, B-1 rows unused), and
+keeps the logits every token was drawn from (--logits-out). Then, for every sample and step:
+
+  * the logits equal PyTorch's over the last T tokens of the sequence so far within a relative
+    error per row, ||kiln - ref|| / ||ref||: in fp32 float64's (gpt2_reference.forward) within
+    1e-4; in bf16 those of the autocast reference (forward_bf16, test_parity's bf16 oracle) within
+    the bf16 tolerance (test_parity.bf16_tolerances: 5e-2 here);
+  * with --top-k 1 the token is the argmax of its logits (the lowest id among equal ones);
+  * --no-kv-cache (@logits at every step) gives the same within the same tolerance.
+
+  test_decode.py --kilnc build/bin/kilnc --spec test/e2e/configs/awkward.toml --workdir DIR
+                 [--kilnc-arg=--no-fusion] [--kilnc-arg=--runtime=build/bin/kiln-run-emulated]
+  test_decode.py --exe EXECUTABLE --spec SPEC --workdir DIR      (the executable of that spec)
+"""
+import argparse
+import os
+import subprocess
+import sys
+import tomllib
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpt2_reference as ref  # noqa: E402
+from test_parity import bf16_tolerances  # noqa: E402
+
+
+def run(cmd):
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"FAIL: {' '.join(cmd)} exited {r.returncode}:\n{r.stdout}{r.stderr}")
+    return r.stdout
+
+
+def samples(text):
+    return [[int(w) for w in line.split()] for line in text.splitlines() if not line.startswith("---")]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kilnc", help="compile the spec with this kilnc")
+    ap.add_argument("--exe", help="or run this executable (a cuda module on a GPU: bench/device/check.sh)")
+    ap.add_argument("--spec", required=True)
+    ap.add_argument("--workdir", required=True)
+    ap.add_argument("--kilnc-arg", action="append", default=[],
+                    help="an extra kilnc argument (--no-fusion, --runtime=kiln-run-emulated: the GPU path)")
+    a = ap.parse_args()
+    os.makedirs(a.workdir, exist_ok=True)
+    with open(a.spec, "rb") as f:
+        spec = tomllib.load(f)
+    cfg = ref.GPTConfig.from_dict(spec["model"])
+    B, T, V = spec["compile"]["batch_size"], spec["compile"]["seq_len"], cfg.vocab_size
+    bf16 = spec["compile"].get("precision", "fp32") == "bf16"
+    tol = bf16_tolerances(cfg, B, T)[0] if bf16 else 1e-4
+
+    if not a.kilnc and not a.exe:
+        sys.exit("test_decode.py: give --kilnc or --exe")
+    exe = a.exe or os.path.join(a.workdir, "gpt2")
+    if not a.exe:
+        run([a.kilnc, a.spec, "-o", exe] + a.kilnc_arg)
+    params = ref.init_params(cfg, seed=5)
+    for t in params.values():
+        if t.dim() == 2:
+            t.mul_(5.0)
+    weights = os.path.join(a.workdir, "w.safetensors")
+    ref.write_safetensors(weights, params)
+    p64 = ref.to_f64(params)
+
+    oracle = "PyTorch's bf16 autocast reference" if bf16 else "float64 PyTorch"
+
+    def reference(idx):
+        if not bf16:
+            return ref.forward(p64, idx, None, cfg)[0]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return ref.forward_bf16(params, idx, None, cfg, emulate_gemm=True)[0]
+
+    prompt = [int(x) for x in np.random.default_rng(1).integers(0, V, max(1, T // 2))]
+    new, n = T, B + 1
+    base = [exe, "sample", "--init", weights, "--prompt-ids", " ".join(map(str, prompt)),
+            "--max-new-tokens", str(new), "--num-samples", str(n), "--top-k", "1"]
+    print(f"{a.spec}: prompt {len(prompt)} tokens, {new} new ({T - len(prompt) + 1} from the caches, "
+          f"then @logits), {n} samples in rows of {B}; relative tolerance {tol:.1e}")
+    failures = 0
+    results = {}
+    for name, extra in (("kv cache", []), ("no kv cache", ["--no-kv-cache"])):
+        npy = os.path.join(a.workdir, f"{name.replace(' ', '-')}.npy")
+        seqs = samples(run(base + extra + ["--logits-out", npy]))
+        logits = torch.from_numpy(np.load(npy)).double()
+        assert logits.shape == (n, new, V), logits.shape
+        assert len(seqs) == n and all(len(s) == len(prompt) + new and s[: len(prompt)] == prompt for s in seqs)
+        results[name] = (logits, seqs)
+        worst, where = 0.0, None
+        with torch.no_grad():
+            for i, s in enumerate(seqs):
+                for step in range(new):
+                    ctx = s[: len(prompt) + step][-T:]
+                    want = reference(torch.tensor([ctx]))[0, -1, :V].double()
+                    got = logits[i, step]
+                    err = float((got - want).norm() / want.norm())
+                    if err > worst:
+                        worst, where = err, (i, step)
+                    if int(torch.argmax(got)) != s[len(prompt) + step]:
+                        print(f"FAIL {name}: sample {i + 1} step {step}: token {s[len(prompt) + step]} is not the "
+                              f"argmax {int(torch.argmax(got))} of its logits")
+                        failures += 1
+        ok = worst <= tol
+        failures += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} {name}: {n * new} rows of logits, worst relative error {worst:.2e} "
+              f"(sample {where[0] + 1}, step {where[1]}) against {oracle}")
+    # The two agree row by row while their sequences do (in bf16 an exact tie of two logits may
+    # part them: each is then checked against the reference above on its own).
+    (lk, sk), (lf, sf) = results["kv cache"], results["no kv cache"]
+    diff, rows = 0.0, 0
+    for i in range(n):
+        for step in range(new):
+            diff = max(diff, float((lk[i, step] - lf[i, step]).norm() / lf[i, step].norm()))
+            rows += 1
+            if sk[i][len(prompt) + step] != sf[i][len(prompt) + step]:
+                break
+    ok = diff <= tol
+    failures += not ok
+    print(f"{'ok  ' if ok else 'FAIL'} kv cache against no kv cache: worst relative difference {diff:.2e} over {rows} rows")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
