@@ -66,8 +66,8 @@ m, c = s["model"], s["compile"]
 print(m["n_layer"], m["n_head"], m["vocab_size"], c["batch_size"], c.get("seq_len", m["block_size"]))
 EOF
 )
-if [ $((PROMPT + NEW)) -gt "$T" ]; then
-  echo "sample_cpu.sh: --prompt-len + --new-tokens = $((PROMPT + NEW)) exceeds seq_len $T (past it both Kiln runs use the forward pass)" >&2
+if [ $((PROMPT + NEW - 1)) -gt "$T" ]; then  # the last token is sampled, not fed
+  echo "sample_cpu.sh: --prompt-len + --new-tokens - 1 = $((PROMPT + NEW - 1)) exceeds seq_len $T (past it both Kiln runs use the forward pass)" >&2
   exit 2
 fi
 echo "== sample_cpu.sh: $SPEC (L=$L H=$H V=$V, B=$B rows, T=$T), prompt $PROMPT + $NEW new tokens," \

@@ -1,6 +1,7 @@
 // Decode attention templates (see attention_decode.h).
 #include "compiler/attention_decode.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -25,14 +26,20 @@ std::vector<std::pair<std::string, std::string>> values(const std::string& symbo
                         " cached positions" + (s.bf16 ? ", bf16 qkv and out" : "")}};
 }
 
+// Cached positions whose scores one pass holds (on the CPU stack, in CUDA shared memory).
+constexpr int64_t kChunk = 2048;
+
 }  // namespace
 
 double decodeAttentionFlops(const DecodeAttentionShape& s) { return 4.0 * double(s.B) * double(s.S) * double(s.C); }
 
 std::string cpuDecodeAttention(const std::string& symbol, const DecodeAttentionShape& s) {
+  auto v = values(symbol, s);
+  v.push_back({"CHUNK", num(std::min<int64_t>(s.S, kChunk))});
   return fillTemplate(R"(// Decode attention (${SHAPE}). Per row bb and head h, at p = position:
 //   the token's k and v go into the cache at p; s[t2] = q . k[t2] / sqrt(hs) for t2 <= p;
-//   out = sum softmax(s)[t2] v[t2].
+//   out = sum softmax(s)[t2] v[t2], the softmax taken online over chunks of ${CHUNK} positions (a
+//   running max m, sum l and output o, rescaled by exp(m_old - m_new) when m grows).
 extern "C" void ${SYM}(void* const* b, const int64_t* range) {
   const ${ELT}* qkv = (const ${ELT}*)b[0];
   float* cache = (float*)b[1];  // [2, B, H, S, HS]: keys, then values
@@ -45,60 +52,71 @@ extern "C" void ${SYM}(void* const* b, const int64_t* range) {
       float* kc = cache + (bb * ${H} + h) * (int64_t)${S} * ${HS};
       float* vc = kc + (int64_t)${B} * ${H} * ${S} * ${HS};
       const int64_t row = bb * 3 * ${C} + h * ${HS};
-      float s[${S}], q[${HS}], o[${HS}];
+      float s[${CHUNK}], q[${HS}], o[${HS}];
       for (int64_t c = 0; c < ${HS}; ++c) {
         q[c] = ld(qkv, row + c) * ${SCALE};
         kc[p * ${HS} + c] = ld(qkv, row + ${C} + c);
         vc[p * ${HS} + c] = ld(qkv, row + 2 * ${C} + c);
+        o[c] = 0.0f;
       }
-      float m = -INFINITY;
-      for (int64_t t2 = 0; t2 <= p; ++t2) {
-        float dot = 0.0f;
+      float m = -INFINITY, l = 0.0f;
+      for (int64_t c0 = 0; c0 <= p; c0 += ${CHUNK}) {
+        const int64_t n = p + 1 - c0 < ${CHUNK} ? p + 1 - c0 : ${CHUNK};
+        float cm = m;
+        for (int64_t j = 0; j < n; ++j) {
+          float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-        for (int64_t c = 0; c < ${HS}; ++c) dot += q[c] * kc[t2 * ${HS} + c];
-        s[t2] = dot;
-        m = dot > m ? dot : m;
-      }
-      float l = 0.0f;
+          for (int64_t c = 0; c < ${HS}; ++c) dot += q[c] * kc[(c0 + j) * ${HS} + c];
+          s[j] = dot;
+          cm = dot > cm ? dot : cm;
+        }
+        const float r = exp_f(m - cm);  // 0 on the first chunk (m = -inf)
+        l *= r;
+        for (int64_t c = 0; c < ${HS}; ++c) o[c] *= r;
+        m = cm;
 #pragma omp simd reduction(+ : l)
-      for (int64_t t2 = 0; t2 <= p; ++t2) {
-        s[t2] = exp_f(s[t2] - m);
-        l += s[t2];
-      }
-      for (int64_t c = 0; c < ${HS}; ++c) o[c] = 0.0f;
-      for (int64_t t2 = 0; t2 <= p; ++t2) {
-        const float w = s[t2];
+        for (int64_t j = 0; j < n; ++j) {
+          s[j] = exp_f(s[j] - m);
+          l += s[j];
+        }
+        for (int64_t j = 0; j < n; ++j) {
+          const float w = s[j];
 #pragma omp simd
-        for (int64_t c = 0; c < ${HS}; ++c) o[c] += w * vc[t2 * ${HS} + c];
+          for (int64_t c = 0; c < ${HS}; ++c) o[c] += w * vc[(c0 + j) * ${HS} + c];
+        }
       }
       const float inv = 1.0f / l;
       for (int64_t c = 0; c < ${HS}; ++c) st(out, bb * ${C} + h * ${HS} + c, o[c] * inv);
     }
 }
 )",
-                      values(symbol, s));
+                      v);
 }
 
 std::string cudaDecodeAttention(const std::string& symbol, const DecodeAttentionShape& s, CudaKernelLaunch& launch) {
   auto v = values(symbol, s);
-  if ((s.S + s.C / s.H + 32) * 4 > 40 * 1024)
-    throw std::invalid_argument("decode attention: the scores of " + num(s.S) + " positions do not fit in shared memory");
-  if (s.B * s.H > (int64_t(1) << 31)) throw std::invalid_argument("decode attention: shape too large");
+  if (s.B * s.H >= (int64_t(1) << 31)) throw std::invalid_argument("decode attention: shape too large");
   constexpr int kThreads = 128;
+  const int64_t hs = s.C / s.H;
+  if (hs > 1024) throw std::invalid_argument("decode attention: head size above 1024");
   launch = {symbol, unsigned(s.B * s.H), kThreads};
   v.push_back({"THREADS", num(kThreads)});
+  v.push_back({"CHUNK", num(std::min<int64_t>(s.S, kChunk))});
+  v.push_back({"CPT", num((hs + kThreads - 1) / kThreads)});
   return fillTemplate(R"(// Decode attention (${SHAPE}): one block of ${THREADS} threads per (row, head).
-// At p = position: the token's k and v go into the cache at p; warps take the cached positions
-// t2 <= p in turn for the scores s[t2] = q . k[t2] / sqrt(hs) (lanes split the channels); after the
-// block's max and sum, each thread adds up one channel of out = sum softmax(s)[t2] v[t2].
+// At p = position: the token's k and v go into the cache at p. Then over chunks of ${CHUNK} cached
+// positions t2 <= p: warps take the positions in turn for the scores s[t2] = q . k[t2] / sqrt(hs)
+// (lanes split the channels); the chunk's max rescales the running sum l and the output o (each
+// thread holds channels threadIdx.x + ${THREADS} i), which then add the chunk's exp(s - max) and
+// its share of sum exp(s - max) v[t2].
 extern "C" __global__ void ${SYM}(void* const* b, const long long* range) {
-  constexpr int B = ${B}, C = ${C}, H = ${H}, S = ${S}, HS = ${HS}, WARPS = ${THREADS} / 32;
+  constexpr int B = ${B}, C = ${C}, H = ${H}, S = ${S}, HS = ${HS}, WARPS = ${THREADS} / 32, CHUNK = ${CHUNK}, CPT = ${CPT};
   const ${ELT}* qkv = (const ${ELT}*)b[0];
   float* cache = (float*)b[1];  // [2, B, H, S, HS]: keys, then values
   const int p = ((const int32_t*)b[2])[0];
   ${ELT}* out = (${ELT}*)b[3];
   if (p < 0 || p >= S) return;
-  __shared__ float q[HS], s[S], part[WARPS];
+  __shared__ float q[HS], s[CHUNK], part[WARPS];
   const int bb = blockIdx.x / H, h = blockIdx.x % H, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   float* kc = cache + ((long long)bb * H + h) * S * HS;
   float* vc = kc + (long long)B * H * S * HS;
@@ -109,35 +127,50 @@ extern "C" __global__ void ${SYM}(void* const* b, const long long* range) {
     vc[(long long)p * HS + c] = ld(qkv, row + 2 * C + c);
   }
   __syncthreads();
-  float m = -INFINITY;
-  for (int t2 = warp; t2 <= p; t2 += WARPS) {
-    float dot = 0.0f;
-    for (int c = lane; c < HS; c += 32) dot += q[c] * kc[(long long)t2 * HS + c];
-    dot = warp_sum(dot);
-    if (lane == 0) s[t2] = dot;
-    m = fmaxf(m, dot);
+  float m = -INFINITY, l = 0.0f, o[CPT];
+  for (int i = 0; i < CPT; ++i) o[i] = 0.0f;
+  for (int c0 = 0; c0 <= p; c0 += CHUNK) {
+    const int n = p + 1 - c0 < CHUNK ? p + 1 - c0 : CHUNK;
+    float cm = -INFINITY;
+    for (int j = warp; j < n; j += WARPS) {
+      float dot = 0.0f;
+      for (int c = lane; c < HS; c += 32) dot += q[c] * kc[(long long)(c0 + j) * HS + c];
+      dot = warp_sum(dot);
+      if (lane == 0) s[j] = dot;
+      cm = fmaxf(cm, dot);
+    }
+    if (lane == 0) part[warp] = cm;
+    __syncthreads();
+    cm = m;
+    for (int w = 0; w < WARPS; ++w) cm = fmaxf(cm, part[w]);
+    __syncthreads();  // every thread has read part[] before it is reused
+    const float r = expf(m - cm);  // 0 on the first chunk (m = -inf)
+    m = cm;
+    float cl = 0.0f;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+      const float e = expf(s[j] - m);
+      s[j] = e;
+      cl += e;
+    }
+    cl = warp_sum(cl);
+    if (lane == 0) part[warp] = cl;
+    __syncthreads();
+    cl = 0.0f;
+    for (int w = 0; w < WARPS; ++w) cl += part[w];
+    l = l * r + cl;
+    for (int i = 0; i < CPT; ++i) {
+      const int c = threadIdx.x + i * ${THREADS};
+      if (c >= HS) break;
+      float acc = o[i] * r;
+      for (int j = 0; j < n; ++j) acc += s[j] * vc[(long long)(c0 + j) * HS + c];
+      o[i] = acc;
+    }
+    __syncthreads();  // s[] and part[] are free for the next chunk
   }
-  if (lane == 0) part[warp] = m;
-  __syncthreads();
-  m = part[0];
-  for (int w = 1; w < WARPS; ++w) m = fmaxf(m, part[w]);
-  __syncthreads();  // every thread has read part[] before it is reused
-  float l = 0.0f;
-  for (int t2 = threadIdx.x; t2 <= p; t2 += blockDim.x) {
-    const float e = expf(s[t2] - m);
-    s[t2] = e;
-    l += e;
-  }
-  l = warp_sum(l);
-  if (lane == 0) part[warp] = l;
-  __syncthreads();
-  l = 0.0f;
-  for (int w = 0; w < WARPS; ++w) l += part[w];
   const float inv = 1.0f / l;
-  for (int c = threadIdx.x; c < HS; c += blockDim.x) {
-    float o = 0.0f;
-    for (int t2 = 0; t2 <= p; ++t2) o += s[t2] * vc[(long long)t2 * HS + c];
-    st(out, (long long)bb * C + h * HS + c, o * inv);
+  for (int i = 0; i < CPT; ++i) {
+    const int c = threadIdx.x + i * ${THREADS};
+    if (c < HS) st(out, (long long)bb * C + h * HS + c, o[i] * inv);
   }
 }
 )",

@@ -32,7 +32,8 @@ std::string cudaDecodeAttention(const std::string& symbol, const DecodeAttention
 // The arithmetic of one call at the last position (the most work): 4 B S C.
 double decodeAttentionFlops(const DecodeAttentionShape& s);
 
-// Both throw std::invalid_argument for a shape they do not handle (H not dividing C, a
-// non-positive size, CUDA: scores of S positions that do not fit in 40 KB of shared memory).
+// Both take the softmax online over chunks of up to 2048 cached positions, so S has no limit.
+// They throw std::invalid_argument for a shape they do not handle (H not dividing C, a
+// non-positive size; CUDA: a head size above 1024, 2^31 or more (row, head) pairs).
 
 }  // namespace kiln

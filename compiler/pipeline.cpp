@@ -161,7 +161,11 @@ LogicalResult checkSpecAgainstIR(ModuleOp module, const ModelSpec& s) {
         return op->emitError() << op->getName() << " has " << classes
                                << " classes, fewer than 'kiln.spec' vocab_size = " << V
                                << " (the targets are token ids below it)";
-    } else if (isa<AttentionOp, AttentionGradOp, DecodeAttentionOp>(op)) {
+    } else if (auto d = dyn_cast<DecodeAttentionOp>(op); d && inputNameOf(d.getPosition()) != "position") {
+      // The sampler sets only that input, and keeps it below seq_len.
+      return d.emitError() << "kiln.decode_attention must read its position from kiln.input \"position\"";
+    }
+    if (isa<AttentionOp, AttentionGradOp, DecodeAttentionOp>(op)) {
       const int64_t h = op->getAttrOfType<IntegerAttr>("num_heads").getInt();
       if (h != H)
         return op->emitError() << op->getName() << " has num_heads = " << h

@@ -86,7 +86,7 @@ class GPT2Builder {
   // kiln.kv_cache per layer of seq_len positions instead of attending over the whole sequence.
   Value buildDecode() {
     const int64_t B = spec_.batch_size, T = spec_.seq_len, C = spec_.n_embd, H = spec_.n_head;
-    const int64_t Vp = paddedVocab(), L = spec_.n_layer;
+    const int64_t Vp = paddedVocab();
     // x = wte[token] + wpe[position]
     loc_ = at("embed");
     Value token = b_.create<InputOp>(loc_, itensor({B}), "token");
@@ -97,29 +97,18 @@ class GPT2Builder {
     Value pos = b_.create<EmbeddingOp>(loc_, tensor({1, C}), param("wpe.weight"), position);
     Value x3 = b_.create<AddOp>(loc_, tok, b_.create<BroadcastOp>(loc_, tensor({B, 1, C}), pos));
     Value x = reshape(x3, {B, C});
-
-    for (int64_t i = 0; i < L; ++i) {
-      std::string h = "h." + std::to_string(i) + ".";
-      loc_ = at(h + "attn");
-      Value a = layerNorm(x, h + "ln_1");
-      Value qkv = linear(a, h + "attn.c_attn", 3 * C);
+    Value f = layers(x, [&](Value qkv, const std::string& h) -> Value {
       Value cache = b_.create<KvCacheOp>(loc_, tensor({2, B, H, T, C / H}), h + "attn");
-      Value y = b_.create<DecodeAttentionOp>(loc_, tensor({B, C}), qkv, cache, position, H);
-      x = b_.create<AddOp>(loc_, x, linear(y, h + "attn.c_proj", C));
-
-      loc_ = at(h + "mlp");
-      Value m = layerNorm(x, h + "ln_2");
-      Value u = b_.create<GeluOp>(loc_, linear(m, h + "mlp.c_fc", 4 * C));
-      x = b_.create<AddOp>(loc_, x, linear(u, h + "mlp.c_proj", C));
-    }
+      return b_.create<DecodeAttentionOp>(loc_, tensor({B, C}), qkv, cache, position, H);
+    });
     loc_ = at("head");
-    return b_.create<MatmulOp>(loc_, tensor({B, Vp}), layerNorm(x, "ln_f"), wte, false, true);
+    return b_.create<MatmulOp>(loc_, tensor({B, Vp}), f, wte, false, true);
   }
 
   // The forward pass from the token ids to the logits [B*T, Vp], at the insertion point.
   Value buildLogits() {
     const int64_t B = spec_.batch_size, T = spec_.seq_len, C = spec_.n_embd, N = B * T;
-    const int64_t Vp = paddedVocab(), L = spec_.n_layer;
+    const int64_t Vp = paddedVocab();
     // x = wte[idx] + wpe[0:T]
     loc_ = at("embed");
     Value idx = b_.create<InputOp>(loc_, itensor({B, T}), "idx");
@@ -129,30 +118,38 @@ class GPT2Builder {
     Value pos = b_.create<EmbeddingOp>(loc_, tensor({T, C}), param("wpe.weight"), positions);
     Value x3 = b_.create<AddOp>(loc_, tok, b_.create<BroadcastOp>(loc_, tensor({B, T, C}), pos));
     Value x = reshape(x3, {N, C});
-
-    for (int64_t i = 0; i < L; ++i) {
-      std::string h = "h." + std::to_string(i) + ".";
-      loc_ = at(h + "attn");
-      Value a = layerNorm(x, h + "ln_1");
-      Value qkv = linear(a, h + "attn.c_attn", 3 * C);
+    Value f = layers(x, [&](Value qkv, const std::string&) -> Value {
       auto attn = b_.create<AttentionOp>(loc_, tensor({B, T, C}), tensor({B, spec_.n_head, T}),
                                          reshape(qkv, {B, T, 3 * C}), spec_.n_head);
-      Value y = linear(reshape(attn.getResult(), {N, C}), h + "attn.c_proj", C);
-      x = b_.create<AddOp>(loc_, x, y);
+      return reshape(attn.getResult(), {N, C});
+    });
+
+    // logits = ln_f(x) @ wte^T (tied head, no bias).
+    loc_ = at("head");
+    return b_.create<MatmulOp>(loc_, tensor({N, Vp}), f, wte, false, true);
+  }
+
+ private:
+  // The transformer blocks over activations x [rows, C], then ln_f: pre-norm attention and MLP,
+  // each added to the residual stream. `attention` maps a block's packed q|k|v [rows, 3C] to its
+  // heads' outputs [rows, C] (h: the block's name prefix, "h.3.").
+  Value layers(Value x, llvm::function_ref<Value(Value qkv, const std::string& h)> attention) {
+    const int64_t C = spec_.n_embd;
+    for (int64_t i = 0; i < spec_.n_layer; ++i) {
+      std::string h = "h." + std::to_string(i) + ".";
+      loc_ = at(h + "attn");
+      Value qkv = linear(layerNorm(x, h + "ln_1"), h + "attn.c_attn", 3 * C);
+      x = b_.create<AddOp>(loc_, x, linear(attention(qkv, h), h + "attn.c_proj", C));
 
       loc_ = at(h + "mlp");
       Value m = layerNorm(x, h + "ln_2");
       Value u = b_.create<GeluOp>(loc_, linear(m, h + "mlp.c_fc", 4 * C));
       x = b_.create<AddOp>(loc_, x, linear(u, h + "mlp.c_proj", C));
     }
-
-    // logits = ln_f(x) @ wte^T (tied head, no bias).
     loc_ = at("head");
-    Value f = layerNorm(x, "ln_f");
-    return b_.create<MatmulOp>(loc_, tensor({N, Vp}), f, wte, false, true);
+    return layerNorm(x, "ln_f");
   }
 
- private:
   // Rows of wte: the vocabulary rounded up to a multiple of 128.
   int64_t paddedVocab() const { return (int64_t(spec_.vocab_size) + 127) / 128 * 128; }
   RankedTensorType tensor(ArrayRef<int64_t> shape) { return RankedTensorType::get(shape, f32_); }

@@ -4,11 +4,13 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -100,7 +102,14 @@ struct SampleCommand {
   CLI::Option* prompt_ids_opt = nullptr;
   bool no_kv_cache = false;
   std::string logits_out;
+  CLI::Option* logits_out_opt = nullptr;
 };
+
+std::string fixed(double v, int digits) {
+  char text[64];
+  std::snprintf(text, sizeof text, "%.*f", digits, v);
+  return text;
+}
 
 // A float32 .npy file (format 1.0) of `data` in C order.
 void write_npy(const std::string& path, const std::vector<float>& data, const std::vector<int64_t>& shape) {
@@ -158,7 +167,7 @@ void add_sample_options(CLI::App& cmd, SampleCommand& c) {
   cmd.add_flag("--no-kv-cache", c.no_kv_cache,
                "run the whole forward pass over the last seq_len tokens for every new token, not one "
                "position at a time over cached keys and values (slower; the same numbers up to rounding)");
-  cmd.add_option("--logits-out", c.logits_out,
+  c.logits_out_opt = cmd.add_option("--logits-out", c.logits_out,
                  "write the logits each new token was drawn from to this .npy file (float32, "
                  "[num-samples, max-new-tokens, vocabulary])");
   cmd.add_option("--tokenizer", c.tokenizer,
@@ -211,12 +220,23 @@ int run_sample(const Module& module, SampleCommand& c) {
     };
   }
   std::vector<float> logits;
-  if (!c.logits_out.empty()) {
+  if (c.logits_out_opt->count()) {
     // Said before the sampling, not after it.
+    if (c.logits_out.empty()) throw Error("--logits-out: needs a file name");
     const std::filesystem::path dir = std::filesystem::path(c.logits_out).parent_path();
     std::error_code ec;
     if (!dir.empty() && !std::filesystem::is_directory(dir, ec))
-      throw Error("--logits-out: " + c.logits_out + ": the folder " + dir.string() + " does not exist");
+      throw Error("--logits-out: " + c.logits_out + ": " + dir.string() +
+                  (std::filesystem::exists(dir, ec) ? " is not a folder" : " does not exist"));
+    if (std::filesystem::is_directory(c.logits_out, ec)) throw Error("--logits-out: " + c.logits_out + " is a folder");
+    // Where the file will be written: a folder it cannot create files in shows now.
+    const std::string probe = c.logits_out + ".probe." + std::to_string(::getpid());
+    if (std::FILE* f = std::fopen(probe.c_str(), "wb")) {
+      std::fclose(f);
+      std::remove(probe.c_str());
+    } else {
+      throw Error("--logits-out: " + c.logits_out + ": cannot create a file there (" + std::strerror(errno) + ")");
+    }
     c.options.logits_out = &logits;
   }
   SampleOptions::Times times;
@@ -231,8 +251,6 @@ int run_sample(const Module& module, SampleCommand& c) {
   c.options.progress = nullptr;  // it refers to this function's locals
   c.options.logits_out = nullptr;
   c.options.times = nullptr;
-  if (!c.logits_out.empty())
-    write_npy(c.logits_out, logits, {c.options.num_samples, c.options.max_new_tokens, int64_t(V)});
   if (shown) std::fprintf(stderr, "\r%*s\r", 72, "");
   for (size_t i = 0; i < samples.size(); ++i) {
     std::printf("--- sample %zu ---\n", i + 1);
@@ -247,14 +265,20 @@ int run_sample(const Module& module, SampleCommand& c) {
     }
   }
   flush_stdout();
+  // After the samples, which a failed write must not lose.
+  if (c.logits_out_opt->count())
+    write_npy(c.logits_out, logits, {c.options.num_samples, c.options.max_new_tokens, int64_t(V)});
   // Where the time went (stderr): the prompt is read in each round's first step.
   const double total = times.first_steps_s + times.other_steps_s;
-  if (times.other_steps > 0)
-    std::fprintf(stderr, "sample: %zu x %lld new tokens in %.2f s; after each round's first step (which reads the prompt) "
-                 "%.2f ms per step, %.0f tokens/s\n", samples.size(), (long long)c.options.max_new_tokens, total,
-                 1e3 * times.other_steps_s / double(times.other_steps), double(times.other_tokens) / times.other_steps_s);
-  else
-    std::fprintf(stderr, "sample: %zu x %lld new tokens in %.2f s\n", samples.size(), (long long)c.options.max_new_tokens, total);
+  std::string line = "sample: " + std::to_string(samples.size()) + " x " + std::to_string(c.options.max_new_tokens) +
+                     " new tokens in " + fixed(total, 2) + " s";
+  if (times.other_steps > 0 && times.other_steps_s > 0)
+    line += "; after each round's first step (which reads the prompt) " +
+            fixed(1e3 * times.other_steps_s / double(times.other_steps), 2) + " ms per step, " +
+            fixed(double(times.other_tokens) / times.other_steps_s, 0) + " tokens/s";
+  line += "; logits of " + std::to_string(times.decode_steps) + " steps by @decode (key/value caches), " +
+          std::to_string(times.logits_steps) + " by @logits";
+  std::fprintf(stderr, "%s\n", line.c_str());
   return 0;
 }
 

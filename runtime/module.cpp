@@ -3,6 +3,7 @@
 // indices, sizes inside the arena, one instruction's operands against its opcode).
 #include "runtime/module.h"
 
+#include <algorithm>
 #include <set>
 #include <string>
 
@@ -246,6 +247,24 @@ void Module::verify() const {
   if (program("logits") && !has_idx) bad("program logits", "needs the inputs 'idx' (kiln.input ops of the IR)");
   if (program("decode") && !(has_token && has_position))
     bad("program decode", "needs the inputs 'token' and 'position' (kiln.input ops of the IR)");
+  // A key/value cache is an fp32 activation of seq_len positions per row (the sampler decodes
+  // positions below T), which only its own decode attention reads and writes.
+  const int64_t C = md.n_embd();
+  for (const fb::Program* prog : *fb_->programs()) {
+    const std::vector<uint32_t> kept = kept_buffers(*prog);
+    std::set<uint32_t> seen;
+    for (uint32_t i : kept) {
+      const std::string where = "program " + prog->name()->str() + ": key/value cache buffers[" + std::to_string(i) + "]";
+      check_index(i, where);
+      const fb::Buffer& b = buffer(i);
+      if (b.kind() != fb::BufferKind::Activation || b.dtype() != fb::DType::F32 || numel(b) != 2 * B * T * C)
+        bad(where, "must be an F32 activation of 2 x B x T x C = " + std::to_string(2 * B * T * C) + " values");
+      if (!seen.insert(i).second) bad(where, "serves two decode attentions");
+      for (const fb::Instr* ins : *prog->instrs())
+        if (std::find(ins->outputs()->begin(), ins->outputs()->end(), i) != ins->outputs()->end())
+          bad(where, "is an instruction's output (only its decode attention may write it)");
+    }
+  }
   for (const fb::Parameter* p : *fb_->parameters())
     if (p->name()->str() == "wte.weight" && (p->shape()->size() != 2 || p->shape()->Get(0) < V))
       bad("parameter wte.weight", "has fewer rows than the model's vocabulary of " + std::to_string(V));

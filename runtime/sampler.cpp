@@ -48,13 +48,32 @@ std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t
                   " of the logits (recompile with this kilnc)");
   }
 
+  // Everything is kept until the end: refused up front when it cannot be (not killed half-way).
+  // The caps (8 GiB each) are far above any real use.
+  int64_t tokens = 0;
+  if (__builtin_mul_overflow(o.num_samples, int64_t(prompt.size()) + o.max_new_tokens, &tokens) ||
+      tokens > (int64_t(1) << 31))
+    throw Error("sample: " + std::to_string(o.num_samples) + " samples of " +
+                std::to_string(int64_t(prompt.size()) + o.max_new_tokens) + " tokens are more than the 2^31 tokens it keeps");
+  if (o.logits_out) {
+    int64_t n = 0;
+    if (__builtin_mul_overflow(o.num_samples, o.max_new_tokens, &n) || __builtin_mul_overflow(n, V, &n) ||
+        n > (int64_t(1) << 31))
+      throw Error("--logits-out: " + std::to_string(o.num_samples) + " x " + std::to_string(o.max_new_tokens) + " x " +
+                  std::to_string(V) + " logits are more than the 2^31 it keeps");
+    try {
+      o.logits_out->assign(size_t(n), 0.0f);
+    } catch (const std::bad_alloc&) {
+      throw Error("--logits-out: " + std::to_string(o.num_samples) + " x " + std::to_string(o.max_new_tokens) + " x " +
+                  std::to_string(V) + " logits (" + std::to_string(n / (1 << 28)) + " GiB) do not fit in memory");
+    }
+  }
   std::vector<std::vector<int32_t>> out(static_cast<size_t>(o.num_samples), prompt);
   Rng rng{o.seed};
   std::vector<float> row(static_cast<size_t>(V));
   std::vector<int32_t> order(static_cast<size_t>(V));
   const int64_t passes = (o.num_samples + B - 1) / B * o.max_new_tokens;
   int64_t passes_done = 0;
-  if (o.logits_out) o.logits_out->assign(size_t(o.num_samples * o.max_new_tokens * V), 0.0f);
   // Samples the `step`th new token of sample `s` from the V logits at element `at` of `result`'s
   // buffer.
   auto pick_from = [&](uint32_t result, int64_t at, int64_t s, int64_t step) {
@@ -91,6 +110,7 @@ std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t
     for (int64_t step = 0; step < o.max_new_tokens; ++step) {
       const auto t0 = std::chrono::steady_clock::now();
       const int64_t len = int64_t(out[size_t(first)].size());
+      if (o.times) ++(decode && len <= T ? o.times->decode_steps : o.times->logits_steps);
       if (decode && len <= T) {
         // Feed the positions the caches lack (the prompt at the first step, then the last token);
         // the last call's logits are those of position len - 1.

@@ -25,6 +25,7 @@ struct SampleOptions {
   struct Times {
     double first_steps_s = 0, other_steps_s = 0;
     int64_t first_steps = 0, other_steps = 0, other_tokens = 0;  // tokens: one per row of a step
+    int64_t decode_steps = 0, logits_steps = 0;  // which program gave each step's logits
   }* times = nullptr;
   // Called after each forward pass with the passes done and the passes in all
   // (ceil(num_samples / B) * max_new_tokens): for a progress line.

@@ -347,6 +347,11 @@ LogicalResult KvCacheOp::verify() {
   if (!getResult().hasOneUse() || !isa<DecodeAttentionOp>(*getResult().getUsers().begin()) ||
       getResult().getUses().begin()->getOperandNumber() != 1)
     return emitOpError() << "result must have one use: the cache operand of a kiln.decode_attention";
+  // Two caches of one name are one value to CSE, which would then have two uses.
+  if (Block *block = (*this)->getBlock())
+    for (auto other : block->getOps<KvCacheOp>())
+      if (other != *this && other.getCacheName() == getCacheName())
+        return emitOpError() << "another kiln.kv_cache in this block is named \"" << getCacheName() << "\"";
   return success();
 }
 

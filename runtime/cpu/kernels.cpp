@@ -251,6 +251,38 @@ void layernorm_bwd(float* dinp, float* dw, float* db, const float* dout, const f
 // ------------------------------------------------------------------------------------------------
 // Causal self-attention
 
+namespace {
+
+// One query row: o[hs] = sum_t softmax(q . k[t] * sc) v[t] over the n keys k[t] = k + t * stride
+// (values likewise), by the online softmax: o accumulates sum_t exp(s[t] - m) v[t] and l the
+// matching normaliser, both rescaled by exp(m_old - m_new) whenever the running max m grows.
+// Returns the log-sum-exp of the scaled scores.
+float attend(float* o, const float* q, const float* k, const float* v, int64_t n, int64_t stride, int64_t hs,
+             float sc) {
+  for (int64_t c = 0; c < hs; c++) o[c] = 0.0f;
+  float m = -INFINITY;
+  float l = 0.0f;
+  for (int64_t t = 0; t < n; t++, k += stride, v += stride) {
+    float s = 0.0f;
+    for (int64_t c = 0; c < hs; c++) s += q[c] * k[c];
+    s *= sc;
+    if (s > m) {
+      float r = expf(m - s);  // 0 on the first key (m = -inf)
+      l *= r;
+      for (int64_t c = 0; c < hs; c++) o[c] *= r;
+      m = s;
+    }
+    float e = expf(s - m);
+    l += e;
+    for (int64_t c = 0; c < hs; c++) o[c] += e * v[c];
+  }
+  const float inv = 1.0f / l;
+  for (int64_t c = 0; c < hs; c++) o[c] *= inv;
+  return m + logf(l);
+}
+
+}  // namespace
+
 void decode_attention(float* out, float* cache, const float* qkv, int64_t p, int64_t B, int64_t C, int64_t H,
                       int64_t S) {
   const int64_t hs = C / H;
@@ -265,28 +297,7 @@ void decode_attention(float* out, float* cache, const float* qkv, int64_t p, int
         keys[p * hs + c] = q[C + c];
         values[p * hs + c] = q[2 * C + c];
       }
-      // The online softmax of attention_fwd, over the cached positions.
-      float* o = out + b * C + h * hs;
-      for (int64_t c = 0; c < hs; c++) o[c] = 0.0f;
-      float m = -INFINITY, l = 0.0f;
-      for (int64_t t2 = 0; t2 <= p; t2++) {
-        const float* k = keys + t2 * hs;
-        const float* v = values + t2 * hs;
-        float s = 0.0f;
-        for (int64_t c = 0; c < hs; c++) s += q[c] * k[c];
-        s *= sc;
-        if (s > m) {
-          float r = expf(m - s);
-          l *= r;
-          for (int64_t c = 0; c < hs; c++) o[c] *= r;
-          m = s;
-        }
-        float e = expf(s - m);
-        l += e;
-        for (int64_t c = 0; c < hs; c++) o[c] += e * v[c];
-      }
-      const float inv = 1.0f / l;
-      for (int64_t c = 0; c < hs; c++) o[c] *= inv;
+      attend(out + b * C + h * hs, q, keys, values, p + 1, hs, hs, sc);
     }
   }
 }
@@ -302,33 +313,9 @@ void attention_fwd(float* out, float* lse, const float* qkv, int64_t B, int64_t 
   for (int64_t b = 0; b < B; b++) {
     for (int64_t h = 0; h < H; h++) {
       for (int64_t t = 0; t < T; t++) {
-        const float* q = qkv + (b * T + t) * C3 + h * hs;
-        float* o = out + (b * T + t) * C + h * hs;
-        for (int64_t c = 0; c < hs; c++) o[c] = 0.0f;
-
-        // Online softmax: o accumulates sum_t2 exp(s[t2] - m) v[t2] and l the matching
-        // normaliser, both rescaled by exp(m_old - m_new) whenever the running max m grows.
-        float m = -INFINITY;
-        float l = 0.0f;
-        for (int64_t t2 = 0; t2 <= t; t2++) {
-          const float* k = qkv + (b * T + t2) * C3 + C + h * hs;
-          const float* v = qkv + (b * T + t2) * C3 + 2 * C + h * hs;
-          float s = 0.0f;
-          for (int64_t c = 0; c < hs; c++) s += q[c] * k[c];
-          s *= sc;
-          if (s > m) {
-            float r = expf(m - s);  // 0 on the first key (m = -inf)
-            l *= r;
-            for (int64_t c = 0; c < hs; c++) o[c] *= r;
-            m = s;
-          }
-          float e = expf(s - m);
-          l += e;
-          for (int64_t c = 0; c < hs; c++) o[c] += e * v[c];
-        }
-        const float inv = 1.0f / l;
-        for (int64_t c = 0; c < hs; c++) o[c] *= inv;
-        lse[(b * H + h) * T + t] = m + logf(l);
+        const float* row = qkv + b * T * C3 + h * hs;  // token 0 of this row and head
+        lse[(b * H + h) * T + t] =
+            attend(out + (b * T + t) * C + h * hs, row + t * C3, row + C, row + 2 * C, t + 1, C3, hs, sc);
       }
     }
   }

@@ -77,9 +77,10 @@ DeviceExecutor::DeviceExecutor(const Module& module, const std::vector<std::stri
     p.fb = module.program(name);
     plan(p);
     // Decode's key/value caches keep their contents between runs (KILN_CUDA_POISON spares them).
-    for (uint32_t i : module.kept_buffers(*p.fb)) kept_.push_back({module.buffer(i).offset(), module.buffer(i).offset() + module.buffer(i).size()});
+    for (uint32_t i : module.kept_buffers(*p.fb))
+      p.kept.push_back({module.buffer(i).offset(), module.buffer(i).offset() + module.buffer(i).size()});
+    std::sort(p.kept.begin(), p.kept.end());
   }
-  std::sort(kept_.begin(), kept_.end());
   // After planning, which may have run products on the arena: the state starts as zeros (the
   // host uploads its own before the first run); activations are written by kernels before they
   // are read.
@@ -336,7 +337,7 @@ float DeviceExecutor::run_program(Program& p, std::map<std::string, std::pair<do
   if (poison_) {  // around the caches that must outlive the run
     uint64_t at = module_.fb().state_size();
     const uint64_t end = at + activation_bytes_;
-    for (auto [b, e] : kept_) {
+    for (auto [b, e] : p.kept) {
       if (b > at) device_->fill(arena_ + at, 0xff, std::min(b, end) - at);
       at = std::max(at, e);
     }

@@ -78,6 +78,7 @@ class DeviceExecutor {
     bool host_hooks = false;  // has Reduce or Wait steps
     bool graph_ready = false;
     Device::Graph graph = 0;
+    std::vector<std::pair<uint64_t, uint64_t>> kept;  // [offset, end) of decode's key/value caches
   };
   float run_program(Program& p, std::map<std::string, std::pair<double, int64_t>>* profile);
   void plan(Program& p);
@@ -100,7 +101,6 @@ class DeviceExecutor {
   std::map<std::string, Program> programs_;
   Program zero_grads_;  // the gradient clears of zero_grads()
   std::vector<std::pair<uint64_t, uint64_t>> host_written_;  // [offset, end) of inputs and hypers
-  std::vector<std::pair<uint64_t, uint64_t>> kept_;  // [offset, end) of decode's key/value caches
   bool graphs_ = true, poison_ = false;
   uint64_t activation_bytes_ = 0;
   std::function<void(int64_t)> reduce_hook_;

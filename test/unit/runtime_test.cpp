@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <tuple>
 
 #include "runtime/embedded.h"
 #include "runtime/error.h"
@@ -62,6 +63,86 @@ TEST(Module, RejectsAnOutputTooSmallForItsKernel) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("small.kiln: program forward, instr 0 (Add): output buffer 2 holds 4 F32, needs 5 F32"),
               std::string::npos) << e.what();
+  }
+}
+
+// A decode program of one built-in DecodeAttention (B = 1, C = 2, one head, S = T = 4): qkv,
+// token and position are inputs, the cache (`cache_kind`, `cache_elems` floats) and out
+// activations.
+std::vector<uint8_t> decode_module(fb::BufferKind cache_kind, int64_t cache_elems) {
+  flatbuffers::FlatBufferBuilder fbb;
+  struct B { const char* name; fb::BufferKind kind; fb::DType dtype; std::vector<int64_t> shape; };
+  const B spec[5] = {{"qkv", fb::BufferKind::Input, fb::DType::F32, {1, 6}},
+                     {"token", fb::BufferKind::Input, fb::DType::I32, {1}},
+                     {"position", fb::BufferKind::Input, fb::DType::I32, {1}},
+                     {"h.0.attn/kv_cache", cache_kind, fb::DType::F32, {cache_elems}},
+                     {"out", fb::BufferKind::Activation, fb::DType::F32, {1, 2}}};
+  std::vector<flatbuffers::Offset<fb::Buffer>> bufs;
+  uint64_t offset = 0, state = 0;
+  for (int pass = 0; pass < 2; ++pass)  // the state region first
+    for (const B& b : spec) {
+      const bool activation = b.kind == fb::BufferKind::Activation;
+      if (activation != (pass == 1)) continue;
+      if (activation && !state) state = offset;
+      int64_t n = 1;
+      for (int64_t d : b.shape) n *= d;
+      bufs.push_back(fb::CreateBufferDirect(fbb, b.name, b.kind, b.dtype, &b.shape, offset, uint64_t(n) * 4));
+      offset += (uint64_t(n) * 4 + 255) / 256 * 256;
+    }
+  // Buffer indices in the order written: the state region's, then the activations.
+  auto index = [&](const char* name) {
+    uint32_t i = 0;
+    for (int pass = 0; pass < 2; ++pass)
+      for (const B& b : spec) {
+        if ((b.kind == fb::BufferKind::Activation) != (pass == 1)) continue;
+        if (std::string(b.name) == name) return i;
+        ++i;
+      }
+    return i;
+  };
+  std::vector<uint32_t> in = {index("qkv"), index("h.0.attn/kv_cache"), index("position")}, out = {index("out")};
+  std::vector<int64_t> ints = {1, 2, 1, 4};
+  std::vector<flatbuffers::Offset<fb::Instr>> instrs = {
+      fb::CreateInstrDirect(fbb, fb::OpCode::DecodeAttention, &in, &out, &ints, nullptr, "test")};
+  std::vector<flatbuffers::Offset<fb::Program>> progs = {
+      fb::CreateProgramDirect(fbb, "decode", &instrs, index("out"), offset - state)};
+  std::vector<flatbuffers::Offset<fb::Parameter>> params;
+  auto model = fb::CreateModelDirect(fbb, 1, 1, 2, 16, 4, 1, 4, "fp32", "cpu", "test.toml");
+  fb::FinishModuleBuffer(fbb, fb::CreateModuleDirect(fbb, kModuleFormatVersion, "test", model, offset, &bufs, &params,
+                                                      &progs, state, offset - state, offset - state, "none"));
+  return {fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize()};
+}
+
+// Each call stores its position's key and value and attends over every position stored so far.
+TEST(Module, DecodeAttentionKeepsItsCacheBetweenRuns) {
+  Module m = Module::from_bytes(decode_module(fb::BufferKind::Activation, 16), "decode.kiln");
+  Executor ex(m);
+  const float q[2] = {1.0f, 0.5f}, k[2][2] = {{0.3f, -0.2f}, {-1.0f, 2.0f}}, v[2][2] = {{1.0f, 2.0f}, {-3.0f, 5.0f}};
+  for (int p = 0; p < 2; ++p) {
+    float* qkv = ex.f32(0);
+    qkv[0] = q[0], qkv[1] = q[1], qkv[2] = k[p][0], qkv[3] = k[p][1], qkv[4] = v[p][0], qkv[5] = v[p][1];
+    *ex.input("position") = p;
+    ex.run("decode");
+  }
+  // softmax(q . k[t] / sqrt(2)) over t = 0, 1, then the weighted values.
+  const double s0 = (1.0 * 0.3 + 0.5 * -0.2) / std::sqrt(2.0), s1 = (1.0 * -1.0 + 0.5 * 2.0) / std::sqrt(2.0);
+  const double w0 = std::exp(s0) / (std::exp(s0) + std::exp(s1)), w1 = 1.0 - w0;
+  const float* out = ex.f32(m.program("decode")->result());
+  EXPECT_NEAR(out[0], w0 * 1.0 + w1 * -3.0, 1e-6);
+  EXPECT_NEAR(out[1], w0 * 2.0 + w1 * 5.0, 1e-6);
+}
+
+TEST(Module, RefusesAKeyValueCacheThatIsNotItsOwnActivation) {
+  for (auto [kind, elems, what] : {std::tuple{fb::BufferKind::Input, int64_t(16), "must be an F32 activation"},
+                                   std::tuple{fb::BufferKind::Activation, int64_t(8), "must be an F32 activation"}}) {
+    try {
+      Module::from_bytes(decode_module(kind, elems), "cache.kiln");
+      FAIL() << "expected an error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("cache.kiln: program decode: key/value cache buffers["), std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
   }
 }
 

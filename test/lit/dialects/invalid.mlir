@@ -766,6 +766,18 @@ func.func @f(%qkv: tensor<2x24xf32>, %p: tensor<1xi32>) {
 
 // -----
 
+// Each cache has a name of its own (CSE would make two of one name one value).
+func.func @f(%qkv: tensor<2x24xf32>, %p: tensor<1xi32>) {
+  // expected-error@+1 {{'kiln.kv_cache' op another kiln.kv_cache in this block is named "h.0.attn"}}
+  %kv = kiln.kv_cache "h.0.attn" : tensor<2x2x2x8x4xf32>
+  %0 = kiln.decode_attention %qkv, %kv, %p {num_heads = 2 : i64} : tensor<2x24xf32>, tensor<2x2x2x8x4xf32>, tensor<1xi32> -> tensor<2x8xf32>
+  %kv2 = kiln.kv_cache "h.0.attn" : tensor<2x2x2x8x4xf32>
+  %1 = kiln.decode_attention %qkv, %kv2, %p {num_heads = 2 : i64} : tensor<2x24xf32>, tensor<2x2x2x8x4xf32>, tensor<1xi32> -> tensor<2x8xf32>
+  return
+}
+
+// -----
+
 // qkv is one position per row: [B, 3C].
 func.func @f(%qkv: tensor<2x1x24xf32>, %kv: tensor<2x2x2x8x4xf32>, %p: tensor<1xi32>) {
   // expected-error@+1 {{'kiln.decode_attention' op qkv must be [B, 3C], got [2, 1, 24]}}
