@@ -180,10 +180,10 @@ int run_sample(const Module& module, SampleCommand& c) {
   if (!c.prompt_opt->count() && !c.prompt_ids_opt->count())
     throw Error("sample: give exactly one of --prompt and --prompt-ids");
   const char* given = c.prompt_opt->count() ? "--prompt" : "--prompt-ids";
-  c.options.kv_cache = !c.no_kv_cache;
-  // Only the forward-only programs: no backward activations are allocated.
+  // Only the forward-only programs: no backward activations are allocated. The sampler decodes
+  // with @decode when it is loaded.
   std::vector<std::string> programs{"logits"};
-  if (c.options.kv_cache && module.program("decode")) programs.push_back("decode");
+  if (!c.no_kv_cache && module.program("decode")) programs.push_back("decode");
   Executor ex(module, programs);
   init_parameters(ex, 0);
   load_parameters(ex, c.init);

@@ -279,9 +279,6 @@ void Executor::check(const fb::Program& prog) const {
     }
     if (ins.op() == O::LayerNorm && (!ins.floats() || ins.floats()->size() != 1))
       throw Error(where + ": needs its epsilon");
-    // Written in place through its pointer: a bf16 cache would be a scratch copy, lost.
-    if (ins.op() == O::DecodeAttention && module_.buffer(ins.inputs()->Get(1)).dtype() != fb::DType::F32)
-      throw Error(where + ": the key/value cache must be F32");
   }
 }
 
@@ -559,7 +556,7 @@ void Executor::run_kernel(const fb::Instr& ins, const flatbuffers::Vector<int64_
       cpu::layernorm_bwd(out(0), out(1), out(2), in(0), in(1), in(2), in(3), in(4), v[0], v[1]);
       break;
     case O::Attention: cpu::attention_fwd(out(0), out(1), in(0), v[0], v[1], v[2], v[3]); break;
-    case O::DecodeAttention: {  // B, C, H, S; the cache (fp32) is written in place
+    case O::DecodeAttention: {  // B, C, H, S; the cache (fp32 by Module::verify) is written in place
       const int64_t p = *iin(2);
       if (p < 0 || p >= v[3]) throw Error("decode attention: position " + std::to_string(p) + " is not in [0, " + std::to_string(v[3]) + ")");
       cpu::decode_attention(out(0), in(1), in(0), p, v[0], v[1], v[2], v[3]);

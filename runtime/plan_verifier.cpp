@@ -63,9 +63,9 @@ void verify_plan(const Module& m) {
     const std::string pname = prog->name()->str();
     const int64_t n = prog->instrs()->size();
     std::map<uint32_t, Live> live;
-    // What earlier runs left: live from before the first instruction to after the last.
-    for (uint32_t b : m.kept_buffers(*prog))
-      if (m.buffer(b).kind() == fb::BufferKind::Activation) live[b] = Live{b, -1, n};
+    // What earlier runs left: live from before the first instruction to after the last (activations,
+    // by Module::verify).
+    for (uint32_t b : m.kept_buffers(*prog)) live[b] = Live{b, -1, n};
     for (int64_t k = 0; k < n; ++k) {
       const fb::Instr& ins = *prog->instrs()->Get(k);
       for (uint32_t b : *ins.inputs()) {

@@ -39,7 +39,7 @@ std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t
   // the layers' key/value caches: logits [B, Vp], the rows' next-token scores. It serves while a
   // sequence fits the T positions of the cache; past that, every step runs @logits over the last
   // T tokens, which is what the sampler does throughout without @decode.
-  const fb::Program* decode = o.kv_cache && ex.has_program("decode") ? ex.module().program("decode") : nullptr;
+  const fb::Program* decode = ex.has_program("decode") ? ex.module().program("decode") : nullptr;
   if (decode) {
     const fb::Buffer& d = ex.module().buffer(decode->result());
     if ((d.dtype() == fb::DType::BF16) != bf16 || numel(d) != B * Vp)
@@ -104,21 +104,23 @@ std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t
       if ((u -= p[size_t(i)]) < 0) { pick = i; break; }
     return order[size_t(pick)];
   };
+  int32_t* token = decode ? ex.input("token") : nullptr;
+  int32_t* position = decode ? ex.input("position") : nullptr;
   for (int64_t first = 0; first < o.num_samples; first += B) {
     const int64_t rows = std::min(B, o.num_samples - first);
     int64_t cached = 0;  // positions of every row's sequence in the caches (all rows are as long)
     for (int64_t step = 0; step < o.max_new_tokens; ++step) {
       const auto t0 = std::chrono::steady_clock::now();
       const int64_t len = int64_t(out[size_t(first)].size());
-      if (o.times) ++(decode && len <= T ? o.times->decode_steps : o.times->logits_steps);
-      if (decode && len <= T) {
+      const bool from_caches = decode && len <= T;
+      if (o.times) ++(from_caches ? o.times->decode_steps : o.times->logits_steps);
+      if (from_caches) {
         // Feed the positions the caches lack (the prompt at the first step, then the last token);
         // the last call's logits are those of position len - 1.
-        int32_t* token = ex.input("token");
         for (; cached < len; ++cached) {
           std::fill(token, token + B, 0);
           for (int64_t r = 0; r < rows; ++r) token[r] = out[size_t(first + r)][size_t(cached)];
-          *ex.input("position") = int32_t(cached);
+          *position = int32_t(cached);
           ex.run("decode");
         }
         for (int64_t r = 0; r < rows; ++r)
@@ -140,8 +142,7 @@ std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t
       if (o.times) {
         const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         (step == 0 ? o.times->first_steps_s : o.times->other_steps_s) += s;
-        ++(step == 0 ? o.times->first_steps : o.times->other_steps);
-        if (step > 0) o.times->other_tokens += rows;
+        if (step > 0) ++o.times->other_steps, o.times->other_tokens += rows;
       }
       if (o.progress) o.progress(++passes_done, passes);
     }

@@ -15,16 +15,13 @@ struct SampleOptions {
   int64_t num_samples = 1;
   uint64_t seed = 1337;
   float temperature = 1.0f;      // finite and > 0
-  // Decode with the `decode` program (one position per call over key/value caches) where the
-  // executor loaded it; false: the `logits` program over the last T tokens at every step.
-  bool kv_cache = true;
   // When set: the logits each token was drawn from, [num_samples, max_new_tokens, vocab] (the
   // first V columns of the row, before the temperature), filled in that order.
   std::vector<float>* logits_out = nullptr;
   // When set: where the time went. A round's first step also feeds its prompt through the model.
   struct Times {
     double first_steps_s = 0, other_steps_s = 0;
-    int64_t first_steps = 0, other_steps = 0, other_tokens = 0;  // tokens: one per row of a step
+    int64_t other_steps = 0, other_tokens = 0;  // tokens: one per row of a step
     int64_t decode_steps = 0, logits_steps = 0;  // which program gave each step's logits
   }* times = nullptr;
   // Called after each forward pass with the passes done and the passes in all
@@ -35,8 +32,8 @@ struct SampleOptions {
 // Returns one token sequence per sample: the prompt followed by max_new_tokens sampled tokens.
 // Up to B samples run together (one per row); each step samples the next token of every row from
 // the softmax of its last position's logits (restricted to the k largest). The logits come from
-// the `decode` program while a row holds at most T tokens (with options.kv_cache and the program
-// loaded), else from the forward pass over the last T tokens (`logits`): the same numbers up to
+// the `decode` program while a row holds at most T tokens (when the executor loaded it: one
+// position per call over key/value caches), else from the forward pass over the last T tokens (`logits`): the same numbers up to
 // rounding. Deterministic for a seed. kiln::Error when the prompt is
 // empty or holds an id outside [0, vocab), or the temperature is not finite and positive.
 std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t>& prompt,

@@ -602,6 +602,18 @@ CPU_ONLY_RUNTIME=""   # set to the refusal line once a runtime says it cannot ru
 # --- c) parity ----------------------------------------------------------------------------------
 log "c) parity"
 parity_row() { printf '%s\t%s\t%s\n' "$1" "$2" "$(printf '%s' "$3" | oneline)" >> "$PARITY_TSV"; log "parity $1: $2 - $3"; }
+# parity_result STEP ROW RC LOG PASS_NOTE: a boxed test's exit status as a step and a parity row
+# (its first FAIL line, else its error line, when it failed).
+parity_result() {
+  local why
+  case "$3" in
+    0) record "$1" ok "$LAST_DT" "PASS"; parity_row "$2" PASS "$5" ;;
+    200) parity_row "$2" skipped "out of time" ;;
+    124|137) record "$1" "timed out" "$LAST_DT" ""; parity_row "$2" "timed out" "after $LAST_DT s" ;;
+    *) why=$(grep -a -m1 '^FAIL' "$4" || err_line "$4")
+       record "$1" FAIL "$LAST_DT" "$why"; parity_row "$2" FAIL "$why" ;;
+  esac
+}
 if [ "$DO_PARITY" = 0 ]; then
   record parity skipped 0 "--no-parity"
 elif ! compgen -G "$DEV/specs/*.toml" > /dev/null; then
@@ -649,13 +661,7 @@ else
     rc=0
     boxed "parity-$name" "$max" 30 "$d/parity.log" "${KENV[@]}" PYTHONUNBUFFERED=1 "$PY" test/e2e/test_parity.py \
       --exe "$d/kiln-exe" --spec "$spec" --workdir "$d/work" --steps 10 || rc=$?
-    case "$rc" in
-      0) record "parity-$name" ok "$LAST_DT" "PASS"; parity_row "$name" PASS "$(tail -n 1 "$d/parity.log")" ;;
-      200) parity_row "$name" skipped "out of time" ;;
-      124|137) record "parity-$name" "timed out" "$LAST_DT" ""; parity_row "$name" "timed out" "after $LAST_DT s" ;;
-      *) why=$(grep -a -m1 '^FAIL' "$d/parity.log" || err_line "$d/parity.log")
-         record "parity-$name" FAIL "$LAST_DT" "$why"; parity_row "$name" FAIL "$why" ;;
-    esac
+    parity_result "parity-$name" "$name" "$rc" "$d/parity.log" "$(tail -n 1 "$d/parity.log")"
     # Sampling with @decode's caches (the decode_attention kernel) and without, against PyTorch.
     case "$name" in tiny-cuda|awkward-bf16-cuda) ;; *) continue ;; esac
     max=$((parity_end - SECONDS))
@@ -663,13 +669,7 @@ else
     rc=0
     boxed "decode-$name" "$max" 15 "$d/decode.log" "${KENV[@]}" PYTHONUNBUFFERED=1 "$PY" test/e2e/test_decode.py \
       --exe "$d/kiln-exe" --spec "$spec" --workdir "$d/decode" || rc=$?
-    case "$rc" in
-      0) record "decode-$name" ok "$LAST_DT" "PASS"; parity_row "$name sample (kv cache)" PASS "$(grep -a '^ok' "$d/decode.log" | head -n 1)" ;;
-      200) parity_row "$name sample (kv cache)" skipped "out of time" ;;
-      124|137) record "decode-$name" "timed out" "$LAST_DT" ""; parity_row "$name sample (kv cache)" "timed out" "after $LAST_DT s" ;;
-      *) why=$(grep -a -m1 'FAIL' "$d/decode.log" || err_line "$d/decode.log")
-         record "decode-$name" FAIL "$LAST_DT" "$why"; parity_row "$name sample (kv cache)" FAIL "$why" ;;
-    esac
+    parity_result "decode-$name" "$name sample (kv cache)" "$rc" "$d/decode.log" "$(grep -a '^ok' "$d/decode.log" | head -n 1)"
   done
   record parity finished "" "$(cut -f2 "$PARITY_TSV" | sort | uniq -c | awk '{ $1 = $1 " x"; print }' | paste -sd ';' -)"
 fi
