@@ -1345,6 +1345,21 @@ extern "C" __global__ void kiln_norm_finish(void* const* b, const long long* ran
     *acc = 0.0;
   }
 }
+// The bf16 compute copies of fp32 master values, for the runtime after ZeRO-1 has gathered the
+// pieces of the parameters other ranks updated (this rank's AdamW refreshed its own): b =
+// {value_0, copy_0, value_1, copy_1, ...}, range = {n, begin_0, end_0, ...}, elements
+// [begin_t, end_t) of pair t, rounded as the optimizer rounds them.
+extern "C" __global__ void kiln_round_copies(void* const* b, const long long* range) {
+  const int n = (int)range[0];
+  for (int t = 0; t < n; t++) {
+    const float* v = (const float*)b[2 * t];
+    bf16* c = (bf16*)b[2 * t + 1];
+    const long long end = range[2 + 2 * t];
+    for (long long i = range[1 + 2 * t] + blockIdx.x * (long long)blockDim.x + threadIdx.x; i < end;
+         i += (long long)gridDim.x * blockDim.x)
+      c[i] = f2bf(v[i]);
+  }
+}
 
 )";
   return target == Target::Cpu ? std::string(cpuHead) + common + cpuTail : std::string(cudaHead) + common + cudaTail;

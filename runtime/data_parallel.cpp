@@ -187,25 +187,26 @@ std::string DataParallel::describe() const {
          (zero_ ? ", ZeRO-1 (optimizer sharded)" : "");
 }
 
-// Copies between the parameters' buffers and bucket b's staging range: every element, or with
-// owned_only this rank's piece only.
-void DataParallel::pack(size_t b, bool grads, bool owned_only) { copy(b, grads, owned_only, true); }
-void DataParallel::unpack(size_t b, bool grads, bool owned_only) { copy(b, grads, owned_only, false); }
+// Copies between the parameters' buffers of field f and bucket b's staging range: every element,
+// or with owned_only this rank's piece only.
+void DataParallel::pack(size_t b, Field f, bool owned_only) { copy(b, f, owned_only, true); }
+void DataParallel::unpack(size_t b, Field f, bool owned_only) { copy(b, f, owned_only, false); }
 
-void DataParallel::copy(size_t b, bool grads, bool owned_only, bool to_staging) {
+void DataParallel::copy(size_t b, Field f, bool owned_only, bool to_staging) {
   const Module& m = ex_.module();
   for (size_t p : plan_.buckets[b].params) {
     const fb::Parameter& prm = *m.fb().parameters()->Get(uint32_t(p));
+    const uint32_t buffer = f == Field::Value ? prm.value() : f == Field::Grad ? prm.grad()
+                            : f == Field::AdamM ? prm.adam_m() : prm.adam_v();
     auto [lo, hi] = owned_only ? plan_.owned(p, comm_.rank()) : std::make_pair(int64_t(0), plan_.params[p].size);
-    if (hi > lo)
-      ex_.copy_elements(grads ? prm.grad() : prm.value(), lo, hi - lo, staging_ + plan_.params[p].flat + lo, to_staging);
+    if (hi > lo) ex_.copy_elements(buffer, lo, hi - lo, staging_ + plan_.params[p].flat + lo, to_staging);
   }
 }
 
 void DataParallel::start_bucket(size_t b) {
   if (b >= plan_.buckets.size() || started_[b]) return;
   const BucketPlan::Bucket& k = plan_.buckets[b];
-  pack(b, /*grads=*/true, /*owned_only=*/false);
+  pack(b, Field::Grad, /*owned_only=*/false);
   float* data = staging_ + k.begin;
   pending_.push_back({b, zero_ ? comm_.ireduce_scatter_sum(data, k.pieces) : comm_.iall_reduce_sum(data, k.end - k.begin)});
   started_[b] = true;
@@ -222,7 +223,7 @@ void DataParallel::finish_gradient_reduction() {
   if (comm_.world_size() == 1) return;
   for (auto& [b, request] : pending_) {
     request->wait();
-    unpack(b, /*grads=*/true, /*owned_only=*/zero_ == 1);
+    unpack(b, Field::Grad, /*owned_only=*/zero_ == 1);
   }
   pending_.clear();
   started_.assign(plan_.buckets.size(), false);
@@ -235,23 +236,34 @@ void DataParallel::gather_gradients() {
     pending_.push_back({b, comm_.iall_gather(staging_ + plan_.buckets[b].begin, plan_.buckets[b].pieces)});
   for (auto& [b, request] : pending_) {
     request->wait();
-    unpack(b, /*grads=*/true, /*owned_only=*/false);
+    unpack(b, Field::Grad, /*owned_only=*/false);
+  }
+  pending_.clear();
+}
+
+// The owned pieces of f's buffers into staging, all-gathered, and every piece back.
+void DataParallel::gather(Field f) {
+  for (size_t b = 0; b < plan_.buckets.size(); ++b) {
+    pack(b, f, /*owned_only=*/true);
+    pending_.push_back({b, comm_.iall_gather(staging_ + plan_.buckets[b].begin, plan_.buckets[b].pieces)});
+  }
+  for (auto& [b, request] : pending_) {
+    request->wait();
+    unpack(b, f, /*owned_only=*/false);
   }
   pending_.clear();
 }
 
 void DataParallel::gather_parameters() {
   if (comm_.world_size() == 1 || zero_ == 0) return;
-  for (size_t b = 0; b < plan_.buckets.size(); ++b) {
-    pack(b, /*grads=*/false, /*owned_only=*/true);
-    pending_.push_back({b, comm_.iall_gather(staging_ + plan_.buckets[b].begin, plan_.buckets[b].pieces)});
-  }
-  for (auto& [b, request] : pending_) {
-    request->wait();
-    unpack(b, /*grads=*/false, /*owned_only=*/false);
-  }
-  pending_.clear();
-  ex_.refresh_compute_copies();  // bf16 copies of the pieces other ranks updated
+  gather(Field::Value);
+  ex_.refresh_gathered_compute_copies();  // bf16 copies of the pieces other ranks updated
+}
+
+void DataParallel::gather_optimizer_state() {
+  if (comm_.world_size() == 1 || zero_ == 0) return;
+  gather(Field::AdamM);
+  gather(Field::AdamV);
 }
 
 }  // namespace kiln

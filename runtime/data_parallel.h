@@ -6,14 +6,17 @@
 // in a flat staging vector (the gradient buffers are interleaved with the values and moments in
 // the arena, so each bucket is packed into staging, reduced there and unpacked). For a cuda
 // module staging is GPU memory, the copies and the collectives (NCCL) run on the executor's
-// stream, and ZeRO-1 is not available yet. The 1/world of
-// the average is folded into the loss weight (loss / (accum * world)), so the reduction is a sum.
+// stream. The 1/world of the average is folded into the loss weight (loss / (accum * world)),
+// so the reduction is a sum.
 //
 // ZeRO-1 (--zero 1): each bucket is cut into world_size contiguous pieces of equal size (+-1) and
 // rank r owns piece r of every bucket. Gradients are reduce-scattered (each rank receives the
 // sum of its pieces only), the global norm is the square root of the all-reduced sum of the
 // owned pieces' squares, AdamW updates only the owned elements (the executor's parameter-slice
 // hook), and the parameters are then all-gathered. The result is the same as plain averaging.
+// On a GPU the device executor slices its AdamW and norm kernels' ranges, sums the norm over the
+// ranks between its two kernels, and rounds the gathered values' bf16 copies with a kernel.
+// Before a checkpoint both moments are all-gathered too, so rank 0 writes the whole state.
 // The module's arena is planned for one rank and still holds every moment and gradient, so no
 // memory is saved yet: that needs a sharded arena plan from the compiler.
 #pragma once
@@ -75,6 +78,10 @@ class DataParallel {
   void gather_gradients();
   // ZeRO-1, after the optimizer program: every rank's updated parameter pieces to every rank.
   void gather_parameters();
+  // ZeRO-1, before a checkpoint: every rank's pieces of both AdamW moments to every rank, so the
+  // checkpoint holds the whole state (the same file as without ZeRO-1). The moments a rank does
+  // not own are not read by its updates, so this changes nothing in the run.
+  void gather_optimizer_state();
 
   const BucketPlan& plan() const { return plan_; }
   int zero() const { return zero_; }
@@ -82,10 +89,12 @@ class DataParallel {
   std::string describe() const;
 
  private:
+  enum class Field { Value, Grad, AdamM, AdamV };  // which of a parameter's buffers
   void start_bucket(size_t b);
-  void pack(size_t b, bool grads, bool owned_only);
-  void unpack(size_t b, bool grads, bool owned_only);
-  void copy(size_t b, bool grads, bool owned_only, bool to_staging);
+  void pack(size_t b, Field f, bool owned_only);
+  void unpack(size_t b, Field f, bool owned_only);
+  void copy(size_t b, Field f, bool owned_only, bool to_staging);
+  void gather(Field f);  // ZeRO-1: the owned pieces of f's buffers, all-gathered
 
   Executor& ex_;
   Communicator& comm_;

@@ -349,10 +349,6 @@ void Executor::sync_to_host() {
   host_stale_ = false;
 }
 
-void Executor::refuse_on_device(const char* what) const {
-  if (device_) throw Error(module_.source() + ": " + what + " is not supported for cuda modules yet");
-}
-
 void Executor::set_gradient_hooks(std::function<void(int64_t)> reduce, std::function<void()> wait,
                                   std::function<void()> drain) {
   if (device_) return device_->set_gradient_hooks(std::move(reduce), std::move(wait), std::move(drain));
@@ -442,7 +438,6 @@ float Executor::run(const std::string& name) {
 
 // --- Data-parallel hooks (ZeRO-1) ------------------------------------------------------------
 void Executor::set_parameter_slice(size_t param, int64_t begin, int64_t end) {
-  refuse_on_device("ZeRO-1 (data-parallel training)");
   const auto& params = *module_.fb().parameters();
   if (param >= params.size())
     throw Error(module_.source() + ": set_parameter_slice: parameter " + std::to_string(param) + " of " +
@@ -453,8 +448,20 @@ void Executor::set_parameter_slice(size_t param, int64_t begin, int64_t end) {
     throw Error(module_.source() + ": set_parameter_slice: [" + std::to_string(begin) + ", " +
                 std::to_string(end) + ") is not within parameter " + p.name()->str() + " of " +
                 std::to_string(n) + " elements");
+  if (device_) return device_->set_parameter_slice(p.value(), p.grad(), begin, end);
   slice_by_buffer_[p.value()] = {begin, end};
   slice_by_buffer_[p.grad()] = {begin, end};
+}
+
+void Executor::set_norm_reducer(std::function<double(double)> reduce) {
+  if (device_) return device_->set_norm_reducer(std::move(reduce));
+  norm_reducer_ = std::move(reduce);
+}
+
+void Executor::refresh_gathered_compute_copies() {
+  if (!device_) return refresh_compute_copies();  // every copy: cheap next to the update
+  device_->round_other_compute_copies();
+  host_stale_ = true;
 }
 
 void Executor::print_profile() const {

@@ -68,10 +68,10 @@ class Executor {
   // and GlobalNorm sums only their squared gradients. begin == end leaves it to other ranks.
   void set_parameter_slice(size_t param, int64_t begin, int64_t end);
   // GlobalNorm passes its sum of squares through `reduce` (the sum over ranks) before the sqrt.
-  void set_norm_reducer(std::function<double(double)> reduce) {
-    refuse_on_device("ZeRO-1 (--zero 1)");
-    norm_reducer_ = std::move(reduce);
-  }
+  void set_norm_reducer(std::function<double(double)> reduce);
+  // After the values other ranks updated were gathered into this rank's parameters: their bf16
+  // compute copies (on a GPU by a kernel, in stream order; AdamW refreshed this rank's slices).
+  void refresh_gathered_compute_copies();
   // ReduceGradients instructions call `reduce(bucket)`; WaitGradients calls `wait()`. Unset, both
   // do nothing (a single process). On a GPU they run as the program is issued (the kernels
   // before them are queued, not done: what they enqueue must follow them on the stream).
@@ -105,7 +105,6 @@ class Executor {
   // fp32 view of an operand: the arena itself, or a widened scratch copy of a bf16 buffer.
   float* operand(uint32_t buffer, size_t slot, bool is_output);
   void flush_outputs();  // rounds scratch outputs into their bf16 buffers
-  void refuse_on_device(const char* what) const;
   const Module& module_;
   std::unique_ptr<DeviceExecutor> device_;  // target "cuda": the GPU runs the programs
   bool host_stale_ = false;  // the GPU has changed the state since the last sync_to_host()

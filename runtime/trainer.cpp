@@ -40,11 +40,13 @@ uint64_t fingerprint(const void* data, size_t n, uint64_t h = 146959810393466560
 void check_ranks_agree(Communicator& comm, const Module& module, const TrainOptions& o, int64_t total,
                        Executor& ex, const DataLoader& data) {
   const uint8_t* bytes = flatbuffers::GetBufferStartFromRootPointer(&module.fb());
-  // Everything that decides which collectives run (evaluation, gradient dumps) is compared too.
-  std::string opts = o.schedule.kind + (o.val_data.empty() ? " no-val" : " val") + (o.dump_grads.empty() ? " no-dump" : " dump");
+  // Everything that decides which collectives run (evaluation, gradient dumps, checkpoints: a
+  // ZeRO-1 run gathers its moments for each) is compared too.
+  std::string opts = o.schedule.kind + (o.val_data.empty() ? " no-val" : " val") + (o.dump_grads.empty() ? " no-dump" : " dump") +
+                     (o.checkpoint_dir.empty() ? " no-ckpt" : " ckpt");
   for (double x : {double(o.steps), double(total), double(o.zero), o.bucket_mb, double(o.schedule.lr),
                    double(o.schedule.warmup_steps), double(o.schedule.min_lr_ratio), o.weight_decay, o.beta1, o.beta2,
-                   o.eps, o.grad_clip, double(o.val_every), double(o.val_steps)}) {
+                   o.eps, o.grad_clip, double(o.val_every), double(o.val_steps), double(o.checkpoint_every)}) {
     char buf[40];
     std::snprintf(buf, sizeof buf, " %.17g", x);
     opts += buf;
@@ -65,7 +67,8 @@ void check_ranks_agree(Communicator& comm, const Module& module, const TrainOpti
   for (int i = 0; i < 4; ++i) differ[i] = mine[i] != root[i] ? 1 : 0;
   comm.all_reduce_sum(differ, 4);
   const char* what[4] = {"the module (a different executable?)",
-                         "the training options (--steps, --total-batch, --zero, --bucket-mb, the schedule or AdamW)",
+                         "the training options (--steps, --total-batch, --zero, --bucket-mb, the schedule, AdamW, "
+                         "evaluation or checkpoints)",
                          "the initial weights (a different --seed, or --init files that differ)",
                          "the training data (--data: other shards, or shards of other sizes)"};
   for (int i = 0; i < 4; ++i)
@@ -169,9 +172,6 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   if (o.steps <= 0) throw Error("--steps: must be at least 1");
   // Before anything is allocated on the GPUs: what the GPU path's data parallelism cannot do.
   const bool cuda = model.target() && model.target()->str() == "cuda";
-  if (world > 1 && cuda && o.zero == 1)
-    throw Error(module.source() + ": --zero 1 (ZeRO-1) is not supported for cuda modules yet; drop it (the "
-                "gradients are still averaged across the ranks)");
   if (world > 1 && cuda && !comm.device_memory() && !devices_host_addressable())
     throw Error(module.source() + ": data parallel: the gradients of a cuda module are in GPU memory, which " +
                 comm.describe() + " cannot reduce; use --comm nccl (the default under a launcher)");
@@ -192,9 +192,6 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   for (const auto& [flag, beta] : {std::pair{"--beta1", o.beta1}, {"--beta2", o.beta2}})
     if (!(float(beta) >= 0 && float(beta) < 1))
       throw Error(std::string(flag) + ": must be in [0, 1) as a 32-bit float (AdamW divides by 1 - beta^t)");
-  if (!o.checkpoint_dir.empty() && o.zero)
-    throw Error("--checkpoint-dir: checkpoints of --zero 1 runs (AdamW state sharded across ranks) "
-                "are not supported yet; use --zero 0");
   check_output_paths(o, root);
   for (const char* p : {"micro_step", "optimizer_step"})
     if (!module.program(p))
@@ -219,10 +216,11 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     if (o.checkpoint_dir.empty()) throw Error("--resume: needs --checkpoint-dir");
     if (auto latest = latest_checkpoint(o.checkpoint_dir)) {
       TrainingState st = load_checkpoint(*latest, ex);
-      if (st.world_size != int(world) || st.zero_stage != o.zero)
-        throw Error(*latest + ": written by " + std::to_string(st.world_size) + " rank(s) with --zero " +
-                    std::to_string(st.zero_stage) + "; this run has " + std::to_string(world) +
-                    " rank(s) with --zero " + std::to_string(o.zero));
+      // The rank count decides which tokens each step reads; --zero does not change the file
+      // (a ZeRO-1 run gathers its moments before it saves), so either may resume the other's.
+      if (st.world_size != int(world))
+        throw Error(*latest + ": written by " + std::to_string(st.world_size) + " rank(s); this run has " +
+                    std::to_string(world) + " rank(s)");
       // A finished run resumed with the same command (a requeued job) has nothing left to do;
       // one past --steps was asked for fewer steps than it already has.
       if (st.step > o.steps)
@@ -231,7 +229,8 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       loader.seek(size_t(st.data_shard), st.data_position);
       first_step = st.step;
       resumed_from = *latest;
-      if (root) std::fprintf(stderr, "resuming from %s at step %lld\n", latest->c_str(), (long long)first_step);
+      if (root) std::fprintf(stderr, "resuming from %s at step %lld%s\n", latest->c_str(), (long long)first_step,
+                             st.zero_stage == o.zero ? "" : st.zero_stage ? " (written with --zero 1)" : " (written with --zero 0)");
       if (root && first_step == o.steps)
         std::fprintf(stderr, "the run is already at --steps %lld: nothing left to train\n", (long long)o.steps);
     } else if (root) {
@@ -347,8 +346,12 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       std::printf("\n");
       std::fflush(stdout);
     }
-    // A checkpoint folder alone means one checkpoint, at the end.
-    if (root && !o.checkpoint_dir.empty() && ((o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0) || last)) {
+    // A checkpoint folder alone means one checkpoint, at the end. Every rank takes part in
+    // gathering a ZeRO-1 run's AdamW moments; rank 0 writes them.
+    const bool checkpoint =
+        !o.checkpoint_dir.empty() && ((o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0) || last);
+    if (checkpoint) dp.gather_optimizer_state();
+    if (root && checkpoint) {
       TrainingState st;
       st.step = step + 1;
       st.data_shard = loader.shard();

@@ -4,10 +4,12 @@
 // (zero_operands), its cuBLASLt product (MatmulCall, planned once with the arena addresses) and
 // its generated functions (cuda_functions), each launched with the address of a table holding
 // its operands' addresses, plus [begin, end) ranges for the optimizer. GlobalNorm becomes two
-// launches of the support kernels every cuda module carries (kiln_sum_squares, kiln_norm_finish).
-// All tables live in one device block, uploaded once: replaying a program needs no host work
-// but the upload of the inputs and hyperparameters, so from its second run a program is a CUDA
-// graph (KILN_CUDA_GRAPHS=0 runs every step eagerly instead, for debugging).
+// launches of the support kernels every cuda module carries (kiln_sum_squares, kiln_norm_finish),
+// with ZeRO-1's sum over ranks between them.
+// All tables live in one device block, uploaded once (ZeRO-1 then rewrites the optimizer's
+// ranges in place, before the first step): replaying a program needs no host work but the upload
+// of the inputs and hyperparameters, so from its second run a program is a CUDA graph
+// (KILN_CUDA_GRAPHS=0 runs every step eagerly instead, for debugging).
 #include "runtime/device/device_executor.h"
 
 #include <algorithm>
@@ -217,11 +219,13 @@ void DeviceExecutor::plan_kernel(Program& p, const fb::Instr& ins, const std::st
     Step s{Step::Launch, name};
     s.operands = add_words(operands);
     if (k.adamw_params()) {
-      // The optimizer's [begin, end) per parameter: all of it (one GPU, no ZeRO slices).
+      // The optimizer's [begin, end) per parameter: all of it, until ZeRO-1 sets slices.
       std::vector<uint64_t> ranges;
       for (uint32_t v : *k.adamw_params()) ranges.insert(ranges.end(), {0, uint64_t(numel(module_.buffer(v)))});
       s.ranges = add_words(ranges);
       s.has_ranges = true;
+      for (uint32_t j = 0; j < k.adamw_params()->size(); ++j)
+        slice_words_.push_back({s.ranges + 2 * j, k.adamw_params()->Get(j)});
     }
     for (const fb::CudaFunction* f : *k.cuda_functions()) {
       if (f->grid() == 0 || f->block() == 0 || f->block() > 1024)
@@ -288,9 +292,12 @@ void DeviceExecutor::plan_norm(Program& p, const fb::Instr& ins, const std::stri
   s.operands = add_words(operands);
   s.ranges = add_words(ranges);
   s.has_ranges = true;
+  for (uint32_t i = 0; i < n; ++i) slice_words_.push_back({s.ranges + 1 + 2 * i, ins.inputs()->Get(i)});
   s.fn = device_->function("kiln_sum_squares");
   s.grid = unsigned(std::clamp<uint64_t>(total / (8 * kNormBlock), 1, kNormMaxGrid)), s.block = kNormBlock;
   p.steps.push_back(s);
+  p.steps.push_back(Step{Step::Norm, "global_norm (sum over ranks)"});  // ZeRO-1's hook
+  p.norm_step = true;
   s.fn = device_->function("kiln_norm_finish");
   s.grid = 1, s.block = 32;
   p.steps.push_back(s);
@@ -301,8 +308,19 @@ void DeviceExecutor::issue(const Step& s) {
     case Step::Zero: device_->zero(s.ptr, s.bytes); break;
     case Step::Matmul: device_->matmul(s.matmul); break;
     case Step::Launch:
-      device_->launch(s.fn, s.grid, s.block, tables_ + 8 * s.operands, s.has_ranges ? tables_ + 8 * s.ranges : 0);
+      device_->launch(s.fn, s.grid, s.block, (s.table ? s.table : tables_) + 8 * s.operands,
+                      s.has_ranges ? (s.table ? s.table : tables_) + 8 * s.ranges : 0);
       break;
+    case Step::Norm: {  // ZeRO-1: the sum of this rank's squares, summed over the ranks
+      if (!norm_hook_) break;
+      double sum = 0;
+      device_->download(&sum, scratch_, sizeof sum);  // waits for kiln_sum_squares
+      in_hook_ = true;
+      sum = norm_hook_(sum);
+      in_hook_ = false;
+      device_->upload(scratch_, &sum, sizeof sum);  // before kiln_norm_finish, in stream order
+      break;
+    }
     case Step::Reduce:
     case Step::Wait:
       if (s.kind == Step::Reduce ? !reduce_hook_ : !wait_hook_) break;
@@ -363,6 +381,7 @@ float DeviceExecutor::run_program(Program& p, std::map<std::string, std::pair<do
   }
   if (profile)
     for (size_t i = 0; i < p.steps.size(); ++i) {
+      if (p.steps[i].kind == Step::Norm && !norm_hook_) continue;  // one GPU: nothing done there
       auto& [seconds, calls] = (*profile)[p.steps[i].name];
       seconds += device_->seconds(i, i + 1);
       ++calls;
@@ -390,6 +409,68 @@ void DeviceExecutor::set_gradient_hooks(std::function<void(int64_t)> reduce, std
     if (p.host_hooks) p.graph_ready = false;  // runs eagerly from now on (replay)
 }
 
+void DeviceExecutor::set_parameter_slice(uint32_t value, uint32_t grad, int64_t begin, int64_t end) {
+  // The gathered values' bf16 copies need kiln_round_copies, which modules of an older kilnc
+  // lack: say so now rather than after the first step.
+  bool copies = false;
+  for (const fb::Parameter* p : *module_.fb().parameters()) copies |= p->compute_copy() >= 0;
+  if (copies && !round_fn_) {
+    try {
+      round_fn_ = device_->function("kiln_round_copies");
+    } catch (const Error& e) {
+      throw Error(module_.source() + ": --zero 1 needs the support kernel kiln_round_copies, which this module "
+                  "lacks (" + e.what() + "); recompile it with this kilnc");
+    }
+  }
+  // The tables are in device memory, read by the kernels as they run (a captured graph too):
+  // rewriting a pair there changes what every later launch updates.
+  for (auto [word, buffer] : slice_words_)
+    if (buffer == value || buffer == grad) {
+      table_words_[word] = uint64_t(begin), table_words_[word + 1] = uint64_t(end);
+      device_->upload(tables_ + 8 * word, &table_words_[word], 16);
+    }
+  slices_[value] = {begin, end};
+  round_planned_ = false;  // replanned at the next round_other_compute_copies()
+}
+
+void DeviceExecutor::set_norm_reducer(std::function<double(double)> reduce) {
+  norm_hook_ = std::move(reduce);
+  for (auto& [name, p] : programs_)
+    if (p.norm_step) p.graph_ready = false;  // runs eagerly from now on (replay)
+}
+
+void DeviceExecutor::round_other_compute_copies() {
+  if (!round_planned_) {
+    round_planned_ = true;
+    round_copies_.steps.clear();
+    std::vector<uint64_t> operands, ranges = {0};
+    for (const fb::Parameter* p : *module_.fb().parameters()) {
+      if (p->compute_copy() < 0) continue;
+      const int64_t n = numel(module_.buffer(p->value()));
+      auto it = slices_.find(p->value());
+      const auto [lo, hi] = it == slices_.end() ? std::pair<int64_t, int64_t>{0, 0} : it->second;
+      for (auto [b, e] : {std::pair{int64_t(0), lo}, std::pair{hi, n}}) {  // the elements outside [lo, hi)
+        if (b >= e) continue;
+        operands.insert(operands.end(), {at(p->value()), at(uint32_t(p->compute_copy()))});
+        ranges.insert(ranges.end(), {uint64_t(b), uint64_t(e)});
+        ++ranges[0];
+      }
+    }
+    if (ranges[0] == 0) return;  // fp32 weights, or this rank owns every element: nothing to round
+    std::vector<uint64_t> words = operands;
+    words.insert(words.end(), ranges.begin(), ranges.end());
+    if (round_tables_) device_->free(round_tables_);
+    round_tables_ = device_->alloc(words.size() * 8, "the compute copies' table of ZeRO-1");
+    device_->upload(round_tables_, words.data(), words.size() * 8);
+    Step s{Step::Launch, "round_compute_copies"};
+    s.fn = round_fn_ ? round_fn_ : device_->function("kiln_round_copies");
+    s.grid = unsigned(kNormMaxGrid), s.block = kNormBlock;
+    s.table = round_tables_, s.operands = 0, s.ranges = operands.size(), s.has_ranges = true;
+    round_copies_.steps.push_back(s);
+  }
+  issue(round_copies_);  // nothing when there is nothing to round
+}
+
 float* DeviceExecutor::staging(int64_t n) {
   if (n > staging_n_) {
     if (staging_) device_->free(staging_);
@@ -403,7 +484,7 @@ float* DeviceExecutor::staging(int64_t n) {
 // Issues a program's steps, as a CUDA graph from its second run on (the first runs eagerly:
 // libraries finish their lazy set-up outside a capture).
 void DeviceExecutor::replay(Program& p) {
-  const bool hooks = p.host_hooks && (reduce_hook_ || wait_hook_);
+  const bool hooks = (p.host_hooks && (reduce_hook_ || wait_hook_)) || (p.norm_step && norm_hook_);
   if (hooks) {  // host work between the kernels: a graph would replay none of it
     issue(p);
     ++p.runs;

@@ -45,6 +45,16 @@ class DeviceExecutor {
   // instructions then run eagerly: a graph would replay none of it.
   void set_gradient_hooks(std::function<void(int64_t)> reduce, std::function<void()> wait,
                           std::function<void()> drain);
+  // ZeRO-1: the optimizer updates elements [begin, end) of the parameter whose value and
+  // gradient buffers these are (its AdamW kernel's ranges, GlobalNorm's sum of squares), and
+  // GlobalNorm's sum of squares goes through reduce() (the sum over ranks) before the square root:
+  // the host reads it and writes the result back between the two norm kernels, so the optimizer
+  // program then runs eagerly.
+  void set_parameter_slice(uint32_t value, uint32_t grad, int64_t begin, int64_t end);
+  void set_norm_reducer(std::function<double(double)> reduce);
+  // ZeRO-1, after the other ranks' parameter pieces were gathered: rounds the bf16 compute copy of
+  // every element outside this rank's slices (kiln_round_copies), in stream order.
+  void round_other_compute_copies();
   // Device memory for gradient staging (float elements), allocated once, and device copies in
   // stream order; address() is an arena offset's device address.
   float* staging(int64_t n);
@@ -60,7 +70,7 @@ class DeviceExecutor {
  private:
   // One thing a program does on the device, planned at load.
   struct Step {
-    enum Kind { Zero, Matmul, Launch, Reduce, Wait } kind;  // Reduce, Wait: the host hooks
+    enum Kind { Zero, Matmul, Launch, Reduce, Wait, Norm } kind;  // Reduce, Wait, Norm: the host hooks
     std::string name;              // for the profile: the kernel's name
     DevicePtr ptr = 0;             // Zero: what to clear
     size_t bytes = 0;
@@ -69,6 +79,7 @@ class DeviceExecutor {
     unsigned grid = 0, block = 0;
     size_t operands = 0, ranges = 0;
     bool has_ranges = false;
+    DevicePtr table = 0;           // Launch: the table block the offsets are in (0: tables_)
     int64_t bucket = 0;            // Reduce: the gradient bucket
   };
   struct Program {
@@ -76,6 +87,7 @@ class DeviceExecutor {
     std::vector<Step> steps;
     int runs = 0;
     bool host_hooks = false;  // has Reduce or Wait steps
+    bool norm_step = false;   // has a Norm step (GlobalNorm)
     bool graph_ready = false;
     Device::Graph graph = 0;
     std::vector<std::pair<uint64_t, uint64_t>> kept;  // [offset, end) of decode's key/value caches
@@ -105,6 +117,15 @@ class DeviceExecutor {
   uint64_t activation_bytes_ = 0;
   std::function<void(int64_t)> reduce_hook_;
   std::function<void()> wait_hook_, drain_hook_;
+  std::function<double(double)> norm_hook_;
+  // ZeRO-1's slices: table words holding a [begin, end) pair, by the buffer they slice (AdamW's
+  // value buffers, GlobalNorm's gradients); the slices set, by value buffer.
+  std::vector<std::pair<size_t, uint32_t>> slice_words_;
+  std::map<uint32_t, std::pair<int64_t, int64_t>> slices_;
+  Program round_copies_;  // round_other_compute_copies(), planned at its first call
+  bool round_planned_ = false;
+  DevicePtr round_tables_ = 0;
+  Device::Function round_fn_ = nullptr;  // kiln_round_copies, looked up with the first slice
   bool in_hook_ = false;  // an error thrown by a hook passes through run() as it is
   DevicePtr staging_ = 0;
   int64_t staging_n_ = 0;

@@ -18,12 +18,16 @@ reference with --total-batch 2*B*T (2 micro-steps per step), then checks (group 
 and (group tcp, the environment rendezvous RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT):
   tcp            2 processes started here: same checks as mpi (with --zero 1 on small buckets)
   single_zero1   one process with --zero 1 is the reference
+  tcp_three      3 ranks, --zero 1, small compiled buckets, against 1 process with 3 micro-steps
+  tcp_zero1_resume --zero 1 checkpoints: the whole AdamW state (as a plain 2-rank run's), and a
+                 run resumed from one bitwise equal to the uninterrupted run
   tcp_kill_1     SIGKILL rank 1 after the first step: rank 0 exits non-zero within 60 s, naming it
   tcp_kill_0     the same for rank 0 (the hub)
   tcp_hang       SIGSTOP rank 1 with KILN_COMM_TIMEOUT=4: rank 0 gives up on it after 4 s
   tcp_rank_error rank 1 fails at start (missing data): rank 0 exits non-zero too
   tcp_no_root    rank 1 without rank 0: exits non-zero after KILN_COMM_TIMEOUT=3 s, saying so
   tcp_other_data rank 1 reads other shards of the same sizes: both ranks refuse to start
+  tcp_other_checkpoints  only rank 0 has --checkpoint-dir (--zero 1): both ranks refuse to start
   tcp_idle_peer  a silent connection reaches rank 0 before rank 1: the ranks still train
   tcp_ipv6       MASTER_ADDR=::1 (skipped without IPv6 loopback)
   nccl_refused   --comm nccl on a cpu module is an error naming the target
@@ -31,7 +35,9 @@ and (group cuda, for a cuda spec compiled into kiln-run-emulated with --kilnc-ar
   tcp_plain      2 TCP ranks (no ZeRO): the same checks as tcp, through the device executor
   tcp_accum      2 ranks x 2 micro-steps against 1 process x 4
   tcp_hang_cuda  SIGSTOP rank 1 with KILN_COMM_TIMEOUT=20: rank 0 gives up on it
-  zero1_refused  --zero 1 on a cuda module: every rank ends with a message saying so
+  tcp_zero1_cuda --zero 1 through the device executor against 1 process, and its checkpoint (the
+                 AdamW moments gathered from both ranks) against a plain 2-rank run's
+(group cuda-zero1: that case alone, for a bf16 spec, whose compute copies the device rounds)
 
 The shards hold 12*B*T + 1 tokens: one process with 2 micro-steps and two ranks cross to the next
 shard at the same token (the loader's rule, training-semantics.md "Data", depends on
@@ -311,14 +317,15 @@ def case_mpi_hang(c: Ctx):
 # ---------------------------------------------------------------------------------------------
 # TCP rendezvous
 # ---------------------------------------------------------------------------------------------
-def start_tcp(c: Ctx, tag, extra=(), steps=None, save=True, port=None, per_rank=None, env_extra=None, micro=2):
+def start_tcp(c: Ctx, tag, extra=(), steps=None, save=True, port=None, per_rank=None, env_extra=None, micro=2,
+              world=2):
     port = port or free_port()
     procs = []
-    for r in range(2):
-        env = child_env({"RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r), "MASTER_ADDR": "127.0.0.1",
+    for r in range(world):
+        env = child_env({"RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r), "MASTER_ADDR": "127.0.0.1",
                          "MASTER_PORT": str(port), **(env_extra or {})})
         args = c.train_args(tag, extra, steps=steps, save=save, log=(r == 0), micro=micro)
-        if r == 1:
+        if r > 0:
             args += ["--log", os.path.join(c.workdir, f"{tag}.jsonl")]  # the same file: must stay unwritten
         if per_rank:
             args = per_rank(r, args)
@@ -356,6 +363,112 @@ def run_tcp_pair(c: Ctx, tag, extra):
 def case_tcp(c: Ctx):
     run_tcp_pair(c, "tcp", ["--zero", "1", "--bucket-mb", "0.03"])
     return compare_runs("tcp --zero 1 vs 1 process", c.ref, c.log("tcp"), c.ref_w, c.weights("tcp"))
+
+
+def read_checkpoint(path: str):
+    """A Kiln checkpoint's tensors (runtime/checkpoint.h, version 1) as {"name:field": floats}."""
+    with open(path, "rb") as f:
+        blob = f.read()
+    if blob[:8] != b"KILNCKPT":
+        raise TestFailure(f"{path}: not a Kiln checkpoint")
+    header_len = struct.unpack("<Q", blob[16:24])[0]
+    header = json.loads(blob[32:32 + header_len])
+    data = blob[32 + header_len:]
+    out = {}
+    for p in header["parameters"]:
+        for field in ("value", "adam_m", "adam_v"):
+            b, n = p[field]
+            a = array.array("f")
+            a.frombytes(data[b:b + n])
+            out[f"{p['name']}:{field}"] = a
+    return header, out
+
+
+def case_tcp_zero1_resume(c: Ctx):
+    # --zero 1 checkpoints hold the whole AdamW state (each rank's pieces gathered): the same
+    # tensors as a plain 2-rank run's checkpoint, and a run resumed from one is bitwise the
+    # uninterrupted run. Rewinding `latest` stands in for a kill (test_checkpoint.py kills).
+    steps, zero = 40, ["--zero", "1", "--bucket-mb", "0.03"]
+    ck, plain_ck = os.path.join(c.workdir, "zero1_ck"), os.path.join(c.workdir, "plain_ck")
+    for d in (ck, plain_ck):
+        shutil.rmtree(d, ignore_errors=True)
+
+    def pair(tag, extra):
+        procs, _ = start_tcp(c, tag, extra, steps=steps, save=False)
+        for r, (rc, o, e) in enumerate(finish(procs)):
+            if rc != 0:
+                raise TestFailure(f"{tag}: rank {r} exit {rc}\n{o[-2000:]}\n{e[-2000:]}")
+        rows = [json.loads(line) for line in open(os.path.join(c.workdir, f"{tag}.jsonl")) if line.strip()]
+        return [(r["step"], r["loss"], r["grad_norm"], r["lr"]) for r in rows]  # not the timings
+
+    def final_weights(tag):
+        return read_safetensors(os.path.join(c.workdir, f"{tag}.safetensors"))
+
+    save = lambda tag: ["--save", os.path.join(c.workdir, f"{tag}.safetensors")]  # noqa: E731
+    ref = pair("zero1_nock", zero + save("zero1_nock"))
+    every = ["--checkpoint-dir", ck, "--checkpoint-every", "10", "--keep", "0"]
+    run = pair("zero1_ck", zero + every + save("zero1_ck"))
+    if run != ref or final_weights("zero1_ck") != final_weights("zero1_nock"):
+        raise TestFailure("zero1_resume: checkpointing changed the run (losses or final weights differ)")
+    pair("plain_ck", ["--checkpoint-dir", plain_ck, "--checkpoint-every", "10"])
+
+    # The whole state: against the plain run's checkpoint at the same step.
+    last = f"ckpt_{steps:08d}.kiln-ckpt"
+    header, got = read_checkpoint(os.path.join(ck, last))
+    _, want = read_checkpoint(os.path.join(plain_ck, last))
+    if header["zero_stage"] != 1 or header["world_size"] != 2:
+        raise TestFailure(f"zero1_resume: header says zero_stage {header['zero_stage']}, world_size {header['world_size']}")
+    worst_state = 0.0
+    for name, w in want.items():
+        scale = max(max(abs(x) for x in w), 1e-30)
+        d = max(abs(a - b) for a, b in zip(got[name], w)) / scale
+        worst_state = max(worst_state, d)
+        if not d <= 1e-4:
+            raise TestFailure(f"zero1_resume: {name} of {last} differs from the plain run's by {d:.2e} of its largest")
+
+    # Rewind to step 20 and resume: steps 20..39 and the final weights bitwise as uninterrupted.
+    for n in (30, 40):
+        os.remove(os.path.join(ck, f"ckpt_{n:08d}.kiln-ckpt"))
+    with open(os.path.join(ck, "latest"), "w") as f:
+        f.write("ckpt_00000020.kiln-ckpt\n")
+    resumed = pair("zero1_resumed", zero + every + ["--resume"] + save("zero1_resumed"))
+    if [r[0] for r in resumed] != list(range(20, steps)):
+        raise TestFailure(f"zero1_resume: the resumed run logged steps {[r[0] for r in resumed]}")
+    differ = [r[0] for r, g in zip(ref[20:], resumed) if r != g]
+    if differ:
+        raise TestFailure(f"zero1_resume: resumed losses or norms differ from the uninterrupted run at steps {differ}")
+    if final_weights("zero1_resumed") != final_weights("zero1_nock"):
+        raise TestFailure("zero1_resume: the resumed run's final weights differ from the uninterrupted run's")
+    # The same checkpoint resumed without ZeRO-1: the file holds the whole state either way.
+    os.remove(os.path.join(ck, "latest"))
+    for n in (30, 40):
+        p = os.path.join(ck, f"ckpt_{n:08d}.kiln-ckpt")
+        if os.path.exists(p):
+            os.remove(p)
+    plain = pair("zero1_resumed_plain", every + ["--resume"] + save("zero1_resumed_plain"))
+    worst = max(abs(r[1] - g[1]) for r, g in zip(ref[20:], plain))
+    if [r[0] for r in plain] != list(range(20, steps)) or not worst <= 1e-5:
+        raise TestFailure(f"zero1_resume: resumed with --zero 0: steps {[r[0] for r in plain]}, |dloss| {worst:.2e}")
+    return (f"checkpoint state vs plain 2-rank run: max rel diff {worst_state:.1e}; resumed at step 20: "
+            f"{steps - 20} losses and final weights bitwise equal; resumed with --zero 0: |dloss| {worst:.1e}")
+
+
+def case_tcp_three(c: Ctx):
+    # 3 ranks, --zero 1, against 1 process with 3 micro-steps (the same tokens), compiled with
+    # small buckets: uneven pieces, and parameters of which some ranks own no element.
+    c.run(c.train_args("ref3", micro=3), "reference (1 process, 3 micro-steps)")
+    small = os.path.join(c.workdir, "gpt2-small-buckets")
+    subprocess.run([c.a.kilnc, c.a.spec, "-o", small, "--bucket-mb", "0.01", *c.a.kilnc_arg], check=True,
+                   cwd=c.workdir, capture_output=True)
+    swap = lambda r, args: [small if a == c.exe else a for a in args]  # noqa: E731
+    procs, _ = start_tcp(c, "tcp_three", ["--zero", "1"], micro=3, world=3, per_rank=swap)
+    for r, (rc, o, e) in enumerate(finish(procs)):
+        if rc != 0:
+            raise TestFailure(f"tcp_three: rank {r} exit {rc}\n{o[-2000:]}\n{e[-2000:]}")
+        if r > 0 and o.strip():
+            raise TestFailure(f"tcp_three: rank {r} printed progress:\n{o}")
+    return compare_runs("tcp 3 ranks --zero 1 vs 1 process x3", c.log("ref3"), c.log("tcp_three"), c.weights("ref3"),
+                        c.weights("tcp_three"))
 
 
 def case_single_zero1(c: Ctx):
@@ -459,6 +572,24 @@ def case_tcp_other_data(c: Ctx):
     return res[1][2].strip().splitlines()[-1]
 
 
+def case_tcp_other_checkpoints(c: Ctx):
+    # Only rank 0 is given --checkpoint-dir: a --zero 1 run gathers its moments for every
+    # checkpoint on every rank, so both ranks refuse to start rather than hang at the first one.
+    ck = os.path.join(c.workdir, "other_ck")
+
+    def rank0_checkpoints(r, args):
+        return args + (["--checkpoint-dir", ck, "--checkpoint-every", "1"] if r == 0 else [])
+    procs, _ = start_tcp(c, "tcp_other_checkpoints", ["--zero", "1"], save=False, per_rank=rank0_checkpoints)
+    res = finish(procs, timeout=KILL_LIMIT_S)
+    want = "disagree with rank 0 about the training options"
+    for r, (rc, o, e) in enumerate(res):
+        if rc == 0 or want not in e:
+            raise TestFailure(f"tcp_other_checkpoints: rank {r} exit {rc}:\n{e[-2000:]}")
+    if os.path.exists(ck) and os.listdir(ck):
+        raise TestFailure(f"tcp_other_checkpoints: {ck} holds {os.listdir(ck)}")
+    return res[1][2].strip().splitlines()[-1]
+
+
 def case_tcp_idle_peer(c: Ctx):
     # A connection to rank 0 that never says hello (a port scanner, a stale client) comes first:
     # the two ranks still meet and train, within the 6 s timeout.
@@ -543,21 +674,55 @@ def case_tcp_hang_cuda(c: Ctx):
     return tcp_kill(c, 1, signal.SIGSTOP, "tcp_hang_cuda", "for 20 s (hung or unreachable", ["--comm", "tcp"], "20")
 
 
-def case_zero1_refused(c: Ctx):
-    procs, _ = start_tcp(c, "zero1_refused", ["--comm", "tcp", "--zero", "1"], save=False)
-    res = finish(procs, timeout=120)
-    want = "--zero 1 (ZeRO-1) is not supported for cuda modules yet"
-    for r, (rc, o, e) in enumerate(res):
-        if rc == 0 or want not in e:
-            raise TestFailure(f"zero1_refused: rank {r} exit {rc}:\n{e[-2000:]}")
-    return res[0][2].strip().splitlines()[-1]
+def case_tcp_zero1_cuda(c: Ctx):
+    # ZeRO-1 through the device executor: sliced AdamW and norm tables, the norm's sum over ranks
+    # between its two kernels, the gathered values' bf16 copies rounded on the device; and its
+    # checkpoint (the moments gathered) against a plain 2-rank run's.
+    ck = {tag: os.path.join(c.workdir, f"{tag}_ck") for tag in ("tcp_zero1", "tcp_plain_ck")}
+    for d in ck.values():
+        shutil.rmtree(d, ignore_errors=True)
+    every = ["--checkpoint-dir", ck["tcp_zero1"], "--checkpoint-every", str(c.steps - 1), "--keep", "0"]
+    run_tcp_pair(c, "tcp_zero1", ["--comm", "tcp", "--zero", "1"] + every)
+    msg = compare_runs("tcp --zero 1 vs 1 process", c.ref, c.log("tcp_zero1"), c.ref_w, c.weights("tcp_zero1"))
+    # Rewound to the step before the last and resumed: that step again, as it was (the emulation
+    # adds its atomics in a fixed order, so bitwise; a GPU would match to rounding).
+    uninterrupted = c.log("tcp_zero1")[-1]
+    os.remove(os.path.join(ck["tcp_zero1"], f"ckpt_{c.steps:08d}.kiln-ckpt"))
+    with open(os.path.join(ck["tcp_zero1"], "latest"), "w") as f:
+        f.write(f"ckpt_{c.steps - 1:08d}.kiln-ckpt\n")
+    resumed_w = os.path.join(c.workdir, "tcp_zero1_resumed.safetensors")
+    procs, _ = start_tcp(c, "tcp_zero1_resumed", ["--comm", "tcp", "--zero", "1", "--resume", "--save", resumed_w] + every,
+                         save=False)
+    for r, (rc, o, e) in enumerate(finish(procs)):
+        if rc != 0:
+            raise TestFailure(f"tcp_zero1_cuda: resumed rank {r} exit {rc}\n{o[-2000:]}\n{e[-2000:]}")
+    rows = [json.loads(line) for line in open(os.path.join(c.workdir, "tcp_zero1_resumed.jsonl")) if line.strip()]
+    key = lambda r: (r["step"], r["loss"], r["grad_norm"], r["lr"])  # noqa: E731
+    if [key(r) for r in rows] != [key(uninterrupted)]:
+        raise TestFailure(f"tcp_zero1_cuda: resumed at step {c.steps - 1}: {rows} against {uninterrupted}")
+    if read_safetensors(resumed_w) != read_safetensors(os.path.join(c.workdir, "tcp_zero1.safetensors")):
+        raise TestFailure("tcp_zero1_cuda: the resumed run's final weights differ from the uninterrupted run's")
+    msg += f"; resumed at step {c.steps - 1}: its loss, norm and the final weights bitwise"
+    run_tcp_pair(c, "tcp_plain_ck", ["--comm", "tcp", "--checkpoint-dir", ck["tcp_plain_ck"]])
+    last = f"ckpt_{c.steps:08d}.kiln-ckpt"
+    _, got = read_checkpoint(os.path.join(ck["tcp_zero1"], last))
+    _, want = read_checkpoint(os.path.join(ck["tcp_plain_ck"], last))
+    worst = 0.0
+    for name, w in want.items():
+        scale = max(max(abs(x) for x in w), 1e-30)
+        d = max(abs(a - b) for a, b in zip(got[name], w)) / scale
+        worst = max(worst, d)
+        if not d <= 1e-4:
+            raise TestFailure(f"tcp_zero1_cuda: {name} of {last} differs from the plain run's by {d:.2e} of its largest")
+    return f"{msg}; checkpoint vs plain 2-rank run: max rel diff {worst:.1e}"
 
 
 GROUPS = {
-    "cuda": [case_tcp_plain, case_tcp_accum, case_tcp_hang_cuda, case_zero1_refused],
+    "cuda": [case_tcp_plain, case_tcp_accum, case_tcp_hang_cuda, case_tcp_zero1_cuda],
+    "cuda-zero1": [case_tcp_zero1_cuda],
     "mpi": [case_mpi, case_mpi_zero1, case_mpi_accum, case_mpi_kill, case_mpi_hang],
-    "tcp": [case_tcp, case_single_zero1, case_tcp_kill_1, case_tcp_kill_0, case_tcp_hang, case_tcp_rank_error,
-            case_tcp_no_root, case_tcp_other_data, case_tcp_idle_peer, case_tcp_ipv6,
+    "tcp": [case_tcp, case_single_zero1, case_tcp_zero1_resume, case_tcp_three, case_tcp_kill_1, case_tcp_kill_0, case_tcp_hang, case_tcp_rank_error,
+            case_tcp_no_root, case_tcp_other_data, case_tcp_other_checkpoints, case_tcp_idle_peer, case_tcp_ipv6,
             case_nccl_refused],
 }
 
@@ -567,7 +732,7 @@ def main(argv=None) -> int:
     ap.add_argument("--kilnc", required=True)
     ap.add_argument("--spec", required=True)
     ap.add_argument("--workdir", required=True)
-    ap.add_argument("--group", choices=("mpi", "tcp", "cuda", "all"), default="all",
+    ap.add_argument("--group", choices=("mpi", "tcp", "cuda", "cuda-zero1", "all"), default="all",
                     help="all: mpi and tcp; cuda: the cases for a cuda spec (run on kiln-run-emulated)")
     ap.add_argument("--kilnc-arg", action="append", default=[], help="an extra kilnc argument (repeatable)")
     ap.add_argument("--mpirun", default="mpirun")

@@ -217,6 +217,13 @@ TEST(DataParallel, BucketsRunFromTheLastParameterAndCoverEveryElementOnce) {
     }
     for (int n : owners) EXPECT_EQ(n, 1) << "parameter " << p;
   }
+  // small parameters at a bucket's end lie wholly on the last rank: the others own none of them
+  BucketPlan tail = plan_buckets({1, 1, 10}, 1 << 20, 3);  // one bucket [p2 p1 p0], pieces 4 4 4
+  EXPECT_EQ(tail.buckets[0].pieces, std::vector<int64_t>({4, 4, 4}));
+  EXPECT_EQ(tail.owned(0, 0), std::make_pair(int64_t(0), int64_t(0)));
+  EXPECT_EQ(tail.owned(1, 1), std::make_pair(int64_t(0), int64_t(0)));
+  EXPECT_EQ(tail.owned(0, 2), std::make_pair(int64_t(0), int64_t(1)));
+  EXPECT_EQ(tail.owned(2, 2), std::make_pair(int64_t(8), int64_t(10)));
   // one rank owns everything; an empty parameter is harmless
   BucketPlan one = plan_buckets({3, 0, 4}, 1 << 20, 1);
   EXPECT_EQ(one.buckets.size(), 1u);
