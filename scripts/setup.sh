@@ -12,6 +12,8 @@ packages=(
   # runtime: module format, BLAS (also PyTorch's, via libblas.so.3), MPI, libraries
   flatbuffers-compiler libflatbuffers-dev libopenblas-dev libopenmpi-dev openmpi-bin
   libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libfmt-dev libpcre2-dev
+  # pictures: Graphviz's dot draws kiln-inspect --dot graphs
+  graphviz
   # tests: GoogleTest, and PyTorch as the oracle (run with /usr/bin/python3)
   libgtest-dev python3 python3-torch python3-numpy
 )

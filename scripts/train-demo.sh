@@ -32,6 +32,12 @@ if [ -n "${KILN_DEMO_SPEC:-}" ]; then spec=$KILN_DEMO_SPEC; fi
 name=$(basename "$spec" .toml)
 build/bin/kilnc "$spec" -o "$out/gpt2"
 build/bin/kiln-inspect "$out/gpt2"
+# The training step as a picture: its kernels in order and the buffers between them.
+build/bin/kiln-inspect "$out/gpt2" --dot "$out/micro_step.dot"
+step_svg=""
+if command -v dot >/dev/null 2>&1 && dot -Tsvg "$out/micro_step.dot" -o "$out/micro_step.svg"; then
+  step_svg="  step: $out/micro_step.svg"
+fi
 
 rm -f "$out/train.jsonl"
 "$out/gpt2" train --data "$out/sotu/train_*.bin" --val-data "$out/sotu/val_*.bin" \
@@ -42,4 +48,4 @@ build/bin/kiln-inspect plot "$out/train.jsonl" -o "$out/loss.svg"
 
 "$out/gpt2" sample --init "$out/$name.safetensors" --prompt "The state of the Union is" \
   --max-new-tokens 40 --num-samples 3 --seed 7
-echo "log: $out/train.jsonl  curves: $out/loss.svg  weights: $out/$name.safetensors"
+echo "log: $out/train.jsonl  curves: $out/loss.svg  weights: $out/$name.safetensors$step_svg"

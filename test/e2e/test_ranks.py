@@ -384,6 +384,23 @@ def read_checkpoint(path: str):
     return header, out
 
 
+def compare_checkpoints(what: str, zero1: str, plain: str, tol=1e-4):
+    """A 2-rank --zero 1 checkpoint against a plain 2-rank run's: every value and moment within
+    tol of the tensor's largest magnitude (a moment left ungathered is off by all of it)."""
+    header, got = read_checkpoint(zero1)
+    _, want = read_checkpoint(plain)
+    if header["zero_stage"] != 1 or header["world_size"] != 2:
+        raise TestFailure(f"{what}: {zero1} says zero_stage {header['zero_stage']}, world_size {header['world_size']}")
+    worst = 0.0
+    for name, w in want.items():
+        scale = max(max(abs(x) for x in w), 1e-30)
+        d = max(abs(a - b) for a, b in zip(got[name], w)) / scale
+        worst = max(worst, d)
+        if not d <= tol:
+            raise TestFailure(f"{what}: {name} of {zero1} differs from the plain run's by {d:.2e} of its largest")
+    return worst
+
+
 def case_tcp_zero1_resume(c: Ctx):
     # --zero 1 checkpoints hold the whole AdamW state (each rank's pieces gathered): the same
     # tensors as a plain 2-rank run's checkpoint, and a run resumed from one is bitwise the
@@ -414,17 +431,7 @@ def case_tcp_zero1_resume(c: Ctx):
 
     # The whole state: against the plain run's checkpoint at the same step.
     last = f"ckpt_{steps:08d}.kiln-ckpt"
-    header, got = read_checkpoint(os.path.join(ck, last))
-    _, want = read_checkpoint(os.path.join(plain_ck, last))
-    if header["zero_stage"] != 1 or header["world_size"] != 2:
-        raise TestFailure(f"zero1_resume: header says zero_stage {header['zero_stage']}, world_size {header['world_size']}")
-    worst_state = 0.0
-    for name, w in want.items():
-        scale = max(max(abs(x) for x in w), 1e-30)
-        d = max(abs(a - b) for a, b in zip(got[name], w)) / scale
-        worst_state = max(worst_state, d)
-        if not d <= 1e-4:
-            raise TestFailure(f"zero1_resume: {name} of {last} differs from the plain run's by {d:.2e} of its largest")
+    worst_state = compare_checkpoints("zero1_resume", os.path.join(ck, last), os.path.join(plain_ck, last))
 
     # Rewind to step 20 and resume: steps 20..39 and the final weights bitwise as uninterrupted.
     for n in (30, 40):
@@ -705,15 +712,8 @@ def case_tcp_zero1_cuda(c: Ctx):
     msg += f"; resumed at step {c.steps - 1}: its loss, norm and the final weights bitwise"
     run_tcp_pair(c, "tcp_plain_ck", ["--comm", "tcp", "--checkpoint-dir", ck["tcp_plain_ck"]])
     last = f"ckpt_{c.steps:08d}.kiln-ckpt"
-    _, got = read_checkpoint(os.path.join(ck["tcp_zero1"], last))
-    _, want = read_checkpoint(os.path.join(ck["tcp_plain_ck"], last))
-    worst = 0.0
-    for name, w in want.items():
-        scale = max(max(abs(x) for x in w), 1e-30)
-        d = max(abs(a - b) for a, b in zip(got[name], w)) / scale
-        worst = max(worst, d)
-        if not d <= 1e-4:
-            raise TestFailure(f"tcp_zero1_cuda: {name} of {last} differs from the plain run's by {d:.2e} of its largest")
+    worst = compare_checkpoints("tcp_zero1_cuda", os.path.join(ck["tcp_zero1"], last),
+                                os.path.join(ck["tcp_plain_ck"], last))
     return f"{msg}; checkpoint vs plain 2-rank run: max rel diff {worst:.1e}"
 
 

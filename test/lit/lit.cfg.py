@@ -1,5 +1,6 @@
 # lit configuration for Kiln's FileCheck tests (dialects/, passes/, tools/).
 import os
+import shutil
 import lit.formats
 
 config.name = "Kiln"
@@ -19,3 +20,7 @@ config.substitutions.append(("%python", "/usr/bin/python3"))
 # kilnc compiles generated CUDA kernels with NVRTC when it was built with CUDA.
 if config.kiln_nvrtc.upper() in ("1", "ON", "TRUE", "YES"):
     config.available_features.add("nvrtc")
+
+# Graphviz's dot draws kiln-inspect --dot graphs (scripts/setup.sh installs it).
+if shutil.which("dot", path=config.environment["PATH"]):
+    config.available_features.add("graphviz")

@@ -11,6 +11,7 @@
 #include "runtime/module.h"
 #include "tools/kiln-inspect/cuda_report.h"
 #include "tools/kiln-inspect/fusion_report.h"
+#include "tools/kiln-inspect/program_graph.h"
 #include "tools/kiln-inspect/loss_plot.h"
 #include "tools/kiln-inspect/memory_report.h"
 #include "tools/kiln-inspect/roofline_report.h"
@@ -172,7 +173,7 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "plot") return plot_main(argc - 1, argv + 1);
   CLI::App app{"kiln-inspect: report on a Kiln module or training executable\n"
                "(kiln-inspect plot LOG.jsonl -o loss.svg draws loss curves)"};
-  std::string path, svg, source;
+  std::string path, svg, source, dot, program = "micro_step", dot_state = "all";
   bool json = false, verify = false, buffers = false, cuda_resources = false, roofline = false;
   RooflineRates rates;
   const CLI::Validator positive(
@@ -199,6 +200,16 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(positive);
   app.add_flag("--verify-plan", verify, "check the memory plan (no two live buffers overlap) and say so");
   app.add_option("--svg", svg, "draw the memory timeline of the largest program into this SVG file");
+  app.add_option("--dot", dot,
+                 "write one program as a Graphviz graph to this file (- for stdout): its instructions in order "
+                 "(each kernel with the ops it fuses), grouped by phase, and the buffers between them; "
+                 "dot -Tsvg F.dot -o F.svg draws it")
+      ->type_name("FILE");
+  app.add_option("--program", program, "--dot: the program to draw")->capture_default_str();
+  app.add_option("--dot-state", dot_state,
+                 "--dot: all (every parameter, gradient and moment an instruction touches) or inputs (token ids and "
+                 "hyperparameters only)")
+      ->capture_default_str()->check(CLI::IsMember({"all", "inputs"}));
   app.add_option("--kernel-source", source,
                  "write the generated kernels' source the module carries (C++, or the CUDA C++ its cubins were "
                  "compiled from) to this file; - for stdout")
@@ -214,6 +225,14 @@ int main(int argc, char** argv) {
     if (verify) {
       std::printf("plan verified: %s, %u buffers, no two live buffers overlap\n", path.c_str(),
                   m.fb().buffers()->size());
+      return 0;
+    }
+    if (!dot.empty()) {
+      const std::string text = program_dot(m, program, dot_state == "all" ? GraphState::All : GraphState::Inputs);
+      if (dot == "-") std::fwrite(text.data(), 1, text.size(), stdout);
+      else write_file_atomic(dot, {{text.data(), text.size()}});
+      if (dot != "-") std::fprintf(stderr, "wrote %s (program %s)\n", dot.c_str(), program.c_str());
+      flush_stdout();
       return 0;
     }
     if (!svg.empty()) {
