@@ -200,20 +200,23 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(positive);
   app.add_flag("--verify-plan", verify, "check the memory plan (no two live buffers overlap) and say so");
   app.add_option("--svg", svg, "draw the memory timeline of the largest program into this SVG file");
-  app.add_option("--dot", dot,
+  CLI::Option* dot_opt = app.add_option("--dot", dot,
                  "write one program as a Graphviz graph to this file (- for stdout): its instructions in order "
-                 "(each kernel with the ops it fuses), grouped by phase, and the buffers between them; "
-                 "dot -Tsvg F.dot -o F.svg draws it")
+                 "(each kernel with the ops it fuses, each built-in op), grouped by phase, and the buffers between "
+                 "them; dot -Tsvg F.dot -o F.svg draws it")
       ->type_name("FILE");
-  app.add_option("--program", program, "--dot: the program to draw")->capture_default_str();
+  app.add_option("--program", program, "--dot: the program to draw")->capture_default_str()->needs(dot_opt);
   app.add_option("--dot-state", dot_state,
-                 "--dot: all (every parameter, gradient and moment an instruction touches) or inputs (token ids and "
-                 "hyperparameters only)")
-      ->capture_default_str()->check(CLI::IsMember({"all", "inputs"}));
+                 "--dot: all (also every parameter, compute copy, gradient and moment an instruction uses) or "
+                 "inputs (token ids, hyperparameters and key/value caches only)")
+      ->capture_default_str()->check(CLI::IsMember({"all", "inputs"}))->needs(dot_opt);
   app.add_option("--kernel-source", source,
                  "write the generated kernels' source the module carries (C++, or the CUDA C++ its cubins were "
                  "compiled from) to this file; - for stdout")
       ->type_name("FILE");
+  for (const char* other : {"--svg", "--kernel-source", "--json", "--buffers", "--verify-plan", "--cuda-resources",
+                            "--roofline"})
+    dot_opt->excludes(app.get_option(other));
   CLI11_PARSE(app, argc, argv);
   std::string given;
   for (const char* flag : {"--peak-tflops", "--vector-tflops", "--bandwidth-gbs"})

@@ -4,6 +4,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "runtime/error.h"
@@ -23,20 +24,18 @@ std::string quoted(const std::string& s) {
   return out + "\"";
 }
 
-// A long kernel name broken at underscores into lines of about `width` characters.
+// A long kernel name broken after underscores into lines of about `width` characters (every
+// character kept: the lines joined give the name back).
 std::string wrapped(const std::string& name, size_t width = 30) {
   std::string out, line;
   size_t at = 0;
-  while (at <= name.size()) {
+  while (at < name.size()) {
     size_t next = name.find('_', at);
-    if (next == std::string::npos) next = name.size();
-    const std::string word = name.substr(at, next - at);
-    if (!line.empty() && line.size() + 1 + word.size() > width) {
-      out += line + "_\n";
-      line.clear();
-    }
-    line += (line.empty() ? "" : "_") + word;
-    at = next + 1;
+    next = next == std::string::npos ? name.size() : next + 1;  // a piece ends with its underscore
+    const std::string piece = name.substr(at, next - at);
+    if (!line.empty() && line.size() + piece.size() > width) out += line + "\n", line.clear();
+    line += piece;
+    at = next;
   }
   return out + line;
 }
@@ -91,6 +90,8 @@ std::string buffer_label(const Module& m, uint32_t b) {
 
 // Instructions apart within which an activation is drawn as an edge (farther: a note).
 constexpr int64_t kLocal = 8;
+// State buffers of one instruction drawn one by one; more are summed up by kind.
+constexpr size_t kMaxStateNodes = 16;
 
 }  // namespace
 
@@ -106,7 +107,7 @@ std::string program_dot(const Module& m, const std::string& program, GraphState 
   std::string out = "digraph " + quoted(program) + " {\n";
   out += "  graph [rankdir=TB, fontname=\"Helvetica\", fontsize=12, label=" +
          quoted(m.source() + ": program " + program + ", " + std::to_string(n) +
-                " instructions (boxes, in order), the buffers between them (edges)" +
+                " instructions (boxes, in order), the buffers between them (edges; notes for distant ones)" +
                 (state == GraphState::All ? " and the state they read or write (ellipses)" : "")) +
          ", labelloc=t];\n";
   out += "  node [fontname=\"Helvetica\", fontsize=10, style=filled];\n  edge [fontname=\"Helvetica\", fontsize=8];\n";
@@ -124,19 +125,20 @@ std::string program_dot(const Module& m, const std::string& program, GraphState 
       open = true, open_phase = ins.phase();
     }
     std::string label = "#" + std::to_string(k) + " ", fill = "#ffffff", style = "filled";
-    bool whole_model = false;  // the optimizer kernel: its location is its first parameter's
+    bool whole_model = false;  // the optimizer kernel and the hooks: no one place in the model
     if (ins.op() == fb::OpCode::Kernel && kernels && uint32_t(ins.ints()->Get(0)) < kernels->size()) {
       const fb::Kernel& kr = *kernels->Get(uint32_t(ins.ints()->Get(0)));
       const std::string kind = kr.kind() ? kr.kind()->str() : "";
-      label += wrapped(kr.name() ? kr.name()->str() : kr.symbol()->str()) + "\n" + kind;
+      label += wrapped(kr.name() ? kr.name()->str() : kr.symbol()->str()) + "\n(" + kind;
       if (kr.cublaslt() && kr.cublaslt()->size()) label += ", cuBLASLt";
       if (kr.launches() > 1) label += ", " + std::to_string(kr.launches()) + " launches";
+      label += ")";
       fill = fill_of_kind(kind);
       whole_model = kind == "optimizer";
     } else {
-      label += std::string(fb::EnumNameOpCode(ins.op())) + "\nbuilt-in";
       const bool hook = ins.op() == fb::OpCode::ReduceGradients || ins.op() == fb::OpCode::WaitGradients;
-      if (hook) label += " (ranks)", style = "filled,dashed", fill = "#fff3cd";
+      label += std::string(fb::EnumNameOpCode(ins.op())) + (hook ? "\n(built-in, ranks)" : "\n(built-in)");
+      if (hook) style = "filled,dashed", fill = "#fff3cd", whole_model = true;  // its location: one gradient's
     }
     if (const std::string where = place(ins.loc()); !where.empty() && !whole_model) label += "\n" + where;
     out += "    i" + std::to_string(k) + " [shape=box, style=" + quoted(style) + ", fillcolor=" + quoted(fill) +
@@ -150,51 +152,80 @@ std::string program_dot(const Module& m, const std::string& program, GraphState 
   // Edges: an activation from the instruction that last wrote it to each that reads it; a state
   // buffer (with GraphState::All, or an input or hyperparameter) as a node of its own.
   std::map<uint32_t, int64_t> writer;
-  auto state_shown = [&](uint32_t b) {
-    const fb::BufferKind kind = m.buffer(b).kind();
-    return state == GraphState::All || kind == fb::BufferKind::Input || kind == fb::BufferKind::Hyper;
-  };
   std::set<uint32_t> kept;  // decode's key/value caches: activations that outlive a run
   for (uint32_t b : m.kept_buffers(*prog)) kept.insert(b);
-  // A state buffer gets a node beside each instruction that uses it (one node for all its uses
-  // would pull a parameter read by the forward and the backward pass across the whole picture).
-  auto state_node = [&](uint32_t b, int64_t k) {
-    const std::string id = "b" + std::to_string(b) + "_" + std::to_string(k);
-    const std::string kind = kept.count(b) ? "kept between runs" : fb::EnumNameBufferKind(m.buffer(b).kind());
-    out += "  " + id + " [shape=ellipse, fillcolor=" + quoted(fill_of_buffer(m.buffer(b).kind())) +
-           ", label=" + quoted(buffer_label(m, b) + "\n" + kind) + "];\n";
-    return id;
+  auto shown = [&](uint32_t b) {
+    const fb::BufferKind kind = m.buffer(b).kind();
+    return state == GraphState::All || kind == fb::BufferKind::Input || kind == fb::BufferKind::Hyper || kept.count(b);
+  };
+  // Updated in place, so read as well as written: a gradient accumulates, AdamW updates a
+  // parameter and its moments (the module lists them as outputs), decode attention writes its
+  // cache (listed as an input).
+  auto in_place = [&](uint32_t b) {
+    const fb::BufferKind kind = m.buffer(b).kind();
+    return kept.count(b) || kind == fb::BufferKind::Gradient || kind == fb::BufferKind::Parameter ||
+           kind == fb::BufferKind::AdamM || kind == fb::BufferKind::AdamV;
+  };
+  auto kind_name = [&](uint32_t b) -> std::string {
+    return kept.count(b) ? "kept between runs" : fb::EnumNameBufferKind(m.buffer(b).kind());
   };
   for (int64_t k = 0; k < n; ++k) {
     const fb::Instr& ins = *prog->instrs()->Get(uint32_t(k));
     const std::string to = "i" + std::to_string(k);
-    std::set<uint32_t> written(ins.outputs()->begin(), ins.outputs()->end());
+    const std::set<uint32_t> written(ins.outputs()->begin(), ins.outputs()->end());
+    std::vector<std::pair<uint32_t, const char*>> uses;  // shown state: (buffer, "read", "written" or "updated")
     for (uint32_t b : std::set<uint32_t>(ins.inputs()->begin(), ins.inputs()->end())) {
       if (m.buffer(b).kind() == fb::BufferKind::Activation && !kept.count(b)) {
         auto w = writer.find(b);
-        if (w == writer.end()) continue;
-        // An activation kept for a distant reader (the backward pass's saved values) arrives
-        // as a note naming its writer: an edge across the picture would hide the local ones (and
-        // take Graphviz minutes to route for GPT-2 124M).
-        const fb::Instr& from = *prog->instrs()->Get(uint32_t(w->second));
-        if (from.phase() != ins.phase() || k - w->second > kLocal) {
-          const std::string id = "s" + std::to_string(b) + "_" + std::to_string(k);
-          out += "  " + id + " [shape=note, fillcolor=\"#ffffff\", label=" +
-                 quoted(buffer_label(m, b) + "\nfrom #" + std::to_string(w->second)) + "];\n  " + id + " -> " + to + ";\n";
+        const std::string note = "s" + std::to_string(b) + "_" + std::to_string(k);
+        if (w == writer.end()) {  // the plan verifier refuses this; drawn rather than hidden
+          out += "  " + note + " [shape=note, fillcolor=\"#f8d7da\", label=" +
+                 quoted(buffer_label(m, b) + "\nnot written before here") + "];\n  " + note + " -> " + to + ";\n";
+        } else if (k - w->second > kLocal) {
+          // Read far from its writer (the backward pass's saved values): a note naming the
+          // writer, as an edge across the picture would hide the local ones (and take Graphviz
+          // minutes to route for GPT-2 124M).
+          out += "  " + note + " [shape=note, fillcolor=\"#ffffff\", label=" +
+                 quoted(buffer_label(m, b) + "\nfrom #" + std::to_string(w->second)) + "];\n  " + note + " -> " + to + ";\n";
         } else {
           out += "  i" + std::to_string(w->second) + " -> " + to + " [label=" + quoted(buffer_label(m, b)) + "];\n";
         }
-      } else if ((kept.count(b) || state_shown(b)) && !written.count(b)) {
-        out += "  " + state_node(b, k) + " -> " + to + ";\n";
+      } else if (shown(b) && !written.count(b)) {
+        uses.push_back({b, kept.count(b) ? "updated" : "read"});
       }
     }
     for (uint32_t b : written) {
-      const bool is_state = m.buffer(b).kind() != fb::BufferKind::Activation || kept.count(b);
-      if (is_state && (kept.count(b) || state_shown(b))) {
-        const bool reads = std::find(ins.inputs()->begin(), ins.inputs()->end(), b) != ins.inputs()->end();
-        out += "  " + to + " -> " + state_node(b, k) + (reads ? " [style=bold, label=\"updates\"]" : "") + ";\n";
-      }
+      if ((m.buffer(b).kind() != fb::BufferKind::Activation || kept.count(b)) && shown(b))
+        uses.push_back({b, in_place(b) ? "updated" : "written"});
       writer[b] = k;
+    }
+    // A node beside each instruction for each state buffer it uses (one node for all uses would
+    // pull a parameter read by the forward and the backward pass across the picture); past
+    // kMaxStateNodes (the optimizer, the gradient hooks), one node per kind and use.
+    std::map<std::tuple<fb::BufferKind, bool, std::string>, int> summary;  // (kind, kept, use)
+    auto edge = [&](const std::string& id, const std::string& use) {
+      if (use == "read") out += "  " + id + " -> " + to + ";\n";
+      else if (use == "written") out += "  " + to + " -> " + id + ";\n";
+      else out += "  " + to + " -> " + id + " [dir=both, style=bold, label=\"updates\"];\n";
+    };
+    for (auto [b, use] : uses) {
+      if (uses.size() > kMaxStateNodes) {
+        summary[{m.buffer(b).kind(), kept.count(b) > 0, use}]++;
+        continue;
+      }
+      const std::string id = "b" + std::to_string(b) + "_" + std::to_string(k);
+      out += "  " + id + " [shape=ellipse, fillcolor=" + quoted(fill_of_buffer(m.buffer(b).kind())) +
+             ", label=" + quoted(buffer_label(m, b) + "\n" + kind_name(b)) + "];\n";
+      edge(id, use);
+    }
+    int group = 0;
+    for (const auto& [key, count] : summary) {
+      const auto& [kind, is_kept, use] = key;
+      const std::string id = "g" + std::to_string(k) + "_" + std::to_string(group++);
+      const std::string what = is_kept ? "kept" : fb::EnumNameBufferKind(kind);
+      out += "  " + id + " [shape=ellipse, peripheries=2, fillcolor=" + quoted(fill_of_buffer(kind)) + ", label=" +
+             quoted(std::to_string(count) + " " + what + " buffers\n" + use) + "];\n";
+      edge(id, use);
     }
   }
   // What the caller reads back.

@@ -11,8 +11,8 @@ namespace kiln {
 
 // What to draw besides the activations between instructions.
 enum class GraphState {
-  Inputs,  // token ids and hyperparameters only (parameters, gradients and moments left out)
-  All,     // every state buffer an instruction reads or writes, as a node of its own
+  Inputs,  // token ids, hyperparameters and decode's key/value caches (no weights or optimizer state)
+  All,     // also every parameter, compute copy, gradient and moment an instruction reads or writes
 };
 
 // kiln::Error when the module has no such program.
