@@ -339,11 +339,18 @@ class Fuser {
       name += n.str();
     }
     Operation* root = group.back();
+    // The kernel's place in the model is its anchor op's (the layer_norm_grad of a layer-norm
+    // backward, the matmul of a product with its epilogues), not that of the accumulation it ends with.
+    Location loc = root->getLoc();
+    for (Operation* op : group)
+      if (op->getName().stripDialect() == kind) {
+        loc = op->getLoc();
+        break;
+      }
     OpBuilder b(root);
     SmallVector<Type> types;
     for (Value v : outputs) types.push_back(v.getType());
-    auto fusion = b.create<FusionOp>(root->getLoc(), types, b.getStringAttr(kind), b.getStringAttr(name),
-                                     inputs.getArrayRef());
+    auto fusion = b.create<FusionOp>(loc, types, b.getStringAttr(kind), b.getStringAttr(name), inputs.getArrayRef());
     if (root->hasAttr("kiln.recomputed")) fusion->setAttr("kiln.recomputed", b.getUnitAttr());
     Block* block = new Block();
     fusion.getBody().push_back(block);
