@@ -412,9 +412,8 @@ void DeviceExecutor::set_gradient_hooks(std::function<void(int64_t)> reduce, std
 void DeviceExecutor::set_parameter_slice(uint32_t value, uint32_t grad, int64_t begin, int64_t end) {
   // The gathered values' bf16 copies need kiln_round_copies, which modules of an older kilnc
   // lack: say so now rather than after the first step.
-  bool copies = false;
-  for (const fb::Parameter* p : *module_.fb().parameters()) copies |= p->compute_copy() >= 0;
-  if (copies && !round_fn_) {
+  const auto* params = module_.fb().parameters();
+  if (!round_fn_ && std::any_of(params->begin(), params->end(), [](auto* p) { return p->compute_copy() >= 0; })) {
     try {
       round_fn_ = device_->function("kiln_round_copies");
     } catch (const Error& e) {

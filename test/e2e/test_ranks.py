@@ -347,13 +347,25 @@ def finish(procs, timeout=300):
     return out
 
 
-def run_tcp_pair(c: Ctx, tag, extra):
-    """Two TCP ranks to the end: both exit 0, rank 0 announces the rendezvous, rank 1 prints nothing."""
-    procs, port = start_tcp(c, tag, extra)
-    res = finish(procs)
+def finish_ok(procs, tag, timeout=300):
+    """finish(), and a TestFailure naming the first rank that did not exit 0."""
+    res = finish(procs, timeout)
     for r, (rc, o, e) in enumerate(res):
         if rc != 0:
             raise TestFailure(f"{tag}: rank {r} exit {rc}\n{o[-2000:]}\n{e[-2000:]}")
+    return res
+
+
+def logged(c: Ctx, tag):
+    """(step, loss, grad_norm, lr) of every line rank 0 logged for tag: not the timings."""
+    rows = [json.loads(line) for line in open(os.path.join(c.workdir, f"{tag}.jsonl")) if line.strip()]
+    return [(r["step"], r["loss"], r["grad_norm"], r["lr"]) for r in rows]
+
+
+def run_tcp_pair(c: Ctx, tag, extra):
+    """Two TCP ranks to the end: both exit 0, rank 0 announces the rendezvous, rank 1 prints nothing."""
+    procs, port = start_tcp(c, tag, extra)
+    res = finish_ok(procs, tag)
     if f"data parallel: rank 0 of 2 over TCP (rendezvous at 127.0.0.1:{port})" not in res[0][2]:
         raise TestFailure(f"{tag}: rank 0 did not announce the TCP rendezvous:\n{res[0][2]}")
     if res[1][1].strip():
@@ -412,11 +424,8 @@ def case_tcp_zero1_resume(c: Ctx):
 
     def pair(tag, extra):
         procs, _ = start_tcp(c, tag, extra, steps=steps, save=False)
-        for r, (rc, o, e) in enumerate(finish(procs)):
-            if rc != 0:
-                raise TestFailure(f"{tag}: rank {r} exit {rc}\n{o[-2000:]}\n{e[-2000:]}")
-        rows = [json.loads(line) for line in open(os.path.join(c.workdir, f"{tag}.jsonl")) if line.strip()]
-        return [(r["step"], r["loss"], r["grad_norm"], r["lr"]) for r in rows]  # not the timings
+        finish_ok(procs, tag)
+        return logged(c, tag)
 
     def final_weights(tag):
         return read_safetensors(os.path.join(c.workdir, f"{tag}.safetensors"))
@@ -469,9 +478,7 @@ def case_tcp_three(c: Ctx):
                    cwd=c.workdir, capture_output=True)
     swap = lambda r, args: [small if a == c.exe else a for a in args]  # noqa: E731
     procs, _ = start_tcp(c, "tcp_three", ["--zero", "1"], micro=3, world=3, per_rank=swap)
-    for r, (rc, o, e) in enumerate(finish(procs)):
-        if rc != 0:
-            raise TestFailure(f"tcp_three: rank {r} exit {rc}\n{o[-2000:]}\n{e[-2000:]}")
+    for r, (rc, o, e) in enumerate(finish_ok(procs, "tcp_three")):
         if r > 0 and o.strip():
             raise TestFailure(f"tcp_three: rank {r} printed progress:\n{o}")
     return compare_runs("tcp 3 ranks --zero 1 vs 1 process x3", c.log("ref3"), c.log("tcp_three"), c.weights("ref3"),
@@ -668,9 +675,7 @@ def case_tcp_accum(c: Ctx):
     # 2 ranks x 2 micro-steps against 1 process x 4: only the last micro-step's buckets are reduced.
     c.run(c.train_args("ref4", micro=4), "reference (1 process, 4 micro-steps)")
     procs, _ = start_tcp(c, "tcp_accum", ["--comm", "tcp"], micro=4)
-    for r, (rc, o, e) in enumerate(finish(procs)):
-        if rc != 0:
-            raise TestFailure(f"tcp_accum: rank {r} exit {rc}\n{o[-2000:]}\n{e[-2000:]}")
+    finish_ok(procs, "tcp_accum")
     return compare_runs("tcp 2x2 vs 1 process x4", c.log("ref4"), c.log("tcp_accum"), c.weights("ref4"),
                         c.weights("tcp_accum"))
 
@@ -693,19 +698,16 @@ def case_tcp_zero1_cuda(c: Ctx):
     msg = compare_runs("tcp --zero 1 vs 1 process", c.ref, c.log("tcp_zero1"), c.ref_w, c.weights("tcp_zero1"))
     # Rewound to the step before the last and resumed: that step again, as it was (the emulation
     # adds its atomics in a fixed order, so bitwise; a GPU would match to rounding).
-    uninterrupted = c.log("tcp_zero1")[-1]
+    uninterrupted = logged(c, "tcp_zero1")[-1]
     os.remove(os.path.join(ck["tcp_zero1"], f"ckpt_{c.steps:08d}.kiln-ckpt"))
     with open(os.path.join(ck["tcp_zero1"], "latest"), "w") as f:
         f.write(f"ckpt_{c.steps - 1:08d}.kiln-ckpt\n")
     resumed_w = os.path.join(c.workdir, "tcp_zero1_resumed.safetensors")
     procs, _ = start_tcp(c, "tcp_zero1_resumed", ["--comm", "tcp", "--zero", "1", "--resume", "--save", resumed_w] + every,
                          save=False)
-    for r, (rc, o, e) in enumerate(finish(procs)):
-        if rc != 0:
-            raise TestFailure(f"tcp_zero1_cuda: resumed rank {r} exit {rc}\n{o[-2000:]}\n{e[-2000:]}")
-    rows = [json.loads(line) for line in open(os.path.join(c.workdir, "tcp_zero1_resumed.jsonl")) if line.strip()]
-    key = lambda r: (r["step"], r["loss"], r["grad_norm"], r["lr"])  # noqa: E731
-    if [key(r) for r in rows] != [key(uninterrupted)]:
+    finish_ok(procs, "tcp_zero1_resumed")
+    rows = logged(c, "tcp_zero1_resumed")
+    if rows != [uninterrupted]:
         raise TestFailure(f"tcp_zero1_cuda: resumed at step {c.steps - 1}: {rows} against {uninterrupted}")
     if read_safetensors(resumed_w) != read_safetensors(os.path.join(c.workdir, "tcp_zero1.safetensors")):
         raise TestFailure("tcp_zero1_cuda: the resumed run's final weights differ from the uninterrupted run's")

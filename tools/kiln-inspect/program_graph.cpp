@@ -1,6 +1,5 @@
 #include "tools/kiln-inspect/program_graph.h"
 
-#include <algorithm>
 #include <map>
 #include <set>
 #include <string>
@@ -93,6 +92,10 @@ constexpr int64_t kLocal = 8;
 // State buffers of one instruction drawn one by one; more are summed up by kind.
 constexpr size_t kMaxStateNodes = 16;
 
+// How an instruction uses a state buffer.
+enum class Use { Read, Written, Updated };
+const char* use_name(Use u) { return u == Use::Read ? "read" : u == Use::Written ? "written" : "updated"; }
+
 }  // namespace
 
 std::string program_dot(const Module& m, const std::string& program, GraphState state) {
@@ -173,7 +176,7 @@ std::string program_dot(const Module& m, const std::string& program, GraphState 
     const fb::Instr& ins = *prog->instrs()->Get(uint32_t(k));
     const std::string to = "i" + std::to_string(k);
     const std::set<uint32_t> written(ins.outputs()->begin(), ins.outputs()->end());
-    std::vector<std::pair<uint32_t, const char*>> uses;  // shown state: (buffer, "read", "written" or "updated")
+    std::vector<std::pair<uint32_t, Use>> uses;  // the state buffers shown
     for (uint32_t b : std::set<uint32_t>(ins.inputs()->begin(), ins.inputs()->end())) {
       if (m.buffer(b).kind() == fb::BufferKind::Activation && !kept.count(b)) {
         auto w = writer.find(b);
@@ -191,21 +194,21 @@ std::string program_dot(const Module& m, const std::string& program, GraphState 
           out += "  i" + std::to_string(w->second) + " -> " + to + " [label=" + quoted(buffer_label(m, b)) + "];\n";
         }
       } else if (shown(b) && !written.count(b)) {
-        uses.push_back({b, kept.count(b) ? "updated" : "read"});
+        uses.push_back({b, kept.count(b) ? Use::Updated : Use::Read});
       }
     }
     for (uint32_t b : written) {
       if ((m.buffer(b).kind() != fb::BufferKind::Activation || kept.count(b)) && shown(b))
-        uses.push_back({b, in_place(b) ? "updated" : "written"});
+        uses.push_back({b, in_place(b) ? Use::Updated : Use::Written});
       writer[b] = k;
     }
     // A node beside each instruction for each state buffer it uses (one node for all uses would
     // pull a parameter read by the forward and the backward pass across the picture); past
     // kMaxStateNodes (the optimizer, the gradient hooks), one node per kind and use.
-    std::map<std::tuple<fb::BufferKind, bool, std::string>, int> summary;  // (kind, kept, use)
-    auto edge = [&](const std::string& id, const std::string& use) {
-      if (use == "read") out += "  " + id + " -> " + to + ";\n";
-      else if (use == "written") out += "  " + to + " -> " + id + ";\n";
+    std::map<std::tuple<fb::BufferKind, bool, Use>, int> summary;  // (kind, kept, use)
+    auto edge = [&](const std::string& id, Use use) {
+      if (use == Use::Read) out += "  " + id + " -> " + to + ";\n";
+      else if (use == Use::Written) out += "  " + to + " -> " + id + ";\n";
       else out += "  " + to + " -> " + id + " [dir=both, style=bold, label=\"updates\"];\n";
     };
     for (auto [b, use] : uses) {
@@ -224,7 +227,7 @@ std::string program_dot(const Module& m, const std::string& program, GraphState 
       const std::string id = "g" + std::to_string(k) + "_" + std::to_string(group++);
       const std::string what = is_kept ? "kept" : fb::EnumNameBufferKind(kind);
       out += "  " + id + " [shape=ellipse, peripheries=2, fillcolor=" + quoted(fill_of_buffer(kind)) + ", label=" +
-             quoted(std::to_string(count) + " " + what + " buffers\n" + use) + "];\n";
+             quoted(std::to_string(count) + " " + what + " buffers\n" + use_name(use)) + "];\n";
       edge(id, use);
     }
   }
