@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cctype>
+#include <cmath>
 #include <csignal>
 #include <cinttypes>
 #include <cstdio>
@@ -401,7 +402,8 @@ std::string module_fingerprint(const Module& m) {
   return hex64(fnv1a64(text));
 }
 
-void save_checkpoint(const std::string& dir, Executor& ex, const TrainingState& st, int keep) {
+void save_checkpoint(const std::string& dir, Executor& ex, const TrainingState& st, int keep,
+                     const WholeMoments& moments) {
   const fs::path d = dir_path(dir);
   if (st.step < 0) throw Error(d.string() + ": cannot save a checkpoint for step " + std::to_string(st.step));
   Json extra;
@@ -424,16 +426,35 @@ void save_checkpoint(const std::string& dir, Executor& ex, const TrainingState& 
   ex.sync_to_host();
   // A loss and gradient norm can be finite while the update they led to is not (a huge --lr):
   // such a state is never saved, so the last good checkpoint stays the latest.
-  if (const std::string bad = first_non_finite(ex, true); !bad.empty())
+  std::string bad = first_non_finite(ex, true);
+  const Module& m = ex.module();
+  const size_t n_params = m.fb().parameters()->size();
+  if (!moments.empty() && (moments.adam_m.size() != n_params || moments.adam_v.size() != n_params))
+    throw Error(d.string() + ": " + std::to_string(moments.adam_m.size()) + " gathered moments for " +
+                std::to_string(n_params) + " parameters");
+  // The gathered moments, else the executor's own (kiln::Error when it keeps slices of them).
+  auto moment = [&](uint32_t p, bool second) -> const float* {
+    const fb::Parameter& prm = *m.fb().parameters()->Get(p);
+    if (moments.empty()) return ex.f32(second ? prm.adam_v() : prm.adam_m());
+    return second ? moments.adam_v[p] : moments.adam_m[p];
+  };
+  for (uint32_t p = 0; bad.empty() && !moments.empty() && p < n_params; ++p)
+    for (bool second : {false, true}) {
+      const int64_t n = numel(m.buffer(m.fb().parameters()->Get(p)->value()));
+      const float* x = moment(p, second);
+      if (std::any_of(x, x + n, [](float f) { return !std::isfinite(f); }))
+        bad = "parameter '" + m.fb().parameters()->Get(p)->name()->str() + (second ? "' (AdamW v)" : "' (AdamW m)");
+    }
+  if (!bad.empty())
     throw Error((d / checkpoint_name(st.step)).string() + ": not written: " + bad +
                 " holds a NaN or an infinity after step " + std::to_string(st.step) +
                 "'s update; the last good checkpoint is kept (lower --lr or check the data)");
   remove_stale_temporaries(d);
-  const Module& m = ex.module();
   std::vector<std::pair<const void*, size_t>> tensors;
   Json params = Json::array();
   uint64_t offset = 0;
-  for (const fb::Parameter* p : *m.fb().parameters()) {
+  for (uint32_t i = 0; i < n_params; ++i) {
+    const fb::Parameter* p = m.fb().parameters()->Get(i);
     Json e = {{"name", p->name()->str()}, {"shape", shape_of(*p)}, {"decay", p->decay()}};
     const std::pair<const char*, uint32_t> fields[] = {
         {"value", p->value()}, {"adam_m", p->adam_m()}, {"adam_v", p->adam_v()}};
@@ -441,7 +462,7 @@ void save_checkpoint(const std::string& dir, Executor& ex, const TrainingState& 
       const uint64_t bytes = m.buffer(idx).size();
       check_buffer(m, *p, idx, bytes, m.source());
       e[key] = {offset, bytes};
-      tensors.emplace_back(ex.f32(idx), size_t(bytes));
+      tensors.emplace_back(idx == p->value() ? ex.f32(idx) : moment(i, idx == p->adam_v()), size_t(bytes));
       offset += bytes;
     }
     params.push_back(std::move(e));
@@ -553,8 +574,11 @@ TrainingState load_checkpoint(const std::string& path, Executor& ex) {
   // half-loaded (on a GPU the upload below can still fail, and that ends the run).
   for (const auto& [q, e] : plan) {
     std::memcpy(ex.f32(q->value()), p.data + e->value.offset, e->value.bytes);
-    std::memcpy(ex.f32(q->adam_m()), p.data + e->adam_m.offset, e->adam_m.bytes);
-    std::memcpy(ex.f32(q->adam_v()), p.data + e->adam_v.offset, e->adam_v.bytes);
+    // ZeRO-1: the slice of the moments this rank keeps.
+    for (const auto& [buffer, span] : {std::pair{q->adam_m(), e->adam_m}, {q->adam_v(), e->adam_v}}) {
+      const auto [lo, hi] = ex.held(buffer);
+      std::memcpy(ex.f32_held(buffer), p.data + span.offset + uint64_t(lo) * 4, size_t(hi - lo) * 4);
+    }
   }
   // bf16 compute copies are derived from the values, so they are not saved; without this the
   // first step after a resume would multiply with the executor's stale copies.

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "runtime/executor.h"
 #include "runtime/module.h"
@@ -40,6 +41,14 @@ struct TrainingState {
   std::string extra_json = "{}";  // a JSON object for future fields; round-trips as-is
 };
 
+// A ZeRO-1 rank keeps only its slice of each AdamW moment (Executor::held): before a checkpoint
+// the ranks gather the whole of them (DataParallel::gather_optimizer_state) for rank 0 to save.
+struct WholeMoments {
+  std::vector<const float*> adam_m, adam_v;  // by parameter: all its elements
+  std::vector<float> storage;                // what they point into where it is no executor memory
+  bool empty() const { return adam_m.empty(); }
+};
+
 // A stable 16-hex-digit hash (FNV-1a 64) of what makes a checkpoint fit a module: the model's
 // sizes (n_layer, n_head, n_embd, vocab_size, block_size), its precision, and every parameter's
 // name, shape and weight-decay flag (sorted by name). Not the batch size, sequence length,
@@ -49,8 +58,10 @@ std::string module_fingerprint(const Module& module);
 // Writes DIR/ckpt_<step, 8 digits>.kiln-ckpt atomically (creating DIR if needed), then points
 // DIR/latest at it atomically, then deletes old checkpoints so `keep` remain: the one just written
 // and the keep - 1 highest-numbered others (keep <= 0 keeps all). kiln::Error on failure; a
-// failed write leaves no temporary file and the previous checkpoints untouched.
-void save_checkpoint(const std::string& dir, Executor& ex, const TrainingState& state, int keep);
+// failed write leaves no temporary file and the previous checkpoints untouched. The moments come
+// from `moments` when it is not empty (ZeRO-1), else from the executor, which must hold them whole.
+void save_checkpoint(const std::string& dir, Executor& ex, const TrainingState& state, int keep,
+                     const WholeMoments& moments = {});
 
 // The path (DIR/<name>) of the checkpoint DIR/latest names, or, if there is no `latest`, of the
 // highest-numbered ckpt_*.kiln-ckpt; nullopt when DIR does not exist or holds none. kiln::Error
@@ -60,7 +71,8 @@ std::optional<std::string> latest_checkpoint(const std::string& dir);
 // Reads and validates the whole file (magic, checksum, version, length, header, fingerprint
 // against ex's module, every parameter present with its shape) before copying anything, so on
 // any kiln::Error the executor is untouched. Then refreshes the bf16 compute copies and returns
-// the saved state; world_size and zero_stage are for the caller to check.
+// the saved state; world_size and zero_stage are for the caller to check. An executor that keeps
+// slices of the moments (ZeRO-1) takes those elements of them.
 TrainingState load_checkpoint(const std::string& path, Executor& ex);
 
 }  // namespace kiln

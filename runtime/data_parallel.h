@@ -16,15 +16,16 @@
 // hook), and the parameters are then all-gathered. The result is the same as plain averaging.
 // On a GPU the device executor slices its AdamW and norm kernels' ranges, sums the norm over the
 // ranks between its two kernels, and rounds the gathered values' bf16 copies with a kernel.
-// Before a checkpoint both moments are all-gathered too, so rank 0 writes the whole state.
-// The module's arena is planned for one rank and still holds every moment and gradient, so no
-// memory is saved yet: that needs a sharded arena plan from the compiler.
+// A rank's arena keeps only its slices of both AdamW moments (the trainer builds the executor
+// with zero1_slices): 2/world of the moments instead of all of them. Before a checkpoint the
+// ranks gather the whole moments to rank 0, which writes the same file as without ZeRO-1.
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "runtime/checkpoint.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/executor.h"
 
@@ -57,6 +58,13 @@ BucketPlan plan_buckets(const std::vector<int64_t>& param_sizes, int64_t bucket_
 BucketPlan plan_buckets(const std::vector<std::vector<size_t>>& groups, const std::vector<int64_t>& param_sizes,
                         int world_size);
 
+// The buckets of a module for `world_size` ranks: the compiler's (its ReduceGradients
+// instructions) when it placed them, else buckets of bucket_bytes; *compiled says which.
+BucketPlan module_buckets(const Module& m, int world_size, int64_t bucket_bytes, bool* compiled = nullptr);
+// ZeRO-1: the elements [begin, end) of each parameter (module order) that `rank` updates. The
+// trainer builds its executor with them, so the arena keeps only those moments (arena_layout.h).
+std::vector<std::pair<int64_t, int64_t>> zero1_slices(const Module& m, int world_size, int rank, int64_t bucket_bytes);
+
 class DataParallel {
  public:
   // zero: 0 (average the gradients) or 1 (ZeRO-1). With zero 1 it installs the executor's
@@ -78,10 +86,12 @@ class DataParallel {
   void gather_gradients();
   // ZeRO-1, after the optimizer program: every rank's updated parameter pieces to every rank.
   void gather_parameters();
-  // ZeRO-1, before a checkpoint: every rank's pieces of both AdamW moments to every rank, so the
-  // checkpoint holds the whole state (the same file as without ZeRO-1). The moments a rank does
-  // not own are not read by its updates, so this changes nothing in the run.
-  void gather_optimizer_state();
+  // ZeRO-1, before a checkpoint (every rank calls it, after the optimizer step): every rank's
+  // pieces of both AdamW moments, whole, to rank 0, so that the checkpoint holds the whole state
+  // (the same file as without ZeRO-1). Rank 0's gradient buffers then hold v, and the staging m
+  // (valid until the next collective); the gradients are zeroed before they are used again.
+  // Empty on the other ranks, and without ZeRO-1 (the executor holds the moments whole).
+  WholeMoments gather_optimizer_state();
 
   const BucketPlan& plan() const { return plan_; }
   int zero() const { return zero_; }
@@ -95,6 +105,7 @@ class DataParallel {
   void unpack(size_t b, Field f, bool owned_only);
   void copy(size_t b, Field f, bool owned_only, bool to_staging);
   void gather(Field f);  // ZeRO-1: the owned pieces of f's buffers, all-gathered
+  std::string arena_note() const;
 
   Executor& ex_;
   Communicator& comm_;

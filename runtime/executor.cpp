@@ -154,8 +154,9 @@ static uint64_t available_memory() {
   return uint64_t(kb) * 1024;
 }
 
-Executor::Executor(const Module& module, std::vector<std::string> programs)
-    : module_(module), programs_(std::move(programs)) {
+Executor::Executor(const Module& module, std::vector<std::string> programs,
+                   const std::vector<std::pair<int64_t, int64_t>>& optimizer_slices)
+    : module_(module), layout_(layout_arena(module, optimizer_slices)), programs_(std::move(programs)) {
   const std::string target = module_.fb().model()->target() ? module_.fb().model()->target()->str() : "cpu";
   if (target != "cpu" && target != "cuda")
     throw Error(module_.source() + ": the module's kernels target '" + target + "', which this runtime cannot run");
@@ -169,7 +170,8 @@ Executor::Executor(const Module& module, std::vector<std::string> programs)
   }
   // On a GPU the host holds only a copy of the state region; the activations live there.
   const bool gpu = target == "cuda";
-  const uint64_t bytes = std::max<uint64_t>(module.fb().state_size() + (gpu ? 0 : activations), 256);
+  arena_bytes_ = layout_.state_bytes + activations;
+  const uint64_t bytes = std::max<uint64_t>(layout_.state_bytes + (gpu ? 0 : activations), 256);
   auto gib = [](uint64_t b) {
     char text[32];
     std::snprintf(text, sizeof text, "%.4g GiB", double(b) / double(1ull << 30));
@@ -183,7 +185,7 @@ Executor::Executor(const Module& module, std::vector<std::string> programs)
                 "or with --recompute=cheap");
   for (const std::string& name : programs_) check(*module.program(name));
   // The GPU first: without one, nothing is allocated here.
-  if (gpu) device_ = std::make_unique<DeviceExecutor>(module_, programs_);
+  if (gpu) device_ = std::make_unique<DeviceExecutor>(module_, layout_, programs_);
   arena_ = static_cast<uint8_t*>(std::aligned_alloc(256, (bytes + 255) / 256 * 256));
   if (!arena_)
     throw Error(module.source() + ": cannot allocate the " + std::to_string(bytes) +
@@ -191,6 +193,8 @@ Executor::Executor(const Module& module, std::vector<std::string> programs)
   std::memset(arena_, 0, bytes);
   if (gpu) device_->set_host_state(arena_);
   else load_kernels();
+  for (size_t p = 0; p < optimizer_slices.size(); ++p)
+    set_parameter_slice(p, optimizer_slices[p].first, optimizer_slices[p].second);
 }
 
 Executor::~Executor() {
@@ -304,8 +308,8 @@ void Executor::check_kernel(const fb::Instr& ins, const std::string& where) cons
 void Executor::run_generated(const fb::Instr& ins) {
   const fb::Kernel& k = *module_.fb().kernels()->Get(uint32_t(ins.ints()->Get(0)));
   kernel_args_.clear();
-  for (uint32_t b : *ins.inputs()) kernel_args_.push_back(arena_ + module_.buffer(b).offset());
-  for (uint32_t b : *ins.outputs()) kernel_args_.push_back(arena_ + module_.buffer(b).offset());
+  for (uint32_t b : *ins.inputs()) kernel_args_.push_back(addr(b));
+  for (uint32_t b : *ins.outputs()) kernel_args_.push_back(addr(b));
   kernel_ranges_.clear();
   if (k.adamw_params())
     for (uint32_t v : *k.adamw_params()) {
@@ -317,9 +321,17 @@ void Executor::run_generated(const fb::Instr& ins) {
 }
 
 float* Executor::f32(uint32_t b) {
+  if (!layout_.whole(b))
+    throw Error(module_.source() + ": this rank keeps elements [" + std::to_string(layout_.held[b].first) + ", " +
+                std::to_string(layout_.held[b].second) + ") of " + module_.buffer(b).name()->str() +
+                " only (ZeRO-1), not all " + std::to_string(layout_.numel[b]));
+  return f32_held(b);
+}
+
+float* Executor::f32_held(uint32_t b) {
   const fb::Buffer& buf = module_.buffer(b);
   if (device_) {
-    if (buf.offset() >= module_.fb().state_size())
+    if (buf.kind() == fb::BufferKind::Activation)
       throw Error(module_.source() + ": buffer " + buf.name()->str() +
                   " lives on the GPU (only the state region has a host copy; read() copies others)");
     const bool host_written = buf.kind() == fb::BufferKind::Input || buf.kind() == fb::BufferKind::Hyper;
@@ -327,7 +339,7 @@ float* Executor::f32(uint32_t b) {
       throw Error(module_.source() + ": the host copy of " + buf.name()->str() +
                   " is older than the GPU's (sync_to_host() first)");
   }
-  return reinterpret_cast<float*>(arena_ + buf.offset());
+  return reinterpret_cast<float*>(addr(b)) + layout_.held[b].first;
 }
 
 void Executor::read(uint32_t b, size_t offset, size_t bytes, void* dst) {
@@ -335,8 +347,9 @@ void Executor::read(uint32_t b, size_t offset, size_t bytes, void* dst) {
   if (offset > buf.size() || bytes > buf.size() - offset)
     throw Error(module_.source() + ": read of bytes [" + std::to_string(offset) + ", " + std::to_string(offset + bytes) +
                 ") of buffer " + buf.name()->str() + ", which has " + std::to_string(buf.size()));
-  if (device_) return device_->read(buf.offset() + offset, bytes, dst);
-  std::memcpy(dst, arena_ + buf.offset() + offset, bytes);
+  if (!layout_.whole(b)) throw Error(module_.source() + ": read of " + buf.name()->str() + ", which this rank keeps a slice of");
+  if (device_) return device_->read(layout_.at[b] + offset, bytes, dst);
+  std::memcpy(dst, addr(b) + offset, bytes);
 }
 int32_t* Executor::i32(uint32_t b) { return reinterpret_cast<int32_t*>(f32(b)); }
 
@@ -364,19 +377,25 @@ float* Executor::comm_buffer(int64_t n) {
 
 void Executor::copy_elements(uint32_t buffer, int64_t offset, int64_t n, float* staging, bool to_staging) {
   const fb::Buffer& b = module_.buffer(buffer);
-  if (b.dtype() != fb::DType::F32 || offset < 0 || n < 0 || offset + n > numel(b))
+  const auto [lo, hi] = layout_.held[buffer];
+  if (b.dtype() != fb::DType::F32 || offset < lo || n < 0 || offset + n > hi)
     throw Error(module_.source() + ": elements [" + std::to_string(offset) + ", " + std::to_string(offset + n) +
-                ") of " + b.name()->str() + " are not fp32 elements it holds");
+                ") of " + b.name()->str() + " are not fp32 elements this rank holds");
   const size_t bytes = size_t(n) * sizeof(float);
   if (device_) {
     if (!to_staging) host_stale_ = true;
-    const DevicePtr at = device_->address(b.offset() + uint64_t(offset) * sizeof(float));
+    const DevicePtr at = device_->address(layout_.at[buffer] + uint64_t(offset) * sizeof(float));
     const DevicePtr st = DevicePtr(reinterpret_cast<uintptr_t>(staging));
     return to_staging ? device_->copy(st, at, bytes) : device_->copy(at, st, bytes);
   }
-  float* at = reinterpret_cast<float*>(arena_ + b.offset()) + offset;
+  float* at = reinterpret_cast<float*>(addr(buffer)) + offset;
   if (to_staging) std::memcpy(staging, at, bytes);
   else std::memcpy(at, staging, bytes);
+}
+
+void Executor::read_comm_buffer(const float* staging, int64_t n, float* dst) {
+  if (device_) return device_->download(dst, DevicePtr(reinterpret_cast<uintptr_t>(staging)), size_t(n) * sizeof(float));
+  std::memcpy(dst, staging, size_t(n) * sizeof(float));
 }
 
 bool Executor::comm_needs_device_memory() const { return device_ && !device_->host_addressable(); }
@@ -448,6 +467,11 @@ void Executor::set_parameter_slice(size_t param, int64_t begin, int64_t end) {
     throw Error(module_.source() + ": set_parameter_slice: [" + std::to_string(begin) + ", " +
                 std::to_string(end) + ") is not within parameter " + p.name()->str() + " of " +
                 std::to_string(n) + " elements");
+  // The arena keeps the moments of the constructor's slices only.
+  if (layout_.sliced && layout_.held[p.adam_m()] != std::pair{begin, end})
+    throw Error(module_.source() + ": set_parameter_slice: [" + std::to_string(begin) + ", " + std::to_string(end) +
+                ") of parameter " + p.name()->str() + ", but this executor keeps its moments [" +
+                std::to_string(layout_.held[p.adam_m()].first) + ", " + std::to_string(layout_.held[p.adam_m()].second) + ")");
   if (device_) return device_->set_parameter_slice(p.value(), p.grad(), begin, end);
   slice_by_buffer_[p.value()] = {begin, end};
   slice_by_buffer_[p.grad()] = {begin, end};
@@ -480,11 +504,12 @@ void Executor::print_profile() const {
 // kernel. Storage is bf16, arithmetic fp32: the numerics of the GPU kernels.
 float* Executor::operand(uint32_t buffer, size_t slot, bool is_output) {
   const fb::Buffer& b = module_.buffer(buffer);
-  if (b.dtype() != fb::DType::BF16) return f32(buffer);
+  // Element 0's address: a sliced moment is read and written only in its slice (AdamW).
+  if (b.dtype() != fb::DType::BF16) return reinterpret_cast<float*>(addr(buffer));
   std::vector<float>& scratch = scratch_[slot];
   scratch.resize(size_t(numel(b)));
   if (!is_output) {
-    cpu::widen_bf16(scratch.data(), reinterpret_cast<const uint16_t*>(arena_ + b.offset()), numel(b));
+    cpu::widen_bf16(scratch.data(), reinterpret_cast<const uint16_t*>(addr(buffer)), numel(b));
   } else {
     pending_.push_back({buffer, slot});
   }
@@ -494,7 +519,7 @@ float* Executor::operand(uint32_t buffer, size_t slot, bool is_output) {
 void Executor::flush_outputs() {
   for (auto [buffer, slot] : pending_) {
     const fb::Buffer& b = module_.buffer(buffer);
-    cpu::narrow_bf16(reinterpret_cast<uint16_t*>(arena_ + b.offset()), scratch_[slot].data(), numel(b));
+    cpu::narrow_bf16(reinterpret_cast<uint16_t*>(addr(buffer)), scratch_[slot].data(), numel(b));
   }
   pending_.clear();
 }
@@ -503,7 +528,7 @@ void Executor::refresh_compute_copies() {
   for (const fb::Parameter* p : *module_.fb().parameters())
     if (p->compute_copy() >= 0) {
       const fb::Buffer& copy = module_.buffer(uint32_t(p->compute_copy()));
-      cpu::narrow_bf16(reinterpret_cast<uint16_t*>(arena_ + copy.offset()), f32(p->value()), numel(copy));
+      cpu::narrow_bf16(reinterpret_cast<uint16_t*>(addr(uint32_t(p->compute_copy()))), f32(p->value()), numel(copy));
     }
   if (device_) device_->push_state();
 }

@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "runtime/arena_layout.h"
 #include "runtime/module.h"
 
 namespace kiln {
@@ -20,7 +21,10 @@ class Executor {
  public:
   // Allocates the arena (zeroed) for the state and the activations of `programs` (all programs
   // when empty: sampling needs no backward buffers) and checks their instructions' operands.
-  explicit Executor(const Module& module, std::vector<std::string> programs = {});
+  // optimizer_slices (ZeRO-1; one [begin, end) per parameter): the optimizer updates only those
+  // elements, and the arena keeps only those elements of the AdamW moments (arena_layout.h).
+  explicit Executor(const Module& module, std::vector<std::string> programs = {},
+                    const std::vector<std::pair<int64_t, int64_t>>& optimizer_slices = {});
   ~Executor();
 
   // Runs a program ("forward", "micro_step", "optimizer_step"); returns its scalar result.
@@ -30,8 +34,13 @@ class Executor {
   // hyperparameters (written here, uploaded by run()), and parameters, gradients and moments,
   // readable after sync_to_host() (kiln::Error while the GPU holds newer values), writable before
   // refresh_compute_copies() uploads them.
+  // kiln::Error for a moment this rank keeps only a slice of (see held()).
   float* f32(uint32_t buffer);
   int32_t* i32(uint32_t buffer);
+  // The elements [begin, end) of a buffer this executor stores (all, but for ZeRO-1's moments),
+  // and the host memory of element `begin` (as f32() otherwise).
+  std::pair<int64_t, int64_t> held(uint32_t buffer) const { return layout_.held[buffer]; }
+  float* f32_held(uint32_t buffer);
   // Copies bytes [offset, offset + bytes) of a buffer to dst: any buffer, also an activation on
   // the GPU (a program's result, e.g. the logits).
   void read(uint32_t buffer, size_t offset, size_t bytes, void* dst);
@@ -51,6 +60,10 @@ class Executor {
   std::string device_name() const;
   // Bytes the GPU holds for this executor (arena, workspaces, tables); 0 on the CPU.
   size_t device_bytes() const;
+  // Bytes of the arena: the state region and the largest program's activations (on a GPU, in
+  // its memory), and of its state region.
+  uint64_t arena_bytes() const { return arena_bytes_; }
+  uint64_t state_bytes() const { return layout_.state_bytes; }
 
   // Per-opcode wall time of every instruction run since profiling was enabled.
   void enable_profiling(bool on) { profile_ = on; }
@@ -66,6 +79,7 @@ class Executor {
   // Restricts the optimizer program to elements [begin, end) of parameter `param` (its index in
   // the module's parameter list): AdamW updates only those elements of the value and moments,
   // and GlobalNorm sums only their squared gradients. begin == end leaves it to other ranks.
+  // kiln::Error for another slice than the constructor's optimizer_slices, when it had them.
   void set_parameter_slice(size_t param, int64_t begin, int64_t end);
   // GlobalNorm passes its sum of squares through `reduce` (the sum over ranks) before the sqrt.
   void set_norm_reducer(std::function<double(double)> reduce);
@@ -84,6 +98,8 @@ class Executor {
   // GPU in stream order).
   float* comm_buffer(int64_t n);
   void copy_elements(uint32_t buffer, int64_t offset, int64_t n, float* staging, bool to_staging);
+  // n floats of the staging to host memory (on a GPU after the stream's work before it).
+  void read_comm_buffer(const float* staging, int64_t n, float* dst);
   // On a GPU whose memory the host cannot address: the communicator must take device memory
   // (NCCL), on this stream (a cudaStream_t).
   bool comm_needs_device_memory() const;
@@ -105,7 +121,10 @@ class Executor {
   // fp32 view of an operand: the arena itself, or a widened scratch copy of a bf16 buffer.
   float* operand(uint32_t buffer, size_t slot, bool is_output);
   void flush_outputs();  // rounds scratch outputs into their bf16 buffers
+  uint8_t* addr(uint32_t buffer) const { return arena_ + layout_.at[buffer]; }  // element 0's
   const Module& module_;
+  ArenaLayout layout_;
+  uint64_t arena_bytes_ = 0;
   std::unique_ptr<DeviceExecutor> device_;  // target "cuda": the GPU runs the programs
   bool host_stale_ = false;  // the GPU has changed the state since the last sync_to_host()
   std::vector<std::string> programs_;  // the programs this executor may run

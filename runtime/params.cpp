@@ -69,8 +69,8 @@ void init_parameters(Executor& ex, uint64_t seed) {
       }
     }
     cpu::fill(w + used, 0.0f, n - used);
-    cpu::fill(ex.f32(p->adam_m()), 0.0f, n);
-    cpu::fill(ex.f32(p->adam_v()), 0.0f, n);
+    for (uint32_t moment : {p->adam_m(), p->adam_v()})  // ZeRO-1: the slice this rank keeps
+      cpu::fill(ex.f32_held(moment), 0.0f, ex.held(moment).second - ex.held(moment).first);
   }
   ex.zero_grads();
 }
@@ -222,8 +222,8 @@ std::string first_non_finite(Executor& ex, bool moments) {
                                                        {"AdamW v", p->adam_v()}};
     for (const auto& [what, idx] : fields) {
       if (!moments && idx != p->value()) continue;
-      const float* x = ex.f32(idx);
-      const int64_t n = numel(ex.module().buffer(idx));
+      const float* x = ex.f32_held(idx);  // ZeRO-1: this rank's slice of the moments
+      const int64_t n = ex.held(idx).second - ex.held(idx).first;
       for (int64_t i = 0; i < n; ++i)
         if (!std::isfinite(x[i])) return "parameter '" + p->name()->str() + "' (" + what + ")";
     }

@@ -28,7 +28,8 @@ enum class ParamField { Value, Grad };
 void save_parameters(Executor& ex, const std::string& path, ParamField field = ParamField::Value);
 
 // "parameter 'h.0.mlp.c_fc.weight' (value)": the first parameter whose value (and with
-// `moments`, AdamW m or v) holds a NaN or an infinity, in the host copy; "" when all are finite.
+// `moments`, AdamW m or v: the elements the executor holds) holds a NaN or an infinity, in the
+// host copy; "" when all are finite.
 std::string first_non_finite(Executor& ex, bool moments);
 
 }  // namespace kiln

@@ -202,12 +202,17 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   // The programs it runs (not the sampler's: their activations need not fit beside them).
   std::vector<std::string> programs{"micro_step", "optimizer_step"};
   if (module.program("forward")) programs.push_back("forward");
-  Executor ex(module, programs);
+  if (o.zero != 0 && o.zero != 1) throw Error("--zero: " + std::to_string(o.zero) + " is not 0 or 1");
+  // ZeRO-1: this rank's arena keeps only the AdamW moments of the elements it updates.
+  const int64_t bucket_bytes = int64_t(o.bucket_mb * 1e6);
+  const auto slices = o.zero == 1 && world > 1 ? zero1_slices(module, int(world), rank, bucket_bytes)
+                                               : std::vector<std::pair<int64_t, int64_t>>{};
+  Executor ex(module, programs, slices);
   ex.enable_profiling(o.profile);
   init_parameters(ex, o.seed);  // also clears gradients and AdamW state
   if (!o.init.empty()) load_parameters(ex, o.init);
   ex.refresh_compute_copies();
-  DataParallel dp(ex, comm, o.zero, int64_t(o.bucket_mb * 1e6));
+  DataParallel dp(ex, comm, o.zero, bucket_bytes);
 
   // Resume: weights, AdamW state, the step and the data position from the latest checkpoint.
   int64_t first_step = 0;
@@ -350,7 +355,8 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     // gathering a ZeRO-1 run's AdamW moments; rank 0 writes them.
     const bool checkpoint =
         !o.checkpoint_dir.empty() && ((o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0) || last);
-    if (checkpoint) dp.gather_optimizer_state();
+    WholeMoments moments;  // ZeRO-1: gathered to rank 0 for the checkpoint only
+    if (checkpoint) moments = dp.gather_optimizer_state();
     if (root && checkpoint) {
       TrainingState st;
       st.step = step + 1;
@@ -359,7 +365,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       st.rng_state = o.seed;  // training draws no random numbers; the seed is kept for the record
       st.world_size = int(world);
       st.zero_stage = o.zero;
-      save_checkpoint(o.checkpoint_dir, ex, st, o.keep);
+      save_checkpoint(o.checkpoint_dir, ex, st, o.keep, moments);
     }
   }
   if (root)
@@ -369,7 +375,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
                        : "cores x 2.5 GHz x 32 fp32 FLOPs per cycle");
   if (root && ex.device_bytes())
     std::fprintf(stderr, "device memory: %.1f MiB held by Kiln (the arena %.1f MiB, the rest workspaces and tables)\n",
-                 double(ex.device_bytes()) / double(1 << 20), double(module.fb().arena_size()) / double(1 << 20));
+                 double(ex.device_bytes()) / double(1 << 20), double(ex.arena_bytes()) / double(1 << 20));
   if (o.profile && root) ex.print_profile();
   if (!o.save.empty() && root) {
     save_parameters(ex, o.save);

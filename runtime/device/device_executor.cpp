@@ -47,8 +47,8 @@ float first_float(const std::vector<uint8_t>& bytes, fb::DType t) {
 
 }  // namespace
 
-DeviceExecutor::DeviceExecutor(const Module& module, const std::vector<std::string>& programs)
-    : module_(module) {
+DeviceExecutor::DeviceExecutor(const Module& module, const ArenaLayout& layout, const std::vector<std::string>& programs)
+    : module_(module), layout_(layout) {
   const char* g = std::getenv("KILN_CUDA_GRAPHS");
   graphs_ = !(g && std::string(g) == "0");
   const char* poison = std::getenv("KILN_CUDA_POISON");
@@ -61,8 +61,8 @@ DeviceExecutor::DeviceExecutor(const Module& module, const std::vector<std::stri
   device_name_ = device_->describe();
   uint64_t activations = 0;
   for (const std::string& name : programs) activations = std::max(activations, module.program(name)->activation_size());
-  const uint64_t bytes = std::max<uint64_t>(module.fb().state_size() + activations, 256);
-  arena_ = device_->alloc(bytes, module.source() + "'s arena (" + std::to_string(module.fb().state_size()) +
+  const uint64_t bytes = std::max<uint64_t>(layout.state_bytes + activations, 256);
+  arena_ = device_->alloc(bytes, module.source() + "'s arena (" + std::to_string(layout.state_bytes) +
                                      " bytes of state, " + std::to_string(activations) + " of activations)");
   activation_bytes_ = activations;
   scratch_ = device_->alloc(256, "the gradient-norm accumulator");
@@ -80,13 +80,13 @@ DeviceExecutor::DeviceExecutor(const Module& module, const std::vector<std::stri
     plan(p);
     // Decode's key/value caches keep their contents between runs (KILN_CUDA_POISON spares them).
     for (uint32_t i : module.kept_buffers(*p.fb))
-      p.kept.push_back({module.buffer(i).offset(), module.buffer(i).offset() + module.buffer(i).size()});
+      p.kept.push_back({layout.at[i], layout.at[i] + module.buffer(i).size()});
     std::sort(p.kept.begin(), p.kept.end());
   }
   // After planning, which may have run products on the arena: the state starts as zeros (the
   // host uploads its own before the first run); activations are written by kernels before they
   // are read.
-  device_->zero(arena_, module.fb().state_size());
+  device_->zero(arena_, layout.state_bytes);
   if (!table_words_.empty()) {
     tables_ = device_->alloc(table_words_.size() * 8, "the kernels' operand tables");
     device_->upload(tables_, table_words_.data(), table_words_.size() * 8);
@@ -94,15 +94,17 @@ DeviceExecutor::DeviceExecutor(const Module& module, const std::vector<std::stri
 
   // The buffers the host writes before every run (token ids, hyperparameters), merged into
   // runs of neighbours with nothing else between them, so a step uploads a few spans.
-  std::vector<const fb::Buffer*> by_offset;
-  for (const fb::Buffer* b : *module.fb().buffers())
-    if (b->kind() != fb::BufferKind::Activation) by_offset.push_back(b);
-  std::sort(by_offset.begin(), by_offset.end(), [](auto* a, auto* b) { return a->offset() < b->offset(); });
+  std::vector<uint32_t> by_offset;
+  for (uint32_t i = 0; i < module.fb().buffers()->size(); ++i)
+    if (module.buffer(i).kind() != fb::BufferKind::Activation) by_offset.push_back(i);
+  std::sort(by_offset.begin(), by_offset.end(), [&](uint32_t a, uint32_t b) { return layout.at[a] < layout.at[b]; });
   bool open = false;
-  for (const fb::Buffer* b : by_offset) {
-    const bool host = b->kind() == fb::BufferKind::Input || b->kind() == fb::BufferKind::Hyper;
-    if (host && open) host_written_.back().second = std::max(host_written_.back().second, b->offset() + b->size());
-    else if (host) host_written_.push_back({b->offset(), b->offset() + b->size()});
+  for (uint32_t i : by_offset) {
+    const fb::BufferKind kind = module.buffer(i).kind();
+    const bool host = kind == fb::BufferKind::Input || kind == fb::BufferKind::Hyper;
+    const uint64_t end = layout.at[i] + module.buffer(i).size();
+    if (host && open) host_written_.back().second = std::max(host_written_.back().second, end);
+    else if (host) host_written_.push_back({layout.at[i], end});
     open = host;
   }
   device_->synchronize();
@@ -353,7 +355,7 @@ float DeviceExecutor::run(const std::string& name, std::map<std::string, std::pa
 float DeviceExecutor::run_program(Program& p, std::map<std::string, std::pair<double, int64_t>>* profile) {
   for (auto [begin, end] : host_written_) device_->upload(arena_ + begin, host_state_ + begin, end - begin);
   if (poison_) {  // around the caches that must outlive the run
-    uint64_t at = module_.fb().state_size();
+    uint64_t at = layout_.state_bytes;
     const uint64_t end = at + activation_bytes_;
     for (auto [b, e] : p.kept) {
       if (b > at) device_->fill(arena_ + at, 0xff, std::min(b, end) - at);
@@ -389,16 +391,16 @@ float DeviceExecutor::run_program(Program& p, std::map<std::string, std::pair<do
   // The result's first element: the loss or the gradient norm (the logits are read() by rows).
   const fb::Buffer& rb = module_.buffer(p.fb->result());
   std::vector<uint8_t> first(std::min<uint64_t>(rb.size(), 4));
-  device_->download(first.data(), arena_ + rb.offset(), first.size());
+  device_->download(first.data(), at(p.fb->result()), first.size());
   return first_float(first, rb.dtype());
 }
 
 void DeviceExecutor::push_state() {
-  device_->upload(arena_, host_state_, module_.fb().state_size());
+  device_->upload(arena_, host_state_, layout_.state_bytes);
   device_->synchronize();
 }
 
-void DeviceExecutor::pull_state() { device_->download(host_state_, arena_, module_.fb().state_size()); }
+void DeviceExecutor::pull_state() { device_->download(host_state_, arena_, layout_.state_bytes); }
 
 void DeviceExecutor::set_gradient_hooks(std::function<void(int64_t)> reduce, std::function<void()> wait,
                                         std::function<void()> drain) {

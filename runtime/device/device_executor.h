@@ -12,6 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "runtime/arena_layout.h"
 #include "runtime/device/device.h"
 #include "runtime/module.h"
 
@@ -20,9 +21,10 @@ namespace kiln {
 class DeviceExecutor {
  public:
   // Plans every instruction of `programs` once: operand tables, cuBLASLt products and launches
-  // against one arena of state_size + the largest program's activations, allocated here.
-  DeviceExecutor(const Module& module, const std::vector<std::string>& programs);
-  // The host copy of the state region (state_size bytes), before the first run or transfer.
+  // against one arena laid out as `layout` says (the state region, then the largest program's
+  // activations), allocated here. The layout must outlive this executor.
+  DeviceExecutor(const Module& module, const ArenaLayout& layout, const std::vector<std::string>& programs);
+  // The host copy of the state region (layout.state_bytes), before the first run or transfer.
   void set_host_state(uint8_t* host_state) { host_state_ = host_state; }
   ~DeviceExecutor();
   DeviceExecutor(const DeviceExecutor&) = delete;
@@ -60,6 +62,7 @@ class DeviceExecutor {
   float* staging(int64_t n);
   DevicePtr address(uint64_t offset) const { return arena_ + offset; }
   void copy(DevicePtr dst, DevicePtr src, size_t bytes) { device_->copy(dst, src, bytes); }
+  void download(void* dst, DevicePtr src, size_t bytes) { device_->download(dst, src, bytes); }
   void* stream() const { return device_->stream(); }
   bool host_addressable() const { return device_->host_addressable(); }
   // Bytes [offset, offset + bytes) of the arena, to the host.
@@ -97,13 +100,14 @@ class DeviceExecutor {
   void plan_kernel(Program& p, const fb::Instr& ins, const std::string& where);
   void plan_norm(Program& p, const fb::Instr& ins, const std::string& where);
   void plan_unfused_epilogue(Program& p, MatmulSpec m, const std::string& name, const std::string& why);
-  DevicePtr at(uint32_t buffer) const { return arena_ + module_.buffer(buffer).offset(); }
+  DevicePtr at(uint32_t buffer) const { return arena_ + layout_.at[buffer]; }  // element 0's
   size_t add_words(const std::vector<uint64_t>& words);  // to the table block; its word offset
   void issue(const Program& p);
   void replay(Program& p);
   void issue(const Step& s);
 
   const Module& module_;
+  const ArenaLayout& layout_;
   uint8_t* host_state_ = nullptr;
   std::unique_ptr<Device> device_;
   std::string device_name_;

@@ -16,9 +16,11 @@ reference with --total-batch 2*B*T (2 micro-steps per step), then checks (group 
              within 60 s
   mpi_hang   SIGSTOP rank 1 with KILN_COMM_TIMEOUT=4: rank 0's watchdog ends it, and mpirun the job
 and (group tcp, the environment rendezvous RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT):
-  tcp            2 processes started here: same checks as mpi (with --zero 1 on small buckets)
+  tcp            2 processes started here: same checks as mpi (with --zero 1 on small buckets);
+                 rank 0's arena is smaller by half the AdamW moments (less alignment)
   single_zero1   one process with --zero 1 is the reference
   tcp_three      3 ranks, --zero 1, small compiled buckets, against 1 process with 3 micro-steps
+                 (rank 0's arena: smaller by two thirds of the moments)
   tcp_zero1_resume --zero 1 checkpoints: the whole AdamW state (as a plain 2-rank run's), and a
                  run resumed from one bitwise equal to the uninterrupted run
   tcp_kill_1     SIGKILL rank 1 after the first step: rank 0 exits non-zero within 60 s, naming it
@@ -35,8 +37,9 @@ and (group cuda, for a cuda spec compiled into kiln-run-emulated with --kilnc-ar
   tcp_plain      2 TCP ranks (no ZeRO): the same checks as tcp, through the device executor
   tcp_accum      2 ranks x 2 micro-steps against 1 process x 4
   tcp_hang_cuda  SIGSTOP rank 1 with KILN_COMM_TIMEOUT=20: rank 0 gives up on it
-  tcp_zero1_cuda --zero 1 through the device executor against 1 process, and its checkpoint (the
-                 AdamW moments gathered from both ranks) against a plain 2-rank run's
+  tcp_zero1_cuda --zero 1 through the device executor against 1 process (its arena smaller by half
+                 the moments), and its checkpoint (the AdamW moments gathered from both ranks)
+                 against a plain 2-rank run's
 (group cuda-zero1: that case alone, for a bf16 spec, whose compute copies the device rounds)
 
 The shards hold 12*B*T + 1 tokens: one process with 2 micro-steps and two ranks cross to the next
@@ -50,6 +53,7 @@ import argparse
 import array
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -370,11 +374,32 @@ def run_tcp_pair(c: Ctx, tag, extra):
         raise TestFailure(f"{tag}: rank 0 did not announce the TCP rendezvous:\n{res[0][2]}")
     if res[1][1].strip():
         raise TestFailure(f"{tag}: rank 1 printed progress:\n{res[1][1]}")
+    return res
+
+
+def check_zero1_arena(c: Ctx, tag: str, stderr: str, world: int, module=None):
+    """Rank 0's arena under --zero 1 keeps about 1/world of the AdamW moments (kiln-inspect's
+    optimizer_state bytes): the saving it announces is the rest, less the slices' 256-byte alignment."""
+    m = re.search(r"this rank's arena keeps 1/(\d+) of the AdamW moments: ([\d.]+) MiB, not ([\d.]+)", stderr)
+    if not m or int(m.group(1)) != world:
+        raise TestFailure(f"{tag}: rank 0 did not say what its arena keeps of the moments:\n{stderr}")
+    inspect = os.path.join(os.path.dirname(c.a.kilnc), "kiln-inspect")
+    info = json.loads(subprocess.run([inspect, module or c.exe, "--json"], check=True, capture_output=True,
+                                     text=True).stdout)
+    moments = info["accounting"]["optimizer_state"] / 2**20
+    n_moments = 2 * len(info["parameters"])
+    saved, want = float(m.group(3)) - float(m.group(2)), moments * (world - 1) / world
+    slack = n_moments * 512 / 2**20 + 0.01  # per sliced moment < 512 bytes of alignment; printed to 0.01
+    if not want - slack <= saved <= want + 0.01:
+        raise TestFailure(f"{tag}: rank 0's arena is {saved:.2f} MiB smaller, expected {want:.2f} "
+                          f"({world} ranks, {moments:.2f} MiB of moments)")
+    return f"rank 0's arena {m.group(2)} MiB, not {m.group(3)} ({moments:.2f} MiB of moments)"
 
 
 def case_tcp(c: Ctx):
-    run_tcp_pair(c, "tcp", ["--zero", "1", "--bucket-mb", "0.03"])
-    return compare_runs("tcp --zero 1 vs 1 process", c.ref, c.log("tcp"), c.ref_w, c.weights("tcp"))
+    res = run_tcp_pair(c, "tcp", ["--zero", "1", "--bucket-mb", "0.03"])
+    arena = check_zero1_arena(c, "tcp", res[0][2], 2)
+    return compare_runs("tcp --zero 1 vs 1 process", c.ref, c.log("tcp"), c.ref_w, c.weights("tcp")) + "; " + arena
 
 
 def read_checkpoint(path: str):
@@ -478,11 +503,13 @@ def case_tcp_three(c: Ctx):
                    cwd=c.workdir, capture_output=True)
     swap = lambda r, args: [small if a == c.exe else a for a in args]  # noqa: E731
     procs, _ = start_tcp(c, "tcp_three", ["--zero", "1"], micro=3, world=3, per_rank=swap)
-    for r, (rc, o, e) in enumerate(finish_ok(procs, "tcp_three")):
+    res = finish_ok(procs, "tcp_three")
+    for r, (rc, o, e) in enumerate(res):
         if r > 0 and o.strip():
             raise TestFailure(f"tcp_three: rank {r} printed progress:\n{o}")
+    arena = check_zero1_arena(c, "tcp_three", res[0][2], 3, module=small)
     return compare_runs("tcp 3 ranks --zero 1 vs 1 process x3", c.log("ref3"), c.log("tcp_three"), c.weights("ref3"),
-                        c.weights("tcp_three"))
+                        c.weights("tcp_three")) + "; " + arena
 
 
 def case_single_zero1(c: Ctx):
@@ -694,8 +721,9 @@ def case_tcp_zero1_cuda(c: Ctx):
     for d in ck.values():
         shutil.rmtree(d, ignore_errors=True)
     every = ["--checkpoint-dir", ck["tcp_zero1"], "--checkpoint-every", str(c.steps - 1), "--keep", "0"]
-    run_tcp_pair(c, "tcp_zero1", ["--comm", "tcp", "--zero", "1"] + every)
-    msg = compare_runs("tcp --zero 1 vs 1 process", c.ref, c.log("tcp_zero1"), c.ref_w, c.weights("tcp_zero1"))
+    res = run_tcp_pair(c, "tcp_zero1", ["--comm", "tcp", "--zero", "1"] + every)
+    arena = check_zero1_arena(c, "tcp_zero1", res[0][2], 2)
+    msg = compare_runs("tcp --zero 1 vs 1 process", c.ref, c.log("tcp_zero1"), c.ref_w, c.weights("tcp_zero1")) + "; " + arena
     # Rewound to the step before the last and resumed: that step again, as it was (the emulation
     # adds its atomics in a fixed order, so bitwise; a GPU would match to rounding).
     uninterrupted = logged(c, "tcp_zero1")[-1]

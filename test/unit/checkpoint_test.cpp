@@ -1,5 +1,6 @@
 // Training checkpoints: round trip, retention and `latest`, and refusing (without touching the
 // executor) anything corrupt, truncated, forged or saved for another model.
+#include <algorithm>
 #include <cmath>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -543,6 +544,77 @@ TEST_F(Checkpoint, ANonFiniteStateIsNeverSaved) {
   }
   EXPECT_EQ(listing(dir_), (std::set<std::string>{"ckpt_00000001.kiln-ckpt", "latest"}));
   EXPECT_EQ(latest_checkpoint(dir_.string()), (dir_ / "ckpt_00000001.kiln-ckpt").string());
+}
+
+// ZeRO-1: an executor built with optimizer slices keeps only those elements of the moments. The
+// layout packs them without overlaps, element 0 stays 256-byte aligned, a checkpoint loads into
+// the slices, and one saved with the gathered whole moments is the plain run's file, byte for byte.
+TEST_F(Checkpoint, ZeroOneKeepsSlicesOfTheMomentsAndSavesTheGatheredWhole) {
+  ModelSpec spec;
+  spec.params = {{"a.weight", {64, 16}, true}, {"b.weight", {4, 12}, true}, {"c.weight", {300}, false}};
+  const Module mod = Module::from_bytes(param_module(spec), "zero.kiln");
+  const std::vector<std::pair<int64_t, int64_t>> slices = {{300, 700}, {0, 0}, {0, 300}};
+  const ArenaLayout whole = layout_arena(mod), sliced = layout_arena(mod, slices);
+  EXPECT_FALSE(whole.sliced);
+  EXPECT_TRUE(sliced.sliced);
+  // a: 4096 bytes per moment become 1200 % 256 + 1600 = 1776, 1792 aligned; b: none kept.
+  EXPECT_EQ(whole.state_bytes - sliced.state_bytes, 2 * (4096 - 1792) + 2 * 256u);
+  std::vector<std::pair<uint64_t, uint64_t>> stored;  // [first, end) bytes of what each buffer keeps
+  for (uint32_t b = 0; b < mod.fb().buffers()->size(); ++b) {
+    if (mod.buffer(b).kind() == fb::BufferKind::Activation) {
+      EXPECT_EQ(sliced.at[b], sliced.state_bytes);
+      continue;
+    }
+    EXPECT_EQ(sliced.at[b] % 256, 0u) << b;
+    const auto [lo, hi] = sliced.held[b];
+    if (hi > lo) stored.push_back({sliced.at[b] + uint64_t(lo) * 4, sliced.at[b] + uint64_t(hi) * 4});
+  }
+  std::sort(stored.begin(), stored.end());
+  for (size_t i = 0; i < stored.size(); ++i) {
+    EXPECT_LE(stored[i].second, sliced.state_bytes);
+    if (i) EXPECT_LE(stored[i - 1].second, stored[i].first) << i;
+  }
+  EXPECT_NE(error_of([&] { layout_arena(mod, {{0, 1025}, {0, 0}, {0, 0}}); })
+                .find("zero.kiln: optimizer slice [0, 1025) is not within parameter a.weight of 1024 elements"),
+            std::string::npos);
+
+  Executor plain(mod);
+  fill(plain, 3);
+  save_checkpoint((dir_ / "plain").string(), plain, sample_state(5), 0);
+  Executor ex(mod, {}, slices);
+  EXPECT_EQ(ex.state_bytes(), sliced.state_bytes);
+  const fb::Parameter& a = *mod.fb().parameters()->Get(0);
+  EXPECT_NE(error_of([&] { ex.f32(a.adam_m()); })
+                .find("zero.kiln: this rank keeps elements [300, 700) of a.weight.AdamM only (ZeRO-1), not all 1024"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { ex.set_parameter_slice(0, 0, 1024); }).find("keeps its moments [300, 700)"), std::string::npos);
+  ex.set_parameter_slice(0, 300, 700);  // the same slice: accepted
+
+  load_checkpoint((dir_ / "plain" / "ckpt_00000005.kiln-ckpt").string(), ex);
+  for (uint32_t i = 0; i < 3; ++i) {
+    const fb::Parameter& p = *mod.fb().parameters()->Get(i);
+    EXPECT_EQ(bytes_of(ex, p.value()), bytes_of(plain, p.value()));
+    for (uint32_t moment : {p.adam_m(), p.adam_v()}) {
+      const auto [lo, hi] = ex.held(moment);
+      EXPECT_EQ(std::memcmp(ex.f32_held(moment), plain.f32(moment) + lo, size_t(hi - lo) * 4), 0) << i;
+    }
+  }
+  // Without the gathered moments the slices cannot be saved; with them, the plain file.
+  EXPECT_NE(error_of([&] { save_checkpoint((dir_ / "zero").string(), ex, sample_state(5), 0); }).find("only (ZeRO-1)"),
+            std::string::npos);
+  WholeMoments gathered;
+  for (uint32_t i = 0; i < 3; ++i) {
+    const fb::Parameter& p = *mod.fb().parameters()->Get(i);
+    gathered.adam_m.push_back(plain.f32(p.adam_m()));
+    gathered.adam_v.push_back(plain.f32(p.adam_v()));
+  }
+  save_checkpoint((dir_ / "zero").string(), ex, sample_state(5), 0, gathered);
+  EXPECT_EQ(read_file((dir_ / "zero" / "ckpt_00000005.kiln-ckpt").string()),
+            read_file((dir_ / "plain" / "ckpt_00000005.kiln-ckpt").string()));
+  plain.f32(mod.fb().parameters()->Get(2)->adam_v())[7] = NAN;  // c.weight's v[7]
+  EXPECT_NE(error_of([&] { save_checkpoint((dir_ / "zero").string(), ex, sample_state(6), 0, gathered); })
+                .find("not written: parameter 'c.weight' (AdamW v) holds a NaN"),
+            std::string::npos);
 }
 
 TEST_F(Checkpoint, CreatesNestedDirectoriesAndRejectsAFileInTheWay) {

@@ -1,0 +1,77 @@
+#include "runtime/arena_layout.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "runtime/error.h"
+
+namespace kiln {
+namespace {
+
+constexpr uint64_t kAlign = 256;  // the module's alignment of every buffer (Module::verify)
+uint64_t align_up(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+}  // namespace
+
+uint64_t ArenaLayout::arena_bytes(const Module& m, const std::vector<std::string>& programs) const {
+  uint64_t activations = 0;
+  for (const std::string& name : programs)
+    if (const fb::Program* p = m.program(name)) activations = std::max(activations, p->activation_size());
+  return state_bytes + activations;
+}
+
+ArenaLayout layout_arena(const Module& m, const std::vector<std::pair<int64_t, int64_t>>& slices) {
+  const auto& params = *m.fb().parameters();
+  if (!slices.empty() && slices.size() != params.size())
+    throw Error(m.source() + ": " + std::to_string(slices.size()) + " optimizer slices for " +
+                std::to_string(params.size()) + " parameters");
+  const uint32_t n = m.fb().buffers()->size();
+  ArenaLayout l;
+  l.at.resize(n);
+  l.held.resize(n);
+  l.numel.resize(n);
+  for (uint32_t b = 0; b < n; ++b) l.numel[b] = numel(m.buffer(b)), l.held[b] = {0, l.numel[b]};
+  for (uint32_t p = 0; p < slices.size(); ++p) {
+    const fb::Parameter& prm = *params.Get(p);
+    const auto [begin, end] = slices[p];
+    if (begin < 0 || begin > end || end > l.numel[prm.value()])
+      throw Error(m.source() + ": optimizer slice [" + std::to_string(begin) + ", " + std::to_string(end) +
+                  ") is not within parameter " + prm.name()->str() + " of " + std::to_string(l.numel[prm.value()]) +
+                  " elements");
+    for (uint32_t mom : {prm.adam_m(), prm.adam_v()}) {
+      l.held[mom] = {begin, end};
+      if (begin != 0 || end != l.numel[mom]) l.sliced = true;
+    }
+  }
+  // The state region in the module's order; a sliced moment takes the bytes of its slice, placed
+  // so that element 0's position stays 256-byte aligned (vector loads line up as planned).
+  std::vector<uint32_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](uint32_t a, uint32_t b) { return m.buffer(a).offset() < m.buffer(b).offset(); });
+  uint64_t pos = 0;
+  for (uint32_t b : order) {
+    const fb::Buffer& buf = m.buffer(b);
+    if (buf.kind() == fb::BufferKind::Activation) continue;
+    if (l.whole(b)) {
+      l.at[b] = pos;
+      pos += align_up(buf.size());
+      continue;
+    }
+    const uint64_t elem = buf.size() / uint64_t(std::max<int64_t>(l.numel[b], 1));  // F32 moments: 4
+    const uint64_t skip = uint64_t(l.held[b].first) * elem;  // bytes of element 0 to `begin`
+    if (pos + skip % kAlign < skip)  // element 0 before the arena: the value and gradient come first
+      throw Error(m.source() + ": buffer " + buf.name()->str() + " cannot be sliced (it is first in the state region)");
+    l.at[b] = pos + skip % kAlign - skip;
+    pos += align_up(skip % kAlign + uint64_t(l.held[b].second - l.held[b].first) * elem);
+  }
+  l.state_bytes = pos;
+  for (uint32_t b = 0; b < n; ++b) {
+    const fb::Buffer& buf = m.buffer(b);
+    if (buf.kind() == fb::BufferKind::Activation)  // (Module::verify: after the state region)
+      l.at[b] = buf.offset() < m.fb().state_size() ? buf.offset() : buf.offset() - m.fb().state_size() + l.state_bytes;
+  }
+  return l;
+}
+
+}  // namespace kiln
