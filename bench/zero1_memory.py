@@ -12,9 +12,9 @@ by kilnc and trained on --ranks ranks (default 2, the TCP rendezvous, on this ma
   torch-zero      the same with ZeroRedundancyOptimizer (AdamW's state sharded over the ranks)
 For every rank it records the peak resident memory (ru_maxrss, from wait4), and for Kiln the
 arena rank 0 announces. Prints a table (MiB per rank), the ratio of each framework's ZeRO run to
-its plain run (the headline: what sharding saves), and the saving against what the AdamW moments
-take (2 x 4 bytes x parameters x (ranks - 1) / ranks); writes everything to
-bench/results/zero1_memory.json (git-ignored).
+its plain run (what sharding saves), the saving against what the AdamW moments take
+(2 x 4 bytes x parameters x (ranks - 1) / ranks), and Kiln's peak against PyTorch's, plain and
+sharded; writes everything to bench/results/zero1_memory.json (git-ignored).
 
 Usage: bench/zero1_memory.py [--ranks 2] [--steps 2] [--batch 1] [--seq 64] [--no-pytorch]
                              [--spec models/gpt2-124m.toml] [--out FILE] [--keep]
@@ -160,6 +160,11 @@ def main() -> None:
             print(f"{zero + ' / ' + plain:<26} peak RSS x{', x'.join(f'{r:.3f}' for r in ratio)}  "
                   f"(saved {', '.join(f'{s:.0f}' for s in saved)} MiB: "
                   f"{', '.join(f'{100 * s / moments_saved:.0f}%' for s in saved)} of the moments' share)")
+        for kiln, torch in (("kiln", "torch"), ("kiln-zero1", "torch-zero")):
+            if torch in results:
+                ratio = [k / t for k, t in zip(results[kiln]["maxrss_mib"], results[torch]["maxrss_mib"])]
+                summary[f"{kiln}/{torch}"] = {"rss_ratio": ratio}
+                print(f"{kiln + ' / ' + torch:<26} peak RSS x{', x'.join(f'{r:.3f}' for r in ratio)}")
         if results["kiln-zero1"].get("arena_mib"):
             k = results["kiln-zero1"]
             print(f"kiln-zero1 arena, rank 0: {k['arena_mib']:.1f} MiB, not {k['arena_whole_mib']:.1f} "

@@ -20,7 +20,8 @@ uint64_t ArenaLayout::arena_bytes(const Module& m, const std::vector<std::string
   return state_bytes + activations;
 }
 
-ArenaLayout layout_arena(const Module& m, const std::vector<std::pair<int64_t, int64_t>>& slices) {
+ArenaLayout layout_arena(const Module& m, const StatePlan& plan) {
+  const auto& slices = plan.moment_slices;
   const auto& params = *m.fb().parameters();
   if (!slices.empty() && slices.size() != params.size())
     throw Error(m.source() + ": " + std::to_string(slices.size()) + " optimizer slices for " +
@@ -50,9 +51,28 @@ ArenaLayout layout_arena(const Module& m, const std::vector<std::pair<int64_t, i
   std::stable_sort(order.begin(), order.end(),
                    [&](uint32_t a, uint32_t b) { return m.buffer(a).offset() < m.buffer(b).offset(); });
   uint64_t pos = 0;
+  std::vector<bool> placed(n, false);
+  if (!plan.bucket_order.empty()) {
+    std::vector<bool> seen(params.size(), false);
+    for (size_t p : plan.bucket_order)
+      if (p >= params.size() || seen[p])
+        throw Error(m.source() + ": the bucket order names parameter " + std::to_string(p) + " twice or of " +
+                    std::to_string(params.size()));
+      else
+        seen[p] = true;
+    if (plan.bucket_order.size() != params.size())
+      throw Error(m.source() + ": the bucket order has " + std::to_string(plan.bucket_order.size()) + " of " +
+                  std::to_string(params.size()) + " parameters");
+    for (bool grads : {true, false})
+      for (size_t p : plan.bucket_order) {
+        const uint32_t b = grads ? params.Get(uint32_t(p))->grad() : params.Get(uint32_t(p))->value();
+        l.at[b] = pos, placed[b] = true;
+        pos += align_up(m.buffer(b).size());
+      }
+  }
   for (uint32_t b : order) {
     const fb::Buffer& buf = m.buffer(b);
-    if (buf.kind() == fb::BufferKind::Activation) continue;
+    if (buf.kind() == fb::BufferKind::Activation || placed[b]) continue;
     if (l.whole(b)) {
       l.at[b] = pos;
       pos += align_up(buf.size());

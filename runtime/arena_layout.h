@@ -1,8 +1,10 @@
 // Where each buffer lies in the arena a process allocates. The module plans one layout for
 // every process: the state region (parameters, gradients, AdamW moments, inputs, hyperparameters)
-// and then the activations. Under ZeRO-1 a rank updates only its slice [begin, end) of each
-// parameter, so it keeps only that slice of both AdamW moments: the layout packs the state
-// region without the rest, and the activations follow it.
+// and then the activations. A data-parallel rank lays its state region out anew (StatePlan): the
+// gradients in the order of the buckets it reduces, one after another, so that the collectives
+// work on the arena itself, and the values likewise; under ZeRO-1 a rank updates only its slice
+// [begin, end) of each parameter, so it keeps only that slice of both AdamW moments. The
+// activations follow the state region, as the module planned them.
 #pragma once
 #include <cstdint>
 #include <utility>
@@ -29,9 +31,19 @@ struct ArenaLayout {
   uint64_t arena_bytes(const Module& m, const std::vector<std::string>& programs) const;
 };
 
-// The module's layout, with each parameter's moments cut to slices[p] when slices is not empty
-// (one [begin, end) per parameter, in the module's parameter order; begin == end: none kept).
-// kiln::Error naming the module for a slice outside its parameter.
-ArenaLayout layout_arena(const Module& m, const std::vector<std::pair<int64_t, int64_t>>& slices = {});
+// How a data-parallel rank lays out its state instead of as the module does (data_parallel.h).
+struct StatePlan {
+  // Parameters (their indices) in the order of the gradient buckets: their gradients first in
+  // the state region, one after another in this order (each 256-byte aligned), then their values
+  // the same way. Empty: the module's order.
+  std::vector<size_t> bucket_order;
+  // ZeRO-1: the elements [begin, end) of each parameter (module order) this rank updates; the
+  // arena keeps only those of its AdamW moments (begin == end: none). Empty: all.
+  std::vector<std::pair<int64_t, int64_t>> moment_slices;
+};
+
+// The layout of the module's arena under `plan`. kiln::Error naming the module for a bucket
+// order that is not a permutation of its parameters or a slice outside its parameter.
+ArenaLayout layout_arena(const Module& m, const StatePlan& plan = {});
 
 }  // namespace kiln

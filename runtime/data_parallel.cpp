@@ -1,10 +1,9 @@
 #include "runtime/data_parallel.h"
 
-#include <map>
-
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <map>
 
 #include "runtime/error.h"
 
@@ -19,8 +18,9 @@ std::pair<int64_t, int64_t> BucketPlan::owned(size_t p, int r) const {
 }
 
 BucketPlan plan_buckets(const std::vector<std::vector<size_t>>& groups, const std::vector<int64_t>& sizes,
-                        int world) {
+                        int world, int64_t align) {
   if (world < 1) throw Error("plan_buckets: world size " + std::to_string(world));
+  if (align < 1) throw Error("plan_buckets: alignment " + std::to_string(align));
   BucketPlan plan;
   plan.params.resize(sizes.size());
   int64_t at = 0;
@@ -31,7 +31,7 @@ BucketPlan plan_buckets(const std::vector<std::vector<size_t>>& groups, const st
       if (k >= sizes.size()) throw Error("plan_buckets: parameter " + std::to_string(k) + " out of range");
       plan.params[k] = {at, sizes[k], plan.buckets.size()};
       b.params.push_back(k);
-      b.end = at += sizes[k];
+      b.end = at += (sizes[k] + align - 1) / align * align;
     }
     plan.buckets.push_back(b);
   }
@@ -43,7 +43,7 @@ BucketPlan plan_buckets(const std::vector<std::vector<size_t>>& groups, const st
   return plan;
 }
 
-BucketPlan plan_buckets(const std::vector<int64_t>& sizes, int64_t bucket_bytes, int world) {
+BucketPlan plan_buckets(const std::vector<int64_t>& sizes, int64_t bucket_bytes, int world, int64_t align) {
   const int64_t cap = std::max<int64_t>(1, bucket_bytes / int64_t(sizeof(float)));
   std::vector<std::vector<size_t>> groups;
   int64_t filled = 0;
@@ -52,7 +52,7 @@ BucketPlan plan_buckets(const std::vector<int64_t>& sizes, int64_t bucket_bytes,
     groups.back().push_back(k);
     filled += sizes[k];
   }
-  return plan_buckets(groups, sizes, world);
+  return plan_buckets(groups, sizes, world, align);
 }
 
 // The buckets the compiler placed in micro_step (ReduceGradients instructions, in order), as
@@ -96,14 +96,18 @@ BucketPlan module_buckets(const Module& m, int world, int64_t bucket_bytes, bool
   // as soon as its gradients are final); otherwise buckets of bucket_bytes, started after it.
   std::vector<std::vector<size_t>> groups = compiled_buckets(m);
   if (compiled) *compiled = !groups.empty();
-  return groups.empty() ? plan_buckets(sizes, bucket_bytes, world) : plan_buckets(groups, sizes, world);
+  // 64 elements: the arena's alignment, so the flat vector is the gradients as a rank laid out
+  // in bucket order holds them (state_plan), padding included.
+  return groups.empty() ? plan_buckets(sizes, bucket_bytes, world, 64) : plan_buckets(groups, sizes, world, 64);
 }
 
-std::vector<std::pair<int64_t, int64_t>> zero1_slices(const Module& m, int world, int rank, int64_t bucket_bytes) {
+StatePlan data_parallel_state(const Module& m, int world, int rank, int zero, int64_t bucket_bytes) {
   const BucketPlan plan = module_buckets(m, world, bucket_bytes);
-  std::vector<std::pair<int64_t, int64_t>> slices;
-  for (size_t p = 0; p < plan.params.size(); ++p) slices.push_back(plan.owned(p, rank));
-  return slices;
+  StatePlan state;
+  for (const BucketPlan::Bucket& b : plan.buckets) state.bucket_order.insert(state.bucket_order.end(), b.params.begin(), b.params.end());
+  if (zero == 1)
+    for (size_t p = 0; p < plan.params.size(); ++p) state.moment_slices.push_back(plan.owned(p, rank));
+  return state;
 }
 
 namespace {
@@ -167,11 +171,17 @@ DataParallel::DataParallel(Executor& ex, Communicator& comm, int zero, int64_t b
     throw Error(m.source() + ": data parallel: " + comm.describe() + " reduces GPU memory, but this module's "
                 "buffers are in host memory");
   }
-  staging_ = ex.comm_buffer(plan_.total);
+  // The collectives run on the arena itself: the executor laid the gradients and values out as
+  // the flat vector of the plan (data_parallel_state).
+  grads_ = in_place(Field::Grad);
+  values_ = in_place(Field::Value);
+  if (!grads_ || !values_)
+    throw Error(m.source() + ": data parallel: the executor's gradients and values do not lie in bucket order "
+                "(build it with data_parallel_state)");
   started_.assign(plan_.buckets.size(), false);
   ex.set_gradient_hooks([this](int64_t b) { if (armed_) start_bucket(size_t(b)); },
                         [this] { finish_gradient_reduction(); },
-                        [this] {  // the started collectives, without unpacking them yet
+                        [this] {  // the started collectives
                           for (auto& pending : pending_) pending.second->wait();
                         });
   if (zero_ == 1) {
@@ -195,6 +205,7 @@ std::string DataParallel::describe() const {
   return std::to_string(plan_.buckets.size()) +
          (compiled_ ? " gradient bucket(s) placed by the compiler in the backward pass"
                     : " gradient bucket(s) of <= " + std::string(mb) + " MB after the backward pass") +
+         ", reduced in place" +
          (zero_ ? ", ZeRO-1 (optimizer sharded" + arena_note() + ")" : "");
 }
 
@@ -209,27 +220,25 @@ std::string DataParallel::arena_note() const {
   return text;
 }
 
-// Copies between the parameters' buffers of field f and bucket b's staging range: every element,
-// or with owned_only this rank's piece only.
-void DataParallel::pack(size_t b, Field f, bool owned_only) { copy(b, f, owned_only, true); }
-void DataParallel::unpack(size_t b, Field f, bool owned_only) { copy(b, f, owned_only, false); }
-
-void DataParallel::copy(size_t b, Field f, bool owned_only, bool to_staging) {
+// Where the flat vector of field f starts in the executor's arena, when each parameter's buffer
+// lies at its place in it (the executor was built with data_parallel_state); else nullptr.
+float* DataParallel::in_place(Field f) const {
   const Module& m = ex_.module();
-  for (size_t p : plan_.buckets[b].params) {
+  auto buffer = [&](size_t p) {
     const fb::Parameter& prm = *m.fb().parameters()->Get(uint32_t(p));
-    const uint32_t buffer = f == Field::Value ? prm.value() : f == Field::Grad ? prm.grad()
-                            : f == Field::AdamM ? prm.adam_m() : prm.adam_v();
-    auto [lo, hi] = owned_only ? plan_.owned(p, comm_.rank()) : std::make_pair(int64_t(0), plan_.params[p].size);
-    if (hi > lo) ex_.copy_elements(buffer, lo, hi - lo, staging_ + plan_.params[p].flat + lo, to_staging);
-  }
+    return f == Field::Value ? prm.value() : prm.grad();
+  };
+  if (plan_.params.empty()) return nullptr;
+  float* base = ex_.comm_address(buffer(0)) - plan_.params[0].flat;
+  for (size_t p = 0; p < plan_.params.size(); ++p)
+    if (ex_.comm_address(buffer(p)) != base + plan_.params[p].flat) return nullptr;
+  return base;
 }
 
 void DataParallel::start_bucket(size_t b) {
   if (b >= plan_.buckets.size() || started_[b]) return;
   const BucketPlan::Bucket& k = plan_.buckets[b];
-  pack(b, Field::Grad, /*owned_only=*/false);
-  float* data = staging_ + k.begin;
+  float* data = grads_ + k.begin;
   pending_.push_back({b, zero_ ? comm_.ireduce_scatter_sum(data, k.pieces) : comm_.iall_reduce_sum(data, k.end - k.begin)});
   started_[b] = true;
 }
@@ -243,73 +252,65 @@ void DataParallel::start_gradient_reduction() {
 
 void DataParallel::finish_gradient_reduction() {
   if (comm_.world_size() == 1) return;
-  for (auto& [b, request] : pending_) {
-    request->wait();
-    unpack(b, Field::Grad, /*owned_only=*/zero_ == 1);
-  }
+  for (auto& pending : pending_) pending.second->wait();
   pending_.clear();
   started_.assign(plan_.buckets.size(), false);
+  ex_.state_written_in_place();
 }
 
 void DataParallel::gather_gradients() {
   if (comm_.world_size() == 1 || zero_ == 0) return;
-  // The owned pieces of staging hold the reduced gradients since the reduce-scatter.
+  // The owned pieces hold the reduced gradients since the reduce-scatter.
   for (size_t b = 0; b < plan_.buckets.size(); ++b)
-    pending_.push_back({b, comm_.iall_gather(staging_ + plan_.buckets[b].begin, plan_.buckets[b].pieces)});
-  for (auto& [b, request] : pending_) {
-    request->wait();
-    unpack(b, Field::Grad, /*owned_only=*/false);
-  }
+    pending_.push_back({b, comm_.iall_gather(grads_ + plan_.buckets[b].begin, plan_.buckets[b].pieces)});
+  for (auto& pending : pending_) pending.second->wait();
   pending_.clear();
-}
-
-// The owned pieces of f's buffers into staging, all-gathered, and every piece back.
-void DataParallel::gather(Field f) {
-  for (size_t b = 0; b < plan_.buckets.size(); ++b) {
-    pack(b, f, /*owned_only=*/true);
-    pending_.push_back({b, comm_.iall_gather(staging_ + plan_.buckets[b].begin, plan_.buckets[b].pieces)});
-  }
-  for (auto& [b, request] : pending_) {
-    request->wait();
-    unpack(b, f, /*owned_only=*/false);
-  }
-  pending_.clear();
+  ex_.state_written_in_place();
 }
 
 void DataParallel::gather_parameters() {
   if (comm_.world_size() == 1 || zero_ == 0) return;
-  gather(Field::Value);
+  // AdamW updated this rank's pieces where they lie.
+  for (size_t b = 0; b < plan_.buckets.size(); ++b)
+    pending_.push_back({b, comm_.iall_gather(values_ + plan_.buckets[b].begin, plan_.buckets[b].pieces)});
+  for (auto& pending : pending_) pending.second->wait();
+  pending_.clear();
+  ex_.state_written_in_place();
   ex_.refresh_gathered_compute_copies();  // bf16 copies of the pieces other ranks updated
+}
+
+// This rank's pieces of a moment into the flat vector `flat` (the gradients' place in the
+// arena), then every rank's.
+void DataParallel::gather_into(Field f, float* flat) {
+  const Module& m = ex_.module();
+  for (size_t b = 0; b < plan_.buckets.size(); ++b) {
+    for (size_t p : plan_.buckets[b].params) {
+      const fb::Parameter& prm = *m.fb().parameters()->Get(uint32_t(p));
+      auto [lo, hi] = plan_.owned(p, comm_.rank());
+      if (hi > lo) ex_.copy_elements(f == Field::AdamM ? prm.adam_m() : prm.adam_v(), lo, hi - lo, flat + plan_.params[p].flat + lo, true);
+    }
+    pending_.push_back({b, comm_.iall_gather(flat + plan_.buckets[b].begin, plan_.buckets[b].pieces)});
+  }
+  for (auto& pending : pending_) pending.second->wait();
+  pending_.clear();
+  ex_.state_written_in_place();
 }
 
 WholeMoments DataParallel::gather_optimizer_state() {
   WholeMoments whole;
   if (comm_.world_size() == 1 || zero_ == 0) return whole;
   const bool root = comm_.rank() == 0;
-  // No memory of its own on the CPU: v goes to rank 0's gradient buffers (whole, and dead from
-  // the optimizer step to the next zero_grads), m stays in staging (one float per element). On a
-  // GPU the host copy of the gradients receives v, and host memory m.
-  for (Field f : {Field::AdamV, Field::AdamM}) {
-    for (size_t b = 0; b < plan_.buckets.size(); ++b) {
-      pack(b, f, /*owned_only=*/true);
-      pending_.push_back({b, comm_.iall_gather(staging_ + plan_.buckets[b].begin, plan_.buckets[b].pieces)});
-    }
-    for (auto& pending : pending_) pending.second->wait();
-    pending_.clear();
-    if (root && f == Field::AdamV)
-      for (size_t b = 0; b < plan_.buckets.size(); ++b) unpack(b, Field::Grad, /*owned_only=*/false);
-  }
-  if (!root) return whole;
-  const float* m = staging_;
-  if (ex_.comm_needs_device_memory()) {
-    whole.storage.resize(size_t(plan_.total));
-    ex_.read_comm_buffer(staging_, plan_.total, whole.storage.data());
-    m = whole.storage.data();
-  }
+  const Module& m = ex_.module();
+  // Both through the gradient buffers (whole, and dead from the optimizer step to the next
+  // zero_grads): v, which rank 0 copies out for the time of the save, then m.
+  gather_into(Field::AdamV, grads_);
+  if (root) whole.storage.resize(size_t(plan_.total)), ex_.read_floats(grads_, plan_.total, whole.storage.data());
+  gather_into(Field::AdamM, grads_);
+  if (!root) return {};
   ex_.sync_to_host();
   for (size_t p = 0; p < plan_.params.size(); ++p) {
-    whole.adam_m.push_back(m + plan_.params[p].flat);
-    whole.adam_v.push_back(ex_.f32(ex_.module().fb().parameters()->Get(uint32_t(p))->grad()));
+    whole.adam_m.push_back(ex_.f32(m.fb().parameters()->Get(uint32_t(p))->grad()));
+    whole.adam_v.push_back(whole.storage.data() + plan_.params[p].flat);
   }
   return whole;
 }

@@ -154,9 +154,8 @@ static uint64_t available_memory() {
   return uint64_t(kb) * 1024;
 }
 
-Executor::Executor(const Module& module, std::vector<std::string> programs,
-                   const std::vector<std::pair<int64_t, int64_t>>& optimizer_slices)
-    : module_(module), layout_(layout_arena(module, optimizer_slices)), programs_(std::move(programs)) {
+Executor::Executor(const Module& module, std::vector<std::string> programs, const StatePlan& state)
+    : module_(module), layout_(layout_arena(module, state)), programs_(std::move(programs)) {
   const std::string target = module_.fb().model()->target() ? module_.fb().model()->target()->str() : "cpu";
   if (target != "cpu" && target != "cuda")
     throw Error(module_.source() + ": the module's kernels target '" + target + "', which this runtime cannot run");
@@ -193,8 +192,8 @@ Executor::Executor(const Module& module, std::vector<std::string> programs,
   std::memset(arena_, 0, bytes);
   if (gpu) device_->set_host_state(arena_);
   else load_kernels();
-  for (size_t p = 0; p < optimizer_slices.size(); ++p)
-    set_parameter_slice(p, optimizer_slices[p].first, optimizer_slices[p].second);
+  for (size_t p = 0; p < state.moment_slices.size(); ++p)
+    set_parameter_slice(p, state.moment_slices[p].first, state.moment_slices[p].second);
 }
 
 Executor::~Executor() {
@@ -369,13 +368,7 @@ void Executor::set_gradient_hooks(std::function<void(int64_t)> reduce, std::func
   wait_hook_ = std::move(wait);
 }
 
-float* Executor::comm_buffer(int64_t n) {
-  if (device_) return device_->staging(n);
-  comm_staging_.resize(size_t(n));
-  return comm_staging_.data();
-}
-
-void Executor::copy_elements(uint32_t buffer, int64_t offset, int64_t n, float* staging, bool to_staging) {
+void Executor::copy_elements(uint32_t buffer, int64_t offset, int64_t n, float* to, bool to_at) {
   const fb::Buffer& b = module_.buffer(buffer);
   const auto [lo, hi] = layout_.held[buffer];
   if (b.dtype() != fb::DType::F32 || offset < lo || n < 0 || offset + n > hi)
@@ -383,19 +376,24 @@ void Executor::copy_elements(uint32_t buffer, int64_t offset, int64_t n, float* 
                 ") of " + b.name()->str() + " are not fp32 elements this rank holds");
   const size_t bytes = size_t(n) * sizeof(float);
   if (device_) {
-    if (!to_staging) host_stale_ = true;
+    host_stale_ = true;  // `to` may be state too (DataParallel gathers the moments in the gradients)
     const DevicePtr at = device_->address(layout_.at[buffer] + uint64_t(offset) * sizeof(float));
-    const DevicePtr st = DevicePtr(reinterpret_cast<uintptr_t>(staging));
-    return to_staging ? device_->copy(st, at, bytes) : device_->copy(at, st, bytes);
+    const DevicePtr other = DevicePtr(reinterpret_cast<uintptr_t>(to));
+    return to_at ? device_->copy(other, at, bytes) : device_->copy(at, other, bytes);
   }
   float* at = reinterpret_cast<float*>(addr(buffer)) + offset;
-  if (to_staging) std::memcpy(staging, at, bytes);
-  else std::memcpy(at, staging, bytes);
+  if (to_at) std::memcpy(to, at, bytes);
+  else std::memcpy(at, to, bytes);
 }
 
-void Executor::read_comm_buffer(const float* staging, int64_t n, float* dst) {
-  if (device_) return device_->download(dst, DevicePtr(reinterpret_cast<uintptr_t>(staging)), size_t(n) * sizeof(float));
-  std::memcpy(dst, staging, size_t(n) * sizeof(float));
+float* Executor::comm_address(uint32_t buffer) const {
+  if (device_) return reinterpret_cast<float*>(uintptr_t(device_->address(layout_.at[buffer])));
+  return reinterpret_cast<float*>(addr(buffer));
+}
+
+void Executor::read_floats(const float* at, int64_t n, float* dst) {
+  if (device_) return device_->download(dst, DevicePtr(reinterpret_cast<uintptr_t>(at)), size_t(n) * sizeof(float));
+  std::memcpy(dst, at, size_t(n) * sizeof(float));
 }
 
 bool Executor::comm_needs_device_memory() const { return device_ && !device_->host_addressable(); }

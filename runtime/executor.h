@@ -21,10 +21,10 @@ class Executor {
  public:
   // Allocates the arena (zeroed) for the state and the activations of `programs` (all programs
   // when empty: sampling needs no backward buffers) and checks their instructions' operands.
-  // optimizer_slices (ZeRO-1; one [begin, end) per parameter): the optimizer updates only those
-  // elements, and the arena keeps only those elements of the AdamW moments (arena_layout.h).
-  explicit Executor(const Module& module, std::vector<std::string> programs = {},
-                    const std::vector<std::pair<int64_t, int64_t>>& optimizer_slices = {});
+  // `state` (a data-parallel rank's, arena_layout.h): gradients and values in bucket order, and
+  // with moment_slices (ZeRO-1) the optimizer updates only those elements of each parameter and
+  // the arena keeps only those elements of its AdamW moments.
+  explicit Executor(const Module& module, std::vector<std::string> programs = {}, const StatePlan& state = {});
   ~Executor();
 
   // Runs a program ("forward", "micro_step", "optimizer_step"); returns its scalar result.
@@ -79,7 +79,7 @@ class Executor {
   // Restricts the optimizer program to elements [begin, end) of parameter `param` (its index in
   // the module's parameter list): AdamW updates only those elements of the value and moments,
   // and GlobalNorm sums only their squared gradients. begin == end leaves it to other ranks.
-  // kiln::Error for another slice than the constructor's optimizer_slices, when it had them.
+  // kiln::Error for another slice than the constructor's moment_slices, when it had them.
   void set_parameter_slice(size_t param, int64_t begin, int64_t end);
   // GlobalNorm passes its sum of squares through `reduce` (the sum over ranks) before the sqrt.
   void set_norm_reducer(std::function<double(double)> reduce);
@@ -93,16 +93,20 @@ class Executor {
   // stream (so a dead peer ends the run on the communicator's timeout). Unused on the CPU.
   void set_gradient_hooks(std::function<void(int64_t)> reduce, std::function<void()> wait,
                           std::function<void()> drain = {});
-  // Gradient staging for the communicator: n floats of host memory, or on a GPU of device memory
-  // (allocated once), and copies between it and elements [offset, offset + n) of a buffer (on a
-  // GPU in stream order).
-  float* comm_buffer(int64_t n);
-  void copy_elements(uint32_t buffer, int64_t offset, int64_t n, float* staging, bool to_staging);
-  // n floats of the staging to host memory (on a GPU after the stream's work before it).
-  void read_comm_buffer(const float* staging, int64_t n, float* dst);
+  // Element 0 of a buffer where the communicator can reduce it in place: host memory, or on a
+  // GPU its device address (arena_layout.h: a sliced moment's element 0 is not its storage).
+  float* comm_address(uint32_t buffer) const;
+  // The communicator wrote state buffers in place: on a GPU, the host copy is older now.
+  void state_written_in_place() { host_stale_ = device_ != nullptr || host_stale_; }
+  // Elements [offset, offset + n) of a buffer to or from n floats at `at`, an address of
+  // comm_address's kind (on a GPU in stream order), and n floats there to host memory (on a GPU
+  // after the work queued before).
+  void copy_elements(uint32_t buffer, int64_t offset, int64_t n, float* at, bool to_at);
+  void read_floats(const float* at, int64_t n, float* dst);
   // On a GPU whose memory the host cannot address: the communicator must take device memory
   // (NCCL), on this stream (a cudaStream_t).
   bool comm_needs_device_memory() const;
+  bool on_device() const { return device_ != nullptr; }  // a GPU (or its emulation) runs the programs
   void* device_stream() const;
 
  private:
@@ -138,7 +142,6 @@ class Executor {
   std::function<double(double)> norm_reducer_;
   std::function<void(int64_t)> reduce_hook_;
   std::function<void()> wait_hook_;
-  std::vector<float> comm_staging_;  // CPU: comm_buffer()
 };
 
 }  // namespace kiln

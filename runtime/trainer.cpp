@@ -203,11 +203,10 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   std::vector<std::string> programs{"micro_step", "optimizer_step"};
   if (module.program("forward")) programs.push_back("forward");
   if (o.zero != 0 && o.zero != 1) throw Error("--zero: " + std::to_string(o.zero) + " is not 0 or 1");
-  // ZeRO-1: this rank's arena keeps only the AdamW moments of the elements it updates.
+  // Data parallel: the gradients and values in bucket order (reduced in place), and under ZeRO-1
+  // only the AdamW moments of the elements this rank updates.
   const int64_t bucket_bytes = int64_t(o.bucket_mb * 1e6);
-  const auto slices = o.zero == 1 && world > 1 ? zero1_slices(module, int(world), rank, bucket_bytes)
-                                               : std::vector<std::pair<int64_t, int64_t>>{};
-  Executor ex(module, programs, slices);
+  Executor ex(module, programs, world > 1 ? data_parallel_state(module, int(world), rank, o.zero, bucket_bytes) : StatePlan{});
   ex.enable_profiling(o.profile);
   init_parameters(ex, o.seed);  // also clears gradients and AdamW state
   if (!o.init.empty()) load_parameters(ex, o.init);

@@ -472,16 +472,6 @@ void DeviceExecutor::round_other_compute_copies() {
   issue(round_copies_);  // nothing when there is nothing to round
 }
 
-float* DeviceExecutor::staging(int64_t n) {
-  if (n > staging_n_) {
-    if (staging_) device_->free(staging_);
-    staging_ = 0;
-    staging_ = device_->alloc(size_t(n) * sizeof(float), "the gradient staging of data parallelism");
-    staging_n_ = n;
-  }
-  return reinterpret_cast<float*>(staging_);
-}
-
 // Issues a program's steps, as a CUDA graph from its second run on (the first runs eagerly:
 // libraries finish their lazy set-up outside a capture).
 void DeviceExecutor::replay(Program& p) {

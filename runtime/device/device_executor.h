@@ -57,9 +57,7 @@ class DeviceExecutor {
   // ZeRO-1, after the other ranks' parameter pieces were gathered: rounds the bf16 compute copy of
   // every element outside this rank's slices (kiln_round_copies), in stream order.
   void round_other_compute_copies();
-  // Device memory for gradient staging (float elements), allocated once, and device copies in
-  // stream order; address() is an arena offset's device address.
-  float* staging(int64_t n);
+  // Device copies in stream order; address() is an arena offset's device address.
   DevicePtr address(uint64_t offset) const { return arena_ + offset; }
   void copy(DevicePtr dst, DevicePtr src, size_t bytes) { device_->copy(dst, src, bytes); }
   void download(void* dst, DevicePtr src, size_t bytes) { device_->download(dst, src, bytes); }
@@ -131,8 +129,6 @@ class DeviceExecutor {
   DevicePtr round_tables_ = 0;
   Device::Function round_fn_ = nullptr;  // kiln_round_copies, looked up with the first slice
   bool in_hook_ = false;  // an error thrown by a hook passes through run() as it is
-  DevicePtr staging_ = 0;
-  int64_t staging_n_ = 0;
   int unfused_epilogues_ = 0;  // products whose epilogue cuBLASLt refused to fuse
   std::string unfused_reason_;
 };

@@ -13,6 +13,7 @@
 
 #include "runtime/checkpoint.h"
 #include "runtime/cpu/bf16.h"
+#include "runtime/data_parallel.h"
 #include "runtime/error.h"
 #include "runtime/executor.h"
 #include "runtime/file_io.h"
@@ -554,7 +555,7 @@ TEST_F(Checkpoint, ZeroOneKeepsSlicesOfTheMomentsAndSavesTheGatheredWhole) {
   spec.params = {{"a.weight", {64, 16}, true}, {"b.weight", {4, 12}, true}, {"c.weight", {300}, false}};
   const Module mod = Module::from_bytes(param_module(spec), "zero.kiln");
   const std::vector<std::pair<int64_t, int64_t>> slices = {{300, 700}, {0, 0}, {0, 300}};
-  const ArenaLayout whole = layout_arena(mod), sliced = layout_arena(mod, slices);
+  const ArenaLayout whole = layout_arena(mod), sliced = layout_arena(mod, {{}, slices});
   EXPECT_FALSE(whole.sliced);
   EXPECT_TRUE(sliced.sliced);
   // a: 4096 bytes per moment become 1200 % 256 + 1600 = 1776, 1792 aligned; b: none kept.
@@ -574,14 +575,14 @@ TEST_F(Checkpoint, ZeroOneKeepsSlicesOfTheMomentsAndSavesTheGatheredWhole) {
     EXPECT_LE(stored[i].second, sliced.state_bytes);
     if (i) EXPECT_LE(stored[i - 1].second, stored[i].first) << i;
   }
-  EXPECT_NE(error_of([&] { layout_arena(mod, {{0, 1025}, {0, 0}, {0, 0}}); })
+  EXPECT_NE(error_of([&] { layout_arena(mod, {{}, {{0, 1025}, {0, 0}, {0, 0}}}); })
                 .find("zero.kiln: optimizer slice [0, 1025) is not within parameter a.weight of 1024 elements"),
             std::string::npos);
 
   Executor plain(mod);
   fill(plain, 3);
   save_checkpoint((dir_ / "plain").string(), plain, sample_state(5), 0);
-  Executor ex(mod, {}, slices);
+  Executor ex(mod, {}, {{}, slices});
   EXPECT_EQ(ex.state_bytes(), sliced.state_bytes);
   const fb::Parameter& a = *mod.fb().parameters()->Get(0);
   EXPECT_NE(error_of([&] { ex.f32(a.adam_m()); })
@@ -615,6 +616,37 @@ TEST_F(Checkpoint, ZeroOneKeepsSlicesOfTheMomentsAndSavesTheGatheredWhole) {
   EXPECT_NE(error_of([&] { save_checkpoint((dir_ / "zero").string(), ex, sample_state(6), 0, gathered); })
                 .find("not written: parameter 'c.weight' (AdamW v) holds a NaN"),
             std::string::npos);
+}
+
+// A data-parallel rank's bucket order: the gradients first, one after another in that order
+// (256-byte aligned, so as BucketPlan's flat vector with 64-element alignment has them), then the
+// values the same way, then the rest; the same training state loads and saves.
+TEST_F(Checkpoint, BucketOrderLaysTheGradientsOutAsTheFlatVector) {
+  ModelSpec spec;
+  spec.params = {{"a.weight", {64, 16}, true}, {"b.weight", {4, 12}, true}, {"c.weight", {300}, false}};
+  const Module mod = Module::from_bytes(param_module(spec), "order.kiln");
+  const StatePlan state{{2, 0, 1}, {}};
+  const ArenaLayout l = layout_arena(mod, state);
+  const auto& ps = *mod.fb().parameters();
+  const BucketPlan plan = plan_buckets({{2, 0}, {1}}, {1024, 48, 300}, 2, 64);
+  for (uint32_t p = 0; p < 3; ++p) {
+    EXPECT_EQ(l.at[ps.Get(p)->grad()], uint64_t(plan.params[p].flat) * 4) << p;
+    EXPECT_EQ(l.at[ps.Get(p)->value()], uint64_t(plan.total) * 4 + uint64_t(plan.params[p].flat) * 4) << p;
+  }
+  EXPECT_EQ(plan.params[0].flat, 320);  // c (300 elements) padded to 320
+  EXPECT_EQ(l.state_bytes, layout_arena(mod).state_bytes);  // the same buffers, another order
+  EXPECT_NE(error_of([&] { layout_arena(mod, {{2, 0}, {}}); }).find("order.kiln: the bucket order has 2 of 3 parameters"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { layout_arena(mod, {{2, 0, 0}, {}}); }).find("names parameter 0 twice"), std::string::npos);
+
+  Executor plain(mod);
+  fill(plain, 5);
+  save_checkpoint((dir_ / "plain").string(), plain, sample_state(3), 0);
+  Executor ex(mod, {}, state);
+  load_checkpoint((dir_ / "plain" / "ckpt_00000003.kiln-ckpt").string(), ex);
+  save_checkpoint((dir_ / "ordered").string(), ex, sample_state(3), 0);
+  EXPECT_EQ(read_file((dir_ / "ordered" / "ckpt_00000003.kiln-ckpt").string()),
+            read_file((dir_ / "plain" / "ckpt_00000003.kiln-ckpt").string()));
 }
 
 TEST_F(Checkpoint, CreatesNestedDirectoriesAndRejectsAFileInTheWay) {
