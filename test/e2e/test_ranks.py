@@ -379,13 +379,19 @@ def run_tcp_pair(c: Ctx, tag, extra):
 
 def check_zero1_arena(c: Ctx, tag: str, stderr: str, world: int, module=None):
     """Rank 0's arena under --zero 1 keeps about 1/world of the AdamW moments (kiln-inspect's
-    optimizer_state bytes): the saving it announces is the rest, less the slices' 256-byte alignment."""
+    optimizer_state bytes): the saving it announces is the rest, less the slices' 256-byte alignment;
+    and it is what `kiln-inspect --ranks world --zero 1` predicts, to the byte (as printed)."""
     m = re.search(r"this rank's arena keeps 1/(\d+) of the AdamW moments: ([\d.]+) MiB, not ([\d.]+)", stderr)
     if not m or int(m.group(1)) != world:
         raise TestFailure(f"{tag}: rank 0 did not say what its arena keeps of the moments:\n{stderr}")
     inspect = os.path.join(os.path.dirname(c.a.kilnc), "kiln-inspect")
-    info = json.loads(subprocess.run([inspect, module or c.exe, "--json"], check=True, capture_output=True,
-                                     text=True).stdout)
+    info = json.loads(subprocess.run([inspect, module or c.exe, "--json", "--ranks", str(world), "--zero", "1"],
+                                     check=True, capture_output=True, text=True).stdout)
+    dp = info["data_parallel"]
+    predicted = (f"{dp['arena_bytes_per_rank'][0] / 2**20:.2f}", f"{dp['arena_bytes_one_process'] / 2**20:.2f}")
+    if predicted != (m.group(2), m.group(3)):
+        raise TestFailure(f"{tag}: rank 0's arena is {m.group(2)} MiB (not {m.group(3)}); kiln-inspect --ranks "
+                          f"{world} --zero 1 predicts {predicted[0]} (not {predicted[1]})")
     moments = info["accounting"]["optimizer_state"] / 2**20
     n_moments = 2 * len(info["parameters"])
     saved, want = float(m.group(3)) - float(m.group(2)), moments * (world - 1) / world

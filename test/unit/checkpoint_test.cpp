@@ -558,6 +558,8 @@ TEST_F(Checkpoint, ZeroOneKeepsSlicesOfTheMomentsAndSavesTheGatheredWhole) {
   const ArenaLayout whole = layout_arena(mod), sliced = layout_arena(mod, {{}, slices});
   EXPECT_FALSE(whole.sliced);
   EXPECT_TRUE(sliced.sliced);
+  for (uint32_t b = 0; b < mod.fb().buffers()->size(); ++b) EXPECT_EQ(whole.at[b], mod.buffer(b).offset()) << b;
+  EXPECT_EQ(whole.state_bytes, mod.fb().state_size());
   // a: 4096 bytes per moment become 1200 % 256 + 1600 = 1776, 1792 aligned; b: none kept.
   EXPECT_EQ(whole.state_bytes - sliced.state_bytes, 2 * (4096 - 1792) + 2 * 256u);
   std::vector<std::pair<uint64_t, uint64_t>> stored;  // [first, end) bytes of what each buffer keeps

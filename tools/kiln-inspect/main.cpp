@@ -134,6 +134,15 @@ void print_text(const ordered_json& j) {
                 c["buckets"].size(), human(c["gradient_bytes_per_step"].get<double>()).c_str(),
                 human(c["bytes_started_during_backward"].get<double>()).c_str());
   }
+  if (j.contains("data_parallel")) {
+    const auto& d = j["data_parallel"];
+    double most = 0;
+    for (const auto& b : d["arena_bytes_per_rank"]) most = std::max(most, b.get<double>());
+    std::printf("%s%d ranks%s: an arena of %s per rank (the largest; rank 0's %s), %s in one process\n",
+                c["buckets"].empty() ? "ranks      " : "  ", d["ranks"].get<int>(), d["zero"].get<int>() ? " with --zero 1" : "", human(most).c_str(),
+                human(d["arena_bytes_per_rank"][0].get<double>()).c_str(),
+                human(d["arena_bytes_one_process"].get<double>()).c_str());
+  }
   std::printf("recompute  %s: %d kernels, %.3g extra FLOPs\n", j["recompute"]["mode"].get<std::string>().c_str(),
               j["recompute"]["kernels"].get<int>(), j["recompute"]["flops"].get<double>());
   std::printf("\n%-16s %8s  ops\n", "program", "kernels");
@@ -174,6 +183,8 @@ int main(int argc, char** argv) {
   CLI::App app{"kiln-inspect: report on a Kiln module or training executable\n"
                "(kiln-inspect plot LOG.jsonl -o loss.svg draws loss curves)"};
   std::string path, svg, source, dot, program = "micro_step", dot_state = "all";
+  int ranks = 1, zero = 0;
+  double bucket_mb = 25;  // train's default
   bool json = false, verify = false, buffers = false, cuda_resources = false, roofline = false;
   RooflineRates rates;
   const CLI::Validator positive(
@@ -198,6 +209,13 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(positive);
   app.add_option("--bandwidth-gbs", rates.bandwidth_gbs, "--roofline: memory bandwidth, GB/s")
       ->capture_default_str()->check(positive);
+  CLI::Option* ranks_opt =
+      app.add_option("--ranks", ranks, "also report the training arena of each of this many data-parallel ranks")
+          ->check(CLI::Range(1, 1 << 16));
+  app.add_option("--zero", zero, "--ranks: as train --zero (1: each rank keeps its slices of the AdamW moments)")
+      ->check(CLI::IsMember({0, 1}))->needs(ranks_opt);
+  app.add_option("--bucket-mb", bucket_mb, "--ranks: as train --bucket-mb (for a module without compiled buckets)")
+      ->capture_default_str()->check(positive)->needs(ranks_opt);
   app.add_flag("--verify-plan", verify, "check the memory plan (no two live buffers overlap) and say so");
   app.add_option("--svg", svg, "draw the memory timeline of the largest program into this SVG file");
   CLI::Option* dot_opt = app.add_option("--dot", dot,
@@ -217,6 +235,9 @@ int main(int argc, char** argv) {
   for (const char* other : {"--svg", "--kernel-source", "--json", "--buffers", "--verify-plan", "--cuda-resources",
                             "--roofline"})
     dot_opt->excludes(app.get_option(other));
+  for (const char* other : {"--dot", "--svg", "--kernel-source", "--buffers", "--verify-plan", "--cuda-resources",
+                            "--roofline"})
+    ranks_opt->excludes(app.get_option(other));
   CLI11_PARSE(app, argc, argv);
   std::string given;
   for (const char* flag : {"--peak-tflops", "--vector-tflops", "--bandwidth-gbs"})
@@ -253,6 +274,7 @@ int main(int argc, char** argv) {
       if (source != "-") std::fprintf(stderr, "wrote %s (%u bytes)\n", source.c_str(), text->size());
     } else {
       ordered_json j = report(m, rates);
+      if (ranks > 1) j["data_parallel"] = data_parallel_report(m, ranks, zero, bucket_mb);
       if (json) std::printf("%s\n", j.dump(2).c_str());
       else if (buffers) print_buffers(j);
       else if (cuda_resources) print_cuda_resources(j);

@@ -1,5 +1,9 @@
 #include "tools/kiln-inspect/memory_report.h"
 
+#include "runtime/arena_layout.h"
+#include "runtime/data_parallel.h"
+#include "runtime/error.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -165,6 +169,23 @@ void add_memory_report(const Module& m, nlohmann::ordered_json& j) {
   j["recompute"] = {{"mode", f.recompute() ? f.recompute()->str() : "none"},
                     {"kernels", recomputed},
                     {"flops", by_phase[fb::Phase::Recompute]}};
+}
+
+nlohmann::ordered_json data_parallel_report(const Module& m, int ranks, int zero, double bucket_mb) {
+  std::vector<std::string> programs;  // what train runs (runtime/trainer.cpp)
+  for (const char* p : {"micro_step", "optimizer_step", "forward"})
+    if (m.program(p)) programs.push_back(p);
+  if (!m.program("micro_step") || !m.program("optimizer_step"))
+    throw Error(m.source() + ": --ranks: not a training module (no micro_step or optimizer_step program)");
+  const uint64_t one = layout_arena(m).arena_bytes(m, programs);
+  nlohmann::ordered_json per_rank = nlohmann::ordered_json::array(), state = nlohmann::ordered_json::array();
+  for (int r = 0; r < ranks; ++r) {
+    const ArenaLayout l = layout_arena(m, data_parallel_state(m, ranks, r, zero, int64_t(bucket_mb * 1e6)));
+    per_rank.push_back(l.arena_bytes(m, programs));
+    state.push_back(l.state_bytes);
+  }
+  return {{"ranks", ranks}, {"zero", zero}, {"arena_bytes_one_process", one},
+          {"arena_bytes_per_rank", per_rank}, {"state_bytes_per_rank", state}};
 }
 
 std::string memory_timeline_svg(const Module& m) {

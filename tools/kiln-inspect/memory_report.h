@@ -12,6 +12,12 @@ namespace kiln {
 // buffers, the accounting, FLOPs per phase against the 6ND-plus-attention rule, and recompute.
 void add_memory_report(const Module& m, nlohmann::ordered_json& j);
 
+// What each of `ranks` data-parallel ranks allocates for training (`train`'s programs): its arena
+// as the runtime lays it out (runtime/arena_layout.h: gradients in bucket order; with zero 1 only
+// its slices of the AdamW moments), against one process's. bucket_mb: train's --bucket-mb, for a
+// module without compiled buckets.
+nlohmann::ordered_json data_parallel_report(const Module& m, int ranks, int zero, double bucket_mb);
+
 // The largest program's buffers as boxes: time (kernel index) across, arena offset down.
 std::string memory_timeline_svg(const Module& m);
 
