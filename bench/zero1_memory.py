@@ -17,7 +17,7 @@ its plain run (what sharding saves), the saving against what the AdamW moments t
 sharded; writes everything to bench/results/zero1_memory.json (git-ignored).
 
 Usage: bench/zero1_memory.py [--ranks 2] [--steps 2] [--batch 1] [--seq 64] [--no-pytorch]
-                             [--spec models/gpt2-124m.toml] [--out FILE] [--keep]
+                             [--spec models/gpt2-124m.toml] [--out FILE] [--keep] [--timeout 1800]
 Environment: KILN_BUILD (default build). Takes ~2 minutes on an idle 2-core machine and needs
 about 2.5 GiB per rank for GPT-2 124M.
 """
@@ -45,9 +45,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks(make_args, world: int, env_extra: dict, cwd: str, what: str) -> list[dict]:
+def run_ranks(make_args, world: int, env_extra: dict, cwd: str, what: str, timeout: float) -> list[dict]:
     """Starts `world` ranks (make_args(rank) -> argv) under the environment rendezvous; waits for
-    each with wait4 for its peak RSS; exits naming `what` if any fails."""
+    each with wait4 for its peak RSS; exits naming `what` if any fails or all take over `timeout` s."""
     port = free_port()
     procs = []
     for r in range(world):
@@ -57,8 +57,17 @@ def run_ranks(make_args, world: int, env_extra: dict, cwd: str, what: str) -> li
         err = open(os.path.join(cwd, f"{what}.{r}.err"), "w+")
         procs.append((subprocess.Popen(make_args(r), stdout=out, stderr=err, env=env, cwd=cwd), out, err))
     ranks = []
+    deadline = time.monotonic() + timeout
     for r, (p, out, err) in enumerate(procs):
-        _, status, usage = os.wait4(p.pid, 0)
+        while True:
+            pid, status, usage = os.wait4(p.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.monotonic() > deadline:
+                for q, _, _ in procs:
+                    q.kill()
+                sys.exit(f"zero1_memory.py: {what}: the ranks did not finish within {timeout:.0f} s")
+            time.sleep(0.2)
         p.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0), err.seek(0)
         o, e = out.read(), err.read()
@@ -81,6 +90,7 @@ def main() -> None:
     ap.add_argument("--no-pytorch", action="store_true")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "zero1_memory.json"))
     ap.add_argument("--keep", action="store_true", help="keep the working directory")
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds for the ranks of one configuration")
     a = ap.parse_args()
     if a.ranks < 2 or a.steps < 1 or a.batch < 1 or a.seq < 1:
         ap.error("--ranks >= 2, --steps, --batch, --seq >= 1")
@@ -89,6 +99,10 @@ def main() -> None:
     for tool in (kilnc, inspect):
         if not os.access(tool, os.X_OK):
             sys.exit(f"zero1_memory.py: {tool} not found; build first (scripts/build.sh)")
+    if not a.no_pytorch and subprocess.run([sys.executable, "-c", "import torch.distributed"],
+                                           capture_output=True).returncode != 0:
+        sys.exit(f"zero1_memory.py: {sys.executable} cannot import torch.distributed (the PyTorch peer); "
+                 "install it, or pass --no-pytorch")
     work = tempfile.mkdtemp(prefix="kiln-zero1-memory.")
     t0 = time.monotonic()
     try:
@@ -126,7 +140,7 @@ def main() -> None:
         for name, make in configs.items():
             print(f"== {name}: {a.ranks} ranks, {a.steps} steps", flush=True)
             env = {"PYTHONPATH": os.path.join(ROOT, "bench")} if name.startswith("torch") else {}
-            ranks = run_ranks(make, a.ranks, env, work, name)
+            ranks = run_ranks(make, a.ranks, env, work, name, a.timeout)
             row = {"maxrss_mib": [r["maxrss_mib"] for r in ranks]}
             if name.startswith("kiln"):
                 m = ARENA.search(ranks[0]["stderr"])
@@ -141,7 +155,7 @@ def main() -> None:
             shutil.rmtree(ckpt, ignore_errors=True)
 
         moments_saved = 2 * 4 * params * (a.ranks - 1) / a.ranks / MiB
-        print(f"\nGPT-2 124M fp32 on the CPU, {a.ranks} ranks, B={a.batch} T={a.seq}, {params:,} parameters: "
+        print(f"\n{os.path.basename(a.spec)} fp32 on the CPU, {a.ranks} ranks, B={a.batch} T={a.seq}, {params:,} parameters: "
               f"sharding AdamW's moments can save {moments_saved:.1f} MiB per rank")
         print(f"{'configuration':<18}{'peak RSS per rank (MiB)':>32}{'arena, rank 0 (MiB)':>22}")
         for name, row in results.items():

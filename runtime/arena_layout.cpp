@@ -13,6 +13,11 @@ uint64_t align_up(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 }  // namespace
 
+std::pair<uint64_t, uint64_t> ArenaLayout::storage(const Module& m, uint32_t b) const {
+  const uint64_t elem = m.buffer(b).size() / uint64_t(std::max<int64_t>(numel[b], 1));
+  return {at[b] + uint64_t(held[b].first) * elem, at[b] + uint64_t(held[b].second) * elem};
+}
+
 uint64_t ArenaLayout::arena_bytes(const Module& m, const std::vector<std::string>& programs) const {
   uint64_t activations = 0;
   for (const std::string& name : programs)
@@ -54,12 +59,13 @@ ArenaLayout layout_arena(const Module& m, const StatePlan& plan) {
   std::vector<bool> placed(n, false);
   if (!plan.bucket_order.empty()) {
     std::vector<bool> seen(params.size(), false);
-    for (size_t p : plan.bucket_order)
-      if (p >= params.size() || seen[p])
-        throw Error(m.source() + ": the bucket order names parameter " + std::to_string(p) + " twice or of " +
+    for (size_t p : plan.bucket_order) {
+      if (p >= params.size())
+        throw Error(m.source() + ": the bucket order names parameter " + std::to_string(p) + ", but the module has " +
                     std::to_string(params.size()));
-      else
-        seen[p] = true;
+      if (seen[p]) throw Error(m.source() + ": the bucket order names parameter " + std::to_string(p) + " twice");
+      seen[p] = true;
+    }
     if (plan.bucket_order.size() != params.size())
       throw Error(m.source() + ": the bucket order has " + std::to_string(plan.bucket_order.size()) + " of " +
                   std::to_string(params.size()) + " parameters");
@@ -80,16 +86,17 @@ ArenaLayout layout_arena(const Module& m, const StatePlan& plan) {
     }
     const uint64_t elem = buf.size() / uint64_t(std::max<int64_t>(l.numel[b], 1));  // F32 moments: 4
     const uint64_t skip = uint64_t(l.held[b].first) * elem;  // bytes of element 0 to `begin`
-    if (pos + skip % kAlign < skip)  // element 0 before the arena: the value and gradient come first
-      throw Error(m.source() + ": buffer " + buf.name()->str() + " cannot be sliced (it is first in the state region)");
+    if (pos + skip % kAlign < skip)  // never for kilnc's modules: the value and gradient come first
+      throw Error(m.source() + ": buffer " + buf.name()->str() + " cannot be sliced: its element 0 would lie "
+                  "before the arena (the buffers before it take fewer bytes than the slice skips)");
     l.at[b] = pos + skip % kAlign - skip;
     pos += align_up(skip % kAlign + uint64_t(l.held[b].second - l.held[b].first) * elem);
   }
   l.state_bytes = pos;
   for (uint32_t b = 0; b < n; ++b) {
     const fb::Buffer& buf = m.buffer(b);
-    if (buf.kind() == fb::BufferKind::Activation)  // (Module::verify: after the state region)
-      l.at[b] = buf.offset() < m.fb().state_size() ? buf.offset() : buf.offset() - m.fb().state_size() + l.state_bytes;
+    if (buf.kind() == fb::BufferKind::Activation)  // after the state region (verify_plan: but empty ones)
+      l.at[b] = std::max(buf.offset(), m.fb().state_size()) - m.fb().state_size() + l.state_bytes;
   }
   return l;
 }

@@ -27,6 +27,8 @@ struct ArenaLayout {
   bool sliced = false;       // some moment holds less than its whole
 
   bool whole(uint32_t buffer) const { return held[buffer].first == 0 && held[buffer].second == numel[buffer]; }
+  // The bytes [begin, end) a buffer's stored elements take (for a sliced moment, after at[]).
+  std::pair<uint64_t, uint64_t> storage(const Module& m, uint32_t buffer) const;
   // The state region and the largest of these programs' activations.
   uint64_t arena_bytes(const Module& m, const std::vector<std::string>& programs) const;
 };

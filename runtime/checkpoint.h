@@ -47,6 +47,12 @@ struct WholeMoments {
   std::vector<const float*> adam_m, adam_v;  // by parameter: all its elements
   std::vector<float> storage;                // what they point into where it is no executor memory
   bool empty() const { return adam_m.empty(); }
+  // Moved, never copied: a copy's pointers would point into the original's storage.
+  WholeMoments() = default;
+  WholeMoments(WholeMoments&&) = default;
+  WholeMoments& operator=(WholeMoments&&) = default;
+  WholeMoments(const WholeMoments&) = delete;
+  WholeMoments& operator=(const WholeMoments&) = delete;
 };
 
 // A stable 16-hex-digit hash (FNV-1a 64) of what makes a checkpoint fit a module: the model's

@@ -175,7 +175,7 @@ DataParallel::DataParallel(Executor& ex, Communicator& comm, int zero, int64_t b
   // the flat vector of the plan (data_parallel_state).
   grads_ = in_place(Field::Grad);
   values_ = in_place(Field::Value);
-  if (!grads_ || !values_)
+  if (!plan_.params.empty() && (!grads_ || !values_))
     throw Error(m.source() + ": data parallel: the executor's gradients and values do not lie in bucket order "
                 "(build it with data_parallel_state)");
   started_.assign(plan_.buckets.size(), false);
@@ -184,6 +184,18 @@ DataParallel::DataParallel(Executor& ex, Communicator& comm, int zero, int64_t b
                         [this] {  // the started collectives
                           for (auto& pending : pending_) pending.second->wait();
                         });
+  // The executor keeps the moments this rank updates: all of them without ZeRO-1 (its AdamW would
+  // write past a slice), its pieces with it (data_parallel_state).
+  for (size_t p = 0; p < plan_.params.size(); ++p) {
+    const uint32_t moment = m.fb().parameters()->Get(uint32_t(p))->adam_m();
+    const auto held = ex.held(moment);
+    const bool whole = held == std::pair<int64_t, int64_t>{0, plan_.params[p].size};
+    if (!(whole || (zero_ == 1 && held == plan_.owned(p, comm.rank()))))
+      throw Error(m.source() + ": data parallel: the executor keeps elements [" + std::to_string(held.first) + ", " +
+                  std::to_string(held.second) + ") of " + m.buffer(moment).name()->str() + ", which --zero " +
+                  std::to_string(zero_) + " on rank " + std::to_string(comm.rank()) + " does not update (build it "
+                  "with data_parallel_state)");
+  }
   if (zero_ == 1) {
     check_optimizer_program(m);
     for (size_t p = 0; p < plan_.params.size(); ++p) {

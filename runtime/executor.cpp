@@ -183,6 +183,8 @@ Executor::Executor(const Module& module, std::vector<std::string> programs, cons
                 ") but only " + gib(avail) + " of memory is available; compile with a smaller batch_size, "
                 "or with --recompute=cheap");
   for (const std::string& name : programs_) check(*module.program(name));
+  if (layout_.sliced)
+    for (const std::string& name : programs_) check_sliced_moments(*module.program(name));
   // The GPU first: without one, nothing is allocated here.
   if (gpu) device_ = std::make_unique<DeviceExecutor>(module_, layout_, programs_);
   arena_ = static_cast<uint8_t*>(std::aligned_alloc(256, (bytes + 255) / 256 * 256));
@@ -285,6 +287,35 @@ void Executor::check(const fb::Program& prog) const {
   }
 }
 
+// A sliced moment (ZeRO-1) holds only the elements the optimizer updates: only its own
+// parameter's AdamW may name it (output 1 or 2 of the built-in op; in a fused optimizer kernel's
+// outputs, right after that parameter's value, as kilnc writes them), or an update would write
+// past its storage.
+void Executor::check_sliced_moments(const fb::Program& prog) const {
+  std::unordered_map<uint32_t, std::pair<uint32_t, int>> owner;  // moment -> (value, 1 m or 2 v)
+  for (const fb::Parameter* p : *module_.fb().parameters())
+    if (!layout_.whole(p->adam_m()) || !layout_.whole(p->adam_v()))
+      owner[p->adam_m()] = {p->value(), 1}, owner[p->adam_v()] = {p->value(), 2};
+  for (uint32_t k = 0; k < prog.instrs()->size(); ++k) {
+    const fb::Instr& ins = *prog.instrs()->Get(k);
+    const auto& outs = *ins.outputs();
+    auto fits = [&](uint32_t i) {
+      const auto [value, slot] = owner.at(outs.Get(i));
+      if (ins.op() == O::AdamW) return i == uint32_t(slot) && outs.Get(0) == value;
+      if (ins.op() != O::Kernel || i < uint32_t(slot) || outs.Get(i - uint32_t(slot)) != value) return false;
+      const fb::Kernel& kern = *module_.fb().kernels()->Get(uint32_t(ins.ints()->Get(0)));
+      return kern.kind()->str() == "optimizer" && kern.adamw_params() &&
+             std::find(kern.adamw_params()->begin(), kern.adamw_params()->end(), value) != kern.adamw_params()->end();
+    };
+    bool ok = std::none_of(ins.inputs()->begin(), ins.inputs()->end(), [&](uint32_t b) { return owner.count(b) > 0; });
+    for (uint32_t i = 0; ok && i < outs.size(); ++i) ok = !owner.count(outs.Get(i)) || fits(i);
+    if (!ok)
+      throw Error(module_.source() + ": program " + prog.name()->str() + ", instr " + std::to_string(k) + " (" +
+                  fb::EnumNameOpCode(ins.op()) + "): --zero 1 keeps a slice of the AdamW moments, and this instruction "
+                  "uses one other than as its parameter's AdamW update");
+  }
+}
+
 // Module::verify has checked the kernel index, the operand tables' lengths and adamw_params;
 // here, each operand's buffer against what the kernel was compiled for.
 void Executor::check_kernel(const fb::Instr& ins, const std::string& where) const {
@@ -368,7 +399,7 @@ void Executor::set_gradient_hooks(std::function<void(int64_t)> reduce, std::func
   wait_hook_ = std::move(wait);
 }
 
-void Executor::copy_elements(uint32_t buffer, int64_t offset, int64_t n, float* to, bool to_at) {
+void Executor::copy_elements(uint32_t buffer, int64_t offset, int64_t n, float* other, bool to_other) {
   const fb::Buffer& b = module_.buffer(buffer);
   const auto [lo, hi] = layout_.held[buffer];
   if (b.dtype() != fb::DType::F32 || offset < lo || n < 0 || offset + n > hi)
@@ -376,14 +407,14 @@ void Executor::copy_elements(uint32_t buffer, int64_t offset, int64_t n, float* 
                 ") of " + b.name()->str() + " are not fp32 elements this rank holds");
   const size_t bytes = size_t(n) * sizeof(float);
   if (device_) {
-    host_stale_ = true;  // `to` may be state too (DataParallel gathers the moments in the gradients)
+    host_stale_ = true;  // `other` may be state too (DataParallel gathers the moments in the gradients)
     const DevicePtr at = device_->address(layout_.at[buffer] + uint64_t(offset) * sizeof(float));
-    const DevicePtr other = DevicePtr(reinterpret_cast<uintptr_t>(to));
-    return to_at ? device_->copy(other, at, bytes) : device_->copy(at, other, bytes);
+    const DevicePtr there = DevicePtr(reinterpret_cast<uintptr_t>(other));
+    return to_other ? device_->copy(there, at, bytes) : device_->copy(at, there, bytes);
   }
   float* at = reinterpret_cast<float*>(addr(buffer)) + offset;
-  if (to_at) std::memcpy(to, at, bytes);
-  else std::memcpy(at, to, bytes);
+  if (to_other) std::memcpy(other, at, bytes);
+  else std::memcpy(at, other, bytes);
 }
 
 float* Executor::comm_address(uint32_t buffer) const {

@@ -98,10 +98,10 @@ class Executor {
   float* comm_address(uint32_t buffer) const;
   // The communicator wrote state buffers in place: on a GPU, the host copy is older now.
   void state_written_in_place() { host_stale_ = device_ != nullptr || host_stale_; }
-  // Elements [offset, offset + n) of a buffer to or from n floats at `at`, an address of
-  // comm_address's kind (on a GPU in stream order), and n floats there to host memory (on a GPU
-  // after the work queued before).
-  void copy_elements(uint32_t buffer, int64_t offset, int64_t n, float* at, bool to_at);
+  // Elements [offset, offset + n) of a buffer to n floats at `other`, an address of
+  // comm_address's kind (or from there: !to_other), on a GPU in stream order; and n floats at
+  // such an address to host memory (on a GPU after the work queued before).
+  void copy_elements(uint32_t buffer, int64_t offset, int64_t n, float* other, bool to_other);
   void read_floats(const float* at, int64_t n, float* dst);
   // On a GPU whose memory the host cannot address: the communicator must take device memory
   // (NCCL), on this stream (a cudaStream_t).
@@ -112,6 +112,7 @@ class Executor {
  private:
   void check(const fb::Program& prog) const;
   void check_kernel(const fb::Instr& ins, const std::string& where) const;
+  void check_sliced_moments(const fb::Program& prog) const;
   void load_kernels();
   void run_generated(const fb::Instr& ins);
   using KernelFn = void (*)(void* const* buffers, const int64_t* ranges);

@@ -97,14 +97,16 @@ DeviceExecutor::DeviceExecutor(const Module& module, const ArenaLayout& layout, 
   std::vector<uint32_t> by_offset;
   for (uint32_t i = 0; i < module.fb().buffers()->size(); ++i)
     if (module.buffer(i).kind() != fb::BufferKind::Activation) by_offset.push_back(i);
-  std::sort(by_offset.begin(), by_offset.end(), [&](uint32_t a, uint32_t b) { return layout.at[a] < layout.at[b]; });
+  // By where they are stored (a sliced moment's element 0 lies before its storage).
+  std::sort(by_offset.begin(), by_offset.end(),
+            [&](uint32_t a, uint32_t b) { return layout.storage(module, a) < layout.storage(module, b); });
   bool open = false;
   for (uint32_t i : by_offset) {
     const fb::BufferKind kind = module.buffer(i).kind();
     const bool host = kind == fb::BufferKind::Input || kind == fb::BufferKind::Hyper;
-    const uint64_t end = layout.at[i] + module.buffer(i).size();
+    const auto [begin, end] = layout.storage(module, i);
     if (host && open) host_written_.back().second = std::max(host_written_.back().second, end);
-    else if (host) host_written_.push_back({layout.at[i], end});
+    else if (host) host_written_.push_back({begin, end});
     open = host;
   }
   device_->synchronize();
@@ -511,7 +513,8 @@ void DeviceExecutor::replay(Program& p) {
   ++p.runs;
 }
 
-// One clear per gradient buffer (they lie between the values and moments): a graph of them.
+// One clear per gradient buffer (as the module lays them out, between the values and moments;
+// a data-parallel rank's lie together, in bucket order): a graph of them.
 void DeviceExecutor::zero_grads() {
   if (zero_grads_.steps.empty())
     for (const fb::Parameter* p : *module_.fb().parameters()) {
