@@ -11,7 +11,8 @@ of the parameters only (ZeRO stage 1) and broadcasts the updated parameters afte
 Gradients are clipped to norm 1.0 first (DDP has averaged them; the norm is the global one).
 
 Each step: zero_grad -> the rank's B*T+1 tokens of the shard -> loss -> backward -> clip -> step.
-Prints one JSON line: the rank, the losses, and the process's peak resident memory (ru_maxrss).
+Prints one JSON line: the rank, the losses, each step's time (as Kiln's `train` times a step:
+zero_grad to the optimizer step), and the process's peak resident memory (ru_maxrss).
 
 Usage (per rank): RANK=r WORLD_SIZE=n MASTER_ADDR=127.0.0.1 MASTER_PORT=p \\
     bench/pytorch_zero_rank.py --spec SPEC.toml --data 'DIR/train_*.bin' [--steps 2] [--zero]
@@ -22,6 +23,7 @@ import argparse
 import json
 import os
 import resource
+import time
 
 import torch
 import torch.distributed as dist
@@ -62,8 +64,9 @@ def main() -> None:
     loader = Loader(a.data, B, T)
     for _ in range(rank):  # rank r reads every world-th batch, starting at its own
         loader.next()
-    losses = []
+    losses, step_ms = [], []
     for _ in range(a.steps):
+        t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         x, y = loader.next()
         loss = model(x, y)
@@ -71,10 +74,11 @@ def main() -> None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         losses.append(loss.item())
+        step_ms.append((time.perf_counter() - t0) * 1e3)
         for _ in range(world - 1):
             loader.next()
     dist.barrier()
-    print(json.dumps({"rank": rank, "world": world, "zero": a.zero, "losses": losses,
+    print(json.dumps({"rank": rank, "world": world, "zero": a.zero, "losses": losses, "step_ms": step_ms,
                       "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
                       "parameters": sum(p.numel() for p in model.parameters()),
                       "torch": torch.__version__}), flush=True)

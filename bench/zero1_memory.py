@@ -14,7 +14,8 @@ For every rank it records the peak resident memory (ru_maxrss, from wait4), and 
 arena rank 0 announces. Prints a table (MiB per rank), the ratio of each framework's ZeRO run to
 its plain run (what sharding saves), the saving against what the AdamW moments take
 (2 x 4 bytes x parameters x (ranks - 1) / ranks), and Kiln's peak against PyTorch's, plain and
-sharded; writes everything to bench/results/zero1_memory.json (git-ignored).
+sharded; also the time of the last step (rank 0, one thread per rank: a memory bench, so a rough
+figure); writes everything to bench/results/zero1_memory.json (git-ignored).
 
 Usage: bench/zero1_memory.py [--ranks 2] [--steps 2] [--batch 1] [--seq 64] [--no-pytorch]
                              [--spec models/gpt2-124m.toml] [--out FILE] [--keep] [--timeout 1800]
@@ -147,9 +148,11 @@ def main() -> None:
                 row["arena_mib"] = float(m.group(2)) if m else None
                 row["arena_whole_mib"] = float(m.group(3)) if m else None
                 row["losses"] = [float(x) for x in re.findall(r"loss ([\d.]+)", ranks[0]["stdout"])]
+                row["step_ms"] = [float(x) for x in re.findall(r"\| ([\d.]+) ms \|", ranks[0]["stdout"])]
             else:
                 lines = [json.loads(r["stdout"].strip().splitlines()[-1]) for r in ranks]
                 row["losses"] = lines[0]["losses"]
+                row["step_ms"] = lines[0]["step_ms"]
                 row["torch"] = lines[0]["torch"]
             results[name] = row
             shutil.rmtree(ckpt, ignore_errors=True)
@@ -157,11 +160,12 @@ def main() -> None:
         moments_saved = 2 * 4 * params * (a.ranks - 1) / a.ranks / MiB
         print(f"\n{os.path.basename(a.spec)} fp32 on the CPU, {a.ranks} ranks, B={a.batch} T={a.seq}, {params:,} parameters: "
               f"sharding AdamW's moments can save {moments_saved:.1f} MiB per rank")
-        print(f"{'configuration':<18}{'peak RSS per rank (MiB)':>32}{'arena, rank 0 (MiB)':>22}")
+        print(f"{'configuration':<18}{'peak RSS per rank (MiB)':>32}{'arena, rank 0 (MiB)':>22}{'last step (ms)':>16}")
         for name, row in results.items():
             rss = ", ".join(f"{x:.0f}" for x in row["maxrss_mib"])
             arena = f"{row['arena_mib']:.1f}" if row.get("arena_mib") else ""
-            print(f"{name:<18}{rss:>32}{arena:>22}")
+            step = f"{row['step_ms'][-1]:.0f}" if row.get("step_ms") else ""
+            print(f"{name:<18}{rss:>32}{arena:>22}{step:>16}")
         summary = {}
         for plain, zero in (("kiln", "kiln-zero1"), ("kiln", "kiln-zero1-ckpt"), ("torch", "torch-zero")):
             if plain not in results or zero not in results:
