@@ -97,7 +97,7 @@ BucketPlan module_buckets(const Module& m, int world, int64_t bucket_bytes, bool
   std::vector<std::vector<size_t>> groups = compiled_buckets(m);
   if (compiled) *compiled = !groups.empty();
   // 64 elements: the arena's alignment, so the flat vector is the gradients as a rank laid out
-  // in bucket order holds them (state_plan), padding included.
+  // in bucket order holds them (data_parallel_state), padding included.
   return groups.empty() ? plan_buckets(sizes, bucket_bytes, world, 64) : plan_buckets(groups, sizes, world, 64);
 }
 
