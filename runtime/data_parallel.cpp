@@ -102,7 +102,10 @@ BucketPlan module_buckets(const Module& m, int world, int64_t bucket_bytes, bool
 }
 
 StatePlan data_parallel_state(const Module& m, int world, int rank, int zero, int64_t bucket_bytes) {
-  const BucketPlan plan = module_buckets(m, world, bucket_bytes);
+  return data_parallel_state(module_buckets(m, world, bucket_bytes), rank, zero);
+}
+
+StatePlan data_parallel_state(const BucketPlan& plan, int rank, int zero) {
   StatePlan state;
   for (const BucketPlan::Bucket& b : plan.buckets) state.bucket_order.insert(state.bucket_order.end(), b.params.begin(), b.params.end());
   if (zero == 1)

@@ -68,6 +68,7 @@ BucketPlan module_buckets(const Module& m, int world_size, int64_t bucket_bytes,
 // gradients and values in bucket order, as the flat vector of the plan, so that the collectives
 // run on them in place; with zero 1 the moments of the elements the rank updates only.
 StatePlan data_parallel_state(const Module& m, int world_size, int rank, int zero, int64_t bucket_bytes);
+StatePlan data_parallel_state(const BucketPlan& module_plan, int rank, int zero);  // module_buckets' plan
 
 class DataParallel {
  public:

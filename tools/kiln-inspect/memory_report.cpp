@@ -179,8 +179,9 @@ nlohmann::ordered_json data_parallel_report(const Module& m, int ranks, int zero
     throw Error(m.source() + ": --ranks: not a training module (no micro_step or optimizer_step program)");
   const uint64_t one = layout_arena(m).arena_bytes(m, programs);
   nlohmann::ordered_json per_rank = nlohmann::ordered_json::array(), state = nlohmann::ordered_json::array();
+  const BucketPlan plan = module_buckets(m, ranks, int64_t(bucket_mb * 1e6));
   for (int r = 0; r < ranks; ++r) {
-    const ArenaLayout l = layout_arena(m, data_parallel_state(m, ranks, r, zero, int64_t(bucket_mb * 1e6)));
+    const ArenaLayout l = layout_arena(m, data_parallel_state(plan, r, zero));
     per_rank.push_back(l.arena_bytes(m, programs));
     state.push_back(l.state_bytes);
   }
