@@ -14,6 +14,8 @@
 #include "runtime/comm/tcp_communicator.h"
 #include "runtime/data_parallel.h"
 #include "runtime/error.h"
+#include "runtime/executor.h"
+#include "test/unit/param_module.h"
 
 namespace kiln {
 namespace {
@@ -228,6 +230,49 @@ TEST(DataParallel, BucketsRunFromTheLastParameterAndCoverEveryElementOnce) {
   BucketPlan one = plan_buckets({3, 0, 4}, 1 << 20, 1);
   EXPECT_EQ(one.buckets.size(), 1u);
   EXPECT_EQ(one.owned(2, 0), std::make_pair(int64_t(0), int64_t(4)));
+}
+
+// Two ranks reduce their gradients where the executor laid them out (data_parallel_state: in
+// bucket order, as the flat vector), with no copy; an executor laid out otherwise, or keeping
+// moment slices that --zero 0 would overrun, is refused before any collective.
+TEST(DataParallel, ReducesInTheArenaAndRefusesAnExecutorLaidOutOtherwise) {
+  testing::ModelSpec spec;
+  spec.params = {{"a.weight", {64, 16}, true}, {"b.bias", {48}, false}, {"c.weight", {300}, true}};
+  const Module m = Module::from_bytes(testing::param_module(spec), "dp.kiln");
+  std::vector<std::vector<float>> got(2);
+  const auto errors = on_tcp_ranks(2, [&](int r, Communicator& comm) {
+    Executor ex(m, {}, data_parallel_state(m, 2, r, 0, 1 << 20));
+    for (const fb::Parameter* p : *m.fb().parameters()) {
+      float* g = ex.f32(p->grad());
+      for (int64_t i = 0; i < numel(m.buffer(p->grad())); ++i) g[i] = float(r + 1) * float(i % 7 + 1);
+    }
+    DataParallel dp(ex, comm, 0, 1 << 20);
+    EXPECT_NE(dp.describe().find("reduced in place"), std::string::npos) << dp.describe();
+    dp.start_gradient_reduction();
+    dp.finish_gradient_reduction();
+    for (const fb::Parameter* p : *m.fb().parameters())
+      got[size_t(r)].insert(got[size_t(r)].end(), ex.f32(p->grad()), ex.f32(p->grad()) + numel(m.buffer(p->grad())));
+  });
+  EXPECT_EQ(errors, std::vector<std::string>(2));
+  ASSERT_EQ(got[0].size(), 1024u + 48 + 300);
+  EXPECT_EQ(got[0], got[1]);
+  size_t k = 0;
+  for (int64_t n : {1024, 48, 300})  // 1 * x + 2 * x
+    for (int64_t i = 0; i < n; ++i, ++k) ASSERT_EQ(got[0][k], 3.0f * float(i % 7 + 1)) << k;
+
+  const auto unplanned = on_tcp_ranks(2, [&](int, Communicator& comm) {
+    Executor ex(m);  // the module's layout: gradients between values and moments
+    DataParallel dp(ex, comm, 0, 1 << 20);
+  });
+  for (const std::string& e : unplanned)
+    EXPECT_NE(e.find("dp.kiln: data parallel: the executor's gradients and values do not lie in bucket order"),
+              std::string::npos) << e;
+  const auto sliced = on_tcp_ranks(2, [&](int r, Communicator& comm) {
+    Executor ex(m, {}, data_parallel_state(m, 2, r, 1, 1 << 20));  // ZeRO-1's moments ...
+    DataParallel dp(ex, comm, 0, 1 << 20);                          // ... but a plain all-reduce
+  });
+  for (const std::string& e : sliced)
+    EXPECT_NE(e.find("which --zero 0 on rank"), std::string::npos) << e;
 }
 
 }  // namespace
