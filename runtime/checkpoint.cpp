@@ -426,7 +426,8 @@ void save_checkpoint(const std::string& dir, Executor& ex, const TrainingState& 
   ex.sync_to_host();
   // A loss and gradient norm can be finite while the update they led to is not (a huge --lr):
   // such a state is never saved, so the last good checkpoint stays the latest.
-  std::string bad = first_non_finite(ex, true);
+  // (the executor's moments unless gathered ones are given, which are checked below)
+  std::string bad = first_non_finite(ex, moments.empty());
   const Module& m = ex.module();
   const size_t n_params = m.fb().parameters()->size();
   if (!moments.empty() && (moments.adam_m.size() != n_params || moments.adam_v.size() != n_params))

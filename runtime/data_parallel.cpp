@@ -187,13 +187,12 @@ DataParallel::DataParallel(Executor& ex, Communicator& comm, int zero, int64_t b
                         [this] {  // the started collectives
                           for (auto& pending : pending_) pending.second->wait();
                         });
-  // The executor keeps the moments this rank updates: all of them without ZeRO-1 (its AdamW would
-  // write past a slice), its pieces with it (data_parallel_state).
-  for (size_t p = 0; p < plan_.params.size(); ++p) {
+  // Without ZeRO-1 the executor must keep every moment whole (its AdamW would write past a slice);
+  // with it, set_parameter_slice below refuses slices other than this rank's.
+  for (size_t p = 0; p < plan_.params.size() && zero_ == 0; ++p) {
     const uint32_t moment = m.fb().parameters()->Get(uint32_t(p))->adam_m();
     const auto held = ex.held(moment);
-    const bool whole = held == std::pair<int64_t, int64_t>{0, plan_.params[p].size};
-    if (!(whole || (zero_ == 1 && held == plan_.owned(p, comm.rank()))))
+    if (held != std::pair<int64_t, int64_t>{0, plan_.params[p].size})
       throw Error(m.source() + ": data parallel: the executor keeps elements [" + std::to_string(held.first) + ", " +
                   std::to_string(held.second) + ") of " + m.buffer(moment).name()->str() + ", which --zero " +
                   std::to_string(zero_) + " on rank " + std::to_string(comm.rank()) + " does not update (build it "
@@ -273,24 +272,23 @@ void DataParallel::finish_gradient_reduction() {
   ex_.state_written_in_place();
 }
 
-void DataParallel::gather_gradients() {
-  if (comm_.world_size() == 1 || zero_ == 0) return;
-  // The owned pieces hold the reduced gradients since the reduce-scatter.
+// Every bucket of the flat vector `flat` (in the arena), each rank contributing its pieces.
+void DataParallel::all_gather(float* flat) {
   for (size_t b = 0; b < plan_.buckets.size(); ++b)
-    pending_.push_back({b, comm_.iall_gather(grads_ + plan_.buckets[b].begin, plan_.buckets[b].pieces)});
+    pending_.push_back({b, comm_.iall_gather(flat + plan_.buckets[b].begin, plan_.buckets[b].pieces)});
   for (auto& pending : pending_) pending.second->wait();
   pending_.clear();
   ex_.state_written_in_place();
 }
 
+void DataParallel::gather_gradients() {
+  if (comm_.world_size() == 1 || zero_ == 0) return;
+  all_gather(grads_);  // the owned pieces hold the reduced gradients since the reduce-scatter
+}
+
 void DataParallel::gather_parameters() {
   if (comm_.world_size() == 1 || zero_ == 0) return;
-  // AdamW updated this rank's pieces where they lie.
-  for (size_t b = 0; b < plan_.buckets.size(); ++b)
-    pending_.push_back({b, comm_.iall_gather(values_ + plan_.buckets[b].begin, plan_.buckets[b].pieces)});
-  for (auto& pending : pending_) pending.second->wait();
-  pending_.clear();
-  ex_.state_written_in_place();
+  all_gather(values_);  // AdamW updated this rank's pieces where they lie
   ex_.refresh_gathered_compute_copies();  // bf16 copies of the pieces other ranks updated
 }
 
@@ -298,17 +296,12 @@ void DataParallel::gather_parameters() {
 // arena), then every rank's.
 void DataParallel::gather_into(Field f, float* flat) {
   const Module& m = ex_.module();
-  for (size_t b = 0; b < plan_.buckets.size(); ++b) {
-    for (size_t p : plan_.buckets[b].params) {
-      const fb::Parameter& prm = *m.fb().parameters()->Get(uint32_t(p));
-      auto [lo, hi] = plan_.owned(p, comm_.rank());
-      if (hi > lo) ex_.copy_elements(f == Field::AdamM ? prm.adam_m() : prm.adam_v(), lo, hi - lo, flat + plan_.params[p].flat + lo, true);
-    }
-    pending_.push_back({b, comm_.iall_gather(flat + plan_.buckets[b].begin, plan_.buckets[b].pieces)});
+  for (size_t p = 0; p < plan_.params.size(); ++p) {
+    const fb::Parameter& prm = *m.fb().parameters()->Get(uint32_t(p));
+    auto [lo, hi] = plan_.owned(p, comm_.rank());
+    if (hi > lo) ex_.copy_elements(f == Field::AdamM ? prm.adam_m() : prm.adam_v(), lo, hi - lo, flat + plan_.params[p].flat + lo);
   }
-  for (auto& pending : pending_) pending.second->wait();
-  pending_.clear();
-  ex_.state_written_in_place();
+  all_gather(flat);
 }
 
 WholeMoments DataParallel::gather_optimizer_state() {

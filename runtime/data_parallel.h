@@ -107,6 +107,7 @@ class DataParallel {
  private:
   enum class Field { Value, Grad, AdamM, AdamV };  // which of a parameter's buffers
   void start_bucket(size_t b);
+  void all_gather(float* flat);
   void gather_into(Field f, float* flat);  // ZeRO-1: the owned pieces of a moment, all-gathered
   float* in_place(Field f) const;
   std::string arena_note() const;

@@ -169,7 +169,6 @@ Executor::Executor(const Module& module, std::vector<std::string> programs, cons
   }
   // On a GPU the host holds only a copy of the state region; the activations live there.
   const bool gpu = target == "cuda";
-  arena_bytes_ = layout_.state_bytes + activations;
   const uint64_t bytes = std::max<uint64_t>(layout_.state_bytes + (gpu ? 0 : activations), 256);
   auto gib = [](uint64_t b) {
     char text[32];
@@ -399,7 +398,7 @@ void Executor::set_gradient_hooks(std::function<void(int64_t)> reduce, std::func
   wait_hook_ = std::move(wait);
 }
 
-void Executor::copy_elements(uint32_t buffer, int64_t offset, int64_t n, float* other, bool to_other) {
+void Executor::copy_elements(uint32_t buffer, int64_t offset, int64_t n, float* dst) {
   const fb::Buffer& b = module_.buffer(buffer);
   const auto [lo, hi] = layout_.held[buffer];
   if (b.dtype() != fb::DType::F32 || offset < lo || n < 0 || offset + n > hi)
@@ -407,14 +406,11 @@ void Executor::copy_elements(uint32_t buffer, int64_t offset, int64_t n, float* 
                 ") of " + b.name()->str() + " are not fp32 elements this rank holds");
   const size_t bytes = size_t(n) * sizeof(float);
   if (device_) {
-    host_stale_ = true;  // `other` may be state too (DataParallel gathers the moments in the gradients)
+    host_stale_ = true;  // `dst` may be state too (DataParallel gathers the moments in the gradients)
     const DevicePtr at = device_->address(layout_.at[buffer] + uint64_t(offset) * sizeof(float));
-    const DevicePtr there = DevicePtr(reinterpret_cast<uintptr_t>(other));
-    return to_other ? device_->copy(there, at, bytes) : device_->copy(at, there, bytes);
+    return device_->copy(DevicePtr(reinterpret_cast<uintptr_t>(dst)), at, bytes);
   }
-  float* at = reinterpret_cast<float*>(addr(buffer)) + offset;
-  if (to_other) std::memcpy(other, at, bytes);
-  else std::memcpy(at, other, bytes);
+  std::memcpy(dst, reinterpret_cast<float*>(addr(buffer)) + offset, bytes);
 }
 
 float* Executor::comm_address(uint32_t buffer) const {

@@ -62,7 +62,7 @@ class Executor {
   size_t device_bytes() const;
   // Bytes of the arena: the state region and the largest program's activations (on a GPU, in
   // its memory), and of its state region.
-  uint64_t arena_bytes() const { return arena_bytes_; }
+  uint64_t arena_bytes() const { return layout_.arena_bytes(module_, programs_); }
   uint64_t state_bytes() const { return layout_.state_bytes; }
 
   // Per-opcode wall time of every instruction run since profiling was enabled.
@@ -98,15 +98,14 @@ class Executor {
   float* comm_address(uint32_t buffer) const;
   // The communicator wrote state buffers in place: on a GPU, the host copy is older now.
   void state_written_in_place() { host_stale_ = device_ != nullptr || host_stale_; }
-  // Elements [offset, offset + n) of a buffer to n floats at `other`, an address of
-  // comm_address's kind (or from there: !to_other), on a GPU in stream order; and n floats at
-  // such an address to host memory (on a GPU after the work queued before).
-  void copy_elements(uint32_t buffer, int64_t offset, int64_t n, float* other, bool to_other);
+  // Elements [offset, offset + n) of a buffer to n floats at `dst`, an address of comm_address's
+  // kind (on a GPU in stream order); and n floats at such an address to host memory (on a GPU
+  // after the work queued before).
+  void copy_elements(uint32_t buffer, int64_t offset, int64_t n, float* dst);
   void read_floats(const float* at, int64_t n, float* dst);
   // On a GPU whose memory the host cannot address: the communicator must take device memory
   // (NCCL), on this stream (a cudaStream_t).
   bool comm_needs_device_memory() const;
-  bool on_device() const { return device_ != nullptr; }  // a GPU (or its emulation) runs the programs
   void* device_stream() const;
 
  private:
@@ -129,7 +128,6 @@ class Executor {
   uint8_t* addr(uint32_t buffer) const { return arena_ + layout_.at[buffer]; }  // element 0's
   const Module& module_;
   ArenaLayout layout_;
-  uint64_t arena_bytes_ = 0;
   std::unique_ptr<DeviceExecutor> device_;  // target "cuda": the GPU runs the programs
   bool host_stale_ = false;  // the GPU has changed the state since the last sync_to_host()
   std::vector<std::string> programs_;  // the programs this executor may run
