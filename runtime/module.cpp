@@ -179,6 +179,21 @@ void Module::verify() const {
       }
     }
   }
+  // The region sizes kilnc writes: the state region, then room for the largest program's
+  // activations (and for every activation buffer). Reports (kiln-inspect) and executors read
+  // them, so a crafted size must not pass.
+  uint64_t needed = 0;
+  for (const fb::Program* prog : *fb_->programs()) needed = std::max(needed, prog->activation_size());
+  for (uint32_t i = 0; i < nbuf; ++i)
+    if (buffer(i).kind() == fb::BufferKind::Activation && buffer(i).offset() >= fb_->state_size())
+      needed = std::max(needed, (buffer(i).offset() + buffer(i).size() - fb_->state_size() + 255) / 256 * 256);
+  uint64_t total = 0;
+  if (fb_->state_size() % 256 != 0 || fb_->activation_size() != needed ||
+      __builtin_add_overflow(fb_->state_size(), fb_->activation_size(), &total) || total != fb_->arena_size())
+    bad("arena_size", std::to_string(fb_->arena_size()) + " bytes is not the state region's " +
+                          std::to_string(fb_->state_size()) + " (a multiple of 256) plus the " + std::to_string(needed) +
+                          " activation bytes its programs and buffers need (the module says " +
+                          std::to_string(fb_->activation_size()) + ")");
 
   for (uint32_t i = 0; i < nkernels; ++i) {
     const fb::Kernel* k = fb_->kernels()->Get(i);

@@ -19,8 +19,10 @@ namespace kiln {
 namespace {
 
 // A module with one program: out[n] = a[n] + b[n], with buffers of the given sizes. a and b
-// are inputs (the state region), out an activation after them.
-std::vector<uint8_t> add_module(int64_t n, int64_t out_elems, uint32_t version = kModuleFormatVersion) {
+// are inputs (the state region), out an activation after them. `extra` bytes are added to the
+// arena and activation sizes the module states (a crafted module).
+std::vector<uint8_t> add_module(int64_t n, int64_t out_elems, uint32_t version = kModuleFormatVersion,
+                                uint64_t extra = 0) {
   flatbuffers::FlatBufferBuilder fbb;
   std::vector<flatbuffers::Offset<fb::Buffer>> bufs;
   std::vector<int64_t> shapes[3] = {{n}, {n}, {out_elems}};
@@ -41,8 +43,8 @@ std::vector<uint8_t> add_module(int64_t n, int64_t out_elems, uint32_t version =
       fb::CreateProgramDirect(fbb, "forward", &instrs, 2, (uint64_t(out_elems) * 4 + 255) / 256 * 256)};
   std::vector<flatbuffers::Offset<fb::Parameter>> params;
   auto model = fb::CreateModelDirect(fbb, 1, 1, 4, 16, 8, 1, 8, "fp32", "cpu", "test.toml");
-  fb::FinishModuleBuffer(fbb, fb::CreateModuleDirect(fbb, version, "test", model, offset, &bufs,
-                                                      &params, &progs, state, offset - state,
+  fb::FinishModuleBuffer(fbb, fb::CreateModuleDirect(fbb, version, "test", model, offset + extra, &bufs,
+                                                      &params, &progs, state, offset - state + extra,
                                                       offset - state, "none"));
   return {fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize()};
 }
@@ -156,6 +158,23 @@ TEST(Module, RejectsGarbageTruncationAndOtherVersions) {
     FAIL();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("v7.kiln: format_version: 7 is not 3"), std::string::npos);
+  }
+}
+
+TEST(Module, RejectsAnArenaLargerThanItsProgramsNeed) {
+  // An arena_size of 2^63 - 1 once passed, and kiln-run asked for an 8 EiB arena.
+  const uint64_t planned = Module::from_bytes(add_module(5, 5), "add.kiln").fb().arena_size();
+  for (uint64_t extra : {uint64_t(256), uint64_t(INT64_MAX) - planned}) {
+    try {
+      Module::from_bytes(add_module(5, 5, kModuleFormatVersion, extra), "big.kiln");
+      FAIL() << "accepted " << extra << " extra arena bytes";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("big.kiln: arena_size: " + std::to_string(planned + extra) +
+                                           " bytes is not the state region's 512 (a multiple of 256) plus the 256 "
+                                           "activation bytes its programs and buffers need"),
+                std::string::npos)
+          << e.what();
+    }
   }
 }
 
