@@ -12,7 +12,6 @@
 #include <cerrno>
 #include <cctype>
 #include <cmath>
-#include <csignal>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
@@ -111,19 +110,16 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const fs::path& di
 
 fs::path dir_path(const std::string& dir) { return dir.empty() ? fs::path(".") : fs::path(dir); }
 
-// Temporaries ("ckpt_00000100.kiln-ckpt.tmp.4242", "latest.tmp.4242") that a process killed while
-// writing left behind (up to a model's state each): removed when their writer, the pid in the
-// name, no longer runs on this machine.
+// Temporaries ("ckpt_00000100.kiln-ckpt.tmp.HOST.4242", "latest.tmp.HOST.4242") that a process
+// killed while writing left behind (up to a model's state each): removed when their writer ran on
+// this machine and no longer runs (temporary_is_orphaned).
 void remove_stale_temporaries(const fs::path& dir) {
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
-    const size_t tmp = name.rfind(".tmp.");
+    const size_t tmp = name.find(".tmp.");
     if (tmp == std::string::npos || !(name.compare(0, tmp, "latest") == 0 || step_of(name.substr(0, tmp)))) continue;
-    const std::string pid = name.substr(tmp + 5);
-    if (pid.empty() || pid.size() > 9 || pid.find_first_not_of("0123456789") != std::string::npos) continue;
-    const pid_t writer = static_cast<pid_t>(std::stol(pid));
-    if (writer == ::getpid() || ::kill(writer, 0) == 0 || errno != ESRCH) continue;
+    if (!temporary_is_orphaned(name.substr(tmp + 5))) continue;
     std::error_code rm;
     fs::remove(it->path(), rm);  // best effort: a temporary never stands for a checkpoint
   }

@@ -5,6 +5,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <signal.h>
+
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -26,7 +29,34 @@ void write_all(int fd, const void* src, size_t n, const std::string& path) {
   }
 }
 
+// gethostname() as a file-name part: letters, digits, '-' and '_' kept, anything else '_'
+// (a dot would blur where the pid starts). "host" when it is unknown.
+const std::string& host_name() {
+  static const std::string name = [] {
+    char buf[256] = {};
+    if (::gethostname(buf, sizeof buf - 1) != 0 || !buf[0]) return std::string("host");
+    std::string h(buf);
+    for (char& c : h)
+      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_') c = '_';
+    return h.substr(0, 64);
+  }();
+  return name;
+}
+
 }  // namespace
+
+std::string temporary_path(const std::string& path) {
+  return path + ".tmp." + host_name() + "." + std::to_string(::getpid());
+}
+
+bool temporary_is_orphaned(const std::string& suffix) {
+  const size_t dot = suffix.rfind('.');
+  const std::string pid = dot == std::string::npos ? suffix : suffix.substr(dot + 1);
+  if (dot != std::string::npos && suffix.substr(0, dot) != host_name()) return false;  // another machine's
+  if (pid.empty() || pid.size() > 9 || pid.find_first_not_of("0123456789") != std::string::npos) return false;
+  const pid_t writer = static_cast<pid_t>(std::stol(pid));
+  return writer != ::getpid() && ::kill(writer, 0) != 0 && errno == ESRCH;
+}
 
 // Read to the end rather than by the size stat reports: pipes (/dev/stdin, <(...)) and /proc
 // files have none, or report 0.
@@ -88,7 +118,7 @@ void write_file_atomic(const std::string& given,
     if (::close(fd) != 0) throw Error(given + ": close: " + std::strerror(errno));
     return;
   }
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  const std::string tmp = temporary_path(path);
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
   if (fd < 0) throw Error(path + ": creating " + tmp + ": " + std::strerror(errno));
   try {

@@ -15,8 +15,18 @@ std::vector<uint8_t> read_file(const std::string& path);
 // full disk, a closed pipe), so that cut-short output does not pass for whole.
 void flush_stdout();
 
+// The name a writer of this process uses for `path` before renaming: path + ".tmp.<host>.<pid>".
+// The host is in it so that processes on machines sharing a folder (a network file system)
+// neither collide on a pid nor judge each other's temporaries by a pid that is not theirs.
+std::string temporary_path(const std::string& path);
+
+// For a temporary's name after ".tmp." ("<host>.<pid>", or "<pid>" as Kiln wrote before the host
+// was added, taken as this machine's): true when its writer ran on this machine and no longer
+// runs, so the file is left over from a killed process and may go.
+bool temporary_is_orphaned(const std::string& suffix);
+
 // Atomically replaces `path` with the concatenation of `pieces` (pointer, size): write to
-// path + ".tmp.<pid>", fsync, rename, fsync the directory. On failure the temporary file is
+// temporary_path(path), fsync, rename, fsync the directory. On failure the temporary file is
 // removed and `path` is left as it was. A symbolic link is followed (the file it names is
 // replaced, the link stays); an existing path that is not a regular file or a folder (a device
 // such as /dev/null, a FIFO) is written in place, since a rename would replace it with a file.

@@ -36,7 +36,7 @@ std::vector<SafeTensor> read_safetensors(const std::string& path);
 std::map<std::string, std::string> read_safetensors_metadata(const std::string& path);
 
 // Writes the tensors in the given order, header padded with spaces to a multiple of 8 bytes so the
-// data starts aligned. Atomic: writes path + ".tmp.<pid>", fsyncs, renames over `path`; on failure
+// data starts aligned. Atomic: writes temporary_path(path), fsyncs, renames over `path`; on failure
 // the tmp file is removed and `path` is left as it was.
 void write_safetensors(const std::string& path, const std::vector<SafeTensor>& tensors,
                        const std::map<std::string, std::string>& metadata = {});

@@ -11,10 +11,10 @@
 // the last of each run of about n/v. Each split is cut into shards of --shard-tokens tokens (the
 // last one shorter; a document may continue into the next shard), written as DIR/train_000.bin,
 // DIR/train_001.bin, ..., DIR/val_000.bin, .... Shards are first written under
-// DIR/.kiln-data-prepare.<pid>/ and moved into DIR only when every document has been encoded, so
-// a failed run leaves DIR as it was; a successful run then removes older train_NNN.bin and
-// val_NNN.bin shards in DIR that it did not write, so DIR holds exactly this data set. (A run
-// killed by a signal can leave DIR/.kiln-data-prepare.<pid>/ behind; it is safe to delete, unless
+// DIR/.kiln-data-prepare.tmp.<host>.<pid>/ and moved into DIR only when every document has been
+// encoded, so a failed run leaves DIR as it was; a successful run then removes older
+// train_NNN.bin and val_NNN.bin shards in DIR that it did not write, so DIR holds exactly this
+// data set. (A run killed by a signal can leave that folder behind; it is safe to delete, unless
 // the run was killed while swapping the shards in: then its old/ holds older shards moved aside.)
 #include <unistd.h>
 
@@ -183,7 +183,7 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
   const bool created_out = !fs::exists(out, ec);
   fs::create_directories(out, ec);
   if (ec || !fs::is_directory(out)) throw Error(o.out + ": cannot create directory: " + ec.message());
-  const fs::path tmp = out / (".kiln-data-prepare." + std::to_string(::getpid()));
+  const fs::path tmp = temporary_path((out / ".kiln-data-prepare").string());  // this host and process's
   fs::remove_all(tmp, ec);
   fs::create_directory(tmp, ec);
   if (ec) throw Error(tmp.string() + ": cannot create directory: " + ec.message());
