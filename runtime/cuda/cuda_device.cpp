@@ -534,8 +534,10 @@ Device::Matmul CudaDevice::plan_matmul(const MatmulSpec& s) {
       // The pre-GELU matrix, shaped like D: column-major [n,m] with ld n.
       set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, ptr(s.aux), "EPILOGUE_AUX_POINTER");
       set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, int64_t(s.n), "EPILOGUE_AUX_LD");
-      set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, int32_t(cuda_type(s.aux_type, s.where, "aux")),
-          "EPILOGUE_AUX_DATA_TYPE");
+      // The default is D's type. Set only when it differs (kilnc never asks for that): the header
+      // documents the attribute for fp8 products and an unsupported setting fails the call.
+      const cudaDataType_t aux_type = cuda_type(s.aux_type, s.where, "aux");
+      if (aux_type != d_type) set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, int32_t(aux_type), "EPILOGUE_AUX_DATA_TYPE");
     }
 
     // Column-major layouts (rows, cols, ld = rows) of what is stored, before the transposes.
