@@ -3,9 +3,11 @@
 
 Loads Hugging Face GPT-2 safetensors (as Kiln's --save writes them), feeds a prompt to B rows,
 then samples new tokens one position at a time with a key/value cache per layer (the way
-Hugging Face's `generate` decodes: each step computes one position and attends to the cached
-keys and values), top-k 50, in fp32 under torch.no_grad with the given threads. Prints one JSON
-line: the seconds of the prompt (prefill) and of every decoding step.
+Hugging Face's `generate` decodes: the prompt in one causal forward pass over all its positions
+that fills the caches, then each step computes one position and attends to the cached keys and
+values), top-k 50, in fp32 under torch.no_grad with the given threads. Prints one JSON line: the
+seconds of the prompt (prefill) and of every decoding step. --prefill-by-step feeds the prompt
+one position at a time instead.
 
   pytorch_sample.py --weights W.safetensors --n-layer 4 --n-head 4 --rows 8 --prompt-len 16 \
                     --new-tokens 64 --threads 2
@@ -50,6 +52,30 @@ class Decoder:
         self.k = torch.zeros(n_layer, rows, n_head, context, self.hs)
         self.v = torch.zeros_like(self.k)
 
+    def prefill(self, prompt, rows):
+        """The prompt's P positions at once in every row (causal attention), filling the caches
+        at 0..P-1; returns the logits of the last position [rows, V]."""
+        p, C, H, hs = self.p, self.C, self.H, self.hs
+        P = prompt.shape[0]
+        x = (p["wte.weight"][prompt] + p["wpe.weight"][:P]).repeat(rows, 1)   # [rows * P, C]
+        mask = torch.ones(P, P, dtype=torch.bool).tril()
+        for i in range(self.L):
+            h = f"h.{i}."
+            a = layer_norm(x, p[h + "ln_1.weight"], p[h + "ln_1.bias"])
+            qkv = torch.addmm(p[h + "attn.c_attn.bias"], a, p[h + "attn.c_attn.weight"])
+            q, k, v = qkv.view(rows, P, 3, H, hs).permute(2, 0, 3, 1, 4).unbind(0)  # [rows, H, P, hs]
+            self.k[i, :, :, :P] = k
+            self.v[i, :, :, :P] = v
+            s = (q @ k.transpose(-1, -2) / math.sqrt(hs)).masked_fill(~mask, float("-inf"))
+            y = (torch.softmax(s, dim=-1) @ v).transpose(1, 2).reshape(rows * P, C)
+            x = x + torch.addmm(p[h + "attn.c_proj.bias"], y, p[h + "attn.c_proj.weight"])
+            m = layer_norm(x, p[h + "ln_2.weight"], p[h + "ln_2.bias"])
+            u = torch.nn.functional.gelu(torch.addmm(p[h + "mlp.c_fc.bias"], m, p[h + "mlp.c_fc.weight"]),
+                                         approximate="tanh")
+            x = x + torch.addmm(p[h + "mlp.c_proj.bias"], u, p[h + "mlp.c_proj.weight"])
+        last = x.view(rows, P, C)[:, -1]
+        return layer_norm(last, p["ln_f.weight"], p["ln_f.bias"]) @ p["wte.weight"].t()
+
     def step(self, tokens, pos):
         p, C, H, hs = self.p, self.C, self.H, self.hs
         x = p["wte.weight"][tokens] + p["wpe.weight"][pos]                  # [B, C]
@@ -83,6 +109,7 @@ def main():
     ap.add_argument("--top-k", type=int, default=50)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--prefill-by-step", action="store_true", help="feed the prompt one position at a time")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
@@ -94,8 +121,11 @@ def main():
     steps = []
     with torch.no_grad():
         t0 = time.perf_counter()
-        for pos in range(a.prompt_len):
-            logits = dec.step(prompt[pos].repeat(a.rows), pos)
+        if a.prefill_by_step:
+            for pos in range(a.prompt_len):
+                logits = dec.step(prompt[pos].repeat(a.rows), pos)
+        else:
+            logits = dec.prefill(prompt, a.rows)
         prefill = time.perf_counter() - t0
         for k in range(a.new_tokens):
             t = time.perf_counter()

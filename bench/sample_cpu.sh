@@ -11,8 +11,11 @@
 # its small decoding steps several-fold when active; Kiln's a little). The time per step leaves
 # out the start, the weight load and the prompt (the first step): Kiln's as `sample` reports it
 # on stderr, PyTorch's the same steps timed in its process. The runs alternate, --rounds times;
-# the figure is the median. Prints tokens/s (B tokens per step) and the ratios, and writes the
-# numbers to bench/results/sample_cpu.json (git-ignored).
+# the figure is the median. Prints tokens/s (B tokens per step) and the ratios. Then the prompt:
+# Kiln's first step (the prompt into the caches through @prefill, M positions per call, or with
+# --no-prefill one per call; then the first token's logits and pick) against PyTorch's prefill
+# (one causal forward pass over the prompt that fills its caches, as Hugging Face's `generate`
+# does). Writes the numbers to bench/results/sample_cpu.json (git-ignored).
 #
 # Usage: bench/sample_cpu.sh [--spec FILE] [--prompt-len N] [--new-tokens N] [--rounds N]
 #                            [--threads N] [--wait-policy active|passive] [--no-pytorch] [--out FILE]
@@ -31,7 +34,7 @@ POLICY=passive
 OUT_JSON=$ROOT/bench/results/sample_cpu.json
 
 usage() {
-  sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
 }
 need_int() {  # need_int OPTION VALUE MIN
   [[ "$2" =~ ^[0-9]+$ ]] && [ "$2" -ge "$3" ] \
@@ -83,26 +86,31 @@ export OMP_NUM_THREADS=$THREADS OPENBLAS_NUM_THREADS=$THREADS OMP_WAIT_POLICY=$P
 kiln_run() {
   "$TMP/gpt2" sample --init "$TMP/w.safetensors" --prompt-ids "$PROMPT_IDS" --max-new-tokens "$NEW" \
     --num-samples "$B" --top-k 50 --seed 7 "$@" 2> "$TMP/sample.err" > /dev/null || { cat "$TMP/sample.err" >&2; exit 1; }
-  sed -n 's/.* \([0-9.]*\) ms per step.*/\1/p' "$TMP/sample.err" | awk '{ print $1 / 1000 }'
+  # Seconds per step after the first, and of a round's first step (reading the prompt).
+  echo "$(sed -n 's/.* \([0-9.]*\) ms per step.*/\1/p' "$TMP/sample.err" | awk '{ print $1 / 1000 }')" \
+       "$(sed -n 's/.*first step (reading the prompt) \([0-9.]*\) ms.*/\1/p' "$TMP/sample.err" | awk '{ print $1 / 1000 }')"
 }
-declare -a KV FULL TORCH
+declare -a KV FULL TORCH KVP STEPP TORCHP
 for r in $(seq 1 "$ROUNDS"); do
-  kv=$(kiln_run)
-  full=$(kiln_run --no-kv-cache)
-  KV+=("$kv"); FULL+=("$full")
-  line=$(printf "   round %d/%d: kiln %.2f ms/step, kiln --no-kv-cache %.2f ms/step" "$r" "$ROUNDS" \
-    "$(echo "$kv * 1000" | bc -l)" "$(echo "$full * 1000" | bc -l)")
+  read -r kv kvp < <(kiln_run)
+  read -r full _ < <(kiln_run --no-kv-cache)
+  read -r _ stepp < <(kiln_run --no-prefill)
+  KV+=("$kv"); FULL+=("$full"); KVP+=("$kvp"); STEPP+=("$stepp")
+  line=$(printf "   round %d/%d: kiln %.2f ms/step, kiln --no-kv-cache %.2f ms/step; prompt: kiln %.1f ms, kiln --no-prefill %.1f ms" \
+    "$r" "$ROUNDS" "$(echo "$kv * 1000" | bc -l)" "$(echo "$full * 1000" | bc -l)" "$(echo "$kvp * 1000" | bc -l)" \
+    "$(echo "$stepp * 1000" | bc -l)")
   if [ "$RUN_PYTORCH" = 1 ]; then
-    pt=$("$PY" "$ROOT/bench/pytorch_sample.py" --weights "$TMP/w.safetensors" --n-layer "$L" --n-head "$H" \
+    read -r pt ptp < <("$PY" "$ROOT/bench/pytorch_sample.py" --weights "$TMP/w.safetensors" --n-layer "$L" --n-head "$H" \
            --rows "$B" --context "$T" --prompt-len "$PROMPT" --new-tokens "$NEW" --threads "$THREADS" |
-         "$PY" -c "import json, sys; j = json.load(sys.stdin); s = j['step_s'][:-1]; print(sum(s) / len(s))")
-    TORCH+=("$pt")
-    line+=$(printf ", pytorch %.2f ms/step" "$(echo "$pt * 1000" | bc -l)")
+         "$PY" -c "import json, sys; j = json.load(sys.stdin); s = j['step_s'][:-1]; print(sum(s) / len(s), j['prefill_s'])")
+    TORCH+=("$pt"); TORCHP+=("$ptp")
+    line+=$(printf ", pytorch %.2f ms/step, prompt %.1f ms" "$(echo "$pt * 1000" | bc -l)" "$(echo "$ptp * 1000" | bc -l)")
   fi
   echo "$line"
 done
 
-"$PY" - "$OUT_JSON" "$B" "$SPEC" "$PROMPT" "$NEW" "$THREADS" "${KV[*]}" "${FULL[*]}" "${TORCH[*]:-}" <<'EOF'
+"$PY" - "$OUT_JSON" "$B" "$SPEC" "$PROMPT" "$NEW" "$THREADS" "${KV[*]}" "${FULL[*]}" "${TORCH[*]:-}" \
+      "${KVP[*]}" "${STEPP[*]}" "${TORCHP[*]:-}" <<'EOF'
 import json, os, statistics, sys
 out, B, spec, prompt, new, threads = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
 series = {"kiln": sys.argv[7], "kiln --no-kv-cache": sys.argv[8], "pytorch (kv cache)": sys.argv[9]}
@@ -115,11 +123,24 @@ print()
 print(f"kv cache speed-up (kiln --no-kv-cache / kiln): {med['kiln --no-kv-cache'] / med['kiln']:.2f}x")
 if "pytorch (kv cache)" in med:
     print(f"kiln against pytorch (pytorch / kiln):         {med['pytorch (kv cache)'] / med['kiln']:.2f}x")
+# The prompt: Kiln's first step (the prompt into the caches, then the first token's logits and
+# pick), PyTorch's prefill (one causal forward pass over the prompt, the last position's logits).
+pseries = {"kiln (@prefill)": sys.argv[10], "kiln --no-prefill": sys.argv[11], "pytorch (one pass)": sys.argv[12]}
+prows = {k: [float(x) for x in v.split()] for k, v in pseries.items() if v.strip()}
+pmed = {k: statistics.median(v) for k, v in prows.items()}
+print(f"\nthe prompt ({prompt} tokens x {B} rows)")
+print(f"{'config':22s} {'ms':>9s} {'tokens/s':>9s}  rounds (ms)")
+for k, v in prows.items():
+    print(f"{k:22s} {pmed[k] * 1e3:9.1f} {B * prompt / pmed[k]:9.0f}  " + ", ".join(f"{x * 1e3:.1f}" for x in v))
+print()
+print(f"@prefill speed-up (kiln --no-prefill / kiln):  {pmed['kiln --no-prefill'] / pmed['kiln (@prefill)']:.2f}x")
+if "pytorch (one pass)" in pmed:
+    print(f"kiln against pytorch (pytorch / kiln):         {pmed['pytorch (one pass)'] / pmed['kiln (@prefill)']:.2f}x")
 os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
 tmp = out + ".tmp"
 with open(tmp, "w") as f:
     json.dump({"spec": spec, "rows": B, "prompt_len": prompt, "new_tokens": new, "threads": threads,
-               "seconds_per_step": rows, "median": med}, f, indent=1)
+               "seconds_per_step": rows, "median": med, "prompt_seconds": prows, "prompt_median": pmed}, f, indent=1)
 os.replace(tmp, out)
 print(f"\nwrote {out}")
 EOF

@@ -80,7 +80,7 @@ class Writer {
     std::vector<uint32_t> results;
     std::vector<uint64_t> sizes;
     uint64_t activations = 0, naive = 0;
-    for (const char* name : {"forward", "logits", "decode", "micro_step", "optimizer_step"}) {
+    for (const char* name : {"forward", "logits", "prefill", "decode", "micro_step", "optimizer_step"}) {
       auto f = module_.lookupSymbol<func::FuncOp>(name);
       if (!f) continue;
       auto planned = f->getAttrOfType<IntegerAttr>("kiln.arena_size");
@@ -401,12 +401,16 @@ class Writer {
 
   FailureOr<GeneratedKernel> decodeAttentionKernel(DecodeAttentionOp op, const std::string& symbol) {
     auto qkv = cast<RankedTensorType>(op.getQkv().getType());
-    DecodeAttentionShape shape{qkv.getDimSize(0), qkv.getDimSize(1) / 3, int64_t(op.getNumHeads()),
-                               cast<RankedTensorType>(op.getCache().getType()).getDimSize(3),
-                               qkv.getElementType().isBF16()};
+    auto cache = cast<RankedTensorType>(op.getCache().getType());
+    const int64_t rows = cache.getDimSize(1);
+    DecodeAttentionShape shape{rows, qkv.getDimSize(1) / 3, int64_t(op.getNumHeads()), cache.getDimSize(3),
+                               qkv.getElementType().isBF16(), qkv.getDimSize(0) / rows};
     try {
       GeneratedKernel k;
-      const std::string head = "// decode_attention kernel (one new position per row against the key/value cache)\n";
+      const std::string head = shape.M == 1
+                                   ? "// decode_attention kernel (one new position per row against the key/value cache)\n"
+                                   : "// decode_attention kernel (" + std::to_string(shape.M) +
+                                         " new positions per row against the key/value cache: a prompt read in)\n";
       if (target_ == Target::Cpu) {
         k.source = head + cpuDecodeAttention(symbol, shape);
       } else {
@@ -504,9 +508,10 @@ class Writer {
           auto s = shape(o.getResult());
           return set(O::Attention, {s[0], s[1], s[2], int64_t(o.getNumHeads())});
         })
-        .Case([&](DecodeAttentionOp o) {  // B, C, H, S
+        .Case([&](DecodeAttentionOp o) {  // B, C, H, S, M
           auto s = shape(o.getResult());
-          return set(O::DecodeAttention, {s[0], s[1], int64_t(o.getNumHeads()), shape(o.getCache())[3]});
+          auto cache = shape(o.getCache());
+          return set(O::DecodeAttention, {cache[1], s[1], int64_t(o.getNumHeads()), cache[3], s[0] / cache[1]});
         })
         .Case([&](AttentionGradOp o) {
           auto s = shape(o.getResult());

@@ -56,7 +56,8 @@ class GPT2Builder {
     declare("ln_f.bias", {C}, "zeros", 0, false);
 
     // @forward: the mean loss (what autodiff differentiates); @logits: the forward pass alone,
-    // for sampling, with no backward buffers; @decode: one position at a time, for sampling.
+    // for sampling, with no backward buffers; @prefill: a prompt into the key/value caches, M
+    // positions at a time; @decode: one position at a time, for sampling.
     auto scalar = tensor({});
     auto forward = b_.create<func::FuncOp>(fileLoc_, "forward", b_.getFunctionType({}, {scalar}));
     b_.setInsertionPointToStart(forward.addEntryBlock());
@@ -71,6 +72,14 @@ class GPT2Builder {
     auto head = b_.create<func::FuncOp>(fileLoc_, "logits", b_.getFunctionType({}, {tensor({N, Vp})}));
     b_.setInsertionPointToStart(head.addEntryBlock());
     b_.create<func::ReturnOp>(loc_, buildLogits());
+
+    // @prefill: M prompt positions per row into each layer's cache (the sampler reads a prompt
+    // with it, then decodes; see buildPrefill).
+    b_.setInsertionPointToEnd(module_->getBody());
+    const int64_t M = prefillPositions();
+    auto prefill = b_.create<func::FuncOp>(fileLoc_, "prefill", b_.getFunctionType({}, {tensor({B * M, C})}));
+    b_.setInsertionPointToStart(prefill.addEntryBlock());
+    b_.create<func::ReturnOp>(loc_, buildPrefill(M));
 
     // @decode: the logits of one new position per row, attending to the keys and values the
     // earlier calls left in each layer's cache (the sampler's fast path; see buildDecode).
@@ -103,6 +112,33 @@ class GPT2Builder {
     });
     loc_ = at("head");
     return b_.create<MatmulOp>(loc_, tensor({B, Vp}), f, wte, false, true);
+  }
+
+  // Positions @prefill reads per call: enough rows for the matrix products to run at speed
+  // (B x 64), few enough that a short prompt wastes little on padding.
+  int64_t prefillPositions() const { return std::min<int64_t>(spec_.seq_len, 64); }
+
+  // @prefill: the M tokens at positions prefill_positions (p, p+1, ..., p+M-1 with p =
+  // position) of each of the B rows through the layers, each kiln.decode_attention storing
+  // their keys and values in its layer's cache (the caches @decode declares: kiln-plan-buffers
+  // gives them the same place). Returns the last layer's attention output [B*M, C], which keeps
+  // every layer live; the sampler ignores it and gets the logits of the prompt's last token
+  // from @decode. No head: the ln_f and the last MLP left dead here are dropped.
+  Value buildPrefill(int64_t M) {
+    const int64_t B = spec_.batch_size, T = spec_.seq_len, C = spec_.n_embd, H = spec_.n_head;
+    loc_ = at("embed");
+    Value tokens = b_.create<InputOp>(loc_, itensor({B, M}), "prefill_tokens");
+    Value positions = b_.create<InputOp>(loc_, itensor({M}), "prefill_positions");
+    Value position = b_.create<InputOp>(loc_, itensor({1}), "position");
+    Value tok = b_.create<EmbeddingOp>(loc_, tensor({B, M, C}), param("wte.weight"), tokens);
+    Value pos = b_.create<EmbeddingOp>(loc_, tensor({M, C}), param("wpe.weight"), positions);
+    Value x3 = b_.create<AddOp>(loc_, tok, b_.create<BroadcastOp>(loc_, tensor({B, M, C}), pos));
+    Value last;
+    layers(reshape(x3, {B * M, C}), [&](Value qkv, const std::string& h) -> Value {
+      Value cache = b_.create<KvCacheOp>(loc_, tensor({2, B, H, T, C / H}), h + "attn");
+      return last = b_.create<DecodeAttentionOp>(loc_, tensor({B * M, C}), qkv, cache, position, H);
+    });
+    return last;
   }
 
   // The forward pass from the token ids to the logits [B*T, Vp], at the insertion point.

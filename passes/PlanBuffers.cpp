@@ -4,6 +4,7 @@
 #include "passes/Passes.h"
 
 #include "llvm/ADT/DenseMap.h"
+#include "llvm/Support/MathExtras.h"
 
 namespace kiln {
 #define GEN_PASS_DEF_PLANBUFFERS
@@ -78,15 +79,23 @@ class FunctionPlanner {
       }
     }
 
-    // 4. Pack.
+    // 4. Pack. The key/value caches go first, in op order, so functions that declare the same
+    // caches (@prefill and @decode) hold them at the same offsets and one leaves them filled for
+    // the other; the rest is packed after them.
     std::vector<Value> leaders;
     std::vector<LiveBuffer> buffers;
     for (auto& [leader, iv] : groups_) leaders.push_back(leader);
     llvm::sort(leaders, [&](Value a, Value b) { return sequence_[a] < sequence_[b]; });
+    llvm::DenseMap<Value, int64_t> offset;
+    uint64_t caches = 0;
+    for (Value l : leaders)
+      if (l.getDefiningOp<KvCacheOp>())
+        offset[l] = int64_t(caches), caches += llvm::alignTo(groups_[l].size, kArenaAlignment);
+    llvm::erase_if(leaders, [&](Value l) { return l.getDefiningOp<KvCacheOp>() != nullptr; });
     for (Value l : leaders) buffers.push_back({groups_[l].size, groups_[l].first, groups_[l].last});
     ArenaPlan plan = plan_arena(buffers);
-    llvm::DenseMap<Value, int64_t> offset;
-    for (size_t i = 0; i < leaders.size(); ++i) offset[leaders[i]] = int64_t(plan.offsets[i]);
+    for (size_t i = 0; i < leaders.size(); ++i) offset[leaders[i]] = int64_t(caches + plan.offsets[i]);
+    plan.size += caches;
 
     Builder b(func_.getContext());
     for (Operation& op : body_) {

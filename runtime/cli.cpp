@@ -101,6 +101,7 @@ struct SampleCommand {
   CLI::Option* prompt_opt = nullptr;
   CLI::Option* prompt_ids_opt = nullptr;
   bool no_kv_cache = false;
+  bool no_prefill = false;
   std::string logits_out;
   CLI::Option* logits_out_opt = nullptr;
 };
@@ -167,6 +168,9 @@ void add_sample_options(CLI::App& cmd, SampleCommand& c) {
   cmd.add_flag("--no-kv-cache", c.no_kv_cache,
                "run the whole forward pass over the last seq_len tokens for every new token, not one "
                "position at a time over cached keys and values (slower; the same numbers up to rounding)");
+  cmd.add_flag("--no-prefill", c.no_prefill,
+               "feed the prompt to the key/value caches one position per call, not many at a time with "
+               "@prefill (slower for long prompts; the same numbers up to rounding)");
   c.logits_out_opt = cmd.add_option("--logits-out", c.logits_out,
                  "write the logits each new token was drawn from to this .npy file (float32, "
                  "[num-samples, max-new-tokens, vocabulary])");
@@ -184,6 +188,7 @@ int run_sample(const Module& module, SampleCommand& c) {
   // with @decode when it is loaded.
   std::vector<std::string> programs{"logits"};
   if (!c.no_kv_cache && module.program("decode")) programs.push_back("decode");
+  if (!c.no_kv_cache && !c.no_prefill && module.program("decode") && module.program("prefill")) programs.push_back("prefill");
   Executor ex(module, programs);
   init_parameters(ex, 0);
   load_parameters(ex, c.init);
@@ -278,6 +283,11 @@ int run_sample(const Module& module, SampleCommand& c) {
             fixed(double(times.other_tokens) / times.other_steps_s, 0) + " tokens/s";
   line += "; logits of " + std::to_string(times.decode_steps) + " steps by @decode (key/value caches), " +
           std::to_string(times.logits_steps) + " by @logits";
+  if (times.first_steps > 0)
+    line += "; a round's first step (reading the prompt) " + fixed(1e3 * times.first_steps_s / double(times.first_steps), 2) + " ms";
+  if (times.prefill_calls > 0)
+    line += "; " + std::to_string(times.prefill_positions) + " prompt positions read by @prefill in " +
+            std::to_string(times.prefill_calls) + (times.prefill_calls == 1 ? " call" : " calls");
   std::fprintf(stderr, "%s\n", line.c_str());
   return 0;
 }

@@ -67,7 +67,7 @@ bool expected(const fb::Instr& ins, Shape& s) {
     if (x < 0) return false;
   if ((ins.op() == O::Attention || ins.op() == O::AttentionGrad) && (v[3] == 0 || v[2] % v[3] != 0)) return false;
   if ((ins.op() == O::CrossEntropy || ins.op() == O::CrossEntropyGrad) && (v[2] == 0 || v[2] > v[1])) return false;
-  if (ins.op() == O::DecodeAttention && (v[2] == 0 || v[1] % v[2] != 0 || v[3] == 0)) return false;
+  if (ins.op() == O::DecodeAttention && (v[2] == 0 || v[1] % v[2] != 0 || v[3] == 0 || v[4] == 0 || v[4] > v[3])) return false;
   // Products of sizes, -1 on overflow (which no buffer satisfies).
   auto mul = [](int64_t a, int64_t b) {
     int64_t r;
@@ -110,7 +110,10 @@ bool expected(const fb::Instr& ins, Shape& s) {
       s.out = {P(I(0), I(1)), I(1), I(1)};
       break;
     case O::Attention: s.in = {P(I(0), I(1), 3, I(2))}; s.out = {P(I(0), I(1), I(2)), P(I(0), I(3), I(1))}; break;
-    case O::DecodeAttention: s.in = {P(I(0), 3, I(1)), P(2, I(0), I(1), I(3)), 1}; s.out = {P(I(0), I(1))}; break;
+    case O::DecodeAttention:  // B, C, H, S, M
+      s.in = {P(I(0), I(4), 3, I(1)), P(2, I(0), I(1), I(3)), 1};
+      s.out = {P(I(0), I(4), I(1))};
+      break;
     case O::AttentionGrad:
       s.in = {P(I(0), I(1), I(2)), P(I(0), I(1), 3, I(2)), P(I(0), I(1), I(2)), P(I(0), I(3), I(1))};
       s.out = {P(I(0), I(1), 3, I(2))};
@@ -613,10 +616,10 @@ void Executor::run_kernel(const fb::Instr& ins, const flatbuffers::Vector<int64_
       cpu::layernorm_bwd(out(0), out(1), out(2), in(0), in(1), in(2), in(3), in(4), v[0], v[1]);
       break;
     case O::Attention: cpu::attention_fwd(out(0), out(1), in(0), v[0], v[1], v[2], v[3]); break;
-    case O::DecodeAttention: {  // B, C, H, S; the cache (fp32 by Module::verify) is written in place
+    case O::DecodeAttention: {  // B, C, H, S, M; the cache (fp32 by Module::verify) is written in place
       const int64_t p = *iin(2);
       if (p < 0 || p >= v[3]) throw Error("decode attention: position " + std::to_string(p) + " is not in [0, " + std::to_string(v[3]) + ")");
-      cpu::decode_attention(out(0), in(1), in(0), p, v[0], v[1], v[2], v[3]);
+      cpu::decode_attention(out(0), in(1), in(0), p, v[0], v[1], v[2], v[3], v[4]);
       break;
     }
     case O::AttentionGrad:

@@ -10,7 +10,7 @@
 namespace kiln {
 
 // The module format this runtime reads and kilnc writes (2: generated fused kernels).
-constexpr uint32_t kModuleFormatVersion = 3;  // 3: kernels_crc32
+constexpr uint32_t kModuleFormatVersion = 4;  // 3: kernels_crc32; 4: @prefill, DecodeAttention of M positions
 
 class Module {
  public:

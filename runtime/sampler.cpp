@@ -106,6 +106,17 @@ std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t
   };
   int32_t* token = decode ? ex.input("token") : nullptr;
   int32_t* position = decode ? ex.input("position") : nullptr;
+  // @prefill (loaded with @decode) reads M positions per row and call into the same caches; its
+  // result is of no use. A call costs about M positions' work in large products, so it takes
+  // over from @decode once at least kPrefillAtLeast positions (before the last) are left.
+  const bool prefill = decode && ex.has_program("prefill");
+  int32_t* chunk = prefill ? ex.input("prefill_tokens") : nullptr;
+  int32_t* chunk_positions = prefill ? ex.input("prefill_positions") : nullptr;
+  int64_t M = 0;  // positions per @prefill call (Module::verify: 1 <= M <= T)
+  for (uint32_t i = 0; prefill && i < ex.module().fb().buffers()->size(); ++i)
+    if (ex.module().buffer(i).kind() == fb::BufferKind::Input && ex.module().buffer(i).name()->str() == "prefill_positions")
+      M = numel(ex.module().buffer(i));
+  const int64_t kPrefillAtLeast = std::max<int64_t>(2, M / 8);
   for (int64_t first = 0; first < o.num_samples; first += B) {
     const int64_t rows = std::min(B, o.num_samples - first);
     int64_t cached = 0;  // positions of every row's sequence in the caches (all rows are as long)
@@ -116,7 +127,18 @@ std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t
       if (o.times) ++(from_caches ? o.times->decode_steps : o.times->logits_steps);
       if (from_caches) {
         // Feed the positions the caches lack (the prompt at the first step, then the last token);
-        // the last call's logits are those of position len - 1.
+        // the last call's logits are those of position len - 1, so it is @decode's.
+        while (prefill && len - 1 - cached >= kPrefillAtLeast) {
+          const int64_t n = std::min(M, len - 1 - cached);
+          std::fill(chunk, chunk + B * M, 0);  // padding: stored past the prompt, overwritten later
+          for (int64_t r = 0; r < rows; ++r)
+            std::copy_n(out[size_t(first + r)].begin() + cached, n, chunk + r * M);
+          for (int64_t m = 0; m < M; ++m) chunk_positions[m] = int32_t(std::min(cached + m, T - 1));
+          *position = int32_t(cached);
+          ex.run("prefill");
+          if (o.times) ++o.times->prefill_calls, o.times->prefill_positions += n;
+          cached += n;
+        }
         for (; cached < len; ++cached) {
           std::fill(token, token + B, 0);
           for (int64_t r = 0; r < rows; ++r) token[r] = out[size_t(first + r)][size_t(cached)];
@@ -142,6 +164,7 @@ std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t
       if (o.times) {
         const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         (step == 0 ? o.times->first_steps_s : o.times->other_steps_s) += s;
+        if (step == 0) ++o.times->first_steps;
         if (step > 0) ++o.times->other_steps, o.times->other_tokens += rows;
       }
       if (o.progress) o.progress(++passes_done, passes);

@@ -1,5 +1,5 @@
-// Top-k sampling from the compiled forward pass (`decode` and `logits` programs): continuations of
-// a prompt.
+// Top-k sampling from the compiled forward pass (`prefill`, `decode` and `logits` programs):
+// continuations of a prompt.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -21,8 +21,10 @@ struct SampleOptions {
   // When set: where the time went. A round's first step also feeds its prompt through the model.
   struct Times {
     double first_steps_s = 0, other_steps_s = 0;
+    int64_t first_steps = 0;                     // one per round of rows
     int64_t other_steps = 0, other_tokens = 0;  // tokens: one per row of a step
     int64_t decode_steps = 0, logits_steps = 0;  // which program gave each step's logits
+    int64_t prefill_calls = 0, prefill_positions = 0;  // prompt positions @prefill read
   }* times = nullptr;
   // Called after each forward pass with the passes done and the passes in all
   // (ceil(num_samples / B) * max_new_tokens): for a progress line.
@@ -33,8 +35,9 @@ struct SampleOptions {
 // Up to B samples run together (one per row); each step samples the next token of every row from
 // the softmax of its last position's logits (restricted to the k largest). The logits come from
 // the `decode` program while a row holds at most T tokens (when the executor loaded it: one
-// position per call over key/value caches), else from the forward pass over the last T tokens (`logits`): the same numbers up to
-// rounding. Deterministic for a seed. kiln::Error when the prompt is
+// position per call over key/value caches), else from the forward pass over the last T tokens
+// (`logits`): the same numbers up to rounding. With `prefill` loaded too, the prompt goes into the
+// caches M positions per call (all but its last token, which @decode reads for the logits). Deterministic for a seed. kiln::Error when the prompt is
 // empty or holds an id outside [0, vocab), or the temperature is not finite and positive.
 std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t>& prompt,
                                          const SampleOptions& options);

@@ -359,17 +359,21 @@ LogicalResult DecodeAttentionOp::verify() {
   auto qkv = tensorType(getQkv()), cache = tensorType(getCache()), out = tensorType(getResult());
   const int64_t h = int64_t(getNumHeads());
   if (qkv.getRank() != 2 || qkv.getDimSize(1) % 3 != 0)
-    return emitOpError() << "qkv must be [B, 3C], got " << shapeStr(qkv.getShape());
-  const int64_t b = qkv.getDimSize(0), c = qkv.getDimSize(1) / 3;
+    return emitOpError() << "qkv must be [B * M, 3C], got " << shapeStr(qkv.getShape());
+  const int64_t rows = qkv.getDimSize(0), c = qkv.getDimSize(1) / 3;
   if (h <= 0 || c % h != 0) return emitOpError() << "num_heads " << h << " must divide the " << c << " channels";
-  if (cache.getRank() != 5 || cache.getDimSize(0) != 2 || cache.getDimSize(1) != b || cache.getDimSize(2) != h ||
-      cache.getDimSize(4) != c / h || !cache.getElementType().isF32())
-    return emitOpError() << "cache must be f32 [2, B = " << b << ", H = " << h << ", S, hs = " << c / h << "], got "
+  if (cache.getRank() != 5 || cache.getDimSize(0) != 2 || cache.getDimSize(2) != h || cache.getDimSize(4) != c / h ||
+      !cache.getElementType().isF32())
+    return emitOpError() << "cache must be f32 [2, B, H = " << h << ", S, hs = " << c / h << "], got "
                          << shapeStr(cache.getShape());
+  const int64_t b = cache.getDimSize(1), s = cache.getDimSize(3);
+  if (b <= 0 || rows % b != 0 || rows / b > s)
+    return emitOpError() << "qkv's " << rows << " rows must be B * M for the cache's B = " << b
+                         << " rows and M new positions, at most its S = " << s;
   if (tensorType(getPosition()).getShape() != ArrayRef<int64_t>{1})
     return emitOpError() << "position must be [1], got " << shapeStr(tensorType(getPosition()).getShape());
-  if (out.getShape() != ArrayRef<int64_t>{b, c} || out.getElementType() != qkv.getElementType())
-    return emitOpError() << "result must be " << shapeStr({b, c}) << " [B, C] in qkv's element type";
+  if (out.getShape() != ArrayRef<int64_t>{rows, c} || out.getElementType() != qkv.getElementType())
+    return emitOpError() << "result must be " << shapeStr({rows, c}) << " [B * M, C] in qkv's element type";
   if (!getCache().getDefiningOp<KvCacheOp>()) return emitOpError() << "cache must be a kiln.kv_cache";
   return success();
 }

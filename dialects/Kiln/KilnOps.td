@@ -443,9 +443,10 @@ def Kiln_KvCacheOp : Kiln_Op<"kv_cache", [Pure]> {
     `result : [2, B, H, S, hs]` f32 holds the keys (index 0) and values (index 1) of every
     position decoded so far, for S positions of each of B rows and H heads. Its storage is
     planned in the function's activation region and spans the whole call, and nothing else in
-    the function uses it, so it keeps its contents from one call of `@decode` to the next (as
-    long as no other program runs in between: they reuse that region). `name` says which
-    layer it serves, for reports.
+    the function uses it, so it keeps its contents from one call to the next (as long as no other
+    program runs in between: they reuse that region). `kiln-plan-buffers` places a function's
+    caches first in that region, in op order, so `@prefill` and `@decode`, which declare the
+    same caches, share them. `name` says which layer it serves, for reports.
 
     ```mlir
     %kv = kiln.kv_cache "h.0.attn" : tensor<2x4x2x32x8xf32>
@@ -458,16 +459,19 @@ def Kiln_KvCacheOp : Kiln_Op<"kv_cache", [Pure]> {
 }
 
 def Kiln_DecodeAttentionOp : Kiln_Op<"decode_attention", [Pure]> {
-  let summary = "causal attention of one new position against a key/value cache";
+  let summary = "causal attention of new positions against a key/value cache";
   let description = [{
-    `qkv : [B, 3C]` packs the query, key and value of the token at `position : [1]` (i32,
-    the same for every row) of each of B rows. The op stores that key and value into `cache`
-    (a `kiln.kv_cache` it alone uses) at `position`, then returns, per head of
-    `hs = C / num_heads` channels, `softmax(q k^T / sqrt(hs)) v` over cache positions
-    `0 .. position`: `result : [B, C]`, in qkv's element type. That is row `position` of
-    `kiln.attention` over the sequence the cache has seen, so `@decode` gives the logits
-    `@logits` gives at that position without recomputing the earlier ones. The runtime keeps
-    `position` below S; arithmetic is fp32 (the cache is fp32 whatever qkv's type).
+    `qkv : [B * M, 3C]` packs the query, key and value of M consecutive tokens of each of B
+    rows (row `b * M + m`), at positions `position + m`, where `position : [1]` (i32) is the
+    same for every row. The op stores those keys and values into `cache` (a `kiln.kv_cache` it
+    alone uses, [2, B, H, S, hs]) and returns, per head of `hs = C / num_heads` channels and
+    per new token, `softmax(q k^T / sqrt(hs)) v` over cache positions `0 .. position + m`:
+    `result : [B * M, C]`, in qkv's element type. That is row `position + m` of
+    `kiln.attention` over the sequence the cache has seen, so `@decode` (M = 1) gives the
+    logits `@logits` gives at that position without recomputing the earlier ones, and
+    `@prefill` (M > 1) reads a prompt M positions per call. Tokens at positions S and beyond
+    are skipped (their rows of `result` are left as they were); the runtime keeps `position`
+    in [0, S). Arithmetic is fp32 (the cache is fp32 whatever qkv's type).
   }];
   let arguments = (ins Kiln_FloatTensor:$qkv, Kiln_FloatTensor:$cache, Kiln_IndexTensor:$position,
                        I64Attr:$num_heads);

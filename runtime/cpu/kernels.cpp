@@ -284,20 +284,25 @@ float attend(float* o, const float* q, const float* k, const float* v, int64_t n
 }  // namespace
 
 void decode_attention(float* out, float* cache, const float* qkv, int64_t p, int64_t B, int64_t C, int64_t H,
-                      int64_t S) {
+                      int64_t S, int64_t M) {
   const int64_t hs = C / H;
+  const int64_t n = std::min(M, S - p);  // new positions that fit the cache
   const float sc = 1.0f / std::sqrt(static_cast<float>(hs));
 #pragma omp parallel for collapse(2)
   for (int64_t b = 0; b < B; b++) {
     for (int64_t h = 0; h < H; h++) {
-      const float* q = qkv + b * 3 * C + h * hs;
       float* keys = cache + (b * H + h) * S * hs;
       float* values = keys + B * H * S * hs;
-      for (int64_t c = 0; c < hs; c++) {
-        keys[p * hs + c] = q[C + c];
-        values[p * hs + c] = q[2 * C + c];
+      // All the new keys and values first: token m attends to the tokens before it.
+      for (int64_t m = 0; m < n; m++) {
+        const float* q = qkv + (b * M + m) * 3 * C + h * hs;
+        for (int64_t c = 0; c < hs; c++) {
+          keys[(p + m) * hs + c] = q[C + c];
+          values[(p + m) * hs + c] = q[2 * C + c];
+        }
       }
-      attend(out + b * C + h * hs, q, keys, values, p + 1, hs, hs, sc);
+      for (int64_t m = 0; m < n; m++)
+        attend(out + (b * M + m) * C + h * hs, qkv + (b * M + m) * 3 * C + h * hs, keys, values, p + m + 1, hs, hs, sc);
     }
   }
 }

@@ -64,12 +64,13 @@ void attention_fwd(float* out, float* lse, const float* qkv, int64_t B, int64_t 
 void attention_bwd(float* dqkv, const float* dout, const float* qkv, const float* out,
                    const float* lse, int64_t B, int64_t T, int64_t C, int64_t H);
 
-// Attention of one new position per row against a key/value cache. qkv is [B, 3C] (q | k | v of
-// the token at position p of each row), cache [2, B, H, S, hs] (keys, then values). Stores the
-// token's k and v at p, then out[b, h*hs:...] = sum_{t2 <= p} softmax(q . k[t2] / sqrt(hs)) v[t2]:
-// row p of attention_fwd over the positions the cache holds. Requires 0 <= p < S.
+// Attention of M new tokens per row against a key/value cache: qkv [B*M, 3C] (row b*M + m: the
+// token at position p + m of row b), cache [2, B, H, S, hs] (keys, then values). Stores the
+// tokens' k and v at p + m, then out[b*M + m, h*hs:...] = sum_{t2 <= p+m} softmax(q . k[t2] /
+// sqrt(hs)) v[t2]: row p + m of attention_fwd over the positions the cache holds. Requires
+// 0 <= p < S; tokens at positions S and beyond are skipped (their out rows untouched).
 void decode_attention(float* out, float* cache, const float* qkv, int64_t p, int64_t B, int64_t C, int64_t H,
-                      int64_t S);
+                      int64_t S, int64_t M = 1);
 
 // Mean softmax cross-entropy over N rows of logits [N, V] against targets [N], where only the
 // first `valid` <= V columns are classes (the rest pad the row to V; GPT-2: 50257 of 50304).

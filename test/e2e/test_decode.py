@@ -15,7 +15,11 @@ keeps the logits every token was drawn from (--logits-out). Then, for every samp
     differ, so a kernel that mixed up rows would show);
   * `sample` says how many steps took their logits from @decode (the first T - T/2 + 1 of each
     round) and how many from @logits (the rest; with --no-kv-cache, all);
-  * --no-kv-cache (@logits at every step) gives the same within the same tolerance.
+  * --no-kv-cache (@logits at every step) gives the same within the same tolerance;
+  * the prompt goes into the caches through @prefill, min(T, 64) = M positions per call while at
+    least max(2, M / 8) positions before its last token are left (the sampler's rule), as `sample`
+    reports; --no-prefill (every prompt position through @decode) gives the same logits within
+    the tolerance.
 
   test_decode.py --kilnc build/bin/kilnc --spec test/e2e/configs/awkward.toml --workdir DIR
                  [--kilnc-arg=--no-fusion] [--kilnc-arg=--runtime=build/bin/kiln-run-emulated]
@@ -96,18 +100,34 @@ def main():
     by_decode = rounds * min(new, max(0, T - len(prompt) + 1))
     print(f"{a.spec}: prompt {len(prompt)} tokens, {new} new ({by_decode // rounds} from the caches, "
           f"then @logits), {n} samples in rows of {B}; relative tolerance {tol:.1e}")
+    # The prompt positions @prefill reads per round: all but the last token, M per call, while
+    # at least max(2, M / 8) are left.
+    M = min(T, 64)
+    left, calls = len(prompt) - 1, 0
+    while left >= max(2, M // 8):
+        left -= min(M, left)
+        calls += 1
+    prefilled = (rounds * (len(prompt) - 1 - left), rounds * calls)
     failures = 0
     results = {}
-    for name, extra in (("kv cache", []), ("no kv cache", ["--no-kv-cache"])):
+    for name, extra in (("kv cache", []), ("no kv cache", ["--no-kv-cache"]), ("no prefill", ["--no-prefill"])):
         npy = os.path.join(a.workdir, f"{name.replace(' ', '-')}.npy")
         stdout, stderr = run(base + extra + ["--logits-out", npy])
         seqs = samples(stdout)
         m = re.search(r"logits of (\d+) steps by @decode \(key/value caches\), (\d+) by @logits", stderr)
-        want = (by_decode, rounds * new - by_decode) if not extra else (0, rounds * new)
+        want = (0, rounds * new) if name == "no kv cache" else (by_decode, rounds * new - by_decode)
         if not m or (int(m.group(1)), int(m.group(2))) != want:
             print(f"FAIL {name}: sample says {m.group(0) if m else stderr.strip()!r}; expected {want[0]} steps by "
                   f"@decode and {want[1]} by @logits")
             failures += 1
+        p = re.search(r"(\d+) prompt positions read by @prefill in (\d+) calls?", stderr)
+        got = (int(p.group(1)), int(p.group(2))) if p else (0, 0)
+        want = prefilled if name == "kv cache" else (0, 0)
+        if got != want:
+            print(f"FAIL {name}: @prefill read {got[0]} prompt positions in {got[1]} calls; expected {want[0]} in {want[1]}")
+            failures += 1
+        elif want[1]:
+            print(f"ok   {name}: the prompt read by @prefill: {got[0]} positions in {got[1]} calls ({M} per call)")
         logits = torch.from_numpy(np.load(npy)).double()
         assert logits.shape == (n, new, V), logits.shape
         assert len(seqs) == n and all(len(s) == len(prompt) + new and s[: len(prompt)] == prompt for s in seqs)
@@ -135,19 +155,20 @@ def main():
         failures += not ok
         print(f"{'ok  ' if ok else 'FAIL'} {name}: {n * new} rows of logits, worst relative error {worst:.2e} "
               f"(sample {where[0] + 1}, step {where[1]}) against {oracle}")
-    # The two agree row by row while their sequences do (in bf16 an exact tie of two logits may
+    # Each pair agrees row by row while their sequences do (in bf16 an exact tie of two logits may
     # part them: each is then checked against the reference above on its own).
-    (lk, sk), (lf, sf) = results["kv cache"], results["no kv cache"]
-    diff, rows = 0.0, 0
-    for i in range(n):
-        for step in range(new):
-            diff = max(diff, float((lk[i, step] - lf[i, step]).norm() / lf[i, step].norm()))
-            rows += 1
-            if sk[i][len(prompt) + step] != sf[i][len(prompt) + step]:
-                break
-    ok = diff <= tol
-    failures += not ok
-    print(f"{'ok  ' if ok else 'FAIL'} kv cache against no kv cache: worst relative difference {diff:.2e} over {rows} rows")
+    for other in ("no kv cache", "no prefill"):
+        (lk, sk), (lf, sf) = results["kv cache"], results[other]
+        diff, rows = 0.0, 0
+        for i in range(n):
+            for step in range(new):
+                diff = max(diff, float((lk[i, step] - lf[i, step]).norm() / lf[i, step].norm()))
+                rows += 1
+                if sk[i][len(prompt) + step] != sf[i][len(prompt) + step]:
+                    break
+        ok = diff <= tol
+        failures += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} kv cache against {other}: worst relative difference {diff:.2e} over {rows} rows")
     sys.exit(1 if failures else 0)
 
 

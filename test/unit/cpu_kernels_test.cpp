@@ -600,6 +600,51 @@ TEST(CpuKernels, AttentionFwdVsMaterialisedSoftmax) {
   }
 }
 
+// The sampler's path: a prompt read into the cache a chunk of M positions per call (the last
+// chunk running past S, whose tokens are skipped), then one position per call; every row of out
+// is that position's row of attention over the whole sequence.
+TEST(CpuKernels, DecodeAttentionOfChunksAndSinglePositionsVsAttention) {
+  for (const AttnShape& s : kAttnShapes) {
+    const VecF qkv = Random(s.B * s.T * 3 * s.C, 102, -1.5f, 1.5f);
+    VecD rout, rlse;
+    AttentionFwdRef(rout, rlse, ToDouble(qkv), s.B, s.T, s.C, s.H);
+    const int64_t M = std::max<int64_t>(1, (s.T + 1) / 2), hs = s.C / s.H;
+    for (int64_t prompt : {int64_t(1), M, s.T - 1, s.T}) {
+      if (prompt < 1) continue;
+      VecF cache(2 * s.B * s.T * s.C, 7.0f), out(s.B * s.T * s.C, 9.0f);
+      VecF chunk(s.B * M * 3 * s.C), chunk_out(s.B * M * s.C, 9.0f);
+      for (int64_t p = 0; p < prompt; p += M) {
+        // Rows b * M + m: position p + m of row b, zeros past the sequence.
+        std::fill(chunk.begin(), chunk.end(), 0.0f);
+        for (int64_t b = 0; b < s.B; ++b)
+          for (int64_t m = 0; m < M && p + m < s.T; ++m)
+            std::copy_n(qkv.begin() + (b * s.T + p + m) * 3 * s.C, 3 * s.C, chunk.begin() + (b * M + m) * 3 * s.C);
+        decode_attention(chunk_out.data(), cache.data(), chunk.data(), p, s.B, s.C, s.H, s.T, M);
+        for (int64_t b = 0; b < s.B; ++b)
+          for (int64_t m = 0; m < M && p + m < std::min(prompt, s.T); ++m)
+            std::copy_n(chunk_out.begin() + (b * M + m) * s.C, s.C, out.begin() + (b * s.T + p + m) * s.C);
+      }
+      VecF one(s.B * 3 * s.C), one_out(s.B * s.C);
+      for (int64_t p = prompt; p < s.T; ++p) {
+        for (int64_t b = 0; b < s.B; ++b) std::copy_n(qkv.begin() + (b * s.T + p) * 3 * s.C, 3 * s.C, one.begin() + b * 3 * s.C);
+        decode_attention(one_out.data(), cache.data(), one.data(), p, s.B, s.C, s.H, s.T);
+        for (int64_t b = 0; b < s.B; ++b) std::copy_n(one_out.begin() + b * s.C, s.C, out.begin() + (b * s.T + p) * s.C);
+      }
+      ExpectClose(out, rout, 1e-6, 1e-5, "decode_attention M=" + std::to_string(M) + ", prompt " + std::to_string(prompt) + " " + Name(s));
+      // The cache holds every position's key and value, rows then heads.
+      for (int64_t b = 0; b < s.B; ++b)
+        for (int64_t h = 0; h < s.H; ++h)
+          for (int64_t t = 0; t < s.T; ++t)
+            for (int64_t c = 0; c < hs; ++c) {
+              const float* row = qkv.data() + (b * s.T + t) * 3 * s.C + h * hs + c;
+              const int64_t at = ((b * s.H + h) * s.T + t) * hs + c;
+              ASSERT_EQ(cache[size_t(at)], row[s.C]) << Name(s);
+              ASSERT_EQ(cache[size_t(s.B * s.T * s.C + at)], row[2 * s.C]) << Name(s);
+            }
+    }
+  }
+}
+
 TEST(CpuKernels, AttentionFwdLargeScoresStayFinite) {
   // Scores of order +-1e3: exp overflows without max subtraction.
   const AttnShape s{kB, kT, kC, kH};

@@ -103,7 +103,7 @@ std::vector<uint8_t> decode_module(fb::BufferKind cache_kind, int64_t cache_elem
     return i;
   };
   std::vector<uint32_t> in = {index("qkv"), index("h.0.attn/kv_cache"), index("position")}, out = {index("out")};
-  std::vector<int64_t> ints = {1, 2, 1, 4};
+  std::vector<int64_t> ints = {1, 2, 1, 4, 1};  // B, C, H, S, M
   std::vector<flatbuffers::Offset<fb::Instr>> instrs = {
       fb::CreateInstrDirect(fbb, fb::OpCode::DecodeAttention, &in, &out, &ints, nullptr, "test")};
   std::vector<flatbuffers::Offset<fb::Program>> progs = {
@@ -157,7 +157,7 @@ TEST(Module, RejectsGarbageTruncationAndOtherVersions) {
     Module::from_bytes(add_module(5, 5, 7), "v7.kiln");
     FAIL();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("v7.kiln: format_version: 7 is not 3"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("v7.kiln: format_version: 7 is not 4"), std::string::npos);
   }
 }
 

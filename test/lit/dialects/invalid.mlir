@@ -778,9 +778,9 @@ func.func @f(%qkv: tensor<2x24xf32>, %p: tensor<1xi32>) {
 
 // -----
 
-// qkv is one position per row: [B, 3C].
+// qkv is M positions per row, flattened: [B * M, 3C].
 func.func @f(%qkv: tensor<2x1x24xf32>, %kv: tensor<2x2x2x8x4xf32>, %p: tensor<1xi32>) {
-  // expected-error@+1 {{'kiln.decode_attention' op qkv must be [B, 3C], got [2, 1, 24]}}
+  // expected-error@+1 {{'kiln.decode_attention' op qkv must be [B * M, 3C], got [2, 1, 24]}}
   %0 = kiln.decode_attention %qkv, %kv, %p {num_heads = 2 : i64} : tensor<2x1x24xf32>, tensor<2x2x2x8x4xf32>, tensor<1xi32> -> tensor<2x8xf32>
   return
 }
@@ -796,11 +796,31 @@ func.func @f(%qkv: tensor<2x24xf32>, %kv: tensor<2x2x3x8x4xf32>, %p: tensor<1xi3
 
 // -----
 
-// The cache has qkv's rows, heads and head size.
+// The cache has qkv's heads and head size.
 func.func @f(%qkv: tensor<2x24xf32>, %p: tensor<1xi32>) {
-  %kv = kiln.kv_cache "h.0.attn" : tensor<2x3x2x8x4xf32>
-  // expected-error@+1 {{'kiln.decode_attention' op cache must be f32 [2, B = 2, H = 2, S, hs = 4], got [2, 3, 2, 8, 4]}}
-  %0 = kiln.decode_attention %qkv, %kv, %p {num_heads = 2 : i64} : tensor<2x24xf32>, tensor<2x3x2x8x4xf32>, tensor<1xi32> -> tensor<2x8xf32>
+  %kv = kiln.kv_cache "h.0.attn" : tensor<2x2x3x8x4xf32>
+  // expected-error@+1 {{'kiln.decode_attention' op cache must be f32 [2, B, H = 2, S, hs = 4], got [2, 2, 3, 8, 4]}}
+  %0 = kiln.decode_attention %qkv, %kv, %p {num_heads = 2 : i64} : tensor<2x24xf32>, tensor<2x2x3x8x4xf32>, tensor<1xi32> -> tensor<2x8xf32>
+  return
+}
+
+// -----
+
+// qkv's rows are M new positions of each of the cache's B rows.
+func.func @f(%qkv: tensor<3x24xf32>, %p: tensor<1xi32>) {
+  %kv = kiln.kv_cache "h.0.attn" : tensor<2x2x2x8x4xf32>
+  // expected-error@+1 {{'kiln.decode_attention' op qkv's 3 rows must be B * M for the cache's B = 2 rows and M new positions, at most its S = 8}}
+  %0 = kiln.decode_attention %qkv, %kv, %p {num_heads = 2 : i64} : tensor<3x24xf32>, tensor<2x2x2x8x4xf32>, tensor<1xi32> -> tensor<3x8xf32>
+  return
+}
+
+// -----
+
+// No more new positions than the cache holds.
+func.func @f(%qkv: tensor<18x24xf32>, %p: tensor<1xi32>) {
+  %kv = kiln.kv_cache "h.0.attn" : tensor<2x2x2x8x4xf32>
+  // expected-error@+1 {{'kiln.decode_attention' op qkv's 18 rows must be B * M for the cache's B = 2 rows and M new positions, at most its S = 8}}
+  %0 = kiln.decode_attention %qkv, %kv, %p {num_heads = 2 : i64} : tensor<18x24xf32>, tensor<2x2x2x8x4xf32>, tensor<1xi32> -> tensor<18x8xf32>
   return
 }
 
@@ -816,10 +836,10 @@ func.func @f(%qkv: tensor<2x24xf32>, %p: tensor<2xi32>) {
 
 // -----
 
-// The result is [B, C] in qkv's element type.
+// The result is [B * M, C] in qkv's element type.
 func.func @f(%qkv: tensor<2x24xbf16>, %p: tensor<1xi32>) {
   %kv = kiln.kv_cache "h.0.attn" : tensor<2x2x2x8x4xf32>
-  // expected-error@+1 {{'kiln.decode_attention' op result must be [2, 8] [B, C] in qkv's element type}}
+  // expected-error@+1 {{'kiln.decode_attention' op result must be [2, 8] [B * M, C] in qkv's element type}}
   %0 = kiln.decode_attention %qkv, %kv, %p {num_heads = 2 : i64} : tensor<2x24xbf16>, tensor<2x2x2x8x4xf32>, tensor<1xi32> -> tensor<2x8xf32>
   return
 }

@@ -162,6 +162,15 @@ func.func @decode_attention(%qkv: tensor<2x24xbf16>, %p: tensor<1xi32>) {
   return
 }
 
+// A prompt read into the cache 3 positions per row at a time: qkv [B * M, 3C].
+// CHECK-LABEL: func.func @prefill_attention
+// CHECK:         kiln.decode_attention %{{.*}}, %{{.*}}, %{{.*}} {num_heads = 2 : i64} : tensor<6x24xf32>, tensor<2x2x2x8x4xf32>, tensor<1xi32> -> tensor<6x8xf32>
+func.func @prefill_attention(%qkv: tensor<6x24xf32>, %p: tensor<1xi32>) {
+  %kv = kiln.kv_cache "h.0.attn" : tensor<2x2x2x8x4xf32>
+  %y = kiln.decode_attention %qkv, %kv, %p {num_heads = 2 : i64} : tensor<6x24xf32>, tensor<2x2x2x8x4xf32>, tensor<1xi32> -> tensor<6x8xf32>
+  return
+}
+
 // Cross-entropy (scalar loss + lse) and its gradient.
 // CHECK-LABEL: func.func @cross_entropy
 // CHECK-SAME:    (%[[LOGITS:.*]]: tensor<4x16xf32>, %[[T:.*]]: tensor<4xi32>)

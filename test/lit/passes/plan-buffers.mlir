@@ -71,3 +71,29 @@ func.func @decode() -> tensor<f32> {
   %s = kiln.reduce_sum %t : tensor<8x2xf32> -> tensor<f32>
   return %s : tensor<f32>
 }
+
+// -----
+
+// The caches come first, in op order, ahead of larger values (which best fit places first): a
+// function that declares the same caches (@prefill beside @decode) holds them at the same
+// offsets. Here the 4096-byte gelu would otherwise take offset 0.
+// CHECK-LABEL: func.func @prefill
+// CHECK-SAME: kiln.arena_size = 6144
+// CHECK: kiln.gelu %{{.*}} {kiln.offsets = array<i64: 2048>} : tensor<32x32xf32>
+// CHECK: kiln.kv_cache "h.0.attn" {kiln.offsets = array<i64: 0>}
+// CHECK: kiln.kv_cache "h.1.attn" {kiln.offsets = array<i64: 1024>}
+kiln.parameter @w : tensor<4x24xf32> {init = "zeros"}
+kiln.parameter @big : tensor<32x32xf32> {init = "zeros"}
+func.func @prefill() -> tensor<4x8xf32> {
+  %w = kiln.param @w : tensor<4x24xf32>
+  %b = kiln.param @big : tensor<32x32xf32>
+  %p = kiln.input "position" : tensor<1xi32>
+  %g = kiln.gelu %b : tensor<32x32xf32>
+  %qkv = kiln.gelu %w : tensor<4x24xf32>
+  %kv0 = kiln.kv_cache "h.0.attn" : tensor<2x2x2x8x4xf32>
+  %y0 = kiln.decode_attention %qkv, %kv0, %p {num_heads = 2 : i64} : tensor<4x24xf32>, tensor<2x2x2x8x4xf32>, tensor<1xi32> -> tensor<4x8xf32>
+  %kv1 = kiln.kv_cache "h.1.attn" : tensor<2x2x2x8x4xf32>
+  %y1 = kiln.decode_attention %qkv, %kv1, %p {num_heads = 2 : i64} : tensor<4x24xf32>, tensor<2x2x2x8x4xf32>, tensor<1xi32> -> tensor<4x8xf32>
+  %s = kiln.add %y0, %y1 : tensor<4x8xf32>
+  return %s : tensor<4x8xf32>
+}
