@@ -5,7 +5,11 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <set>
 #include <sstream>
 
@@ -132,11 +136,19 @@ std::optional<std::pair<std::string, std::string>> spec_relation_error(
 ModelSpec parse_spec(const std::string& path) {
   // toml++ reads a folder as an empty file, which would be reported as a spec without tables.
   if (std::filesystem::is_directory(path)) throw Error(path + ": is a folder, not a spec file");
+  // Read here rather than by toml++, whose message for a file it cannot open gives no reason.
+  errno = 0;
+  std::ifstream file(path, std::ios::binary);
+  if (!file) {
+    if (!std::filesystem::exists(path)) throw Error(path + ": no such file");
+    throw Error(path + ": cannot open: " + (errno ? std::strerror(errno) : "unreadable"));
+  }
+  const std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  if (file.bad()) throw Error(path + ": read failed");
   toml::table root;
   try {
-    root = toml::parse_file(path);
+    root = toml::parse(text, path);
   } catch (const toml::parse_error& e) {
-    if (!std::filesystem::exists(path)) throw Error(path + ": no such file");
     throw Error(where(path, e.source()) + ": " + std::string(e.description()));
   }
   ModelSpec s;

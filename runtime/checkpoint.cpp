@@ -477,7 +477,7 @@ void save_checkpoint(const std::string& dir, Executor& ex, const TrainingState& 
                        {"model", model},
                        {"parameters", params},
                        {"extra", extra}};
-  std::string text = header.dump();
+  std::string text = header.dump(-1, ' ', false, Json::error_handler_t::replace);  // a spec path need not be UTF-8
   text.append((kDataAlign - (kPrefixBytes + text.size()) % kDataAlign) % kDataAlign, ' ');
 
   uint8_t prefix[kPrefixBytes] = {};

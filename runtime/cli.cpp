@@ -16,6 +16,7 @@
 #include <optional>
 #include <sstream>
 
+#include "runtime/cli_parse.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/embedded.h"
 #include "runtime/error.h"
@@ -28,6 +29,10 @@
 
 namespace kiln {
 namespace {
+
+// The file this process runs: an executable kilnc wrote, or kiln-run's module. Outputs must not
+// name it (refuse_overwriting).
+std::pair<std::string, std::string> g_self;
 
 // CLI::PositiveNumber is a Range, whose comparisons let NaN through (and infinity is in range).
 // Parsed as the float it will be stored in, so 1e39 (inf) and 1e-50 (0) are refused too.
@@ -50,46 +55,61 @@ const CLI::Validator kBeta(
     },
     "[0, 1)");
 
+// CLI11 reads an unsigned option with strtoull, which takes "-1" as 2^64-1 and saturates 2^64:
+// the seed must be plain decimal digits that fit.
+const CLI::Validator kSeed(
+    [](std::string& s) {
+      uint64_t v = 0;
+      const auto [end, err] = std::from_chars(s.data(), s.data() + s.size(), v);
+      if (s.empty() || err != std::errc() || end != s.data() + s.size())
+        return "Value " + s + " is not an integer in [0, " + std::to_string(UINT64_MAX) + "]";
+      return std::string();
+    },
+    "");
+
 void add_train_options(CLI::App& train, TrainOptions& o) {
   // One or more: an unquoted glob reaches us as the shell's list of files.
   train.add_option("--data", o.data, "llm.c token shard(s): files or globs")->required()->expected(1, -1);
-  train.add_option("--steps", o.steps, "optimizer steps to run")->required()->check(CLI::PositiveNumber);
-  train.add_option("--init", o.init, "start from these weights (Hugging Face GPT-2 safetensors, or an llm.c .bin)");
-  train.add_option("--seed", o.seed, "seed of the initialisation when --init is not given")->capture_default_str();
-  train.add_option("--lr", o.schedule.lr, "maximum learning rate")->capture_default_str()->check(CLI::NonNegativeNumber);
+  train.add_option("--steps", o.steps, "optimizer steps to run")->required()->check(cli::whole(1));
+  train.add_option("--init", o.init, "start from these weights (Hugging Face GPT-2 safetensors, or an llm.c .bin)")
+      ->check(cli::non_empty());
+  train.add_option("--seed", o.seed, "seed of the initialisation when --init is not given")->capture_default_str()->check(kSeed);
+  train.add_option("--lr", o.schedule.lr, "maximum learning rate")->capture_default_str()->check(cli::non_negative_finite());
   train.add_option("--lr-schedule", o.schedule.kind, "learning-rate schedule after warm-up")
       ->capture_default_str()->check(CLI::IsMember({"cosine", "constant"}));
-  train.add_option("--warmup-steps", o.schedule.warmup_steps, "linear warm-up steps")->capture_default_str()->check(CLI::NonNegativeNumber);
-  train.add_option("--min-lr-ratio", o.schedule.min_lr_ratio, "cosine floor as a fraction of --lr")->capture_default_str()->check(CLI::Range(0.0, 1.0));
-  train.add_option("--weight-decay", o.weight_decay, "AdamW weight decay (2-D weights only)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  train.add_option("--warmup-steps", o.schedule.warmup_steps, "linear warm-up steps")->capture_default_str()->check(cli::whole(0));
+  train.add_option("--min-lr-ratio", o.schedule.min_lr_ratio, "cosine floor as a fraction of --lr")->capture_default_str()->check(cli::finite_in(0, 1));
+  train.add_option("--weight-decay", o.weight_decay, "AdamW weight decay (2-D weights only)")->capture_default_str()->check(cli::non_negative_finite());
   train.add_option("--beta1", o.beta1, "AdamW beta1")->capture_default_str()->check(kBeta);
   train.add_option("--beta2", o.beta2, "AdamW beta2")->capture_default_str()->check(kBeta);
   train.add_option("--eps", o.eps, "AdamW epsilon")->capture_default_str()->check(kPositiveFinite);
-  train.add_option("--grad-clip", o.grad_clip, "global gradient-norm clip (0 disables)")->capture_default_str()->check(CLI::NonNegativeNumber);
-  train.add_option("--total-batch", o.total_batch, "tokens per optimizer step (default B*T*ranks: no accumulation)")->check(CLI::NonNegativeNumber);
-  train.add_option("--log", o.log, "append one JSON line per step to this file");
-  train.add_option("--save", o.save, "write the final weights (safetensors)");
-  train.add_option("--dump-grads", o.dump_grads, "write step 0's accumulated gradients (safetensors)");
-  train.add_option("--print-every", o.print_every, "print progress every N steps (default: about 50 lines)");
+  train.add_option("--grad-clip", o.grad_clip, "global gradient-norm clip (0 disables)")->capture_default_str()->check(cli::non_negative_finite());
+  train.add_option("--total-batch", o.total_batch, "tokens per optimizer step (default B*T*ranks: no accumulation)")->check(cli::whole(0));
+  train.add_option("--log", o.log, "append one JSON line per step to this file")->check(cli::non_empty());
+  train.add_option("--save", o.save, "write the final weights (safetensors)")->check(cli::non_empty());
+  train.add_option("--dump-grads", o.dump_grads, "write step 0's accumulated gradients (safetensors)")->check(cli::non_empty());
+  train.add_option("--print-every", o.print_every, "print progress every N steps (default: about 50 lines)")->check(cli::whole(1));
   train.add_flag("--profile", o.profile, "print the time spent in each kind of kernel at the end");
-  train.add_option("--val-data", o.val_data, "validation token shard(s): files or globs")->expected(1, -1);
+  CLI::Option* val_data = train.add_option("--val-data", o.val_data, "validation token shard(s): files or globs")->expected(1, -1);
   train.add_option("--val-every", o.val_every, "evaluate every N steps (and at the end; default 0: only at the end)")
-      ->check(CLI::NonNegativeNumber);
-  train.add_option("--val-steps", o.val_steps, "batches per evaluation")->capture_default_str()->check(CLI::PositiveNumber);
-  train.add_option("--checkpoint-dir", o.checkpoint_dir, "directory for checkpoints (weights, AdamW state, step, data position)");
+      ->check(cli::whole(0));
+  train.add_option("--val-steps", o.val_steps, "batches per evaluation")->capture_default_str()->check(cli::whole(1))->needs(val_data);
+  CLI::Option* checkpoint_dir =
+      train.add_option("--checkpoint-dir", o.checkpoint_dir, "directory for checkpoints (weights, AdamW state, step, data position)")
+          ->check(cli::non_empty());
   train.add_option("--checkpoint-every", o.checkpoint_every,
                    "write a checkpoint every N steps (and at the end; default 0: only at the end)")
-      ->check(CLI::NonNegativeNumber);
-  train.add_option("--keep", o.keep, "checkpoints to keep (0 = all)")->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->check(cli::whole(0));
+  train.add_option("--keep", o.keep, "checkpoints to keep (0 = all)")->capture_default_str()->check(cli::whole(0))->needs(checkpoint_dir);
   train.add_flag("--resume", o.resume, "continue from the latest checkpoint in --checkpoint-dir (if any)");
   train.add_option("--peak-tflops", o.peak_tflops, "the hardware's peak, for the MFU column (default: a CPU estimate)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kPositiveFinite);
   // Data parallelism: the ranks come from the launcher (mpirun/srun, or torchrun's RANK,
   // WORLD_SIZE, MASTER_ADDR, MASTER_PORT); see runtime/comm/communicator.h.
   train.add_option("--zero", o.zero, "1: ZeRO-1, shard AdamW state and the update across ranks (same results)")
-      ->capture_default_str()->check(CLI::Range(0, 1));
+      ->capture_default_str()->check(cli::whole(0, 1));
   train.add_option("--bucket-mb", o.bucket_mb, "gradient all-reduce bucket size in MB (data parallel)")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(kPositiveFinite);
   train.add_option("--comm", o.comm, "communicator: auto (MPI under mpirun/srun, TCP with WORLD_SIZE > 1, "
                                      "else one process), single, mpi, tcp, nccl (GPU targets only)")
       ->capture_default_str()->check(CLI::IsMember({"auto", "single", "mpi", "tcp", "nccl"}));
@@ -129,17 +149,6 @@ void write_npy(const std::string& path, const std::vector<float>& data, const st
   write_file_atomic(path, {{head.data(), head.size()}, {data.data(), data.size() * sizeof(float)}});
 }
 
-// CLI11 reads an unsigned option with strtoull, which takes "-1" as 2^64-1 and saturates 2^64:
-// the seed must be plain decimal digits that fit.
-const CLI::Validator kSeed(
-    [](std::string& s) {
-      uint64_t v = 0;
-      const auto [end, err] = std::from_chars(s.data(), s.data() + s.size(), v);
-      if (s.empty() || err != std::errc() || end != s.data() + s.size())
-        return "Value " + s + " is not an integer in [0, " + std::to_string(UINT64_MAX) + "]";
-      return std::string();
-    },
-    "");
 
 // --prompt-ids: whitespace-separated token ids (parse_token_id), each in [0, V).
 std::vector<int32_t> parse_prompt_ids(const std::string& text, int64_t V) {
@@ -160,9 +169,9 @@ void add_sample_options(CLI::App& cmd, SampleCommand& c) {
   c.prompt_opt = cmd.add_option("--prompt", c.prompt, "text to continue (GPT-2 BPE; needs the GPT-2 vocabulary)");
   c.prompt_ids_opt = cmd.add_option("--prompt-ids", c.prompt_ids, "token ids to continue, separated by spaces")
                          ->excludes(c.prompt_opt);
-  cmd.add_option("--max-new-tokens", c.options.max_new_tokens, "tokens to sample")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd.add_option("--top-k", c.options.top_k, "sample among the k most likely tokens (0: all)")->capture_default_str()->check(CLI::NonNegativeNumber);
-  cmd.add_option("--num-samples", c.options.num_samples, "continuations to print")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd.add_option("--max-new-tokens", c.options.max_new_tokens, "tokens to sample")->capture_default_str()->check(cli::whole(1));
+  cmd.add_option("--top-k", c.options.top_k, "sample among the k most likely tokens (0: all)")->capture_default_str()->check(cli::whole(0));
+  cmd.add_option("--num-samples", c.options.num_samples, "continuations to print")->capture_default_str()->check(cli::whole(1));
   cmd.add_option("--seed", c.options.seed, "random seed")->capture_default_str()->check(kSeed);
   cmd.add_option("--temperature", c.options.temperature, "softmax temperature")->capture_default_str()->check(kPositiveFinite);
   cmd.add_flag("--no-kv-cache", c.no_kv_cache,
@@ -192,6 +201,8 @@ int run_sample(const Module& module, SampleCommand& c) {
   Executor ex(module, programs);
   init_parameters(ex, 0);
   load_parameters(ex, c.init);
+  if (const std::string bad = first_non_finite(ex, false); !bad.empty())
+    throw Error(c.init + ": " + bad + " holds a NaN or an infinity (its logits would be NaN)");
   ex.refresh_compute_copies();
   const int V = module.fb().model()->vocab_size();
   std::optional<Gpt2Tokenizer> tok;
@@ -227,21 +238,8 @@ int run_sample(const Module& module, SampleCommand& c) {
   std::vector<float> logits;
   if (c.logits_out_opt->count()) {
     // Said before the sampling, not after it.
-    if (c.logits_out.empty()) throw Error("--logits-out: needs a file name");
-    const std::filesystem::path dir = std::filesystem::path(c.logits_out).parent_path();
-    std::error_code ec;
-    if (!dir.empty() && !std::filesystem::is_directory(dir, ec))
-      throw Error("--logits-out: " + c.logits_out + ": " + dir.string() +
-                  (std::filesystem::exists(dir, ec) ? " is not a folder" : " does not exist"));
-    if (std::filesystem::is_directory(c.logits_out, ec)) throw Error("--logits-out: " + c.logits_out + " is a folder");
-    // Where the file will be written: a folder it cannot create files in shows now.
-    const std::string probe = c.logits_out + ".probe." + std::to_string(::getpid());
-    if (std::FILE* f = std::fopen(probe.c_str(), "wb")) {
-      std::fclose(f);
-      std::remove(probe.c_str());
-    } else {
-      throw Error("--logits-out: " + c.logits_out + ": cannot create a file there (" + std::strerror(errno) + ")");
-    }
+    check_output_file("--logits-out", c.logits_out);
+    refuse_overwriting("--logits-out", c.logits_out, {{"--init's weights", c.init}, g_self});
     c.options.logits_out = &logits;
   }
   SampleOptions::Times times;
@@ -331,10 +329,13 @@ int run_main(int argc, char** argv) {
   SampleCommand sample_opts;
   CLI::App* sample = app.add_subcommand("sample", "print continuations of a prompt (top-k sampling)");
   add_sample_options(*sample, sample_opts);
-  CLI11_PARSE(app, argc, argv);
+  if (const int rc = cli::parse(app, argc, argv); rc >= 0) return rc;
 
   std::unique_ptr<Communicator> comm;  // outlives the module: MPI_Finalize last
   try {
+    g_self = embedded ? std::pair<std::string, std::string>{"this executable", "/proc/self/exe"}
+                      : std::pair<std::string, std::string>{"the module", module_path};
+    train_opts.self = g_self;
     Module module = embedded ? std::move(*embedded) : Module::load(module_path);
     if (sample->parsed()) return run_sample(module, sample_opts);
     if (train->parsed()) {

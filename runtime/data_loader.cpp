@@ -58,6 +58,8 @@ int64_t open_shard(const std::string& path, const StepNeed& need, std::vector<ui
   if (file.fd < 0) throw Error(path + ": open: " + std::strerror(errno));
   struct stat st;
   if (::fstat(file.fd, &st) != 0) throw Error(path + ": stat: " + std::strerror(errno));
+  // Shards are read by their size (and seeked in): a pipe or a device has none.
+  if (!S_ISREG(st.st_mode)) throw Error(path + ": not a regular file (a pipe or a device?); give the shard's file");
   const int64_t size = st.st_size;
   if (size < kHeaderBytes)
     throw Error(path + ": header: file is " + std::to_string(size) + " bytes, shorter than the " +

@@ -49,6 +49,36 @@ std::string temporary_path(const std::string& path) {
   return path + ".tmp." + host_name() + "." + std::to_string(::getpid());
 }
 
+void refuse_overwriting(const std::string& flag, const std::string& output,
+                        const std::vector<std::pair<std::string, std::string>>& inputs) {
+  if (output.empty() || output == "-") return;
+  for (const auto& [what, input] : inputs) {
+    if (input.empty()) continue;
+    std::error_code ec;
+    if (output == input || (std::filesystem::exists(output, ec) && std::filesystem::exists(input, ec) &&
+                            std::filesystem::equivalent(input, output, ec)))
+      throw Error(flag + ": " + output + " is " + what + (output == input ? "" : " (" + input + ")") +
+                  "; it would be overwritten");
+  }
+}
+
+void check_output_file(const std::string& flag, const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (path.empty()) throw Error(flag + ": needs a file name");
+  const fs::path dir = fs::path(path).parent_path();
+  if (!dir.empty() && !fs::is_directory(dir, ec))
+    throw Error(flag + ": " + path + ": " + (fs::exists(dir, ec) ? dir.string() + " is not a folder" : "the folder " + dir.string() + " does not exist"));
+  if (fs::is_directory(path, ec)) throw Error(flag + ": " + path + ": is a folder");
+  // A device or FIFO is written in place (write_file_atomic); a probe beside it would say nothing.
+  if (fs::exists(path, ec) && !fs::is_regular_file(path, ec)) return;
+  const std::string probe = temporary_path(path) + ".probe";
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) throw Error(flag + ": " + path + ": cannot create a file there: " + std::strerror(errno));
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
 bool temporary_is_orphaned(const std::string& suffix) {
   const size_t dot = suffix.rfind('.');
   const std::string pid = dot == std::string::npos ? suffix : suffix.substr(dot + 1);
@@ -80,6 +110,10 @@ std::vector<uint8_t> read_file(const std::string& path) {
       n += static_cast<size_t>(got);
     }
     bytes.resize(n);
+  } catch (const std::bad_alloc&) {
+    ::close(fd);
+    // A stream without end (/dev/zero, a pipe that keeps writing) or a file larger than memory.
+    throw Error(path + ": does not fit in memory (" + std::to_string(bytes.size() >> 20) + " MiB read so far)");
   } catch (...) {
     ::close(fd);
     throw;

@@ -25,6 +25,17 @@ std::string temporary_path(const std::string& path);
 // runs, so the file is left over from a killed process and may go.
 bool temporary_is_orphaned(const std::string& suffix);
 
+// Refuses an output that names one of a command's inputs (the same file by another name or link
+// counts too): kiln::Error "FLAG: OUTPUT is WHAT; it would be overwritten". `inputs` holds (what,
+// path) pairs, such as {"--init's weights", "w.safetensors"}; empty paths are skipped.
+void refuse_overwriting(const std::string& flag, const std::string& output,
+                        const std::vector<std::pair<std::string, std::string>>& inputs);
+
+// Before any long work: an output file can be written where it is named. Its folder exists, it is
+// not a folder, and a file can be created beside it (a probe, removed at once). kiln::Error
+// "FLAG: PATH: ..." otherwise.
+void check_output_file(const std::string& flag, const std::string& path);
+
 // Atomically replaces `path` with the concatenation of `pieces` (pointer, size): write to
 // temporary_path(path), fsync, rename, fsync the directory. On failure the temporary file is
 // removed and `path` is left as it was. A symbolic link is followed (the file it names is

@@ -78,6 +78,8 @@ Header read_header(const std::string& path, Fd& file) {
   if (file.fd < 0) throw Error(path + ": open: " + std::strerror(errno));
   struct stat st;
   if (::fstat(file.fd, &st) != 0) throw Error(path + ": stat: " + std::strerror(errno));
+  // Tensors are read at their offsets: a pipe or a device has none.
+  if (!S_ISREG(st.st_mode)) throw Error(path + ": not a regular file (a pipe or a device?); give the weights' file");
   const uint64_t file_size = static_cast<uint64_t>(st.st_size);
   if (file_size < 8)
     throw Error(path + ": file is " + std::to_string(file_size) +
@@ -246,7 +248,7 @@ void write_safetensors(const std::string& path, const std::vector<SafeTensor>& t
                       {"data_offsets", {offset, offset + t.bytes.size()}}};
     offset += t.bytes.size();
   }
-  std::string text = header.dump();
+  std::string text = header.dump(-1, ' ', false, Json::error_handler_t::replace);  // metadata need not be UTF-8
   text.append((8 - text.size() % 8) % 8, ' ');  // data starts 8-byte aligned
   const uint64_t header_len = text.size();
 

@@ -51,10 +51,11 @@ std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t
   // Everything is kept until the end: refused up front when it cannot be (not killed half-way).
   // The caps (8 GiB each) are far above any real use.
   int64_t tokens = 0;
-  if (__builtin_mul_overflow(o.num_samples, int64_t(prompt.size()) + o.max_new_tokens, &tokens) ||
+  if (__builtin_add_overflow(int64_t(prompt.size()), o.max_new_tokens, &tokens) ||
+      __builtin_mul_overflow(o.num_samples, tokens, &tokens) ||
       tokens > (int64_t(1) << 31))
-    throw Error("sample: " + std::to_string(o.num_samples) + " samples of " +
-                std::to_string(int64_t(prompt.size()) + o.max_new_tokens) + " tokens are more than the 2^31 tokens it keeps");
+    throw Error("sample: " + std::to_string(o.num_samples) + " samples of " + std::to_string(prompt.size()) + " + " +
+                std::to_string(o.max_new_tokens) + " tokens are more than the 2^31 tokens it keeps");
   if (o.logits_out) {
     int64_t n = 0;
     if (__builtin_mul_overflow(o.num_samples, o.max_new_tokens, &n) || __builtin_mul_overflow(n, V, &n) ||

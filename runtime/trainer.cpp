@@ -8,6 +8,7 @@
 #include <memory>
 #include <thread>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "runtime/checkpoint.h"
@@ -16,6 +17,7 @@
 #include "runtime/device/device.h"
 #include "runtime/error.h"
 #include "runtime/executor.h"
+#include "runtime/file_io.h"
 #include "runtime/params.h"
 
 namespace kiln {
@@ -111,27 +113,57 @@ void next_batch(Executor& ex, DataLoader& data, int64_t n, int32_t vocab) {
 }
 
 // Where the run will write, checked before the first step rather than found unusable after the
-// last: --save's folder exists and the name is not read back as an llm.c file; the checkpoint
-// folder is (or can be made) a folder. Only the root rank writes.
+// last: --save's and --dump-grads' names are not read back as llm.c files, each output can be
+// created where it is named, and the checkpoint folder is (or can be made) a folder that takes
+// files. A fresh run (no --resume) into a folder of checkpoints would prune them: refused. Only the
+// root rank writes.
 void check_output_paths(const TrainOptions& o, bool root) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  for (const auto& [flag, path] : {std::pair{"--save", o.save}, {"--dump-grads", o.dump_grads}}) {
-    if (path.empty() || !root) continue;  // (other ranks' machines may lack rank 0's folders)
-    if (path.size() > 4 && path.compare(path.size() - 4, 4, ".bin") == 0)
+  if (!root) return;  // (other ranks' machines may lack rank 0's folders)
+  for (const auto& [flag, path] : {std::pair{"--save", o.save}, {"--dump-grads", o.dump_grads}, {"--log", o.log}}) {
+    if (path.empty()) continue;
+    if (std::string(flag) != "--log" && path.size() > 4 && path.compare(path.size() - 4, 4, ".bin") == 0)
       throw Error(std::string(flag) + ": " + path + ": writes Hugging Face safetensors, but a .bin name is read back "
                   "as an llm.c model file (--init); name it .safetensors");
-    const fs::path dir = fs::path(path).parent_path();
-    if (!dir.empty() && !fs::is_directory(dir, ec))
-      throw Error(std::string(flag) + ": " + path + ": the folder " + dir.string() + " does not exist");
-    if (fs::is_directory(path, ec)) throw Error(std::string(flag) + ": " + path + ": is a folder");
+    check_output_file(flag, path);
   }
-  if (!o.checkpoint_dir.empty() && root) {
+  if (!o.checkpoint_dir.empty()) {
     fs::create_directories(o.checkpoint_dir, ec);
     if (!fs::is_directory(o.checkpoint_dir))
       throw Error("--checkpoint-dir: " + o.checkpoint_dir + ": is not a folder and cannot be made one" +
                   (ec ? ": " + ec.message() : ""));
+    check_output_file("--checkpoint-dir", (fs::path(o.checkpoint_dir) / "latest").string());
+    if (!o.resume)
+      if (auto found = latest_checkpoint(o.checkpoint_dir))
+        throw Error("--checkpoint-dir: " + o.checkpoint_dir + " already holds checkpoints (the latest: " + *found +
+                    "); give --resume to go on from them, or another folder (a new run would prune them)");
   }
+}
+
+// The outputs must not overwrite the run's inputs (the data, --init, this executable or module)
+// or one another.
+void check_outputs_spare_inputs(const TrainOptions& o, const DataLoader& data, const DataLoader* val) {
+  std::vector<std::pair<std::string, std::string>> inputs = {{"--init's weights", o.init}, o.self};
+  for (const std::string& f : data.files()) inputs.push_back({"a --data shard", f});
+  if (val)
+    for (const std::string& f : val->files()) inputs.push_back({"a --val-data shard", f});
+  const std::pair<std::string, std::string> outputs[] = {{"--save", o.save}, {"--dump-grads", o.dump_grads}, {"--log", o.log}};
+  for (size_t i = 0; i < std::size(outputs); ++i) {
+    std::vector<std::pair<std::string, std::string>> others = inputs;
+    for (size_t k = 0; k < i; ++k) others.push_back({outputs[k].first + "'s file", outputs[k].second});
+    refuse_overwriting(outputs[i].first, outputs[i].second, others);
+  }
+}
+
+// The token ids of the shard a loader holds now (its first) are below the vocabulary: a bad
+// validation shard shows at the start, not at the first evaluation, many steps in.
+void check_resident_tokens(const DataLoader& d, int32_t vocab) {
+  const std::vector<uint16_t>& t = d.current_tokens();
+  for (size_t i = 0; i < t.size(); ++i)
+    if (t[i] >= vocab)
+      throw Error(d.files()[d.shard()] + ": token " + std::to_string(t[i]) + " at position " + std::to_string(i) +
+                  " is not below the model's vocabulary size " + std::to_string(vocab) + " (data for another tokenizer?)");
 }
 
 double evaluate(Executor& ex, DataLoader& val, int64_t steps, Communicator& comm) {
@@ -249,7 +281,10 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     if (!module.program("forward")) throw Error(module.source() + ": has no 'forward' program to evaluate with");
     if (o.val_steps <= 0) throw Error("--val-steps: must be at least 1");
     val = std::make_unique<DataLoader>(o.val_data, B, T, rank, int(world));
+    check_resident_tokens(*val, model.vocab_size());
   }
+  check_resident_tokens(loader, model.vocab_size());
+  if (root) check_outputs_spare_inputs(o, loader, val.get());
   if (world > 1) check_ranks_agree(comm, module, o, total, ex, loader);
 
   std::ofstream log;
@@ -340,6 +375,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
                           {"dt_ms", dt * 1e3}, {"tokens_per_s", tok_s}, {"mfu", mfu}};
       if (!std::isnan(val_loss)) j["val_loss"] = val_loss;
       log << j.dump() << '\n' << std::flush;
+      if (!log) throw Error("--log: " + o.log + ": write failed (a full disk?)");
     }
     if (root && (step % every == 0 || last || !std::isnan(val_loss))) {
       const double eta = elapsed / double(step + 1 - first_step) * double(o.steps - step - 1);

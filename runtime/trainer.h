@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/comm/communicator.h"
@@ -39,6 +40,8 @@ struct TrainOptions {
   int zero = 0;                 // 1: ZeRO-1, the optimizer step sharded across ranks
   double bucket_mb = 25;        // gradient all-reduce bucket size (MB)
   std::string comm = "auto";    // communicator: auto, single, mpi, tcp, nccl
+  // The file this process runs, (what, path): the outputs must not overwrite it.
+  std::pair<std::string, std::string> self;
 };
 
 // Runs the loop; throws kiln::Error on bad input. Returns the last step's loss. Only rank 0

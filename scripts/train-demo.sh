@@ -39,7 +39,9 @@ if command -v dot >/dev/null 2>&1 && dot -Tsvg "$out/micro_step.dot" -o "$out/mi
   step_svg="  step: $out/micro_step.svg"
 fi
 
-rm -f "$out/train.jsonl"
+# A fresh run each time: its own log and checkpoints from an earlier demo go (train refuses to
+# start afresh in a folder of checkpoints, which it would otherwise prune).
+rm -rf "$out/train.jsonl" "$out/checkpoints"
 "$out/gpt2" train --data "$out/sotu/train_*.bin" --val-data "$out/sotu/val_*.bin" \
   --steps "${STEPS:-300}" --lr "$lr" --warmup-steps 20 --val-every 50 --val-steps 10 \
   --log "$out/train.jsonl" --checkpoint-dir "$out/checkpoints" --checkpoint-every 100 \

@@ -14,8 +14,9 @@
 // DIR/.kiln-data-prepare.tmp.<host>.<pid>/ and moved into DIR only when every document has been
 // encoded, so a failed run leaves DIR as it was; a successful run then removes older
 // train_NNN.bin and val_NNN.bin shards in DIR that it did not write, so DIR holds exactly this
-// data set. (A run killed by a signal can leave that folder behind; it is safe to delete, unless
-// the run was killed while swapping the shards in: then its old/ holds older shards moved aside.)
+// data set. (A run killed by a signal can leave that folder behind; the next run into DIR on this
+// machine removes it, unless the run was killed while swapping the shards in: then its old/ holds
+// older shards moved aside, and it is left for a person to look at.)
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -33,6 +34,7 @@
 #include <vector>
 
 #include "runtime/data_loader.h"
+#include "runtime/cli_parse.h"
 #include "runtime/error.h"
 #include "runtime/file_io.h"
 #include "runtime/tokenizer.h"
@@ -183,6 +185,18 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
   const bool created_out = !fs::exists(out, ec);
   fs::create_directories(out, ec);
   if (ec || !fs::is_directory(out)) throw Error(o.out + ": cannot create directory: " + ec.message());
+  // Staging folders of runs killed before they swapped their shards in: their writer ran on this
+  // machine and is gone, and no old/ (older shards moved aside) is in them.
+  for (fs::directory_iterator it(out, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const std::string prefix = ".kiln-data-prepare.";
+    if (name.rfind(prefix, 0) != 0 || !it->is_directory(ec)) continue;
+    std::string suffix = name.substr(prefix.size());
+    if (suffix.rfind("tmp.", 0) == 0) suffix = suffix.substr(4);  // (without "tmp.": before the host was named)
+    std::error_code rm;
+    if (temporary_is_orphaned(suffix) && !fs::exists(it->path() / "old", rm)) fs::remove_all(it->path(), rm);
+  }
+  ec.clear();
   const fs::path tmp = temporary_path((out / ".kiln-data-prepare").string());  // this host and process's
   fs::remove_all(tmp, ec);
   fs::create_directory(tmp, ec);
@@ -332,7 +346,7 @@ int main(int argc, char** argv) {
           "FLOAT in [0 - 1]"));
   prepare->add_option("--shard-tokens", prep.shard_tokens, "most tokens per shard")
       ->capture_default_str()
-      ->check(CLI::Range(int64_t{1}, int64_t{INT32_MAX}));
+      ->check(kiln::cli::whole(1, INT32_MAX));
 
   try {
     app.parse(argc, argv);

@@ -6,6 +6,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "runtime/cli_parse.h"
 #include "runtime/error.h"
 #include "runtime/file_io.h"
 #include "runtime/module.h"
@@ -166,8 +167,9 @@ int plot_main(int argc, char** argv) {
   std::string out;
   app.add_option("logs", logs, "JSONL logs written by train --log")->required()->check(CLI::ExistingFile);
   app.add_option("-o,--output", out, "SVG file to write")->required();
-  CLI11_PARSE(app, argc, argv);
+  if (const int rc = kiln::cli::parse(app, argc, argv); rc >= 0) return rc;
   try {
+    for (const std::string& log : logs) refuse_overwriting("-o", out, {{"a log it reads", log}});
     std::string svg = loss_plot_svg(logs);
     write_file_atomic(out, {{svg.data(), svg.size()}});
     std::fprintf(stderr, "wrote %s\n", out.c_str());
@@ -211,7 +213,7 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(positive);
   CLI::Option* ranks_opt =
       app.add_option("--ranks", ranks, "also report the training arena of each of this many data-parallel ranks")
-          ->check(CLI::Range(1, 1 << 16));
+          ->check(kiln::cli::whole(1, 1 << 16));
   app.add_option("--zero", zero, "--ranks: as train --zero (1: each rank keeps its slices of the AdamW moments)")
       ->check(CLI::IsMember({0, 1}))->needs(ranks_opt);
   app.add_option("--bucket-mb", bucket_mb, "--ranks: as train --bucket-mb (for a module without compiled buckets)")
@@ -238,13 +240,15 @@ int main(int argc, char** argv) {
   for (const char* other : {"--dot", "--svg", "--kernel-source", "--buffers", "--verify-plan", "--cuda-resources",
                             "--roofline"})
     ranks_opt->excludes(app.get_option(other));
-  CLI11_PARSE(app, argc, argv);
+  if (const int rc = kiln::cli::parse(app, argc, argv); rc >= 0) return rc;
   std::string given;
   for (const char* flag : {"--peak-tflops", "--vector-tflops", "--bandwidth-gbs"})
     if (app.count(flag)) given += std::string(given.empty() ? "" : ", ") + flag;
   if (given.size() == std::string("--peak-tflops, --vector-tflops, --bandwidth-gbs").size()) rates.source = "as given";
   else if (!given.empty()) rates.source = given + " as given, the rest " + rates.source;
   try {
+    for (const auto& [flag, out] : {std::pair{"--dot", dot}, {"--svg", svg}, {"--kernel-source", source}})
+      refuse_overwriting(flag, out, {{"the module it reads", path}});
     Module m = Module::load(path);  // loading verifies the module and its memory plan
     if (verify) {
       std::printf("plan verified: %s, %u buffers, no two live buffers overlap\n", path.c_str(),
@@ -275,7 +279,8 @@ int main(int argc, char** argv) {
     } else {
       ordered_json j = report(m, rates);
       if (ranks > 1) j["data_parallel"] = data_parallel_report(m, ranks, zero, bucket_mb);
-      if (json) std::printf("%s\n", j.dump(2).c_str());
+      // Names from the module (a spec path, a buffer name) need not be UTF-8: shown as U+FFFD.
+      if (json) std::printf("%s\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
       else if (buffers) print_buffers(j);
       else if (cuda_resources) print_cuda_resources(j);
       else if (roofline) print_roofline(j);

@@ -6,8 +6,12 @@
 #include "mlir/Tools/mlir-opt/MlirOptMain.h"
 #include "mlir/Transforms/Passes.h"
 #include "passes/Passes.h"
+#include "runtime/error.h"
+#include "runtime/file_io.h"
 
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <vector>
 
 int main(int argc, char** argv) {
@@ -23,6 +27,21 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) asked |= std::strstr(argv[i], "mlir-print-op-on-diagnostic") != nullptr;
   static char quiet[] = "--mlir-print-op-on-diagnostic=false";
   if (!asked) args.insert(args.begin() + 1, quiet);
-  return mlir::asMainReturnCode(
-      mlir::MlirOptMain(int(args.size()), args.data(), "Kiln optimizer driver\n", registry));
+  auto [input, output] = mlir::registerAndParseCLIOptions(int(args.size()), args.data(), "Kiln optimizer driver\n", registry);
+  // -o FILE: written to a temporary beside it and renamed on success, so a failed run leaves an
+  // existing FILE as it was; naming the input would lose it.
+  if (output == "-") return mlir::asMainReturnCode(mlir::MlirOptMain(int(args.size()), args.data(), input, output, registry));
+  try {
+    kiln::refuse_overwriting("-o", output, {{"the input file", input}});
+  } catch (const kiln::Error& e) {
+    std::fprintf(stderr, "error: %s\n", kiln::one_line(e.what()).c_str());
+    return 1;
+  }
+  const std::string tmp = kiln::temporary_path(output);
+  const bool ok = mlir::succeeded(mlir::MlirOptMain(int(args.size()), args.data(), input, tmp, registry));
+  std::error_code ec;
+  if (ok) std::filesystem::rename(tmp, output, ec);
+  if (!ok || ec) std::filesystem::remove(tmp);
+  if (ec) std::fprintf(stderr, "error: -o %s: renaming %s onto it: %s\n", output.c_str(), tmp.c_str(), ec.message().c_str());
+  return ok && !ec ? 0 : 1;
 }

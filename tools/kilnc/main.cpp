@@ -25,6 +25,7 @@
 #include "llvm/Support/raw_ostream.h"
 #include "models/gpt2_builder.h"
 #include "runtime/embedded.h"
+#include "runtime/cli_parse.h"
 #include "runtime/error.h"
 #include "runtime/file_io.h"
 #include "runtime/module.h"
@@ -101,7 +102,7 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::IsMember({"none", "cheap"}));
   app.add_option("--bucket-mb", bucketMB,
                  "gradient buckets averaged across ranks while the backward pass goes on, in MB")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(kiln::cli::positive_finite());
   app.add_flag("--no-fusion", noFusion,
                "one kernel per graph op: no fusion regions, no generated kernels (for debugging and comparison)");
   app.add_flag("--fuse-single-ops", singleOps,
@@ -119,7 +120,7 @@ int main(int argc, char** argv) {
   app.add_option("--runtime", runtime, "runtime binary to embed the module in (default: kiln-run beside kilnc)");
   app.add_flag("--debug-info", debugInfo, "print IR with locations");
   app.add_flag("--print-ir-after-all", printAfterAll, "print the IR after every pass that changes it (stderr)");
-  CLI11_PARSE(app, argc, argv);
+  if (const int rc = kiln::cli::parse(app, argc, argv); rc >= 0) return rc;
 
   // --dump-kernels alone (no -o) compiles to read the kernels and writes nothing else.
   if ((emit == "exe" || emit == "module") && output.empty() && dumpKernels.empty()) {
@@ -134,6 +135,20 @@ int main(int argc, char** argv) {
   }
   if (!dumpKernels.empty() && noFusion) {
     std::fprintf(stderr, "error: --dump-kernels: --no-fusion generates no kernels\n");
+    return 1;
+  }
+  // A module or an executable is a file, not text for a terminal.
+  if ((emit == "exe" || emit == "module") && output == "-") {
+    std::fprintf(stderr, "error: -o -: --emit=%s writes a binary file; give it a name\n", emit.c_str());
+    return 1;
+  }
+  // Nor may it replace the runtime it is built from, or this compiler.
+  try {
+    std::error_code ec;
+    kiln::refuse_overwriting("-o", output, {{"this compiler", std::filesystem::read_symlink("/proc/self/exe", ec).string()}});
+    if (emit == "exe" && !output.empty()) kiln::refuse_overwriting("-o", output, {{"the runtime it embeds", findRuntime(runtime)}});
+  } catch (const kiln::Error& e) {
+    std::fprintf(stderr, "error: %s\n", kiln::one_line(e.what()).c_str());
     return 1;
   }
   // Writing over the input would lose the spec (or the IR) it was compiled from. Another name
@@ -176,6 +191,11 @@ int main(int argc, char** argv) {
     if (noFusion && spec.target == "cuda") {
       std::fprintf(stderr, "error: %s: --no-fusion: target \"cuda\" runs only generated kernels; "
                    "compare fusion on a \"cpu\" spec\n", input.c_str());
+      return 1;
+    }
+    if (spec.target != "cuda" && (simtAttention || attentionRows)) {
+      std::fprintf(stderr, "error: %s: %s is for target \"cuda\"; this spec's target is \"%s\"\n", input.c_str(),
+                   simtAttention ? "--cuda-simt-attention" : "--cuda-attention-rows", spec.target.c_str());
       return 1;
     }
 

@@ -1,0 +1,98 @@
+// Command-line pieces shared by Kiln's tools (CLI11): number checks with plain messages, and
+// parsing that reports a bad command line as one line.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include "runtime/error.h"
+
+namespace kiln::cli {
+
+// A whole number in plain decimal within [min, max]. CLI11 alone reads 010 as octal 8 and 0x10 as
+// 16, and its ranges print their bounds as doubles (1.797693e+308).
+inline CLI::Validator whole(int64_t min, int64_t max = INT64_MAX) {
+  return CLI::Validator(
+      [min, max](std::string& s) {
+        int64_t v = 0;
+        const char* begin = s.data();
+        const char* end = s.data() + s.size();
+        const bool digits = !s.empty() && (s[0] == '-' ? s.size() > 1 : true) &&
+                            s.find_first_not_of("0123456789", s[0] == '-' ? 1 : 0) == std::string::npos;
+        const size_t first = s[0] == '-' ? 1 : 0;
+        const bool leading_zero = digits && s.size() > first + 1 && s[first] == '0';
+        const auto [stop, err] = digits ? std::from_chars(begin, end, v) : std::from_chars_result{begin, std::errc::invalid_argument};
+        const std::string range = max == INT64_MAX ? ">= " + std::to_string(min)
+                                                   : "in [" + std::to_string(min) + ", " + std::to_string(max) + "]";
+        if (!digits || leading_zero || err != std::errc() || stop != end || v < min || v > max)
+          return "Value " + s + " is not a whole number " + range + (leading_zero ? " (no leading zeros)" : "");
+        return std::string();
+      },
+      "");
+}
+
+// A finite number >= 0 (CLI11's NonNegativeNumber lets NaN through and takes infinity).
+inline CLI::Validator non_negative_finite() {
+  return CLI::Validator(
+      [](std::string& s) {
+        double v = 0;
+        if (!CLI::detail::lexical_cast(s, v) || !std::isfinite(v) || !(v >= 0))
+          return "Value " + s + " is not a finite number >= 0";
+        return std::string();
+      },
+      "");
+}
+
+// A value that is not "" (an empty file or folder name would otherwise be taken as not given).
+inline CLI::Validator non_empty() {
+  return CLI::Validator([](std::string& s) { return s.empty() ? std::string("needs a name, got \"\"") : std::string(); }, "");
+}
+
+// A finite number > 0 (CLI11's PositiveNumber lets NaN through and takes infinity).
+inline CLI::Validator positive_finite() {
+  return CLI::Validator(
+      [](std::string& s) {
+        double v = 0;
+        if (!CLI::detail::lexical_cast(s, v) || !std::isfinite(v) || !(v > 0))
+          return "Value " + s + " is not a positive finite number";
+        return std::string();
+      },
+      "");
+}
+
+// A finite number in [lo, hi] (CLI::Range lets NaN through).
+inline CLI::Validator finite_in(double lo, double hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& s) {
+        double v = 0;
+        if (!CLI::detail::lexical_cast(s, v) || !std::isfinite(v) || !(v >= lo && v <= hi))
+          return "Value " + s + " is not a number in [" + CLI::detail::to_string(lo) + ", " + CLI::detail::to_string(hi) + "]";
+        return std::string();
+      },
+      "");
+}
+
+// Parses the command line. Returns -1 to go on, or the exit code: 0 after --help, 2 after a bad
+// command line, reported as one line naming the tool ("error: --steps: ... (see kilnc --help)").
+inline int parse(CLI::App& app, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+    return -1;
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "error: %s (see %s --help)\n", one_line(e.what()).c_str(), app.get_name().c_str());
+    return 2;
+  }
+}
+
+}  // namespace kiln::cli
