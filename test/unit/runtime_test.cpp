@@ -202,10 +202,20 @@ TEST(Module, ExecutableTrailerRoundTrip) {
   auto dir = std::filesystem::temp_directory_path() / ("kiln-exe-" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
   std::string runtime = (dir / "runtime").string(), exe = (dir / "exe").string();
-  std::string elf = "not really an ELF, but bytes";
+  // What write_executable takes for a runtime: ELF, with the trailer's magic among its bytes.
+  std::string elf = std::string("\x7f" "ELF, a runtime's bytes: ") + std::string(kEmbeddedMagic, 8) + " and more";
   write_file_atomic(runtime, {{elf.data(), elf.size()}});
   EXPECT_FALSE(read_embedded_module(runtime).has_value());
   auto module = add_module(3, 3);
+  const std::string script = "#!/bin/sh\necho not a runtime\n", other = (dir / "other").string();
+  write_file_atomic(other, {{script.data(), script.size()}});
+  try {
+    write_executable(exe, other, module);
+    FAIL() << "took a shell script for a runtime";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("other: not a Kiln runtime"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(std::filesystem::exists(exe));
   write_executable(exe, runtime, module);
   auto back = read_embedded_module(exe);
   ASSERT_TRUE(back.has_value());
