@@ -88,7 +88,7 @@ void add_train_options(CLI::App& train, TrainOptions& o) {
   train.add_option("--log", o.log, "append one JSON line per step to this file")->check(cli::non_empty());
   train.add_option("--save", o.save, "write the final weights (safetensors)")->check(cli::non_empty());
   train.add_option("--dump-grads", o.dump_grads, "write step 0's accumulated gradients (safetensors)")->check(cli::non_empty());
-  train.add_option("--print-every", o.print_every, "print progress every N steps (default: about 50 lines)")->check(cli::whole(1));
+  train.add_option("--print-every", o.print_every, "print progress every N steps (default, or 0: about 50 lines)")->check(cli::whole(0));
   train.add_flag("--profile", o.profile, "print the time spent in each kind of kernel at the end");
   CLI::Option* val_data = train.add_option("--val-data", o.val_data, "validation token shard(s): files or globs")->expected(1, -1);
   train.add_option("--val-every", o.val_every, "evaluate every N steps (and at the end; default 0: only at the end)")
@@ -100,7 +100,7 @@ void add_train_options(CLI::App& train, TrainOptions& o) {
   train.add_option("--checkpoint-every", o.checkpoint_every,
                    "write a checkpoint every N steps (and at the end; default 0: only at the end)")
       ->check(cli::whole(0));
-  train.add_option("--keep", o.keep, "checkpoints to keep (0 = all)")->capture_default_str()->check(cli::whole(0))->needs(checkpoint_dir);
+  train.add_option("--keep", o.keep, "checkpoints to keep (0 = all)")->capture_default_str()->check(cli::whole(0, INT32_MAX))->needs(checkpoint_dir);
   train.add_flag("--resume", o.resume, "continue from the latest checkpoint in --checkpoint-dir (if any)");
   train.add_option("--peak-tflops", o.peak_tflops, "the hardware's peak, for the MFU column (default: a CPU estimate)")
       ->check(kPositiveFinite);

@@ -49,9 +49,24 @@ std::string temporary_path(const std::string& path) {
   return path + ".tmp." + host_name() + "." + std::to_string(::getpid());
 }
 
+std::string link_target(const std::string& given) {
+  std::string path = given;
+  struct stat st {};
+  for (int hops = 0; hops < 8 && ::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode); ++hops) {
+    std::error_code ec;
+    const std::filesystem::path target = std::filesystem::read_symlink(path, ec);
+    if (ec) break;
+    path = (target.is_absolute() ? target : std::filesystem::path(path).parent_path() / target).string();
+  }
+  return path;
+}
+
 void refuse_overwriting(const std::string& flag, const std::string& output,
                         const std::vector<std::pair<std::string, std::string>>& inputs) {
   if (output.empty() || output == "-") return;
+  // A device, FIFO or pipe is written through, not replaced: two outputs may share one.
+  std::error_code kind;
+  if (std::filesystem::exists(output, kind) && !std::filesystem::is_regular_file(output, kind)) return;
   for (const auto& [what, input] : inputs) {
     if (input.empty()) continue;
     std::error_code ec;
@@ -62,19 +77,28 @@ void refuse_overwriting(const std::string& flag, const std::string& output,
   }
 }
 
-void check_output_file(const std::string& flag, const std::string& path) {
+void check_output_file(const std::string& flag, const std::string& given, bool append) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  if (path.empty()) throw Error(flag + ": needs a file name");
+  if (given.empty()) throw Error(flag + ": needs a file name");
+  // What the name reaches through its links (the kernel follows /dev/stdout to a pipe too).
+  if (fs::is_directory(given, ec)) throw Error(flag + ": " + given + ": is a folder");
+  if (fs::exists(given, ec)) {
+    // A device, FIFO or pipe (/dev/stdout) is written in place; an existing file must open for
+    // writing (without truncation here), and with `append` that is all it needs.
+    const int fd = ::open(given.c_str(), O_WRONLY | O_CLOEXEC | (append ? O_APPEND : 0));
+    if (fd < 0) throw Error(flag + ": " + given + ": cannot open for writing: " + std::strerror(errno));
+    ::close(fd);
+    if (append || !fs::is_regular_file(given, ec)) return;
+  }
+  const std::string path = link_target(given);  // where write_file_atomic creates its temporary
   const fs::path dir = fs::path(path).parent_path();
   if (!dir.empty() && !fs::is_directory(dir, ec))
-    throw Error(flag + ": " + path + ": " + (fs::exists(dir, ec) ? dir.string() + " is not a folder" : "the folder " + dir.string() + " does not exist"));
-  if (fs::is_directory(path, ec)) throw Error(flag + ": " + path + ": is a folder");
-  // A device or FIFO is written in place (write_file_atomic); a probe beside it would say nothing.
-  if (fs::exists(path, ec) && !fs::is_regular_file(path, ec)) return;
+    throw Error(flag + ": " + given + ": " + (fs::exists(dir, ec) ? dir.string() + " is not a folder" : "the folder " + dir.string() + " does not exist"));
+  // The temporary is created beside the file and renamed over it.
   const std::string probe = temporary_path(path) + ".probe";
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) throw Error(flag + ": " + path + ": cannot create a file there: " + std::strerror(errno));
+  if (fd < 0) throw Error(flag + ": " + given + ": cannot create a file there: " + std::strerror(errno));
   ::close(fd);
   ::unlink(probe.c_str());
 }
@@ -128,16 +152,11 @@ void flush_stdout() {
 
 void write_file_atomic(const std::string& given,
                        const std::vector<std::pair<const void*, size_t>>& pieces, int mode) {
-  // The file a symbolic link names (relative to the link's folder; through a few links at most),
-  // whether or not it exists yet.
-  std::string path = given;
+  // A name the kernel resolves to a pipe or a device (/dev/stdout into a pipe: its link names
+  // "pipe:[N]", no path) is written in place, as below.
   struct stat st {};
-  for (int hops = 0; hops < 8 && ::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode); ++hops) {
-    std::error_code ec;
-    const std::filesystem::path target = std::filesystem::read_symlink(path, ec);
-    if (ec) break;
-    path = (target.is_absolute() ? target : std::filesystem::path(path).parent_path() / target).string();
-  }
+  const bool special = ::stat(given.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode);
+  const std::string path = special ? given : link_target(given);
   const bool exists = ::stat(path.c_str(), &st) == 0;
   if (exists && S_ISDIR(st.st_mode)) throw Error(given + ": cannot write: a directory");
   if (exists && !S_ISREG(st.st_mode)) {

@@ -31,10 +31,15 @@ bool temporary_is_orphaned(const std::string& suffix);
 void refuse_overwriting(const std::string& flag, const std::string& output,
                         const std::vector<std::pair<std::string, std::string>>& inputs);
 
-// Before any long work: an output file can be written where it is named. Its folder exists, it is
-// not a folder, and a file can be created beside it (a probe, removed at once). kiln::Error
-// "FLAG: PATH: ..." otherwise.
-void check_output_file(const std::string& flag, const std::string& path);
+// The file a symbolic link names (relative to the link's folder; through a few links at most),
+// whether or not it exists yet; `path` itself when it is no link.
+std::string link_target(const std::string& path);
+
+// Before any long work: an output file can be written where it is named (through links). Not a
+// folder; an existing file opens for writing; and unless `append` (a log opened to append), a
+// file can be created beside it for write_file_atomic's rename (a probe, removed at once). A
+// device, FIFO or pipe only has to open. kiln::Error "FLAG: PATH: ..." otherwise.
+void check_output_file(const std::string& flag, const std::string& path, bool append = false);
 
 // Atomically replaces `path` with the concatenation of `pieces` (pointer, size): write to
 // temporary_path(path), fsync, rename, fsync the directory. On failure the temporary file is

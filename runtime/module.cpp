@@ -188,6 +188,14 @@ void Module::verify() const {
   for (uint32_t i = 0; i < nbuf; ++i)
     if (buffer(i).kind() == fb::BufferKind::Activation && buffer(i).offset() >= fb_->state_size())
       needed = std::max(needed, (buffer(i).offset() + buffer(i).size() - fb_->state_size() + 255) / 256 * 256);
+  // The state region ends where its last buffer does (kilnc packs it from 0).
+  uint64_t state_end = 0;
+  for (uint32_t i = 0; i < nbuf; ++i)
+    if (buffer(i).kind() != fb::BufferKind::Activation)
+      state_end = std::max(state_end, (buffer(i).offset() + buffer(i).size() + 255) / 256 * 256);
+  if (fb_->state_size() != state_end)
+    bad("state_size", std::to_string(fb_->state_size()) + " bytes is not where the state buffers end (" +
+                          std::to_string(state_end) + ")");
   uint64_t total = 0;
   if (fb_->state_size() % 256 != 0 || fb_->activation_size() != needed ||
       __builtin_add_overflow(fb_->state_size(), fb_->activation_size(), &total) || total != fb_->arena_size())

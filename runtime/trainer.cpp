@@ -121,13 +121,7 @@ void check_output_paths(const TrainOptions& o, bool root) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!root) return;  // (other ranks' machines may lack rank 0's folders)
-  for (const auto& [flag, path] : {std::pair{"--save", o.save}, {"--dump-grads", o.dump_grads}, {"--log", o.log}}) {
-    if (path.empty()) continue;
-    if (std::string(flag) != "--log" && path.size() > 4 && path.compare(path.size() - 4, 4, ".bin") == 0)
-      throw Error(std::string(flag) + ": " + path + ": writes Hugging Face safetensors, but a .bin name is read back "
-                  "as an llm.c model file (--init); name it .safetensors");
-    check_output_file(flag, path);
-  }
+  // The checkpoint folder first: the other outputs may be named inside it.
   if (!o.checkpoint_dir.empty()) {
     fs::create_directories(o.checkpoint_dir, ec);
     if (!fs::is_directory(o.checkpoint_dir))
@@ -137,7 +131,15 @@ void check_output_paths(const TrainOptions& o, bool root) {
     if (!o.resume)
       if (auto found = latest_checkpoint(o.checkpoint_dir))
         throw Error("--checkpoint-dir: " + o.checkpoint_dir + " already holds checkpoints (the latest: " + *found +
-                    "); give --resume to go on from them, or another folder (a new run would prune them)");
+                    "); give --resume to go on from them, or another folder (a new run would overwrite latest "
+                    "and mix its checkpoints with them)");
+  }
+  for (const auto& [flag, path] : {std::pair{"--save", o.save}, {"--dump-grads", o.dump_grads}, {"--log", o.log}}) {
+    if (path.empty()) continue;
+    if (std::string(flag) != "--log" && path.size() > 4 && path.compare(path.size() - 4, 4, ".bin") == 0)
+      throw Error(std::string(flag) + ": " + path + ": writes Hugging Face safetensors, but a .bin name is read back "
+                  "as an llm.c model file (--init); name it .safetensors");
+    check_output_file(flag, path, std::string(flag) == "--log");  // the log is appended to
   }
 }
 

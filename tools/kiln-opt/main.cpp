@@ -28,19 +28,24 @@ int main(int argc, char** argv) {
   static char quiet[] = "--mlir-print-op-on-diagnostic=false";
   if (!asked) args.insert(args.begin() + 1, quiet);
   auto [input, output] = mlir::registerAndParseCLIOptions(int(args.size()), args.data(), "Kiln optimizer driver\n", registry);
-  // -o FILE: written to a temporary beside it and renamed on success, so a failed run leaves an
-  // existing FILE as it was; naming the input would lose it.
-  if (output == "-") return mlir::asMainReturnCode(mlir::MlirOptMain(int(args.size()), args.data(), input, output, registry));
+  // -o FILE: written to a temporary beside it (beside the file a link names) and renamed on
+  // success, so a failed run leaves an existing FILE as it was; naming the input would lose it.
+  // A device, FIFO or pipe (/dev/null, /dev/stdout) is written to directly.
+  std::error_code ec;
+  const std::string target = kiln::link_target(output);
+  if (output == "-" || (std::filesystem::exists(output, ec) && !std::filesystem::is_regular_file(output, ec)))
+    return mlir::asMainReturnCode(mlir::MlirOptMain(int(args.size()), args.data(), input, output, registry));
   try {
     kiln::refuse_overwriting("-o", output, {{"the input file", input}});
   } catch (const kiln::Error& e) {
     std::fprintf(stderr, "error: %s\n", kiln::one_line(e.what()).c_str());
     return 1;
   }
-  const std::string tmp = kiln::temporary_path(output);
+  const std::string tmp = kiln::temporary_path(target);
   const bool ok = mlir::succeeded(mlir::MlirOptMain(int(args.size()), args.data(), input, tmp, registry));
-  std::error_code ec;
-  if (ok) std::filesystem::rename(tmp, output, ec);
+  // Some runs write nothing (--show-dialects, --help of a pass pipeline): then neither does -o.
+  if (ok && !std::filesystem::exists(tmp, ec)) return 0;
+  if (ok) std::filesystem::rename(tmp, target, ec);
   if (!ok || ec) std::filesystem::remove(tmp);
   if (ec) std::fprintf(stderr, "error: -o %s: renaming %s onto it: %s\n", output.c_str(), tmp.c_str(), ec.message().c_str());
   return ok && !ec ? 0 : 1;
