@@ -113,29 +113,29 @@ done
       "${KVP[*]}" "${STEPP[*]}" "${TORCHP[*]:-}" <<'EOF'
 import json, os, statistics, sys
 out, B, spec, prompt, new, threads = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
-series = {"kiln": sys.argv[7], "kiln --no-kv-cache": sys.argv[8], "pytorch (kv cache)": sys.argv[9]}
-rows = {k: [float(x) for x in v.split()] for k, v in series.items() if v.strip()}
-med = {k: statistics.median(v) for k, v in rows.items()}
-print(f"\n{'config':22s} {'ms/step':>9s} {'tokens/s':>9s}  rounds (ms)")
-for k, v in rows.items():
-    print(f"{k:22s} {med[k] * 1e3:9.2f} {B / med[k]:9.1f}  " + ", ".join(f"{x * 1e3:.1f}" for x in v))
-print()
-print(f"kv cache speed-up (kiln --no-kv-cache / kiln): {med['kiln --no-kv-cache'] / med['kiln']:.2f}x")
-if "pytorch (kv cache)" in med:
-    print(f"kiln against pytorch (pytorch / kiln):         {med['pytorch (kv cache)'] / med['kiln']:.2f}x")
+def table(title, unit, series, per, first, other):
+    """Prints the medians of `series` (seconds per round), `per` items each, and the ratios of
+    `other` (when run) and the slow Kiln variant to `first`; returns (rows, medians)."""
+    rows = {k: [float(x) for x in v.split()] for k, v in series.items() if v.strip()}
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    print(f"\n{title}\n{'config':22s} {unit:>9s} {'tokens/s':>9s}  rounds (ms)")
+    for k, v in rows.items():
+        print(f"{k:22s} {med[k] * 1e3:9.2f} {per / med[k]:9.1f}  " + ", ".join(f"{x * 1e3:.1f}" for x in v))
+    names = list(series)
+    print(f"\n{names[1] + ' / ' + first:46s} x{med[names[1]] / med[first]:.2f}")
+    if other in med:
+        print(f"{other + ' / ' + first:46s} x{med[other] / med[first]:.2f}")
+    return rows, med
+
+
+rows, med = table("decoding (one new token per row and step)", "ms/step",
+                  {"kiln": sys.argv[7], "kiln --no-kv-cache": sys.argv[8], "pytorch (kv cache)": sys.argv[9]},
+                  B, "kiln", "pytorch (kv cache)")
 # The prompt: Kiln's first step (the prompt into the caches, then the first token's logits and
 # pick), PyTorch's prefill (one causal forward pass over the prompt, the last position's logits).
-pseries = {"kiln (@prefill)": sys.argv[10], "kiln --no-prefill": sys.argv[11], "pytorch (one pass)": sys.argv[12]}
-prows = {k: [float(x) for x in v.split()] for k, v in pseries.items() if v.strip()}
-pmed = {k: statistics.median(v) for k, v in prows.items()}
-print(f"\nthe prompt ({prompt} tokens x {B} rows)")
-print(f"{'config':22s} {'ms':>9s} {'tokens/s':>9s}  rounds (ms)")
-for k, v in prows.items():
-    print(f"{k:22s} {pmed[k] * 1e3:9.1f} {B * prompt / pmed[k]:9.0f}  " + ", ".join(f"{x * 1e3:.1f}" for x in v))
-print()
-print(f"@prefill speed-up (kiln --no-prefill / kiln):  {pmed['kiln --no-prefill'] / pmed['kiln (@prefill)']:.2f}x")
-if "pytorch (one pass)" in pmed:
-    print(f"kiln against pytorch (pytorch / kiln):         {pmed['pytorch (one pass)'] / pmed['kiln (@prefill)']:.2f}x")
+prows, pmed = table(f"the prompt ({prompt} tokens x {B} rows)", "ms",
+                    {"kiln (@prefill)": sys.argv[10], "kiln --no-prefill": sys.argv[11], "pytorch (one pass)": sys.argv[12]},
+                    B * prompt, "kiln (@prefill)", "pytorch (one pass)")
 os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
 tmp = out + ".tmp"
 with open(tmp, "w") as f:

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 
 #include "runtime/error.h"
@@ -90,7 +91,8 @@ inline int parse(CLI::App& app, int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "error: %s (see %s --help)\n", one_line(e.what()).c_str(), app.get_name().c_str());
+    const std::string tool = std::filesystem::path(app.get_name()).filename().string();  // argv[0] when unnamed
+    std::fprintf(stderr, "error: %s (see %s --help)\n", one_line(e.what()).c_str(), tool.c_str());
     return 2;
   }
 }

@@ -348,18 +348,7 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(kiln::cli::whole(1, INT32_MAX));
 
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForVersion& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "error: %s (see kiln-data --help)\n", e.what());
-    return 1;
-  }
+  if (const int rc = kiln::cli::parse(app, argc, argv); rc >= 0) return rc;
 
   try {
     const Gpt2Tokenizer tok = Gpt2Tokenizer::load(tokenizer_dir);
