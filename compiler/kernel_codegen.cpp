@@ -1262,9 +1262,15 @@ KILN_FN void combine_max_sum(float& mx, float& sum) {
 //     2 (l % 4) + 1 of matrix m (of its transpose with _trans): B fragments in one instruction;
 //   cp_async16: 16 bytes global -> shared, asynchronously (zeros when !full); cp_async_commit
 //     closes this thread's group of copies, cp_async_wait<N> waits until at most N are in flight.
-// test/e2e/cuda_emulation/shim.h defines KILN_CUDA_EMULATION and emulates them on the CPU.
+// test/e2e/cuda_emulation/shim.h defines KILN_CUDA_EMULATION and emulates them on the CPU (and
+// checks the pair accesses' 4-byte alignment, which x86 would not enforce).
+#ifdef KILN_CUDA_EMULATION
+KILN_FN uint32_t ld_pair(const bf16* p) { kemu::check_word_aligned("bf16 pair load", p); return *(const uint32_t*)p; }
+KILN_FN void st_pair(bf16* p, uint32_t v) { kemu::check_word_aligned("bf16 pair store", p); *(uint32_t*)p = v; }
+#else
 KILN_FN uint32_t ld_pair(const bf16* p) { return *(const uint32_t*)p; }
 KILN_FN void st_pair(bf16* p, uint32_t v) { *(uint32_t*)p = v; }
+#endif
 KILN_FN uint32_t pack_bf16(float lo, float hi) { return (uint32_t)f2bf(lo) | ((uint32_t)f2bf(hi) << 16); }
 #ifndef KILN_CUDA_EMULATION
 KILN_FN void mma_bf16_16816(float* d, const uint32_t* a, const uint32_t* b) {

@@ -267,10 +267,15 @@ inline void run_block(unsigned n) {
 namespace kemu {
 inline unsigned mma_a[kMaxThreads][4], mma_b[kMaxThreads][2];
 inline const unsigned short* ldm_row[kMaxThreads];
-[[noreturn]] inline void misaligned(const char* what, const void* p) {
-  fprintf(stderr, "kemu: %s block %u thread %d: %s address %p is not 16-byte aligned\n", launch_name, block_idx.x,
-          cur, what, p);
+[[noreturn]] inline void misaligned(const char* what, const void* p, int bytes = 16) {
+  fprintf(stderr, "kemu: %s block %u thread %d: %s address %p is not %d-byte aligned\n", launch_name, block_idx.x,
+          cur, what, p, bytes);
   exit(3);
+}
+// A 32-bit access (two bf16 as one word: ld_pair, st_pair) faults on a GPU unless 4-byte aligned;
+// on x86 it would just work.
+inline void check_word_aligned(const char* what, const void* p) {
+  if ((unsigned long long)p % 4) misaligned(what, p, 4);
 }
 inline void ldmatrix(unsigned* r, const unsigned short* p, bool trans) {
   if ((unsigned long long)p % 16) misaligned("ldmatrix row", p);
