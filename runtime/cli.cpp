@@ -34,26 +34,12 @@ namespace {
 // name it (refuse_overwriting).
 std::pair<std::string, std::string> g_self;
 
-// CLI::PositiveNumber is a Range, whose comparisons let NaN through (and infinity is in range).
-// Parsed as the float it will be stored in, so 1e39 (inf) and 1e-50 (0) are refused too.
-const CLI::Validator kPositiveFinite(
-    [](std::string& s) {
-      float v = 0;
-      if (!CLI::detail::lexical_cast(s, v) || !std::isfinite(v) || !(v > 0))
-        return "Value " + s + " is not a positive finite number";
-      return std::string();
-    },
-    "POSITIVE");
+// Parsed as the float the option is stored in, so 1e39 (inf) and 1e-50 (0) are refused too.
+const CLI::Validator kPositiveFinite = cli::number<float>([](float v) { return v > 0; }, "a positive finite number", "POSITIVE");
 
 // AdamW's betas: in [0, 1) as the float the step uses (1 - beta^t divides the moments; 0.999999999
 // would round to 1).
-const CLI::Validator kBeta(
-    [](std::string& s) {
-      float v = 0;
-      if (!CLI::detail::lexical_cast(s, v) || !(v >= 0 && v < 1)) return "Value " + s + " is not in [0, 1)";
-      return std::string();
-    },
-    "[0, 1)");
+const CLI::Validator kBeta = cli::number<float>([](float v) { return v >= 0 && v < 1; }, "in [0, 1)", "[0, 1)");
 
 // CLI11 reads an unsigned option with strtoull, which takes "-1" as 2^64-1 and saturates 2^64:
 // the seed must be plain decimal digits that fit.

@@ -37,45 +37,34 @@ inline CLI::Validator whole(int64_t min, int64_t max = INT64_MAX) {
       "");
 }
 
-// A finite number >= 0 (CLI11's NonNegativeNumber lets NaN through and takes infinity).
-inline CLI::Validator non_negative_finite() {
+// A finite number, parsed as the T it is stored in (so a float refuses 1e39, inf, and 1e-50, 0),
+// that passes `ok`: else "Value S is not WHAT". CLI11's PositiveNumber, NonNegativeNumber and
+// Range let NaN through and take infinity. `name` shows in --help.
+template <class T, class Ok>
+CLI::Validator number(Ok ok, std::string what, std::string name = "") {
   return CLI::Validator(
-      [](std::string& s) {
-        double v = 0;
-        if (!CLI::detail::lexical_cast(s, v) || !std::isfinite(v) || !(v >= 0))
-          return "Value " + s + " is not a finite number >= 0";
+      [ok, what](std::string& s) {
+        T v = 0;
+        if (!CLI::detail::lexical_cast(s, v) || !std::isfinite(v) || !ok(v)) return "Value " + s + " is not " + what;
         return std::string();
       },
-      "");
+      name);
+}
+
+inline CLI::Validator non_negative_finite() {
+  return number<double>([](double v) { return v >= 0; }, "a finite number >= 0");
+}
+inline CLI::Validator positive_finite() {
+  return number<double>([](double v) { return v > 0; }, "a positive finite number");
+}
+inline CLI::Validator finite_in(double lo, double hi) {
+  return number<double>([lo, hi](double v) { return v >= lo && v <= hi; },
+                        "a number in [" + CLI::detail::to_string(lo) + ", " + CLI::detail::to_string(hi) + "]");
 }
 
 // A value that is not "" (an empty file or folder name would otherwise be taken as not given).
 inline CLI::Validator non_empty() {
   return CLI::Validator([](std::string& s) { return s.empty() ? std::string("needs a name, got \"\"") : std::string(); }, "");
-}
-
-// A finite number > 0 (CLI11's PositiveNumber lets NaN through and takes infinity).
-inline CLI::Validator positive_finite() {
-  return CLI::Validator(
-      [](std::string& s) {
-        double v = 0;
-        if (!CLI::detail::lexical_cast(s, v) || !std::isfinite(v) || !(v > 0))
-          return "Value " + s + " is not a positive finite number";
-        return std::string();
-      },
-      "");
-}
-
-// A finite number in [lo, hi] (CLI::Range lets NaN through).
-inline CLI::Validator finite_in(double lo, double hi) {
-  return CLI::Validator(
-      [lo, hi](std::string& s) {
-        double v = 0;
-        if (!CLI::detail::lexical_cast(s, v) || !std::isfinite(v) || !(v >= lo && v <= hi))
-          return "Value " + s + " is not a number in [" + CLI::detail::to_string(lo) + ", " + CLI::detail::to_string(hi) + "]";
-        return std::string();
-      },
-      "");
 }
 
 // Parses the command line. Returns -1 to go on, or the exit code: 0 after --help, 2 after a bad

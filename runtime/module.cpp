@@ -183,16 +183,14 @@ void Module::verify() const {
   // The region sizes kilnc writes: the state region, then room for the largest program's
   // activations (and for every activation buffer). Reports (kiln-inspect) and executors read
   // them, so a crafted size must not pass.
-  uint64_t needed = 0;
-  for (const fb::Program* prog : *fb_->programs()) needed = std::max(needed, prog->activation_size());
-  for (uint32_t i = 0; i < nbuf; ++i)
-    if (buffer(i).kind() == fb::BufferKind::Activation && buffer(i).offset() >= fb_->state_size())
-      needed = std::max(needed, (buffer(i).offset() + buffer(i).size() - fb_->state_size() + 255) / 256 * 256);
   // The state region ends where its last buffer does (kilnc packs it from 0).
-  uint64_t state_end = 0;
-  for (uint32_t i = 0; i < nbuf; ++i)
-    if (buffer(i).kind() != fb::BufferKind::Activation)
-      state_end = std::max(state_end, (buffer(i).offset() + buffer(i).size() + 255) / 256 * 256);
+  uint64_t needed = 0, state_end = 0;
+  for (const fb::Program* prog : *fb_->programs()) needed = std::max(needed, prog->activation_size());
+  for (uint32_t i = 0; i < nbuf; ++i) {
+    const uint64_t end = (buffer(i).offset() + buffer(i).size() + 255) / 256 * 256;
+    if (buffer(i).kind() != fb::BufferKind::Activation) state_end = std::max(state_end, end);
+    else if (buffer(i).offset() >= fb_->state_size()) needed = std::max(needed, end - fb_->state_size());
+  }
   if (fb_->state_size() != state_end)
     bad("state_size", std::to_string(fb_->state_size()) + " bytes is not where the state buffers end (" +
                           std::to_string(state_end) + ")");
