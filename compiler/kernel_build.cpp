@@ -1,6 +1,9 @@
 // Host-compiler and NVRTC builds of generated kernels (see kernel_build.h).
 #include "compiler/kernel_build.h"
 
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -71,10 +74,95 @@ std::string cpuFlags() {
   return "";
 }
 
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
+}  // namespace
+
+// An interrupted build (Ctrl-C, SIGTERM, a closed terminal) takes its compiler and its temporary
+// folder with it. The compiler runs in a process group of its own, so a terminal's Ctrl-C reaches
+// kilnc alone; the handler stops the group with SIGTERM (GCC and Clang then delete their own
+// temporaries), waits for the compiler, deletes the folder and lets the signal end kilnc.
+namespace {
+
+const int kBuildSignals[] = {SIGINT, SIGTERM, SIGHUP};
+volatile sig_atomic_t g_compiler = 0;  // the compiler's pid (= its process group), while it runs
+char g_work[4][4096];                  // the source, library, log and folder to delete
+
+void removeWork() {
+  for (int i = 0; i < 3; ++i)
+    if (g_work[i][0]) ::unlink(g_work[i]);
+  if (g_work[3][0]) ::rmdir(g_work[3]);
+}
+
+void onBuildSignal(int sig) {  // async-signal-safe calls only
+  if (const pid_t pid = g_compiler; pid > 0) {
+    ::kill(-pid, SIGTERM);
+    int status;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+  }
+  removeWork();
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
+// The handlers for the build's lifetime; the previous ones after.
+struct BuildSignalGuard {
+  struct sigaction previous[3];
+  BuildSignalGuard(const std::string* paths) {
+    for (int i = 0; i < 4; ++i) std::snprintf(g_work[i], sizeof g_work[i], "%s", paths[i].c_str());
+    struct sigaction sa{};
+    sa.sa_handler = onBuildSignal;
+    sigfillset(&sa.sa_mask);  // one handler at a time
+    for (int i = 0; i < 3; ++i) sigaction(kBuildSignals[i], &sa, &previous[i]);
+  }
+  ~BuildSignalGuard() {
+    for (int i = 0; i < 3; ++i) sigaction(kBuildSignals[i], &previous[i], nullptr);
+    g_compiler = 0;
+    for (auto& p : g_work) p[0] = 0;
+  }
+};
+
+// Runs argv[0] (looked up in PATH) with stdout and stderr into `log`, in a process group of its
+// own; its wait status, or -1 with `error` set when it cannot start.
+int runCompiler(const std::vector<std::string>& args, const std::string& log, std::string& error) {
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t files;
+  posix_spawn_file_actions_init(&files);
+  posix_spawn_file_actions_addopen(&files, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&files, 1, 2);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t none, handled, previous;
+  sigemptyset(&none);
+  sigemptyset(&handled);
+  for (int sig : kBuildSignals) sigaddset(&handled, sig);
+  posix_spawnattr_setpgroup(&attr, 0);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setsigdefault(&attr, &handled);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  // No signal between the spawn and the handler knowing the pid: it would miss the compiler.
+  sigprocmask(SIG_BLOCK, &handled, &previous);
+  pid_t pid = 0;
+  const int rc = posix_spawnp(&pid, argv[0], &files, &attr, argv.data(), environ);
+  if (rc == 0) g_compiler = pid;
+  sigprocmask(SIG_SETMASK, &previous, nullptr);
+  posix_spawn_file_actions_destroy(&files);
+  posix_spawnattr_destroy(&attr);
+  if (rc != 0) {
+    error = args[0] + ": cannot run: " + std::strerror(rc);
+    return -1;
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  g_compiler = 0;
+  return status;
+}
+
+std::string temporaryRoot() {
+  const char* tmp = std::getenv("TMPDIR");
+  return tmp && *tmp ? tmp : "/tmp";
 }
 
 }  // namespace
@@ -88,24 +176,32 @@ std::optional<std::vector<uint8_t>> compileCpuKernels(const std::string& source,
   if (!cached.empty())
     if (auto hit = readAll(cached)) return hit;
 
-  char tmpl[] = "/tmp/kilnc-kernels-XXXXXX";
-  if (!::mkdtemp(tmpl)) {
-    error = std::string("cannot create a temporary directory: ") + std::strerror(errno);
+  std::string tmpl = temporaryRoot() + "/kilnc-kernels-XXXXXX";
+  if (!::mkdtemp(tmpl.data())) {
+    error = "cannot create a temporary directory in " + temporaryRoot() + ": " + std::strerror(errno);
     return std::nullopt;
   }
   const std::string work = tmpl, src = work + "/kernels.cpp", lib = work + "/kernels.so", log = work + "/log";
+  const std::string paths[4] = {src, lib, log, work};
+  BuildSignalGuard guard(paths);
   {
     std::ofstream out(src);
     out << source;
   }
-  const std::string cmd = quote(cxx) + " " + kCpuFlags + " -o " + quote(lib) + " " + quote(src) + " >" + quote(log) + " 2>&1";
-  const int status = std::system(cmd.c_str());
+  std::vector<std::string> args{cxx};
+  std::istringstream flags(kCpuFlags);
+  for (std::string f; flags >> f;) args.push_back(f);
+  for (const std::string& a : {std::string("-o"), lib, src}) args.push_back(a);
+  const int status = runCompiler(args, log, error);
   std::optional<std::vector<uint8_t>> bytes;
-  if (status != 0 || !(bytes = readAll(lib))) {
+  if (status < 0) {
+    // error says why it did not start
+  } else if (status != 0 || !(bytes = readAll(lib))) {
     std::ifstream in(log);
     std::string line, first;
     for (int n = 0; n < 6 && std::getline(in, line); ++n) first += "\n  " + line;
-    error = cxx + " exited with status " + std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : status) + first;
+    error = cxx + (WIFSIGNALED(status) ? " was ended by signal " + std::to_string(WTERMSIG(status))
+                                       : " exited with status " + std::to_string(WEXITSTATUS(status))) + first;
     bytes.reset();
   } else if (!cached.empty() && makeDirs(dir)) {
     try {
@@ -114,10 +210,7 @@ std::optional<std::vector<uint8_t>> compileCpuKernels(const std::string& source,
       // A cache that cannot be written only costs time.
     }
   }
-  std::remove(src.c_str());
-  std::remove(lib.c_str());
-  std::remove(log.c_str());
-  ::rmdir(work.c_str());
+  removeWork();
   return bytes;
 }
 

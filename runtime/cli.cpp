@@ -24,6 +24,7 @@
 #include "runtime/module.h"
 #include "runtime/params.h"
 #include "runtime/sampler.h"
+#include "runtime/stop_signals.h"
 #include "runtime/tokenizer.h"
 #include "runtime/trainer.h"
 
@@ -81,7 +82,7 @@ void add_train_options(CLI::App& train, TrainOptions& o) {
       ->check(cli::whole(0));
   train.add_option("--val-steps", o.val_steps, "batches per evaluation")->capture_default_str()->check(cli::whole(1))->needs(val_data);
   CLI::Option* checkpoint_dir =
-      train.add_option("--checkpoint-dir", o.checkpoint_dir, "directory for checkpoints (weights, AdamW state, step, data position)")
+      train.add_option("--checkpoint-dir", o.checkpoint_dir, "directory for checkpoints (weights, AdamW state, step, data position); Ctrl-C or SIGTERM checkpoints the step it stops after")
           ->check(cli::non_empty());
   train.add_option("--checkpoint-every", o.checkpoint_every,
                    "write a checkpoint every N steps (and at the end; default 0: only at the end)")
@@ -327,7 +328,12 @@ int run_main(int argc, char** argv) {
     if (train->parsed()) {
       const fb::Model& model = *module.fb().model();
       comm = make_communicator(parse_comm_backend(train_opts.comm), model.target() ? model.target()->str() : "cpu");
-      kiln::train(module, train_opts, *comm);
+      try {
+        kiln::train(module, train_opts, *comm);
+      } catch (const Interrupted& stop) {
+        flush_stdout();
+        return 128 + stop.signal;  // as a shell reports a process the signal ended
+      }
       flush_stdout();  // the progress lines went there
     }
     return 0;

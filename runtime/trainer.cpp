@@ -1,6 +1,7 @@
 #include "runtime/trainer.h"
 
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -19,6 +20,7 @@
 #include "runtime/executor.h"
 #include "runtime/file_io.h"
 #include "runtime/params.h"
+#include "runtime/stop_signals.h"
 
 namespace kiln {
 namespace {
@@ -325,6 +327,9 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   const bool gpu = ex.device_name() != "cpu";
   const double peak = o.peak_tflops > 0 ? o.peak_tflops * 1e12 : gpu ? 989e12 : estimated_cpu_peak();
   double loss = 0, elapsed = 0;
+  // Ctrl-C or SIGTERM: finish the step, checkpoint, save, and exit 128 + signal (stop_signals.h).
+  StopSignals signals;
+  int interrupted = 0;
   for (int64_t step = first_step; step < o.steps; ++step) {
     auto t0 = std::chrono::steady_clock::now();
     ex.zero_grads();
@@ -338,7 +343,16 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     // The last micro-step's backward is done: start averaging the gradients, bucket by bucket.
     dp.start_gradient_reduction();
     loss /= double(accum);
-    if (world > 1) loss = comm.all_reduce_sum(loss) / double(world);
+    // The ranks agree on stopping in the loss's reduction, so that all stop after the same step
+    // however the signals reached them: each adds 1 for a SIGINT, 1024 for a SIGTERM.
+    int stop = 0;
+    if (world > 1) {
+      const int mine = signals.requested();
+      double sums[2] = {loss, mine == SIGINT ? 1.0 : mine ? 1024.0 : 0.0};
+      comm.all_reduce_sum(sums, 2);
+      loss = sums[0] / double(world);
+      stop = mine ? mine : sums[1] >= 1024 ? SIGTERM : sums[1] > 0 ? SIGINT : 0;
+    }
     dp.finish_gradient_reduction();
     if (step == 0 && !o.dump_grads.empty()) {
       dp.gather_gradients();  // ZeRO-1: each rank holds only its pieces
@@ -366,6 +380,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
                   (o.checkpoint_dir.empty() ? "" : " without writing a checkpoint (the last good one is kept)") +
                   " (" + hint + ")");
     }
+    if (world == 1) stop = signals.requested();
     const bool last = step + 1 == o.steps;
     double val_loss = NAN;
     if (val && ((o.val_every > 0 && step % o.val_every == 0) || last)) {
@@ -388,10 +403,10 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       std::printf("\n");
       std::fflush(stdout);
     }
-    // A checkpoint folder alone means one checkpoint, at the end. Every rank takes part in
-    // gathering a ZeRO-1 run's AdamW moments; rank 0 writes them.
-    const bool checkpoint =
-        !o.checkpoint_dir.empty() && ((o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0) || last);
+    // A checkpoint folder alone means one checkpoint, at the end (or where a signal stops the
+    // run). Every rank takes part in gathering a ZeRO-1 run's AdamW moments; rank 0 writes them.
+    const bool checkpoint = !o.checkpoint_dir.empty() &&
+                            ((o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0) || last || stop);
     WholeMoments moments;  // ZeRO-1: gathered to rank 0 for the checkpoint only
     if (checkpoint) moments = dp.gather_optimizer_state();
     if (root && checkpoint) {
@@ -404,6 +419,16 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       st.zero_stage = o.zero;
       save_checkpoint(o.checkpoint_dir, ex, st, o.keep, moments);
     }
+    if (stop && !last) {
+      interrupted = stop;
+      if (root)
+        std::fprintf(stderr, "%s: stopped after step %lld of %lld%s\n", signal_name(stop), (long long)step + 1,
+                     (long long)o.steps,
+                     o.checkpoint_dir.empty() ? " (no --checkpoint-dir: a run with one can go on with --resume)"
+                                              : ("; checkpoint " + latest_checkpoint(o.checkpoint_dir).value_or("?") +
+                                                 " written: the same command with --resume goes on from there").c_str());
+      break;
+    }
   }
   if (root)
     std::fprintf(stderr, "MFU is against %s%.3g TFLOP/s (%s)\n", o.peak_tflops > 0 ? "" : "an estimated ",
@@ -414,10 +439,12 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     std::fprintf(stderr, "device memory: %.1f MiB held by Kiln (the arena %.1f MiB, the rest workspaces and tables)\n",
                  double(ex.device_bytes()) / double(1 << 20), double(ex.arena_bytes()) / double(1 << 20));
   if (o.profile && root) ex.print_profile();
+  // An interrupted run saves the weights it has too (its log says how far it got).
   if (!o.save.empty() && root) {
     save_parameters(ex, o.save);
-    std::fprintf(stderr, "saved %s\n", o.save.c_str());
+    std::fprintf(stderr, "saved %s%s\n", o.save.c_str(), interrupted ? " (the weights of the interrupted run)" : "");
   }
+  if (interrupted) throw Interrupted{interrupted};
   return loss;
 }
 

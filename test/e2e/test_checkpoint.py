@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Checkpoints: a run killed with SIGKILL and resumed gives bitwise the losses and final weights
-of an uninterrupted run; corrupt or mismatched checkpoints (another model, another rank count)
+of an uninterrupted run, and so does one stopped by SIGTERM (or, with two ranks, SIGINT to one
+of them), which checkpoints the step it stopped after; corrupt or mismatched checkpoints (another model, another rank count)
 are refused; a diverged run stops without touching the last good checkpoint.
 
   test_checkpoint.py --kilnc build/bin/kilnc --spec test/e2e/configs/tiny.toml --workdir DIR
@@ -31,6 +32,51 @@ def losses(path):
             r = json.loads(line)
             out[r["step"]] = r["loss"]
     return out
+
+
+def last_line(text):
+    """The line saying where a signal stopped the run, else the last one."""
+    lines = text.strip().splitlines()
+    return next((x for x in lines if "stopped after" in x), lines[-1] if lines else "")
+
+
+def free_port():
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def rank_env(rank, port):
+    return dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                KILN_COMM_TIMEOUT="30")
+
+
+def run_ranks(exe, args):
+    """Two ranks over TCP; their exit codes and rank 0's stderr."""
+    port = free_port()
+    procs = [subprocess.Popen([exe] + args, env=rank_env(r, port), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True) for r in range(2)]
+    errs = [p.communicate(timeout=120)[1] for p in procs]
+    return [p.returncode for p in procs], errs[0]
+
+
+def stop_with_signal(cmd, env, sig, after, signalled_rank=0):
+    """Runs cmd (env None: as two ranks) and sends sig to one process once rank 0 has printed
+    step `after`; the exit codes and rank 0's stderr."""
+    if env is None:
+        port = free_port()
+        procs = [subprocess.Popen(cmd, env=rank_env(r, port), stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, text=True) for r in range(2)]
+    else:
+        procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)]
+    for line in procs[0].stdout:
+        if line.startswith("step") and int(line.split()[1].split("/")[0]) >= after:
+            procs[signalled_rank].send_signal(sig)
+            break
+    procs[0].stdout.read()
+    errs = [p.communicate(timeout=120)[1] for p in procs]
+    return [p.returncode for p in procs], errs[0]
 
 
 def main():
@@ -132,6 +178,44 @@ def main():
     check(r.returncode != 0 and "is not finite" in r.stderr, "divergence stopped: " + r.stderr.strip().splitlines()[-1])
     after = {f: open(f, "rb").read() for f in glob.glob(f"{ck}/*")}
     check(before == after, "checkpoints untouched by the diverged run")
+
+    # SIGTERM (a scheduler's preemption): the run finishes its step, checkpoints it, saves, and
+    # exits 143; --resume then gives bitwise the uninterrupted run.
+    ck_term = os.path.join(w, "ck_term")
+    term = common + ["--log", f"{w}/term.jsonl", "--save", f"{w}/term.safetensors",
+                     "--checkpoint-dir", ck_term, "--checkpoint-every", "10"]
+    stopped, err = stop_with_signal([exe] + term, {}, signal.SIGTERM, after=23)
+    at = max(losses(f"{w}/term.jsonl")) + 1  # the steps done (the log counts from 0)
+    check(stopped == [128 + signal.SIGTERM] and at < STEPS and
+          f"SIGTERM: stopped after step {at} of {STEPS}" in err,
+          f"SIGTERM: exit {stopped}, stopped after step {at}: " + last_line(err))
+    saved = open(os.path.join(ck_term, "latest")).read().strip()
+    check(saved == f"ckpt_{at:08d}.kiln-ckpt" and os.path.exists(f"{w}/term.safetensors"),
+          f"the interrupted run checkpointed the step it stopped after ({saved}) and wrote --save")
+    r = subprocess.run([exe] + term + ["--resume"], capture_output=True, text=True)
+    got = losses(f"{w}/term.jsonl")
+    same = [s for s in want if got.get(s) == want[s]]
+    check(r.returncode == 0 and len(same) == STEPS, f"resumed after SIGTERM: losses bitwise equal on {len(same)}/{STEPS} steps")
+    check(open(f"{w}/term.safetensors", "rb").read() == a1, "resumed after SIGTERM: final weights bitwise equal")
+
+    # Two ranks, SIGINT to rank 1 alone: they agree in the loss's reduction and both stop after
+    # the same step (exit 130); resumed, they give the uninterrupted two-rank run bitwise.
+    ranks = common + ["--checkpoint-every", "10"]
+    two = lambda tag: ranks + ["--log", f"{w}/{tag}.jsonl", "--save", f"{w}/{tag}.safetensors",
+                               "--checkpoint-dir", os.path.join(w, f"ck_{tag}")]
+    codes, err = run_ranks(exe, two("two_ref"))
+    check(codes == [0, 0], f"two ranks, uninterrupted: exit {codes}")
+    stopped, err = stop_with_signal([exe] + two("two"), None, signal.SIGINT, after=17, signalled_rank=1)
+    at = max(losses(f"{w}/two.jsonl")) + 1
+    saved = open(os.path.join(w, "ck_two", "latest")).read().strip()
+    check(stopped == [130, 130] and saved == f"ckpt_{at:08d}.kiln-ckpt" and "SIGINT: stopped after step" in err,
+          f"two ranks, SIGINT to rank 1: exits {stopped}, checkpoint {saved}: " + last_line(err))
+    codes, err = run_ranks(exe, two("two") + ["--resume"])
+    want2, got2 = losses(f"{w}/two_ref.jsonl"), losses(f"{w}/two.jsonl")
+    same = [s for s in want2 if got2.get(s) == want2[s]]
+    check(codes == [0, 0] and len(same) == STEPS, f"two ranks resumed: losses bitwise equal on {len(same)}/{STEPS} steps")
+    check(open(f"{w}/two.safetensors", "rb").read() == open(f"{w}/two_ref.safetensors", "rb").read(),
+          "two ranks resumed: final weights bitwise equal")
     print("RESULT:", "PASS" if failures == 0 else f"FAIL ({failures})")
     return 1 if failures else 0
 
