@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include <cerrno>
 #include <charconv>
@@ -12,14 +13,17 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <sstream>
 
 #include "runtime/cli_parse.h"
 #include "runtime/comm/communicator.h"
+#include "runtime/data_loader.h"
 #include "runtime/embedded.h"
 #include "runtime/error.h"
+#include "runtime/executor.h"
 #include "runtime/file_io.h"
 #include "runtime/module.h"
 #include "runtime/params.h"
@@ -277,6 +281,84 @@ int run_sample(const Module& module, SampleCommand& c) {
   return 0;
 }
 
+struct EvalCommand {
+  std::string init;
+  std::vector<std::string> data;
+  int64_t batches = 0;  // 0: one pass over the data
+  bool json = false;
+};
+
+void add_eval_options(CLI::App& eval, EvalCommand& c) {
+  eval.add_option("--init", c.init, "the weights to evaluate (Hugging Face GPT-2 safetensors, or an llm.c .bin)")
+      ->required()->check(cli::non_empty());
+  eval.add_option("--data", c.data, "llm.c token shard(s): files or globs")->required()->expected(1, -1);
+  eval.add_option("--batches", c.batches, "batches of B x T to read (default: one pass over every shard)")->check(cli::whole(1));
+  eval.add_flag("--json", c.json, "print the result as one JSON object");
+}
+
+// The mean next-token loss of the weights over the data, through the forward program alone (no
+// backward buffers), batch by batch as training's validation reads them.
+int run_eval(const Module& module, const EvalCommand& c) {
+  const fb::Model& model = *module.fb().model();
+  if (!module.program("forward")) throw Error(module.source() + ": has no 'forward' program to evaluate with");
+  const int64_t B = model.batch_size(), T = model.seq_len();
+  DataLoader data(c.data, B, T);
+  const int64_t whole = whole_batches(data, B, T);
+  if (c.batches > whole)
+    throw Error("--batches: " + std::to_string(c.batches) + " is more than the data holds: " + std::to_string(whole) +
+                " batches of B=" + std::to_string(B) + " x T=" + std::to_string(T) + " in one pass");
+  const int64_t batches = c.batches ? c.batches : whole;
+  Executor ex(module, {"forward"});
+  init_parameters(ex, 0);
+  load_parameters(ex, c.init);
+  if (const std::string bad = first_non_finite(ex, false); !bad.empty())
+    throw Error(c.init + ": " + bad + " holds a NaN or an infinity (its loss would be NaN)");
+  ex.refresh_compute_copies();
+
+  // Progress on a terminal, at most ten times a second; the line is cleared before the result.
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  Clock::time_point last{};
+  bool shown = false;
+  std::function<void(int64_t)> progress;
+  if (::isatty(2) == 1)
+    progress = [&](int64_t done) {
+      const Clock::time_point now = Clock::now();
+      if (done < batches && now - last < std::chrono::milliseconds(100)) return;
+      last = now;
+      shown = true;
+      const double s = std::chrono::duration<double>(now - start).count();
+      std::fprintf(stderr, "\revaluating: %lld/%lld batches, %.0f s, about %.0f s left ", (long long)done,
+                   (long long)batches, s, s / double(done) * double(batches - done));
+      std::fflush(stderr);
+    };
+  double loss = 0;
+  try {
+    loss = mean_forward_loss(ex, data, batches, progress);
+  } catch (const Error&) {
+    if (shown) std::fprintf(stderr, "\n");
+    throw;
+  }
+  if (shown) std::fprintf(stderr, "\r%*s\r", 72, "");
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  const int64_t tokens = batches * B * T;
+  const size_t shards = data.files().size();
+  if (c.json) {
+    nlohmann::json j = {{"loss", loss}, {"perplexity", std::exp(loss)}, {"batches", batches}, {"batch_size", B},
+                        {"seq_len", T}, {"tokens", tokens}, {"shards", shards}, {"whole_pass", batches == whole},
+                        {"seconds", seconds}};
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("loss %.6f | perplexity %.3f | %lld batch%s of B=%lld x T=%lld: %lld tokens of %zu shard%s%s\n", loss,
+                std::exp(loss), (long long)batches, batches == 1 ? "" : "es", (long long)B, (long long)T,
+                (long long)tokens, shards, shards == 1 ? "" : "s", batches == whole ? " (all of them)" : "");
+  }
+  flush_stdout();
+  std::fprintf(stderr, "eval: %s s, %.0f tokens/s on %s\n", fixed(seconds, 2).c_str(), double(tokens) / seconds,
+               ex.device_name().c_str());
+  return std::isfinite(loss) ? 0 : 1;
+}
+
 // The help text's first line for an executable: what kilnc compiled into it.
 std::string describe_executable(const Module& module) {
   const fb::Model& m = *module.fb().model();
@@ -316,6 +398,9 @@ int run_main(int argc, char** argv) {
   SampleCommand sample_opts;
   CLI::App* sample = app.add_subcommand("sample", "print continuations of a prompt (top-k sampling)");
   add_sample_options(*sample, sample_opts);
+  EvalCommand eval_opts;
+  CLI::App* eval = app.add_subcommand("eval", "the mean loss (and perplexity) of weights over token shards");
+  add_eval_options(*eval, eval_opts);
   if (const int rc = cli::parse(app, argc, argv); rc >= 0) return rc;
 
   std::unique_ptr<Communicator> comm;  // outlives the module: MPI_Finalize last
@@ -325,6 +410,7 @@ int run_main(int argc, char** argv) {
     train_opts.self = g_self;
     Module module = embedded ? std::move(*embedded) : Module::load(module_path);
     if (sample->parsed()) return run_sample(module, sample_opts);
+    if (eval->parsed()) return run_eval(module, eval_opts);
     if (train->parsed()) {
       const fb::Model& model = *module.fb().model();
       comm = make_communicator(parse_comm_backend(train_opts.comm), model.target() ? model.target()->str() : "cpu");

@@ -171,15 +171,9 @@ void check_resident_tokens(const DataLoader& d, int32_t vocab) {
 }
 
 double evaluate(Executor& ex, DataLoader& val, int64_t steps, Communicator& comm) {
-  const fb::Model& model = *ex.module().fb().model();
-  double sum = 0;
-  for (int64_t i = 0; i < steps; ++i) {
-    next_batch(ex, val, int64_t(model.batch_size()) * model.seq_len(), model.vocab_size());
-    sum += ex.run("forward");
-  }
-  sum /= double(steps);
-  if (comm.world_size() > 1) sum = comm.all_reduce_sum(sum) / double(comm.world_size());
-  return sum;
+  double loss = mean_forward_loss(ex, val, steps);
+  if (comm.world_size() > 1) loss = comm.all_reduce_sum(loss) / double(comm.world_size());
+  return loss;
 }
 
 std::string duration(double seconds) {
@@ -191,6 +185,23 @@ std::string duration(double seconds) {
 }
 
 }  // namespace
+
+double mean_forward_loss(Executor& ex, DataLoader& data, int64_t batches, const std::function<void(int64_t)>& progress) {
+  const fb::Model& model = *ex.module().fb().model();
+  double sum = 0;
+  for (int64_t i = 0; i < batches; ++i) {
+    next_batch(ex, data, int64_t(model.batch_size()) * model.seq_len(), model.vocab_size());
+    sum += ex.run("forward");
+    if (progress) progress(i + 1);
+  }
+  return sum / double(batches);
+}
+
+int64_t whole_batches(const DataLoader& data, int64_t B, int64_t T) {
+  int64_t n = 0;
+  for (int64_t tokens : data.shard_tokens()) n += (tokens - 1) / (B * T);
+  return n;
+}
 
 double train(const Module& module, const TrainOptions& o) {
   auto comm = make_communicator(parse_comm_backend(o.comm), module.fb().model()->target()->str());

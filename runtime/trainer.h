@@ -1,6 +1,7 @@
 // The training loop: data, schedule, micro-steps with accumulation, optimizer step, logging.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -10,6 +11,9 @@
 #include "runtime/module.h"
 
 namespace kiln {
+
+class DataLoader;
+class Executor;
 
 struct TrainOptions {
   std::vector<std::string> data;  // llm.c token shard(s): files or globs (their union, by path)
@@ -43,6 +47,14 @@ struct TrainOptions {
   // The file this process runs, (what, path): the outputs must not overwrite it.
   std::pair<std::string, std::string> self;
 };
+
+// The mean loss of the next `batches` batches of `data` through the forward program, with the
+// executor's weights as they are; progress(done) after each batch. Token ids outside the
+// vocabulary are a kiln::Error naming the shard.
+double mean_forward_loss(Executor& ex, DataLoader& data, int64_t batches,
+                         const std::function<void(int64_t)>& progress = {});
+// The batches of B x T that one pass over every shard of `data` reads (one rank).
+int64_t whole_batches(const DataLoader& data, int64_t B, int64_t T);
 
 // Runs the loop; throws kiln::Error on bad input. Returns the last step's loss. Only rank 0
 // prints progress and writes --log, --save and --dump-grads.

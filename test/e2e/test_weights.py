@@ -157,6 +157,49 @@ def main():
         failures += not ok
         print(f"{'ok  ' if ok else 'FAIL'} padded vocabulary: checkpoint wte {wte['shape']}, rows {V}..{Vp - 1} "
               f"zero in value and AdamW moments: {pad_zero}; --save / --dump-grads wte {shapes[0]} / {shapes[1]}")
+
+    # eval: the mean loss of weights over shards, batch by batch as training reads them, against
+    # float64 PyTorch (relative 1e-5: Kiln's forward is fp32); the same weights as an llm.c file
+    # give the same loss.
+    shard2 = os.path.join(a.workdir, "data2.bin")
+    ref.write_shard(shard2, np.random.default_rng(7).integers(0, cfg.vocab_size, B * T * 2 + 5))
+    weights = ref.to_f64(ref.normalize_state(ref.read_safetensors(trained) if code == 0 else params, cfg))
+    batch_losses = []
+    for f in (shard, shard2):
+        tokens = torch.from_numpy(ref.read_shard(f).astype(np.int64))
+        for i in range((len(tokens) - 1) // (B * T)):
+            buf = tokens[i * B * T: (i + 1) * B * T + 1]
+            _, loss = ref.forward(weights, buf[:-1].view(B, T), buf[1:].view(B, T), cfg)
+            batch_losses.append(float(loss))
+    want = sum(batch_losses) / len(batch_losses)
+    evaluated = trained if code == 0 else files["prefixed"]
+    code_e, out = run([exe, "eval", "--init", evaluated, "--data", os.path.join(a.workdir, "data*.bin"), "--json"])
+    try:
+        got = json.loads(out.splitlines()[0])
+    except (ValueError, IndexError):
+        got = {}
+    err = abs(got.get("loss", float("nan")) - want) / want
+    ok = code_e == 0 and got.get("batches") == len(batch_losses) and got.get("whole_pass") is True and err <= 1e-5
+    failures += not ok
+    print(f"{'ok  ' if ok else 'FAIL'} eval: loss {got.get('loss')} over {got.get('batches')} batches of 2 shards, "
+          f"PyTorch float64 {want:.9f}: relative error {err:.1e}")
+    code_e, out = run([exe, "eval", "--init", evaluated, "--data", shard, "--batches", "2"])
+    first = out.splitlines()[0] if out else ""
+    got2 = float(first.split()[1]) if first.startswith("loss ") else float("nan")
+    want2 = sum(batch_losses[:2]) / 2
+    ok = code_e == 0 and abs(got2 - want2) / want2 <= 1e-5 and "2 batches of B=" in first
+    failures += not ok
+    print(f"{'ok  ' if ok else 'FAIL'} eval --batches 2: {first}")
+    code_e, out = run([exe, "eval", "--init", evaluated, "--data", shard, "--batches", "4"])
+    ok = code_e != 0 and "--batches: 4 is more than the data holds: 3 batches" in out
+    failures += not ok
+    print(f"{'ok  ' if ok else 'FAIL'} eval --batches past the data refused: {out.strip().splitlines()[-1] if out.strip() else ''}")
+    if code == 0:  # the initial weights, as safetensors and as an llm.c file: one loss
+        outs = [run([exe, "eval", "--init", files[k], "--data", shard, "--json"]) for k in ("prefixed", "llm.c bin")]
+        losses = [json.loads(o.splitlines()[0])["loss"] if c == 0 else None for c, o in outs]
+        ok = losses[0] is not None and losses[0] == losses[1]
+        failures += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} eval of the same weights as safetensors and as an llm.c file: {losses}")
     print("RESULT:", "PASS" if failures == 0 else f"FAIL ({failures})")
     return 1 if failures else 0
 
