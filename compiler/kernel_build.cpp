@@ -2,12 +2,15 @@
 #include "compiler/kernel_build.h"
 
 #include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
@@ -76,15 +79,23 @@ std::string cpuFlags() {
 
 }  // namespace
 
-// An interrupted build (Ctrl-C, SIGTERM, a closed terminal) takes its compiler and its temporary
-// folder with it. The compiler runs in a process group of its own, so a terminal's Ctrl-C reaches
-// kilnc alone; the handler stops the group with SIGTERM (GCC and Clang then delete their own
-// temporaries), waits for the compiler, deletes the folder and lets the signal end kilnc.
+// An interrupted build (Ctrl-C, Ctrl-\\, SIGTERM, a closed terminal) takes its compiler and its
+// temporary folder with it. The compiler runs in a process group of its own, so a terminal's
+// signal reaches kilnc alone; the handler stops the group with SIGTERM (GCC and Clang then delete
+// their own temporaries; SIGKILL after 3 s), waits for it, deletes the folder and lets the signal
+// end kilnc. Signals kilnc was started ignoring (nohup) stay ignored, by the compiler too.
 namespace {
 
-const int kBuildSignals[] = {SIGINT, SIGTERM, SIGHUP};
-volatile sig_atomic_t g_compiler = 0;  // the compiler's pid (= its process group), while it runs
-char g_work[4][4096];                  // the source, library, log and folder to delete
+const int kBuildSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+constexpr int kNumBuildSignals = 4;
+// The handler may run on any of kilnc's threads while the building thread goes on. So the
+// building thread makes the folder, writes the source and starts the compiler in busy sections
+// (its signals blocked), and the two meet as in Dekker's algorithm: the handler raises g_stopping,
+// then waits while g_busy; a section raises g_busy, then backs off and waits for the end if
+// g_stopping. Either the handler sees what the section did, or the section never starts.
+std::atomic<int> g_busy{0}, g_stopping{0};
+std::atomic<pid_t> g_compiler{0};  // the compiler's pid (= its process group), while it runs
+char g_work[4][4096];              // the source, library, log and folder to delete
 
 void removeWork() {
   for (int i = 0; i < 3; ++i)
@@ -93,10 +104,22 @@ void removeWork() {
 }
 
 void onBuildSignal(int sig) {  // async-signal-safe calls only
-  if (const pid_t pid = g_compiler; pid > 0) {
+  g_stopping.store(1);
+  while (g_busy.load()) {
+  }
+  if (const pid_t pid = g_compiler.load(); pid > 0) {
     ::kill(-pid, SIGTERM);
     int status;
-    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    bool ended = false;
+    for (int i = 0; i < 300 && !ended; ++i) {  // 3 s, then SIGKILL
+      const pid_t w = ::waitpid(pid, &status, WNOHANG);
+      ended = w == pid || (w < 0 && errno == ECHILD);  // ECHILD: the building thread reaped it
+      if (!ended) ::poll(nullptr, 0, 10);
+    }
+    if (!ended) {
+      ::kill(-pid, SIGKILL);
+      while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+      }
     }
   }
   removeWork();
@@ -104,19 +127,46 @@ void onBuildSignal(int sig) {  // async-signal-safe calls only
   ::raise(sig);
 }
 
-// The handlers for the build's lifetime; the previous ones after.
+// Blocks the build signals in this thread for its lifetime, and marks the build busy.
+struct BusySection {
+  sigset_t previous;
+  BusySection() {
+    sigset_t handled;
+    sigemptyset(&handled);
+    for (int sig : kBuildSignals) sigaddset(&handled, sig);
+    pthread_sigmask(SIG_BLOCK, &handled, &previous);
+    g_busy.store(1);
+    if (g_stopping.load()) {  // a handler on another thread is ending kilnc: let it
+      g_busy.store(0);
+      pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+      for (;;) ::pause();
+    }
+  }
+  ~BusySection() {
+    g_busy.store(0);
+    pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+  }
+};
+
+// The handlers for the build's lifetime (not over a signal ignored); the previous ones after.
 struct BuildSignalGuard {
-  struct sigaction previous[3];
-  BuildSignalGuard(const std::string* paths) {
-    for (int i = 0; i < 4; ++i) std::snprintf(g_work[i], sizeof g_work[i], "%s", paths[i].c_str());
+  struct sigaction previous[kNumBuildSignals];
+  bool installed[kNumBuildSignals] = {};
+  BuildSignalGuard() {
     struct sigaction sa{};
     sa.sa_handler = onBuildSignal;
     sigfillset(&sa.sa_mask);  // one handler at a time
-    for (int i = 0; i < 3; ++i) sigaction(kBuildSignals[i], &sa, &previous[i]);
+    for (int i = 0; i < kNumBuildSignals; ++i) {
+      sigaction(kBuildSignals[i], nullptr, &previous[i]);
+      if (previous[i].sa_handler == SIG_IGN) continue;
+      sigaction(kBuildSignals[i], &sa, nullptr);
+      installed[i] = true;
+    }
   }
   ~BuildSignalGuard() {
-    for (int i = 0; i < 3; ++i) sigaction(kBuildSignals[i], &previous[i], nullptr);
-    g_compiler = 0;
+    for (int i = 0; i < kNumBuildSignals; ++i)
+      if (installed[i]) sigaction(kBuildSignals[i], &previous[i], nullptr);
+    g_compiler.store(0);
     for (auto& p : g_work) p[0] = 0;
   }
 };
@@ -133,20 +183,18 @@ int runCompiler(const std::vector<std::string>& args, const std::string& log, st
   posix_spawn_file_actions_adddup2(&files, 1, 2);
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
-  sigset_t none, handled, previous;
-  sigemptyset(&none);
-  sigemptyset(&handled);
-  for (int sig : kBuildSignals) sigaddset(&handled, sig);
   posix_spawnattr_setpgroup(&attr, 0);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setsigdefault(&attr, &handled);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-  // No signal between the spawn and the handler knowing the pid: it would miss the compiler.
-  sigprocmask(SIG_BLOCK, &handled, &previous);
+  // The compiler starts with kilnc's mask from before the busy section; caught signals are reset
+  // to their default by exec, ignored ones stay ignored.
   pid_t pid = 0;
-  const int rc = posix_spawnp(&pid, argv[0], &files, &attr, argv.data(), environ);
-  if (rc == 0) g_compiler = pid;
-  sigprocmask(SIG_SETMASK, &previous, nullptr);
+  int rc;
+  {
+    BusySection busy;
+    posix_spawnattr_setsigmask(&attr, &busy.previous);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK);
+    rc = posix_spawnp(&pid, argv[0], &files, &attr, argv.data(), environ);
+    if (rc == 0) g_compiler.store(pid);
+  }
   posix_spawn_file_actions_destroy(&files);
   posix_spawnattr_destroy(&attr);
   if (rc != 0) {
@@ -156,7 +204,10 @@ int runCompiler(const std::vector<std::string>& args, const std::string& log, st
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
-  g_compiler = 0;
+  {
+    BusySection busy;  // a handler must not signal the process group of a reaped pid
+    g_compiler.store(0);
+  }
   return status;
 }
 
@@ -176,16 +227,19 @@ std::optional<std::vector<uint8_t>> compileCpuKernels(const std::string& source,
   if (!cached.empty())
     if (auto hit = readAll(cached)) return hit;
 
+  BuildSignalGuard guard;
   std::string tmpl = temporaryRoot() + "/kilnc-kernels-XXXXXX";
-  if (!::mkdtemp(tmpl.data())) {
-    error = "cannot create a temporary directory in " + temporaryRoot() + ": " + std::strerror(errno);
-    return std::nullopt;
-  }
-  const std::string work = tmpl, src = work + "/kernels.cpp", lib = work + "/kernels.so", log = work + "/log";
-  const std::string paths[4] = {src, lib, log, work};
-  BuildSignalGuard guard(paths);
+  std::string work, src, lib, log;
   {
-    std::ofstream out(src);
+    BusySection busy;  // the folder is known to the handler as soon as it exists
+    if (!::mkdtemp(tmpl.data())) {
+      error = "cannot create a temporary directory in " + temporaryRoot() + ": " + std::strerror(errno);
+      return std::nullopt;
+    }
+    work = tmpl, src = work + "/kernels.cpp", lib = work + "/kernels.so", log = work + "/log";
+    const std::string* paths[4] = {&src, &lib, &log, &work};
+    for (int i = 0; i < 4; ++i) std::snprintf(g_work[i], sizeof g_work[i], "%s", paths[i]->c_str());
+    std::ofstream out(src);  // not beside a handler deleting the folder
     out << source;
   }
   std::vector<std::string> args{cxx};
@@ -201,7 +255,8 @@ std::optional<std::vector<uint8_t>> compileCpuKernels(const std::string& source,
     std::string line, first;
     for (int n = 0; n < 6 && std::getline(in, line); ++n) first += "\n  " + line;
     error = cxx + (WIFSIGNALED(status) ? " was ended by signal " + std::to_string(WTERMSIG(status))
-                                       : " exited with status " + std::to_string(WEXITSTATUS(status))) + first;
+                   : status == 0           ? " exited with status 0 but wrote no " + lib
+                                           : " exited with status " + std::to_string(WEXITSTATUS(status))) + first;
     bytes.reset();
   } else if (!cached.empty() && makeDirs(dir)) {
     try {

@@ -404,6 +404,7 @@ int run_main(int argc, char** argv) {
   if (const int rc = cli::parse(app, argc, argv); rc >= 0) return rc;
 
   std::unique_ptr<Communicator> comm;  // outlives the module: MPI_Finalize last
+  int interrupted = 0;                 // the signal that stopped training
   try {
     g_self = embedded ? std::pair<std::string, std::string>{"this executable", "/proc/self/exe"}
                       : std::pair<std::string, std::string>{"the module", module_path};
@@ -417,12 +418,11 @@ int run_main(int argc, char** argv) {
       try {
         kiln::train(module, train_opts, *comm);
       } catch (const Interrupted& stop) {
-        flush_stdout();
-        return 128 + stop.signal;  // as a shell reports a process the signal ended
+        interrupted = stop.signal;
       }
       flush_stdout();  // the progress lines went there
     }
-    return 0;
+    if (!interrupted) return 0;
   } catch (const Error& e) {
     // One failing rank ends them all, at once, rather than leaving them waiting in a collective.
     if (comm && comm->world_size() > 1) {
@@ -434,6 +434,10 @@ int run_main(int argc, char** argv) {
     std::fprintf(stderr, "error: %s\n", kiln::one_line(e.what()).c_str());
     return 1;
   }
+  // Ends the process by the signal, as a shell expects of a command it stopped, once the
+  // communicator is shut (the other ranks stopped after the same step).
+  comm.reset();
+  end_by_signal(interrupted);
 }
 
 }  // namespace kiln

@@ -1,26 +1,33 @@
 // Signal handlers that ask the training loop to stop (see stop_signals.h).
 #include "runtime/stop_signals.h"
 
+#include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 namespace kiln {
 namespace {
 
-volatile sig_atomic_t g_requested = 0;
-struct sigaction g_previous_int, g_previous_term;
+// Set by the handler on whichever thread took the signal, read by the training loop's.
+std::atomic<int> g_requested{0};
+const int kStopSignals[] = {SIGINT, SIGTERM};
+struct sigaction g_previous[2];
+bool g_installed[2];
 
 // Async-signal-safe: a flag and a write(2). The second signal restores the default action
 // and raises itself, which ends the process as if no handler were there.
 void on_signal(int sig) {
-  if (g_requested) {
+  if (g_requested.load()) {
     ::signal(sig, SIG_DFL);
     ::raise(sig);
     return;
   }
-  g_requested = sig;
+  g_requested.store(sig);
   const char* msg = sig == SIGINT ? "\nkiln: SIGINT: stopping after this step, with a checkpoint (again to stop now)\n"
                                   : "\nkiln: SIGTERM: stopping after this step, with a checkpoint (again to stop now)\n";
   ssize_t ignored = ::write(2, msg, std::strlen(msg));
@@ -30,21 +37,36 @@ void on_signal(int sig) {
 }  // namespace
 
 StopSignals::StopSignals() {
-  g_requested = 0;
+  g_requested.store(0);
   struct sigaction sa{};
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;  // reads, writes and sockets carry on where they were
-  sigaction(SIGINT, &sa, &g_previous_int);
-  sigaction(SIGTERM, &sa, &g_previous_term);
+  // A signal the run was started ignoring (nohup, a script's background job) stays ignored.
+  for (int i = 0; i < 2; ++i) {
+    sigaction(kStopSignals[i], nullptr, &g_previous[i]);
+    g_installed[i] = g_previous[i].sa_handler != SIG_IGN;
+    if (g_installed[i]) sigaction(kStopSignals[i], &sa, nullptr);
+  }
 }
 
 StopSignals::~StopSignals() {
-  sigaction(SIGINT, &g_previous_int, nullptr);
-  sigaction(SIGTERM, &g_previous_term, nullptr);
+  for (int i = 0; i < 2; ++i)
+    if (g_installed[i]) sigaction(kStopSignals[i], &g_previous[i], nullptr);
 }
 
-int StopSignals::requested() const { return g_requested; }
+int StopSignals::requested() const { return g_requested.load(); }
+
+void end_by_signal(int sig) {
+  std::fflush(nullptr);
+  ::signal(sig, SIG_DFL);
+  sigset_t just;
+  sigemptyset(&just);
+  sigaddset(&just, sig);
+  pthread_sigmask(SIG_UNBLOCK, &just, nullptr);
+  ::raise(sig);
+  std::_Exit(128 + sig);  // not reached
+}
 
 const char* signal_name(int sig) {
   switch (sig) {

@@ -1,6 +1,7 @@
 // Ctrl-C (SIGINT) and SIGTERM (a scheduler's preemption, `kill`) during training: the run
 // finishes the step it is in, writes a checkpoint and --save, and exits 128 + the signal, so
-// that --resume goes on from there. A second signal ends the process at once.
+// that --resume goes on from there. A second signal ends the process at once. The process then
+// ends by that signal (as a shell expects of a Ctrl-C'd command), after the communicator is shut.
 #pragma once
 
 namespace kiln {
@@ -19,10 +20,14 @@ class StopSignals {
 // "SIGINT", "SIGTERM".
 const char* signal_name(int sig);
 
-// Thrown by train() after an interrupted run has saved what it has: not an error, the CLI
-// exits 128 + signal.
+// Thrown by train() after an interrupted run has saved what it has: not an error; the CLI shuts
+// the communicator and raises the signal with its default action (end_by_signal).
 struct Interrupted {
   int signal;
 };
+
+// Restores the default action of `sig` and raises it: the process ends as if no handler had
+// been there (a shell sees a command ended by SIGINT, and stops its script).
+[[noreturn]] void end_by_signal(int sig);
 
 }  // namespace kiln
