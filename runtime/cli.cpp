@@ -117,6 +117,38 @@ struct SampleCommand {
   CLI::Option* logits_out_opt = nullptr;
 };
 
+// How far long work is, on a terminal only: "\rWHAT: done/total UNIT, s, about s left", at most
+// ten times a second and at the end. end_line() before an error, clear() before the result.
+class TerminalProgress {
+ public:
+  TerminalProgress(const char* what, const char* unit) : what_(what), unit_(unit), on_(::isatty(2) == 1) {}
+  bool on() const { return on_; }
+  void update(int64_t done, int64_t total) {
+    const Clock::time_point now = Clock::now();
+    if (done < total && now - last_ < std::chrono::milliseconds(100)) return;
+    last_ = now;
+    shown_ = true;
+    const double s = std::chrono::duration<double>(now - start_).count();
+    std::fprintf(stderr, "\r%s: %lld/%lld %s, %.0f s, about %.0f s left ", what_, (long long)done, (long long)total,
+                 unit_, s, s / double(done) * double(total - done));
+    std::fflush(stderr);
+  }
+  void end_line() const {
+    if (shown_) std::fprintf(stderr, "\n");
+  }
+  void clear() const {
+    if (shown_) std::fprintf(stderr, "\r%*s\r", 72, "");
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  const char* what_;
+  const char* unit_;
+  bool on_;
+  bool shown_ = false;
+  Clock::time_point start_ = Clock::now(), last_{};
+};
+
 std::string fixed(double v, int digits) {
   char text[64];
   std::snprintf(text, sizeof text, "%.*f", digits, v);
@@ -207,25 +239,10 @@ int run_sample(const Module& module, SampleCommand& c) {
     prompt = parse_prompt_ids(c.prompt_ids, V);
   }
   if (prompt.empty()) throw Error(std::string(given) + ": needs at least one token");
-  // A long generation (GPT-2 124M on a CPU: a second or more per token) says how far it is, on a
-  // terminal only (at most ten times a second, and at the end); the line is cleared before the
-  // samples print.
-  using Clock = std::chrono::steady_clock;
-  const Clock::time_point start = Clock::now();
-  Clock::time_point last{};
-  bool shown = false;
-  if (::isatty(2) == 1) {
-    c.options.progress = [start, &last, &shown](int64_t done, int64_t total) {
-      const Clock::time_point now = Clock::now();
-      if (done < total && now - last < std::chrono::milliseconds(100)) return;
-      last = now;
-      shown = true;
-      const double s = std::chrono::duration<double>(now - start).count();
-      std::fprintf(stderr, "\rsampling: %lld/%lld steps, %.0f s, about %.0f s left ", (long long)done,
-                   (long long)total, s, s / double(done) * double(total - done));
-      std::fflush(stderr);
-    };
-  }
+  // A long generation (GPT-2 124M on a CPU: a second or more per token) says how far it is; the
+  // line is cleared before the samples print.
+  TerminalProgress shown("sampling", "steps");
+  if (shown.on()) c.options.progress = [&shown](int64_t done, int64_t total) { shown.update(done, total); };
   std::vector<float> logits;
   if (c.logits_out_opt->count()) {
     // Said before the sampling, not after it.
@@ -239,13 +256,13 @@ int run_sample(const Module& module, SampleCommand& c) {
   try {
     samples = kiln::sample(ex, prompt, c.options);
   } catch (const Error&) {
-    if (shown) std::fprintf(stderr, "\n");  // the error goes on a line of its own
+    shown.end_line();  // the error goes on a line of its own
     throw;
   }
   c.options.progress = nullptr;  // it refers to this function's locals
   c.options.logits_out = nullptr;
   c.options.times = nullptr;
-  if (shown) std::fprintf(stderr, "\r%*s\r", 72, "");
+  shown.clear();
   for (size_t i = 0; i < samples.size(); ++i) {
     std::printf("--- sample %zu ---\n", i + 1);
     if (tok) {
@@ -315,32 +332,20 @@ int run_eval(const Module& module, const EvalCommand& c) {
     throw Error(c.init + ": " + bad + " holds a NaN or an infinity (its loss would be NaN)");
   ex.refresh_compute_copies();
 
-  // Progress on a terminal, at most ten times a second; the line is cleared before the result.
-  using Clock = std::chrono::steady_clock;
-  const Clock::time_point start = Clock::now();
-  Clock::time_point last{};
-  bool shown = false;
+  // Progress on a terminal; the line is cleared before the result.
+  const auto start = std::chrono::steady_clock::now();
+  TerminalProgress shown("evaluating", "batches");
   std::function<void(int64_t)> progress;
-  if (::isatty(2) == 1)
-    progress = [&](int64_t done) {
-      const Clock::time_point now = Clock::now();
-      if (done < batches && now - last < std::chrono::milliseconds(100)) return;
-      last = now;
-      shown = true;
-      const double s = std::chrono::duration<double>(now - start).count();
-      std::fprintf(stderr, "\revaluating: %lld/%lld batches, %.0f s, about %.0f s left ", (long long)done,
-                   (long long)batches, s, s / double(done) * double(batches - done));
-      std::fflush(stderr);
-    };
+  if (shown.on()) progress = [&](int64_t done) { shown.update(done, batches); };
   double loss = 0;
   try {
     loss = mean_forward_loss(ex, data, batches, progress);
   } catch (const Error&) {
-    if (shown) std::fprintf(stderr, "\n");
+    shown.end_line();
     throw;
   }
-  if (shown) std::fprintf(stderr, "\r%*s\r", 72, "");
-  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  shown.clear();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const int64_t tokens = batches * B * T;
   const size_t shards = data.files().size();
   if (c.json) {
