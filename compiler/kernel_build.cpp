@@ -29,7 +29,9 @@ namespace kiln {
 namespace {
 
 // The compiler CMake used and the flags for generated kernels: optimised for this machine,
-// vectorised, parallel over its cores with OpenMP.
+// vectorised, parallel over its cores with OpenMP. -fno-trapping-math lets GCC turn the kernels'
+// float comparisons (exp_f's clamp, maxima) into blends, so loops calling exp_f vectorise (4x
+// faster cross entropy); it changes no result, since nothing reads the floating-point flags.
 const char* hostCompiler() {
   const char* env = std::getenv("KILN_CXX");
   return env && *env ? env : KILN_HOST_CXX;
@@ -38,7 +40,7 @@ const char* hostCompiler() {
 std::string cpuCompileFlags() {
   const char* march = std::getenv("KILN_MARCH");
   return std::string("-std=c++17 -O3 -march=") + (march && *march ? march : "native") +
-         " -fno-math-errno -fopenmp -fPIC -shared -I" + KILN_CBLAS_INCLUDE_DIR;
+         " -fno-math-errno -fno-trapping-math -fopenmp -fPIC -shared -I" + KILN_CBLAS_INCLUDE_DIR;
 }
 
 uint64_t fnv1a(const std::string& s, uint64_t h = 1469598103934665603ull) {
