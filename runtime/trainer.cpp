@@ -246,9 +246,19 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
 
   if (!(o.bucket_mb > 0)) throw Error("--bucket-mb: must be positive");
   DataLoader loader(o.data, B, T, rank, int(world));
-  // The programs it runs (not the sampler's: their activations need not fit beside them).
+  // The programs it runs; the sampler's only for --sample-every (the arena holds the largest
+  // program's activations, and their key/value caches may be larger than a step's).
   std::vector<std::string> programs{"micro_step", "optimizer_step"};
   if (module.program("forward")) programs.push_back("forward");
+  if (o.sample_every < 0) throw Error("--sample-every: must not be negative");
+  if (o.sample_every > 0) {
+    if (!module.program("logits"))
+      throw Error(module.source() + ": has no 'logits' program to sample with (compile it again with this kilnc)");
+    if (o.sample_prompt.empty()) throw Error("--sample-prompt: needs at least one token");
+    programs.push_back("logits");
+    if (module.program("decode")) programs.push_back("decode");
+    if (module.program("decode") && module.program("prefill")) programs.push_back("prefill");
+  }
   if (o.zero != 0 && o.zero != 1) throw Error("--zero: " + std::to_string(o.zero) + " is not 0 or 1");
   // Data parallel: the gradients and values in bucket order (reduced in place), and under ZeRO-1
   // only the AdamW moments of the elements this rank updates.
@@ -398,20 +408,44 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       val->reset();  // the same batches every time, so evaluations compare
       val_loss = evaluate(ex, *val, o.val_steps, comm);
     }
+    // Rank 0 alone samples (every rank holds the whole weights); the others wait for it in the
+    // next step's reduction. The same seed every time, so that samples of steps compare.
+    std::vector<std::vector<int32_t>> samples;
+    if (root && o.sample_every > 0 && (step % o.sample_every == 0 || last))
+      samples = sample(ex, o.sample_prompt, o.sample);
     if (log.is_open()) {
       nlohmann::json j = {{"step", step}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm},
                           {"dt_ms", dt * 1e3}, {"tokens_per_s", tok_s}, {"mfu", mfu}};
       if (!std::isnan(val_loss)) j["val_loss"] = val_loss;
-      log << j.dump() << '\n' << std::flush;
+      if (!samples.empty()) {
+        nlohmann::json& list = j["samples"] = nlohmann::json::array();
+        for (const auto& ids : samples) {
+          if (o.sample_text) list.push_back(o.sample_text(ids));
+          else list.push_back(ids);
+        }
+      }
+      // A sample's text may end inside a UTF-8 sequence (tokens are bytes): replaced, not refused.
+      log << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n' << std::flush;
       if (!log) throw Error("--log: " + o.log + ": write failed (a full disk?)");
     }
-    if (root && (step % every == 0 || last || !std::isnan(val_loss))) {
+    if (root && (step % every == 0 || last || !std::isnan(val_loss) || !samples.empty())) {
       const double eta = elapsed / double(step + 1 - first_step) * double(o.steps - step - 1);
       std::printf("step %5lld/%lld | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | MFU %.1f%% | ETA %s",
                   (long long)step + 1, (long long)o.steps, loss, lr, norm, dt * 1e3, tok_s, 100 * mfu,
                   duration(eta).c_str());
       if (!std::isnan(val_loss)) std::printf(" | val loss %.4f", val_loss);
       std::printf("\n");
+      for (size_t i = 0; i < samples.size(); ++i) {
+        std::printf("--- sample %zu at step %lld ---\n", i + 1, (long long)step + 1);
+        if (o.sample_text) {
+          // Bytes, not a C string: token 188 decodes to a NUL byte.
+          const std::string text = o.sample_text(samples[i]);
+          std::fwrite(text.data(), 1, text.size(), stdout);
+        } else {
+          for (size_t k = 0; k < samples[i].size(); ++k) std::printf("%s%d", k ? " " : "", samples[i][k]);
+        }
+        std::printf("\n");
+      }
       std::fflush(stdout);
     }
     // A checkpoint folder alone means one checkpoint, at the end (or where a signal stops the

@@ -9,6 +9,7 @@
 #include "runtime/comm/communicator.h"
 #include "runtime/lr_schedule.h"
 #include "runtime/module.h"
+#include "runtime/sampler.h"
 
 namespace kiln {
 
@@ -38,6 +39,14 @@ struct TrainOptions {
   int64_t checkpoint_every = 0;
   int keep = 3;
   bool resume = false;
+  // Samples while training: after the update of every step s with s % sample_every == 0, and of
+  // the last, rank 0 draws sample.num_samples continuations of sample_prompt (the sampler's
+  // @decode over key/value caches, in the activation region: the state is not touched), prints
+  // them (as sample_text makes them, else as ids) and logs them as "samples".
+  int64_t sample_every = 0;
+  std::vector<int32_t> sample_prompt;
+  SampleOptions sample;
+  std::function<std::string(const std::vector<int32_t>&)> sample_text;
   double peak_tflops = 0;       // for the MFU column; 0 = an estimate of this CPU's fp32 peak
   // Data parallelism (runtime/data_parallel.h): ranks come from the launcher (mpirun, srun, or
   // RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT); total_batch then counts the tokens of all ranks.

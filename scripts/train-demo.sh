@@ -45,7 +45,8 @@ rm -rf "$out/train.jsonl" "$out/checkpoints"
 "$out/gpt2" train --data "$out/sotu/train_*.bin" --val-data "$out/sotu/val_*.bin" \
   --steps "${STEPS:-300}" --lr "$lr" --warmup-steps 20 --val-every 50 --val-steps 10 \
   --log "$out/train.jsonl" --checkpoint-dir "$out/checkpoints" --checkpoint-every 100 \
-  --save "$out/$name.safetensors" --print-every 10
+  --save "$out/$name.safetensors" --print-every 10 \
+  --sample-every 100 --sample-tokens 24 --sample-prompt "The state of the Union is"
 build/bin/kiln-inspect plot "$out/train.jsonl" -o "$out/loss.svg"
 
 "$out/gpt2" sample --init "$out/$name.safetensors" --prompt "The state of the Union is" \

@@ -436,6 +436,11 @@ if os.path.exists(demo_log):
     rl = f"{work}/demo-resume.log"
     if os.path.exists(rl):
         md += [f"- {line.strip()}" for line in open(rl, errors="replace") if line.startswith("resuming from")][:1]
+    # The resumed run samples while it trains (--sample-every 20): logged with their steps.
+    during = [(r["step"] + 1, t) for r in recs for t in r.get("samples", [])]
+    if during:
+        md += ["", "Samples while training (`train --sample-every 20 --sample-tokens 16`):", "", "```"]
+        md += [f"step {st}: {t}"[:500] for st, t in during] + ["```"]
 sl = f"{work}/demo-sample.log"
 if os.path.exists(sl):
     text = "".join(open(sl, errors="replace").readlines()[1:]).strip()  # the command line aside
@@ -796,7 +801,8 @@ else
     record demo-train ok "$LAST_DT" "40 steps, checkpoints at 20 and 40"
     rc=0
     boxed demo-resume 90 20 "$WORK/demo-resume.log" "${KENV[@]}" "$KILN_RUN_BIN" "$DEV/modules/$BENCH.kiln" \
-      "${targs[@]}" --steps 60 --resume --save "$demo/gpt2-124m.safetensors" || rc=$?
+      "${targs[@]}" --steps 60 --resume --save "$demo/gpt2-124m.safetensors" \
+      --sample-every 20 --sample-tokens 16 --tokenizer "$DEV/data/tokenizer" --sample-prompt "The state of the Union is" || rc=$?
     if [ "$rc" = 0 ]; then
       record demo-resume ok "$LAST_DT" "$(grep -a -m1 '^resuming from' "$WORK/demo-resume.log" | oneline)"
       rc=0

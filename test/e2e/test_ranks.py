@@ -10,7 +10,8 @@ reference with --total-batch 2*B*T (2 micro-steps per step), then checks (group 
              1e-5 relative, lr equal, final weights and step 0's gradients (--dump-grads) within
              1e-5; rank 0 alone logs and prints
   mpi_zero1  the same with --zero 1 and small buckets (several, with uneven ZeRO pieces), against
-             both the reference and the plain 2-rank run
+             both the reference and the plain 2-rank run; it samples every 3 steps too
+             (--sample-every: rank 0 alone, which changes no loss or weight)
   mpi_accum  2 ranks x 2 micro-steps (--zero 1) against 1 process x 4 micro-steps
   mpi_kill   SIGKILL rank 1 after the first step: mpirun, and with it rank 0, ends non-zero
              within 60 s
@@ -228,9 +229,16 @@ def case_mpi(c: Ctx):
 
 
 def case_mpi_zero1(c: Ctx):
-    c.run(c.mpirun_cmd() + c.train_args("mpi_zero1", ["--zero", "1", "--bucket-mb", "0.03"]), "mpirun --zero 1")
+    sampling = ["--sample-every", "3", "--sample-count", "2", "--sample-tokens", "4", "--sample-prompt-ids", "1 2"]
+    p = c.run(c.mpirun_cmd() + c.train_args("mpi_zero1", ["--zero", "1", "--bucket-mb", "0.03"] + sampling),
+              "mpirun --zero 1 --sample-every 3")
+    # Samples after steps 1, 4, 7, ... and the last, each printed once (by rank 0).
+    want = sorted({s for s in range(1, c.steps + 1) if (s - 1) % 3 == 0} | {c.steps})
+    for s in want:
+        if p.stdout.count(f"--- sample 2 at step {s} ---\n") != 1:
+            raise TestFailure(f"mpi --zero 1: sample 2 of step {s} not printed once:\n{p.stdout}")
     got, got_w = c.log("mpi_zero1"), c.weights("mpi_zero1")
-    msg = compare_runs("mpi --zero 1 vs 1 process", c.ref, got, c.ref_w, got_w)
+    msg = compare_runs("mpi --zero 1 vs 1 process", c.ref, got, c.ref_w, got_w) + f"; samples after steps {want}"
     if os.path.exists(os.path.join(c.workdir, "mpi.jsonl")):
         compare_runs("mpi --zero 1 vs mpi", c.log("mpi"), got, c.weights("mpi"), got_w)
     return msg
