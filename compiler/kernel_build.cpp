@@ -125,6 +125,7 @@ void onBuildSignal(int sig) {  // async-signal-safe calls only
     }
   }
   removeWork();
+  remove_pending_temporary();  // the kernel cache's entry, when it was being written
   ::signal(sig, SIG_DFL);
   ::raise(sig);
 }

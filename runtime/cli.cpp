@@ -427,6 +427,7 @@ std::string describe_executable(const Module& module) {
 }  // namespace
 
 int run_main(int argc, char** argv) {
+  remove_temporaries_on_signals();  // Ctrl-C while writing leaves no temporary (train has its own)
   // An executable's own module is read first, so that --help can say which model it trains.
   std::optional<Module> embedded;
   try {

@@ -7,6 +7,7 @@
 
 #include <signal.h>
 
+#include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
@@ -43,7 +44,50 @@ const std::string& host_name() {
   return name;
 }
 
+// The temporary write_file_atomic is writing (one writer at a time holds the slot; another
+// thread's concurrent write is not tracked), for a signal handler to remove.
+char g_pending[4096];
+std::atomic<bool> g_pending_set{false};
+std::atomic<bool> g_pending_claimed{false};
+
+// Claims the slot for `tmp` (false when another write holds it or the name does not fit).
+bool track_temporary(const std::string& tmp) {
+  if (tmp.size() >= sizeof g_pending || g_pending_claimed.exchange(true)) return false;
+  std::memcpy(g_pending, tmp.c_str(), tmp.size() + 1);
+  g_pending_set.store(true);
+  return true;
+}
+void untrack_temporary(bool tracked) {
+  if (!tracked) return;
+  g_pending_set.store(false);
+  g_pending_claimed.store(false);
+}
+
+const int kCleanupSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+
+void remove_temporary_and_end(int sig) {  // async-signal-safe
+  remove_pending_temporary();
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
 }  // namespace
+
+void remove_pending_temporary() {
+  if (g_pending_set.load()) ::unlink(g_pending);
+}
+
+void remove_temporaries_on_signals() {
+  struct sigaction sa{};
+  sa.sa_handler = remove_temporary_and_end;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : kCleanupSignals) {
+    struct sigaction previous{};
+    sigaction(sig, nullptr, &previous);
+    if (previous.sa_handler == SIG_IGN) continue;  // nohup: stays ignored
+    sigaction(sig, &sa, nullptr);
+  }
+}
 
 std::string temporary_path(const std::string& path) {
   return path + ".tmp." + host_name() + "." + std::to_string(::getpid());
@@ -172,8 +216,14 @@ void write_file_atomic(const std::string& given,
     return;
   }
   const std::string tmp = temporary_path(path);
+  // Tracked before it exists and until it is renamed or removed: a handler then unlinks at
+  // worst a name that no longer exists.
+  const bool tracked = track_temporary(tmp);
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
-  if (fd < 0) throw Error(path + ": creating " + tmp + ": " + std::strerror(errno));
+  if (fd < 0) {
+    untrack_temporary(tracked);
+    throw Error(path + ": creating " + tmp + ": " + std::strerror(errno));
+  }
   try {
     for (const auto& [data, size] : pieces) write_all(fd, data, size, path);
     // fsync before rename: otherwise a crash can leave `path` naming an empty file.
@@ -187,8 +237,10 @@ void write_file_atomic(const std::string& given,
   } catch (...) {
     if (fd >= 0) ::close(fd);
     ::unlink(tmp.c_str());
+    untrack_temporary(tracked);
     throw;
   }
+  untrack_temporary(tracked);
   // Make the rename itself durable. Best effort: some filesystems refuse fsync on directories.
   std::string dir = std::filesystem::path(path).parent_path().string();
   int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);

@@ -49,4 +49,13 @@ void check_output_file(const std::string& flag, const std::string& path, bool ap
 void write_file_atomic(const std::string& path,
                        const std::vector<std::pair<const void*, size_t>>& pieces, int mode = 0644);
 
+// A process that a signal ends while write_file_atomic writes would leave its temporary behind.
+// The temporary being written is kept where a handler can reach it: remove_pending_temporary()
+// (async-signal-safe) unlinks it. remove_temporaries_on_signals() installs handlers for SIGINT,
+// SIGTERM, SIGHUP and SIGQUIT (not over one the process was started ignoring) that do so and then
+// end the process by the signal, as it would have ended; a tool's main() calls it first.
+// Handlers of one's own (the training loop's, kilnc's compiler guard) call remove_pending_temporary.
+void remove_pending_temporary();
+void remove_temporaries_on_signals();
+
 }  // namespace kiln

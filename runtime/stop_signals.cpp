@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "runtime/file_io.h"
+
 namespace kiln {
 namespace {
 
@@ -23,6 +25,7 @@ bool g_installed[2];
 // and raises itself, which ends the process as if no handler were there.
 void on_signal(int sig) {
   if (g_requested.load()) {
+    remove_pending_temporary();  // a checkpoint or --save half written
     ::signal(sig, SIG_DFL);
     ::raise(sig);
     return;

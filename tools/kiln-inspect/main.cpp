@@ -181,6 +181,7 @@ int plot_main(int argc, char** argv) {
 }
 
 int main(int argc, char** argv) {
+  kiln::remove_temporaries_on_signals();  // Ctrl-C while writing leaves no temporary
   if (argc > 1 && std::string(argv[1]) == "plot") return plot_main(argc - 1, argv + 1);
   CLI::App app{"kiln-inspect: report on a Kiln module or training executable\n"
                "(kiln-inspect plot LOG.jsonl -o loss.svg draws loss curves)"};

@@ -1,0 +1,81 @@
+// write_file_atomic under a signal: the temporary goes with the process (remove_pending_temporary).
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "runtime/file_io.h"
+#include "temp_dir_fixture.h"
+
+namespace kiln {
+namespace {
+
+using FileIo = testing::TempDirTest;
+
+// A child writes 512 MB; SIGTERM reaches it once its temporary exists. It ends by the signal and
+// leaves neither the temporary nor the file.
+TEST_F(FileIo, ASignalDuringAWriteLeavesNoTemporary) {
+  std::vector<uint8_t> chunk(64 << 20, 0x5a);
+  const std::vector<std::pair<const void*, size_t>> pieces(8, {chunk.data(), chunk.size()});
+  const std::string out = path("big.bin");
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    remove_temporaries_on_signals();
+    try {
+      write_file_atomic(out, pieces);
+    } catch (...) {
+      ::_exit(3);
+    }
+    ::_exit(0);  // finished before the signal came: the test below says so
+  }
+  const auto start = std::chrono::steady_clock::now();
+  bool seen = false;
+  while (!seen && std::chrono::steady_clock::now() - start < std::chrono::seconds(30)) {
+    for (const std::string& name : listing()) seen = seen || name.find(".tmp.") != std::string::npos;
+    if (!seen) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  ::kill(child, SIGTERM);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(seen) << "the temporary never appeared";
+  ASSERT_TRUE(WIFSIGNALED(status)) << "the child was not ended by the signal (exit status "
+                                   << (WIFEXITED(status) ? WEXITSTATUS(status) : -1) << ": the write finished first)";
+  EXPECT_EQ(WTERMSIG(status), SIGTERM);
+  EXPECT_EQ(listing(), std::vector<std::string>{});
+}
+
+// A signal the process was started ignoring (nohup) stays ignored; the others get the handler.
+TEST(FileIoSignals, IgnoredSignalsStayIgnored) {
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::signal(SIGHUP, SIG_IGN);
+    ::signal(SIGTERM, SIG_DFL);
+    remove_temporaries_on_signals();
+    struct sigaction hup{}, term{};
+    sigaction(SIGHUP, nullptr, &hup);
+    sigaction(SIGTERM, nullptr, &term);
+    ::_exit(hup.sa_handler == SIG_IGN && term.sa_handler != SIG_DFL && term.sa_handler != SIG_IGN ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+// Between writes there is nothing to remove, and a finished write keeps its file.
+TEST_F(FileIo, NothingPendingAfterAWrite) {
+  const std::string out = path("small.txt");
+  const char text[] = "kept";
+  write_file_atomic(out, {{text, 4}});
+  remove_pending_temporary();
+  EXPECT_EQ(listing(), std::vector<std::string>{"small.txt"});
+  EXPECT_EQ(read_file(out).size(), 4u);
+}
+
+}  // namespace
+}  // namespace kiln
