@@ -216,9 +216,14 @@ void prepare_train_samples(const Module& module, const TrainSampling& sampling, 
   if (o.sample_every == 0) return;
   const int64_t V = module.fb().model()->vocab_size();
   std::shared_ptr<Gpt2Tokenizer> tok;
-  if (V == 50257)
-    tok = std::make_shared<Gpt2Tokenizer>(
-        Gpt2Tokenizer::load(sampling.tokenizer.empty() ? Gpt2Tokenizer::default_dir() : sampling.tokenizer));
+  if (V == 50257) {
+    try {
+      tok = std::make_shared<Gpt2Tokenizer>(
+          Gpt2Tokenizer::load(sampling.tokenizer.empty() ? Gpt2Tokenizer::default_dir() : sampling.tokenizer));
+    } catch (const Error& e) {
+      throw Error(std::string("--sample-every: the samples are GPT-2 text, which needs its tokenizer (--tokenizer DIR): ") + e.what());
+    }
+  }
   if (sampling.prompt_opt->count()) {
     if (!tok) throw Error("--sample-prompt: this model's vocabulary has " + std::to_string(V) +
                           " tokens, not GPT-2's 50257; give --sample-prompt-ids instead");
@@ -468,8 +473,9 @@ int run_main(int argc, char** argv) {
     if (eval->parsed()) return run_eval(module, eval_opts);
     if (train->parsed()) {
       const fb::Model& model = *module.fb().model();
-      prepare_train_samples(module, train_sampling, train_opts);
       comm = make_communicator(parse_comm_backend(train_opts.comm), model.target() ? model.target()->str() : "cpu");
+      // Rank 0 alone samples: only its machine needs the tokenizer (an error here ends all ranks).
+      if (comm->rank() == 0) prepare_train_samples(module, train_sampling, train_opts);
       try {
         kiln::train(module, train_opts, *comm);
       } catch (const Interrupted& stop) {

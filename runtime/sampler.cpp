@@ -10,6 +10,15 @@
 #include "runtime/rng.h"
 
 namespace kiln {
+void check_sample_size(int64_t prompt_tokens, const SampleOptions& o, const std::string& what) {
+  int64_t tokens = 0;
+  if (__builtin_add_overflow(prompt_tokens, o.max_new_tokens, &tokens) ||
+      __builtin_mul_overflow(o.num_samples, tokens, &tokens) ||
+      tokens > (int64_t(1) << 31))
+    throw Error(what + std::to_string(o.num_samples) + " samples of " + std::to_string(prompt_tokens) + " + " +
+                std::to_string(o.max_new_tokens) + " tokens are more than the 2^31 tokens the sampler keeps");
+}
+
 std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t>& prompt,
                                          const SampleOptions& o) {
   const fb::Model& model = *ex.module().fb().model();
@@ -50,12 +59,7 @@ std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t
 
   // Everything is kept until the end: refused up front when it cannot be (not killed half-way).
   // The caps (8 GiB each) are far above any real use.
-  int64_t tokens = 0;
-  if (__builtin_add_overflow(int64_t(prompt.size()), o.max_new_tokens, &tokens) ||
-      __builtin_mul_overflow(o.num_samples, tokens, &tokens) ||
-      tokens > (int64_t(1) << 31))
-    throw Error("sample: " + std::to_string(o.num_samples) + " samples of " + std::to_string(prompt.size()) + " + " +
-                std::to_string(o.max_new_tokens) + " tokens are more than the 2^31 tokens it keeps");
+  check_sample_size(int64_t(prompt.size()), o, "sample: ");
   if (o.logits_out) {
     int64_t n = 0;
     if (__builtin_mul_overflow(o.num_samples, o.max_new_tokens, &n) || __builtin_mul_overflow(n, V, &n) ||

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "runtime/executor.h"
@@ -39,6 +40,10 @@ struct SampleOptions {
 // (`logits`): the same numbers up to rounding. With `prefill` loaded too, the prompt goes into the
 // caches M positions per call (all but its last token, which @decode reads for the logits). Deterministic for a seed. kiln::Error when the prompt is
 // empty or holds an id outside [0, vocab), or the temperature is not finite and positive.
+// kiln::Error `what` + "N samples of P + M tokens are more than the 2^31 tokens the sampler
+// keeps" when they are (sample() checks it too; a caller that samples later checks up front).
+void check_sample_size(int64_t prompt_tokens, const SampleOptions& options, const std::string& what);
+
 std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t>& prompt,
                                          const SampleOptions& options);
 

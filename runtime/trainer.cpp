@@ -251,10 +251,13 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   std::vector<std::string> programs{"micro_step", "optimizer_step"};
   if (module.program("forward")) programs.push_back("forward");
   if (o.sample_every < 0) throw Error("--sample-every: must not be negative");
-  if (o.sample_every > 0) {
+  // Rank 0 alone samples, so only its arena holds the sampler's programs.
+  const bool sampling = o.sample_every > 0 && root;
+  if (sampling) {
     if (!module.program("logits"))
       throw Error(module.source() + ": has no 'logits' program to sample with (compile it again with this kilnc)");
     if (o.sample_prompt.empty()) throw Error("--sample-prompt: needs at least one token");
+    check_sample_size(int64_t(o.sample_prompt.size()), o.sample, "--sample-count, --sample-tokens: ");
     programs.push_back("logits");
     if (module.program("decode")) programs.push_back("decode");
     if (module.program("decode") && module.program("prefill")) programs.push_back("prefill");
@@ -409,10 +412,13 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       val_loss = evaluate(ex, *val, o.val_steps, comm);
     }
     // Rank 0 alone samples (every rank holds the whole weights); the others wait for it in the
-    // next step's reduction. The same seed every time, so that samples of steps compare.
+    // next step's reduction (a long sampling counts against KILN_COMM_TIMEOUT there). The same seed every time, so that samples of steps compare.
     std::vector<std::vector<int32_t>> samples;
-    if (root && o.sample_every > 0 && (step % o.sample_every == 0 || last))
+    if (sampling && (step % o.sample_every == 0 || last)) {
+      ex.enable_profiling(false);  // --profile's table is the training step's
       samples = sample(ex, o.sample_prompt, o.sample);
+      ex.enable_profiling(o.profile);
+    }
     if (log.is_open()) {
       nlohmann::json j = {{"step", step}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm},
                           {"dt_ms", dt * 1e3}, {"tokens_per_s", tok_s}, {"mfu", mfu}};

@@ -41,8 +41,8 @@ struct TrainOptions {
   bool resume = false;
   // Samples while training: after the update of every step s with s % sample_every == 0, and of
   // the last, rank 0 draws sample.num_samples continuations of sample_prompt (the sampler's
-  // @decode over key/value caches, in the activation region: the state is not touched), prints
-  // them (as sample_text makes them, else as ids) and logs them as "samples".
+  // programs write only their own inputs and activations: no parameter, gradient or moment), prints
+  // them (as sample_text makes them, else as ids) and logs them as "samples". Other ranks ignore it.
   int64_t sample_every = 0;
   std::vector<int32_t> sample_prompt;
   SampleOptions sample;
