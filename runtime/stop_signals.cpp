@@ -20,6 +20,8 @@ std::atomic<int> g_requested{0};
 const int kStopSignals[] = {SIGINT, SIGTERM};
 struct sigaction g_previous[2];
 bool g_installed[2];
+// The handler's lines (for SIGINT, SIGTERM), composed before it can run: it may only write(2).
+char g_message[2][160];
 
 // Async-signal-safe: a flag and a write(2). The second signal restores the default action
 // and raises itself, which ends the process as if no handler were there.
@@ -31,16 +33,20 @@ void on_signal(int sig) {
     return;
   }
   g_requested.store(sig);
-  const char* msg = sig == SIGINT ? "\nkiln: SIGINT: stopping after this step, with a checkpoint (again to stop now)\n"
-                                  : "\nkiln: SIGTERM: stopping after this step, with a checkpoint (again to stop now)\n";
+  const char* msg = g_message[sig == SIGINT ? 0 : 1];
   ssize_t ignored = ::write(2, msg, std::strlen(msg));
   (void)ignored;
 }
 
 }  // namespace
 
-StopSignals::StopSignals() {
+StopSignals::StopSignals(int rank, int world) {
   g_requested.store(0);
+  char who[32] = "";
+  if (world > 1) std::snprintf(who, sizeof who, "rank %d: ", rank);
+  for (int i = 0; i < 2; ++i)
+    std::snprintf(g_message[i], sizeof g_message[i], "\nkiln: %s%s: stopping after this step, with a checkpoint (again to stop now)\n",
+                  who, i == 0 ? "SIGINT" : "SIGTERM");
   struct sigaction sa{};
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);

@@ -6,10 +6,11 @@
 
 namespace kiln {
 
-// Installs the handlers for its lifetime and restores the previous ones after.
+// Installs the handlers for its lifetime and restores the previous ones after. With several
+// ranks (world > 1) the handler's line names the rank that got the signal.
 class StopSignals {
  public:
-  StopSignals();
+  explicit StopSignals(int rank = 0, int world = 1);
   ~StopSignals();
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;

@@ -352,7 +352,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   const double peak = o.peak_tflops > 0 ? o.peak_tflops * 1e12 : gpu ? 989e12 : estimated_cpu_peak();
   double loss = 0, elapsed = 0;
   // Ctrl-C or SIGTERM: finish the step, checkpoint, save, and exit 128 + signal (stop_signals.h).
-  StopSignals signals;
+  StopSignals signals(rank, int(world));
   int interrupted = 0;
   for (int64_t step = first_step; step < o.steps; ++step) {
     auto t0 = std::chrono::steady_clock::now();

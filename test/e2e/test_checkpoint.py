@@ -58,12 +58,12 @@ def run_ranks(exe, args):
     procs = [subprocess.Popen([exe] + args, env=rank_env(r, port), stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True) for r in range(2)]
     errs = [p.communicate(timeout=120)[1] for p in procs]
-    return [p.returncode for p in procs], errs[0]
+    return [p.returncode for p in procs], errs
 
 
 def stop_with_signal(cmd, env, sig, after, signalled_rank=0):
     """Runs cmd (env None: as two ranks) and sends sig to one process once rank 0 has printed
-    step `after`; the exit codes and rank 0's stderr."""
+    step `after`; the exit codes and each rank's stderr (rank 0's first)."""
     if env is None:
         port = free_port()
         procs = [subprocess.Popen(cmd, env=rank_env(r, port), stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL,
@@ -76,7 +76,7 @@ def stop_with_signal(cmd, env, sig, after, signalled_rank=0):
             break
     procs[0].stdout.read()
     errs = [p.communicate(timeout=120)[1] for p in procs]
-    return [p.returncode for p in procs], errs[0]
+    return [p.returncode for p in procs], errs
 
 
 def main():
@@ -184,7 +184,7 @@ def main():
     ck_term = os.path.join(w, "ck_term")
     term = common + ["--log", f"{w}/term.jsonl", "--save", f"{w}/term.safetensors",
                      "--checkpoint-dir", ck_term, "--checkpoint-every", "10"]
-    stopped, err = stop_with_signal([exe] + term, {}, signal.SIGTERM, after=23)
+    stopped, (err,) = stop_with_signal([exe] + term, {}, signal.SIGTERM, after=23)
     at = max(losses(f"{w}/term.jsonl")) + 1  # the steps done (the log counts from 0)
     check(stopped == [-signal.SIGTERM] and at < STEPS and
           f"SIGTERM: stopped after step {at} of {STEPS}" in err,
@@ -205,11 +205,14 @@ def main():
                                "--checkpoint-dir", os.path.join(w, f"ck_{tag}")]
     codes, err = run_ranks(exe, two("two_ref"))
     check(codes == [0, 0], f"two ranks, uninterrupted: exit {codes}")
-    stopped, err = stop_with_signal([exe] + two("two"), None, signal.SIGINT, after=17, signalled_rank=1)
+    stopped, (err, err1) = stop_with_signal([exe] + two("two"), None, signal.SIGINT, after=17, signalled_rank=1)
     at = max(losses(f"{w}/two.jsonl")) + 1
     saved = open(os.path.join(w, "ck_two", "latest")).read().strip()
     check(stopped == [-signal.SIGINT, -signal.SIGINT] and saved == f"ckpt_{at:08d}.kiln-ckpt" and "SIGINT: stopped after step" in err,
           f"two ranks, SIGINT to rank 1: exits {stopped}, checkpoint {saved}: " + last_line(err))
+    # The handler's line names the rank that got the signal.
+    said = "kiln: rank 1: SIGINT: stopping after this step"
+    check(said in err1 and "kiln: rank" not in err, f"two ranks: rank 1 alone says '{said}'")
     codes, err = run_ranks(exe, two("two") + ["--resume"])
     want2, got2 = losses(f"{w}/two_ref.jsonl"), losses(f"{w}/two.jsonl")
     same = [s for s in want2 if got2.get(s) == want2[s]]
