@@ -315,17 +315,14 @@ int run_sample(const Module& module, SampleCommand& c) {
   c.options.logits_out = nullptr;
   c.options.times = nullptr;
   shown.clear();
+  std::function<std::string(const std::vector<int32_t>&)> as_text;
+  if (tok) as_text = [&tok](const std::vector<int32_t>& ids) { return tok->decode(ids); };
   for (size_t i = 0; i < samples.size(); ++i) {
     std::printf("--- sample %zu ---\n", i + 1);
-    if (tok) {
-      // Bytes, not a C string: token 188 decodes to a NUL byte, and the text goes on after it.
-      const std::string text = tok->decode(samples[i]);
-      std::fwrite(text.data(), 1, text.size(), stdout);
-      std::printf("\n");
-    } else {
-      for (size_t k = 0; k < samples[i].size(); ++k) std::printf("%s%d", k ? " " : "", samples[i][k]);
-      std::printf("\n");
-    }
+    // Bytes, not a C string: token 188 decodes to a NUL byte, and the text goes on after it.
+    const std::string text = sample_string(samples[i], as_text);
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::printf("\n");
   }
   flush_stdout();
   // After the samples, which a failed write must not lose.

@@ -10,6 +10,14 @@
 #include "runtime/rng.h"
 
 namespace kiln {
+std::string sample_string(const std::vector<int32_t>& ids,
+                          const std::function<std::string(const std::vector<int32_t>&)>& text) {
+  if (text) return text(ids);
+  std::string out;
+  for (size_t k = 0; k < ids.size(); ++k) out += (k ? " " : "") + std::to_string(ids[k]);
+  return out;
+}
+
 void check_sample_size(int64_t prompt_tokens, const SampleOptions& o, const std::string& what) {
   int64_t tokens = 0;
   if (__builtin_add_overflow(prompt_tokens, o.max_new_tokens, &tokens) ||

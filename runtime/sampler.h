@@ -44,6 +44,11 @@ struct SampleOptions {
 // keeps" when they are (sample() checks it too; a caller that samples later checks up front).
 void check_sample_size(int64_t prompt_tokens, const SampleOptions& options, const std::string& what);
 
+// A sample as it is printed: `text` of its ids when given (GPT-2's tokenizer; bytes, possibly NUL),
+// else the ids separated by spaces.
+std::string sample_string(const std::vector<int32_t>& ids,
+                          const std::function<std::string(const std::vector<int32_t>&)>& text);
+
 std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t>& prompt,
                                          const SampleOptions& options);
 

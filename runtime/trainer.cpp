@@ -412,7 +412,8 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       val_loss = evaluate(ex, *val, o.val_steps, comm);
     }
     // Rank 0 alone samples (every rank holds the whole weights); the others wait for it in the
-    // next step's reduction (a long sampling counts against KILN_COMM_TIMEOUT there). The same seed every time, so that samples of steps compare.
+    // next step's reduction (a long sampling counts against KILN_COMM_TIMEOUT there). The same
+    // seed every time, so that samples of steps compare.
     std::vector<std::vector<int32_t>> samples;
     if (sampling && (step % o.sample_every == 0 || last)) {
       ex.enable_profiling(false);  // --profile's table is the training step's
@@ -443,13 +444,8 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       std::printf("\n");
       for (size_t i = 0; i < samples.size(); ++i) {
         std::printf("--- sample %zu at step %lld ---\n", i + 1, (long long)step + 1);
-        if (o.sample_text) {
-          // Bytes, not a C string: token 188 decodes to a NUL byte.
-          const std::string text = o.sample_text(samples[i]);
-          std::fwrite(text.data(), 1, text.size(), stdout);
-        } else {
-          for (size_t k = 0; k < samples[i].size(); ++k) std::printf("%s%d", k ? " " : "", samples[i][k]);
-        }
+        const std::string text = sample_string(samples[i], o.sample_text);
+        std::fwrite(text.data(), 1, text.size(), stdout);  // bytes: token 188 decodes to a NUL
         std::printf("\n");
       }
       std::fflush(stdout);
