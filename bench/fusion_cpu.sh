@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # CPU training-step time with and without Kiln's kernel fusion, against PyTorch eager.
 #
-# A small fp32 GPT-2 (L=2 H=4 C=128, GPT-2's 50257-token vocabulary, B=8 T=128, target cpu) is
+# A small GPT-2 (L=2 H=4 C=128, GPT-2's 50257-token vocabulary, B=8 T=128, target cpu; fp32, or
+# with --precision bf16 Kiln's bf16 mixed precision against PyTorch under bf16 autocast) is
 # compiled twice by kilnc: as it compiles by default (fused) and with --no-fusion (unfused). Both
 # executables train on one synthetic llm.c shard (scripts/make_synthetic_shard.py) with a constant
 # learning rate; bench/pytorch_cpu_step.py runs the same model, step and batches in PyTorch eager
-# (torch.optim.AdamW foreach, grad-norm clipping at 1.0, fp32) with the same number of threads.
+# (torch.optim.AdamW foreach, grad-norm clipping at 1.0) with the same number of threads.
 # The three run alternately, --rounds times (the order rotates every round), each a fresh process
 # doing --warmup untimed and --steps timed steps; the figure per configuration is the median of
 # all its timed steps (Kiln's per-step dt_ms, PyTorch's time of the same work). Prints a table
@@ -19,7 +20,8 @@
 # Builds nothing: needs build/bin/kilnc (and kiln-run beside it; kiln-inspect for kernel counts).
 # If `kilnc --help` has no --no-fusion, it warns and compiles both variants the same way.
 #
-# Usage: bench/fusion_cpu.sh [--steps N] [--warmup N] [--rounds N] [--threads N] [--out FILE]
+# Usage: bench/fusion_cpu.sh [--precision fp32|bf16] [--steps N] [--warmup N] [--rounds N]
+#                            [--threads N] [--out FILE]
 #                            [--no-pytorch] [--keep]
 # Environment: KILN_BUILD (default build), PYTHON (default /usr/bin/python3: Debian's torch).
 # Takes ~3 minutes with the defaults on an idle 2-core machine (more when other work shares
@@ -35,26 +37,29 @@ STEPS=6
 WARMUP=2
 ROUNDS=5
 THREADS=$(nproc)
-OUT_JSON=$ROOT/bench/results/fusion_cpu.json
+OUT_JSON=
 RUN_PYTORCH=1
 KEEP=0
+PRECISION=fp32
 VOCAB=50257
 
 usage() {
   cat <<EOF
 Usage: bench/fusion_cpu.sh [OPTIONS]
 
-CPU step time of a small fp32 GPT-2 (L=2 H=4 C=128 V=$VOCAB, B=8 T=128): Kiln fused (kilnc's
+CPU step time of a small GPT-2 (L=2 H=4 C=128 V=$VOCAB, B=8 T=128): Kiln fused (kilnc's
 default), Kiln unfused (kilnc --no-fusion) and PyTorch eager, run alternately.
 
 Options:
+  --precision P  fp32 (default) or bf16: Kiln's bf16 mixed precision (fp32 master weights),
+                 PyTorch under torch.autocast("cpu", bfloat16)
   --steps N      timed steps per run (default $STEPS)
   --warmup N     untimed steps at the start of every run (default $WARMUP)
   --rounds N     rounds of (kiln-fused, kiln-unfused, pytorch), order rotated (default $ROUNDS)
   --vocab V      vocabulary size (default $VOCAB, GPT-2's; its classifier dominates the step)
   --threads N    threads for all three: OMP_NUM_THREADS and OPENBLAS_NUM_THREADS for Kiln,
                  torch.set_num_threads for PyTorch (default nproc = $(nproc))
-  --out FILE     JSON results (default bench/results/fusion_cpu.json)
+  --out FILE     JSON results (default bench/results/fusion_cpu.json; with bf16, fusion_cpu-bf16.json)
   --no-pytorch   time the two Kiln variants only
   --keep         keep the temporary directory (spec, shard, executables, logs)
   -h, --help     this help
@@ -73,6 +78,9 @@ while [ $# -gt 0 ]; do
   case "$1" in
     -h|--help) usage; exit 0 ;;
     --steps) need_int "$1" "${2-}" 1; STEPS=$2; shift 2 ;;
+    --precision) case "${2-}" in fp32|bf16) PRECISION=$2 ;;
+                   *) echo "fusion_cpu.sh: --precision needs fp32 or bf16, got '${2-}'" >&2; exit 2 ;; esac
+                 shift 2 ;;
     --warmup) need_int "$1" "${2-}" 0; WARMUP=$2; shift 2 ;;
     --rounds) need_int "$1" "${2-}" 1; ROUNDS=$2; shift 2 ;;
     --threads) need_int "$1" "${2-}" 1; THREADS=$2; shift 2 ;;
@@ -94,6 +102,7 @@ if [ "$RUN_PYTORCH" = 1 ]; then
     || { echo "fusion_cpu.sh: $PY cannot import torch (apt-get install python3-torch, or --no-pytorch)" >&2; exit 1; }
 fi
 
+[ -n "$OUT_JSON" ] || OUT_JSON=$ROOT/bench/results/fusion_cpu$([ "$PRECISION" = bf16 ] && echo -bf16).json
 mkdir -p "$(dirname "$OUT_JSON")"
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/kiln-fusion.XXXXXX")
 if [ "$KEEP" = 1 ]; then
@@ -103,7 +112,7 @@ else
 fi
 start=$SECONDS
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
-echo "== fusion_cpu.sh: $ROUNDS round(s) x ($WARMUP warm-up + $STEPS timed steps), $THREADS thread(s), nproc $(nproc), load average $LOAD_BEFORE"
+echo "== fusion_cpu.sh: $PRECISION, $ROUNDS round(s) x ($WARMUP warm-up + $STEPS timed steps), $THREADS thread(s), nproc $(nproc), load average $LOAD_BEFORE"
 if awk -v l="${LOAD_BEFORE%% *}" -v n="$(nproc)" 'BEGIN { exit !(l > 0.5 * n) }'; then
   echo "fusion_cpu.sh: warning: the machine is busy (load average ${LOAD_BEFORE%% *} on $(nproc) cores); times will be noisy" >&2
 fi
@@ -111,7 +120,7 @@ fi
 # 1. The spec and the data.
 SPEC=$TMP/gpt2-fusion-bench.toml
 cat > "$SPEC" <<EOF
-# bench/fusion_cpu.sh: a small GPT-2, fp32 on the CPU.
+# bench/fusion_cpu.sh: a small GPT-2, $PRECISION on the CPU.
 [model]
 name = "gpt2-fusion-bench"
 n_layer = 2
@@ -123,7 +132,7 @@ block_size = 128
 [compile]
 batch_size = 8
 seq_len = 128
-precision = "fp32"
+precision = "$PRECISION"
 target = "cpu"
 EOF
 B=8; T=128
@@ -215,10 +224,11 @@ GIT_REV=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
 GIT_STATUS=$(git -C "$ROOT" status --porcelain --untracked-files=no 2>/dev/null || true)
 GIT_DIRTY=0; [ -n "$GIT_STATUS" ] && GIT_DIRTY=1
 "$PY" - "$TMP" "$OUT_JSON" "$ROUNDS" "$WARMUP" "$STEPS" "$THREADS" "$FUSION_FLAG" "$IDENTICAL" \
-  "$LOAD_BEFORE" "$LOAD_AFTER" "$GIT_REV" "$GIT_DIRTY" "$RUN_PYTORCH" "$SPEC" "$((SECONDS - start))" <<'EOF'
+  "$LOAD_BEFORE" "$LOAD_AFTER" "$GIT_REV" "$GIT_DIRTY" "$RUN_PYTORCH" "$SPEC" "$((SECONDS - start))" \
+  "$PRECISION" <<'EOF'
 import json, os, statistics, sys, time
 (tmp, out, rounds, warmup, steps, threads, flag, identical, load_before, load_after, git_rev,
- git_dirty, run_pytorch, spec_path, elapsed) = sys.argv[1:]
+ git_dirty, run_pytorch, spec_path, elapsed, precision) = sys.argv[1:]
 rounds, warmup, steps, threads = int(rounds), int(warmup), int(steps), int(threads)
 configs = ["kiln-fused", "kiln-unfused"] + (["pytorch"] if run_pytorch == "1" else [])
 tokens_per_step = 8 * 128
@@ -263,6 +273,7 @@ if "pytorch" in res:
     ratios_best["pytorch/fused"] = res["pytorch"]["min_ms"] / res["kiln-fused"]["min_ms"]
 
 rw = max(18, len(", ".join("0000" for _ in range(rounds))))
+print(f"precision      {precision}" + (" (Kiln: bf16 mixed precision; PyTorch: bf16 autocast)" if precision == "bf16" else ""))
 print(f"{'config':<13} {'median ms/step':>14} {'tok/s':>7} {'best ms':>8}  {'round medians (ms)':<{rw}} {'vs fused':>8}")
 for c in configs:
     r = res[c]
@@ -296,6 +307,7 @@ doc = {
     "host": {"nproc": os.cpu_count(), "load_before": load_before, "load_after": load_after,
              "load_at_round_start": [float(x) for x in open(f"{tmp}/round-loads").read().split()]},
     "spec": spec,
+    "precision": precision,
     "tokens_per_step": tokens_per_step,
     "rounds": rounds, "warmup": warmup, "steps": steps, "threads": threads,
     "no_fusion_flag": flag == "1", "kiln_executables_identical": identical == "1",

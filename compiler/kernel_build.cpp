@@ -45,6 +45,16 @@ std::string cpuCompileFlags() {
          " -fno-math-errno -fno-trapping-math -fopenmp -fPIC -shared -I" + KILN_CBLAS_INCLUDE_DIR;
 }
 
+// Libraries named after the source: oneDNN, for the bf16 products (kernelPrelude), linked only
+// when the kernels call it (--as-needed).
+std::string cpuLinkFlags() {
+#ifdef KILN_HAVE_DNNL
+  return "-Wl,--as-needed -ldnnl";
+#else
+  return "";
+#endif
+}
+
 uint64_t fnv1a(const std::string& s, uint64_t h = 1469598103934665603ull) {
   for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
   return h;
@@ -224,7 +234,7 @@ std::string temporaryRoot() {
 }  // namespace
 
 std::optional<std::vector<uint8_t>> compileCpuKernels(const std::string& source, std::string& error) {
-  const std::string cxx = hostCompiler(), kCpuFlags = cpuCompileFlags();
+  const std::string cxx = hostCompiler(), kCpuFlags = cpuCompileFlags() + " " + cpuLinkFlags();
   const std::string dir = cacheDir();
   char key[32];
   std::snprintf(key, sizeof key, "%016llx", (unsigned long long)fnv1a(cxx + "\n" + kCpuFlags + "\n" + cpuFlags() + "\n" + source));
@@ -248,9 +258,10 @@ std::optional<std::vector<uint8_t>> compileCpuKernels(const std::string& source,
     out << source;
   }
   std::vector<std::string> args{cxx};
-  std::istringstream flags(kCpuFlags);
+  std::istringstream flags(cpuCompileFlags()), links(cpuLinkFlags());
   for (std::string f; flags >> f;) args.push_back(f);
   for (const std::string& a : {std::string("-o"), lib, src}) args.push_back(a);
+  for (std::string f; links >> f;) args.push_back(f);
   const int status = runCompiler(args, log, error);
   std::optional<std::vector<uint8_t>> bytes;
   if (status < 0) {

@@ -65,6 +65,7 @@ class Emitter {
                              : head + preamble_ + sig + " {\n" + decls_ + body_ + "}\n";
     k.flops = flops_;
     k.tensorFlops = tensorFlops_;
+    k.cpuBf16Matmul = bf16Matmul_;
     k.cudaGrid = grid_;
     k.cudaBlock = block_;
     k.cublasLt = cublasLt_;
@@ -245,13 +246,27 @@ class Emitter {
       return "  const float* " + std::string(name) + " = widen(" + ptr_[a] + ", " + num(numel(a)) + ", " +
              (name[0] == 'A' ? "0" : "1") + ");\n";
     };
-    body_ += "  // C[" + num(M) + ", " + num(N) + "] = " + (tA ? "A^T" : "A") + " " + (tB ? "B^T" : "B") +
-             " with K = " + num(K) + ", by the BLAS into fp32 scratch.\n";
-    body_ += operandF32(mm.getLhs(), "A") + operandF32(mm.getRhs(), "B");
-    body_ += "  float* C = scratch(2, " + num(M * N) + ");\n";
-    body_ += "  cblas_sgemm(CblasRowMajor, " + std::string(tA ? "CblasTrans" : "CblasNoTrans") + ", " +
-             (tB ? "CblasTrans" : "CblasNoTrans") + ", " + num(M) + ", " + num(N) + ", " + num(K) + ", 1.0f, A, " +
-             num(tA ? M : K) + ", B, " + num(tB ? K : N) + ", 0.0f, C, " + num(N) + ");\n";
+    const std::string what = "C[" + num(M) + ", " + num(N) + "] = " + (tA ? "A^T" : "A") + " " +
+                             (tB ? "B^T" : "B") + " with K = " + num(K);
+    const std::string scratchC = "  float* C = scratch(2, " + num(M * N) + ");\n";
+#ifdef KILN_HAVE_DNNL
+    const bool byDnnl = isBF16(mm.getLhs()) && isBF16(mm.getRhs());
+#else
+    const bool byDnnl = false;
+#endif
+    if (byDnnl) {
+      bf16Matmul_ = true;
+      body_ += "  // " + what + ", bf16 operands, by oneDNN into fp32 scratch.\n" + scratchC;
+      body_ += "  static Bf16Matmul product;\n";
+      body_ += "  bf16_matmul(&product, " + num(tA) + ", " + num(tB) + ", " + num(M) + ", " + num(N) + ", " + num(K) +
+               ", " + ptr_[cast<BlockArgument>(mm.getLhs())] + ", " + ptr_[cast<BlockArgument>(mm.getRhs())] + ", C);\n";
+    } else {
+      body_ += "  // " + what + ", by the BLAS into fp32 scratch.\n";
+      body_ += operandF32(mm.getLhs(), "A") + operandF32(mm.getRhs(), "B") + scratchC;
+      body_ += "  cblas_sgemm(CblasRowMajor, " + std::string(tA ? "CblasTrans" : "CblasNoTrans") + ", " +
+               (tB ? "CblasTrans" : "CblasNoTrans") + ", " + num(M) + ", " + num(N) + ", " + num(K) + ", 1.0f, A, " +
+               num(tA ? M : K) + ", B, " + num(tB ? K : N) + ", 0.0f, C, " + num(N) + ");\n";
+    }
     if (!epilogue.empty() || !outs_.lookup(mm.getResult()).empty()) {
       body_ += "  // Epilogue, element by element over C.\n";
       loop(M * N, [&](const std::string& ind) {
@@ -728,32 +743,25 @@ class Emitter {
     body_ += "  // Row i: lse = max + log sum exp(x - max) over the " + num(valid) + " classes; loss_i = lse - x[t];\n";
     body_ += "  // dlogits = dloss / N * (softmax - onehot(t)), written over the logits when they share storage.\n";
     body_ += "  double* row_loss = (double*)scratch(1, " + num(2 * N) + ");\n";
+    body_ += "  float* exps = scratch(3, (int64_t)omp_get_max_threads() * " + num(valid) + ");  // a row's exp(x - max), per thread\n";
     body_ += "  const float g = " + at(dloss, "0") + " / " + num(N) + ".0f;\n";
     body_ += "#pragma omp parallel for schedule(static)\n";
     body_ += "  for (int64_t r = 0; r < " + num(N) + "; ++r) {\n";
     body_ += "    const int64_t row = r * " + num(V) + ";\n";
     body_ += "    const int32_t t = " + at(targets, "r") + ";\n";
-    // 16 independent lanes so the compiler vectorises the max and the sum (then added in double).
-    body_ += "    float lane[16];\n";
-    body_ += "    for (int q = 0; q < 16; ++q) lane[q] = -INFINITY;\n";
-    body_ += "    for (int64_t j0 = 0; j0 + 16 <= " + num(valid) + "; j0 += 16)\n";
-    body_ += "      for (int q = 0; q < 16; ++q) { const float v = " + at(logits, "row + j0 + q") + "; lane[q] = v > lane[q] ? v : lane[q]; }\n";
-    body_ += "    float mx = -INFINITY;\n";
-    body_ += "    for (int q = 0; q < 16; ++q) mx = fmaxf(mx, lane[q]);\n";
-    body_ += "    for (int64_t j = " + num(valid / 16 * 16) + "; j < " + num(valid) + "; ++j) mx = fmaxf(mx, " + at(logits, "row + j") + ");\n";
-    body_ += "    for (int q = 0; q < 16; ++q) lane[q] = 0.0f;\n";
-    body_ += "    for (int64_t j0 = 0; j0 + 16 <= " + num(valid) + "; j0 += 16)\n";
-    body_ += "      for (int q = 0; q < 16; ++q) lane[q] += exp_f(" + at(logits, "row + j0 + q") + " - mx);\n";
-    body_ += "    double sum = 0.0;\n";
-    body_ += "    for (int q = 0; q < 16; ++q) sum += lane[q];\n";
-    body_ += "    for (int64_t j = " + num(valid / 16 * 16) + "; j < " + num(valid) + "; ++j) sum += exp_f(" + at(logits, "row + j") + " - mx);\n";
-    body_ += "    const double l = (double)mx + log(sum);\n";
-    body_ += "    row_loss[r] = l - (double)" + at(logits, "row + t") + ";\n";
-    body_ += "    const float lf = (float)l;\n";
-    body_ += "    for (int64_t j = 0; j < " + num(valid) + "; ++j) {\n";
-    body_ += "      float d = g * exp_f(" + at(logits, "row + j") + " - lf);\n";
-    body_ += "      if (j == t) d -= g;\n";
-    body_ += "      st(" + dl + ", row + j, d);\n    }\n";
+    body_ += "    float* e = exps + (int64_t)omp_get_thread_num() * " + num(valid) + ";\n";
+    // omp simd reductions: vectorised (the lanes' partial maxima and sums, then combined), and
+    // the same order in every run. The row's exponentials stay in e (in the core's cache) for
+    // the gradient, so each logit is exponentiated once.
+    body_ += "    float mx = -INFINITY, sum = 0.0f;\n";
+    body_ += "#pragma omp simd reduction(max : mx)\n";
+    body_ += "    for (int64_t j = 0; j < " + num(valid) + "; ++j) { const float v = " + at(logits, "row + j") + "; mx = v > mx ? v : mx; }\n";
+    body_ += "#pragma omp simd reduction(+ : sum)\n";
+    body_ += "    for (int64_t j = 0; j < " + num(valid) + "; ++j) { e[j] = exp_f(" + at(logits, "row + j") + " - mx); sum += e[j]; }\n";
+    body_ += "    row_loss[r] = (double)mx + log((double)sum) - (double)" + at(logits, "row + t") + ";\n";
+    body_ += "    const float gs = g / sum;  // softmax = e / sum\n";
+    body_ += "    for (int64_t j = 0; j < " + num(valid) + "; ++j) st(" + dl + ", row + j, gs * e[j]);\n";
+    body_ += "    if (t >= 0 && t < " + num(valid) + ") st(" + dl + ", row + t, gs * e[t] - g);\n";
     if (valid < V) body_ += "    for (int64_t j = " + num(valid) + "; j < " + num(V) + "; ++j) st(" + dl + ", row + j, 0.0f);  // padding\n";
     body_ += "  }\n";
     body_ += "  double total = 0.0;\n  for (int64_t r = 0; r < " + num(N) + "; ++r) total += row_loss[r];\n";
@@ -780,11 +788,12 @@ class Emitter {
       body_ += "#pragma omp parallel for schedule(static)\n";
       body_ += "  for (int64_t r = 0; r < " + num(N) + "; ++r) {\n";
       body_ += "    const int64_t row = r * " + num(V) + ";\n";
-      body_ += "    float mx = -INFINITY;\n";
+      body_ += "    float mx = -INFINITY, sum = 0.0f;\n";
+      body_ += "#pragma omp simd reduction(max : mx)\n";
       body_ += "    for (int64_t j = 0; j < " + num(valid) + "; ++j) { const float v = " + at(logits, "row + j") + "; mx = v > mx ? v : mx; }\n";
-      body_ += "    double sum = 0.0;\n";
+      body_ += "#pragma omp simd reduction(+ : sum)\n";
       body_ += "    for (int64_t j = 0; j < " + num(valid) + "; ++j) sum += exp_f(" + at(logits, "row + j") + " - mx);\n";
-      body_ += "    const double l = (double)mx + log(sum);\n";
+      body_ += "    const double l = (double)mx + log((double)sum);\n";
       for (const std::string& o : lseOut) body_ += "    st(" + o + ", r, (float)l);\n";
       body_ += "    row_loss[r] = l - (double)" + at(logits, "row + " + at(targets, "r")) + ";\n  }\n";
       body_ += "  double total = 0.0;\n  for (int64_t r = 0; r < " + num(N) + "; ++r) total += row_loss[r];\n";
@@ -1120,6 +1129,7 @@ class Emitter {
   unsigned next_ = 0;
   double flops_ = 0;
   double tensorFlops_ = 0;
+  bool bf16Matmul_ = false;  // the body calls bf16_matmul
   unsigned grid_ = 0, block_ = 0;
   Operation* unreadable_ = nullptr;  // the first op `at` could not read (an error in run)
 };
@@ -1146,12 +1156,13 @@ FailureOr<GeneratedKernel> generateKernel(FusionOp fusion, const std::string& sy
   return Emitter(fusion, target, hasComputeCopy).run(symbol);
 }
 
-std::string kernelPrelude(Target target) {
+std::string kernelPrelude(Target target, bool bf16Products) {
   // What differs: headers and types, the bf16 bit casts, exp/tanh, and each target's helpers.
   const char* cpuHead = R"(// Generated by kilnc: the fused kernels of one module, for the CPU.
 // Each kernel reads and writes whole buffers through b[]; shapes are constants.
 #include <cblas.h>
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1368,7 +1379,68 @@ extern "C" __global__ void kiln_round_copies(void* const* b, const long long* ra
 }
 
 )";
-  return target == Target::Cpu ? std::string(cpuHead) + common + cpuTail : std::string(cudaHead) + common + cudaTail;
+#ifdef KILN_HAVE_DNNL
+  // oneDNN 2.x's C API (compiler/CMakeLists.txt checks the version).
+  const char* cpuDnnl = R"(
+// Products of bf16 operands by oneDNN's matmul primitive, on AMX or AVX-512 BF16 tiles where the
+// CPU has them: bf16 products, fp32 sums, an fp32 result (what cblas_sgemm on widened copies
+// gives, up to the order of the sums). Each call site keeps its primitive, made at its first
+// call; where oneDNN has none for this CPU, it widens the operands for cblas_sgemm instead.
+#include <oneapi/dnnl/dnnl.h>
+typedef struct {
+  int state;  // 0: not made yet, 1: oneDNN, -1: the BLAS
+  dnnl_primitive_t prim;
+  dnnl_memory_t a, b, c;
+} Bf16Matmul;
+static dnnl_engine_t dnnl_engine_;
+static dnnl_stream_t dnnl_stream_;
+static int bf16_matmul_make(Bf16Matmul* m, int tA, int tB, int64_t M, int64_t N, int64_t K) {
+  if (!dnnl_engine_ && (dnnl_engine_create(&dnnl_engine_, dnnl_cpu, 0) != dnnl_success ||
+                        dnnl_stream_create(&dnnl_stream_, dnnl_engine_, dnnl_stream_default_flags) != dnnl_success))
+    return -1;
+  // Row-major A [M, K] (stored [K, M] when transposed), B [K, N] (stored [N, K]), C [M, N].
+  const dnnl_dims_t ad = {M, K}, bd = {K, N}, cd = {M, N};
+  const dnnl_dims_t as = {tA ? 1 : K, tA ? M : 1}, bs = {tB ? 1 : N, tB ? K : 1}, cs = {N, 1};
+  dnnl_memory_desc_t amd, bmd, cmd;
+  dnnl_matmul_desc_t desc;
+  dnnl_primitive_desc_t pd;
+  if (dnnl_memory_desc_init_by_strides(&amd, 2, ad, dnnl_bf16, as) != dnnl_success ||
+      dnnl_memory_desc_init_by_strides(&bmd, 2, bd, dnnl_bf16, bs) != dnnl_success ||
+      dnnl_memory_desc_init_by_strides(&cmd, 2, cd, dnnl_f32, cs) != dnnl_success ||
+      dnnl_matmul_desc_init(&desc, &amd, &bmd, NULL, &cmd) != dnnl_success ||
+      dnnl_primitive_desc_create(&pd, &desc, NULL, dnnl_engine_, NULL) != dnnl_success)
+    return -1;
+  const int made = dnnl_primitive_create(&m->prim, pd) == dnnl_success &&
+                   dnnl_memory_create(&m->a, &amd, dnnl_engine_, DNNL_MEMORY_NONE) == dnnl_success &&
+                   dnnl_memory_create(&m->b, &bmd, dnnl_engine_, DNNL_MEMORY_NONE) == dnnl_success &&
+                   dnnl_memory_create(&m->c, &cmd, dnnl_engine_, DNNL_MEMORY_NONE) == dnnl_success;
+  dnnl_primitive_desc_destroy(pd);
+  return made ? 1 : -1;
+}
+// C[M, N] = op(A) op(B), A and B bf16 (row-major, stored transposed where tA / tB).
+static void bf16_matmul(Bf16Matmul* m, int tA, int tB, int64_t M, int64_t N, int64_t K, const bf16* A,
+                        const bf16* B, float* C) {
+  if (m->state == 0) m->state = bf16_matmul_make(m, tA, tB, M, N, K);
+  if (m->state > 0) {
+    dnnl_memory_set_data_handle(m->a, (void*)A);
+    dnnl_memory_set_data_handle(m->b, (void*)B);
+    dnnl_memory_set_data_handle(m->c, C);
+    const dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, m->a}, {DNNL_ARG_WEIGHTS, m->b}, {DNNL_ARG_DST, m->c}};
+    if (dnnl_primitive_execute(m->prim, dnnl_stream_, 3, args) == dnnl_success && dnnl_stream_wait(dnnl_stream_) == dnnl_success)
+      return;
+    m->state = -1;  // not expected once made; the BLAS from now on
+  }
+  const float* a = widen(A, M * K, 0);
+  const float* b = widen(B, K * N, 1);
+  cblas_sgemm(CblasRowMajor, tA ? CblasTrans : CblasNoTrans, tB ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K,
+              1.0f, a, (int)(tA ? M : K), b, (int)(tB ? K : N), 0.0f, C, (int)N);
+}
+)";
+#else
+  const char* cpuDnnl = "";
+#endif
+  return target == Target::Cpu ? std::string(cpuHead) + common + cpuTail + (bf16Products ? cpuDnnl : "")
+                               : std::string(cudaHead) + common + cudaTail;
 }
 
 }  // namespace kiln

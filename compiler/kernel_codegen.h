@@ -50,7 +50,8 @@ struct GeneratedKernel {
   unsigned launches = 1;
   std::vector<unsigned> zeroOperands;  // cleared by the runtime before the launch (CUDA atomics)
   std::vector<CudaKernelLaunch> functions;  // CUDA: the generated functions, in launch order
-  uint64_t cudaScratchBytes = 0;  // CUDA: workspace the functions use (b[operands]; module.fbs)
+  uint64_t cudaScratchBytes = 0;
+  bool cpuBf16Matmul = false;  // CPU: calls the prelude's bf16_matmul (oneDNN)  // CUDA: workspace the functions use (b[operands]; module.fbs)
 };
 
 // Source of one kernel named `symbol`. Fails (with a diagnostic on the op) for a region its kind's
@@ -58,7 +59,8 @@ struct GeneratedKernel {
 mlir::FailureOr<GeneratedKernel> generateKernel(FusionOp fusion, const std::string& symbol, Target target,
                                                 const std::function<bool(llvm::StringRef)>& hasComputeCopy);
 
-// Definitions every generated file starts with: bf16 conversions, GELU, loads and stores.
-std::string kernelPrelude(Target target);
+// Definitions every generated file starts with: bf16 conversions, GELU, loads and stores; with
+// bf16Products (some CPU kernel's cpuBf16Matmul), the oneDNN helper for bf16 products.
+std::string kernelPrelude(Target target, bool bf16Products = false);
 
 }  // namespace kiln

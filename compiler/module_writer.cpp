@@ -259,7 +259,7 @@ class Writer {
   // generate the same code (the same kernel in every layer) share one kernel.
   LogicalResult buildKernels() {
     if (fusions_.empty()) return success();
-    std::string source = kernelPrelude(target_);
+    bool bf16Products = false;  // some kernel calls the prelude's bf16_matmul
     std::map<std::string, uint32_t> byCode;
     std::vector<std::string> texts;  // per kernel
     std::vector<size_t> uses;        // fusion regions per kernel
@@ -295,6 +295,7 @@ class Writer {
       info.zero = gen->zeroOperands;
       info.functions = gen->functions;
       info.scratch = gen->cudaScratchBytes;
+      bf16Products |= gen->cpuBf16Matmul;
       for (uint32_t b : fu.in) info.numel.push_back(int64_t(bufs_[b].size / (bufs_[b].dtype == fb::DType::BF16 ? 2 : 4))),
                                info.dtype.push_back(bufs_[b].dtype);
       for (uint32_t b : fu.out) info.numel.push_back(int64_t(bufs_[b].size / (bufs_[b].dtype == fb::DType::BF16 ? 2 : 4))),
@@ -327,6 +328,7 @@ class Writer {
       uses.push_back(1);
       kernels_.push_back(std::move(info));
     }
+    std::string source = kernelPrelude(target_, bf16Products);
     for (size_t k = 0; k < texts.size(); ++k) {
       if (uses[k] > 1) {  // said under the location line (else the first line), which is the first region's
         size_t at = texts[k].find("\n// at ");

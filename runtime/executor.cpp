@@ -44,6 +44,7 @@
 #include <new>
 
 #include "runtime/cpu/bf16.h"
+#include "runtime/cpu/matmul_bf16.h"
 #include "runtime/cpu/kernels.h"
 #include "runtime/device/device_executor.h"
 #include "runtime/error.h"
@@ -564,6 +565,14 @@ void Executor::refresh_compute_copies() {
 void Executor::exec(const fb::Instr& ins) {
   if (ins.op() == O::Kernel) return run_generated(ins);
   const auto& v = *ins.ints();
+  if (ins.op() == O::Matmul) {  // bf16 operands: oneDNN reads and writes the buffers themselves
+    auto is_bf16 = [&](uint32_t buffer) { return module_.buffer(buffer).dtype() == fb::DType::BF16; };
+    const uint32_t a = ins.inputs()->Get(0), b = ins.inputs()->Get(1), c = ins.outputs()->Get(0);
+    if (is_bf16(a) && is_bf16(b) &&
+        cpu::matmul_bf16(addr(c), is_bf16(c), reinterpret_cast<const uint16_t*>(addr(a)),
+                         reinterpret_cast<const uint16_t*>(addr(b)), v[0], v[1], v[2], v[3] != 0, v[4] != 0))
+      return;
+  }
   const size_t nin = ins.inputs()->size();
   auto in = [&](size_t i) { return operand(ins.inputs()->Get(i), i, false); };
   auto iin = [&](size_t i) { return i32(ins.inputs()->Get(i)); };

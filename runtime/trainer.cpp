@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/checkpoint.h"
+#include "runtime/cpu/matmul_bf16.h"
 #include "runtime/data_loader.h"
 #include "runtime/data_parallel.h"
 #include "runtime/device/device.h"
@@ -91,10 +92,22 @@ double flops_per_token(const Module& m) {
   return 6.0 * params + 12.0 * model.n_layer() * model.n_embd() * double(model.seq_len());
 }
 
-// An fp32 peak for the CPU when none is given: cores x 2.5 GHz x 32 FLOPs per cycle (two
-// 8-wide AVX2 FMA units). A rough yardstick for the MFU column, labelled as an estimate.
-double estimated_cpu_peak() {
-  return double(std::max(1u, std::thread::hardware_concurrency())) * 2.5e9 * 32.0;
+// A peak for the CPU when none is given: cores x 2.5 GHz x the FLOPs per cycle of what runs the
+// matrix products: for fp32, 32 (two 8-wide AVX2 FMA units); for bf16, oneDNN's AMX tiles (1024)
+// or AVX-512 BF16 dot products (128) where it has them. A rough yardstick for the MFU column,
+// labelled as an estimate.
+struct CpuPeak {
+  double flops;
+  std::string how;
+};
+CpuPeak estimated_cpu_peak(bool bf16) {
+  const int bf16_rate = bf16 ? cpu::bf16_flops_per_cycle() : 0;
+  const int per_cycle = bf16_rate > 0 ? bf16_rate : 32;
+  const std::string unit = bf16_rate == 1024 ? "bf16 FLOPs per cycle (AMX)"
+                           : bf16_rate > 0   ? "bf16 FLOPs per cycle (AVX-512 BF16)"
+                                             : "fp32 FLOPs per cycle";
+  return {double(std::max(1u, std::thread::hardware_concurrency())) * 2.5e9 * per_cycle,
+          "cores x 2.5 GHz x " + std::to_string(per_cycle) + " " + unit};
 }
 
 // Mean loss of `steps` batches of the validation data through the forward program, averaged
@@ -349,7 +362,9 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   const double step_flops = flops_per_token(module) * double(total);
   // Without --peak-tflops: a CPU estimate, or on a GPU the H100/H200's nominal dense bf16 rate.
   const bool gpu = ex.device_name() != "cpu";
-  const double peak = o.peak_tflops > 0 ? o.peak_tflops * 1e12 : gpu ? 989e12 : estimated_cpu_peak();
+  const std::string precision = module.fb().model()->precision() ? module.fb().model()->precision()->str() : "fp32";
+  const CpuPeak cpu_peak = estimated_cpu_peak(precision == "bf16");
+  const double peak = o.peak_tflops > 0 ? o.peak_tflops * 1e12 : gpu ? 989e12 : cpu_peak.flops;
   double loss = 0, elapsed = 0;
   // Ctrl-C or SIGTERM: finish the step, checkpoint, save, and exit 128 + signal (stop_signals.h).
   StopSignals signals(rank, int(world));
@@ -481,7 +496,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     std::fprintf(stderr, "MFU is against %s%.3g TFLOP/s (%s)\n", o.peak_tflops > 0 ? "" : "an estimated ",
                  peak / 1e12, o.peak_tflops > 0 ? "--peak-tflops"
                  : gpu ? "the H100/H200's nominal dense bf16 rate; give --peak-tflops for another GPU"
-                       : "cores x 2.5 GHz x 32 fp32 FLOPs per cycle");
+                       : cpu_peak.how.c_str());
   if (root && ex.device_bytes())
     std::fprintf(stderr, "device memory: %.1f MiB held by Kiln (the arena %.1f MiB, the rest workspaces and tables)\n",
                  double(ex.device_bytes()) / double(1 << 20), double(ex.arena_bytes()) / double(1 << 20));

@@ -12,6 +12,8 @@ packages=(
   # runtime: module format, BLAS (also PyTorch's, via libblas.so.3), MPI, libraries
   flatbuffers-compiler libflatbuffers-dev libopenblas-dev libopenmpi-dev openmpi-bin
   libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libfmt-dev libpcre2-dev
+  # bf16 matrix products on AMX / AVX-512 BF16 tiles (oneDNN, which PyTorch's CPU bf16 uses too)
+  libdnnl-dev
   # pictures: Graphviz's dot draws kiln-inspect --dot graphs
   graphviz
   # tests: GoogleTest, and PyTorch as the oracle (run with /usr/bin/python3)

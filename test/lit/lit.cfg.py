@@ -21,6 +21,10 @@ config.substitutions.append(("%python", "/usr/bin/python3"))
 if config.kiln_nvrtc.upper() in ("1", "ON", "TRUE", "YES"):
     config.available_features.add("nvrtc")
 
+# Generated CPU kernels multiply bf16 operands with oneDNN when kilnc was built with it.
+if config.kiln_dnnl.upper() in ("1", "ON", "TRUE", "YES"):
+    config.available_features.add("dnnl")
+
 # Graphviz's dot draws kiln-inspect --dot graphs (scripts/setup.sh installs it).
 if shutil.which("dot", path=config.environment["PATH"]):
     config.available_features.add("graphviz")
