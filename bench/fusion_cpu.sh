@@ -102,7 +102,10 @@ if [ "$RUN_PYTORCH" = 1 ]; then
     || { echo "fusion_cpu.sh: $PY cannot import torch (apt-get install python3-torch, or --no-pytorch)" >&2; exit 1; }
 fi
 
-[ -n "$OUT_JSON" ] || OUT_JSON=$ROOT/bench/results/fusion_cpu$([ "$PRECISION" = bf16 ] && echo -bf16).json
+if [ -z "$OUT_JSON" ]; then
+  OUT_JSON=$ROOT/bench/results/fusion_cpu.json
+  [ "$PRECISION" = fp32 ] || OUT_JSON=$ROOT/bench/results/fusion_cpu-$PRECISION.json
+fi
 mkdir -p "$(dirname "$OUT_JSON")"
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/kiln-fusion.XXXXXX")
 if [ "$KEEP" = 1 ]; then

@@ -750,14 +750,9 @@ class Emitter {
     body_ += "    const int64_t row = r * " + num(V) + ";\n";
     body_ += "    const int32_t t = " + at(targets, "r") + ";\n";
     body_ += "    float* e = exps + (int64_t)omp_get_thread_num() * " + num(valid) + ";\n";
-    // omp simd reductions: vectorised (the lanes' partial maxima and sums, then combined), and
-    // the same order in every run. The row's exponentials stay in e (in the core's cache) for
-    // the gradient, so each logit is exponentiated once.
-    body_ += "    float mx = -INFINITY, sum = 0.0f;\n";
-    body_ += "#pragma omp simd reduction(max : mx)\n";
-    body_ += "    for (int64_t j = 0; j < " + num(valid) + "; ++j) { const float v = " + at(logits, "row + j") + "; mx = v > mx ? v : mx; }\n";
-    body_ += "#pragma omp simd reduction(+ : sum)\n";
-    body_ += "    for (int64_t j = 0; j < " + num(valid) + "; ++j) { e[j] = exp_f(" + at(logits, "row + j") + " - mx); sum += e[j]; }\n";
+    // The row's exponentials stay in e (in the core's cache) for the gradient: each logit is
+    // exponentiated once.
+    cpuRowMaxSum(logits, valid, true);
     body_ += "    row_loss[r] = (double)mx + log((double)sum) - (double)" + at(logits, "row + t") + ";\n";
     body_ += "    const float gs = g / sum;  // softmax = e / sum\n";
     body_ += "    for (int64_t j = 0; j < " + num(valid) + "; ++j) st(" + dl + ", row + j, gs * e[j]);\n";
@@ -767,6 +762,19 @@ class Emitter {
     body_ += "  double total = 0.0;\n  for (int64_t r = 0; r < " + num(N) + "; ++r) total += row_loss[r];\n";
     for (const std::string& o : lossOut) body_ += "  st(" + o + ", 0, (float)(total / " + num(N) + ".0));\n";
     return success();
+  }
+
+  // CPU: a logits row's max and sum of exp(x - max) over its `valid` classes (mx, sum; e[j] the
+  // exponentials when keepExps). omp simd reductions: vectorised (the lanes' partial maxima and
+  // sums, then combined), in the same order in every run.
+  void cpuRowMaxSum(Value logits, int64_t valid, bool keepExps) {
+    body_ += "    float mx = -INFINITY, sum = 0.0f;\n";
+    body_ += "#pragma omp simd reduction(max : mx)\n";
+    body_ += "    for (int64_t j = 0; j < " + num(valid) + "; ++j) { const float v = " + at(logits, "row + j") + "; mx = v > mx ? v : mx; }\n";
+    body_ += "#pragma omp simd reduction(+ : sum)\n";
+    const std::string x = "exp_f(" + at(logits, "row + j") + " - mx)";
+    body_ += "    for (int64_t j = 0; j < " + num(valid) + "; ++j) " +
+             (keepExps ? "{ e[j] = " + x + "; sum += e[j]; }\n" : "sum += " + x + ";\n");
   }
 
   // Blocks over 256 threads tell ptxas their size, which then keeps registers within what such a
@@ -788,11 +796,7 @@ class Emitter {
       body_ += "#pragma omp parallel for schedule(static)\n";
       body_ += "  for (int64_t r = 0; r < " + num(N) + "; ++r) {\n";
       body_ += "    const int64_t row = r * " + num(V) + ";\n";
-      body_ += "    float mx = -INFINITY, sum = 0.0f;\n";
-      body_ += "#pragma omp simd reduction(max : mx)\n";
-      body_ += "    for (int64_t j = 0; j < " + num(valid) + "; ++j) { const float v = " + at(logits, "row + j") + "; mx = v > mx ? v : mx; }\n";
-      body_ += "#pragma omp simd reduction(+ : sum)\n";
-      body_ += "    for (int64_t j = 0; j < " + num(valid) + "; ++j) sum += exp_f(" + at(logits, "row + j") + " - mx);\n";
+      cpuRowMaxSum(logits, valid, false);
       body_ += "    const double l = (double)mx + log((double)sum);\n";
       for (const std::string& o : lseOut) body_ += "    st(" + o + ", r, (float)l);\n";
       body_ += "    row_loss[r] = l - (double)" + at(logits, "row + " + at(targets, "r")) + ";\n  }\n";

@@ -1,10 +1,6 @@
 // bf16 matrix products by oneDNN (see matmul_bf16.h).
 #include "runtime/cpu/matmul_bf16.h"
 
-#include <fstream>
-#include <sstream>
-#include <string>
-
 #ifdef KILN_HAVE_DNNL
 #include <map>
 #include <mutex>
@@ -83,16 +79,13 @@ bool matmul_bf16(void* out, bool out_bf16, const uint16_t* a, const uint16_t* b,
 
 int bf16_flops_per_cycle() {
 #ifdef KILN_HAVE_DNNL
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind("flags", 0) == 0) {
-      bool amx = false, avx512 = false;
-      std::istringstream words(line);
-      for (std::string w; words >> w;) amx |= w == "amx_bf16", avx512 |= w == "avx512_bf16";
-      return amx ? 1024 : avx512 ? 128 : 0;
-    }
-#endif
+  // oneDNN's ISA values are sets of feature bits: AMX's include AVX-512 BF16's.
+  const unsigned isa = unsigned(dnnl_get_effective_cpu_isa());
+  const unsigned amx = unsigned(dnnl_cpu_isa_avx512_core_amx), bf16 = unsigned(dnnl_cpu_isa_avx512_core_bf16);
+  return (isa & amx) == amx ? 1024 : (isa & bf16) == bf16 ? 128 : 0;
+#else
   return 0;
+#endif
 }
 
 }  // namespace kiln::cpu

@@ -17,7 +17,7 @@ bool matmul_bf16(void* out, bool out_bf16, const uint16_t* a, const uint16_t* b,
 
 // The bf16 FLOPs per cycle and core that matmul_bf16's units can do on this CPU, for an MFU
 // estimate: 1024 on AMX tiles, 128 on AVX-512 BF16 (two 16-pair dot products a cycle), 0 when
-// this build has no oneDNN or the CPU neither (/proc/cpuinfo's amx_bf16 and avx512_bf16).
+// this build has no oneDNN or oneDNN may use neither (the CPU's features, ONEDNN_MAX_CPU_ISA).
 int bf16_flops_per_cycle();
 
 }  // namespace kiln::cpu
