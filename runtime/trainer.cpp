@@ -93,16 +93,16 @@ double flops_per_token(const Module& m) {
 }
 
 // A peak for the CPU when none is given: cores x 2.5 GHz x the FLOPs per cycle of what runs the
-// matrix products: for fp32, 32 (two 8-wide AVX2 FMA units); for bf16, oneDNN's AMX tiles (1024)
-// or AVX-512 BF16 dot products (128) where it has them. A rough yardstick for the MFU column,
-// labelled as an estimate.
+// matrix products: for fp32, two FMA units 16 wide with AVX-512 (64), else 8 wide (32); for
+// bf16, oneDNN's AMX tiles (1024) or AVX-512 BF16 dot products (128) where it has them. A rough
+// yardstick for the MFU column, labelled as an estimate.
 struct CpuPeak {
   double flops;
   std::string how;
 };
 CpuPeak estimated_cpu_peak(bool bf16) {
   const int bf16_rate = bf16 ? cpu::bf16_flops_per_cycle() : 0;
-  const int per_cycle = bf16_rate > 0 ? bf16_rate : 32;
+  const int per_cycle = bf16_rate > 0 ? bf16_rate : __builtin_cpu_supports("avx512f") ? 64 : 32;
   const std::string unit = bf16_rate == 1024 ? "bf16 FLOPs per cycle (AMX)"
                            : bf16_rate > 0   ? "bf16 FLOPs per cycle (AVX-512 BF16)"
                                              : "fp32 FLOPs per cycle";
