@@ -15,7 +15,8 @@ One step, timed as Kiln's `train` times its `dt_ms` (batch read, forward, backwa
 Precision is the spec's: fp32, or bf16 as Kiln's mixed precision (fp32 master weights and
 optimizer): the forward and its backward under torch.autocast("cpu", dtype=torch.bfloat16), whose
 matrix products run in bf16 (oneDNN, on AMX or AVX-512 BF16 where the CPU has them), the
-cross-entropy in fp32.
+cross-entropy in fp32. (Torch 1.13's CPU autocast leaves softmax and GELU in their input's bf16,
+where Kiln computes attention's softmax in fp32: PyTorch does a little less fp32 work.)
 The data are read like Kiln's loader reads llm.c shards (sequential windows of B*T+1 tokens,
 advancing by B*T, files in name order, cyclic), so both see the same batches.
 
@@ -168,7 +169,8 @@ def main() -> None:
     med = statistics.median(times)
     out = {
         "config": "pytorch-eager",
-        "precision": "bf16 autocast, fp32 master weights" if bf16 else "fp32",
+        "precision": ("bf16 autocast, fp32 master weights (CPU autocast: softmax and GELU in bf16)"
+                      if bf16 else "fp32"),
         "median_ms": med,
         "tokens_per_step": B * T,
         "tokens_per_s": B * T / (med / 1e3),

@@ -42,14 +42,21 @@ const char* hostCompiler() {
 std::string cpuCompileFlags() {
   const char* march = std::getenv("KILN_MARCH");
   return std::string("-std=c++17 -O3 -march=") + (march && *march ? march : "native") +
-         " -fno-math-errno -fno-trapping-math -fopenmp -fPIC -shared -I" + KILN_CBLAS_INCLUDE_DIR;
+         " -fno-math-errno -fno-trapping-math -fopenmp -fPIC -shared -I" + KILN_CBLAS_INCLUDE_DIR
+#ifdef KILN_HAVE_DNNL
+         + " -I" + KILN_DNNL_INCLUDE_DIR
+#endif
+      ;
 }
 
 // Libraries named after the source: oneDNN, for the bf16 products (kernelPrelude), linked only
-// when the kernels call it (--as-needed).
+// when the kernels call it (--as-needed), from where CMake found it (also where the loader looks,
+// outside the system's folders).
 std::string cpuLinkFlags() {
 #ifdef KILN_HAVE_DNNL
-  return "-Wl,--as-needed -ldnnl";
+  const std::string dir = KILN_DNNL_LIBRARY_DIR;
+  const bool system = dir.rfind("/usr/lib", 0) == 0 || dir.rfind("/lib", 0) == 0;
+  return "-Wl,--as-needed -L" + dir + (system ? "" : " -Wl,-rpath," + dir) + " -ldnnl";
 #else
   return "";
 #endif

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
+#include <omp.h>
 
 #include "runtime/checkpoint.h"
 #include "runtime/cpu/matmul_bf16.h"
@@ -286,6 +287,8 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   ex.refresh_compute_copies();
   DataParallel dp(ex, comm, o.zero, bucket_bytes);
 
+  const bool gpu = ex.device_name() != "cpu";
+  const std::string precision = module.fb().model()->precision() ? module.fb().model()->precision()->str() : "fp32";
   // Resume: weights, AdamW state, the step and the data position from the latest checkpoint.
   int64_t first_step = 0;
   std::string resumed_from;  // the checkpoint, when one was loaded
@@ -306,6 +309,15 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       loader.seek(size_t(st.data_shard), st.data_position);
       first_step = st.step;
       resumed_from = *latest;
+      // oneDNN splits a bf16 product's sums among the threads it has: another thread count
+      // rounds them otherwise (fp32 products on the BLAS do not depend on it).
+      const auto extra = nlohmann::json::parse(st.extra_json, nullptr, false);
+      if (root && !gpu && precision == "bf16" && extra.is_object() && extra.contains("cpu_threads") &&
+          extra["cpu_threads"].is_number_integer() && extra["cpu_threads"].get<int>() != omp_get_max_threads())
+        std::fprintf(stderr, "kiln: warning: %s was written by a run with %d CPU thread(s), this one has %d: its "
+                     "bf16 products round differently, so it is not bitwise the run it resumes (OMP_NUM_THREADS=%d "
+                     "would be)\n", latest->c_str(), extra["cpu_threads"].get<int>(), omp_get_max_threads(),
+                     extra["cpu_threads"].get<int>());
       if (root) std::fprintf(stderr, "resuming from %s at step %lld%s\n", latest->c_str(), (long long)first_step,
                              st.zero_stage == o.zero ? "" : st.zero_stage ? " (written with --zero 1)" : " (written with --zero 0)");
       if (root && first_step == o.steps)
@@ -361,8 +373,6 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
                  (long long)T, (long long)accum, (long long)(B * T), (long long)world, (long long)total, data.c_str());
   const double step_flops = flops_per_token(module) * double(total);
   // Without --peak-tflops: a CPU estimate, or on a GPU the H100/H200's nominal dense bf16 rate.
-  const bool gpu = ex.device_name() != "cpu";
-  const std::string precision = module.fb().model()->precision() ? module.fb().model()->precision()->str() : "fp32";
   const CpuPeak cpu_peak = estimated_cpu_peak(precision == "bf16");
   const double peak = o.peak_tflops > 0 ? o.peak_tflops * 1e12 : gpu ? 989e12 : cpu_peak.flops;
   double loss = 0, elapsed = 0;
@@ -479,6 +489,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       st.rng_state = o.seed;  // training draws no random numbers; the seed is kept for the record
       st.world_size = int(world);
       st.zero_stage = o.zero;
+      if (!gpu) st.extra_json = nlohmann::json{{"cpu_threads", omp_get_max_threads()}}.dump();
       save_checkpoint(o.checkpoint_dir, ex, st, o.keep, moments);
     }
     if (stop && !last) {

@@ -24,10 +24,19 @@ struct Made {
 };
 
 struct Engine {
-  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
-  dnnl::stream stream{engine};
+  std::optional<dnnl::engine> engine;  // nullopt: oneDNN could not make a CPU engine
+  std::optional<dnnl::stream> stream;
   std::mutex mutex;
   std::map<Shape, std::optional<Made>> made;  // nullopt: oneDNN has none for this shape
+
+  Engine() {
+    try {
+      engine.emplace(dnnl::engine::kind::cpu, 0);
+      stream.emplace(*engine);
+    } catch (const dnnl::error&) {
+      engine.reset();
+    }
+  }
 };
 
 Engine& engine() {
@@ -59,18 +68,24 @@ bool matmul_bf16(void* out, bool out_bf16, const uint16_t* a, const uint16_t* b,
 #ifdef KILN_HAVE_DNNL
   if (M <= 0 || N <= 0 || K <= 0) return false;  // degenerate shapes: the caller's loops
   Engine& e = engine();
+  if (!e.engine) return false;
   std::lock_guard<std::mutex> lock(e.mutex);
   const Shape shape{M, N, K, trans_a, trans_b, out_bf16};
   auto it = e.made.find(shape);
-  if (it == e.made.end()) it = e.made.emplace(shape, make(e.engine, shape)).first;
+  if (it == e.made.end()) it = e.made.emplace(shape, make(*e.engine, shape)).first;
   if (!it->second) return false;
   Made& m = *it->second;
-  m.a.set_data_handle(const_cast<uint16_t*>(a));
-  m.b.set_data_handle(const_cast<uint16_t*>(b));
-  m.c.set_data_handle(out);
-  m.prim.execute(e.stream, {{DNNL_ARG_SRC, m.a}, {DNNL_ARG_WEIGHTS, m.b}, {DNNL_ARG_DST, m.c}});
-  e.stream.wait();
-  return true;
+  try {
+    m.a.set_data_handle(const_cast<uint16_t*>(a));
+    m.b.set_data_handle(const_cast<uint16_t*>(b));
+    m.c.set_data_handle(out);
+    m.prim.execute(*e.stream, {{DNNL_ARG_SRC, m.a}, {DNNL_ARG_WEIGHTS, m.b}, {DNNL_ARG_DST, m.c}});
+    e.stream->wait();
+    return true;
+  } catch (const dnnl::error&) {
+    it->second.reset();  // not expected once made; the caller's BLAS from now on (it rewrites out)
+    return false;
+  }
 #else
   (void)out, (void)out_bf16, (void)a, (void)b, (void)M, (void)N, (void)K, (void)trans_a, (void)trans_b;
   return false;

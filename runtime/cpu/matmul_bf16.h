@@ -9,8 +9,9 @@ namespace kiln::cpu {
 // out[M, N] = op(a) op(b) for row-major bf16 a (stored [K, M] when trans_a) and b (stored [N, K]
 // when trans_b): bf16 products summed in fp32, written as fp32, or rounded once to the nearest
 // even bf16 when out_bf16 (what widening both operands for the BLAS and narrowing its result
-// gives, up to the order of the sums). Returns false, having written nothing, when this build has
-// no oneDNN or oneDNN has no bf16 matmul for this CPU: the caller then widens for the BLAS.
+// gives, up to the order of the sums, which oneDNN splits among its threads: another thread
+// count rounds otherwise). Returns false when this build has no oneDNN or oneDNN has no bf16
+// matmul for this CPU (or failed): the caller then computes all of out with the BLAS.
 // Each shape's primitive is made at its first call and kept.
 bool matmul_bf16(void* out, bool out_bf16, const uint16_t* a, const uint16_t* b, int64_t M, int64_t N,
                  int64_t K, bool trans_a, bool trans_b);

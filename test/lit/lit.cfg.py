@@ -24,6 +24,13 @@ if config.kiln_nvrtc.upper() in ("1", "ON", "TRUE", "YES"):
 # Generated CPU kernels multiply bf16 operands with oneDNN when kilnc was built with it.
 if config.kiln_dnnl.upper() in ("1", "ON", "TRUE", "YES"):
     config.available_features.add("dnnl")
+    # ...which runs them on AVX-512 BF16 or AMX where the CPU has either.
+    try:
+        flags = next((l.split() for l in open("/proc/cpuinfo") if l.startswith("flags")), [])
+    except OSError:
+        flags = []
+    if "avx512_bf16" in flags or "amx_bf16" in flags:
+        config.available_features.add("dnnl-bf16")
 
 # Graphviz's dot draws kiln-inspect --dot graphs (scripts/setup.sh installs it).
 if shutil.which("dot", path=config.environment["PATH"]):
