@@ -241,10 +241,10 @@ std::string temporaryRoot() {
 }  // namespace
 
 std::optional<std::vector<uint8_t>> compileCpuKernels(const std::string& source, std::string& error) {
-  const std::string cxx = hostCompiler(), kCpuFlags = cpuCompileFlags() + " " + cpuLinkFlags();
+  const std::string cxx = hostCompiler(), compileFlags = cpuCompileFlags(), linkFlags = cpuLinkFlags();
   const std::string dir = cacheDir();
   char key[32];
-  std::snprintf(key, sizeof key, "%016llx", (unsigned long long)fnv1a(cxx + "\n" + kCpuFlags + "\n" + cpuFlags() + "\n" + source));
+  std::snprintf(key, sizeof key, "%016llx", (unsigned long long)fnv1a(cxx + "\n" + compileFlags + " " + linkFlags + "\n" + cpuFlags() + "\n" + source));
   const std::string cached = dir.empty() ? "" : dir + "/" + key + ".so";
   if (!cached.empty())
     if (auto hit = readAll(cached)) return hit;
@@ -265,7 +265,7 @@ std::optional<std::vector<uint8_t>> compileCpuKernels(const std::string& source,
     out << source;
   }
   std::vector<std::string> args{cxx};
-  std::istringstream flags(cpuCompileFlags()), links(cpuLinkFlags());
+  std::istringstream flags(compileFlags), links(linkFlags);
   for (std::string f; flags >> f;) args.push_back(f);
   for (const std::string& a : {std::string("-o"), lib, src}) args.push_back(a);
   for (std::string f; links >> f;) args.push_back(f);

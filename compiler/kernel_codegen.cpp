@@ -1384,7 +1384,7 @@ extern "C" __global__ void kiln_round_copies(void* const* b, const long long* ra
 
 )";
 #ifdef KILN_HAVE_DNNL
-  // oneDNN 2.x's C API (compiler/CMakeLists.txt checks the version).
+  // oneDNN 2.x's C API (CMakeLists.txt checks the version).
   const char* cpuDnnl = R"(
 // Products of bf16 operands by oneDNN's matmul primitive, on AMX or AVX-512 BF16 tiles where the
 // CPU has them: bf16 products, fp32 sums, an fp32 result (what cblas_sgemm on widened copies

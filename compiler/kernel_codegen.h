@@ -50,8 +50,8 @@ struct GeneratedKernel {
   unsigned launches = 1;
   std::vector<unsigned> zeroOperands;  // cleared by the runtime before the launch (CUDA atomics)
   std::vector<CudaKernelLaunch> functions;  // CUDA: the generated functions, in launch order
-  uint64_t cudaScratchBytes = 0;
-  bool cpuBf16Matmul = false;  // CPU: calls the prelude's bf16_matmul (oneDNN)  // CUDA: workspace the functions use (b[operands]; module.fbs)
+  uint64_t cudaScratchBytes = 0;  // CUDA: workspace the functions use (b[operands]; module.fbs)
+  bool cpuBf16Matmul = false;     // CPU: calls the prelude's bf16_matmul (oneDNN)
 };
 
 // Source of one kernel named `symbol`. Fails (with a diagnostic on the op) for a region its kind's

@@ -312,12 +312,12 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       // oneDNN splits a bf16 product's sums among the threads it has: another thread count
       // rounds them otherwise (fp32 products on the BLAS do not depend on it).
       const auto extra = nlohmann::json::parse(st.extra_json, nullptr, false);
-      if (root && !gpu && precision == "bf16" && extra.is_object() && extra.contains("cpu_threads") &&
-          extra["cpu_threads"].is_number_integer() && extra["cpu_threads"].get<int>() != omp_get_max_threads())
+      const auto saved = extra.find("cpu_threads");  // end() also when the text is no JSON object
+      if (root && !gpu && precision == "bf16" && saved != extra.end() && saved->is_number_integer() &&
+          saved->get<int>() != omp_get_max_threads())
         std::fprintf(stderr, "kiln: warning: %s was written by a run with %d CPU thread(s), this one has %d: its "
                      "bf16 products round differently, so it is not bitwise the run it resumes (OMP_NUM_THREADS=%d "
-                     "would be)\n", latest->c_str(), extra["cpu_threads"].get<int>(), omp_get_max_threads(),
-                     extra["cpu_threads"].get<int>());
+                     "would be)\n", latest->c_str(), saved->get<int>(), omp_get_max_threads(), saved->get<int>());
       if (root) std::fprintf(stderr, "resuming from %s at step %lld%s\n", latest->c_str(), (long long)first_step,
                              st.zero_stage == o.zero ? "" : st.zero_stage ? " (written with --zero 1)" : " (written with --zero 0)");
       if (root && first_step == o.steps)
