@@ -174,6 +174,12 @@ void DataLoader::load(size_t shard) {
 }
 
 void DataLoader::next(int32_t* x, int32_t* y) {
+  if (advance_) {
+    const size_t next_shard = (shard_ + 1) % files_.size();
+    if (next_shard != shard_) load(next_shard);  // one shard: it is already resident
+    pos_ = 0;
+    advance_ = false;
+  }
   const int64_t n = B_ * T_;
   const uint16_t* buf = tokens_.data() + pos_ + rank_ * n;
   for (int64_t i = 0; i < n; ++i) {
@@ -181,16 +187,13 @@ void DataLoader::next(int32_t* x, int32_t* y) {
     y[i] = buf[i + 1];
   }
   pos_ += step_;
-  if (pos_ + step_ + 1 > tokens_in_current_shard()) {
-    const size_t next_shard = (shard_ + 1) % files_.size();
-    if (next_shard != shard_) load(next_shard);  // one shard: it is already resident
-    pos_ = 0;
-  }
+  advance_ = pos_ + step_ + 1 > tokens_in_current_shard();
 }
 
 void DataLoader::reset() {
   if (shard_ != 0) load(0);
   pos_ = 0;
+  advance_ = false;
 }
 
 void DataLoader::seek(size_t shard, int64_t position) {
@@ -210,6 +213,7 @@ void DataLoader::seek(size_t shard, int64_t position) {
     shard_ = shard;
   }
   pos_ = position;
+  advance_ = false;
 }
 
 }  // namespace kiln

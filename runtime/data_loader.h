@@ -35,22 +35,25 @@ class DataLoader {
   // Fills x[B*T] with inputs and y[B*T] with their next tokens. Rank r reads
   // buf = tokens[pos + r*B*T, pos + r*B*T + B*T + 1): x = buf[:-1], y = buf[1:]. Then
   // pos += B*T*world_size, moving to the next shard (cyclically) at pos = 0 when the next step
-  // would not fit.
+  // would not fit. That shard is read by the next call, not this one: a pass that ends with a
+  // shard (evaluation, the last step of a run) reads no shard it will not use.
   void next(int32_t* x, int32_t* y);
   // Back to shard 0, position 0.
   void reset();
 
-  // The read position, for checkpoints: seek(shard(), position()) resumes exactly.
-  size_t shard() const { return shard_; }
-  int64_t position() const { return pos_; }
+  // Where the next batch comes from, for checkpoints: seek(shard(), position()) resumes exactly.
+  size_t shard() const { return advance_ ? (shard_ + 1) % files_.size() : shard_; }
+  int64_t position() const { return advance_ ? 0 : pos_; }
   void seek(size_t shard, int64_t position);
 
+  // The shard held in memory: shard() unless the next call moves on to another.
+  size_t resident_shard() const { return shard_; }
   int64_t tokens_in_current_shard() const { return static_cast<int64_t>(tokens_.size()); }
   const std::vector<std::string>& files() const { return files_; }
   // Each shard's token count (from its header), and the tokens of the shard now read: what the
   // ranks of a data-parallel run compare, so that one given other data is caught.
   const std::vector<int64_t>& shard_tokens() const { return counts_; }
-  const std::vector<uint16_t>& current_tokens() const { return tokens_; }
+  const std::vector<uint16_t>& current_tokens() const { return tokens_; }  // the resident shard's
 
  private:
   void load(size_t shard);  // reads and validates the whole shard; the only one resident
@@ -62,6 +65,7 @@ class DataLoader {
   int64_t step_;  // B*T*world_size: tokens consumed per next() by all ranks together
   size_t shard_ = 0;
   int64_t pos_ = 0;
+  bool advance_ = false;  // shard_ is used up: the next call reads shard() from position 0
   std::vector<uint16_t> tokens_;
   std::vector<int64_t> counts_;
 };

@@ -134,6 +134,7 @@ std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t
     const int64_t rows = std::min(B, o.num_samples - first);
     int64_t cached = 0;  // positions of every row's sequence in the caches (all rows are as long)
     for (int64_t step = 0; step < o.max_new_tokens; ++step) {
+      if (o.stop && o.stop()) return {};
       const auto t0 = std::chrono::steady_clock::now();
       const int64_t len = int64_t(out[size_t(first)].size());
       const bool from_caches = decode && len <= T;

@@ -30,6 +30,9 @@ struct SampleOptions {
   // Called after each forward pass with the passes done and the passes in all
   // (ceil(num_samples / B) * max_new_tokens): for a progress line.
   std::function<void(int64_t done, int64_t total)> progress;
+  // Asked before each forward pass: true ends the sampling there, and sample() returns no
+  // samples (training's Ctrl-C, which should not wait for the samples to finish).
+  std::function<bool()> stop;
 };
 
 // Returns one token sequence per sample: the prompt followed by max_new_tokens sampled tokens.

@@ -180,7 +180,7 @@ void check_resident_tokens(const DataLoader& d, int32_t vocab) {
   const std::vector<uint16_t>& t = d.current_tokens();
   for (size_t i = 0; i < t.size(); ++i)
     if (t[i] >= vocab)
-      throw Error(d.files()[d.shard()] + ": token " + std::to_string(t[i]) + " at position " + std::to_string(i) +
+      throw Error(d.files()[d.resident_shard()] + ": token " + std::to_string(t[i]) + " at position " + std::to_string(i) +
                   " is not below the model's vocabulary size " + std::to_string(vocab) + " (data for another tokenizer?)");
 }
 
@@ -440,11 +440,18 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     // next step's reduction (a long sampling counts against KILN_COMM_TIMEOUT there). The same
     // seed every time, so that samples of steps compare.
     std::vector<std::vector<int32_t>> samples;
+    bool samples_stopped = false;
     if (sampling && (step % o.sample_every == 0 || last)) {
       ex.enable_profiling(false);  // --profile's table is the training step's
-      samples = sample(ex, o.sample_prompt, o.sample);
+      // A signal during sampling ends it at once; one process stops after this step (ranks agree
+      // on it in the next step's reduction).
+      SampleOptions so = o.sample;
+      so.stop = [&] { return signals.requested() != 0; };
+      samples = sample(ex, o.sample_prompt, so);
+      samples_stopped = samples.empty();
       ex.enable_profiling(o.profile);
     }
+    if (world == 1 && !stop) stop = signals.requested();  // one that came during evaluation or sampling
     if (log.is_open()) {
       nlohmann::json j = {{"step", step}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm},
                           {"dt_ms", dt * 1e3}, {"tokens_per_s", tok_s}, {"mfu", mfu}};
@@ -460,13 +467,15 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       log << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n' << std::flush;
       if (!log) throw Error("--log: " + o.log + ": write failed (a full disk?)");
     }
-    if (root && (step % every == 0 || last || !std::isnan(val_loss) || !samples.empty())) {
+    if (root && (step % every == 0 || last || !std::isnan(val_loss) || !samples.empty() || samples_stopped)) {
       const double eta = elapsed / double(step + 1 - first_step) * double(o.steps - step - 1);
       std::printf("step %5lld/%lld | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | MFU %.1f%% | ETA %s",
                   (long long)step + 1, (long long)o.steps, loss, lr, norm, dt * 1e3, tok_s, 100 * mfu,
                   duration(eta).c_str());
       if (!std::isnan(val_loss)) std::printf(" | val loss %.4f", val_loss);
       std::printf("\n");
+      if (samples_stopped) std::printf("--- sampling at step %lld stopped by %s ---\n", (long long)step + 1,
+                                       signal_name(signals.requested()));
       for (size_t i = 0; i < samples.size(); ++i) {
         std::printf("--- sample %zu at step %lld ---\n", i + 1, (long long)step + 1);
         const std::string text = sample_string(samples[i], o.sample_text);

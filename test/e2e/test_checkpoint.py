@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checkpoints: a run killed with SIGKILL and resumed gives bitwise the losses and final weights
 of an uninterrupted run, and so does one stopped by SIGTERM (or, with two ranks, SIGINT to one
-of them), which checkpoints the step it stopped after; corrupt or mismatched checkpoints (another model, another rank count)
+of them, or SIGINT while it samples), which checkpoints the step it stopped after; corrupt or mismatched checkpoints (another model, another rank count)
 are refused; a diverged run stops without touching the last good checkpoint.
 
   test_checkpoint.py --kilnc build/bin/kilnc --spec test/e2e/configs/tiny.toml --workdir DIR
@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import tomllib
 
 import numpy as np
@@ -61,9 +62,12 @@ def run_ranks(exe, args):
     return [p.returncode for p in procs], errs
 
 
-def stop_with_signal(cmd, env, sig, after, signalled_rank=0):
+def stop_with_signal(cmd, env, sig, after, signalled_rank=0, timing=None):
     """Runs cmd (env None: as two ranks) and sends sig to one process once rank 0 has printed
-    step `after`; the exit codes and each rank's stderr (rank 0's first)."""
+    step `after`; the exit codes and each rank's stderr (rank 0's first). `timing` (a dict), when
+    given, gets rank 0's stdout and the seconds from the start to the signal ("before") and from
+    the signal to the exits ("ended")."""
+    began = time.monotonic()
     if env is None:
         port = free_port()
         procs = [subprocess.Popen(cmd, env=rank_env(r, port), stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL,
@@ -73,9 +77,12 @@ def stop_with_signal(cmd, env, sig, after, signalled_rank=0):
     for line in procs[0].stdout:
         if line.startswith("step") and int(line.split()[1].split("/")[0]) >= after:
             procs[signalled_rank].send_signal(sig)
+            signalled = time.monotonic()
             break
-    procs[0].stdout.read()
+    rest = procs[0].stdout.read()
     errs = [p.communicate(timeout=120)[1] for p in procs]
+    if timing is not None:
+        timing.update(before=signalled - began, ended=time.monotonic() - signalled, stdout=line + rest)
     return [p.returncode for p in procs], errs
 
 
@@ -197,6 +204,24 @@ def main():
     same = [s for s in want if got.get(s) == want[s]]
     check(r.returncode == 0 and len(same) == STEPS, f"resumed after SIGTERM: losses bitwise equal on {len(same)}/{STEPS} steps")
     check(open(f"{w}/term.safetensors", "rb").read() == a1, "resumed after SIGTERM: final weights bitwise equal")
+
+    # SIGINT while the run samples (here, every step's samples take seconds): the sampling ends at
+    # once and the run stops after the step it sampled for, with its checkpoint.
+    ck_sample = os.path.join(w, "ck_sample")
+    sampling = common + ["--log", f"{w}/sample.jsonl", "--checkpoint-dir", ck_sample, "--sample-every", "1",
+                         "--sample-tokens", "20000", "--sample-count", str(B)]
+    timing = {}
+    stopped, (err,) = stop_with_signal([exe] + sampling, {}, signal.SIGINT, after=1, timing=timing)
+    out = timing["stdout"]
+    at = max(losses(f"{w}/sample.jsonl")) + 1
+    saved = open(os.path.join(ck_sample, "latest")).read().strip()
+    check(stopped == [-signal.SIGINT] and f"--- sampling at step {at} stopped by SIGINT ---" in out and
+          f"SIGINT: stopped after step {at} of {STEPS}" in err and saved == f"ckpt_{at:08d}.kiln-ckpt",
+          f"SIGINT while sampling: exit {stopped}, stopped after step {at}, checkpoint {saved}: " + last_line(err))
+    # The first step's line comes after its samples: the stop must not wait for a step's samples.
+    check(timing["ended"] < timing["before"] / 2,
+          f"SIGINT while sampling: the run ended {timing['ended']:.1f} s after the signal "
+          f"(the start and step 1's samples took {timing['before']:.1f} s)")
 
     # Two ranks, SIGINT to rank 1 alone: they agree in the loss's reduction and both stop after
     # the same step (each ended by SIGINT); resumed, they give the uninterrupted two-rank run bitwise.

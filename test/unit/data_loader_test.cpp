@@ -91,9 +91,12 @@ TEST_F(DataLoaderTest, SequenceOverTwoShardsWrapsAround) {
   EXPECT_EQ(y2, iota32(107, 6));
   EXPECT_EQ(dl.shard(), 1u);  // 12 + 7 > 13: next shard
   EXPECT_EQ(dl.position(), 0);
-  EXPECT_EQ(dl.tokens_in_current_shard(), 8);
+  EXPECT_EQ(dl.resident_shard(), 0u);  // read by the next call
+  EXPECT_EQ(dl.tokens_in_current_shard(), 13);
 
   auto [x3, y3] = step(dl, 6);
+  EXPECT_EQ(dl.resident_shard(), 1u);
+  EXPECT_EQ(dl.tokens_in_current_shard(), 8);
   EXPECT_EQ(x3, iota32(200, 6));
   EXPECT_EQ(y3, iota32(201, 6));
   EXPECT_EQ(dl.shard(), 0u);  // wrapped around
@@ -105,6 +108,32 @@ TEST_F(DataLoaderTest, SequenceOverTwoShardsWrapsAround) {
 
   dl.reset();
   EXPECT_EQ(step(dl, 6).first, x1);
+}
+
+// One pass over the shards (an evaluation) reads each once: the pass's last batch does not read
+// shard 0 again for a batch nobody asks for. The shard after is read when a batch needs it.
+TEST_F(DataLoaderTest, APassReadsNoShardItDoesNotUse) {
+  shard("v_0.bin", iota(0, 13));    // two batches of 6 (+1)
+  shard("v_1.bin", iota(100, 8));   // one batch
+  kiln::DataLoader dl(path("v_*.bin"), 2, 3);
+  step(dl, 6);
+  step(dl, 6);
+  fs::remove(path("v_0.bin"));      // read already; the pass must not need it again
+  EXPECT_EQ(step(dl, 6).first, iota32(100, 6));
+  EXPECT_EQ(dl.shard(), 0u);        // where a checkpoint resumes
+  EXPECT_EQ(dl.position(), 0);
+  EXPECT_KILN_ERROR(step(dl, 6), path("v_0.bin"), "open");  // a batch past the pass reads it
+  EXPECT_EQ(dl.shard(), 0u);        // a failed read leaves the loader as it was
+  EXPECT_EQ(dl.resident_shard(), 1u);
+  shard("v_0.bin", iota(0, 13));
+  EXPECT_EQ(step(dl, 6).first, iota32(0, 6));
+
+  // A seek or a reset in between lands where it says, whatever the next call would have read.
+  step(dl, 6);  // shard 0's last batch: shard 1 is next
+  dl.seek(0, 6);
+  EXPECT_EQ(step(dl, 6).first, iota32(6, 6));
+  dl.reset();
+  EXPECT_EQ(step(dl, 6).first, iota32(0, 6));
 }
 
 TEST_F(DataLoaderTest, SingleShardWrapsOntoItself) {
