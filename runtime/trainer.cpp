@@ -23,6 +23,7 @@
 #include "runtime/file_io.h"
 #include "runtime/params.h"
 #include "runtime/stop_signals.h"
+#include "runtime/token_scan.h"
 
 namespace kiln {
 namespace {
@@ -178,10 +179,17 @@ void check_outputs_spare_inputs(const TrainOptions& o, const DataLoader& data, c
 // validation shard shows at the start, not at the first evaluation, many steps in.
 void check_resident_tokens(const DataLoader& d, int32_t vocab) {
   const std::vector<uint16_t>& t = d.current_tokens();
-  for (size_t i = 0; i < t.size(); ++i)
-    if (t[i] >= vocab)
-      throw Error(d.files()[d.resident_shard()] + ": token " + std::to_string(t[i]) + " at position " + std::to_string(i) +
-                  " is not below the model's vocabulary size " + std::to_string(vocab) + " (data for another tokenizer?)");
+  if (const size_t bad = first_out_of_vocab(t.data(), t.size(), vocab); bad < t.size())
+    throw Error(out_of_vocab_message(d.files()[d.resident_shard()], t[bad], int64_t(bad), vocab));
+}
+
+// The shards of these loaders not yet checked (all but the one each holds), for a TokenScan.
+std::vector<TokenScan::Shard> unread_shards(const std::vector<const DataLoader*>& loaders) {
+  std::vector<TokenScan::Shard> shards;
+  for (const DataLoader* d : loaders)
+    for (size_t i = 0; d && i < d->files().size(); ++i)
+      if (i != d->resident_shard()) shards.push_back({d->files()[i], d->shard_tokens()[i]});
+  return shards;
 }
 
 double evaluate(Executor& ex, DataLoader& val, int64_t steps, Communicator& comm) {
@@ -337,6 +345,11 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     check_resident_tokens(*val, model.vocab_size());
   }
   check_resident_tokens(loader, model.vocab_size());
+  // The other shards are read in the background while the run trains, one process per machine
+  // (its ranks read the same files): a bad token in any of them ends the run at the next step.
+  std::unique_ptr<TokenScan> scan;
+  if (comm.local_rank() == 0)
+    scan = std::make_unique<TokenScan>(unread_shards({&loader, val.get()}), model.vocab_size());
   if (root) check_outputs_spare_inputs(o, loader, val.get());
   if (world > 1) check_ranks_agree(comm, module, o, total, ex, loader);
 
@@ -380,6 +393,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   StopSignals signals(rank, int(world));
   int interrupted = 0;
   for (int64_t step = first_step; step < o.steps; ++step) {
+    if (scan && !scan->error().empty()) throw Error(scan->error() + "; found ahead of training, which stops before reaching it");
     auto t0 = std::chrono::steady_clock::now();
     ex.zero_grads();
     loss = 0;

@@ -1,0 +1,84 @@
+#include "runtime/token_scan.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+namespace kiln {
+
+size_t first_out_of_vocab(const uint16_t* tokens, size_t n, int32_t vocab) {
+  // The common case (no bad id) is one vectorised max over the piece.
+  uint16_t top = 0;
+  for (size_t i = 0; i < n; ++i) top = std::max(top, tokens[i]);
+  if (int32_t(top) < vocab) return n;
+  for (size_t i = 0; i < n; ++i)
+    if (int32_t(tokens[i]) >= vocab) return i;
+  return n;
+}
+
+std::string out_of_vocab_message(const std::string& file, int64_t token, int64_t position, int32_t vocab) {
+  return file + ": token " + std::to_string(token) + " at position " + std::to_string(position) +
+         " is not below the model's vocabulary size " + std::to_string(vocab) + " (data for another tokenizer?)";
+}
+
+TokenScan::TokenScan(std::vector<Shard> shards, int32_t vocab) : shards_(std::move(shards)), vocab_(vocab) {
+  if (shards_.empty()) done_ = true;
+  else thread_ = std::thread([this] { run(); });
+}
+
+TokenScan::~TokenScan() {
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();
+}
+
+std::string TokenScan::error() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return error_;
+}
+
+void TokenScan::run() {
+  constexpr int64_t kHeaderBytes = 1024;    // llm.c's 256 int32
+  constexpr int64_t kPiece = int64_t(1) << 21;  // tokens per read: 4 MB
+  std::vector<uint16_t> piece;
+  auto fail = [this](std::string message) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    error_ = std::move(message);
+  };
+  for (const Shard& s : shards_) {
+    const int fd = ::open(s.path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      fail(s.path + ": open: " + std::strerror(errno));
+      break;
+    }
+    std::string problem;
+    for (int64_t at = 0; at < s.tokens && problem.empty() && !stop_; at += kPiece) {
+      const int64_t n = std::min(kPiece, s.tokens - at);
+      piece.resize(size_t(n));
+      auto* p = reinterpret_cast<char*>(piece.data());
+      size_t left = size_t(n) * sizeof(uint16_t);
+      off_t offset = off_t(kHeaderBytes + at * int64_t(sizeof(uint16_t)));
+      while (left > 0 && problem.empty()) {
+        const ssize_t got = ::pread(fd, p, left, offset);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) problem = s.path + ": reading tokens: " + std::strerror(errno);
+        else if (got == 0) problem = s.path + ": reading tokens: unexpected end of file (changed since the run started?)";
+        else p += got, left -= size_t(got), offset += got;
+      }
+      if (!problem.empty()) break;
+      const size_t bad = first_out_of_vocab(piece.data(), piece.size(), vocab_);
+      if (bad < piece.size()) problem = out_of_vocab_message(s.path, piece[bad], at + int64_t(bad), vocab_);
+    }
+    ::close(fd);
+    if (!problem.empty()) {
+      fail(std::move(problem));
+      break;
+    }
+    if (stop_) break;
+  }
+  done_.store(true, std::memory_order_release);
+}
+
+}  // namespace kiln
