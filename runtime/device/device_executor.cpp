@@ -53,6 +53,11 @@ DeviceExecutor::DeviceExecutor(const Module& module, const ArenaLayout& layout, 
   graphs_ = !(g && std::string(g) == "0");
   const char* poison = std::getenv("KILN_CUDA_POISON");
   poison_ = poison && std::string(poison) == "1";
+  // KILN_CUBLASLT_EPILOGUES=0 keeps cuBLASLt to plain products and runs each epilogue (bias, GELU,
+  // its gradient) in Kiln's own kernel after it: a difference in the results then points at
+  // cuBLASLt's fused epilogue (its own GELU) rather than at Kiln's kernels.
+  const char* epilogues = std::getenv("KILN_CUBLASLT_EPILOGUES");
+  fused_epilogues_ = !(epilogues && std::string(epilogues) == "0");
   try {
     device_ = make_device();
   } catch (const Error& e) {
@@ -211,6 +216,8 @@ void DeviceExecutor::plan_kernel(Program& p, const fb::Instr& ins, const std::st
     if (f.reads_aux() != (m.aux != 0)) throw Error(m.where + ": epilogue " + m.epilogue + " and the aux operand disagree");
     Step s{Step::Matmul, name + " (cuBLASLt)"};
     try {
+      if (!fused_epilogues_ && m.epilogue != "DEFAULT")
+        throw MatmulUnsupported(m.where + ": epilogue " + m.epilogue + " not fused (KILN_CUBLASLT_EPILOGUES=0)");
       s.matmul = device_->plan_matmul(m);
       p.steps.push_back(s);
     } catch (const MatmulUnsupported& e) {

@@ -116,6 +116,7 @@ class DeviceExecutor {
   Program zero_grads_;  // the gradient clears of zero_grads()
   std::vector<std::pair<uint64_t, uint64_t>> host_written_;  // [offset, end) of inputs and hypers
   bool graphs_ = true, poison_ = false;
+  bool fused_epilogues_ = true;  // KILN_CUBLASLT_EPILOGUES=0: every epilogue as Kiln's own kernel
   uint64_t activation_bytes_ = 0;
   std::function<void(int64_t)> reduce_hook_;
   std::function<void()> wait_hook_, drain_hook_;
