@@ -1,6 +1,8 @@
 #include "runtime/token_scan.h"
 
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -25,8 +27,22 @@ std::string out_of_vocab_message(const std::string& file, int64_t token, int64_t
 }
 
 TokenScan::TokenScan(std::vector<Shard> shards, int32_t vocab) : shards_(std::move(shards)), vocab_(vocab) {
-  if (shards_.empty()) done_ = true;
-  else thread_ = std::thread([this] { run(); });
+  if (shards_.empty()) {
+    done_ = true;
+    return;
+  }
+  // The thread starts with every signal blocked (it inherits the mask), so Ctrl-C and SIGTERM
+  // reach the threads whose handlers act on them, never this one.
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, &old);
+  try {
+    thread_ = std::thread([this] { run(); });
+  } catch (...) {
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    throw;
+  }
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
 }
 
 TokenScan::~TokenScan() {

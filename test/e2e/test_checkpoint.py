@@ -209,7 +209,7 @@ def main():
     # once and the run stops after the step it sampled for, with its checkpoint.
     ck_sample = os.path.join(w, "ck_sample")
     sampling = common + ["--log", f"{w}/sample.jsonl", "--checkpoint-dir", ck_sample, "--sample-every", "1",
-                         "--sample-tokens", "20000", "--sample-count", str(B)]
+                         "--sample-tokens", "6000", "--sample-count", str(B)]
     timing = {}
     stopped, (err,) = stop_with_signal([exe] + sampling, {}, signal.SIGINT, after=1, timing=timing)
     out = timing["stdout"]
