@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <fstream>
 #include <iterator>
@@ -21,6 +22,7 @@
 #include "runtime/error.h"
 #include "runtime/executor.h"
 #include "runtime/file_io.h"
+#include "runtime/gpu_peak.h"
 #include "runtime/params.h"
 #include "runtime/stop_signals.h"
 #include "runtime/token_scan.h"
@@ -385,9 +387,12 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
                  "ranks: %lld tokens per step; data: %s\n", module.source().c_str(), (long long)o.steps, o.steps == 1 ? "" : "s", (long long)B,
                  (long long)T, (long long)accum, (long long)(B * T), (long long)world, (long long)total, data.c_str());
   const double step_flops = flops_per_token(module) * double(total);
-  // Without --peak-tflops: a CPU estimate, or on a GPU the H100/H200's nominal dense bf16 rate.
+  // Without --peak-tflops: a CPU estimate, or a known GPU's datasheet rate (else the H100's).
   const CpuPeak cpu_peak = estimated_cpu_peak(precision == "bf16");
-  const double peak = o.peak_tflops > 0 ? o.peak_tflops * 1e12 : gpu ? 989e12 : cpu_peak.flops;
+  const std::optional<GpuPeak> gpu_peak = gpu ? nominal_gpu_peak(ex.device_name(), precision == "bf16") : std::nullopt;
+  const double peak = o.peak_tflops > 0 ? o.peak_tflops * 1e12
+                      : gpu             ? (gpu_peak ? gpu_peak->flops : 989e12)
+                                        : cpu_peak.flops;
   double loss = 0, elapsed = 0;
   // Ctrl-C or SIGTERM: finish the step, checkpoint, save, and exit 128 + signal (stop_signals.h).
   StopSignals signals(rank, int(world));
@@ -529,8 +534,9 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   if (root)
     std::fprintf(stderr, "MFU is against %s%.3g TFLOP/s (%s)\n", o.peak_tflops > 0 ? "" : "an estimated ",
                  peak / 1e12, o.peak_tflops > 0 ? "--peak-tflops"
-                 : gpu ? "the H100/H200's nominal dense bf16 rate; give --peak-tflops for another GPU"
-                       : cpu_peak.how.c_str());
+                 : gpu_peak ? gpu_peak->how.c_str()
+                 : gpu      ? "a GPU this runtime has no datasheet figure for: the H100's dense bf16 rate; give --peak-tflops"
+                            : cpu_peak.how.c_str());
   if (root && ex.device_bytes())
     std::fprintf(stderr, "device memory: %.1f MiB held by Kiln (the arena %.1f MiB, the rest workspaces and tables)\n",
                  double(ex.device_bytes()) / double(1 << 20), double(ex.arena_bytes()) / double(1 << 20));
