@@ -190,6 +190,24 @@ void DataLoader::next(int32_t* x, int32_t* y) {
   advance_ = pos_ + step_ + 1 > tokens_in_current_shard();
 }
 
+std::vector<std::pair<size_t, int64_t>> DataLoader::shards_ahead(int64_t batches) const {
+  std::vector<std::pair<size_t, int64_t>> ahead;
+  if (batches <= 0) return ahead;
+  size_t s = shard();
+  int64_t pos = position(), call = 0;
+  if (s != shard_) ahead.push_back({s, 0});  // the next call reads it
+  for (size_t walked = 1; walked < files_.size(); ++walked) {
+    // A shard of c tokens holds the batches at positions pos, pos + step_, ... up to c - step_ - 1.
+    call += (counts_[s] - 1 - pos) / step_;
+    if (call >= batches) break;
+    s = (s + 1) % files_.size();
+    pos = 0;
+    if (s == shard_) break;  // round to the resident shard: every other one is in `ahead`
+    ahead.push_back({s, call});
+  }
+  return ahead;
+}
+
 void DataLoader::reset() {
   if (shard_ != 0) load(0);
   pos_ = 0;

@@ -46,6 +46,12 @@ class DataLoader {
   int64_t position() const { return advance_ ? 0 : pos_; }
   void seek(size_t shard, int64_t position);
 
+  // The shards the next `batches` calls of next() will read other than the resident one, in the
+  // order they first do, each once, with the index of the call (from 0) that first reads it.
+  std::vector<std::pair<size_t, int64_t>> shards_ahead(int64_t batches) const;
+  // Where in the shard a rank's batch starts: shard()'s position() + this.
+  int64_t rank_offset() const { return int64_t(rank_) * B_ * T_; }
+
   // The shard held in memory: shard() unless the next call moves on to another.
   size_t resident_shard() const { return shard_; }
   int64_t tokens_in_current_shard() const { return static_cast<int64_t>(tokens_.size()); }

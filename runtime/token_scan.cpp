@@ -85,7 +85,9 @@ void TokenScan::run() {
       }
       if (!problem.empty()) break;
       const size_t bad = first_out_of_vocab(piece.data(), piece.size(), vocab_);
-      if (bad < piece.size()) problem = out_of_vocab_message(s.path, piece[bad], at + int64_t(bad), vocab_);
+      if (bad < piece.size())
+        problem = out_of_vocab_message(s.path, piece[bad], at + int64_t(bad), vocab_) +
+                  (s.reader.empty() ? "" : "; " + s.reader + " would read it: stopping now");
     }
     ::close(fd);
     if (!problem.empty()) {

@@ -22,10 +22,12 @@ class TokenScan {
  public:
   struct Shard {
     std::string path;
-    int64_t tokens;  // the header's count (DataLoader checked the header and the file's size)
+    int64_t tokens;      // the header's count (DataLoader checked the header and the file's size)
+    std::string reader;  // what reads it, for the message: "step 157", "each evaluation (--val-data)"
   };
   // Starts a thread that reads each shard's tokens in order, in pieces of a few MB, and stops at
-  // the first bad one (or a read error, worded as the loader words it).
+  // the first bad one ("...(data for another tokenizer?); step 157 would read it: stopping now")
+  // or a read error, worded as the loader words it.
   TokenScan(std::vector<Shard> shards, int32_t vocab);
   ~TokenScan();  // stops the thread (within one piece) and joins it
   TokenScan(const TokenScan&) = delete;

@@ -124,11 +124,13 @@ void next_batch(Executor& ex, DataLoader& data, int64_t n, int32_t vocab) {
   int32_t* idx = ex.input("idx");
   int32_t* targets = ex.input("targets");
   data.next(idx, targets);
+  // The batch is tokens [at, at + n] of the shard: inputs idx[i] = at + i, targets[i] = at + i + 1.
+  const int64_t at = position + data.rank_offset();
   for (int64_t i = 0; i < n; ++i)
-    if (idx[i] >= vocab || targets[i] >= vocab)
-      throw Error(data.files()[shard] + ": token " + std::to_string(std::max(idx[i], targets[i])) + " near position " +
-                  std::to_string(position + i) + " is not below the model's vocabulary size " +
-                  std::to_string(vocab) + " (data for another tokenizer?)");
+    if (idx[i] >= vocab || targets[i] >= vocab) {
+      const bool input = idx[i] >= vocab;
+      throw Error(out_of_vocab_message(data.files()[shard], input ? idx[i] : targets[i], at + i + (input ? 0 : 1), vocab));
+    }
 }
 
 // Where the run will write, checked before the first step rather than found unusable after the
@@ -185,12 +187,17 @@ void check_resident_tokens(const DataLoader& d, int32_t vocab) {
     throw Error(out_of_vocab_message(d.files()[d.resident_shard()], t[bad], int64_t(bad), vocab));
 }
 
-// The shards of these loaders not yet checked (all but the one each holds), for a TokenScan.
-std::vector<TokenScan::Shard> unread_shards(const std::vector<const DataLoader*>& loaders) {
+// The shards the run will read that are not checked yet (all but the one each loader holds), in
+// the order it reads them: the validation shards an evaluation reaches (the first comes after
+// step 1), then the training shards the remaining steps reach.
+std::vector<TokenScan::Shard> shards_to_scan(const DataLoader& data, int64_t first_step, int64_t steps,
+                                             int64_t accum, const DataLoader* val, int64_t val_steps) {
   std::vector<TokenScan::Shard> shards;
-  for (const DataLoader* d : loaders)
-    for (size_t i = 0; d && i < d->files().size(); ++i)
-      if (i != d->resident_shard()) shards.push_back({d->files()[i], d->shard_tokens()[i]});
+  if (val)
+    for (const auto& [i, call] : val->shards_ahead(val_steps))
+      shards.push_back({val->files()[i], val->shard_tokens()[i], "each evaluation (--val-data)"});
+  for (const auto& [i, call] : data.shards_ahead((steps - first_step) * accum))
+    shards.push_back({data.files()[i], data.shard_tokens()[i], "step " + std::to_string(first_step + call / accum + 1)});
   return shards;
 }
 
@@ -347,11 +354,12 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     check_resident_tokens(*val, model.vocab_size());
   }
   check_resident_tokens(loader, model.vocab_size());
-  // The other shards are read in the background while the run trains, one process per machine
-  // (its ranks read the same files): a bad token in any of them ends the run at the next step.
+  // The other shards the run will read are checked in the background while it trains, by one
+  // process per machine (its ranks read the same files): a bad token ends the run at the next step.
   std::unique_ptr<TokenScan> scan;
   if (comm.local_rank() == 0)
-    scan = std::make_unique<TokenScan>(unread_shards({&loader, val.get()}), model.vocab_size());
+    scan = std::make_unique<TokenScan>(shards_to_scan(loader, first_step, o.steps, accum, val.get(), o.val_steps),
+                                       model.vocab_size());
   if (root) check_outputs_spare_inputs(o, loader, val.get());
   if (world > 1) check_ranks_agree(comm, module, o, total, ex, loader);
 
@@ -398,7 +406,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   StopSignals signals(rank, int(world));
   int interrupted = 0;
   for (int64_t step = first_step; step < o.steps; ++step) {
-    if (scan && !scan->error().empty()) throw Error(scan->error() + "; found ahead of training, which stops before reaching it");
+    if (scan && !scan->error().empty()) throw Error(scan->error());
     auto t0 = std::chrono::steady_clock::now();
     ex.zero_grads();
     loss = 0;
@@ -475,6 +483,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       nlohmann::json j = {{"step", step}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm},
                           {"dt_ms", dt * 1e3}, {"tokens_per_s", tok_s}, {"mfu", mfu}};
       if (!std::isnan(val_loss)) j["val_loss"] = val_loss;
+      if (samples_stopped) j["samples_stopped"] = signal_name(signals.requested());
       if (!samples.empty()) {
         nlohmann::json& list = j["samples"] = nlohmann::json::array();
         for (const auto& ids : samples) {

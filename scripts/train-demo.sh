@@ -31,12 +31,13 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     echo "train-demo: a CUDA GPU is present but this build has no CUDA (no toolkit when it was configured): training $spec on the CPU"
   fi
 fi
-if [ "$spec" = models/gpt2-mini.toml ] && grep -qw -e avx512_bf16 -e amx_bf16 /proc/cpuinfo 2>/dev/null &&
-   ldd build/bin/kiln-run 2>/dev/null | grep -q libdnnl; then
+if [ -n "${KILN_DEMO_SPEC:-}" ]; then
+  spec=$KILN_DEMO_SPEC
+elif [ "$spec" = models/gpt2-mini.toml ] && grep -qw -e avx512_bf16 -e amx_bf16 /proc/cpuinfo 2>/dev/null &&
+     ldd build/bin/kiln-run 2>/dev/null | grep libdnnl > /dev/null; then
   spec=models/gpt2-mini-bf16.toml
   echo "train-demo: this CPU multiplies bf16 (oneDNN): training $spec"
 fi
-if [ -n "${KILN_DEMO_SPEC:-}" ]; then spec=$KILN_DEMO_SPEC; fi
 name=$(basename "$spec" .toml)
 build/bin/kilnc "$spec" -o "$out/gpt2"
 build/bin/kiln-inspect "$out/gpt2"

@@ -15,7 +15,7 @@
 #   c) parity: each bench/device/modules/NAME.kiln with a spec bench/device/specs/NAME.toml
 #      (the gpt2-* benchmark modules aside; tiny-bf16, tiny, awkward-bf16 and long-bf16 first): one
 #      training step as a probe until one runs; if the runtime runs it, test/e2e/test_parity.py
-#      --exe (a wrapper running kiln-run NAME.kiln) against the PyTorch reference (a failure again
+#      --exe (a wrapper running kiln-run NAME.kiln) against the PyTorch reference (a mismatch again
 #      with KILN_CUBLASLT_EPILOGUES=0: Kiln's epilogue kernels instead of cuBLASLt's), and for
 #      tiny-cuda and awkward-bf16-cuda test/e2e/test_decode.py --exe (sampling with the key/value
 #      caches and without, against PyTorch's logits); if it refuses, "kiln: not available: <its
@@ -29,7 +29,7 @@
 #      (kiln-inspect --roofline at the measured rates), and causal attention forward +
 #      backward per PyTorch SDPA backend (flash, efficient, cudnn) at the benchmark's shape
 #   s) compute-sanitizer racecheck and memcheck on one step of long-bf16-cuda.kiln (cuBLASLt not
-#      tuned; a report naming no Kiln kernel is recorded as "library only")
+#      tuned; a race reported in no Kiln kernel is recorded as "library only")
 #   f) the table: summary.md (kiln / torch eager / torch.compile: tok/s, ms/step, TFLOP/s, MFU,
 #      peak memory; kiln/compile and kiln/eager ratios), results.json, check.log, work.tar.gz
 #
@@ -141,6 +141,11 @@ boxed() {
   l=$(left)
   if [ "$l" -lt "$min" ]; then
     record "$step" skipped 0 "out of time: ${l} s of the budget left, needs ${min} s"
+    LAST_DT=0
+    return 200
+  fi
+  if [ "$max" -lt "$min" ]; then  # a caller's own share (parity's) used up; timeout 0 would not limit
+    record "$step" skipped 0 "out of time: ${max} s of its step's share left, needs ${min} s"
     LAST_DT=0
     return 200
   fi
@@ -747,7 +752,7 @@ else
   for spec in "$DEV"/specs/*.toml; do
     case " ${specs[*]} " in *" $spec "*) ;; *) specs+=("$spec") ;; esac
   done
-  probed=0   # a one-step probe ran a cuda module: the runtime runs them here, the later ones need none
+  probed=0   # the module whose one-step probe ran: the runtime runs cuda modules here, the later ones need none
   for spec in "${specs[@]}"; do
     name=$(basename "$spec" .toml)
     case "$name" in gpt2-*) continue ;; esac          # the benchmark modules: step e)
@@ -766,7 +771,10 @@ else
     vocab=$(spec_int "$spec" vocab_size)
     "$PY_ANY" scripts/make_synthetic_shard.py --out "$d/data" --vocab-size "$vocab" --tokens 20000 --seed 1 \
       > "$d/shard.log" 2>&1 || true
-    if [ "$probed" = 0 ]; then
+    probe_note="probe ran"
+    if [ "$probed" != 0 ]; then
+      probe_note="not probed ($probed's probe ran)"
+    else
       rc=0
       boxed "parity-probe-$name" 60 10 "$d/probe.log" "${KENV[@]}" "$KILN_RUN_BIN" "$mod" train \
         --data "$d/data/train_*.bin" --steps 1 || rc=$?
@@ -779,10 +787,10 @@ else
         continue
       fi
       record "parity-probe-$name" ok "$LAST_DT" "one training step ran"
-      probed=1
+      probed=$name
     fi
     if [ "$GPU_STEPS" = 0 ] || [ -z "$PY" ]; then
-      parity_row "$name" "probe ran" "test_parity.py not run ($([ "$DRY" = 1 ] && echo "dry run" || echo "no GPU or no torch"))"
+      parity_row "$name" "$probe_note" "test_parity.py not run ($([ "$DRY" = 1 ] && echo "dry run" || echo "no GPU or no torch"))"
       continue
     fi
     printf '#!/bin/sh\nexec %q %q "$@"\n' "$KILN_RUN_BIN" "$mod" > "$d/kiln-exe"
@@ -795,7 +803,7 @@ else
     parity_result "parity-$name" "$name" "$rc" "$d/parity.log" "$(tail -n 1 "$d/parity.log")"
     # A failure again with cuBLASLt's fused epilogues off (Kiln's own bias and GELU kernels): it
     # tells a difference in cuBLASLt's GELU from one in Kiln's kernels.
-    if [ "$rc" != 0 ] && [ "$rc" != 200 ] && ! timed_out "$rc"; then
+    if [ "$rc" != 0 ] && grep -a -q '^FAIL' "$d/parity.log"; then  # a numerical mismatch, not an error
       max=$((parity_end - SECONDS))
       [ "$max" -gt 90 ] && max=90
       rc=0
@@ -940,14 +948,15 @@ else
     boxed "sanitizer-$tool" 60 20 "$WORK/sanitizer-$tool.log" "${KENV[@]}" KILN_CUDA_GRAPHS=0 KILN_CUBLASLT_TUNE=0 \
       "$SAN" --tool "$tool" --error-exitcode 9 "$KILN_RUN_BIN" "$san_mod" train --data "$san_data" --steps 1 || rc=$?
     summary=$(grep -a -E '(ERROR|RACECHECK) SUMMARY' "$WORK/sanitizer-$tool.log" | tail -n 1 | oneline || true)
-    # Kiln's kernels are k<N>_<ops> (generated) and kiln_<what> (support); a report naming none of
-    # them is about a library's kernel (cuBLASLt's), not Kiln's.
+    # Kiln's kernels are k<N>_<ops> (generated) and kiln_<what> (support); a race reported in none
+    # of them is inside a library's kernel (cuBLASLt's), not Kiln's. (A bad access there is still
+    # a FAIL: the descriptors and buffers it was given are Kiln's.)
     ours=$(grep -a -c -E '^=+ .*(k[0-9]+_[a-z0-9_]+|kiln_[a-z_]+)' "$WORK/sanitizer-$tool.log" || true)
     case "$rc" in
       0) record "sanitizer-$tool" ok "$LAST_DT" "${summary:-no summary line}" ;;
       200) ;;
       124|137) record "sanitizer-$tool" "timed out" "$LAST_DT" "${summary:-}" ;;
-      9) if [ "${ours:-0}" = 0 ]; then
+      9) if [ "$tool" = racecheck ] && [ "${ours:-0}" = 0 ]; then
            record "sanitizer-$tool" "library only" "$LAST_DT" "${summary:-} (no report names a Kiln kernel: see sanitizer-$tool.log in work.tar.gz)"
          else
            record "sanitizer-$tool" FAIL "$LAST_DT" "${summary:-} ($ours report lines name Kiln kernels; sanitizer-$tool.log in work.tar.gz)"

@@ -117,7 +117,10 @@ DeviceExecutor::DeviceExecutor(const Module& module, const ArenaLayout& layout, 
   device_->synchronize();
   if (const std::string note = device_->planning_note(); !note.empty())
     std::fprintf(stderr, "note: %s: %s\n", module.source().c_str(), note.c_str());
-  if (unfused_epilogues_)
+  if (unfused_epilogues_ && !fused_epilogues_)
+    std::fprintf(stderr, "note: %s: %d matrix products run their epilogue as a separate kernel "
+                 "(KILN_CUBLASLT_EPILOGUES=0)\n", module.source().c_str(), unfused_epilogues_);
+  else if (unfused_epilogues_)
     std::fprintf(stderr, "note: %s: %d matrix products run their epilogue as a separate kernel; cuBLASLt "
                  "refused it fused, e.g. %s\n", module.source().c_str(), unfused_epilogues_, unfused_reason_.c_str());
 }

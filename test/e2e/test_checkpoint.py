@@ -214,9 +214,11 @@ def main():
     stopped, (err,) = stop_with_signal([exe] + sampling, {}, signal.SIGINT, after=1, timing=timing)
     out = timing["stdout"]
     at = max(losses(f"{w}/sample.jsonl")) + 1
+    cut = [json.loads(l).get("samples_stopped") for l in open(f"{w}/sample.jsonl")]
     saved = open(os.path.join(ck_sample, "latest")).read().strip()
     check(stopped == [-signal.SIGINT] and f"--- sampling at step {at} stopped by SIGINT ---" in out and
-          f"SIGINT: stopped after step {at} of {STEPS}" in err and saved == f"ckpt_{at:08d}.kiln-ckpt",
+          f"SIGINT: stopped after step {at} of {STEPS}" in err and saved == f"ckpt_{at:08d}.kiln-ckpt" and
+          cut == [None] * (at - 1) + ["SIGINT"],
           f"SIGINT while sampling: exit {stopped}, stopped after step {at}, checkpoint {saved}: " + last_line(err))
     # The first step's line comes after its samples: the stop must not wait for a step's samples.
     check(timing["ended"] < timing["before"] / 2,

@@ -136,6 +136,29 @@ TEST_F(DataLoaderTest, APassReadsNoShardItDoesNotUse) {
   EXPECT_EQ(step(dl, 6).first, iota32(0, 6));
 }
 
+// The shards the next calls read besides the resident one, with the call that first reads each.
+TEST_F(DataLoaderTest, ShardsAheadInTheOrderTheyAreRead) {
+  shard("w_0.bin", iota(0, 13));  // 2 batches of 6 (+1)
+  shard("w_1.bin", iota(0, 8));   // 1
+  shard("w_2.bin", iota(0, 20));  // 3
+  using Ahead = std::vector<std::pair<size_t, int64_t>>;
+  kiln::DataLoader dl(path("w_*.bin"), 2, 3);
+  EXPECT_EQ(dl.shards_ahead(0), Ahead{});
+  EXPECT_EQ(dl.shards_ahead(2), Ahead{});
+  EXPECT_EQ(dl.shards_ahead(3), (Ahead{{1, 2}}));
+  EXPECT_EQ(dl.shards_ahead(4), (Ahead{{1, 2}, {2, 3}}));
+  EXPECT_EQ(dl.shards_ahead(1000), (Ahead{{1, 2}, {2, 3}}));  // shard 0 is resident: checked
+  step(dl, 6);
+  step(dl, 6);  // shard 1 is next, shard 0 still resident
+  EXPECT_EQ(dl.shards_ahead(1), (Ahead{{1, 0}}));
+  EXPECT_EQ(dl.shards_ahead(1000), (Ahead{{1, 0}, {2, 1}}));
+  dl.seek(2, 6);  // a resume: 2 batches left in shard 2
+  EXPECT_EQ(dl.shards_ahead(2), Ahead{});
+  EXPECT_EQ(dl.shards_ahead(1000), (Ahead{{0, 2}, {1, 4}}));
+  kiln::DataLoader one(path("w_2.bin"), 2, 3);
+  EXPECT_EQ(one.shards_ahead(1000), Ahead{});
+}
+
 TEST_F(DataLoaderTest, SingleShardWrapsOntoItself) {
   shard("only.bin", iota(0, 10));
   kiln::DataLoader dl(path("only.bin"), 1, 4);  // step 4, needs 5
