@@ -128,6 +128,14 @@ std::vector<std::string> expand_data_patterns(const std::vector<std::string>& fi
   return files;
 }
 
+void read_shard_tokens(const std::string& path, int64_t first, int64_t n, uint16_t* out) {
+  Fd file;
+  file.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (file.fd < 0) throw Error(path + ": open: " + std::strerror(errno));
+  read_exact(file.fd, out, size_t(n) * sizeof(uint16_t), kHeaderBytes + first * int64_t(sizeof(uint16_t)), path,
+             "tokens");
+}
+
 void write_token_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
   if (tokens.size() > static_cast<size_t>(INT32_MAX))
     throw Error(path + ": " + std::to_string(tokens.size()) +

@@ -1,13 +1,12 @@
 #include "runtime/token_scan.h"
 
-#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
+
+#include "runtime/data_loader.h"
+#include "runtime/error.h"
 
 namespace kiln {
 
@@ -56,45 +55,23 @@ std::string TokenScan::error() const {
 }
 
 void TokenScan::run() {
-  constexpr int64_t kHeaderBytes = 1024;    // llm.c's 256 int32
   constexpr int64_t kPiece = int64_t(1) << 21;  // tokens per read: 4 MB
   std::vector<uint16_t> piece;
-  auto fail = [this](std::string message) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    error_ = std::move(message);
-  };
-  for (const Shard& s : shards_) {
-    const int fd = ::open(s.path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      fail(s.path + ": open: " + std::strerror(errno));
-      break;
-    }
-    std::string problem;
-    for (int64_t at = 0; at < s.tokens && problem.empty() && !stop_; at += kPiece) {
-      const int64_t n = std::min(kPiece, s.tokens - at);
-      piece.resize(size_t(n));
-      auto* p = reinterpret_cast<char*>(piece.data());
-      size_t left = size_t(n) * sizeof(uint16_t);
-      off_t offset = off_t(kHeaderBytes + at * int64_t(sizeof(uint16_t)));
-      while (left > 0 && problem.empty()) {
-        const ssize_t got = ::pread(fd, p, left, offset);
-        if (got < 0 && errno == EINTR) continue;
-        if (got < 0) problem = s.path + ": reading tokens: " + std::strerror(errno);
-        else if (got == 0) problem = s.path + ": reading tokens: unexpected end of file (changed since the run started?)";
-        else p += got, left -= size_t(got), offset += got;
+  try {
+    for (const Shard& s : shards_) {
+      for (int64_t at = 0; at < s.tokens && !stop_; at += kPiece) {
+        piece.resize(size_t(std::min(kPiece, s.tokens - at)));
+        read_shard_tokens(s.path, at, int64_t(piece.size()), piece.data());
+        const size_t bad = first_out_of_vocab(piece.data(), piece.size(), vocab_);
+        if (bad < piece.size())
+          throw Error(out_of_vocab_message(s.path, piece[bad], at + int64_t(bad), vocab_) +
+                      (s.reader.empty() ? "" : "; " + s.reader + " would read it: stopping now"));
       }
-      if (!problem.empty()) break;
-      const size_t bad = first_out_of_vocab(piece.data(), piece.size(), vocab_);
-      if (bad < piece.size())
-        problem = out_of_vocab_message(s.path, piece[bad], at + int64_t(bad), vocab_) +
-                  (s.reader.empty() ? "" : "; " + s.reader + " would read it: stopping now");
+      if (stop_) break;
     }
-    ::close(fd);
-    if (!problem.empty()) {
-      fail(std::move(problem));
-      break;
-    }
-    if (stop_) break;
+  } catch (const Error& e) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    error_ = e.what();
   }
   done_.store(true, std::memory_order_release);
 }

