@@ -163,8 +163,8 @@ DataParallel::DataParallel(Executor& ex, Communicator& comm, int zero, int64_t b
   const Module& m = ex.module();
   plan_ = module_buckets(m, comm.world_size(), bucket_bytes, &compiled_);
   if (comm.world_size() == 1) return;  // nothing to exchange; the hooks stay off
-  // A GPU's gradients are in device memory: the collectives must take it (NCCL) and run on the
-  // executor's stream, after the kernels that compute what they reduce.
+  // A GPU's gradients are in device memory: the collectives must take it (NCCL) and start after
+  // the kernels on the executor's stream that compute what they reduce.
   if (ex.comm_needs_device_memory()) {
     if (!comm.device_memory())
       throw Error(m.source() + ": data parallel: the gradients of a cuda module are in GPU memory, which " +

@@ -49,8 +49,9 @@ class Communicator {
 
   // Whether the float collectives take device memory (NCCL) rather than host memory.
   virtual bool device_memory() const { return false; }
-  // Device-memory backends: run the collectives on this stream (a cudaStream_t), in order after
-  // the work queued on it, instead of their own stream.
+  // Device-memory backends: start each collective after the work queued on this stream (a
+  // cudaStream_t) when it is issued, instead of after the legacy default stream's; it then runs
+  // on the backend's own stream, beside the work queued later.
   virtual void use_stream(void* stream) { (void)stream; }
 
   // data[0, n) becomes the sum over ranks, identical on every rank.

@@ -8,10 +8,12 @@
 // ncclCommInitRank. Host values (the loss, norm pieces, start-up checks) and barriers go over
 // the bootstrap.
 //
-// Ordering: the device executor hands its compute stream over (use_stream), so a bucket's
-// all-reduce follows the kernels that computed its gradients and precedes the optimizer's;
-// without one, collectives run on the communicator's own stream after the work queued on the
-// legacy default stream.
+// Ordering: collectives run on the communicator's own stream, each after an event recorded on
+// the device executor's compute stream (handed over by use_stream; else the legacy default
+// stream) when it is issued. A bucket's all-reduce therefore follows the kernels that computed its
+// gradients and runs while the backward kernels queued after it compute the next buckets' (the
+// compiler placed each bucket after the last write of its gradients). The optimizer follows it
+// because the executor queues the optimizer only once wait() has seen every collective done.
 //
 // Failure: wait() polls the stream and ncclCommGetAsyncError; an error, or no completion within
 // KILN_COMM_TIMEOUT, aborts the NCCL communicator and raises a kiln::Error.
@@ -67,7 +69,7 @@ class NcclCommunicator final : public Communicator {
 
   std::unique_ptr<CommRequest> iall_reduce_sum(float* data, int64_t n) override {
     begin();
-    nccl(nccl_api().ncclAllReduce(data, data, size_t(n), ncclFloat, ncclSum, comm_, stream()), "ncclAllReduce");
+    nccl(nccl_api().ncclAllReduce(data, data, size_t(n), ncclFloat, ncclSum, comm_, stream_), "ncclAllReduce");
     return finish("all_reduce of " + std::to_string(n) + " floats");
   }
   std::unique_ptr<CommRequest> ireduce_scatter_sum(float* data, const std::vector<int64_t>& counts) override {
@@ -75,13 +77,13 @@ class NcclCommunicator final : public Communicator {
     begin();
     if (equal(counts)) {  // in place: this rank's piece is recvbuff
       const size_t c = size_t(counts[0]);
-      nccl(nccl_api().ncclReduceScatter(data, data + size_t(rank()) * c, c, ncclFloat, ncclSum, comm_, stream()),
+      nccl(nccl_api().ncclReduceScatter(data, data + size_t(rank()) * c, c, ncclFloat, ncclSum, comm_, stream_),
            "ncclReduceScatter");
     } else {  // unequal pieces: one reduce to each piece's owner
       nccl(nccl_api().ncclGroupStart(), "ncclGroupStart");
       for (int r = 0; r < world_size(); ++r) {
         float* p = data + piece_offset(counts, r);
-        nccl(nccl_api().ncclReduce(p, p, size_t(counts[size_t(r)]), ncclFloat, ncclSum, r, comm_, stream()), "ncclReduce");
+        nccl(nccl_api().ncclReduce(p, p, size_t(counts[size_t(r)]), ncclFloat, ncclSum, r, comm_, stream_), "ncclReduce");
       }
       nccl(nccl_api().ncclGroupEnd(), "ncclGroupEnd");
     }
@@ -92,12 +94,12 @@ class NcclCommunicator final : public Communicator {
     begin();
     if (equal(counts)) {
       const size_t c = size_t(counts[0]);
-      nccl(nccl_api().ncclAllGather(data + size_t(rank()) * c, data, c, ncclFloat, comm_, stream()), "ncclAllGather");
+      nccl(nccl_api().ncclAllGather(data + size_t(rank()) * c, data, c, ncclFloat, comm_, stream_), "ncclAllGather");
     } else {  // unequal pieces: each owner broadcasts its piece
       nccl(nccl_api().ncclGroupStart(), "ncclGroupStart");
       for (int r = 0; r < world_size(); ++r) {
         float* p = data + piece_offset(counts, r);
-        nccl(nccl_api().ncclBroadcast(p, p, size_t(counts[size_t(r)]), ncclFloat, r, comm_, stream()), "ncclBroadcast");
+        nccl(nccl_api().ncclBroadcast(p, p, size_t(counts[size_t(r)]), ncclFloat, r, comm_, stream_), "ncclBroadcast");
       }
       nccl(nccl_api().ncclGroupEnd(), "ncclGroupEnd");
     }
@@ -159,18 +161,16 @@ class NcclCommunicator final : public Communicator {
       if (c != counts[0]) return false;
     return true;
   }
-  // The stream collectives run on: the executor's (use_stream), where they follow its kernels;
-  // else our own, ordered after the work already queued on the legacy default stream.
+  // Our stream waits for the work queued so far on the executor's stream (use_stream), else on
+  // the legacy default stream (null), and no longer: later kernels there overlap the collective.
   void begin() {
-    if (external_) return;
-    cuda(cudaEventRecord(ready_, nullptr), "cudaEventRecord");
+    cuda(cudaEventRecord(ready_, external_), "cudaEventRecord");
     cuda(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
   }
-  cudaStream_t stream() const { return external_ ? external_ : stream_; }
   std::unique_ptr<CommRequest> finish(std::string what) {
     cudaEvent_t ev = nullptr;
     cuda(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
-    cuda(cudaEventRecord(ev, stream()), "cudaEventRecord");
+    cuda(cudaEventRecord(ev, stream_), "cudaEventRecord");
     return std::make_unique<Request>(*this, ev, std::move(what));
   }
   void wait_event(cudaEvent_t ev, const std::string& what) {
@@ -207,8 +207,8 @@ class NcclCommunicator final : public Communicator {
   double timeout_ = 600;
   int device_ = 0;
   ncclComm_t comm_ = nullptr;
-  cudaStream_t stream_ = nullptr;
-  cudaStream_t external_ = nullptr;  // the device executor's compute stream (use_stream)
+  cudaStream_t stream_ = nullptr;    // the collectives'
+  cudaStream_t external_ = nullptr;  // the device executor's compute stream (use_stream), which they follow
   cudaEvent_t ready_ = nullptr;
 };
 
