@@ -6,7 +6,7 @@
 # Steps, each time-boxed (timeout) inside one budget (--budget, 470 s: the whole stays under 8
 # minutes); a step that no longer fits is skipped and reported as such. They run in the order of
 # what matters most when the budget runs short: a, b, d's matmul peak, e at B=16, d's torch.compile
-# and eager at B=16, c, t, g, s, then the larger batches:
+# and eager at B=16, c, t, g, s, n, then the larger batches:
 #   a) the machine: nvidia-smi -L, driver, nvcc, cmake, ninja, compiler, python, torch
 #   b) the runtime: cmake -DKILN_COMPILER=OFF -DKILN_TESTS=OFF into build-dev, ninja kiln-run (then
 #      kiln-inspect, for g)); if configuring with the machine's own packages fails, again with
@@ -30,6 +30,8 @@
 #      backward per PyTorch SDPA backend (flash, efficient, cudnn) at the benchmark's shape
 #   s) compute-sanitizer racecheck and memcheck on one step of long-bf16-cuda.kiln (cuBLASLt not
 #      tuned; a race reported in no Kiln kernel is recorded as "library only")
+#   n) NCCL with one rank: 3 steps of tiny-bf16-cuda.kiln with --comm nccl (one GPU: no
+#      collectives between ranks)
 #   f) the table: summary.md (kiln / torch eager / torch.compile: tok/s, ms/step, TFLOP/s, MFU,
 #      peak memory; kiln/compile and kiln/eager ratios), results.json, check.log, work.tar.gz
 #
@@ -964,6 +966,30 @@ else
       *) record "sanitizer-$tool" FAIL "$LAST_DT" "${summary:-$(err_line "$WORK/sanitizer-$tool.log")} (exit $rc; the hazards are in work.tar.gz: sanitizer-$tool.log)" ;;
     esac
   done
+fi
+
+# --- n) NCCL, one rank: the runtime opens NCCL, makes a one-rank communicator over the TCP
+# bootstrap and trains 3 steps of tiny-bf16-cuda.kiln through it. (One GPU: NCCL refuses two ranks
+# on one device, so the collectives between ranks cannot run here.)
+log "n) NCCL, one rank"
+nccl_mod=$DEV/modules/tiny-bf16-cuda.kiln
+if [ "$GPU_STEPS" = 0 ] || [ -z "$KILN_RUN_BIN" ] || [ -n "$CPU_ONLY_RUNTIME" ]; then
+  record nccl-one-rank skipped 0 "no kiln-run that runs cuda modules on a GPU here"
+elif [ ! -f "$nccl_mod" ] || [ ! -f "$DEV/specs/tiny-bf16-cuda.toml" ] || [ -z "$PY_ANY" ]; then
+  record nccl-one-rank skipped 0 "no tiny-bf16-cuda module and spec (run prepare.sh), or no python3"
+else
+  "$PY_ANY" scripts/make_synthetic_shard.py --out "$WORK/nccl/data" --tokens 20000 --seed 1 \
+    --vocab-size "$(spec_int "$DEV/specs/tiny-bf16-cuda.toml" vocab_size)" > /dev/null 2>&1 || true
+  rc=0
+  boxed nccl-one-rank 60 15 "$WORK/nccl-one-rank.log" "${KENV[@]}" NCCL_DEBUG=VERSION RANK=0 WORLD_SIZE=1 \
+    MASTER_ADDR=127.0.0.1 MASTER_PORT=$((30000 + RANDOM % 20000)) "$KILN_RUN_BIN" "$nccl_mod" train \
+    --data "$WORK/nccl/data/train_*.bin" --steps 3 --print-every 1 --comm nccl || rc=$?
+  case "$rc" in
+    0) record nccl-one-rank ok "$LAST_DT" "$(grep -a -m 1 -o 'NCCL version [^ ]*' "$WORK/nccl-one-rank.log" || echo "NCCL"); $(grep -a 'step *3/3' "$WORK/nccl-one-rank.log" | cut -d'|' -f1-2 | oneline)" ;;
+    200) ;;
+    124|137) record nccl-one-rank "timed out" "$LAST_DT" "$(tail -n 1 "$WORK/nccl-one-rank.log" | oneline)" ;;
+    *) record nccl-one-rank FAIL "$LAST_DT" "$(err_line "$WORK/nccl-one-rank.log") (exit $rc)" ;;
+  esac
 fi
 
 # --- the B=32 and B=64 runs, time allowing: Kiln's first (short), then PyTorch eager, then compile
