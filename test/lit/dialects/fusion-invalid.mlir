@@ -112,3 +112,48 @@ func.func @yield_outside(%x: tensor<4xf32>) -> tensor<4xf32> {
   // expected-error @+1 {{'kiln.yield' op expects parent op 'kiln.fusion'}}
   kiln.yield %x : tensor<4xf32>
 }
+
+// -----
+
+// A fused region holds plain ops: kernels are not made of kernels.
+func.func @nested(%x: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error @+1 {{'kiln.fusion' op fusion regions do not nest}}
+  %0 = kiln.fusion "elementwise" "gelu"(%x) : (tensor<4xf32>) -> tensor<4xf32> {
+  ^bb0(%a: tensor<4xf32>):
+    %i = kiln.fusion "elementwise" "gelu"(%a) : (tensor<4xf32>) -> tensor<4xf32> {
+    ^bb0(%b: tensor<4xf32>):
+      %g = kiln.gelu %b : tensor<4xf32>
+      kiln.yield %g : tensor<4xf32>
+    }
+    kiln.yield %i : tensor<4xf32>
+  }
+  return %0 : tensor<4xf32>
+}
+
+// -----
+
+// The body hands its values out through kiln.yield, and nothing else.
+func.func @no_yield(%x: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error @+1 {{'kiln.fusion' op body must end with kiln.yield}}
+  %0 = kiln.fusion "elementwise" "gelu"(%x) : (tensor<4xf32>) -> tensor<4xf32> {
+  ^bb0(%a: tensor<4xf32>):
+    %g = kiln.gelu %a : tensor<4xf32>
+    func.return %g : tensor<4xf32>
+  }
+  return %0 : tensor<4xf32>
+}
+
+// -----
+
+// A classifier kernel computes one logits gradient.
+func.func @two_grads(%logits: tensor<4x16xf32>, %t: tensor<4xi32>) -> (tensor<4x16xf32>, tensor<4x16xf32>) {
+  // expected-error @+1 {{'kiln.fusion' op of kind 'classifier' holds 2 kiln.cross_entropy_grad}}
+  %0:2 = kiln.fusion "classifier" "cross_entropy_cross_entropy_grad"(%logits, %t) : (tensor<4x16xf32>, tensor<4xi32>) -> (tensor<4x16xf32>, tensor<4x16xf32>) {
+  ^bb0(%l: tensor<4x16xf32>, %tt: tensor<4xi32>):
+    %loss, %lse = kiln.cross_entropy %l, %tt : tensor<4x16xf32>, tensor<4xi32> -> tensor<f32>, tensor<4xf32>
+    %d1 = kiln.cross_entropy_grad %loss, %l, %lse, %tt : tensor<4x16xf32>, tensor<4xf32>, tensor<4xi32> -> tensor<4x16xf32>
+    %d2 = kiln.cross_entropy_grad %loss, %l, %lse, %tt : tensor<4x16xf32>, tensor<4xf32>, tensor<4xi32> -> tensor<4x16xf32>
+    kiln.yield %d1, %d2 : tensor<4x16xf32>, tensor<4x16xf32>
+  }
+  return %0#0, %0#1 : tensor<4x16xf32>, tensor<4x16xf32>
+}

@@ -1110,3 +1110,13 @@ func.func @f() {
   kiln.reduce_gradients [] {bucket = 0 : i64}
   return
 }
+
+// -----
+
+// A bucket names top-level parameters, not symbols nested in them.
+kiln.parameter @w : tensor<4xf32> {init = "zeros"}
+func.func @nested_ref() {
+  // expected-error@+1 {{'kiln.reduce_gradients' op expects flat references to parameters}}
+  kiln.reduce_gradients [@w::@x] {bucket = 0 : i64}
+  return
+}
