@@ -107,6 +107,17 @@ TEST(Comm, SingleProcessIsANoOp) {
   EXPECT_THROW(c->reduce_scatter_sum(x, {1, 2}), Error);
 }
 
+TEST(Comm, RanksOnThisMachineCountsTheRanksOfOneHost) {
+  auto single = make_single_process_communicator();
+  EXPECT_EQ(ranks_on_this_machine(*single), 1);
+  std::vector<int> counted(3, 0);
+  auto errors = on_tcp_ranks(3, [&](int r, Communicator& c) { counted[size_t(r)] = ranks_on_this_machine(c); });
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(errors[size_t(r)], "") << "rank " << r;
+    EXPECT_EQ(counted[size_t(r)], 3) << "rank " << r;  // the threads share this host's name
+  }
+}
+
 TEST(Comm, TcpCollectives) {
   const int world = 3;
   auto errors = on_tcp_ranks(world, [&](int r, Communicator& c) {
