@@ -1,6 +1,7 @@
 // Whole-file reads and crash-safe writes, shared by every writer of the runtime and compiler.
 #include "runtime/file_io.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -63,6 +64,35 @@ void untrack_temporary(bool tracked) {
   g_pending_claimed.store(false);
 }
 
+// A staging folder of files (kiln-data prepare's shards before they are swapped in) and the
+// output folder it lies in when the command created that, for a signal handler to remove.
+char g_staging[4096], g_staging_parent[4096];
+std::atomic<bool> g_staging_set{false};
+
+// Async-signal-safe (system calls only): unlinks the folder's files, then the folder, then the
+// parent if it is empty. Subfolders stay, and with them the folder.
+void remove_staging_folder() {
+  if (!g_staging_set.load()) return;
+  const int fd = ::open(g_staging, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    // Passes until one removes nothing: unlinking while the listing is read may skip names.
+    for (bool removed = true; removed;) {
+      removed = false;
+      ::lseek(fd, 0, SEEK_SET);
+      alignas(8) char buf[4096];
+      for (ssize_t n; (n = ::getdents64(fd, buf, sizeof buf)) > 0;)
+        for (ssize_t at = 0; at < n;) {
+          const auto* d = reinterpret_cast<const struct dirent64*>(buf + at);
+          at += d->d_reclen;
+          if (d->d_type != DT_DIR && ::unlinkat(fd, d->d_name, 0) == 0) removed = true;
+        }
+    }
+    ::close(fd);
+  }
+  ::rmdir(g_staging);
+  if (g_staging_parent[0]) ::rmdir(g_staging_parent);
+}
+
 const int kCleanupSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
 
 void remove_temporary_and_end(int sig) {  // async-signal-safe
@@ -75,7 +105,28 @@ void remove_temporary_and_end(int sig) {  // async-signal-safe
 
 void remove_pending_temporary() {
   if (g_pending_set.load()) ::unlink(g_pending);
+  remove_staging_folder();
 }
+
+void track_staging_folder(const std::string& folder, const std::string& created_parent) {
+  if (folder.size() >= sizeof g_staging || created_parent.size() >= sizeof g_staging_parent)
+    throw Error(folder + ": the path is too long to be removed on a signal");
+  g_staging_set.store(false);
+  std::memcpy(g_staging, folder.c_str(), folder.size() + 1);
+  std::memcpy(g_staging_parent, created_parent.c_str(), created_parent.size() + 1);
+  g_staging_set.store(true);
+}
+
+void untrack_staging_folder() { g_staging_set.store(false); }
+
+SignalsHeld::SignalsHeld() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : kCleanupSignals) sigaddset(&set, sig);
+  pthread_sigmask(SIG_BLOCK, &set, &previous_);
+}
+
+SignalsHeld::~SignalsHeld() { pthread_sigmask(SIG_SETMASK, &previous_, nullptr); }
 
 void remove_temporaries_on_signals() {
   struct sigaction sa{};

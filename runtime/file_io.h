@@ -1,5 +1,7 @@
 // Whole-file reads and crash-safe writes.
 #pragma once
+#include <signal.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -57,5 +59,25 @@ void write_file_atomic(const std::string& path,
 // Handlers of one's own (the training loop's, kilnc's compiler guard) call remove_pending_temporary.
 void remove_pending_temporary();
 void remove_temporaries_on_signals();
+
+// A staging folder a command fills with files (no subfolders) before it moves them into place:
+// remove_pending_temporary() also unlinks its files and removes it, and `created_parent` too
+// when that is given (the output folder the command made) and then empty. One at a time.
+void track_staging_folder(const std::string& folder, const std::string& created_parent);
+void untrack_staging_folder();
+
+// While one lives, SIGINT, SIGTERM, SIGHUP and SIGQUIT wait (on this thread): for work that a
+// signal must not cut in half, such as swapping a set of files into place. They are delivered
+// when it goes.
+class SignalsHeld {
+ public:
+  SignalsHeld();
+  ~SignalsHeld();
+  SignalsHeld(const SignalsHeld&) = delete;
+  SignalsHeld& operator=(const SignalsHeld&) = delete;
+
+ private:
+  sigset_t previous_;
+};
 
 }  // namespace kiln

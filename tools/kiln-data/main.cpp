@@ -14,9 +14,13 @@
 // DIR/.kiln-data-prepare.tmp.<host>.<pid>/ and moved into DIR only when every document has been
 // encoded, so a failed run leaves DIR as it was; a successful run then removes older
 // train_NNN.bin and val_NNN.bin shards in DIR that it did not write, so DIR holds exactly this
-// data set. (A run killed by a signal can leave that folder behind; the next run into DIR on this
-// machine removes it, unless the run was killed while swapping the shards in: then its old/ holds
-// older shards moved aside, and it is left for a person to look at.)
+// data set. SIGINT, SIGTERM, SIGHUP or SIGQUIT while documents are encoded removes that folder
+// (and DIR, when the run created it); during the swap they wait for it to finish. (SIGKILL can
+// leave the folder behind; the next run into DIR on this machine removes it, unless the run was
+// killed while swapping the shards in: then its old/ holds older shards moved aside, and it is
+// left for a person to look at.) An input given twice, or one that is an llm.c shard (a glob
+// over DIR), is refused.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -28,6 +32,8 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <map>
+#include <optional>
 #include <regex>
 #include <set>
 #include <string>
@@ -46,6 +52,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+constexpr int32_t kShardMagic = 20240520;  // an llm.c token shard's first int32
+
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
@@ -55,7 +63,7 @@ std::string read_stdin() {
   char buf[1 << 16];
   size_t got;
   while ((got = std::fread(buf, 1, sizeof buf, stdin)) > 0) s.append(buf, got);
-  if (std::ferror(stdin)) throw Error("stdin: read failed");
+  if (std::ferror(stdin)) throw Error(std::string("stdin: read failed: ") + std::strerror(errno));
   return s;
 }
 
@@ -161,16 +169,34 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
     throw Error("prepare: the tokenizer has " + std::to_string(tok.vocab_size()) +
                 " tokens; llm.c shards hold uint16 ids");
 
-  // Every input must be a readable file before anything is written.
+  // Every input must be a readable text file, each given once, before anything is written.
   uint64_t total_bytes = 0;
+  std::map<std::pair<dev_t, ino_t>, std::string> seen;
   for (const std::string& f : o.files) {
     std::error_code ec;
     const fs::file_status st = fs::status(f, ec);
     if (ec || !fs::exists(st)) throw Error(f + ": cannot open: no such file");
     if (fs::is_directory(st)) throw Error(f + ": is a directory, not a document");
     if (::access(f.c_str(), R_OK) != 0) throw Error(f + ": cannot open: " + std::strerror(errno));
-    // Only for the progress bar: a pipe (/dev/stdin, <(cmd)) has no size, a /proc file says 0.
-    if (fs::is_regular_file(st)) total_bytes += fs::file_size(f, ec);
+    struct stat id;
+    if (::stat(f.c_str(), &id) == 0) {
+      // The same document twice would be trained on twice, or land in train and val both.
+      const auto [it, fresh] = seen.emplace(std::pair{id.st_dev, id.st_ino}, f);
+      if (!fresh) throw Error(f + ": given twice (also as " + it->second + ")");
+    }
+    // Only regular files are peeked at (and sized, for the progress bar): a pipe (/dev/stdin,
+    // <(cmd)) would lose what is read, and a /proc file says 0.
+    if (fs::is_regular_file(st)) {
+      total_bytes += fs::file_size(f, ec);
+      // An llm.c shard (an earlier prepare's output, named by a glob over DIR) is no text.
+      int32_t magic = 0;
+      if (FILE* in = std::fopen(f.c_str(), "rb")) {
+        const bool got = std::fread(&magic, sizeof magic, 1, in) == 1;
+        std::fclose(in);
+        if (got && magic == kShardMagic)
+          throw Error(f + ": is an llm.c token shard, not a text document (an earlier prepare's output?)");
+      }
+    }
   }
 
   const size_t n = o.files.size();
@@ -201,6 +227,10 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
   fs::remove_all(tmp, ec);
   fs::create_directory(tmp, ec);
   if (ec) throw Error(tmp.string() + ": cannot create directory: " + ec.message());
+  // A signal while documents are encoded removes the staging folder (and DIR if this run made
+  // it); from the swap on, signals wait until DIR holds one whole data set and tmp is gone.
+  track_staging_folder(tmp.string(), created_out ? out.string() : "");
+  std::optional<SignalsHeld> held;
 
   bool keep_tmp = false;  // set when tmp holds the only copy of older shards
   Split train, val;
@@ -238,6 +268,7 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
     for (Split* s : {&train, &val})
       if (!s->pending.empty()) write_shard(*s, s->pending.size());
 
+    held.emplace();
     // Everything is encoded: swap the data sets. Every older shard is first moved aside into
     // tmp/old, then the new ones into DIR; a rename that fails (say, onto a directory named like
     // a shard) puts back what was moved, so DIR is left as it was. Only files and links count as
@@ -286,9 +317,10 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
     size_t removed = 0;
     for (const std::string& name : older) removed += written.count(name) ? 0 : 1;
     fs::remove_all(tmp, ec);
+    untrack_staging_folder();
 
     const double t = seconds_since(start);
-    std::printf("prepared %zu documents (%.2f MB) in %.2f s, %.1f MB/s\n", n, bytes_done / 1e6, t,
+    std::printf("prepared %zu document%s (%.2f MB) in %.2f s, %.1f MB/s\n", n, n == 1 ? "" : "s", bytes_done / 1e6, t,
                 t > 0 ? bytes_done / 1e6 / t : 0.0);
     for (const Split* s : {&train, &val}) {
       std::printf("%s: %zu document%s, %" PRIu64 " tokens, ", s->name.c_str(), s->documents,
@@ -306,6 +338,7 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
   } catch (...) {
     if (!keep_tmp) fs::remove_all(tmp, ec);
     if (created_out) fs::remove(out, ec);  // only if still empty
+    untrack_staging_folder();
     throw;
   }
 }
