@@ -130,6 +130,21 @@ std::optional<std::pair<std::string, std::string>> spec_relation_error(
   if (s.vocab_size > 65536)
     return problem("vocab_size", name("vocab_size") + " = " + std::to_string(s.vocab_size) +
                                      " does not fit llm.c's uint16 token shards (at most 65536)");
+  // The cuda target's kernels have room for so much, found here rather than by NVRTC's ptxas.
+  if (s.target == "cuda") {
+    if (s.n_embd / s.n_head > kCudaMaxHeadSize)
+      return problem("n_head", "target \"cuda\": the head size " + name("n_embd") + " / " + name("n_head") + " = " +
+                                   std::to_string(s.n_embd / s.n_head) + " is above " + std::to_string(kCudaMaxHeadSize) +
+                                   ", the most its attention kernels take");
+    if (s.n_embd > kCudaMaxEmbd)
+      return problem("n_embd", "target \"cuda\": " + name("n_embd") + " = " + std::to_string(s.n_embd) + " is above " +
+                                   std::to_string(kCudaMaxEmbd) +
+                                   ", the most its layer-norm gradient kernels sum in 48 KB of shared memory");
+    if (s.n_layer > kCudaMaxLayers)
+      return problem("n_layer", "target \"cuda\": " + name("n_layer") + " = " + std::to_string(s.n_layer) +
+                                    " is above " + std::to_string(kCudaMaxLayers) +
+                                    ", the most its optimizer kernel's per-tensor tables hold in 64 KB of constant memory");
+  }
   return std::nullopt;
 }
 

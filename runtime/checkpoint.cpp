@@ -95,6 +95,12 @@ std::optional<int64_t> step_of(const std::string& name) {
   return std::stoll(digits);
 }
 
+}  // namespace
+
+bool is_checkpoint_file_name(const std::string& name) { return name == "latest" || step_of(name).has_value(); }
+
+namespace {
+
 // Checkpoints in `dir`, highest step first (ties by name, so the order is deterministic).
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const fs::path& dir) {
   std::vector<std::pair<int64_t, std::string>> found;
@@ -525,7 +531,8 @@ std::optional<std::string> latest_checkpoint(const std::string& dir) {
     std::string name(bytes.begin(), bytes.end());
     while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back()))) name.pop_back();
     // Only a bare checkpoint name: `latest` must not lead a resume outside DIR.
-    if (!step_of(name)) throw Error(latest.string() + ": '" + name + "' is not a checkpoint file name");
+    if (!step_of(name))  // (clipped and escaped: the file may hold anything)
+      throw Error(latest.string() + ": '" + one_line(clipped(name)) + "' is not a checkpoint file name");
     if (!fs::is_regular_file(d / name, ec))
       throw Error(latest.string() + ": names " + name + ", which does not exist");
     return (d / name).string();

@@ -69,6 +69,10 @@ std::string module_fingerprint(const Module& module);
 void save_checkpoint(const std::string& dir, Executor& ex, const TrainingState& state, int keep,
                      const WholeMoments& moments = {});
 
+// Whether a file name in a checkpoint folder is one the checkpoints use: "latest", or
+// ckpt_<digits>.kiln-ckpt (which a later save may replace or prune).
+bool is_checkpoint_file_name(const std::string& name);
+
 // The path (DIR/<name>) of the checkpoint DIR/latest names, or, if there is no `latest`, of the
 // highest-numbered ckpt_*.kiln-ckpt; nullopt when DIR does not exist or holds none. kiln::Error
 // when `latest` exists but is unreadable or names a missing file.

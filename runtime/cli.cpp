@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <new>
 #include <optional>
 #include <sstream>
 
@@ -68,7 +69,7 @@ struct TrainSampling {
 
 void add_train_options(CLI::App& train, TrainOptions& o, TrainSampling& sampling) {
   // One or more: an unquoted glob reaches us as the shell's list of files.
-  train.add_option("--data", o.data, "llm.c token shard(s): files or globs")->required()->expected(1, -1);
+  train.add_option("--data", o.data, "llm.c token shard(s): files or globs")->required()->expected(1, -1)->check(cli::non_empty());
   train.add_option("--steps", o.steps, "optimizer steps to run")->required()->check(cli::whole(1));
   train.add_option("--init", o.init, "start from these weights (Hugging Face GPT-2 safetensors, or an llm.c .bin)")
       ->check(cli::non_empty());
@@ -89,7 +90,7 @@ void add_train_options(CLI::App& train, TrainOptions& o, TrainSampling& sampling
   train.add_option("--dump-grads", o.dump_grads, "write step 0's accumulated gradients (safetensors)")->check(cli::non_empty());
   train.add_option("--print-every", o.print_every, "print progress every N steps (default, or 0: about 50 lines)")->check(cli::whole(0));
   train.add_flag("--profile", o.profile, "print the time spent in each kind of kernel at the end");
-  CLI::Option* val_data = train.add_option("--val-data", o.val_data, "validation token shard(s): files or globs")->expected(1, -1);
+  CLI::Option* val_data = train.add_option("--val-data", o.val_data, "validation token shard(s): files or globs")->expected(1, -1)->check(cli::non_empty());
   train.add_option("--val-every", o.val_every, "evaluate every N steps (and at the end; default 0: only at the end)")
       ->check(cli::whole(0));
   train.add_option("--val-steps", o.val_steps, "batches per evaluation")->capture_default_str()->check(cli::whole(1))->needs(val_data);
@@ -240,7 +241,7 @@ void prepare_train_samples(const Module& module, const TrainSampling& sampling, 
 }
 
 void add_sample_options(CLI::App& cmd, SampleCommand& c) {
-  cmd.add_option("--init", c.init, "weights to sample from (safetensors or llm.c .bin)")->required();
+  cmd.add_option("--init", c.init, "weights to sample from (safetensors or llm.c .bin)")->required()->check(cli::non_empty());
   c.prompt_opt = cmd.add_option("--prompt", c.prompt, "text to continue (GPT-2 BPE; needs the GPT-2 vocabulary)");
   c.prompt_ids_opt = cmd.add_option("--prompt-ids", c.prompt_ids, "token ids to continue, separated by spaces")
                          ->excludes(c.prompt_opt);
@@ -357,7 +358,7 @@ struct EvalCommand {
 void add_eval_options(CLI::App& eval, EvalCommand& c) {
   eval.add_option("--init", c.init, "the weights to evaluate (Hugging Face GPT-2 safetensors, or an llm.c .bin)")
       ->required()->check(cli::non_empty());
-  eval.add_option("--data", c.data, "llm.c token shard(s): files or globs")->required()->expected(1, -1);
+  eval.add_option("--data", c.data, "llm.c token shard(s): files or globs")->required()->expected(1, -1)->check(cli::non_empty());
   eval.add_option("--batches", c.batches, "batches of B x T to read (default: one pass over every shard)")->check(cli::whole(1));
   eval.add_flag("--json", c.json, "print the result as one JSON object");
 }
@@ -369,7 +370,8 @@ int run_eval(const Module& module, const EvalCommand& c) {
   if (!module.program("forward")) throw Error(module.source() + ": has no 'forward' program to evaluate with");
   const int64_t B = model.batch_size(), T = model.seq_len();
   DataLoader data(c.data, B, T);
-  const int64_t whole = whole_batches(data, B, T);
+  if (!data.skipped().empty()) std::fprintf(stderr, "note: --data: %s\n", data.skipped_note().c_str());
+  const int64_t whole = data.batches_per_pass();
   if (c.batches > whole)
     throw Error("--batches: " + std::to_string(c.batches) + " is more than the data holds: " + std::to_string(whole) +
                 " batches of B=" + std::to_string(B) + " x T=" + std::to_string(T) + " in one pass");
@@ -410,7 +412,11 @@ int run_eval(const Module& module, const EvalCommand& c) {
   flush_stdout();
   std::fprintf(stderr, "eval: %s s, %.0f tokens/s on %s\n", fixed(seconds, 2).c_str(), double(tokens) / seconds,
                ex.device_name().c_str());
-  return std::isfinite(loss) ? 0 : 1;
+  if (std::isfinite(loss)) return 0;
+  // The weights are finite (checked above): the forward pass overflowed on these data.
+  std::fprintf(stderr, "error: %s: the mean loss is not finite: the forward pass of these weights overflows on the "
+               "data\n", c.init.c_str());
+  return 1;
 }
 
 // The help text's first line for an executable: what kilnc compiled into it.
@@ -481,15 +487,17 @@ int run_main(int argc, char** argv) {
       flush_stdout();  // the progress lines went there
     }
     if (!interrupted) return 0;
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {
+    // kiln::Error, or the library's own (std::bad_alloc: memory ran out): one line either way.
+    const std::string what = dynamic_cast<const std::bad_alloc*>(&e) ? "out of memory" : e.what();
     // One failing rank ends them all, at once, rather than leaving them waiting in a collective.
     if (comm && comm->world_size() > 1) {
-      const std::string msg = one_line(e.what());
+      const std::string msg = one_line(what);
       comm->abort(msg.rfind("rank ", 0) == 0 ? msg
                                              : "rank " + std::to_string(comm->rank()) + " of " +
                                                    std::to_string(comm->world_size()) + ": " + msg);
     }
-    std::fprintf(stderr, "error: %s\n", kiln::one_line(e.what()).c_str());
+    std::fprintf(stderr, "error: %s\n", kiln::one_line(what).c_str());
     return 1;
   }
   // Ends the process by the signal, as a shell expects of a command it stopped, once the

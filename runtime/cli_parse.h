@@ -81,7 +81,18 @@ inline int parse(CLI::App& app, int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     const std::string tool = std::filesystem::path(app.get_name()).filename().string();  // argv[0] when unnamed
-    std::fprintf(stderr, "error: %s (see %s --help)\n", one_line(e.what()).c_str(), tool.c_str());
+    std::string what = e.what();
+    // A misspelt subcommand is left over as an extra word: name it, and the subcommands there are.
+    if (what == "A subcommand is required")
+      for (const std::string& word : app.remaining())
+        if (!word.empty() && word[0] != '-') {
+          std::string names;
+          for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
+            names += (names.empty() ? "" : ", ") + sub->get_name();
+          what = "unknown subcommand '" + word + "' (" + names + ")";
+          break;
+        }
+    std::fprintf(stderr, "error: %s (see %s --help)\n", one_line(what).c_str(), tool.c_str());
     return 2;
   }
 }

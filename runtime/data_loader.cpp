@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <set>
 
 #include "runtime/error.h"
 #include "runtime/file_io.h"
@@ -44,9 +45,9 @@ void read_exact(int fd, void* dst, size_t n, int64_t offset, const std::string& 
   }
 }
 
-// What one next() call needs from a shard, spelled out for error messages.
+// What one next() call needs from a shard, spelled out for error messages; {} needs nothing.
 struct StepNeed {
-  int64_t B, T, world_size;
+  int64_t B = 0, T = 0, world_size = 0;
   int64_t tokens() const { return B * T * world_size + 1; }
 };
 
@@ -59,6 +60,7 @@ int64_t open_shard(const std::string& path, const StepNeed& need, std::vector<ui
   struct stat st;
   if (::fstat(file.fd, &st) != 0) throw Error(path + ": stat: " + std::strerror(errno));
   // Shards are read by their size (and seeked in): a pipe or a device has none.
+  if (S_ISDIR(st.st_mode)) throw Error(path + ": is a folder; give the shard's file");
   if (!S_ISREG(st.st_mode)) throw Error(path + ": not a regular file (a pipe or a device?); give the shard's file");
   const int64_t size = st.st_size;
   if (size < kHeaderBytes)
@@ -81,7 +83,7 @@ int64_t open_shard(const std::string& path, const StepNeed& need, std::vector<ui
     throw Error(path + ": size: header says " + std::to_string(count) +
                 " tokens, so the file should be " + std::to_string(expected) +
                 " bytes, but it is " + std::to_string(size) + " bytes (truncated or corrupt)");
-  if (count < need.tokens())
+  if (count < need.tokens() && need.B > 0)
     throw Error(path + ": size: " + std::to_string(count) + " tokens, but one step (B=" +
                 std::to_string(need.B) + " x T=" + std::to_string(need.T) +
                 " x world_size=" + std::to_string(need.world_size) + ", plus 1 target) needs " +
@@ -97,6 +99,15 @@ int64_t open_shard(const std::string& path, const StepNeed& need, std::vector<ui
 }  // namespace
 
 std::vector<std::string> expand_data_pattern(const std::string& file_or_glob) {
+  if (file_or_glob.empty()) throw Error("an empty path names no shard file");
+  // A path that names something is that, glob characters in its name or not ("run[1]/a.bin").
+  struct stat st;
+  if (::stat(file_or_glob.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode))
+      throw Error(file_or_glob + ": is a folder; give its shard files, or a glob such as '" + file_or_glob +
+                  (file_or_glob.back() == '/' ? "" : "/") + "train_*.bin'");
+    return {file_or_glob};
+  }
   glob_t g;
   // GLOB_MARK appends '/' to directories so they can be dropped below.
   const int rc = ::glob(file_or_glob.c_str(), GLOB_MARK, nullptr, &g);
@@ -125,7 +136,15 @@ std::vector<std::string> expand_data_patterns(const std::vector<std::string>& fi
   }
   std::sort(files.begin(), files.end());
   files.erase(std::unique(files.begin(), files.end()), files.end());
-  return files;
+  // A file named twice by different paths ("a.bin" and "./a.bin", a link) is read once too: at
+  // the first of its names in path order.
+  std::set<std::pair<dev_t, ino_t>> seen;
+  std::vector<std::string> once;
+  for (std::string& f : files) {
+    struct stat st;
+    if (::stat(f.c_str(), &st) != 0 || seen.insert({st.st_dev, st.st_ino}).second) once.push_back(std::move(f));
+  }
+  return once;
 }
 
 void read_shard_tokens(const std::string& path, int64_t first, int64_t n, uint16_t* out) {
@@ -167,11 +186,40 @@ DataLoader::DataLoader(const std::vector<std::string>& files_or_globs, int64_t B
       step_ > INT32_MAX)
     throw Error(at + "B*T*world_size is larger than any llm.c shard can hold");
 
-  files_ = expand_data_patterns(files_or_globs);
-  counts_.assign(files_.size(), 0);
-  for (size_t i = 1; i < files_.size(); ++i) counts_[i] = open_shard(files_[i], {B_, T_, world_size_}, nullptr);
+  // Every header is checked. A shard too short for one step holds no batch (the loader would
+  // move past it at once, as past a used-up one): it is left out, and said (skipped()), unless
+  // no shard is long enough.
+  const StepNeed need{B_, T_, world_size_};
+  for (std::string& f : expand_data_patterns(files_or_globs)) {
+    const int64_t count = open_shard(f, {}, nullptr);
+    if (count < need.tokens() && need.B > 0) {
+      skipped_.push_back({std::move(f), count});
+      continue;
+    }
+    files_.push_back(std::move(f));
+    counts_.push_back(count);
+  }
+  if (files_.empty()) open_shard(skipped_.front().first, need, nullptr);  // throws: too short
   load(0);  // checks shard 0 as it reads it
   counts_[0] = int64_t(tokens_.size());
+}
+
+std::string DataLoader::skipped_note() const {
+  if (skipped_.empty()) return "";
+  std::string s = std::to_string(skipped_.size()) + (skipped_.size() == 1 ? " shard" : " shards") +
+                  " too short for one step (B=" + std::to_string(B_) + " x T=" + std::to_string(T_) + " x " +
+                  std::to_string(world_size_) + (world_size_ == 1 ? " rank" : " ranks") + ", plus 1 target: " +
+                  std::to_string(step_ + 1) + " tokens) left out:";
+  for (size_t i = 0; i < skipped_.size() && i < 3; ++i)
+    s += (i ? ", " : " ") + skipped_[i].first + " (" + std::to_string(skipped_[i].second) + " tokens)";
+  if (skipped_.size() > 3) s += " and " + std::to_string(skipped_.size() - 3) + " more";
+  return s;
+}
+
+int64_t DataLoader::batches_per_pass() const {
+  int64_t n = 0;
+  for (int64_t tokens : counts_) n += (tokens - 1) / step_;  // positions 0, step_, ... <= tokens - step_ - 1
+  return n;
 }
 
 void DataLoader::load(size_t shard) {

@@ -8,15 +8,17 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kiln {
 
-// glob(3) the pattern (a plain path is a pattern matching itself), sorted by path; kiln::Error
-// when nothing matches.
+// A path that names a file is that file (glob characters in it or not); anything else is glob(3)'s
+// pattern, its matches sorted by path. kiln::Error when nothing matches, or the path is a folder.
 std::vector<std::string> expand_data_pattern(const std::string& file_or_glob);
 // Several patterns (a shell's expansion of an unquoted glob, or files named one by one): the
-// union of their files, sorted by path, each once; kiln::Error naming a pattern that matches nothing.
+// union of their files, sorted by path, each file once (whatever its names); kiln::Error naming
+// a pattern that matches nothing.
 std::vector<std::string> expand_data_patterns(const std::vector<std::string>& files_or_globs);
 
 // Writes an llm.c shard holding `tokens`; atomic (tmp file + rename).
@@ -29,7 +31,8 @@ void read_shard_tokens(const std::string& path, int64_t first, int64_t n, uint16
 class DataLoader {
  public:
   // Every shard's header is checked here, so a bad shard fails the run at start, not hours in.
-  // Each shard needs at least B*T*world_size + 1 tokens.
+  // A shard needs at least B*T*world_size + 1 tokens to hold a batch: shorter ones are left out
+  // (skipped()), unless every one is short, which is an error.
   DataLoader(const std::string& file_or_glob, int64_t B, int64_t T, int rank = 0,
              int world_size = 1)
       : DataLoader(std::vector<std::string>{file_or_glob}, B, T, rank, world_size) {}
@@ -64,6 +67,11 @@ class DataLoader {
   // ranks of a data-parallel run compare, so that one given other data is caught.
   const std::vector<int64_t>& shard_tokens() const { return counts_; }
   const std::vector<uint16_t>& current_tokens() const { return tokens_; }  // the resident shard's
+  // The shards left out as too short for one step (path, tokens), and a sentence saying so ("" if none).
+  const std::vector<std::pair<std::string, int64_t>>& skipped() const { return skipped_; }
+  std::string skipped_note() const;
+  // How many next() calls one pass over every shard makes.
+  int64_t batches_per_pass() const;
 
  private:
   void load(size_t shard);  // reads and validates the whole shard; the only one resident
@@ -78,6 +86,7 @@ class DataLoader {
   bool advance_ = false;  // shard_ is used up: the next call reads shard() from position 0
   std::vector<uint16_t> tokens_;
   std::vector<int64_t> counts_;
+  std::vector<std::pair<std::string, int64_t>> skipped_;
 };
 
 }  // namespace kiln

@@ -79,6 +79,7 @@ Header read_header(const std::string& path, Fd& file) {
   struct stat st;
   if (::fstat(file.fd, &st) != 0) throw Error(path + ": stat: " + std::strerror(errno));
   // Tensors are read at their offsets: a pipe or a device has none.
+  if (S_ISDIR(st.st_mode)) throw Error(path + ": is a folder; give the weights' file");
   if (!S_ISREG(st.st_mode)) throw Error(path + ": not a regular file (a pipe or a device?); give the weights' file");
   const uint64_t file_size = static_cast<uint64_t>(st.st_size);
   if (file_size < 8)

@@ -1,8 +1,12 @@
 #include "runtime/sampler.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <numeric>
 
 #include "runtime/cpu/bf16.h"
@@ -25,6 +29,17 @@ void check_sample_size(int64_t prompt_tokens, const SampleOptions& o, const std:
       tokens > (int64_t(1) << 31))
     throw Error(what + std::to_string(o.num_samples) + " samples of " + std::to_string(prompt_tokens) + " + " +
                 std::to_string(o.max_new_tokens) + " tokens are more than the 2^31 tokens the sampler keeps");
+  // Each sample is a vector of its tokens (about 48 bytes besides them): found here, not by
+  // running out of memory once sampling starts (in train, after steps of work).
+  const double bytes = double(o.num_samples) * 48.0 + 4.0 * double(tokens);
+  double memory = double(::sysconf(_SC_PHYS_PAGES)) * double(::sysconf(_SC_PAGE_SIZE));  // (ulimit -v too)
+  if (rlimit as{}; ::getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY) memory = std::min(memory, double(as.rlim_cur));
+  if (memory > 0 && bytes > memory / 2) {
+    char text[160];
+    std::snprintf(text, sizeof text, " samples of %lld + %lld tokens need %.1f GiB, more than half of the %.1f GiB this process may use",
+                  (long long)prompt_tokens, (long long)o.max_new_tokens, bytes / double(1 << 30), memory / double(1 << 30));
+    throw Error(what + std::to_string(o.num_samples) + text);
+  }
 }
 
 std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t>& prompt,

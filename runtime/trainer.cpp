@@ -149,17 +149,35 @@ void next_batch(Executor& ex, DataLoader& data, int64_t n, int32_t vocab) {
     }
 }
 
+// The folders a run made for --checkpoint-dir: when it ends, those still empty go (it failed
+// before its first checkpoint), from the checkpoint folder up to the first one it made.
+struct MadeFolders {
+  std::filesystem::path deepest, top;  // empty: none made
+  MadeFolders() = default;
+  MadeFolders(const MadeFolders&) = delete;
+  MadeFolders& operator=(const MadeFolders&) = delete;
+  ~MadeFolders() {
+    std::error_code ec;
+    for (std::filesystem::path p = deepest; !top.empty() && !p.empty(); p = p.parent_path())
+      if (!std::filesystem::remove(p, ec) || p == top) break;  // not empty (or gone), or the last
+  }
+};
+
 // Where the run will write, checked before the first step rather than found unusable after the
 // last: --save's and --dump-grads' names are not read back as llm.c files, each output can be
 // created where it is named, and the checkpoint folder is (or can be made) a folder that takes
 // files. A fresh run (no --resume) into a folder of checkpoints would prune them: refused. Only the
 // root rank writes.
-void check_output_paths(const TrainOptions& o, bool root) {
+void check_output_paths(const TrainOptions& o, bool root, MadeFolders& made) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!root) return;  // (other ranks' machines may lack rank 0's folders)
   // The checkpoint folder first: the other outputs may be named inside it.
   if (!o.checkpoint_dir.empty()) {
+    fs::path dir = o.checkpoint_dir;
+    if (!dir.has_filename()) dir = dir.parent_path();  // "ck/"
+    for (fs::path p = dir; !p.empty() && !fs::exists(p, ec); p = p.parent_path()) made.top = p;
+    if (!made.top.empty()) made.deepest = dir;
     fs::create_directories(o.checkpoint_dir, ec);
     if (!fs::is_directory(o.checkpoint_dir))
       throw Error("--checkpoint-dir: " + o.checkpoint_dir + ": is not a folder and cannot be made one" +
@@ -173,6 +191,13 @@ void check_output_paths(const TrainOptions& o, bool root) {
   }
   for (const auto& [flag, path] : {std::pair{"--save", o.save}, {"--dump-grads", o.dump_grads}, {"--log", o.log}}) {
     if (path.empty()) continue;
+    // A checkpoint's or latest's name in the checkpoint folder: the output would replace a
+    // checkpoint (perhaps the one resumed from), or a save would replace or prune the output.
+    const fs::path target = link_target(path);
+    if (!o.checkpoint_dir.empty() && is_checkpoint_file_name(target.filename().string()) &&
+        fs::equivalent(target.has_parent_path() ? target.parent_path() : ".", o.checkpoint_dir, ec))
+      throw Error(std::string(flag) + ": " + path + ": is a name the checkpoints in --checkpoint-dir " + o.checkpoint_dir +
+                  " use; name the output otherwise");
     if (std::string(flag) != "--log" && path.size() > 4 && path.compare(path.size() - 4, 4, ".bin") == 0)
       throw Error(std::string(flag) + ": " + path + ": writes Hugging Face safetensors, but a .bin name is read back "
                   "as an llm.c model file (--init); name it .safetensors");
@@ -244,12 +269,6 @@ double mean_forward_loss(Executor& ex, DataLoader& data, int64_t batches, const 
   return sum / double(batches);
 }
 
-int64_t whole_batches(const DataLoader& data, int64_t B, int64_t T) {
-  int64_t n = 0;
-  for (int64_t tokens : data.shard_tokens()) n += (tokens - 1) / (B * T);
-  return n;
-}
-
 double train(const Module& module, const TrainOptions& o) {
   auto comm = make_communicator(parse_comm_backend(o.comm), module.fb().model()->target()->str());
   return train(module, o, *comm);
@@ -286,7 +305,8 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   for (const auto& [flag, beta] : {std::pair{"--beta1", o.beta1}, {"--beta2", o.beta2}})
     if (!(float(beta) >= 0 && float(beta) < 1))
       throw Error(std::string(flag) + ": must be in [0, 1) as a 32-bit float (AdamW divides by 1 - beta^t)");
-  check_output_paths(o, root);
+  MadeFolders made;
+  check_output_paths(o, root, made);
   for (const char* p : {"micro_step", "optimizer_step"})
     if (!module.program(p))
       throw Error(module.source() + ": has no '" + std::string(p) + "' program (not a training module)");
@@ -317,7 +337,11 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   Executor ex(module, programs, world > 1 ? data_parallel_state(module, int(world), rank, o.zero, bucket_bytes) : StatePlan{});
   ex.enable_profiling(o.profile);
   init_parameters(ex, o.seed);  // also clears gradients and AdamW state
-  if (!o.init.empty()) load_parameters(ex, o.init);
+  if (!o.init.empty()) {
+    load_parameters(ex, o.init);
+    if (const std::string bad = first_non_finite(ex, false); !bad.empty())
+      throw Error(o.init + ": " + bad + " holds a NaN or an infinity (every loss would be NaN)");
+  }
   ex.refresh_compute_copies();
   DataParallel dp(ex, comm, o.zero, bucket_bytes);
 
@@ -360,30 +384,51 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       std::fprintf(stderr, "no checkpoint in %s yet: starting from step 0\n", o.checkpoint_dir.c_str());
     }
   }
+  if (!o.dump_grads.empty() && first_step > 0)
+    throw Error("--dump-grads: writes step 0's gradients, but this run resumes at step " + std::to_string(first_step) +
+                " from " + resumed_from);
   if (o.checkpoint_every < 0 || (o.checkpoint_every > 0 && o.checkpoint_dir.empty()))
     throw Error("--checkpoint-every: needs --checkpoint-dir");
   if (o.val_every > 0 && o.val_data.empty()) throw Error("--val-every: needs --val-data");
   std::unique_ptr<DataLoader> val;
+  int64_t val_steps = o.val_steps;
   if (!o.val_data.empty()) {
     if (!module.program("forward")) throw Error(module.source() + ": has no 'forward' program to evaluate with");
     if (o.val_steps <= 0) throw Error("--val-steps: must be at least 1");
     val = std::make_unique<DataLoader>(o.val_data, B, T, rank, int(world));
     check_resident_tokens(*val, model.vocab_size());
+    // More batches than the data holds would read some twice: one pass is all there is.
+    if (val_steps > val->batches_per_pass()) {
+      val_steps = val->batches_per_pass();
+      if (root)
+        std::fprintf(stderr, "note: --val-steps %lld: the validation data holds %lld batch%s of B x T%s; each evaluation "
+                     "reads those\n", (long long)o.val_steps, (long long)val_steps, val_steps == 1 ? "" : "es",
+                     world > 1 ? " on each rank" : "");
+    }
+    if (root && !val->skipped().empty()) std::fprintf(stderr, "note: --val-data: %s\n", val->skipped_note().c_str());
   }
+  if (root && !loader.skipped().empty()) std::fprintf(stderr, "note: --data: %s\n", loader.skipped_note().c_str());
   check_resident_tokens(loader, model.vocab_size());
   // The other shards the run will read are checked in the background while it trains, by one
   // process per machine (its ranks read the same files): a bad token ends the run at the next step.
   std::unique_ptr<TokenScan> scan;
   if (comm.local_rank() == 0)
-    scan = std::make_unique<TokenScan>(shards_to_scan(loader, first_step, o.steps, accum, val.get(), o.val_steps),
+    scan = std::make_unique<TokenScan>(shards_to_scan(loader, first_step, o.steps, accum, val.get(), val_steps),
                                        model.vocab_size());
   if (root) check_outputs_spare_inputs(o, loader, val.get());
   if (world > 1) check_ranks_agree(comm, module, o, total, ex, loader);
 
+  // The log opens at its first line (checked writable at the start): a run that fails before
+  // its first step leaves no empty log behind.
   std::ofstream log;
-  if (!o.log.empty() && root) {
-    log.open(o.log, std::ios::app);
-    if (!log) throw Error(o.log + ": cannot open for appending");
+  const bool logging = !o.log.empty() && root;
+  // A fresh run appends too: its curve would continue another run's (kiln-inspect plot takes the
+  // last record of a step), so say so.
+  if (logging && resumed_from.empty()) {
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(o.log, ec) && std::filesystem::file_size(o.log, ec) > 0 && !ec)
+      std::fprintf(stderr, "note: --log %s already holds an earlier run's lines; this run's follow them (another "
+                   "file keeps the runs apart)\n", o.log.c_str());
   }
   LrSchedule schedule = o.schedule;
   schedule.total_steps = o.steps;
@@ -471,14 +516,18 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       else if (step == first_step && !o.init.empty()) hint = "the weights of --init " + o.init + " may hold a NaN or an infinity";
       throw Error("step " + std::to_string(step + 1) + ": loss " + std::to_string(loss) + ", grad norm " +
                   std::to_string(norm) + " is not finite; stopping" +
-                  (o.checkpoint_dir.empty() ? "" : " without writing a checkpoint (the last good one is kept)") +
+                  (o.checkpoint_dir.empty() ? ""
+                   : latest_checkpoint(o.checkpoint_dir) ? " without writing a checkpoint (the last good one is kept)"
+                                                        : " without writing a checkpoint") +
                   " (" + hint + ")");
     }
     const bool last = step + 1 == o.steps;
     double val_loss = NAN;
     if (val && ((o.val_every > 0 && step % o.val_every == 0) || last)) {
       val->reset();  // the same batches every time, so evaluations compare
-      val_loss = evaluate(ex, *val, o.val_steps, comm);
+      ex.enable_profiling(false);  // --profile's table is the training step's
+      val_loss = evaluate(ex, *val, val_steps, comm);
+      ex.enable_profiling(o.profile);
     }
     // Rank 0 alone samples (every rank holds the whole weights); the others wait for it in the
     // next step's reduction (a long sampling counts against KILN_COMM_TIMEOUT there). The same
@@ -496,7 +545,11 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       ex.enable_profiling(o.profile);
     }
     if (world == 1) stop = signals.requested();  // read after evaluation and sampling: one during them counts
-    if (log.is_open()) {
+    if (logging) {
+      if (!log.is_open()) {
+        log.open(o.log, std::ios::app);
+        if (!log) throw Error("--log: " + o.log + ": cannot open for appending");
+      }
       nlohmann::json j = {{"step", step}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm},
                           {"dt_ms", dt * 1e3}, {"tokens_per_s", tok_s}, {"mfu", mfu}};
       if (!std::isnan(val_loss)) j["val_loss"] = val_loss;

@@ -62,8 +62,6 @@ struct TrainOptions {
 // vocabulary are a kiln::Error naming the shard.
 double mean_forward_loss(Executor& ex, DataLoader& data, int64_t batches,
                          const std::function<void(int64_t)>& progress = {});
-// The batches of B x T that one pass over every shard of `data` reads (one rank).
-int64_t whole_batches(const DataLoader& data, int64_t B, int64_t T);
 
 // Runs the loop; throws kiln::Error on bad input. Returns the last step's loss. Only rank 0
 // prints progress and writes --log, --save and --dump-grads.

@@ -220,8 +220,41 @@ TEST_F(DataLoaderTest, ExpandPatternSortsAndSkipsDirectories) {
             std::vector<std::string>{path("t_002.bin")});
   EXPECT_KILN_ERROR(kiln::expand_data_pattern(path("nope_*.bin")), path("nope_*.bin"),
                     "no file matches");
-  EXPECT_KILN_ERROR(kiln::expand_data_pattern(path("t_dir.bin")), "no file matches");
+  EXPECT_KILN_ERROR(kiln::expand_data_pattern(path("t_dir.bin")), "t_dir.bin: is a folder");
+  EXPECT_KILN_ERROR(kiln::expand_data_pattern(""), "an empty path names no shard file");
   EXPECT_KILN_ERROR(kiln::DataLoader(path("missing.bin"), 1, 1), path("missing.bin"));
+  // A file's own name is that file, glob characters in it or not: "t_[1].bin" is not "t_1.bin".
+  shard("t_[1].bin", iota(0, 2));
+  shard("t_1.bin", iota(0, 2));
+  EXPECT_EQ(kiln::expand_data_pattern(path("t_[1].bin")), std::vector<std::string>{path("t_[1].bin")});
+}
+
+// A file named twice (another spelling, a link) is read once, under its first name in path order.
+TEST_F(DataLoaderTest, ExpandPatternsReadsAFileOnceWhateverItsNames) {
+  shard("v_0.bin", iota(0, 9));
+  fs::create_symlink(path("v_0.bin"), path("v_link.bin"));
+  const std::string dotted = (dir_ / "." / "v_0.bin").string();  // sorts first: '.' < 'v'
+  EXPECT_EQ(kiln::expand_data_patterns({path("v_0.bin"), path("v_link.bin"), dotted}), std::vector<std::string>{dotted});
+}
+
+// A shard too short for one step holds no batch: left out and said, unless every one is short.
+TEST_F(DataLoaderTest, ShardsTooShortForAStepAreLeftOut) {
+  shard("w_0.bin", iota(0, 9));   // B*T = 4: batches at 0 and 4
+  shard("w_1.bin", iota(0, 4));   // needs 5
+  shard("w_2.bin", iota(100, 5));
+  kiln::DataLoader d(path("w_*.bin"), 2, 2);
+  EXPECT_EQ(d.files(), (std::vector<std::string>{path("w_0.bin"), path("w_2.bin")}));
+  ASSERT_EQ(d.skipped().size(), 1u);
+  EXPECT_EQ(d.skipped()[0], (std::pair<std::string, int64_t>{path("w_1.bin"), 4}));
+  EXPECT_NE(d.skipped_note().find("1 shard too short for one step (B=2 x T=2 x 1 rank, plus 1 target: 5 tokens) left out: " +
+                                  path("w_1.bin") + " (4 tokens)"),
+            std::string::npos)
+      << d.skipped_note();
+  EXPECT_EQ(d.batches_per_pass(), 3);
+  EXPECT_EQ(step(d, 4).first, iota32(0, 4));
+  EXPECT_EQ(step(d, 4).first, iota32(4, 4));
+  EXPECT_EQ(step(d, 4).first, iota32(100, 4));  // w_1.bin left out
+  EXPECT_KILN_ERROR(kiln::DataLoader(path("w_1.bin"), 2, 2), "w_1.bin: size: 4 tokens");
 }
 
 // Several patterns (a shell's expansion of an unquoted glob): their union, by path, each file once.

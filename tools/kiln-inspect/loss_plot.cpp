@@ -82,6 +82,10 @@ std::string loss_plot_svg(const std::vector<std::string>& logs) {
       if (std::isfinite(y)) std::snprintf(buf, sizeof buf, "%.1f,%.1f ", px(x), py(y)), pts += buf;
     svg += "<polyline fill=\"none\" stroke-width=\"1.5\" stroke=\"" + std::string(colours[i % 6]) +
            "\" points=\"" + pts + "\"/>\n";
+    // A sparse series (validation every N steps; a single point draws no line) gets a dot per point.
+    if (series[i].points.size() <= 50)
+      for (auto [x, y] : series[i].points)
+        if (std::isfinite(y)) add("<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>\n", px(x), py(y), colours[i % 6]);
     add("<text x=\"%.1f\" y=\"%.1f\" fill=\"%s\">", W - R - 340, T + 16 + 16.0 * i, colours[i % 6]);
     svg += xml_escaped(series[i].label) + "</text>\n";
   }
