@@ -246,8 +246,9 @@ std::optional<std::vector<uint8_t>> compileCpuKernels(const std::string& source,
   char key[32];
   std::snprintf(key, sizeof key, "%016llx", (unsigned long long)fnv1a(cxx + "\n" + compileFlags + " " + linkFlags + "\n" + cpuFlags() + "\n" + source));
   const std::string cached = dir.empty() ? "" : dir + "/" + key + ".so";
+  // A cache entry that is no shared library (emptied, cut short, another file) is built again.
   if (!cached.empty())
-    if (auto hit = readAll(cached)) return hit;
+    if (auto hit = readAll(cached); hit && hit->size() > 64 && std::memcmp(hit->data(), "\x7f" "ELF", 4) == 0) return hit;
 
   BuildSignalGuard guard;
   std::string tmpl = temporaryRoot() + "/kilnc-kernels-XXXXXX";

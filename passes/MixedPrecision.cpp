@@ -26,6 +26,12 @@ struct MixedPrecisionPass : kiln::impl::MixedPrecisionBase<MixedPrecisionPass> {
       getOperation().emitError("kiln-mixed-precision: no @forward function");
       return signalPassFailure();
     }
+    // The policy is for the graph: the backward pass and the optimizer step follow the types it
+    // gave the forward pass, and would not type-check if given them afterwards.
+    if (Operation* step = getOperation().lookupSymbol("micro_step")) {
+      step->emitError("kiln-mixed-precision: the module already has @micro_step; run the pass before kiln-autodiff");
+      return signalPassFailure();
+    }
     for (auto f : getOperation().getOps<func::FuncOp>())
       if (!f.isExternal()) assignTypes(f);
   }

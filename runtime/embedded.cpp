@@ -69,13 +69,21 @@ std::optional<std::vector<uint8_t>> read_embedded_module(const std::string& path
   return bytes;
 }
 
-void write_executable(const std::string& out, const std::string& runtime,
-                      const std::vector<uint8_t>& module) {
-  std::vector<uint8_t> bytes = read_file(runtime);
-  // A Kiln runtime is an ELF program that looks for the trailer's magic (so holds its bytes).
+namespace {
+// A Kiln runtime is an ELF program that looks for the trailer's magic (so holds its bytes).
+void check_runtime_bytes(const std::string& runtime, const std::vector<uint8_t>& bytes) {
   const bool elf = bytes.size() > 4 && std::memcmp(bytes.data(), "\x7f" "ELF", 4) == 0;
   if (!elf || std::search(bytes.begin(), bytes.end(), kEmbeddedMagic, kEmbeddedMagic + 8) == bytes.end())
     throw Error(runtime + ": not a Kiln runtime (kiln-run, or an executable kilnc wrote)");
+}
+}  // namespace
+
+void check_kiln_runtime(const std::string& runtime) { check_runtime_bytes(runtime, read_file(runtime)); }
+
+void write_executable(const std::string& out, const std::string& runtime,
+                      const std::vector<uint8_t>& module) {
+  std::vector<uint8_t> bytes = read_file(runtime);
+  check_runtime_bytes(runtime, bytes);
   // A runtime that already carries a module (an executable used as the runtime) is stripped.
   if (auto old = read_embedded_module(runtime)) bytes.resize(bytes.size() - old->size() - 16);
   bytes.insert(bytes.end(), module.begin(), module.end());

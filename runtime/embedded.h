@@ -19,6 +19,8 @@ constexpr char kEmbeddedMagic[8] = {'K', 'I', 'L', 'N', 'M', 'O', 'D', '1'};
 std::optional<std::vector<uint8_t>> read_embedded_module(const std::string& path, const std::string& shown = "");
 
 // Writes `runtime` + `module` + trailer to `out` (temporary name, fsync, rename; mode 0755).
+// kiln::Error "RUNTIME: not a Kiln runtime ..." unless `runtime` is one write_executable takes.
+void check_kiln_runtime(const std::string& runtime);
 void write_executable(const std::string& out, const std::string& runtime,
                       const std::vector<uint8_t>& module);
 

@@ -239,9 +239,16 @@ int main(int argc, char** argv) {
                  "write the generated kernels' source the module carries (C++, or the CUDA C++ its cubins were "
                  "compiled from) to this file; - for stdout")
       ->type_name("FILE");
-  for (const char* other : {"--svg", "--kernel-source", "--json", "--buffers", "--verify-plan", "--cuda-resources",
-                            "--roofline"})
-    dot_opt->excludes(app.get_option(other));
+  // One report at a time: a second would be dropped without a word. (--json holds what the text
+  // views show, so it goes with them: --roofline --json gives the roofline at --peak-tflops.)
+  const char* modes[] = {"--dot", "--svg", "--kernel-source", "--verify-plan", "--json", "--buffers", "--cuda-resources",
+                         "--roofline"};
+  auto view = [](const std::string& o) { return o == "--buffers" || o == "--cuda-resources" || o == "--roofline"; };
+  for (const char* a : modes)
+    for (const char* b : modes)
+      if (std::string(a) < std::string(b) && !(std::string(a) == "--json" && view(b)) && !(std::string(b) == "--json" && view(a)))
+        app.get_option(a)->excludes(app.get_option(b));
+  for (const char* out : {"--dot", "--svg", "--kernel-source"}) app.get_option(out)->check(kiln::cli::non_empty());
   for (const char* other : {"--dot", "--svg", "--kernel-source", "--buffers", "--verify-plan", "--cuda-resources",
                             "--roofline"})
     ranks_opt->excludes(app.get_option(other));
@@ -258,6 +265,7 @@ int main(int argc, char** argv) {
     if (verify) {
       std::printf("plan verified: %s, %u buffers, no two live buffers overlap\n", path.c_str(),
                   m.fb().buffers()->size());
+      flush_stdout();
       return 0;
     }
     if (!dot.empty()) {

@@ -147,7 +147,17 @@ int main(int argc, char** argv) {
   try {
     std::error_code ec;
     kiln::refuse_overwriting("-o", output, {{"this compiler", std::filesystem::read_symlink("/proc/self/exe", ec).string()}});
-    if (emit == "exe" && !output.empty()) kiln::refuse_overwriting("-o", output, {{"the runtime it embeds", findRuntime(runtime)}});
+    if (emit == "exe" && !output.empty()) {
+      kiln::refuse_overwriting("-o", output, {{"the runtime it embeds", findRuntime(runtime)}});
+      kiln::check_kiln_runtime(findRuntime(runtime));
+    }
+    // Before the compile, not after it: the output can be written where it is named.
+    if (!output.empty() && output != "-") kiln::check_output_file("-o", output);
+    // The dumped kernels' files must not replace the input or the output.
+    for (const char* name : {"kernels.cpp", "kernels.cu", "kernels.tsv"})
+      if (!dumpKernels.empty())
+        kiln::refuse_overwriting("--dump-kernels", (std::filesystem::path(dumpKernels) / name).string(),
+                                 {{"the input", input}, {"-o's file", output}});
   } catch (const kiln::Error& e) {
     std::fprintf(stderr, "error: %s\n", kiln::one_line(e.what()).c_str());
     return 1;
@@ -230,14 +240,26 @@ int main(int argc, char** argv) {
     if (emit == "step") return print(*module);
 
     auto step = module->lookupSymbol<func::FuncOp>("micro_step");
-    if (!(step && step->hasAttr("kiln.arena_size")) &&
+    const bool planned = step && step->hasAttr("kiln.arena_size");
+    // Planned IR (--emit=plan) has its kernels, buckets and buffers: the planning options would
+    // change nothing, and would be recorded in the module as if they had.
+    if (planned)
+      for (const char* flag : {"--recompute", "--bucket-mb", "--no-fusion", "--fuse-single-ops"})
+        if (app.count(flag)) {
+          std::fprintf(stderr, "error: %s: %s: the IR is planned already (--emit=plan), so the option would change "
+                       "nothing; give the spec or its step IR\n", input.c_str(), flag);
+          return 1;
+        }
+    if (!planned &&
         failed(runStage([&](PassManager& pm) { kiln::buildPlanPipeline(pm, recompute, bucketMB, !noFusion, singleOps || spec.target == "cuda"); })))
       return 1;
     if (emit == "plan") return print(*module);
 
     kiln::WriteOptions options;
     options.recompute = recompute;
-    options.fusion = !noFusion;
+    // Planned IR says itself whether it was fused.
+    options.fusion = planned ? module->walk([](kiln::FusionOp) { return WalkResult::interrupt(); }).wasInterrupted()
+                             : !noFusion;
     options.dumpKernelsDir = dumpKernels;
     options.simtAttention = simtAttention;
     options.attentionRows = attentionRows;
