@@ -45,8 +45,13 @@ std::string findRuntime(const std::string& given) {
 }
 
 void writeText(const std::string& out, const std::string& text) {
-  if (out.empty() || out == "-") llvm::outs() << text;
-  else kiln::write_file_atomic(out, {{text.data(), text.size()}});
+  if (!out.empty() && out != "-") return kiln::write_file_atomic(out, {{text.data(), text.size()}});
+  llvm::outs() << text;
+  llvm::outs().flush();
+  if (llvm::outs().has_error()) {  // (a full disk, a closed pipe): said here, not as LLVM's fatal error at exit
+    llvm::outs().clear_error();
+    throw kiln::Error("stdout: write failed");
+  }
 }
 
 // A diagnostic's text as one line of at most 300 bytes before escaping: MLIR's own messages may hold a newline
