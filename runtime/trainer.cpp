@@ -513,12 +513,17 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       // What to look at: on the first step nothing has been updated yet, so the weights came in so.
       std::string hint = "lower --lr or check the data";
       if (step == first_step && !resumed_from.empty()) hint = resumed_from + " may hold a NaN or an infinity";
-      else if (step == first_step && !o.init.empty()) hint = "the weights of --init " + o.init + " may hold a NaN or an infinity";
+      else if (step == first_step && !o.init.empty()) hint = "the weights of --init " + o.init + " overflow on these data";
+      bool kept = false;  // a good checkpoint there (a `latest` that cannot be read counts as none here)
+      try {
+        kept = !o.checkpoint_dir.empty() && latest_checkpoint(o.checkpoint_dir).has_value();
+      } catch (const Error&) {
+      }
       throw Error("step " + std::to_string(step + 1) + ": loss " + std::to_string(loss) + ", grad norm " +
                   std::to_string(norm) + " is not finite; stopping" +
                   (o.checkpoint_dir.empty() ? ""
-                   : latest_checkpoint(o.checkpoint_dir) ? " without writing a checkpoint (the last good one is kept)"
-                                                        : " without writing a checkpoint") +
+                   : kept                   ? " without writing a checkpoint (the last good one is kept)"
+                                            : " without writing a checkpoint") +
                   " (" + hint + ")");
     }
     const bool last = step + 1 == o.steps;
