@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -495,6 +496,18 @@ std::vector<int32_t> Gpt2Tokenizer::encode(std::string_view text) const {
   out.reserve(text.size() / 3 + 1);
   encode(text, out);
   return out;
+}
+
+size_t Gpt2Tokenizer::next_safe_cut(std::string_view text, size_t from) {
+  // "x\nA": the pieces are "x", "\n", "A..." in the whole text and in the two parts alike. (After
+  // "\n\n" they would not be: the whole splits that run before the letter into "\n" "\n", while a
+  // part ending in it keeps "\n\n", another token.)
+  auto ascii_non_space = [](unsigned char c) { return c < 0x80 && !std::isspace(c); };
+  for (size_t p = std::max<size_t>(from, 2); p < text.size(); ++p)
+    if (text[p - 1] == '\n' && ascii_non_space(text[p - 2]) && std::isalnum(static_cast<unsigned char>(text[p])) &&
+        static_cast<unsigned char>(text[p]) < 0x80)
+      return p;
+  return text.size();
 }
 
 void Gpt2Tokenizer::encode(std::string_view text, std::vector<int32_t>& out) const {

@@ -53,6 +53,11 @@ class Gpt2Tokenizer {
   std::vector<int32_t> encode(std::string_view text) const;
   // Appends the ids of `text` to `out`.
   void encode(std::string_view text, std::vector<int32_t>& out) const;
+  // The first place at or after `from` where `text` may be cut so that encoding the two parts
+  // gives the ids of the whole (text.size() when there is none): right after a newline that
+  // follows an ASCII character other than whitespace and precedes an ASCII letter or digit. No
+  // pre-tokenizer piece spans such a place. For encoding a large text in parts (with progress).
+  static size_t next_safe_cut(std::string_view text, size_t from);
 
   // The bytes of the tokens, concatenated (not necessarily valid UTF-8 when `ids` is a slice).
   // kiln::Error naming the first id outside [0, vocab_size()).

