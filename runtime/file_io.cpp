@@ -8,6 +8,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <cerrno>
@@ -141,7 +142,12 @@ void remove_temporaries_on_signals() {
 }
 
 std::string temporary_path(const std::string& path) {
-  return path + ".tmp." + host_name() + "." + std::to_string(::getpid());
+  const std::string suffix = ".tmp." + host_name() + "." + std::to_string(::getpid());
+  // A name near the file system's limit (255 bytes) would leave no room for the suffix: such a
+  // name's temporary keeps only its first bytes.
+  const size_t slash = path.rfind('/'), start = slash == std::string::npos ? 0 : slash + 1;
+  if (path.size() - start + suffix.size() <= 255) return path + suffix;
+  return path.substr(0, start + (255 - std::min<size_t>(suffix.size(), 255))) + suffix;
 }
 
 std::string link_target(const std::string& given) {
@@ -191,7 +197,7 @@ void check_output_file(const std::string& flag, const std::string& given, bool a
   if (!dir.empty() && !fs::is_directory(dir, ec))
     throw Error(flag + ": " + given + ": " + (fs::exists(dir, ec) ? dir.string() + " is not a folder" : "the folder " + dir.string() + " does not exist"));
   // The temporary is created beside the file and renamed over it.
-  const std::string probe = temporary_path(path) + ".probe";
+  const std::string probe = temporary_path(path + ".probe");  // (within the name limit too)
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) throw Error(flag + ": " + given + ": cannot create a file there: " + std::strerror(errno));
   ::close(fd);

@@ -17,7 +17,8 @@ std::vector<uint8_t> read_file(const std::string& path);
 // full disk, a closed pipe), so that cut-short output does not pass for whole.
 void flush_stdout();
 
-// The name a writer of this process uses for `path` before renaming: path + ".tmp.<host>.<pid>".
+// The name a writer of this process uses for `path` before renaming: path + ".tmp.<host>.<pid>"
+// (a file name too long for that keeps its first bytes before the suffix).
 // The host is in it so that processes on machines sharing a folder (a network file system)
 // neither collide on a pid nor judge each other's temporaries by a pid that is not theirs.
 std::string temporary_path(const std::string& path);
