@@ -276,9 +276,7 @@ int run_sample(const Module& module, SampleCommand& c) {
   if (!c.no_kv_cache && !c.no_prefill && module.program("decode") && module.program("prefill")) programs.push_back("prefill");
   Executor ex(module, programs);
   init_parameters(ex, 0);
-  load_parameters(ex, c.init);
-  if (const std::string bad = first_non_finite(ex, false); !bad.empty())
-    throw Error(c.init + ": " + bad + " holds a NaN or an infinity (its logits would be NaN)");
+  load_finite_parameters(ex, c.init, "its logits would be NaN");
   ex.refresh_compute_copies();
   const int V = module.fb().model()->vocab_size();
   std::optional<Gpt2Tokenizer> tok;
@@ -378,9 +376,7 @@ int run_eval(const Module& module, const EvalCommand& c) {
   const int64_t batches = c.batches ? c.batches : whole;
   Executor ex(module, {"forward"});
   init_parameters(ex, 0);
-  load_parameters(ex, c.init);
-  if (const std::string bad = first_non_finite(ex, false); !bad.empty())
-    throw Error(c.init + ": " + bad + " holds a NaN or an infinity (its loss would be NaN)");
+  load_finite_parameters(ex, c.init, "its loss would be NaN");
   ex.refresh_compute_copies();
 
   // Progress on a terminal; the line is cleared before the result.

@@ -147,6 +147,13 @@ std::vector<std::string> expand_data_patterns(const std::vector<std::string>& fi
   return once;
 }
 
+bool starts_like_token_shard(const std::string& path) {
+  Fd file;
+  file.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  int32_t magic = 0;
+  return file.fd >= 0 && ::pread(file.fd, &magic, sizeof magic, 0) == ssize_t(sizeof magic) && magic == kMagic;
+}
+
 void read_shard_tokens(const std::string& path, int64_t first, int64_t n, uint16_t* out) {
   Fd file;
   file.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -192,7 +199,7 @@ DataLoader::DataLoader(const std::vector<std::string>& files_or_globs, int64_t B
   const StepNeed need{B_, T_, world_size_};
   for (std::string& f : expand_data_patterns(files_or_globs)) {
     const int64_t count = open_shard(f, {}, nullptr);
-    if (count < need.tokens() && need.B > 0) {
+    if (count < need.tokens()) {
       skipped_.push_back({std::move(f), count});
       continue;
     }

@@ -24,6 +24,9 @@ std::vector<std::string> expand_data_patterns(const std::vector<std::string>& fi
 // Writes an llm.c shard holding `tokens`; atomic (tmp file + rename).
 void write_token_shard(const std::string& path, const std::vector<uint16_t>& tokens);
 
+// Whether the file begins with an llm.c token shard's magic number (20240520).
+bool starts_like_token_shard(const std::string& path);
+
 // Reads tokens [first, first + n) of the llm.c shard at `path` (whose header was checked) into
 // out; kiln::Error "PATH: reading tokens: ..." when it cannot.
 void read_shard_tokens(const std::string& path, int64_t first, int64_t n, uint16_t* out);

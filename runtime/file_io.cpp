@@ -178,6 +178,16 @@ void refuse_overwriting(const std::string& flag, const std::string& output,
   }
 }
 
+std::string check_output_folder(const std::string& flag, const std::string& given) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const std::string path = link_target(given);  // where write_file_atomic creates its temporary
+  const fs::path dir = fs::path(path).parent_path();
+  if (!dir.empty() && !fs::is_directory(dir, ec))
+    throw Error(flag + ": " + given + ": " + (fs::exists(dir, ec) ? dir.string() + " is not a folder" : "the folder " + dir.string() + " does not exist"));
+  return path;
+}
+
 void check_output_file(const std::string& flag, const std::string& given, bool append) {
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -192,10 +202,7 @@ void check_output_file(const std::string& flag, const std::string& given, bool a
     ::close(fd);
     if (append || !fs::is_regular_file(given, ec)) return;
   }
-  const std::string path = link_target(given);  // where write_file_atomic creates its temporary
-  const fs::path dir = fs::path(path).parent_path();
-  if (!dir.empty() && !fs::is_directory(dir, ec))
-    throw Error(flag + ": " + given + ": " + (fs::exists(dir, ec) ? dir.string() + " is not a folder" : "the folder " + dir.string() + " does not exist"));
+  const std::string path = check_output_folder(flag, given);
   // The temporary is created beside the file and renamed over it.
   const std::string probe = temporary_path(path + ".probe");  // (within the name limit too)
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);

@@ -43,6 +43,9 @@ std::string link_target(const std::string& path);
 // file can be created beside it for write_file_atomic's rename (a probe, removed at once). A
 // device, FIFO or pipe only has to open. kiln::Error "FLAG: PATH: ..." otherwise.
 void check_output_file(const std::string& flag, const std::string& path, bool append = false);
+// Its first check alone, for an output that must not be opened beforehand (a FIFO would hand its
+// reader an end of file): the folder the name (through links) lies in exists. Returns that name.
+std::string check_output_folder(const std::string& flag, const std::string& path);
 
 // Atomically replaces `path` with the concatenation of `pieces` (pointer, size): write to
 // temporary_path(path), fsync, rename, fsync the directory. On failure the temporary file is

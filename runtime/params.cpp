@@ -231,6 +231,12 @@ std::string first_non_finite(Executor& ex, bool moments) {
   return "";
 }
 
+void load_finite_parameters(Executor& ex, const std::string& path, const std::string& consequence) {
+  load_parameters(ex, path);
+  if (const std::string bad = first_non_finite(ex, false); !bad.empty())
+    throw Error(path + ": " + bad + " holds a NaN or an infinity (" + consequence + ")");
+}
+
 void save_parameters(Executor& ex, const std::string& path, ParamField field) {
   ex.sync_to_host();
   if (field == ParamField::Value)

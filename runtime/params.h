@@ -18,6 +18,9 @@ void init_parameters(Executor& ex, uint64_t seed);
 // to 0); F32, BF16 and F16 are accepted. A path ending in ".bin" is read as an llm.c model file
 // (fp32 or bf16, vocabulary padded to the Vp of its header) instead.
 void load_parameters(Executor& ex, const std::string& path);
+// load_parameters, then kiln::Error "PATH: parameter '...' (value) holds a NaN or an infinity
+// (CONSEQUENCE)" when a weight is not finite: found before anything runs on them.
+void load_finite_parameters(Executor& ex, const std::string& path, const std::string& consequence);
 
 // Writes parameter values (kind = value) or gradients (kind = grad) as F32 safetensors with
 // "transformer."-prefixed names, in the shapes of a Hugging Face GPT-2 file: wte.weight [V, C]

@@ -337,11 +337,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   Executor ex(module, programs, world > 1 ? data_parallel_state(module, int(world), rank, o.zero, bucket_bytes) : StatePlan{});
   ex.enable_profiling(o.profile);
   init_parameters(ex, o.seed);  // also clears gradients and AdamW state
-  if (!o.init.empty()) {
-    load_parameters(ex, o.init);
-    if (const std::string bad = first_non_finite(ex, false); !bad.empty())
-      throw Error(o.init + ": " + bad + " holds a NaN or an infinity (every loss would be NaN)");
-  }
+  if (!o.init.empty()) load_finite_parameters(ex, o.init, "every loss would be NaN");
   ex.refresh_compute_copies();
   DataParallel dp(ex, comm, o.zero, bucket_bytes);
 

@@ -52,8 +52,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr int32_t kShardMagic = 20240520;  // an llm.c token shard's first int32
-
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
@@ -189,13 +187,8 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
     if (fs::is_regular_file(st)) {
       total_bytes += fs::file_size(f, ec);
       // An llm.c shard (an earlier prepare's output, named by a glob over DIR) is no text.
-      int32_t magic = 0;
-      if (FILE* in = std::fopen(f.c_str(), "rb")) {
-        const bool got = std::fread(&magic, sizeof magic, 1, in) == 1;
-        std::fclose(in);
-        if (got && magic == kShardMagic)
-          throw Error(f + ": is an llm.c token shard, not a text document (an earlier prepare's output?)");
-      }
+      if (starts_like_token_shard(f))
+        throw Error(f + ": is an llm.c token shard, not a text document (an earlier prepare's output?)");
     }
   }
 

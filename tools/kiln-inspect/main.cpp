@@ -170,10 +170,7 @@ int plot_main(int argc, char** argv) {
   if (const int rc = kiln::cli::parse(app, argc, argv); rc >= 0) return rc;
   try {
     for (const std::string& log : logs) refuse_overwriting("-o", out, {{"a log it reads", log}});
-    // Its folder, before the logs are read (not the file: opening a FIFO would hand its reader an EOF).
-    const std::filesystem::path folder = std::filesystem::path(link_target(out)).parent_path();
-    if (!folder.empty() && !std::filesystem::is_directory(folder))
-      throw Error("-o: " + out + ": the folder " + folder.string() + " does not exist");
+    check_output_folder("-o", out);  // before the logs are read
     std::string svg = loss_plot_svg(logs);
     write_file_atomic(out, {{svg.data(), svg.size()}});
     std::fprintf(stderr, "wrote %s\n", out.c_str());

@@ -153,14 +153,15 @@ int main(int argc, char** argv) {
     std::error_code ec;
     kiln::refuse_overwriting("-o", output, {{"this compiler", std::filesystem::read_symlink("/proc/self/exe", ec).string()}});
     if (emit == "exe" && !output.empty()) {
-      kiln::refuse_overwriting("-o", output, {{"the runtime it embeds", findRuntime(runtime)}});
-      kiln::check_kiln_runtime(findRuntime(runtime));
+      const std::string embeds = findRuntime(runtime);
+      kiln::refuse_overwriting("-o", output, {{"the runtime it embeds", embeds}});
+      kiln::check_kiln_runtime(embeds);
     }
     // Before the compile, not after it: the output can be written where it is named.
     if (!output.empty() && output != "-") kiln::check_output_file("-o", output);
     // The dumped kernels' files must not replace the input or the output.
-    for (const char* name : {"kernels.cpp", "kernels.cu", "kernels.tsv"})
-      if (!dumpKernels.empty())
+    if (!dumpKernels.empty())
+      for (const char* name : {"kernels.cpp", "kernels.cu", "kernels.tsv"})
         kiln::refuse_overwriting("--dump-kernels", (std::filesystem::path(dumpKernels) / name).string(),
                                  {{"the input", input}, {"-o's file", output}});
   } catch (const kiln::Error& e) {
