@@ -110,11 +110,9 @@ namespace {
 const int kBuildSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
 constexpr int kNumBuildSignals = 4;
 // The handler may run on any of kilnc's threads while the building thread goes on. So the
-// building thread makes the folder, writes the source and starts the compiler in busy sections
-// (its signals blocked), and the two meet as in Dekker's algorithm: the handler raises g_stopping,
-// then waits while g_busy; a section raises g_busy, then backs off and waits for the end if
-// g_stopping. Either the handler sees what the section did, or the section never starts.
-std::atomic<int> g_busy{0}, g_stopping{0};
+// building thread makes the folder, writes the source and starts and reaps the compiler in
+// file_io's sections (SignalsHeld), which the handler settles first: either it sees what a
+// section did, or the section never starts.
 std::atomic<pid_t> g_compiler{0};  // the compiler's pid (= its process group), while it runs
 char g_work[4][4096];              // the source, library, log and folder to delete
 
@@ -125,9 +123,7 @@ void removeWork() {
 }
 
 void onBuildSignal(int sig) {  // async-signal-safe calls only
-  g_stopping.store(1);
-  while (g_busy.load()) {
-  }
+  settle_signals_held();
   if (const pid_t pid = g_compiler.load(); pid > 0) {
     ::kill(-pid, SIGTERM);
     int status;
@@ -148,27 +144,6 @@ void onBuildSignal(int sig) {  // async-signal-safe calls only
   ::signal(sig, SIG_DFL);
   ::raise(sig);
 }
-
-// Blocks the build signals in this thread for its lifetime, and marks the build busy.
-struct BusySection {
-  sigset_t previous;
-  BusySection() {
-    sigset_t handled;
-    sigemptyset(&handled);
-    for (int sig : kBuildSignals) sigaddset(&handled, sig);
-    pthread_sigmask(SIG_BLOCK, &handled, &previous);
-    g_busy.store(1);
-    if (g_stopping.load()) {  // a handler on another thread is ending kilnc: let it
-      g_busy.store(0);
-      pthread_sigmask(SIG_SETMASK, &previous, nullptr);
-      for (;;) ::pause();
-    }
-  }
-  ~BusySection() {
-    g_busy.store(0);
-    pthread_sigmask(SIG_SETMASK, &previous, nullptr);
-  }
-};
 
 // The handlers for the build's lifetime (not over a signal ignored); the previous ones after.
 struct BuildSignalGuard {
@@ -206,13 +181,13 @@ int runCompiler(const std::vector<std::string>& args, const std::string& log, st
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
   posix_spawnattr_setpgroup(&attr, 0);
-  // The compiler starts with kilnc's mask from before the busy section; caught signals are reset
+  // The compiler starts with kilnc's mask from before the section; caught signals are reset
   // to their default by exec, ignored ones stay ignored.
   pid_t pid = 0;
   int rc;
   {
-    BusySection busy;
-    posix_spawnattr_setsigmask(&attr, &busy.previous);
+    SignalsHeld held;
+    posix_spawnattr_setsigmask(&attr, &held.previous_mask());
     posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK);
     rc = posix_spawnp(&pid, argv[0], &files, &attr, argv.data(), environ);
     if (rc == 0) g_compiler.store(pid);
@@ -227,7 +202,7 @@ int runCompiler(const std::vector<std::string>& args, const std::string& log, st
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   {
-    BusySection busy;  // a handler must not signal the process group of a reaped pid
+    SignalsHeld held;  // a handler must not signal the process group of a reaped pid
     g_compiler.store(0);
   }
   return status;
@@ -254,7 +229,7 @@ std::optional<std::vector<uint8_t>> compileCpuKernels(const std::string& source,
   std::string tmpl = temporaryRoot() + "/kilnc-kernels-XXXXXX";
   std::string work, src, lib, log;
   {
-    BusySection busy;  // the folder is known to the handler as soon as it exists
+    SignalsHeld held;  // the folder is known to the handler as soon as it exists
     if (!::mkdtemp(tmpl.data())) {
       error = "cannot create a temporary directory in " + temporaryRoot() + ": " + std::strerror(errno);
       return std::nullopt;

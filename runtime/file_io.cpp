@@ -46,8 +46,47 @@ const std::string& host_name() {
   return name;
 }
 
+const int kCleanupSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+
+// The sections running (on any thread), and whether a handler is ending the process.
+std::atomic<int> g_sections{0}, g_ending{0};
+// This thread's sections: one nested in another goes on, since the handler waits for the outer.
+thread_local int t_depth = 0;
+
+}  // namespace
+
+SignalsHeld::SignalsHeld() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : kCleanupSignals) sigaddset(&set, sig);
+  pthread_sigmask(SIG_BLOCK, &set, &previous_);
+  g_sections.fetch_add(1);
+  if (t_depth == 0 && g_ending.load()) {  // a handler on another thread is ending the process: let it
+    g_sections.fetch_sub(1);
+    pthread_sigmask(SIG_SETMASK, &previous_, nullptr);
+    for (;;) ::pause();
+  }
+  ++t_depth;
+}
+
+SignalsHeld::~SignalsHeld() {
+  --t_depth;
+  g_sections.fetch_sub(1);
+  pthread_sigmask(SIG_SETMASK, &previous_, nullptr);
+}
+
+void settle_signals_held() {
+  g_ending.store(1);
+  while (g_sections.load() > 0) {
+  }
+}
+
+namespace {
+
 // The temporary write_file_atomic is writing (one writer at a time holds the slot; another
-// thread's concurrent write is not tracked), for a signal handler to remove.
+// thread's concurrent write is not tracked), for a signal handler to remove. It is claimed,
+// created and let go in sections (SignalsHeld), so that a handler on another thread never reads
+// a name being replaced, nor unlinks one an open() then creates.
 char g_pending[4096];
 std::atomic<bool> g_pending_set{false};
 std::atomic<bool> g_pending_claimed{false};
@@ -61,6 +100,7 @@ bool track_temporary(const std::string& tmp) {
 }
 void untrack_temporary(bool tracked) {
   if (!tracked) return;
+  SignalsHeld held;
   g_pending_set.store(false);
   g_pending_claimed.store(false);
 }
@@ -94,8 +134,6 @@ void remove_staging_folder() {
   if (g_staging_parent[0]) ::rmdir(g_staging_parent);
 }
 
-const int kCleanupSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
-
 void remove_temporary_and_end(int sig) {  // async-signal-safe
   remove_pending_temporary();
   ::signal(sig, SIG_DFL);
@@ -105,6 +143,7 @@ void remove_temporary_and_end(int sig) {  // async-signal-safe
 }  // namespace
 
 void remove_pending_temporary() {
+  settle_signals_held();
   if (g_pending_set.load()) ::unlink(g_pending);
   remove_staging_folder();
 }
@@ -112,22 +151,17 @@ void remove_pending_temporary() {
 void track_staging_folder(const std::string& folder, const std::string& created_parent) {
   if (folder.size() >= sizeof g_staging || created_parent.size() >= sizeof g_staging_parent)
     throw Error(folder + ": the path is too long to be removed on a signal");
+  SignalsHeld held;
   g_staging_set.store(false);
   std::memcpy(g_staging, folder.c_str(), folder.size() + 1);
   std::memcpy(g_staging_parent, created_parent.c_str(), created_parent.size() + 1);
   g_staging_set.store(true);
 }
 
-void untrack_staging_folder() { g_staging_set.store(false); }
-
-SignalsHeld::SignalsHeld() {
-  sigset_t set;
-  sigemptyset(&set);
-  for (int sig : kCleanupSignals) sigaddset(&set, sig);
-  pthread_sigmask(SIG_BLOCK, &set, &previous_);
+void untrack_staging_folder() {
+  SignalsHeld held;
+  g_staging_set.store(false);
 }
-
-SignalsHeld::~SignalsHeld() { pthread_sigmask(SIG_SETMASK, &previous_, nullptr); }
 
 void remove_temporaries_on_signals() {
   struct sigaction sa{};
@@ -282,11 +316,17 @@ void write_file_atomic(const std::string& given,
   const std::string tmp = temporary_path(path);
   // Tracked before it exists and until it is renamed or removed: a handler then unlinks at
   // worst a name that no longer exists.
-  const bool tracked = track_temporary(tmp);
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+  bool tracked;
+  int fd, open_errno;
+  {
+    SignalsHeld held;
+    tracked = track_temporary(tmp);
+    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+    open_errno = errno;
+  }
   if (fd < 0) {
     untrack_temporary(tracked);
-    throw Error(path + ": creating " + tmp + ": " + std::strerror(errno));
+    throw Error(path + ": creating " + tmp + ": " + std::strerror(open_errno));
   }
   try {
     for (const auto& [data, size] : pieces) write_all(fd, data, size, path);

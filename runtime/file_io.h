@@ -60,7 +60,8 @@ void write_file_atomic(const std::string& path,
 // (async-signal-safe) unlinks it. remove_temporaries_on_signals() installs handlers for SIGINT,
 // SIGTERM, SIGHUP and SIGQUIT (not over one the process was started ignoring) that do so and then
 // end the process by the signal, as it would have ended; a tool's main() calls it first.
-// Handlers of one's own (the training loop's, kilnc's compiler guard) call remove_pending_temporary.
+// Handlers of one's own (the training loop's, kilnc's compiler guard) call remove_pending_temporary
+// when they end the process, and only then: sections started afterwards never finish.
 void remove_pending_temporary();
 void remove_temporaries_on_signals();
 
@@ -71,17 +72,25 @@ void track_staging_folder(const std::string& folder, const std::string& created_
 void untrack_staging_folder();
 
 // While one lives, SIGINT, SIGTERM, SIGHUP and SIGQUIT wait (on this thread): for work that a
-// signal must not cut in half, such as swapping a set of files into place. They are delivered
-// when it goes.
+// signal must not cut in half, such as creating a file a handler would remove, or swapping a set
+// of files into place. They are delivered when it goes. A handler on another thread that ends the
+// process calls settle_signals_held() first: it waits for the sections that are running, and a
+// section that starts after it waits for the end instead of running (as in Dekker's algorithm,
+// either the handler sees what a section did or the section never starts). Sections nest.
 class SignalsHeld {
  public:
   SignalsHeld();
   ~SignalsHeld();
   SignalsHeld(const SignalsHeld&) = delete;
   SignalsHeld& operator=(const SignalsHeld&) = delete;
+  // The mask before the section (for a child process started within it).
+  const sigset_t& previous_mask() const { return previous_; }
 
  private:
   sigset_t previous_;
 };
+
+// For a handler about to end the process (async-signal-safe); remove_pending_temporary() calls it.
+void settle_signals_held();
 
 }  // namespace kiln

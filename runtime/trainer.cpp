@@ -418,13 +418,12 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   // its first step leaves no empty log behind.
   std::ofstream log;
   const bool logging = !o.log.empty() && root;
-  // A fresh run appends too: its curve would continue another run's (kiln-inspect plot takes the
-  // last record of a step), so say so.
+  // A fresh run appends too (its first line says so, for kiln-inspect plot): say so.
   if (logging && resumed_from.empty()) {
     std::error_code ec;
     if (std::filesystem::is_regular_file(o.log, ec) && std::filesystem::file_size(o.log, ec) > 0 && !ec)
-      std::fprintf(stderr, "note: --log %s already holds an earlier run's lines; this run's follow them (another "
-                   "file keeps the runs apart)\n", o.log.c_str());
+      std::fprintf(stderr, "note: --log %s already holds an earlier run's lines; this run's follow them (kiln-inspect "
+                   "plot draws each run apart)\n", o.log.c_str());
   }
   LrSchedule schedule = o.schedule;
   schedule.total_steps = o.steps;
@@ -553,6 +552,9 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       }
       nlohmann::json j = {{"step", step}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm},
                           {"dt_ms", dt * 1e3}, {"tokens_per_s", tok_s}, {"mfu", mfu}};
+      // A run's first line says how it started, so that kiln-inspect plot keeps a fresh run
+      // appended to an older one's log apart from it, and a resumed one with it.
+      if (step == first_step) j["start"] = resumed_from.empty() ? "fresh" : "resume";
       if (!std::isnan(val_loss)) j["val_loss"] = val_loss;
       if (samples_stopped) j["samples_stopped"] = signal_name(signals.requested());
       if (!samples.empty()) {

@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <thread>
 #include <vector>
@@ -67,14 +68,72 @@ TEST(FileIoSignals, IgnoredSignalsStayIgnored) {
   EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
+// Runs `body` in a child process and returns its wait status (a handler that ends the process
+// must not end the test's).
+template <typename F>
+int in_child(F body) {
+  const pid_t child = ::fork();
+  if (child == 0) {
+    body();
+    ::_exit(0);
+  }
+  int status = -1;
+  ::waitpid(child, &status, 0);
+  return status;
+}
+
 // Between writes there is nothing to remove, and a finished write keeps its file.
 TEST_F(FileIo, NothingPendingAfterAWrite) {
   const std::string out = path("small.txt");
-  const char text[] = "kept";
-  write_file_atomic(out, {{text, 4}});
-  remove_pending_temporary();
+  const int status = in_child([&] {
+    const char text[] = "kept";
+    write_file_atomic(out, {{text, 4}});
+    remove_pending_temporary();
+  });
+  ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(listing(), std::vector<std::string>{"small.txt"});
   EXPECT_EQ(read_file(out).size(), 4u);
+}
+
+// A handler on one thread waits for another thread's section (SignalsHeld) to end before it
+// ends the process: the section's last act (a file) is there although the signal came first.
+TEST_F(FileIo, AHandlerWaitsForAnotherThreadsSection) {
+  const std::string done = path("section-done");
+  const int status = in_child([&] {
+    remove_temporaries_on_signals();
+    std::atomic<bool> inside{false};
+    std::thread worker([&] {
+      SignalsHeld held;
+      inside.store(true);
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      const char text[] = "done";
+      write_file_atomic(done, {{text, 4}});  // a section nested in this one
+    });
+    while (!inside.load()) std::this_thread::yield();
+    ::raise(SIGTERM);  // handled on this thread, which holds no section
+    worker.join();     // not reached
+  });
+  ASSERT_TRUE(WIFSIGNALED(status));
+  EXPECT_EQ(WTERMSIG(status), SIGTERM);
+  EXPECT_EQ(listing(), std::vector<std::string>{"section-done"});
+}
+
+// Once a handler has begun to end the process, a section that starts on another thread never
+// runs its work.
+TEST(FileIoSignals, NoSectionStartsOnceAHandlerEndsTheProcess) {
+  const int status = in_child([] {
+    settle_signals_held();  // as a handler does first
+    std::atomic<bool> ran{false};
+    std::thread worker([&] {
+      SignalsHeld held;
+      ran.store(true);
+    });
+    worker.detach();
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    ::_exit(ran.load() ? 1 : 0);
+  });
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the section ran";
 }
 
 }  // namespace

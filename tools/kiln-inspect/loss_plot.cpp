@@ -26,9 +26,12 @@ std::string loss_plot_svg(const std::vector<std::string>& logs) {
   for (const std::string& path : logs) {
     std::ifstream in(path);
     if (!in) throw Error(path + ": cannot open");
-    Series train{path + " (train)", {}}, val{path + " (val)", {}};
-    // A resumed run appends the steps after its checkpoint again: the last record of a step wins.
-    std::map<double, double> train_by_step, val_by_step;
+    // A fresh run appended to a log (its first line has "start": "fresh") is a run of its own;
+    // a resumed one appends the steps after its checkpoint again, and the last record of a step wins.
+    struct Run {
+      std::map<double, double> train, val;
+    };
+    std::vector<Run> runs(1);
     std::string line;
     for (int n = 1; std::getline(in, line); ++n) {
       if (line.empty()) continue;
@@ -37,15 +40,21 @@ std::string loss_plot_svg(const std::vector<std::string>& logs) {
         throw Error(path + ":" + std::to_string(n) + ": not a training log record (JSON with \"step\")");
       if (!j["step"].is_number() || !std::isfinite(j["step"].get<double>()))
         throw Error(path + ":" + std::to_string(n) + ": \"step\" is " + j["step"].dump() + ", not a finite number");
+      if (j.contains("start") && j["start"] == "fresh" && !(runs.back().train.empty() && runs.back().val.empty())) runs.emplace_back();
       const double step = j["step"].get<double>();
-      if (j.contains("loss") && j["loss"].is_number()) train_by_step[step] = j["loss"].get<double>();
-      if (j.contains("val_loss") && j["val_loss"].is_number()) val_by_step[step] = j["val_loss"].get<double>();
+      if (j.contains("loss") && j["loss"].is_number()) runs.back().train[step] = j["loss"].get<double>();
+      if (j.contains("val_loss") && j["val_loss"].is_number()) runs.back().val[step] = j["val_loss"].get<double>();
     }
-    train.points.assign(train_by_step.begin(), train_by_step.end());
-    val.points.assign(val_by_step.begin(), val_by_step.end());
-    if (train.points.empty() && val.points.empty()) throw Error(path + ": no loss records");
-    if (!train.points.empty()) series.push_back(train);
-    if (!val.points.empty()) series.push_back(val);
+    bool any = false;
+    for (size_t r = 0; r < runs.size(); ++r) {
+      const std::string name = runs.size() > 1 ? path + ", run " + std::to_string(r + 1) : path;
+      for (auto [by_step, what] : {std::pair{&runs[r].train, " (train)"}, std::pair{&runs[r].val, " (val)"}}) {
+        if (by_step->empty()) continue;
+        series.push_back({name + what, {by_step->begin(), by_step->end()}});
+        any = true;
+      }
+    }
+    if (!any) throw Error(path + ": no loss records");
   }
 
   double x0 = 1e300, x1 = -1e300, y0 = 1e300, y1 = -1e300;
