@@ -35,12 +35,42 @@ void buildPlanPipeline(OpPassManager& pm, const std::string& recompute, double b
   pm.addPass(createPlanBuffers());
 }
 
+namespace {
+
+// kiln-opt's pipelines take kilnc's choices as options, e.g.
+// -kiln-plan-pipeline='recompute=cheap bucket-mb=1 fusion=false'; an unknown one is an error.
+enum class Precision { fp32, bf16 };
+struct StepPipelineOptions : PassPipelineOptions<StepPipelineOptions> {
+  Option<Precision> precision{*this, "precision", llvm::cl::desc("the spec's precision (bf16 runs kiln-mixed-precision first)"),
+                              llvm::cl::init(Precision::fp32),
+                              llvm::cl::values(clEnumValN(Precision::fp32, "fp32", "fp32 throughout"),
+                                               clEnumValN(Precision::bf16, "bf16", "bf16 compute, fp32 master weights"))};
+};
+
+struct PlanPipelineOptions : PassPipelineOptions<PlanPipelineOptions> {
+  Option<std::string> recompute{*this, "recompute", llvm::cl::desc("none | cheap (kiln-recompute's mode)"),
+                                llvm::cl::init("none")};
+  Option<double> bucketMB{*this, "bucket-mb", llvm::cl::desc("gradient bucket size in MB (kiln-bucket-gradients)"),
+                          llvm::cl::init(25.0)};
+  Option<bool> fusion{*this, "fusion", llvm::cl::desc("run kiln-fuse-kernels (kilnc --no-fusion: false)"),
+                      llvm::cl::init(true)};
+  Option<bool> singleOps{*this, "single-ops", llvm::cl::desc("lone ops get generated kernels too (targets without built-in kernels)"),
+                         llvm::cl::init(false)};
+};
+
+}  // namespace
+
 void registerKilnPipelines() {
-  PassPipelineRegistration<>("kiln-plan-pipeline", "recompute (none), schedule, fuse kernels, gradient buckets, plan buffers",
-                             [](OpPassManager& pm) { buildPlanPipeline(pm); });
-  PassPipelineRegistration<>("kiln-step-pipeline",
-                             "graph IR (@forward) to the simplified training step",
-                             [](OpPassManager& pm) { buildStepPipeline(pm); });
+  PassPipelineRegistration<PlanPipelineOptions>(
+      "kiln-plan-pipeline", "recompute, schedule, fuse kernels, gradient buckets, plan buffers",
+      [](OpPassManager& pm, const PlanPipelineOptions& o) {
+        buildPlanPipeline(pm, o.recompute, o.bucketMB, o.fusion, o.singleOps);
+      });
+  PassPipelineRegistration<StepPipelineOptions>(
+      "kiln-step-pipeline", "graph IR (@forward) to the simplified training step",
+      [](OpPassManager& pm, const StepPipelineOptions& o) {
+        buildStepPipeline(pm, o.precision == Precision::bf16 ? "bf16" : "fp32");
+      });
 }
 
 void setModuleSpec(ModuleOp module, const ModelSpec& s) {
