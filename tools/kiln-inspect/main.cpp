@@ -191,13 +191,8 @@ int main(int argc, char** argv) {
   double bucket_mb = 25;  // train's default
   bool json = false, verify = false, buffers = false, cuda_resources = false, roofline = false;
   RooflineRates rates;
-  const CLI::Validator positive(
-      [](std::string& s) {
-        char* end = nullptr;
-        const double v = std::strtod(s.c_str(), &end);
-        return end != s.c_str() && *end == 0 && v > 0 && std::isfinite(v) ? "" : "needs a positive number, got '" + s + "'";
-      },
-      "POSITIVE");
+  // Rates from a phone's to far past any GPU's: a denormal one would make every time infinite.
+  const CLI::Validator tflops = kiln::cli::finite_in(1e-6, 1e7), gbs = kiln::cli::finite_in(1e-3, 1e9);
   app.add_option("module", path, "module (.kiln) or executable written by kilnc")->required();
   app.add_flag("--json", json, "print the report as one JSON object");
   app.add_flag("--buffers", buffers, "list every buffer: kind, dtype, offset, bytes, shape");
@@ -208,18 +203,18 @@ int main(int argc, char** argv) {
                "cuda modules: the least time each kernel can take at the rates below (matrix products, other "
                "arithmetic, memory; the slowest of the three) and the highest MFU that allows");
   app.add_option("--peak-tflops", rates.tensor_tflops, "--roofline: matrix-product rate, TFLOP/s")
-      ->capture_default_str()->check(positive);
+      ->capture_default_str()->check(tflops);
   app.add_option("--vector-tflops", rates.vector_tflops, "--roofline: rate of other arithmetic, TFLOP/s")
-      ->capture_default_str()->check(positive);
+      ->capture_default_str()->check(tflops);
   app.add_option("--bandwidth-gbs", rates.bandwidth_gbs, "--roofline: memory bandwidth, GB/s")
-      ->capture_default_str()->check(positive);
+      ->capture_default_str()->check(gbs);
   CLI::Option* ranks_opt =
       app.add_option("--ranks", ranks, "also report the training arena of each of this many data-parallel ranks")
           ->check(kiln::cli::whole(1, 1 << 16));
   app.add_option("--zero", zero, "--ranks: as train --zero (1: each rank keeps its slices of the AdamW moments)")
       ->check(CLI::IsMember({0, 1}))->needs(ranks_opt);
   app.add_option("--bucket-mb", bucket_mb, "--ranks: as train --bucket-mb (for a module without compiled buckets)")
-      ->capture_default_str()->check(positive)->needs(ranks_opt);
+      ->capture_default_str()->check(kiln::cli::number<float>([](float v) { return v > 0; }, "a positive finite number"))->needs(ranks_opt);
   app.add_flag("--verify-plan", verify, "check the memory plan (no two live buffers overlap) and say so");
   app.add_option("--svg", svg, "draw the memory timeline of the largest program into this SVG file");
   CLI::Option* dot_opt = app.add_option("--dot", dot,

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "Kiln/KilnDialect.h"
+#include "compiler/attention_cuda.h"
 #include "compiler/module_writer.h"
 #include "compiler/pipeline.h"
 #include "compiler/spec.h"
@@ -213,6 +214,17 @@ int main(int argc, char** argv) {
     if (spec.target != "cuda" && (simtAttention || attentionRows)) {
       std::fprintf(stderr, "error: %s: %s is for target \"cuda\"; this spec's target is \"%s\"\n", input.c_str(),
                    simtAttention ? "--cuda-simt-attention" : "--cuda-attention-rows", spec.target.c_str());
+      return 1;
+    }
+    if (attentionRows && !kiln::cudaAttentionUsesTensorCores({spec.batch_size, spec.seq_len, spec.n_embd, spec.n_head,
+                                                              spec.precision == "bf16", simtAttention})) {
+      const std::string why = simtAttention ? "--cuda-simt-attention asks for the SIMT kernels"
+                              : spec.precision != "bf16"
+                                  ? "precision \"" + spec.precision + "\" runs the SIMT kernels (fp32 FMAs)"
+                                  : "head size " + std::to_string(spec.n_embd / spec.n_head) +
+                                        " is no multiple of 16 up to 128, so the SIMT kernels run";
+      std::fprintf(stderr, "error: %s: --cuda-attention-rows sets the tensor-core attention's rows, and this module "
+                   "has none: %s\n", input.c_str(), why.c_str());
       return 1;
     }
 
