@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "runtime/error.h"
+#include "runtime/file_io.h"
 
 namespace kiln {
 namespace {
@@ -151,6 +152,7 @@ std::optional<std::pair<std::string, std::string>> spec_relation_error(
 ModelSpec parse_spec(const std::string& path) {
   // toml++ reads a folder as an empty file, which would be reported as a spec without tables.
   if (std::filesystem::is_directory(path)) throw Error(path + ": is a folder, not a spec file");
+  check_not_a_device(path);
   // Read here rather than by toml++, whose message for a file it cannot open gives no reason.
   errno = 0;
   std::ifstream file(path, std::ios::binary);

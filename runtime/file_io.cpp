@@ -254,6 +254,15 @@ bool temporary_is_orphaned(const std::string& suffix) {
   return writer != ::getpid() && ::kill(writer, 0) != 0 && errno == ESRCH;
 }
 
+void check_not_a_device(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISCHR(st.st_mode)) return;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  const bool terminal = fd >= 0 && ::isatty(fd);
+  if (fd >= 0) ::close(fd);
+  if (!terminal) throw Error(path + ": is a device, not a file");
+}
+
 // Read to the end rather than by the size stat reports: pipes (/dev/stdin, <(...)) and /proc
 // files have none, or report 0.
 std::vector<uint8_t> read_file(const std::string& path) {
@@ -264,6 +273,7 @@ std::vector<uint8_t> read_file(const std::string& path) {
     struct stat st {};
     if (::fstat(fd, &st) != 0) throw Error(path + ": stat: " + std::strerror(errno));
     if (S_ISDIR(st.st_mode)) throw Error(path + ": cannot read: a directory");
+    if (S_ISCHR(st.st_mode) && !::isatty(fd)) throw Error(path + ": is a device, not a file");
     // One byte past a regular file's size, so that its end is found without growing the buffer.
     bytes.resize(S_ISREG(st.st_mode) && st.st_size > 0 ? static_cast<size_t>(st.st_size) + 1 : size_t(1) << 20);
     size_t n = 0;

@@ -10,8 +10,14 @@
 
 namespace kiln {
 
-// Reads a whole file; kiln::Error naming it on failure.
+// Reads a whole file; kiln::Error naming it on failure. A device that is not a terminal is
+// refused, as check_not_a_device does.
 std::vector<uint8_t> read_file(const std::string& path);
+
+// Refuses an input that is a character device other than a terminal (/dev/zero and
+// /dev/urandom never end; /dev/null holds nothing): kiln::Error "PATH: is a device, not a file".
+// A missing or unreadable path passes, for the reader's own message.
+void check_not_a_device(const std::string& path);
 
 // Flushes stdout; kiln::Error "stdout: write failed" when anything written there was lost (a
 // full disk, a closed pipe), so that cut-short output does not pass for whole.

@@ -28,6 +28,12 @@ int main(int argc, char** argv) {
   static char quiet[] = "--mlir-print-op-on-diagnostic=false";
   if (!asked) args.insert(args.begin() + 1, quiet);
   auto [input, output] = mlir::registerAndParseCLIOptions(int(args.size()), args.data(), "Kiln optimizer driver\n", registry);
+  try {
+    if (input != "-") kiln::check_not_a_device(input);  // /dev/zero would be read until memory runs out
+  } catch (const kiln::Error& e) {
+    std::fprintf(stderr, "error: %s\n", kiln::one_line(e.what()).c_str());
+    return 1;
+  }
   // -o FILE: written to a temporary beside it (beside the file a link names) and renamed on
   // success, so a failed run leaves an existing FILE as it was; naming the input would lose it.
   // A device, FIFO or pipe (/dev/null, /dev/stdout) is written to directly.

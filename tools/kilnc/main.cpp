@@ -191,6 +191,7 @@ int main(int argc, char** argv) {
     kiln::ModelSpec spec;
     const bool fromIR = llvm::StringRef(input).ends_with(".mlir");
     if (fromIR) {
+      kiln::check_not_a_device(input);
       {
         llvm::SourceMgr sm;
         InputDiagnostics handler(sm, &ctx);
