@@ -132,7 +132,13 @@ LogicalResult checkSpecAgainstIR(ModuleOp module, const ModelSpec& s) {
   const int64_t B = s.batch_size, T = s.seq_len, V = s.vocab_size, C = s.n_embd, H = s.n_head;
   auto ids = RankedTensorType::get({B, T}, IntegerType::get(module.getContext(), 32));
   std::set<int64_t> layers;  // of the parameters named h.N.*
+  Operation* firstBf16 = nullptr;  // the first op with a bf16 result
   WalkResult walk = module.walk([&](Operation* op) -> WalkResult {
+    if (!firstBf16 && llvm::any_of(op->getResultTypes(), [](Type t) {
+          auto r = dyn_cast<RankedTensorType>(t);
+          return r && r.getElementType().isBF16();
+        }))
+      firstBf16 = op;
     if (auto in = dyn_cast<InputOp>(op)) {
       if ((in.getInputName() == "idx" || in.getInputName() == "targets") && in.getType() != ids)
         return in.emitError() << "kiln.input \"" << in.getInputName() << "\" is " << in.getType()
@@ -215,6 +221,14 @@ LogicalResult checkSpecAgainstIR(ModuleOp module, const ModelSpec& s) {
     return WalkResult::advance();
   });
   if (walk.wasInterrupted()) return failure();
+  // The precision is the module's record of how it computes (the runtime's MFU peak, a
+  // checkpoint's description, which attention kernels kilnc may tune): it must say what the IR
+  // does once kiln-mixed-precision has run, before @micro_step exists.
+  if (firstBf16 && s.precision != "bf16")
+    return firstBf16->emitError() << firstBf16->getName() << " computes in bf16 but 'kiln.spec' has precision = \"" << s.precision << "\"";
+  if (!firstBf16 && s.precision == "bf16" && module.lookupSymbol("micro_step"))
+    return module.emitError() << "'kiln.spec' has precision = \"bf16\" but the training step computes nothing in bf16 "
+                                 "(the step was built in fp32)";
   // Layers are numbered from 0, so with none past n_layer - 1 a missing one shows in the count.
   if (!layers.empty() && int64_t(layers.size()) != s.n_layer)
     return module.emitError() << "the IR has parameters of " << layers.size()

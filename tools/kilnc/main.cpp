@@ -80,7 +80,11 @@ struct InputDiagnostics : SourceMgrDiagnosticHandler {
 LogicalResult printOneLine(Diagnostic& d) {
   std::string loc;
   llvm::raw_string_ostream os(loc);
-  if (!isa<UnknownLoc>(d.getLocation())) os << d.getLocation() << ": ";
+  // A place in an input file as compilers print it (file:line:col), any other location as MLIR does.
+  if (auto file = d.getLocation()->findInstanceOf<FileLineColLoc>())
+    os << file.getFilename().getValue() << ":" << file.getLine() << ":" << file.getColumn() << ": ";
+  else if (!isa<UnknownLoc>(d.getLocation()))
+    os << d.getLocation() << ": ";
   const char* severity = d.getSeverity() == DiagnosticSeverity::Error     ? "error"
                          : d.getSeverity() == DiagnosticSeverity::Warning ? "warning"
                          : d.getSeverity() == DiagnosticSeverity::Note    ? "note"
