@@ -198,11 +198,16 @@ int runCompiler(const std::vector<std::string>& args, const std::string& log, st
     error = args[0] + ": cannot run: " + std::strerror(rc);
     return -1;
   }
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  // Waits for the end without reaping, then reaps and forgets the pid in one section: a handler
+  // must not signal the process group of a reaped pid (the number may be reused).
+  siginfo_t info{};
+  while (::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOWAIT) < 0 && errno == EINTR) {
   }
+  int status = 0;
   {
-    SignalsHeld held;  // a handler must not signal the process group of a reaped pid
+    SignalsHeld held;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
     g_compiler.store(0);
   }
   return status;

@@ -2,6 +2,7 @@
 
 #include "Kiln/KilnDialect.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Pass/Pass.h"
 #include "mlir/Pass/PassRegistry.h"
 #include "mlir/Transforms/Passes.h"
 #include "passes/Passes.h"
@@ -37,15 +38,11 @@ void buildPlanPipeline(OpPassManager& pm, const std::string& recompute, double b
 
 namespace {
 
-// kiln-opt's pipelines take kilnc's choices as options, e.g.
+// kilnc's two stages as kiln-opt pipelines. The choices a spec makes come from the module's
+// kiln.spec (its precision; on target "cuda" every op gets a generated kernel), as in kilnc; a
+// module without one is taken as fp32 for target "cpu". kilnc's flags are options, e.g.
 // -kiln-plan-pipeline='recompute=cheap bucket-mb=1 fusion=false'; an unknown one is an error.
-enum class Precision { fp32, bf16 };
-struct StepPipelineOptions : PassPipelineOptions<StepPipelineOptions> {
-  Option<Precision> precision{*this, "precision", llvm::cl::desc("the spec's precision (bf16 runs kiln-mixed-precision first)"),
-                              llvm::cl::init(Precision::fp32),
-                              llvm::cl::values(clEnumValN(Precision::fp32, "fp32", "fp32 throughout"),
-                                               clEnumValN(Precision::bf16, "bf16", "bf16 compute, fp32 master weights"))};
-};
+struct StepPipelineOptions : PassPipelineOptions<StepPipelineOptions> {};
 
 struct PlanPipelineOptions : PassPipelineOptions<PlanPipelineOptions> {
   Option<std::string> recompute{*this, "recompute", llvm::cl::desc("none | cheap (kiln-recompute's mode)"),
@@ -54,22 +51,63 @@ struct PlanPipelineOptions : PassPipelineOptions<PlanPipelineOptions> {
                           llvm::cl::init(25.0)};
   Option<bool> fusion{*this, "fusion", llvm::cl::desc("run kiln-fuse-kernels (kilnc --no-fusion: false)"),
                       llvm::cl::init(true)};
-  Option<bool> singleOps{*this, "single-ops", llvm::cl::desc("lone ops get generated kernels too (targets without built-in kernels)"),
+  Option<bool> singleOps{*this, "single-ops",
+                         llvm::cl::desc("lone ops get generated kernels too (kilnc --fuse-single-ops; always on target cuda)"),
                          llvm::cl::init(false)};
+};
+
+// Reads the module's kiln.spec, then builds the stage's passes for it and runs them (a dynamic
+// pipeline: which passes run depends on the module).
+class SpecStage : public PassWrapper<SpecStage, OperationPass<ModuleOp>> {
+ public:
+  MLIR_DEFINE_EXPLICIT_INTERNAL_INLINE_TYPE_ID(SpecStage)
+  using Build = std::function<void(OpPassManager&, const ModelSpec&)>;
+  SpecStage(std::string name, Build build) : name_(std::move(name)), build_(std::move(build)) {}
+
+  StringRef getArgument() const override { return name_; }
+  StringRef getName() const override { return name_; }
+  void getDependentDialects(DialectRegistry& registry) const override {
+    ModelSpec widest;  // the most passes the stage can run
+    widest.precision = "bf16";
+    widest.target = "cuda";
+    OpPassManager pm(ModuleOp::getOperationName());
+    build_(pm, widest);
+    pm.getDependentDialects(registry);
+  }
+  void runOnOperation() override {
+    ModelSpec spec;
+    if (getOperation()->hasAttr("kiln.spec")) {
+      FailureOr<ModelSpec> s = getModuleSpec(getOperation());
+      if (failed(s)) return signalPassFailure();
+      spec = *s;
+    }
+    OpPassManager pm(ModuleOp::getOperationName());
+    build_(pm, spec);
+    if (failed(runPipeline(pm, getOperation()))) signalPassFailure();
+  }
+
+ private:
+  std::string name_;
+  Build build_;
 };
 
 }  // namespace
 
 void registerKilnPipelines() {
   PassPipelineRegistration<PlanPipelineOptions>(
-      "kiln-plan-pipeline", "recompute, schedule, fuse kernels, gradient buckets, plan buffers",
+      "kiln-plan-pipeline", "recompute, schedule, fuse kernels, gradient buckets, plan buffers (as kilnc)",
       [](OpPassManager& pm, const PlanPipelineOptions& o) {
-        buildPlanPipeline(pm, o.recompute, o.bucketMB, o.fusion, o.singleOps);
+        pm.addPass(std::make_unique<SpecStage>(
+            "kiln-plan-pipeline", [recompute = std::string(o.recompute), bucketMB = double(o.bucketMB),
+                                   fusion = bool(o.fusion), singleOps = bool(o.singleOps)](OpPassManager& stage, const ModelSpec& s) {
+              buildPlanPipeline(stage, recompute, bucketMB, fusion, singleOps || s.target == "cuda");
+            }));
       });
   PassPipelineRegistration<StepPipelineOptions>(
-      "kiln-step-pipeline", "graph IR (@forward) to the simplified training step",
-      [](OpPassManager& pm, const StepPipelineOptions& o) {
-        buildStepPipeline(pm, o.precision == Precision::bf16 ? "bf16" : "fp32");
+      "kiln-step-pipeline", "graph IR (@forward) to the simplified training step (as kilnc, in the spec's precision)",
+      [](OpPassManager& pm, const StepPipelineOptions&) {
+        pm.addPass(std::make_unique<SpecStage>(
+            "kiln-step-pipeline", [](OpPassManager& stage, const ModelSpec& s) { buildStepPipeline(stage, s.precision); }));
       });
 }
 

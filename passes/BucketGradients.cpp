@@ -1,6 +1,8 @@
 // kiln-bucket-gradients: gradient buckets, reduced as soon as the backward pass finishes them.
 #include "passes/Passes.h"
 
+#include <cmath>
+
 #include "mlir/IR/Builders.h"
 
 namespace kiln {
@@ -31,8 +33,8 @@ struct BucketGradientsPass : kiln::impl::BucketGradientsBase<BucketGradientsPass
                           << placed->getName() << "'); the pass runs once";
       return signalPassFailure();
     }
-    if (!(bucketMB > 0)) {
-      module.emitError() << "kiln-bucket-gradients: bucket-mb must be positive, not " << bucketMB;
+    if (!(bucketMB > 0) || !std::isfinite(bucketMB)) {
+      module.emitError() << "kiln-bucket-gradients: bucket-mb must be a positive finite number, not " << bucketMB;
       return signalPassFailure();
     }
     const double cap = bucketMB * 1e6;

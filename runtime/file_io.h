@@ -89,7 +89,8 @@ class SignalsHeld {
   ~SignalsHeld();
   SignalsHeld(const SignalsHeld&) = delete;
   SignalsHeld& operator=(const SignalsHeld&) = delete;
-  // The mask before the section (for a child process started within it).
+  // The mask before the section, for a child process started within it (in a nested section
+  // that is the outer one's, with the signals blocked: start children from an outer section).
   const sigset_t& previous_mask() const { return previous_; }
 
  private:

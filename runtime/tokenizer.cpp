@@ -558,6 +558,16 @@ int32_t Gpt2Tokenizer::vocab_size() const {
   return static_cast<int32_t>(impl_->token_bytes.size());
 }
 
+size_t first_invalid_utf8(std::string_view text) {
+  const auto* p = reinterpret_cast<const uint8_t*>(text.data());
+  for (size_t at = 0; at < text.size();) {
+    const size_t len = utf8_len(p + at, text.size() - at);
+    if (len == 0) return at;
+    at += len;
+  }
+  return text.size();
+}
+
 std::optional<int64_t> parse_token_id(std::string_view word, int64_t vocab) {
   if (word.empty()) return std::nullopt;
   int64_t id = 0;

@@ -37,6 +37,10 @@ namespace kiln {
 // of range (>= vocab) instead of wrapping to some other id.
 std::optional<int64_t> parse_token_id(std::string_view word, int64_t vocab);
 
+// The offset of the first byte of `text` that starts no valid UTF-8 sequence (as the tokenizer
+// judges it: no overlong forms, surrogates or code points past U+10FFFF), or text.size().
+size_t first_invalid_utf8(std::string_view text);
+
 class Gpt2Tokenizer {
  public:
   static constexpr int32_t kEndOfText = 50256;

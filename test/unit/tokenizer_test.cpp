@@ -19,6 +19,7 @@
 
 namespace fs = std::filesystem;
 using kiln::Gpt2Tokenizer;
+using kiln::first_invalid_utf8;
 using Ids = std::vector<int32_t>;
 
 namespace {
@@ -59,6 +60,21 @@ std::unique_ptr<Gpt2Tokenizer> TokenizerTest::tok_;
 Ids concat(Ids a, const Ids& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
+}
+
+// The first byte that starts no valid UTF-8 sequence: Latin-1, stray continuations, overlong
+// forms, surrogates and code points past U+10FFFF; a NUL is valid UTF-8.
+TEST(Utf8, FirstInvalidByte) {
+  using namespace std::string_view_literals;
+  EXPECT_EQ(first_invalid_utf8(""), 0u);
+  EXPECT_EQ(first_invalid_utf8("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"), 14u);  // all valid: its size
+  EXPECT_EQ(first_invalid_utf8("caf\xe9"), 3u);                           // Latin-1 e-acute
+  EXPECT_EQ(first_invalid_utf8("a\x80"), 1u);                             // a stray continuation
+  EXPECT_EQ(first_invalid_utf8("ab\xc0\xaf"), 2u);                        // overlong '/'
+  EXPECT_EQ(first_invalid_utf8("\xed\xa0\x80"), 0u);                      // a surrogate
+  EXPECT_EQ(first_invalid_utf8("x\xf4\x90\x80\x80"), 1u);                 // past U+10FFFF
+  EXPECT_EQ(first_invalid_utf8("h\0i"sv), 3u);                            // NUL is valid
+  EXPECT_EQ(first_invalid_utf8("\xe2\x82"), 0u);                          // cut short
 }
 
 }  // namespace

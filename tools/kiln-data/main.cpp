@@ -18,8 +18,9 @@
 // (and DIR, when the run created it); during the swap they wait for it to finish. (SIGKILL can
 // leave the folder behind; the next run into DIR on this machine removes it, unless the run was
 // killed while swapping the shards in: then its old/ holds older shards moved aside, and it is
-// left for a person to look at.) An input given twice, or one that is an llm.c shard (a glob
-// over DIR), is refused.
+// left for a person to look at.) An input given twice, one that is an llm.c shard (a glob
+// over DIR), or UTF-16/32 text (a byte-order mark) is refused; one that is not UTF-8 text
+// (Latin-1, NUL bytes) is tokenized byte by byte, and a note says so.
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -151,6 +152,33 @@ class Progress {
   double last_ = 0;
 };
 
+// "UTF-16" or "UTF-32" when the file starts with that encoding's byte-order mark, else null.
+const char* utf16_or_32(const std::string& path) {
+  uint8_t b[4] = {1, 1, 1, 1};
+  if (FILE* f = std::fopen(path.c_str(), "rb")) {
+    (void)std::fread(b, 1, 4, f);
+    std::fclose(f);
+  }
+  if ((b[0] == 0xFF && b[1] == 0xFE && b[2] == 0 && b[3] == 0) || (b[0] == 0 && b[1] == 0 && b[2] == 0xFE && b[3] == 0xFF))
+    return "UTF-32";
+  if ((b[0] == 0xFF && b[1] == 0xFE) || (b[0] == 0xFE && b[1] == 0xFF)) return "UTF-16";
+  return nullptr;
+}
+
+// What a document that is not plain UTF-8 text holds, for a note after the progress bar: its
+// bytes are tokenized as they are (byte-level BPE takes any bytes), which is rarely what was meant.
+std::string text_problem(std::string_view text) {
+  const size_t bad = first_invalid_utf8(text), nul = text.find('\0');
+  if (bad == text.size() && nul == std::string_view::npos) return "";
+  auto line = [&](size_t at) { return std::to_string(1 + std::count(text.begin(), text.begin() + at, '\n')); };
+  if (nul != std::string_view::npos && nul < bad)
+    return "holds a NUL byte (line " + line(nul) + "; UTF-16 without a byte-order mark?)";
+  char byte[8];
+  std::snprintf(byte, sizeof byte, "0x%02x", static_cast<uint8_t>(text[bad]));
+  return "is not UTF-8 from byte " + std::to_string(bad) + " (" + byte + ", line " + line(bad) +
+         "; Latin-1? iconv -f LATIN1 -t UTF-8)";
+}
+
 struct Split {
   std::string name;  // "train" or "val"
   size_t documents = 0;
@@ -189,6 +217,9 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
       // An llm.c shard (an earlier prepare's output, named by a glob over DIR) is no text.
       if (starts_like_token_shard(f))
         throw Error(f + ": is an llm.c token shard, not a text document (an earlier prepare's output?)");
+      if (const char* utf = utf16_or_32(f))
+        throw Error(f + ": is " + utf + " text (it starts with a byte-order mark); the tokenizer reads UTF-8: "
+                    "convert it first (iconv -f " + utf + " -t UTF-8)");
     }
   }
 
@@ -244,6 +275,7 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
     Progress progress(n, total_bytes);
     uint64_t bytes_done = 0;
     std::vector<int32_t> ids;
+    std::vector<std::string> not_text;  // notes on documents that are not UTF-8 text
     const size_t cap = static_cast<size_t>(o.shard_tokens);
     for (size_t i = 0; i < n; ++i) {
       const std::vector<uint8_t> bytes = read_file(o.files[i]);
@@ -251,6 +283,7 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
       // A large document is encoded in parts of about 4 MB, cut where the ids stay those of the
       // whole: the progress bar moves within it (a 1 GB corpus in one file takes half a minute).
       const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+      if (std::string problem = text_problem(text); !problem.empty()) not_text.push_back(o.files[i] + " " + problem);
       for (size_t at = 0; at < text.size();) {
         const size_t end = Gpt2Tokenizer::next_safe_cut(text, at + (4 << 20));
         tok.encode(text.substr(at, end - at), ids);
@@ -320,6 +353,9 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
     fs::remove_all(tmp, ec);
     untrack_staging_folder();
 
+    for (size_t k = 0; k < not_text.size() && k < 5; ++k)
+      std::fprintf(stderr, "note: %s: its bytes were tokenized as they are\n", one_line(not_text[k]).c_str());
+    if (not_text.size() > 5) std::fprintf(stderr, "note: and %zu more documents that are not UTF-8 text\n", not_text.size() - 5);
     const double t = seconds_since(start);
     std::printf("prepared %zu document%s (%.2f MB) in %.2f s, %.1f MB/s\n", n, n == 1 ? "" : "s", bytes_done / 1e6, t,
                 t > 0 ? bytes_done / 1e6 / t : 0.0);

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/error.h"
+#include "runtime/file_io.h"
 #include "tools/kiln-inspect/xml_text.h"
 
 namespace kiln {
@@ -24,6 +25,7 @@ struct Series {
 std::string loss_plot_svg(const std::vector<std::string>& logs) {
   std::vector<Series> series;
   for (const std::string& path : logs) {
+    check_not_a_device(path);  // /dev/zero would be one endless line
     std::ifstream in(path);
     if (!in) throw Error(path + ": cannot open");
     // A fresh run appended to a log (its first line has "start": "fresh") is a run of its own;

@@ -2,7 +2,7 @@
 
 // The pass's own option: a bucket of at most 0 MB would hold no gradient (the rule is the same
 // for --bucket-mb of kilnc and kiln-run).
-// expected-error@below {{kiln-bucket-gradients: bucket-mb must be positive, not 0}}
+// expected-error@below {{kiln-bucket-gradients: bucket-mb must be a positive finite number, not 0}}
 module {
   kiln.parameter @w : tensor<4xf32> {init = "zeros"}
   func.func @micro_step() -> tensor<f32> {
