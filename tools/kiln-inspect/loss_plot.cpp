@@ -28,12 +28,16 @@ std::string loss_plot_svg(const std::vector<std::string>& logs) {
     check_not_a_device(path);  // /dev/zero would be one endless line
     std::ifstream in(path);
     if (!in) throw Error(path + ": cannot open");
-    // A fresh run appended to a log (its first line has "start": "fresh") is a run of its own;
-    // a resumed one appends the steps after its checkpoint again, and the last record of a step wins.
+    // A fresh run appended to a log (its first line has "start": "fresh") is a run of its own.
+    // A resumed one ("start": "resume", at the step after its checkpoint's) continues the latest
+    // run that got that far, and the last record of a step wins.
     struct Run {
       std::map<double, double> train, val;
+      bool empty() const { return train.empty() && val.empty(); }
+      double last() const { return train.empty() ? -1e300 : train.rbegin()->first; }
     };
     std::vector<Run> runs(1);
+    size_t at = 0;  // the run the lines go to
     std::string line;
     for (int n = 1; std::getline(in, line); ++n) {
       if (line.empty()) continue;
@@ -42,10 +46,20 @@ std::string loss_plot_svg(const std::vector<std::string>& logs) {
         throw Error(path + ":" + std::to_string(n) + ": not a training log record (JSON with \"step\")");
       if (!j["step"].is_number() || !std::isfinite(j["step"].get<double>()))
         throw Error(path + ":" + std::to_string(n) + ": \"step\" is " + j["step"].dump() + ", not a finite number");
-      if (j.contains("start") && j["start"] == "fresh" && !(runs.back().train.empty() && runs.back().val.empty())) runs.emplace_back();
       const double step = j["step"].get<double>();
-      if (j.contains("loss") && j["loss"].is_number()) runs.back().train[step] = j["loss"].get<double>();
-      if (j.contains("val_loss") && j["val_loss"].is_number()) runs.back().val[step] = j["val_loss"].get<double>();
+      if (j.contains("start") && j["start"] == "fresh" && !runs.back().empty()) {
+        runs.emplace_back();
+        at = runs.size() - 1;
+      } else if (j.contains("start") && j["start"] == "resume") {
+        at = runs.size() - 1;  // when none got that far (its run's lines are in another log)
+        for (size_t r = runs.size(); r-- > 0;)
+          if (runs[r].last() >= step - 1) {
+            at = r;
+            break;
+          }
+      }
+      if (j.contains("loss") && j["loss"].is_number()) runs[at].train[step] = j["loss"].get<double>();
+      if (j.contains("val_loss") && j["val_loss"].is_number()) runs[at].val[step] = j["val_loss"].get<double>();
     }
     bool any = false;
     for (size_t r = 0; r < runs.size(); ++r) {
