@@ -290,6 +290,10 @@ int run_sample(const Module& module, SampleCommand& c) {
     prompt = parse_prompt_ids(c.prompt_ids, V);
   }
   if (prompt.empty()) throw Error(std::string(given) + ": needs at least one token");
+  const int64_t T = module.fb().model()->seq_len();
+  if (int64_t(prompt.size()) > T)
+    std::fprintf(stderr, "note: %s: %zu tokens; the model sees the last %lld (its seq_len): the first %lld leave no "
+                 "mark on the samples\n", given, prompt.size(), (long long)T, (long long)(int64_t(prompt.size()) - T));
   // A long generation (GPT-2 124M on a CPU: a second or more per token) says how far it is; the
   // line is cleared before the samples print.
   TerminalProgress shown("sampling", "steps");
@@ -297,12 +301,18 @@ int run_sample(const Module& module, SampleCommand& c) {
   std::vector<float> logits;
   if (c.logits_out_opt->count()) {
     // Said before the sampling, not after it.
-    check_output_file("--logits-out", c.logits_out);
     refuse_overwriting("--logits-out", c.logits_out, {{"--init's weights", c.init}, g_self});
+    check_output_file("--logits-out", c.logits_out);
     c.options.logits_out = &logits;
   }
   SampleOptions::Times times;
   c.options.times = &times;
+  // Ctrl-C or SIGTERM ends the sampling at the next step: the samples so far are printed (a
+  // second signal ends the process at once).
+  StopSignals signals(0, 1, "stopping: the samples so far follow");
+  bool stopped = false;
+  c.options.stop = [&signals] { return signals.requested() != 0; };
+  c.options.stopped = &stopped;
   std::vector<std::vector<int32_t>> samples;
   try {
     samples = kiln::sample(ex, prompt, c.options);
@@ -310,9 +320,9 @@ int run_sample(const Module& module, SampleCommand& c) {
     shown.end_line();  // the error goes on a line of its own
     throw;
   }
-  c.options.progress = nullptr;  // it refers to this function's locals
-  c.options.logits_out = nullptr;
-  c.options.times = nullptr;
+  // The hooks refer to this function's locals.
+  c.options.progress = nullptr, c.options.stop = nullptr;
+  c.options.logits_out = nullptr, c.options.times = nullptr, c.options.stopped = nullptr;
   shown.clear();
   std::function<std::string(const std::vector<int32_t>&)> as_text;
   if (tok) as_text = [&tok](const std::vector<int32_t>& ids) { return tok->decode(ids); };
@@ -324,6 +334,14 @@ int run_sample(const Module& module, SampleCommand& c) {
     std::printf("\n");
   }
   flush_stdout();
+  if (stopped) {
+    size_t drawn = 0;
+    for (const auto& ids : samples) drawn += ids.size() - prompt.size();
+    std::fprintf(stderr, "sample: stopped by %s after %zu of %lld new tokens%s\n", signal_name(signals.requested()),
+                 drawn, (long long)(c.options.num_samples * c.options.max_new_tokens),
+                 c.logits_out_opt->count() ? "; --logits-out not written" : "");
+    throw Interrupted{signals.requested()};
+  }
   // After the samples, which a failed write must not lose.
   if (c.logits_out_opt->count())
     write_npy(c.logits_out, logits, {c.options.num_samples, c.options.max_new_tokens, int64_t(V)});
@@ -392,6 +410,9 @@ int run_eval(const Module& module, const EvalCommand& c) {
     throw;
   }
   shown.clear();
+  // The weights are finite (checked above): the forward pass overflowed on these data.
+  if (!std::isfinite(loss))
+    throw Error(c.init + ": the mean loss is not finite: the forward pass of these weights overflows on the data");
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const int64_t tokens = batches * B * T;
   const size_t shards = data.files().size();
@@ -408,11 +429,7 @@ int run_eval(const Module& module, const EvalCommand& c) {
   flush_stdout();
   std::fprintf(stderr, "eval: %s s, %.0f tokens/s on %s\n", fixed(seconds, 2).c_str(), double(tokens) / seconds,
                ex.device_name().c_str());
-  if (std::isfinite(loss)) return 0;
-  // The weights are finite (checked above): the forward pass overflowed on these data.
-  std::fprintf(stderr, "error: %s: the mean loss is not finite: the forward pass of these weights overflows on the "
-               "data\n", c.init.c_str());
-  return 1;
+  return 0;
 }
 
 // The help text's first line for an executable: what kilnc compiled into it.
@@ -468,7 +485,13 @@ int run_main(int argc, char** argv) {
                       : std::pair<std::string, std::string>{"the module", module_path};
     train_opts.self = g_self;
     Module module = embedded ? std::move(*embedded) : Module::load(module_path);
-    if (sample->parsed()) return run_sample(module, sample_opts);
+    if (sample->parsed()) {
+      try {
+        return run_sample(module, sample_opts);
+      } catch (const Interrupted& stop) {
+        interrupted = stop.signal;
+      }
+    }
     if (eval->parsed()) return run_eval(module, eval_opts);
     if (train->parsed()) {
       const fb::Model& model = *module.fb().model();

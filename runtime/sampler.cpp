@@ -113,9 +113,10 @@ std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t
     } else {
       ex.read(result, size_t(at) * 4, size_t(V) * 4, row.data());
     }
+    if (std::any_of(row.begin(), row.end(), [](float x) { return std::isnan(x) || x == INFINITY; }))
+      throw Error("sample: the logits of sample " + std::to_string(s + 1) + "'s new token " + std::to_string(step + 1) +
+                  " hold a NaN or an infinity: the forward pass of these weights overflows");
     if (o.logits_out) std::copy(row.begin(), row.end(), o.logits_out->begin() + (s * o.max_new_tokens + step) * V);
-    for (float& x : row)
-      if (std::isnan(x)) x = -INFINITY;  // a strict weak order for the sort
     // Top-k by logit (ties to the lower id), then softmax over those k at the temperature.
     std::iota(order.begin(), order.end(), 0);
     std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
@@ -149,7 +150,11 @@ std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t
     const int64_t rows = std::min(B, o.num_samples - first);
     int64_t cached = 0;  // positions of every row's sequence in the caches (all rows are as long)
     for (int64_t step = 0; step < o.max_new_tokens; ++step) {
-      if (o.stop && o.stop()) return {};
+      if (o.stop && o.stop()) {
+        if (o.stopped) *o.stopped = true;
+        out.resize(size_t(first + rows));  // the rows not begun are only their prompt
+        return out;
+      }
       const auto t0 = std::chrono::steady_clock::now();
       const int64_t len = int64_t(out[size_t(first)].size());
       const bool from_caches = decode && len <= T;

@@ -30,9 +30,11 @@ struct SampleOptions {
   // Called after each forward pass with the passes done and the passes in all
   // (ceil(num_samples / B) * max_new_tokens): for a progress line.
   std::function<void(int64_t done, int64_t total)> progress;
-  // Asked before each forward pass: true ends the sampling there, and sample() returns no
-  // samples (training's Ctrl-C, which should not wait for the samples to finish).
+  // Asked before each forward pass: true ends the sampling there (a Ctrl-C should not wait for
+  // the samples to finish). sample() then returns the rows begun so far, each as far as it got,
+  // and sets *stopped when given.
   std::function<bool()> stop;
+  bool* stopped = nullptr;
 };
 
 // Returns one token sequence per sample: the prompt followed by max_new_tokens sampled tokens.
@@ -41,8 +43,10 @@ struct SampleOptions {
 // the `decode` program while a row holds at most T tokens (when the executor loaded it: one
 // position per call over key/value caches), else from the forward pass over the last T tokens
 // (`logits`): the same numbers up to rounding. With `prefill` loaded too, the prompt goes into the
-// caches M positions per call (all but its last token, which @decode reads for the logits). Deterministic for a seed. kiln::Error when the prompt is
-// empty or holds an id outside [0, vocab), or the temperature is not finite and positive.
+// caches M positions per call (all but its last token, which @decode reads for the logits).
+// Deterministic for a seed. kiln::Error when the prompt is empty or holds an id outside
+// [0, vocab), when the temperature is not finite and positive, and when a row of logits holds a
+// NaN or +infinity (the weights overflow: any pick from it would be arbitrary).
 // kiln::Error `what` + "N samples of P + M tokens are more than the 2^31 tokens the sampler
 // keeps" when they are (sample() checks it too; a caller that samples later checks up front).
 void check_sample_size(int64_t prompt_tokens, const SampleOptions& options, const std::string& what);

@@ -40,13 +40,13 @@ void on_signal(int sig) {
 
 }  // namespace
 
-StopSignals::StopSignals(int rank, int world) {
+StopSignals::StopSignals(int rank, int world, const char* what) {
   g_requested.store(0);
   char who[32] = "";
   if (world > 1) std::snprintf(who, sizeof who, "rank %d: ", rank);
   for (int i = 0; i < 2; ++i)
-    std::snprintf(g_message[i], sizeof g_message[i], "\nkiln: %s%s: stopping after this step, with a checkpoint (again to stop now)\n",
-                  who, i == 0 ? "SIGINT" : "SIGTERM");
+    std::snprintf(g_message[i], sizeof g_message[i], "\nkiln: %s%s: %s (again to stop now)\n", who,
+                  i == 0 ? "SIGINT" : "SIGTERM", what);
   struct sigaction sa{};
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);

@@ -6,11 +6,12 @@
 
 namespace kiln {
 
-// Installs the handlers for its lifetime and restores the previous ones after. With several
-// ranks (world > 1) the handler's line names the rank that got the signal.
+// Installs the handlers for its lifetime and restores the previous ones after. The handler's line
+// says `what` happens now; with several ranks (world > 1) it names the rank that got the signal.
 class StopSignals {
  public:
-  explicit StopSignals(int rank = 0, int world = 1);
+  explicit StopSignals(int rank = 0, int world = 1,
+                       const char* what = "stopping after this step, with a checkpoint");
   ~StopSignals();
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;

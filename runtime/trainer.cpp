@@ -540,8 +540,9 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       // on it in the next step's reduction).
       SampleOptions so = o.sample;
       so.stop = [&] { return signals.requested() != 0; };
+      so.stopped = &samples_stopped;
       samples = sample(ex, o.sample_prompt, so);
-      samples_stopped = samples.empty();
+      if (samples_stopped) samples.clear();  // cut short: the log and the terminal say so instead
       ex.enable_profiling(o.profile);
     }
     if (world == 1) stop = signals.requested();  // read after evaluation and sampling: one during them counts

@@ -71,8 +71,47 @@ void write_stdout(const std::string& s) {
   flush_stdout();
 }
 
+// "UTF-16" or "UTF-32" when the text starts with that encoding's byte-order mark, else null.
+const char* utf16_or_32(std::string_view head) {
+  auto starts = [&](std::string_view mark) { return head.substr(0, mark.size()) == mark; };
+  using namespace std::string_view_literals;
+  if (starts("\xFF\xFE\0\0"sv) || starts("\0\0\xFE\xFF"sv)) return "UTF-32";
+  if (starts("\xFF\xFE"sv) || starts("\xFE\xFF"sv)) return "UTF-16";
+  return nullptr;
+}
+
+// The same for a file's first bytes.
+const char* file_utf16_or_32(const std::string& path) {
+  char b[4] = {};
+  size_t got = 0;
+  if (FILE* f = std::fopen(path.c_str(), "rb")) {
+    got = std::fread(b, 1, 4, f);
+    std::fclose(f);
+  }
+  return utf16_or_32(std::string_view(b, got));
+}
+
+// What a text that is not plain UTF-8 holds, for a note: its bytes are tokenized as they are
+// (byte-level BPE takes any bytes), which is rarely what was meant.
+std::string text_problem(std::string_view text) {
+  if (const char* utf = utf16_or_32(text))
+    return std::string("is ") + utf + " text (a byte-order mark; iconv -f " + utf + " -t UTF-8 converts it)";
+  const size_t bad = first_invalid_utf8(text), nul = text.find('\0');
+  if (bad == text.size() && nul == std::string_view::npos) return "";
+  auto line = [&](size_t at) { return std::to_string(1 + std::count(text.begin(), text.begin() + at, '\n')); };
+  if (nul != std::string_view::npos && nul < bad)
+    return "holds a NUL byte (line " + line(nul) + "; UTF-16 without a byte-order mark?)";
+  char byte[8];
+  std::snprintf(byte, sizeof byte, "0x%02x", static_cast<uint8_t>(text[bad]));
+  return "is not UTF-8 from byte " + std::to_string(bad) + " (" + byte + ", line " + line(bad) +
+         "; Latin-1? iconv -f LATIN1 -t UTF-8)";
+}
+
 int cmd_encode(const Gpt2Tokenizer& tok) {
-  const std::vector<int32_t> ids = tok.encode(read_stdin());
+  const std::string text = read_stdin();
+  if (std::string problem = text_problem(text); !problem.empty())
+    std::fprintf(stderr, "note: stdin %s: its bytes are tokenized as they are\n", problem.c_str());
+  const std::vector<int32_t> ids = tok.encode(text);
   std::string out;
   out.reserve(ids.size() * 6 + 1);
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -152,33 +191,6 @@ class Progress {
   double last_ = 0;
 };
 
-// "UTF-16" or "UTF-32" when the file starts with that encoding's byte-order mark, else null.
-const char* utf16_or_32(const std::string& path) {
-  uint8_t b[4] = {1, 1, 1, 1};
-  if (FILE* f = std::fopen(path.c_str(), "rb")) {
-    (void)std::fread(b, 1, 4, f);
-    std::fclose(f);
-  }
-  if ((b[0] == 0xFF && b[1] == 0xFE && b[2] == 0 && b[3] == 0) || (b[0] == 0 && b[1] == 0 && b[2] == 0xFE && b[3] == 0xFF))
-    return "UTF-32";
-  if ((b[0] == 0xFF && b[1] == 0xFE) || (b[0] == 0xFE && b[1] == 0xFF)) return "UTF-16";
-  return nullptr;
-}
-
-// What a document that is not plain UTF-8 text holds, for a note after the progress bar: its
-// bytes are tokenized as they are (byte-level BPE takes any bytes), which is rarely what was meant.
-std::string text_problem(std::string_view text) {
-  const size_t bad = first_invalid_utf8(text), nul = text.find('\0');
-  if (bad == text.size() && nul == std::string_view::npos) return "";
-  auto line = [&](size_t at) { return std::to_string(1 + std::count(text.begin(), text.begin() + at, '\n')); };
-  if (nul != std::string_view::npos && nul < bad)
-    return "holds a NUL byte (line " + line(nul) + "; UTF-16 without a byte-order mark?)";
-  char byte[8];
-  std::snprintf(byte, sizeof byte, "0x%02x", static_cast<uint8_t>(text[bad]));
-  return "is not UTF-8 from byte " + std::to_string(bad) + " (" + byte + ", line " + line(bad) +
-         "; Latin-1? iconv -f LATIN1 -t UTF-8)";
-}
-
 struct Split {
   std::string name;  // "train" or "val"
   size_t documents = 0;
@@ -217,7 +229,7 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
       // An llm.c shard (an earlier prepare's output, named by a glob over DIR) is no text.
       if (starts_like_token_shard(f))
         throw Error(f + ": is an llm.c token shard, not a text document (an earlier prepare's output?)");
-      if (const char* utf = utf16_or_32(f))
+      if (const char* utf = file_utf16_or_32(f))
         throw Error(f + ": is " + utf + " text (it starts with a byte-order mark); the tokenizer reads UTF-8: "
                     "convert it first (iconv -f " + utf + " -t UTF-8)");
     }

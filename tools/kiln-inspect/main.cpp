@@ -162,7 +162,7 @@ void print_text(const ordered_json& j) {
 
 // kiln-inspect plot LOG.jsonl... -o loss.svg
 int plot_main(int argc, char** argv) {
-  CLI::App app{"kiln-inspect plot: draw the loss curves of training logs (JSONL) as SVG"};
+  CLI::App app{"kiln-inspect plot: draw the loss curves of training logs (JSONL) as SVG", "kiln-inspect plot"};
   std::vector<std::string> logs;
   std::string out;
   app.add_option("logs", logs, "JSONL logs written by train --log")->required()->check(CLI::ExistingFile);
@@ -216,7 +216,7 @@ int main(int argc, char** argv) {
   app.add_option("--bucket-mb", bucket_mb, "--ranks: as train --bucket-mb (for a module without compiled buckets)")
       ->capture_default_str()->check(kiln::cli::number<float>([](float v) { return v > 0; }, "a positive finite number"))->needs(ranks_opt);
   app.add_flag("--verify-plan", verify, "check the memory plan (no two live buffers overlap) and say so");
-  app.add_option("--svg", svg, "draw the memory timeline of the largest program into this SVG file");
+  app.add_option("--svg", svg, "draw the memory timeline of the largest program into this SVG file (- for stdout)");
   CLI::Option* dot_opt = app.add_option("--dot", dot,
                  "write one program as a Graphviz graph to this file (- for stdout): its instructions in order "
                  "(each kernel with the ops it fuses, each built-in op), grouped by phase, and the buffers between "
@@ -252,7 +252,10 @@ int main(int argc, char** argv) {
   else if (!given.empty()) rates.source = given + " as given, the rest " + rates.source;
   try {
     for (const auto& [flag, out] : {std::pair{"--dot", dot}, {"--svg", svg}, {"--kernel-source", source}})
-      refuse_overwriting(flag, out, {{"the module it reads", path}});
+      if (!out.empty() && out != "-") {
+        refuse_overwriting(flag, out, {{"the module it reads", path}});
+        check_output_file(flag, out);  // said before the module is read
+      }
     Module m = Module::load(path);  // loading verifies the module and its memory plan
     if (verify) {
       std::printf("plan verified: %s, %u buffers, no two live buffers overlap\n", path.c_str(),
@@ -270,8 +273,10 @@ int main(int argc, char** argv) {
     }
     if (!svg.empty()) {
       std::string text = memory_timeline_svg(m);
-      write_file_atomic(svg, {{text.data(), text.size()}});
-      std::fprintf(stderr, "wrote %s\n", svg.c_str());
+      if (svg == "-") std::fwrite(text.data(), 1, text.size(), stdout);
+      else write_file_atomic(svg, {{text.data(), text.size()}});
+      if (svg != "-") std::fprintf(stderr, "wrote %s\n", svg.c_str());
+      flush_stdout();
       return 0;
     }
     if (!source.empty()) {
