@@ -15,8 +15,9 @@ void init_parameters(Executor& ex, uint64_t seed);
 // Loads Hugging Face GPT-2 weights: names with or without "transformer.", the attention mask
 // buffers ignored, lm_head.weight accepted when equal to wte. Every parameter must be present
 // with its shape, wte.weight with the real vocabulary [V, C] (the module's padded rows are set
-// to 0); F32, BF16 and F16 are accepted. A path ending in ".bin" is read as an llm.c model file
-// (fp32 or bf16, vocabulary padded to the Vp of its header) instead.
+// to 0); F32, BF16 and F16 are accepted. An llm.c model file (fp32 or bf16, vocabulary padded
+// to the Vp of its header) is read too. Which of the two a file is, its first bytes say (else a
+// name ending in ".bin" is llm.c's); a checkpoint, module, program or token shard is refused by name.
 void load_parameters(Executor& ex, const std::string& path);
 // load_parameters, then kiln::Error "PATH: parameter '...' (value) holds a NaN or an infinity
 // (CONSEQUENCE)" when a weight is not finite: found before anything runs on them.
