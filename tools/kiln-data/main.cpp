@@ -140,7 +140,7 @@ int cmd_decode(const Gpt2Tokenizer& tok) {
     size_t j = i;
     while (j < in.size() && !space(in[j])) ++j;
     const std::string word = in.substr(i, j - i);
-    const std::string at = "stdin: token " + std::to_string(ids.size()) + ": ";
+    const std::string at = "stdin: id #" + std::to_string(ids.size() + 1) + ": ";  // counted from 1
     const int64_t vocab = tok.vocab_size();
     const std::optional<int64_t> id = parse_token_id(word, vocab);
     if (!id) throw Error(at + "\"" + shown(word) + "\" is not a token id");
