@@ -228,8 +228,14 @@ void check_output_file(const std::string& flag, const std::string& given, bool a
   if (given.empty()) throw Error(flag + ": needs a file name");
   // What the name reaches through its links (the kernel follows /dev/stdout to a pipe too).
   if (fs::is_directory(given, ec)) throw Error(flag + ": " + given + ": is a folder");
+  // A FIFO is not opened: its reader would take the open and close for the whole output, and the
+  // real open would then wait for a reader that is gone.
+  if (fs::is_fifo(given, ec)) {
+    check_output_folder(flag, given);
+    return;
+  }
   if (fs::exists(given, ec)) {
-    // A device, FIFO or pipe (/dev/stdout) is written in place; an existing file must open for
+    // A device or pipe (/dev/stdout) is written in place; an existing file must open for
     // writing (without truncation here), and with `append` that is all it needs.
     const int fd = ::open(given.c_str(), O_WRONLY | O_CLOEXEC | (append ? O_APPEND : 0));
     if (fd < 0) throw Error(flag + ": " + given + ": cannot open for writing: " + std::strerror(errno));

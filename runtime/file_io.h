@@ -47,7 +47,8 @@ std::string link_target(const std::string& path);
 // Before any long work: an output file can be written where it is named (through links). Not a
 // folder; an existing file opens for writing; and unless `append` (a log opened to append), a
 // file can be created beside it for write_file_atomic's rename (a probe, removed at once). A
-// device, FIFO or pipe only has to open. kiln::Error "FLAG: PATH: ..." otherwise.
+// device or pipe only has to open, and a FIFO is not opened (its reader would take that for the
+// whole output). kiln::Error "FLAG: PATH: ..." otherwise.
 void check_output_file(const std::string& flag, const std::string& path, bool append = false);
 // Its first check alone, for an output that must not be opened beforehand (a FIFO would hand its
 // reader an end of file): the folder the name (through links) lies in exists. Returns that name.

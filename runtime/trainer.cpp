@@ -1,9 +1,14 @@
 #include "runtime/trainer.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <csignal>
 #include <cmath>
 #include <cstdio>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -163,6 +168,36 @@ struct MadeFolders {
   }
 };
 
+// An existing file's first line is a training log's record (a JSON object with "step"), so that
+// appending to it loses nothing: a mistyped --log must not end weights, data or a checkpoint
+// with JSON lines. An empty file, a device or a FIFO passes.
+void check_appendable_log(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec) || std::filesystem::file_size(path, ec) == 0 || ec) return;
+  std::ifstream in(path, std::ios::binary);
+  std::string first(4096, '\0');
+  in.read(first.data(), std::streamsize(first.size()));
+  first.resize(size_t(in.gcount()));
+  const size_t end = first.find('\n');
+  const auto j = nlohmann::json::parse(first.substr(0, end), nullptr, false);
+  if (end == std::string::npos || j.is_discarded() || !j.is_object() || !j.contains("step"))
+    throw Error("--log: " + path + ": holds something other than a training log (its first line is no JSON record "
+                "with \"step\"), and the log is appended to: name another file");
+}
+
+// An existing --save or --dump-grads file is safetensors (a header length, then '{'), or empty:
+// the output replaces it, and must not replace another kind of file (a script, a program, data).
+void check_replaceable_weights(const std::string& flag, const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec) || std::filesystem::file_size(path, ec) == 0 || ec) return;
+  std::ifstream in(path, std::ios::binary);
+  char head[9] = {};
+  in.read(head, sizeof head);
+  if (in.gcount() < 9 || head[8] != '{')
+    throw Error(flag + ": " + path + ": exists and is not a safetensors file; it would be replaced (remove it first, "
+                "or name another file)");
+}
+
 // Where the run will write, checked before the first step rather than found unusable after the
 // last: --save's and --dump-grads' names are not read back as llm.c files, each output can be
 // created where it is named, and the checkpoint folder is (or can be made) a folder that takes
@@ -202,8 +237,62 @@ void check_output_paths(const TrainOptions& o, bool root, MadeFolders& made) {
       throw Error(std::string(flag) + ": " + path + ": writes Hugging Face safetensors, but a .bin name is read back "
                   "as an llm.c model file (--init); name it .safetensors");
     check_output_file(flag, path, std::string(flag) == "--log");  // the log is appended to
+    if (std::string(flag) == "--log") check_appendable_log(path);
+    else check_replaceable_weights(flag, path);
   }
 }
+
+// The --log file, opened at its first line (a run that fails before its first step leaves no
+// empty log) and appended to a line at a time. A line is written whole or not at all: a write
+// that fails (a full disk) is cut off again, so no later append follows half a record. An earlier
+// run's last line that was cut short (a killed run) is ended before this run's first.
+class LogFile {
+ public:
+  explicit LogFile(std::string path) : path_(std::move(path)) {}
+  ~LogFile() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  LogFile(const LogFile&) = delete;
+  LogFile& operator=(const LogFile&) = delete;
+
+  // False, with errno set, when the line could not be written; the file is then as it was.
+  bool append(const std::string& line) {
+    if (fd_ < 0) {
+      fd_ = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+      if (fd_ < 0) throw Error("--log: " + path_ + ": cannot open for appending: " + std::strerror(errno));
+      struct stat st {};
+      char last = '\n';
+      if (::fstat(fd_, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0)
+        if (const int in = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC); in >= 0) {
+          if (::pread(in, &last, 1, st.st_size - 1) != 1) last = '\n';
+          ::close(in);
+        }
+      newline_first_ = last != '\n';
+    }
+    const std::string text = (newline_first_ ? "\n" : "") + line + "\n";
+    struct stat st {};
+    const off_t before = ::fstat(fd_, &st) == 0 && S_ISREG(st.st_mode) ? st.st_size : -1;
+    for (size_t at = 0; at < text.size();) {
+      const ssize_t put = ::write(fd_, text.data() + at, text.size() - at);
+      if (put < 0 && errno == EINTR) continue;
+      if (put <= 0) {
+        const int error = put < 0 ? errno : ENOSPC;
+        if (before >= 0 && ::ftruncate(fd_, before) != 0) {
+        }
+        errno = error;
+        return false;
+      }
+      at += size_t(put);
+    }
+    newline_first_ = false;
+    return true;
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  bool newline_first_ = false;
+};
 
 // The outputs must not overwrite the run's inputs (the data, --init, this executable or module)
 // or one another.
@@ -416,8 +505,9 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
 
   // The log opens at its first line (checked writable at the start): a run that fails before
   // its first step leaves no empty log behind.
-  std::ofstream log;
+  LogFile log(o.log);
   const bool logging = !o.log.empty() && root;
+  std::string log_failure;  // why a line could not be written: the run stops as a signal stops it
   // A fresh run appends too (its first line says so, for kiln-inspect plot): say so.
   if (logging && resumed_from.empty()) {
     std::error_code ec;
@@ -547,10 +637,6 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     }
     if (world == 1) stop = signals.requested();  // read after evaluation and sampling: one during them counts
     if (logging) {
-      if (!log.is_open()) {
-        log.open(o.log, std::ios::app);
-        if (!log) throw Error("--log: " + o.log + ": cannot open for appending");
-      }
       nlohmann::json j = {{"step", step}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm},
                           {"dt_ms", dt * 1e3}, {"tokens_per_s", tok_s}, {"mfu", mfu}};
       // A run's first line says how it started, so that kiln-inspect plot keeps a fresh run
@@ -566,8 +652,12 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
         }
       }
       // A sample's text may end inside a UTF-8 sequence (tokens are bytes): replaced, not refused.
-      log << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n' << std::flush;
-      if (!log) throw Error("--log: " + o.log + ": write failed (a full disk?)");
+      if (!log.append(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace))) {
+        log_failure = "--log: " + o.log + ": writing step " + std::to_string(step + 1) + "'s line failed: " +
+                      std::strerror(errno);
+        // One rank alone cannot stop the others after this step: the run ends at once.
+        if (world > 1) throw Error(log_failure);
+      }
     }
     if (root && (step % every == 0 || last || !std::isnan(val_loss) || !samples.empty() || samples_stopped)) {
       const double eta = elapsed / double(step + 1 - first_step) * double(o.steps - step - 1);
@@ -589,7 +679,8 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     // A checkpoint folder alone means one checkpoint, at the end (or where a signal stops the
     // run). Every rank takes part in gathering a ZeRO-1 run's AdamW moments; rank 0 writes them.
     const bool checkpoint = !o.checkpoint_dir.empty() &&
-                            ((o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0) || last || stop);
+                            ((o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0) || last || stop ||
+                             !log_failure.empty());
     WholeMoments moments;  // ZeRO-1: gathered to rank 0 for the checkpoint only
     if (checkpoint) moments = dp.gather_optimizer_state();
     if (root && checkpoint) {
@@ -602,6 +693,15 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       st.zero_stage = o.zero;
       if (!gpu) st.extra_json = nlohmann::json{{"cpu_threads", omp_get_max_threads()}}.dump();
       save_checkpoint(o.checkpoint_dir, ex, st, o.keep, moments);
+    }
+    if (!log_failure.empty()) {
+      // Stopped as a signal stops a run: this step's checkpoint is written (above) and --save
+      // (below); then the error.
+      log_failure += "; stopped after step " + std::to_string(step + 1) + " of " + std::to_string(o.steps) +
+                     (o.checkpoint_dir.empty() ? ""
+                                               : " with checkpoint " + latest_checkpoint(o.checkpoint_dir).value_or("?") +
+                                                     " (--resume goes on from there)");
+      break;
     }
     if (stop && !last) {
       interrupted = stop;
@@ -628,8 +728,9 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   // An interrupted run saves the weights it has too (its log says how far it got).
   if (!o.save.empty() && root) {
     save_parameters(ex, o.save);
-    std::fprintf(stderr, "saved %s%s\n", o.save.c_str(), interrupted ? " (the weights of the interrupted run)" : "");
+    std::fprintf(stderr, "saved %s%s\n", o.save.c_str(), interrupted || !log_failure.empty() ? " (the weights of the interrupted run)" : "");
   }
+  if (!log_failure.empty()) throw Error(log_failure);
   if (interrupted) throw Interrupted{interrupted};
   return loss;
 }
