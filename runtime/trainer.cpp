@@ -56,8 +56,11 @@ void check_ranks_agree(Communicator& comm, const Module& module, const TrainOpti
   const uint8_t* bytes = flatbuffers::GetBufferStartFromRootPointer(&module.fb());
   // Everything that decides which collectives run (evaluation, gradient dumps, checkpoints: a
   // ZeRO-1 run gathers its moments for each) is compared too.
+  // So are the outputs rank 0 alone writes and --resume: one given to another rank alone would be
+  // dropped without a word, or (--resume) show only as other initial weights.
   std::string opts = o.schedule.kind + (o.val_data.empty() ? " no-val" : " val") + (o.dump_grads.empty() ? " no-dump" : " dump") +
-                     (o.checkpoint_dir.empty() ? " no-ckpt" : " ckpt");
+                     (o.checkpoint_dir.empty() ? " no-ckpt" : " ckpt") + (o.save.empty() ? " no-save" : " save") +
+                     (o.log.empty() ? " no-log" : " log") + (o.resume ? " resume" : " fresh");
   for (double x : {double(o.steps), double(total), double(o.zero), o.bucket_mb, double(o.schedule.lr),
                    double(o.schedule.warmup_steps), double(o.schedule.min_lr_ratio), o.weight_decay, o.beta1, o.beta2,
                    o.eps, o.grad_clip, double(o.val_every), double(o.val_steps), double(o.checkpoint_every)}) {
@@ -82,7 +85,7 @@ void check_ranks_agree(Communicator& comm, const Module& module, const TrainOpti
   comm.all_reduce_sum(differ, 4);
   const char* what[4] = {"the module (a different executable?)",
                          "the training options (--steps, --total-batch, --zero, --bucket-mb, the schedule, AdamW, "
-                         "evaluation or checkpoints)",
+                         "evaluation, checkpoints, --resume, --save or --log)",
                          "the initial weights (a different --seed, or --init files that differ)",
                          "the training data (--data: other shards, or shards of other sizes)"};
   for (int i = 0; i < 4; ++i)
@@ -394,6 +397,15 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   for (const auto& [flag, beta] : {std::pair{"--beta1", o.beta1}, {"--beta2", o.beta2}})
     if (!(float(beta) >= 0 && float(beta) < 1))
       throw Error(std::string(flag) + ": must be in [0, 1) as a 32-bit float (AdamW divides by 1 - beta^t)");
+  // Ctrl-C or SIGTERM: finish the step, checkpoint, save, and exit 128 + signal (stop_signals.h).
+  // Installed before any folder is made: one that comes before the first step ends the run there,
+  // and the folders it made go with it.
+  const std::string what_stops = std::string("stopping after this step") +
+                                 (!o.checkpoint_dir.empty() && !o.save.empty() ? ", with a checkpoint and --save"
+                                  : !o.checkpoint_dir.empty()                 ? ", with a checkpoint"
+                                  : !o.save.empty()                           ? ", with --save"
+                                                                              : "");
+  StopSignals signals(rank, int(world), what_stops.c_str());
   MadeFolders made;
   check_output_paths(o, root, made);
   for (const char* p : {"micro_step", "optimizer_step"})
@@ -465,6 +477,8 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
                              st.zero_stage == o.zero ? "" : st.zero_stage ? " (written with --zero 1)" : " (written with --zero 0)");
       if (root && first_step == o.steps)
         std::fprintf(stderr, "the run is already at --steps %lld: nothing left to train\n", (long long)o.steps);
+      if (root && !o.init.empty())
+        std::fprintf(stderr, "note: --init %s is not used: the weights are the checkpoint's\n", o.init.c_str());
     } else if (root) {
       std::fprintf(stderr, "no checkpoint in %s yet: starting from step 0\n", o.checkpoint_dir.c_str());
     }
@@ -550,8 +564,11 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
                                        : gpu             ? (gpu_peak ? gpu_peak->flops : 989e12)
                                                          : cpu_peak.flops);
   double loss = 0, elapsed = 0;
-  // Ctrl-C or SIGTERM: finish the step, checkpoint, save, and exit 128 + signal (stop_signals.h).
-  StopSignals signals(rank, int(world));
+  // A signal during the start (loading, checks): nothing trained, nothing to save.
+  if (world == 1 && signals.requested()) {
+    std::fprintf(stderr, "%s: stopped before the first step\n", signal_name(signals.requested()));
+    throw Interrupted{signals.requested()};
+  }
   int interrupted = 0;
   for (int64_t step = first_step; step < o.steps; ++step) {
     if (scan && !scan->error().empty()) throw Error(scan->error());

@@ -31,6 +31,7 @@ and (group tcp, the environment rendezvous RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PO
   tcp_no_root    rank 1 without rank 0: exits non-zero after KILN_COMM_TIMEOUT=3 s, saying so
   tcp_other_data rank 1 reads other shards of the same sizes: both ranks refuse to start
   tcp_other_checkpoints  only rank 0 has --checkpoint-dir (--zero 1): both ranks refuse to start
+  tcp_save_one_rank      only rank 1 has --save (rank 0 alone writes it): both ranks refuse to start
   tcp_idle_peer  a silent connection reaches rank 0 before rank 1: the ranks still train
   tcp_ipv6       MASTER_ADDR=::1 (skipped without IPv6 loopback)
   nccl_refused   --comm nccl on a cpu module is an error naming the target
@@ -654,6 +655,24 @@ def case_tcp_other_checkpoints(c: Ctx):
     return res[1][2].strip().splitlines()[-1]
 
 
+def case_tcp_save_one_rank(c: Ctx):
+    # Only rank 1 is given --save: rank 0 alone writes it, so it would be dropped without a word;
+    # both ranks refuse to start instead, and nothing is written.
+    w = os.path.join(c.workdir, "one_rank.safetensors")
+
+    def rank1_saves(r, args):
+        return args + (["--save", w] if r == 1 else [])
+    procs, _ = start_tcp(c, "tcp_save_one_rank", save=False, per_rank=rank1_saves)
+    res = finish(procs, timeout=KILL_LIMIT_S)
+    want = "disagree with rank 0 about the training options"
+    for r, (rc, o, e) in enumerate(res):
+        if rc == 0 or want not in e:
+            raise TestFailure(f"tcp_save_one_rank: rank {r} exit {rc}:\n{e[-2000:]}")
+    if os.path.exists(w):
+        raise TestFailure(f"tcp_save_one_rank: {w} was written")
+    return res[1][2].strip().splitlines()[-1]
+
+
 def case_tcp_idle_peer(c: Ctx):
     # A connection to rank 0 that never says hello (a port scanner, a stale client) comes first:
     # the two ranks still meet and train, within the 6 s timeout.
@@ -795,7 +814,7 @@ GROUPS = {
     "cuda-zero1": [case_tcp_zero1_cuda],
     "mpi": [case_mpi, case_mpi_zero1, case_mpi_accum, case_mpi_kill, case_mpi_hang],
     "tcp": [case_tcp, case_single_zero1, case_tcp_zero1_resume, case_tcp_three, case_tcp_kill_1, case_tcp_kill_0, case_tcp_hang, case_tcp_rank_error,
-            case_tcp_no_root, case_tcp_other_data, case_tcp_other_checkpoints, case_tcp_idle_peer, case_tcp_ipv6,
+            case_tcp_no_root, case_tcp_other_data, case_tcp_other_checkpoints, case_tcp_save_one_rank, case_tcp_idle_peer, case_tcp_ipv6,
             case_nccl_refused, case_tcp_threads],
 }
 
