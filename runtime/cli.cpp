@@ -30,6 +30,7 @@
 #include "runtime/params.h"
 #include "runtime/sampler.h"
 #include "runtime/stop_signals.h"
+#include "runtime/terminal_progress.h"
 #include "runtime/tokenizer.h"
 #include "runtime/trainer.h"
 
@@ -139,38 +140,6 @@ struct SampleCommand {
   bool no_prefill = false;
   std::string logits_out;
   CLI::Option* logits_out_opt = nullptr;
-};
-
-// How far long work is, on a terminal only: "\rWHAT: done/total UNIT, s, about s left", at most
-// ten times a second and at the end. end_line() before an error, clear() before the result.
-class TerminalProgress {
- public:
-  TerminalProgress(const char* what, const char* unit) : what_(what), unit_(unit), on_(::isatty(2) == 1) {}
-  bool on() const { return on_; }
-  void update(int64_t done, int64_t total) {
-    const Clock::time_point now = Clock::now();
-    if (done < total && now - last_ < std::chrono::milliseconds(100)) return;
-    last_ = now;
-    shown_ = true;
-    const double s = std::chrono::duration<double>(now - start_).count();
-    std::fprintf(stderr, "\r%s: %lld/%lld %s, %.0f s, about %.0f s left ", what_, (long long)done, (long long)total,
-                 unit_, s, s / double(done) * double(total - done));
-    std::fflush(stderr);
-  }
-  void end_line() const {
-    if (shown_) std::fprintf(stderr, "\n");
-  }
-  void clear() const {
-    if (shown_) std::fprintf(stderr, "\r%*s\r", 72, "");
-  }
-
- private:
-  using Clock = std::chrono::steady_clock;
-  const char* what_;
-  const char* unit_;
-  bool on_;
-  bool shown_ = false;
-  Clock::time_point start_ = Clock::now(), last_{};
 };
 
 std::string fixed(double v, int digits) {

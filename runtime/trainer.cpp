@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cinttypes>
 #include <csignal>
 #include <cmath>
 #include <cstdio>
@@ -13,6 +14,7 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <set>
 #include <thread>
 #include <fstream>
 #include <iterator>
@@ -30,6 +32,7 @@
 #include "runtime/gpu_peak.h"
 #include "runtime/params.h"
 #include "runtime/stop_signals.h"
+#include "runtime/terminal_progress.h"
 #include "runtime/token_scan.h"
 
 namespace kiln {
@@ -240,8 +243,6 @@ void check_output_paths(const TrainOptions& o, bool root, MadeFolders& made) {
       throw Error(std::string(flag) + ": " + path + ": writes Hugging Face safetensors, but a .bin name is read back "
                   "as an llm.c model file (--init); name it .safetensors");
     check_output_file(flag, path, std::string(flag) == "--log");  // the log is appended to
-    if (std::string(flag) == "--log") check_appendable_log(path);
-    else check_replaceable_weights(flag, path);
   }
 }
 
@@ -297,6 +298,39 @@ class LogFile {
   bool newline_first_ = false;
 };
 
+// What differs, when a run resumes, from the run that wrote the checkpoint (its extra_json holds
+// that run's --steps and shard sizes), and checkpoints past the one resumed from: said, not
+// refused (a longer run, or other data, may be meant).
+void note_resume_changes(const std::string& checkpoint, const nlohmann::json& extra, const TrainOptions& o,
+                         const DataLoader& data, int64_t step) {
+  if (!extra.is_object()) return;
+  if (const auto steps = extra.find("steps"); steps != extra.end() && steps->is_number_integer() &&
+                                              steps->get<int64_t>() != o.steps)
+    std::fprintf(stderr, "note: --steps %lld, where the run that wrote %s had %lld: the learning-rate schedule is now "
+                 "that of %lld steps\n", (long long)o.steps, checkpoint.c_str(), (long long)steps->get<int64_t>(),
+                 (long long)o.steps);
+  if (const auto counts = extra.find("shard_tokens"); counts != extra.end() && counts->is_array() &&
+                                                      *counts != nlohmann::json(data.shard_tokens()))
+    std::fprintf(stderr, "note: --data is not the data of the run that wrote %s (its shards held other numbers of "
+                 "tokens): the run goes on at shard %zu, token %lld of these\n", checkpoint.c_str(), data.shard() + 1,
+                 (long long)data.position());
+  // A later checkpoint is another run's (one resumed from an older `latest`): --keep counts it.
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::set<std::string> names;  // (sorted: the names hold their steps with leading zeros)
+  for (fs::directory_iterator it(fs::path(checkpoint).parent_path(), ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    int64_t n = -1;
+    if (name != "latest" && is_checkpoint_file_name(name) && std::sscanf(name.c_str(), "ckpt_%" SCNd64, &n) == 1 && n > step)
+      names.insert(name);
+  }
+  std::string later;
+  for (const std::string& name : names) later += (later.empty() ? "" : ", ") + name;
+  if (!later.empty())
+    std::fprintf(stderr, "note: %s also holds checkpoints past the one resumed from (%s): they are another run's, "
+                 "and --keep counts them\n", fs::path(checkpoint).parent_path().string().c_str(), later.c_str());
+}
+
 // The outputs must not overwrite the run's inputs (the data, --init, this executable or module)
 // or one another.
 void check_outputs_spare_inputs(const TrainOptions& o, const DataLoader& data, const DataLoader* val) {
@@ -310,6 +344,10 @@ void check_outputs_spare_inputs(const TrainOptions& o, const DataLoader& data, c
     for (size_t k = 0; k < i; ++k) others.push_back({outputs[k].first + "'s file", outputs[k].second});
     refuse_overwriting(outputs[i].first, outputs[i].second, others);
   }
+  // Then what an existing output holds (after the inputs, whose names say more).
+  if (!o.log.empty()) check_appendable_log(o.log);
+  for (const auto& [flag, path] : {std::pair{"--save", o.save}, {"--dump-grads", o.dump_grads}})
+    if (!path.empty()) check_replaceable_weights(flag, path);
 }
 
 // The token ids of the shard a loader holds now (its first) are below the vocabulary: a bad
@@ -479,6 +517,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
         std::fprintf(stderr, "the run is already at --steps %lld: nothing left to train\n", (long long)o.steps);
       if (root && !o.init.empty())
         std::fprintf(stderr, "note: --init %s is not used: the weights are the checkpoint's\n", o.init.c_str());
+      if (root) note_resume_changes(*latest, extra, o, loader, first_step);
     } else if (root) {
       std::fprintf(stderr, "no checkpoint in %s yet: starting from step 0\n", o.checkpoint_dir.c_str());
     }
@@ -575,11 +614,18 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     auto t0 = std::chrono::steady_clock::now();
     ex.zero_grads();
     loss = 0;
+    // A step of many micro-steps (a large --total-batch on a CPU: minutes) shows how far it is,
+    // on a terminal, once it has taken a few seconds.
+    const std::string step_name = "step " + std::to_string(step + 1);
+    TerminalProgress within(step_name.c_str(), "micro-steps");
     for (int64_t micro = 0; micro < accum; ++micro) {
       next_batch(ex, loader, B * T, model.vocab_size());
       dp.arm(micro + 1 == accum);  // the last backward starts the gradient buckets
       loss += ex.run("micro_step");
+      if (root && within.on() && std::chrono::steady_clock::now() - t0 > std::chrono::seconds(3))
+        within.update(micro + 1, accum);
     }
+    within.clear();
     dp.arm(false);
     // The last micro-step's backward is done: start averaging the gradients, bucket by bucket.
     dp.start_gradient_reduction();
@@ -708,7 +754,10 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       st.rng_state = o.seed;  // training draws no random numbers; the seed is kept for the record
       st.world_size = int(world);
       st.zero_stage = o.zero;
-      if (!gpu) st.extra_json = nlohmann::json{{"cpu_threads", omp_get_max_threads()}}.dump();
+      // What a resumed run compares with its own (note_resume_changes).
+      nlohmann::json extra = {{"steps", o.steps}, {"shard_tokens", loader.shard_tokens()}};
+      if (!gpu) extra["cpu_threads"] = omp_get_max_threads();
+      st.extra_json = extra.dump();
       save_checkpoint(o.checkpoint_dir, ex, st, o.keep, moments);
     }
     if (!log_failure.empty()) {

@@ -62,6 +62,9 @@ std::string seconds(double s) {
   return buf;
 }
 
+// How long a rank waits at the rendezvous before it says so.
+constexpr double kWaitNoteAfterS = 10;
+
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -292,12 +295,23 @@ void TcpCommunicator::rendezvous_root() {
     }
   } pending_closer{pending};
   int arrived = 1;
+  // A wait of more than a few seconds (a rank not started yet, or started with another
+  // MASTER_PORT) is said once, so that a silent run is not taken for a hung one.
+  const double said_after = now_s() + kWaitNoteAfterS;
+  bool said = false;
   while (arrived < o_.world_size) {
     const double left = deadline - now_s();
     std::vector<pollfd> fds{{lfd, POLLIN, 0}};
     for (const Pending& c : pending) fds.push_back({c.fd, POLLIN, 0});
-    int rc = left > 0 ? ::poll(fds.data(), nfds_t(fds.size()), int(std::min(left, 1e6) * 1000) + 1) : 0;
+    const double wait = said ? left : std::min(left, std::max(0.0, said_after - now_s()));
+    int rc = left > 0 ? ::poll(fds.data(), nfds_t(fds.size()), int(std::min(wait, 1e6) * 1000) + 1) : 0;
     if (rc < 0 && errno == EINTR) continue;
+    if (rc == 0 && !said && deadline - now_s() > 0) {
+      said = true;
+      std::fprintf(stderr, "note: %s: %d of %d ranks have connected; waiting for the others (up to %s; "
+                   "KILN_COMM_TIMEOUT sets the limit)\n", at.c_str(), arrived, o_.world_size, seconds(o_.timeout_s).c_str());
+      continue;
+    }
     if (rc <= 0) {
       std::string missing;
       for (int r = 1; r < o_.world_size; ++r)
@@ -379,7 +393,14 @@ void TcpCommunicator::rendezvous_peer() {
   const double deadline = now_s() + o_.timeout_s;
   std::string last = "no attempt";
   int fd = -1;
+  const double said_after = now_s() + kWaitNoteAfterS;
+  bool said = false;
   while (fd < 0) {
+    if (!said && now_s() > said_after) {
+      said = true;
+      std::fprintf(stderr, "note: %s: waiting for rank 0 (%s; up to %s, KILN_COMM_TIMEOUT sets the limit)\n",
+                   at.c_str(), last.c_str(), seconds(o_.timeout_s).c_str());
+    }
     if (now_s() > deadline)
       throw Error(at + ": no connection within " + seconds(o_.timeout_s) + " (" + last +
                   "); is rank 0 running, and are MASTER_ADDR and MASTER_PORT right?");

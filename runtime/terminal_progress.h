@@ -1,0 +1,43 @@
+// A progress line for long work, on a terminal only.
+#pragma once
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+
+namespace kiln {
+
+// How far long work is, on a terminal only: "\rWHAT: done/total UNIT, s, about s left", at most
+// ten times a second and at the end. end_line() before an error, clear() before the result.
+class TerminalProgress {
+ public:
+  TerminalProgress(const char* what, const char* unit) : what_(what), unit_(unit), on_(::isatty(2) == 1) {}
+  bool on() const { return on_; }
+  void update(int64_t done, int64_t total) {
+    const Clock::time_point now = Clock::now();
+    if (done < total && now - last_ < std::chrono::milliseconds(100)) return;
+    last_ = now;
+    shown_ = true;
+    const double s = std::chrono::duration<double>(now - start_).count();
+    std::fprintf(stderr, "\r%s: %lld/%lld %s, %.0f s, about %.0f s left ", what_, (long long)done, (long long)total,
+                 unit_, s, s / double(done) * double(total - done));
+    std::fflush(stderr);
+  }
+  void end_line() const {
+    if (shown_) std::fprintf(stderr, "\n");
+  }
+  void clear() const {
+    if (shown_) std::fprintf(stderr, "\r%*s\r", 72, "");
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  const char* what_;
+  const char* unit_;
+  bool on_;
+  bool shown_ = false;
+  Clock::time_point start_ = Clock::now(), last_{};
+};
+
+}  // namespace kiln
