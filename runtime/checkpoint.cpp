@@ -99,20 +99,19 @@ std::optional<int64_t> step_of(const std::string& name) {
 
 bool is_checkpoint_file_name(const std::string& name) { return name == "latest" || step_of(name).has_value(); }
 
-namespace {
-
-// Checkpoints in `dir`, highest step first (ties by name, so the order is deterministic).
-std::vector<std::pair<int64_t, std::string>> list_checkpoints(const fs::path& dir) {
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir) {
   std::vector<std::pair<int64_t, std::string>> found;
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     if (auto step = step_of(name); step && it->is_regular_file(ec)) found.emplace_back(*step, name);
   }
-  if (ec) throw Error(dir.string() + ": listing checkpoints: " + ec.message());
+  if (ec) throw Error(dir + ": listing checkpoints: " + ec.message());
   std::sort(found.begin(), found.end(), std::greater<>());
   return found;
 }
+
+namespace {
 
 fs::path dir_path(const std::string& dir) { return dir.empty() ? fs::path(".") : fs::path(dir); }
 

@@ -73,6 +73,10 @@ void save_checkpoint(const std::string& dir, Executor& ex, const TrainingState& 
 // ckpt_<digits>.kiln-ckpt (which a later save may replace or prune).
 bool is_checkpoint_file_name(const std::string& name);
 
+// The checkpoints in DIR (regular files named ckpt_<step>.kiln-ckpt): (step, name), highest step
+// first. kiln::Error when DIR cannot be listed.
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir);
+
 // The path (DIR/<name>) of the checkpoint DIR/latest names, or, if there is no `latest`, of the
 // highest-numbered ckpt_*.kiln-ckpt; nullopt when DIR does not exist or holds none. kiln::Error
 // when `latest` exists but is unreadable or names a missing file.

@@ -314,6 +314,8 @@ int run_sample(const Module& module, SampleCommand& c) {
   // After the samples, which a failed write must not lose.
   if (c.logits_out_opt->count())
     write_npy(c.logits_out, logits, {c.options.num_samples, c.options.max_new_tokens, int64_t(V)});
+  // A signal after the last step: the work is whole and written; the process still ends by it.
+  if (signals.requested()) throw Interrupted{signals.requested()};
   // Where the time went (stderr): the prompt is read in each round's first step.
   const double total = times.first_steps_s + times.other_steps_s;
   std::string line = "sample: " + std::to_string(samples.size()) + " x " + std::to_string(c.options.max_new_tokens) +

@@ -260,6 +260,20 @@ bool temporary_is_orphaned(const std::string& suffix) {
   return writer != ::getpid() && ::kill(writer, 0) != 0 && errno == ESRCH;
 }
 
+std::string read_head(const std::string& path, size_t n) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return "";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  std::string head(n, '\0');
+  ssize_t got = 0;
+  while ((got = ::pread(fd, head.data(), n, 0)) < 0 && errno == EINTR) {
+  }
+  ::close(fd);
+  head.resize(got > 0 ? size_t(got) : 0);
+  return head;
+}
+
 void check_not_a_device(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0 || !S_ISCHR(st.st_mode)) return;

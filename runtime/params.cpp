@@ -2,7 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
+#include <filesystem>
 #include <cstring>
 #include <map>
 #include <set>
@@ -166,35 +166,34 @@ void load_llmc_bin(Executor& ex, const std::string& path) {
     throw Error(path + ": " + std::to_string(bytes.size() - pos) + " bytes after the last tensor (not this model?)");
 }
 
-// The kind of weights file by its first bytes: an llm.c model ("bin"), safetensors (a header
-// length, then '{'), or "" when neither; kiln::Error naming what it is instead when that is
-// another file Kiln uses or writes.
-std::string weights_kind(const std::string& path) {
-  unsigned char b[16] = {};
-  size_t got = 0;
-  if (FILE* f = std::fopen(path.c_str(), "rb")) {
-    got = std::fread(b, 1, sizeof b, f);
-    std::fclose(f);
-  }
+}  // namespace
+
+std::string file_kind(const std::string& path) {
+  const std::string head = read_head(path, 16);
+  const auto* b = reinterpret_cast<const unsigned char*>(head.data());
+  const size_t got = head.size();
   int32_t magic = 0;
   if (got >= 4) std::memcpy(&magic, b, 4);
-  if (got >= 4 && magic == 20240326) return "bin";
-  if (got >= 9 && b[8] == '{') return "safetensors";
-  const char* other = got >= 8 && std::memcmp(b, "KILNCKPT", 8) == 0 ? "a Kiln checkpoint (train --resume reads it)"
-                      : got >= 8 && std::memcmp(b + 4, "KILN", 4) == 0 ? "a Kiln module (kiln-run's first argument)"
-                      : got >= 4 && std::memcmp(b, "\x7f" "ELF", 4) == 0 ? "a program"
-                      : got >= 4 && magic == 20240520                   ? "an llm.c token shard (training data)"
-                                                                        : nullptr;
-  if (other) throw Error(path + ": is " + other + ", not weights (safetensors or an llm.c model .bin)");
+  if (got >= 8 && std::memcmp(b, "KILNCKPT", 8) == 0) return "a Kiln checkpoint (train --resume reads it)";
+  if (got >= 8 && std::memcmp(b + 4, "KILN", 4) == 0) return "a Kiln module (kiln-run's first argument)";
+  if (got >= 4 && std::memcmp(b, "\x7f" "ELF", 4) == 0) return "a program";
+  if (got >= 4 && magic == 20240520) return "an llm.c token shard (training data)";
+  if (got >= 4 && magic == 20240326) return "an llm.c model";
+  // safetensors: the header's length (little-endian u64, within the file), then its JSON.
+  uint64_t header = 0;
+  if (got >= 9) std::memcpy(&header, b, 8);
+  std::error_code ec;
+  const uintmax_t size = std::filesystem::file_size(path, ec);
+  if (got >= 9 && b[8] == '{' && header >= 2 && !ec && header <= size - 8) return "safetensors";
   return "";
 }
 
-}  // namespace
-
 void load_parameters(Executor& ex, const std::string& path) {
   // By content where it says, else by name (whose reader then says what is wrong).
-  const std::string kind = weights_kind(path);
-  if (kind == "bin" || (kind.empty() && path.size() > 4 && path.compare(path.size() - 4, 4, ".bin") == 0))
+  const std::string kind = file_kind(path);
+  if (!kind.empty() && kind != "safetensors" && kind != "an llm.c model")
+    throw Error(path + ": is " + kind + ", not weights (safetensors or an llm.c model .bin)");
+  if (kind == "an llm.c model" || (kind.empty() && path.size() > 4 && path.compare(path.size() - 4, 4, ".bin") == 0))
     return load_llmc_bin(ex, path);
   std::map<std::string, SafeTensor> file;
   for (SafeTensor& t : read_safetensors(path)) {

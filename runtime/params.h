@@ -19,6 +19,11 @@ void init_parameters(Executor& ex, uint64_t seed);
 // to the Vp of its header) is read too. Which of the two a file is, its first bytes say (else a
 // name ending in ".bin" is llm.c's); a checkpoint, module, program or token shard is refused by name.
 void load_parameters(Executor& ex, const std::string& path);
+
+// What a file is by its first bytes, among those Kiln reads and writes: "safetensors", "an llm.c
+// model", "a Kiln checkpoint (...)", "a Kiln module (...)", "a program", "an llm.c token shard
+// (...)"; "" for anything else (or a file that is no regular file).
+std::string file_kind(const std::string& path);
 // load_parameters, then kiln::Error "PATH: parameter '...' (value) holds a NaN or an infinity
 // (CONSEQUENCE)" when a weight is not finite: found before anything runs on them.
 void load_finite_parameters(Executor& ex, const std::string& path, const std::string& consequence);

@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <cinttypes>
 #include <csignal>
 #include <cmath>
 #include <cstdio>
@@ -14,7 +13,6 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
-#include <set>
 #include <thread>
 #include <fstream>
 #include <iterator>
@@ -59,11 +57,9 @@ void check_ranks_agree(Communicator& comm, const Module& module, const TrainOpti
   const uint8_t* bytes = flatbuffers::GetBufferStartFromRootPointer(&module.fb());
   // Everything that decides which collectives run (evaluation, gradient dumps, checkpoints: a
   // ZeRO-1 run gathers its moments for each) is compared too.
-  // So are the outputs rank 0 alone writes and --resume: one given to another rank alone would be
-  // dropped without a word, or (--resume) show only as other initial weights.
+  // So is --resume (a difference would show only as other initial weights).
   std::string opts = o.schedule.kind + (o.val_data.empty() ? " no-val" : " val") + (o.dump_grads.empty() ? " no-dump" : " dump") +
-                     (o.checkpoint_dir.empty() ? " no-ckpt" : " ckpt") + (o.save.empty() ? " no-save" : " save") +
-                     (o.log.empty() ? " no-log" : " log") + (o.resume ? " resume" : " fresh");
+                     (o.checkpoint_dir.empty() ? " no-ckpt" : " ckpt") + (o.resume ? " resume" : " fresh");
   for (double x : {double(o.steps), double(total), double(o.zero), o.bucket_mb, double(o.schedule.lr),
                    double(o.schedule.warmup_steps), double(o.schedule.min_lr_ratio), o.weight_decay, o.beta1, o.beta2,
                    o.eps, o.grad_clip, double(o.val_every), double(o.val_steps), double(o.checkpoint_every)}) {
@@ -79,22 +75,30 @@ void check_ranks_agree(Communicator& comm, const Module& module, const TrainOpti
   const std::vector<int64_t>& counts = data.shard_tokens();
   uint64_t tokens = fingerprint(counts.data(), counts.size() * sizeof(int64_t));
   tokens = fingerprint(data.current_tokens().data(), data.current_tokens().size() * sizeof(uint16_t), tokens);
-  uint64_t mine[4] = {fingerprint(bytes, module.size_bytes()), fingerprint(opts.data(), opts.size()), weights, tokens};
-  uint64_t root[4];
+  // Rank 0 alone writes --save and --log: one that another rank has and rank 0 lacks would be
+  // dropped without a word (rank 0 may have them alone).
+  const uint64_t outputs = (o.save.empty() ? 0 : 1) | (o.log.empty() ? 0 : 2);
+  uint64_t mine[5] = {fingerprint(bytes, module.size_bytes()), fingerprint(opts.data(), opts.size()), weights, tokens,
+                      outputs};
+  uint64_t root[5];
   std::memcpy(root, mine, sizeof root);
   comm.broadcast(root, sizeof root, 0);
-  double differ[4];
-  for (int i = 0; i < 4; ++i) differ[i] = mine[i] != root[i] ? 1 : 0;
-  comm.all_reduce_sum(differ, 4);
-  const char* what[4] = {"the module (a different executable?)",
+  bool this_one[5];
+  for (int i = 0; i < 4; ++i) this_one[i] = mine[i] != root[i];
+  this_one[4] = (outputs & ~root[4]) != 0;
+  double differ[5];
+  for (int i = 0; i < 5; ++i) differ[i] = this_one[i] ? 1 : 0;
+  comm.all_reduce_sum(differ, 5);
+  const char* what[5] = {"the module (a different executable?)",
                          "the training options (--steps, --total-batch, --zero, --bucket-mb, the schedule, AdamW, "
-                         "evaluation, checkpoints, --resume, --save or --log)",
+                         "evaluation, checkpoints or --resume)",
                          "the initial weights (a different --seed, or --init files that differ)",
-                         "the training data (--data: other shards, or shards of other sizes)"};
-  for (int i = 0; i < 4; ++i)
+                         "the training data (--data: other shards, or shards of other sizes)",
+                         "the outputs (--save or --log, which rank 0 alone writes, given to another rank but not to it)"};
+  for (int i = 0; i < 5; ++i)
     if (differ[i] > 0)
       throw Error("data parallel: " + std::to_string(int(differ[i])) + " rank(s) disagree with rank 0 about " +
-                  what[i] + (mine[i] != root[i] ? ", this one among them" : "") +
+                  what[i] + (this_one[i] ? ", this one among them" : "") +
                   "; every rank must run the same command");
 }
 
@@ -174,34 +178,33 @@ struct MadeFolders {
   }
 };
 
-// An existing file's first line is a training log's record (a JSON object with "step"), so that
-// appending to it loses nothing: a mistyped --log must not end weights, data or a checkpoint
-// with JSON lines. An empty file, a device or a FIFO passes.
+// An existing file starts as a training log does, with a JSON record ({"...), whose first line,
+// when it ends within the first 64 KiB, is an object with "step": appending to it loses nothing,
+// and a mistyped --log must not end weights, data or a checkpoint with JSON lines. (A first line
+// longer than that holds samples; one cut short was a killed run's.) An empty file, a device or
+// a FIFO passes.
 void check_appendable_log(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec) || std::filesystem::file_size(path, ec) == 0 || ec) return;
-  std::ifstream in(path, std::ios::binary);
-  std::string first(4096, '\0');
-  in.read(first.data(), std::streamsize(first.size()));
-  first.resize(size_t(in.gcount()));
-  const size_t end = first.find('\n');
-  const auto j = nlohmann::json::parse(first.substr(0, end), nullptr, false);
-  if (end == std::string::npos || j.is_discarded() || !j.is_object() || !j.contains("step"))
+  const std::string head = read_head(path, 64 << 10);
+  if (head.empty()) return;
+  const size_t end = head.find('\n');
+  bool log = head.compare(0, 2, "{\"") == 0;
+  if (log && end != std::string::npos) {
+    const auto j = nlohmann::json::parse(head.substr(0, end), nullptr, false);
+    log = !j.is_discarded() && j.is_object() && j.contains("step");
+  }
+  if (!log)
     throw Error("--log: " + path + ": holds something other than a training log (its first line is no JSON record "
                 "with \"step\"), and the log is appended to: name another file");
 }
 
-// An existing --save or --dump-grads file is safetensors (a header length, then '{'), or empty:
-// the output replaces it, and must not replace another kind of file (a script, a program, data).
+// An existing --save or --dump-grads file is safetensors, or empty: the output replaces it, and
+// must not replace another kind of file (a script, a program, data, a checkpoint).
 void check_replaceable_weights(const std::string& flag, const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec) || std::filesystem::file_size(path, ec) == 0 || ec) return;
-  std::ifstream in(path, std::ios::binary);
-  char head[9] = {};
-  in.read(head, sizeof head);
-  if (in.gcount() < 9 || head[8] != '{')
-    throw Error(flag + ": " + path + ": exists and is not a safetensors file; it would be replaced (remove it first, "
-                "or name another file)");
+  if (read_head(path, 1).empty()) return;
+  const std::string kind = file_kind(path);
+  if (kind != "safetensors")
+    throw Error(flag + ": " + path + ": exists and is " + (kind.empty() ? "no safetensors file" : kind) +
+                "; it would be replaced (remove it first, or name another file)");
 }
 
 // Where the run will write, checked before the first step rather than found unusable after the
@@ -259,11 +262,14 @@ class LogFile {
   LogFile(const LogFile&) = delete;
   LogFile& operator=(const LogFile&) = delete;
 
-  // False, with errno set, when the line could not be written; the file is then as it was.
-  bool append(const std::string& line) {
+  // 0, or the error (errno) that kept the line from being written; the file is then as it was.
+  int append(const std::string& line) {
     if (fd_ < 0) {
       fd_ = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-      if (fd_ < 0) throw Error("--log: " + path_ + ": cannot open for appending: " + std::strerror(errno));
+      if (fd_ < 0) {
+        const int error = errno;
+        throw Error("--log: " + path_ + ": cannot open for appending: " + std::strerror(error));
+      }
       struct stat st {};
       char last = '\n';
       if (::fstat(fd_, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0)
@@ -281,15 +287,14 @@ class LogFile {
       if (put < 0 && errno == EINTR) continue;
       if (put <= 0) {
         const int error = put < 0 ? errno : ENOSPC;
-        if (before >= 0 && ::ftruncate(fd_, before) != 0) {
-        }
-        errno = error;
-        return false;
+        // Back to the lines before (best effort: the write's error is the one to report).
+        [[maybe_unused]] const int cut = before >= 0 ? ::ftruncate(fd_, before) : 0;
+        return error;
       }
       at += size_t(put);
     }
     newline_first_ = false;
-    return true;
+    return 0;
   }
 
  private:
@@ -314,21 +319,15 @@ void note_resume_changes(const std::string& checkpoint, const nlohmann::json& ex
     std::fprintf(stderr, "note: --data is not the data of the run that wrote %s (its shards held other numbers of "
                  "tokens): the run goes on at shard %zu, token %lld of these\n", checkpoint.c_str(), data.shard() + 1,
                  (long long)data.position());
-  // A later checkpoint is another run's (one resumed from an older `latest`): --keep counts it.
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  std::set<std::string> names;  // (sorted: the names hold their steps with leading zeros)
-  for (fs::directory_iterator it(fs::path(checkpoint).parent_path(), ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    int64_t n = -1;
-    if (name != "latest" && is_checkpoint_file_name(name) && std::sscanf(name.c_str(), "ckpt_%" SCNd64, &n) == 1 && n > step)
-      names.insert(name);
-  }
+  // Later checkpoints (of a run resumed from an older `latest`, or written just before a kill
+  // cut the update of `latest`): --keep counts them.
   std::string later;
-  for (const std::string& name : names) later += (later.empty() ? "" : ", ") + name;
+  const auto all = list_checkpoints(std::filesystem::path(checkpoint).parent_path().string());
+  for (auto it = all.rbegin(); it != all.rend(); ++it)
+    if (it->first > step) later += (later.empty() ? "" : ", ") + it->second;
   if (!later.empty())
-    std::fprintf(stderr, "note: %s also holds checkpoints past the one resumed from (%s): they are another run's, "
-                 "and --keep counts them\n", fs::path(checkpoint).parent_path().string().c_str(), later.c_str());
+    std::fprintf(stderr, "note: %s also holds checkpoints past the one resumed from (%s); --keep counts them\n",
+                 std::filesystem::path(checkpoint).parent_path().string().c_str(), later.c_str());
 }
 
 // The outputs must not overwrite the run's inputs (the data, --init, this executable or module)
@@ -694,7 +693,12 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       SampleOptions so = o.sample;
       so.stop = [&] { return signals.requested() != 0; };
       so.stopped = &samples_stopped;
-      samples = sample(ex, o.sample_prompt, so);
+      try {
+        samples = sample(ex, o.sample_prompt, so);
+      } catch (const Error& e) {  // (logits a NaN: the next step's loss says whether training diverged)
+        std::fprintf(stderr, "kiln: warning: step %lld: sampling failed: %s; training goes on\n", (long long)step + 1,
+                     one_line(e.what()).c_str());
+      }
       if (samples_stopped) samples.clear();  // cut short: the log and the terminal say so instead
       ex.enable_profiling(o.profile);
     }
@@ -715,9 +719,9 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
         }
       }
       // A sample's text may end inside a UTF-8 sequence (tokens are bytes): replaced, not refused.
-      if (!log.append(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace))) {
+      if (const int error = log.append(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace))) {
         log_failure = "--log: " + o.log + ": writing step " + std::to_string(step + 1) + "'s line failed: " +
-                      std::strerror(errno);
+                      std::strerror(error);
         // One rank alone cannot stop the others after this step: the run ends at once.
         if (world > 1) throw Error(log_failure);
       }

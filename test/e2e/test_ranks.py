@@ -664,7 +664,7 @@ def case_tcp_save_one_rank(c: Ctx):
         return args + (["--save", w] if r == 1 else [])
     procs, _ = start_tcp(c, "tcp_save_one_rank", save=False, per_rank=rank1_saves)
     res = finish(procs, timeout=KILL_LIMIT_S)
-    want = "disagree with rank 0 about the training options"
+    want = "disagree with rank 0 about the outputs"
     for r, (rc, o, e) in enumerate(res):
         if rc == 0 or want not in e:
             raise TestFailure(f"tcp_save_one_rank: rank {r} exit {rc}:\n{e[-2000:]}")

@@ -80,17 +80,6 @@ const char* utf16_or_32(std::string_view head) {
   return nullptr;
 }
 
-// The same for a file's first bytes.
-const char* file_utf16_or_32(const std::string& path) {
-  char b[4] = {};
-  size_t got = 0;
-  if (FILE* f = std::fopen(path.c_str(), "rb")) {
-    got = std::fread(b, 1, 4, f);
-    std::fclose(f);
-  }
-  return utf16_or_32(std::string_view(b, got));
-}
-
 // What a text that is not plain UTF-8 holds, for a note: its bytes are tokenized as they are
 // (byte-level BPE takes any bytes), which is rarely what was meant.
 std::string text_problem(std::string_view text) {
@@ -229,7 +218,7 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
       // An llm.c shard (an earlier prepare's output, named by a glob over DIR) is no text.
       if (starts_like_token_shard(f))
         throw Error(f + ": is an llm.c token shard, not a text document (an earlier prepare's output?)");
-      if (const char* utf = file_utf16_or_32(f))
+      if (const char* utf = utf16_or_32(read_head(f, 4)))
         throw Error(f + ": is " + utf + " text (it starts with a byte-order mark); the tokenizer reads UTF-8: "
                     "convert it first (iconv -f " + utf + " -t UTF-8)");
     }

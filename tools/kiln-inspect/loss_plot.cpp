@@ -39,9 +39,14 @@ std::string loss_plot_svg(const std::vector<std::string>& logs) {
     std::vector<Run> runs(1);
     size_t at = 0;  // the run the lines go to
     std::string line;
+    int cut = 0;  // records cut short (a run killed while writing one), left out
     for (int n = 1; std::getline(in, line); ++n) {
       if (line.empty()) continue;
       auto j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_discarded() && line.compare(0, 2, "{\"") == 0) {
+        ++cut;
+        continue;
+      }
       if (j.is_discarded() || !j.is_object() || !j.contains("step"))
         throw Error(path + ":" + std::to_string(n) + ": not a training log record (JSON with \"step\")");
       if (!j["step"].is_number() || !std::isfinite(j["step"].get<double>()))
@@ -61,6 +66,8 @@ std::string loss_plot_svg(const std::vector<std::string>& logs) {
       if (j.contains("loss") && j["loss"].is_number()) runs[at].train[step] = j["loss"].get<double>();
       if (j.contains("val_loss") && j["val_loss"].is_number()) runs[at].val[step] = j["val_loss"].get<double>();
     }
+    if (cut) std::fprintf(stderr, "note: %s: %d record%s cut short (a run killed while writing) left out\n", path.c_str(),
+                          cut, cut == 1 ? "" : "s");
     bool any = false;
     for (size_t r = 0; r < runs.size(); ++r) {
       const std::string name = runs.size() > 1 ? path + ", run " + std::to_string(r + 1) : path;
