@@ -611,6 +611,18 @@ def case_tcp_no_root(c: Ctx):
     return f"exit {p.returncode} after {dt:.1f} s: {p.stderr.strip().splitlines()[-1]}"
 
 
+def both_refuse(c: Ctx, tag, about, extra=(), per_rank=None):
+    """Starts 2 TCP ranks whose commands per_rank makes differ: both must refuse to start, saying
+    they disagree with rank 0 about `about`. Returns rank 1's last line."""
+    procs, _ = start_tcp(c, tag, extra, save=False, per_rank=per_rank)
+    res = finish(procs, timeout=KILL_LIMIT_S)
+    want = f"disagree with rank 0 about {about}"
+    for r, (rc, o, e) in enumerate(res):
+        if rc == 0 or want not in e:
+            raise TestFailure(f"{tag}: rank {r} exit {rc}:\n{e[-2000:]}")
+    return res[1][2].strip().splitlines()[-1]
+
+
 def case_tcp_other_data(c: Ctx):
     # Rank 1 reads shards of the same sizes but other tokens: both ranks refuse to start.
     other = os.path.join(c.workdir, "other")
@@ -628,13 +640,7 @@ def case_tcp_other_data(c: Ctx):
         if r == 1:
             args[args.index("--data") + 1] = os.path.join(other, "train_*.bin")
         return args
-    procs, _ = start_tcp(c, "tcp_other_data", save=False, per_rank=other_data)
-    res = finish(procs, timeout=KILL_LIMIT_S)
-    want = "disagree with rank 0 about the training data"
-    for r, (rc, o, e) in enumerate(res):
-        if rc == 0 or want not in e:
-            raise TestFailure(f"tcp_other_data: rank {r} exit {rc}:\n{e[-2000:]}")
-    return res[1][2].strip().splitlines()[-1]
+    return both_refuse(c, "tcp_other_data", "the training data", per_rank=other_data)
 
 
 def case_tcp_other_checkpoints(c: Ctx):
@@ -644,15 +650,10 @@ def case_tcp_other_checkpoints(c: Ctx):
 
     def rank0_checkpoints(r, args):
         return args + (["--checkpoint-dir", ck, "--checkpoint-every", "1"] if r == 0 else [])
-    procs, _ = start_tcp(c, "tcp_other_checkpoints", ["--zero", "1"], save=False, per_rank=rank0_checkpoints)
-    res = finish(procs, timeout=KILL_LIMIT_S)
-    want = "disagree with rank 0 about the training options"
-    for r, (rc, o, e) in enumerate(res):
-        if rc == 0 or want not in e:
-            raise TestFailure(f"tcp_other_checkpoints: rank {r} exit {rc}:\n{e[-2000:]}")
+    said = both_refuse(c, "tcp_other_checkpoints", "the training options", ["--zero", "1"], per_rank=rank0_checkpoints)
     if os.path.exists(ck) and os.listdir(ck):
         raise TestFailure(f"tcp_other_checkpoints: {ck} holds {os.listdir(ck)}")
-    return res[1][2].strip().splitlines()[-1]
+    return said
 
 
 def case_tcp_save_one_rank(c: Ctx):
@@ -662,15 +663,10 @@ def case_tcp_save_one_rank(c: Ctx):
 
     def rank1_saves(r, args):
         return args + (["--save", w] if r == 1 else [])
-    procs, _ = start_tcp(c, "tcp_save_one_rank", save=False, per_rank=rank1_saves)
-    res = finish(procs, timeout=KILL_LIMIT_S)
-    want = "disagree with rank 0 about the outputs"
-    for r, (rc, o, e) in enumerate(res):
-        if rc == 0 or want not in e:
-            raise TestFailure(f"tcp_save_one_rank: rank {r} exit {rc}:\n{e[-2000:]}")
+    said = both_refuse(c, "tcp_save_one_rank", "the outputs", per_rank=rank1_saves)
     if os.path.exists(w):
         raise TestFailure(f"tcp_save_one_rank: {w} was written")
-    return res[1][2].strip().splitlines()[-1]
+    return said
 
 
 def case_tcp_idle_peer(c: Ctx):
