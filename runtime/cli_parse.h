@@ -3,6 +3,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <type_traits>
 
 #include <charconv>
 #include <cmath>
@@ -45,7 +46,14 @@ CLI::Validator number(Ok ok, std::string what, std::string name = "") {
   return CLI::Validator(
       [ok, what](std::string& s) {
         T v = 0;
-        if (!CLI::detail::lexical_cast(s, v) || !std::isfinite(v) || !ok(v)) return "Value " + s + " is not " + what;
+        if (!CLI::detail::lexical_cast(s, v) || !std::isfinite(v) || !ok(v)) {
+          // A float that rounds onto a bound (0.999999999 is 1) says so: the digits alone pass.
+          double wide = 0;
+          std::string rounded;
+          if (std::is_same_v<T, float> && CLI::detail::lexical_cast(s, wide) && std::isfinite(wide) && double(v) != wide)
+            rounded = " (" + CLI::detail::to_string(double(v)) + " as the 32-bit float it is kept in)";
+          return "Value " + s + rounded + " is not " + what;
+        }
         return std::string();
       },
       name);
@@ -92,6 +100,9 @@ inline int parse(CLI::App& app, int argc, char** argv) {
           what = "unknown subcommand '" + word + "' (" + names + ")";
           break;
         }
+    // CLI11's word for an option given twice.
+    if (const size_t at = what.find("At Most 1 required but received "); at != std::string::npos)
+      what = what.substr(0, at) + "given " + what.substr(at + 32) + " times; give it once";
     std::fprintf(stderr, "error: %s (see %s --help)\n", one_line(what).c_str(), tool.c_str());
     return 2;
   }
