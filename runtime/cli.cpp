@@ -42,7 +42,7 @@ namespace {
 std::pair<std::string, std::string> g_self;
 
 // Parsed as the float the option is stored in, so 1e39 (inf) and 1e-50 (0) are refused too.
-const CLI::Validator kPositiveFinite = cli::number<float>([](float v) { return v > 0; }, "a positive finite number", "POSITIVE");
+const CLI::Validator kPositiveFinite = cli::positive_finite_float();
 
 // AdamW's betas: in [0, 1) as the float the step uses (1 - beta^t divides the moments; 0.999999999
 // would round to 1).

@@ -65,6 +65,10 @@ inline CLI::Validator non_negative_finite() {
 inline CLI::Validator positive_finite() {
   return number<double>([](double v) { return v > 0; }, "a positive finite number");
 }
+// For a value kept in a float (a hyperparameter the step reads, a size): 1e-50 is 0 there.
+inline CLI::Validator positive_finite_float() {
+  return number<float>([](float v) { return v > 0; }, "a positive finite number", "POSITIVE");
+}
 inline CLI::Validator finite_in(double lo, double hi) {
   return number<double>([lo, hi](double v) { return v >= lo && v <= hi; },
                         "a number in [" + CLI::detail::to_string(lo) + ", " + CLI::detail::to_string(hi) + "]");

@@ -9,6 +9,7 @@
 
 #include "runtime/cpu/bf16.h"
 #include "runtime/cpu/kernels.h"
+#include "runtime/data_loader.h"
 #include "runtime/error.h"
 #include "runtime/rng.h"
 #include "runtime/shape.h"
@@ -84,11 +85,15 @@ namespace {
 // every layer's tensor of one kind stacked. The file's wte has its own padded vocabulary (its
 // [7], which need not be the module's): its first V rows are read and the module's padded rows
 // are set to zero.
+constexpr int32_t kLlmcModelMagic = 20240326;  // an llm.c model file's first int32
+
 void load_llmc_bin(Executor& ex, const std::string& path) {
   std::vector<uint8_t> bytes = read_file(path);
   if (bytes.size() < 1024) throw Error(path + ": too short for an llm.c model header");
   const int32_t* h = reinterpret_cast<const int32_t*>(bytes.data());
-  if (h[0] != 20240326) throw Error(path + ": header: magic " + std::to_string(h[0]) + " is not 20240326 (not an llm.c model file)");
+  if (h[0] != kLlmcModelMagic)
+    throw Error(path + ": header: magic " + std::to_string(h[0]) + " is not " + std::to_string(kLlmcModelMagic) +
+                " (not an llm.c model file)");
   if (h[1] != 3 && h[1] != 5) throw Error(path + ": header: version " + std::to_string(h[1]) + " (expected 3 = fp32 or 5 = bf16)");
   const fb::Model& m = *ex.module().fb().model();
   const int64_t maxT = h[2], V = h[3], L = h[4], NH = h[5], C = h[6], Vp = h[7];
@@ -177,8 +182,8 @@ std::string file_kind(const std::string& path) {
   if (got >= 8 && std::memcmp(b, "KILNCKPT", 8) == 0) return "a Kiln checkpoint (train --resume reads it)";
   if (got >= 8 && std::memcmp(b + 4, "KILN", 4) == 0) return "a Kiln module (kiln-run's first argument)";
   if (got >= 4 && std::memcmp(b, "\x7f" "ELF", 4) == 0) return "a program";
-  if (got >= 4 && magic == 20240520) return "an llm.c token shard (training data)";
-  if (got >= 4 && magic == 20240326) return "an llm.c model";
+  if (starts_like_token_shard(path)) return "an llm.c token shard (training data)";
+  if (got >= 4 && magic == kLlmcModelMagic) return "an llm.c model";
   // safetensors: the header's length (little-endian u64, within the file), then its JSON.
   uint64_t header = 0;
   if (got >= 9) std::memcpy(&header, b, 8);

@@ -214,7 +214,7 @@ int main(int argc, char** argv) {
   app.add_option("--zero", zero, "--ranks: as train --zero (1: each rank keeps its slices of the AdamW moments)")
       ->check(CLI::IsMember({0, 1}))->needs(ranks_opt);
   app.add_option("--bucket-mb", bucket_mb, "--ranks: as train --bucket-mb (for a module without compiled buckets)")
-      ->capture_default_str()->check(kiln::cli::number<float>([](float v) { return v > 0; }, "a positive finite number"))->needs(ranks_opt);
+      ->capture_default_str()->check(kiln::cli::positive_finite_float())->needs(ranks_opt);
   app.add_flag("--verify-plan", verify, "check the memory plan (no two live buffers overlap) and say so");
   app.add_option("--svg", svg, "draw the memory timeline of the largest program into this SVG file (- for stdout)");
   CLI::Option* dot_opt = app.add_option("--dot", dot,
@@ -263,29 +263,25 @@ int main(int argc, char** argv) {
       flush_stdout();
       return 0;
     }
+    // A file output ("-": stdout), and what was written on stderr.
+    auto emit = [](const std::string& out, std::string_view text, const std::string& what) {
+      if (out == "-") {
+        std::fwrite(text.data(), 1, text.size(), stdout);
+        return;
+      }
+      write_file_atomic(out, {{text.data(), text.size()}});
+      std::fprintf(stderr, "wrote %s%s\n", out.c_str(), what.c_str());
+    };
     if (!dot.empty()) {
-      const std::string text = program_dot(m, program, dot_state == "all" ? GraphState::All : GraphState::Inputs);
-      if (dot == "-") std::fwrite(text.data(), 1, text.size(), stdout);
-      else write_file_atomic(dot, {{text.data(), text.size()}});
-      if (dot != "-") std::fprintf(stderr, "wrote %s (program %s)\n", dot.c_str(), program.c_str());
-      flush_stdout();
-      return 0;
-    }
-    if (!svg.empty()) {
-      std::string text = memory_timeline_svg(m);
-      if (svg == "-") std::fwrite(text.data(), 1, text.size(), stdout);
-      else write_file_atomic(svg, {{text.data(), text.size()}});
-      if (svg != "-") std::fprintf(stderr, "wrote %s\n", svg.c_str());
-      flush_stdout();
-      return 0;
-    }
-    if (!source.empty()) {
+      emit(dot, program_dot(m, program, dot_state == "all" ? GraphState::All : GraphState::Inputs),
+           " (program " + program + ")");
+    } else if (!svg.empty()) {
+      emit(svg, memory_timeline_svg(m), "");
+    } else if (!source.empty()) {
       const auto* text = m.fb().kernel_source();
       if (!text || text->size() == 0)
         throw Error(path + ": the module carries no generated kernels (compiled with --no-fusion?)");
-      if (source == "-") std::fwrite(text->data(), 1, text->size(), stdout);
-      else write_file_atomic(source, {{text->data(), text->size()}});
-      if (source != "-") std::fprintf(stderr, "wrote %s (%u bytes)\n", source.c_str(), text->size());
+      emit(source, text->string_view(), " (" + std::to_string(text->size()) + " bytes)");
     } else {
       ordered_json j = report(m, rates);
       if (ranks > 1) j["data_parallel"] = data_parallel_report(m, ranks, zero, bucket_mb);
