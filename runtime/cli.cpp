@@ -238,15 +238,8 @@ int run_sample(const Module& module, SampleCommand& c) {
   if (!c.prompt_opt->count() && !c.prompt_ids_opt->count())
     throw Error("sample: give exactly one of --prompt and --prompt-ids");
   const char* given = c.prompt_opt->count() ? "--prompt" : "--prompt-ids";
-  // Only the forward-only programs: no backward activations are allocated. The sampler decodes
-  // with @decode when it is loaded.
-  std::vector<std::string> programs{"logits"};
-  if (!c.no_kv_cache && module.program("decode")) programs.push_back("decode");
-  if (!c.no_kv_cache && !c.no_prefill && module.program("decode") && module.program("prefill")) programs.push_back("prefill");
-  Executor ex(module, programs);
-  init_parameters(ex, 0);
-  load_finite_parameters(ex, c.init, "its logits would be NaN");
-  ex.refresh_compute_copies();
+  // The command line is checked before the executor starts (a cuda module's GPU), so that its
+  // mistakes are said first.
   const int V = module.fb().model()->vocab_size();
   std::optional<Gpt2Tokenizer> tok;
   if (V == 50257) tok = Gpt2Tokenizer::load(c.tokenizer.empty() ? Gpt2Tokenizer::default_dir() : c.tokenizer);
@@ -267,6 +260,7 @@ int run_sample(const Module& module, SampleCommand& c) {
   // line is cleared before the samples print.
   TerminalProgress shown("sampling", "steps");
   if (shown.on()) c.options.progress = [&shown](int64_t done, int64_t total) { shown.update(done, total); };
+  check_sample_size(int64_t(prompt.size()), c.options, "sample: ");
   std::vector<float> logits;
   if (c.logits_out_opt->count()) {
     // Said before the sampling, not after it.
@@ -274,6 +268,16 @@ int run_sample(const Module& module, SampleCommand& c) {
     check_output_file("--logits-out", c.logits_out);
     c.options.logits_out = &logits;
   }
+  check_weights_file(c.init);
+  // Only the forward-only programs: no backward activations are allocated. The sampler decodes
+  // with @decode when it is loaded.
+  std::vector<std::string> programs{"logits"};
+  if (!c.no_kv_cache && module.program("decode")) programs.push_back("decode");
+  if (!c.no_kv_cache && !c.no_prefill && module.program("decode") && module.program("prefill")) programs.push_back("prefill");
+  Executor ex(module, programs);
+  init_parameters(ex, 0);
+  load_finite_parameters(ex, c.init, "its logits would be NaN");
+  ex.refresh_compute_copies();
   SampleOptions::Times times;
   c.options.times = &times;
   // Ctrl-C or SIGTERM ends the sampling at the next step: the samples so far are printed (a
@@ -363,6 +367,7 @@ int run_eval(const Module& module, const EvalCommand& c) {
     throw Error("--batches: " + std::to_string(c.batches) + " is more than the data holds: " + std::to_string(whole) +
                 " batches of B=" + std::to_string(B) + " x T=" + std::to_string(T) + " in one pass");
   const int64_t batches = c.batches ? c.batches : whole;
+  check_weights_file(c.init);  // before the executor starts a cuda module's GPU
   Executor ex(module, {"forward"});
   init_parameters(ex, 0);
   load_finite_parameters(ex, c.init, "its loss would be NaN");

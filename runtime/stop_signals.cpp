@@ -20,8 +20,10 @@ std::atomic<int> g_requested{0};
 const int kStopSignals[] = {SIGINT, SIGTERM};
 struct sigaction g_previous[2];
 bool g_installed[2];
-// The handler's lines (for SIGINT, SIGTERM), composed before it can run: it may only write(2).
-char g_message[2][160];
+// The handler's lines (now and later; for SIGINT, SIGTERM), composed before it can run: it may
+// only write(2). g_phase picks the row.
+char g_message[2][2][256];
+std::atomic<int> g_phase{0};
 
 // Async-signal-safe: a flag and a write(2). The second signal restores the default action
 // and raises itself, which ends the process as if no handler were there.
@@ -33,20 +35,22 @@ void on_signal(int sig) {
     return;
   }
   g_requested.store(sig);
-  const char* msg = g_message[sig == SIGINT ? 0 : 1];
+  const char* msg = g_message[g_phase.load()][sig == SIGINT ? 0 : 1];
   ssize_t ignored = ::write(2, msg, std::strlen(msg));
   (void)ignored;
 }
 
 }  // namespace
 
-StopSignals::StopSignals(int rank, int world, const char* what) {
+StopSignals::StopSignals(int rank, int world, const char* what, const char* later) {
   g_requested.store(0);
+  g_phase.store(0);
   char who[32] = "";
   if (world > 1) std::snprintf(who, sizeof who, "rank %d: ", rank);
-  for (int i = 0; i < 2; ++i)
-    std::snprintf(g_message[i], sizeof g_message[i], "\nkiln: %s%s: %s (again to stop now)\n", who,
-                  i == 0 ? "SIGINT" : "SIGTERM", what);
+  for (int phase = 0; phase < 2; ++phase)
+    for (int i = 0; i < 2; ++i)
+      std::snprintf(g_message[phase][i], sizeof g_message[phase][i], "\nkiln: %s%s: %s (again to stop now)\n", who,
+                    i == 0 ? "SIGINT" : "SIGTERM", phase == 1 && later ? later : what);
   struct sigaction sa{};
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
@@ -65,6 +69,8 @@ StopSignals::~StopSignals() {
 }
 
 int StopSignals::requested() const { return g_requested.load(); }
+
+void StopSignals::later() { g_phase.store(1); }
 
 void end_by_signal(int sig) {
   std::fflush(nullptr);

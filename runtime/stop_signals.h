@@ -1,6 +1,6 @@
 // Ctrl-C (SIGINT) and SIGTERM (a scheduler's preemption, `kill`) during training: the run
-// finishes the step it is in, writes a checkpoint and --save, and exits 128 + the signal, so
-// that --resume goes on from there. A second signal ends the process at once. The process then
+// finishes the step it is in (one process: the micro-step, leaving a step cut short undone),
+// writes a checkpoint and --save, and exits 128 + the signal, so that --resume goes on from there. A second signal ends the process at once. The process then
 // ends by that signal (as a shell expects of a Ctrl-C'd command), after the communicator is shut.
 #pragma once
 
@@ -8,15 +8,18 @@ namespace kiln {
 
 // Installs the handlers for its lifetime and restores the previous ones after. The handler's line
 // says `what` happens now; with several ranks (world > 1) it names the rank that got the signal.
+// With `later`, the line says `what` until later() is called and `later` from then on (a run's
+// start, then its steps).
 class StopSignals {
  public:
-  explicit StopSignals(int rank = 0, int world = 1,
-                       const char* what = "stopping after this step, with a checkpoint");
+  explicit StopSignals(int rank, int world, const char* what, const char* later = nullptr);
   ~StopSignals();
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
   // The first signal that arrived (SIGINT or SIGTERM), or 0.
   int requested() const;
+  // From now on a signal's line says `later`.
+  void later();
 };
 
 // "SIGINT", "SIGTERM".

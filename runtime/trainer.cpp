@@ -435,14 +435,21 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     if (!(float(beta) >= 0 && float(beta) < 1))
       throw Error(std::string(flag) + ": must be in [0, 1) as a 32-bit float (AdamW divides by 1 - beta^t)");
   // Ctrl-C or SIGTERM: finish the step, checkpoint, save, and exit 128 + signal (stop_signals.h).
+  // One process stops a step of several micro-steps at the next one's end instead, and leaves the
+  // step undone (the weights and moments are those of the step before; --resume redoes it): a
+  // scheduler's grace period may be shorter than a step. Ranks agree only once a step.
   // Installed before any folder is made: one that comes before the first step ends the run there,
   // and the folders it made go with it.
-  const std::string what_stops = std::string("stopping after this step") +
-                                 (!o.checkpoint_dir.empty() && !o.save.empty() ? ", with a checkpoint and --save"
-                                  : !o.checkpoint_dir.empty()                 ? ", with a checkpoint"
-                                  : !o.save.empty()                           ? ", with --save"
-                                                                              : "");
-  StopSignals signals(rank, int(world), what_stops.c_str());
+  const bool cut_steps = world == 1 && accum > 1;
+  const std::string what_stops =
+      std::string(cut_steps ? "stopping at the end of this micro-step (a step cut short is left undone)"
+                            : "stopping after this step") +
+      (!o.checkpoint_dir.empty() && !o.save.empty() ? ", with a checkpoint and --save"
+       : !o.checkpoint_dir.empty()                 ? ", with a checkpoint"
+       : !o.save.empty()                           ? ", with --save"
+                                                   : "");
+  StopSignals signals(rank, int(world), world == 1 ? "stopping before the first step" : what_stops.c_str(),
+                      what_stops.c_str());
   MadeFolders made;
   check_output_paths(o, root, made);
   for (const char* p : {"micro_step", "optimizer_step"})
@@ -450,6 +457,8 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       throw Error(module.source() + ": has no '" + std::string(p) + "' program (not a training module)");
 
   if (!(o.bucket_mb > 0)) throw Error("--bucket-mb: must be positive");
+  // Before the executor starts a cuda module's GPU (a resumed run may not read it: it is checked then).
+  if (!o.init.empty() && !o.resume) check_weights_file(o.init);
   DataLoader loader(o.data, B, T, rank, int(world));
   // The programs it runs; the sampler's only for --sample-every (the arena holds the largest
   // program's activations, and their key/value caches may be larger than a step's).
@@ -484,6 +493,9 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   // Resume: weights, AdamW state, the step and the data position from the latest checkpoint.
   int64_t first_step = 0;
   std::string resumed_from;  // the checkpoint, when one was loaded
+  // Log lines not written yet (the checkpoint's, or this run's after a write failed): written
+  // before the next line, and kept in the checkpoint when the run stops.
+  std::vector<std::string> log_pending;
   if (o.resume) {
     if (o.checkpoint_dir.empty()) throw Error("--resume: needs --checkpoint-dir");
     if (auto latest = latest_checkpoint(o.checkpoint_dir)) {
@@ -517,6 +529,16 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       if (root && !o.init.empty())
         std::fprintf(stderr, "note: --init %s is not used: the weights are the checkpoint's\n", o.init.c_str());
       if (root) note_resume_changes(*latest, extra, o, loader, first_step);
+      // Log lines the run that wrote it could not write (a full disk): this run writes them first.
+      if (const auto lines = extra.find("log_pending"); root && lines != extra.end() && lines->is_array()) {
+        for (const auto& line : *lines)
+          if (line.is_string()) log_pending.push_back(line.get<std::string>());
+        if (o.log.empty() && !log_pending.empty()) {
+          std::fprintf(stderr, "note: %s holds %zu log line(s) its run could not write; without --log they are not "
+                       "written\n", latest->c_str(), log_pending.size());
+          log_pending.clear();
+        }
+      }
     } else if (root) {
       std::fprintf(stderr, "no checkpoint in %s yet: starting from step 0\n", o.checkpoint_dir.c_str());
     }
@@ -559,7 +581,9 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   // its first step leaves no empty log behind.
   LogFile log(o.log);
   const bool logging = !o.log.empty() && root;
-  std::string log_failure;  // why a line could not be written: the run stops as a signal stops it
+  // Why a line could not be written: the run stops as a signal stops it, after this step (one
+  // process) or the next (ranks agree on it in that step's reduction).
+  std::string log_failure;
   // A fresh run appends too (its first line says so, for kiln-inspect plot): say so.
   if (logging && resumed_from.empty()) {
     std::error_code ec;
@@ -607,6 +631,33 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     std::fprintf(stderr, "%s: stopped before the first step\n", signal_name(signals.requested()));
     throw Interrupted{signals.requested()};
   }
+  signals.later();
+  // The checkpoint of `steps` done (rank 0 writes it; every rank gathers a ZeRO-1 run's moments).
+  int64_t checkpointed = resumed_from.empty() ? -1 : first_step;
+  auto write_checkpoint = [&](int64_t steps) {
+    WholeMoments moments = dp.gather_optimizer_state();  // ZeRO-1: gathered to rank 0 for the checkpoint only
+    if (!root) return;
+    TrainingState st;
+    st.step = steps;
+    st.data_shard = loader.shard();
+    st.data_position = loader.position();
+    st.rng_state = o.seed;  // training draws no random numbers; the seed is kept for the record
+    st.world_size = int(world);
+    st.zero_stage = o.zero;
+    // What a resumed run compares with its own (note_resume_changes), and the log lines it owes.
+    nlohmann::json extra = {{"steps", o.steps}, {"shard_tokens", loader.shard_tokens()}};
+    if (!gpu) extra["cpu_threads"] = omp_get_max_threads();
+    if (!log_pending.empty()) extra["log_pending"] = log_pending;
+    st.extra_json = extra.dump();
+    save_checkpoint(o.checkpoint_dir, ex, st, o.keep, moments);
+    checkpointed = steps;
+  };
+  // "; checkpoint ckpt_N written: ...", or what a run without a checkpoint folder could do.
+  auto where_stopped = [&] {
+    return o.checkpoint_dir.empty() ? std::string(" (no --checkpoint-dir: a run with one can go on with --resume)")
+                                    : "; checkpoint " + latest_checkpoint(o.checkpoint_dir).value_or("?") +
+                                          " written: the same command with --resume goes on from there";
+  };
   int interrupted = 0;
   for (int64_t step = first_step; step < o.steps; ++step) {
     if (scan && !scan->error().empty()) throw Error(scan->error());
@@ -617,27 +668,54 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     // on a terminal, once it has taken a few seconds.
     const std::string step_name = "step " + std::to_string(step + 1);
     TerminalProgress within(step_name.c_str(), "micro-steps");
+    const size_t step_shard = loader.shard();
+    const int64_t step_position = loader.position();
+    int64_t cut = 0;  // the micro-steps done when a signal cut the step short
     for (int64_t micro = 0; micro < accum; ++micro) {
       next_batch(ex, loader, B * T, model.vocab_size());
       dp.arm(micro + 1 == accum);  // the last backward starts the gradient buckets
       loss += ex.run("micro_step");
       if (root && within.on() && std::chrono::steady_clock::now() - t0 > std::chrono::seconds(3))
         within.update(micro + 1, accum);
+      if (cut_steps && micro + 1 < accum && signals.requested()) {
+        cut = micro + 1;
+        break;
+      }
     }
     within.clear();
+    if (cut) {
+      // Nothing of the step is kept: the data go back to where it began, the gradients are
+      // dropped, and the weights and moments are still those after the step before.
+      interrupted = signals.requested();
+      loader.seek(step_shard, step_position);
+      const std::string undone = "step " + std::to_string(step + 1) + " was cut short after micro-step " +
+                                 std::to_string(cut) + " of " + std::to_string(accum) + " and is left undone";
+      if (step == first_step) {
+        std::fprintf(stderr, "%s: stopped before the first step ended (%s): nothing was trained\n",
+                     signal_name(interrupted), undone.c_str());
+        throw Interrupted{interrupted};
+      }
+      if (!o.checkpoint_dir.empty() && checkpointed != step) write_checkpoint(step);
+      std::fprintf(stderr, "%s: stopped after step %lld of %lld (%s)%s\n", signal_name(interrupted),
+                   (long long)step, (long long)o.steps, undone.c_str(), where_stopped().c_str());
+      break;
+    }
     dp.arm(false);
     // The last micro-step's backward is done: start averaging the gradients, bucket by bucket.
     dp.start_gradient_reduction();
     loss /= double(accum);
     // The ranks agree on stopping in the loss's reduction, so that all stop after the same step
     // however the signals reached them: each adds 1 for a SIGINT, 1024 for a SIGTERM.
+    // Rank 0 says there whether its log failed at the step before.
     int stop = 0;
+    bool log_stop = false;
     if (world > 1) {
       const int mine = signals.requested();
-      double sums[2] = {loss, mine == SIGINT ? 1.0 : mine ? 1024.0 : 0.0};
-      comm.all_reduce_sum(sums, 2);
+      double sums[3] = {loss, mine == SIGINT ? 1.0 : mine ? 1024.0 : 0.0, log_failure.empty() ? 0.0 : 1.0};
+      comm.all_reduce_sum(sums, 3);
       loss = sums[0] / double(world);
       stop = mine ? mine : sums[1] >= 1024 ? SIGTERM : sums[1] > 0 ? SIGINT : 0;
+      log_stop = sums[2] > 0;
     }
     dp.finish_gradient_reduction();
     if (step == 0 && !o.dump_grads.empty()) {
@@ -719,11 +797,15 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
         }
       }
       // A sample's text may end inside a UTF-8 sequence (tokens are bytes): replaced, not refused.
-      if (const int error = log.append(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace))) {
-        log_failure = "--log: " + o.log + ": writing step " + std::to_string(step + 1) + "'s line failed: " +
-                      std::strerror(error);
-        // One rank alone cannot stop the others after this step: the run ends at once.
-        if (world > 1) throw Error(log_failure);
+      log_pending.push_back(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+      std::string lines;
+      for (const std::string& line : log_pending) lines += (lines.empty() ? "" : "\n") + line;
+      if (const int error = log.append(lines)) {
+        if (log_failure.empty())
+          log_failure = "--log: " + o.log + ": writing step " + std::to_string(step + 1) + "'s line failed: " +
+                        std::strerror(error);
+      } else {
+        log_pending.clear();
       }
     }
     if (root && (step % every == 0 || last || !std::isnan(val_loss) || !samples.empty() || samples_stopped)) {
@@ -743,44 +825,32 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       }
       std::fflush(stdout);
     }
-    // A checkpoint folder alone means one checkpoint, at the end (or where a signal stops the
-    // run). Every rank takes part in gathering a ZeRO-1 run's AdamW moments; rank 0 writes them.
-    const bool checkpoint = !o.checkpoint_dir.empty() &&
-                            ((o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0) || last || stop ||
-                             !log_failure.empty());
-    WholeMoments moments;  // ZeRO-1: gathered to rank 0 for the checkpoint only
-    if (checkpoint) moments = dp.gather_optimizer_state();
-    if (root && checkpoint) {
-      TrainingState st;
-      st.step = step + 1;
-      st.data_shard = loader.shard();
-      st.data_position = loader.position();
-      st.rng_state = o.seed;  // training draws no random numbers; the seed is kept for the record
-      st.world_size = int(world);
-      st.zero_stage = o.zero;
-      // What a resumed run compares with its own (note_resume_changes).
-      nlohmann::json extra = {{"steps", o.steps}, {"shard_tokens", loader.shard_tokens()}};
-      if (!gpu) extra["cpu_threads"] = omp_get_max_threads();
-      st.extra_json = extra.dump();
-      save_checkpoint(o.checkpoint_dir, ex, st, o.keep, moments);
-    }
-    if (!log_failure.empty()) {
-      // Stopped as a signal stops a run: this step's checkpoint is written (above) and --save
-      // (below); then the error.
-      log_failure += "; stopped after step " + std::to_string(step + 1) + " of " + std::to_string(o.steps) +
-                     (o.checkpoint_dir.empty() ? ""
-                                               : " with checkpoint " + latest_checkpoint(o.checkpoint_dir).value_or("?") +
-                                                     " (--resume goes on from there)");
+    // A log that failed stops the run as a signal does: one process after this step, ranks after
+    // the step whose reduction told them (or the last).
+    const bool log_stops = world == 1 ? !log_failure.empty() : log_stop || (last && !log_failure.empty());
+    // A checkpoint folder alone means one checkpoint, at the end (or where a signal stops the run).
+    if (!o.checkpoint_dir.empty() &&
+        ((o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0) || last || stop || log_stops))
+      write_checkpoint(step + 1);
+    if (log_stops) {
+      // This step's checkpoint is written (above) and --save (below); then the error.
+      const std::string at = "; stopped after step " + std::to_string(step + 1) + " of " + std::to_string(o.steps);
+      const std::string ckpt = o.checkpoint_dir.empty() ? "" : latest_checkpoint(o.checkpoint_dir).value_or("?");
+      if (!root) {
+        log_failure = "data parallel: rank 0 could not write its --log" + at;
+      } else {
+        log_failure += at;
+        if (!ckpt.empty())
+          log_failure += " with checkpoint " + ckpt + " (--resume goes on from there" +
+                         (log_pending.empty() ? ")" : ", and writes the log's missing lines first)");
+      }
       break;
     }
     if (stop && !last) {
       interrupted = stop;
       if (root)
         std::fprintf(stderr, "%s: stopped after step %lld of %lld%s\n", signal_name(stop), (long long)step + 1,
-                     (long long)o.steps,
-                     o.checkpoint_dir.empty() ? " (no --checkpoint-dir: a run with one can go on with --resume)"
-                                              : ("; checkpoint " + latest_checkpoint(o.checkpoint_dir).value_or("?") +
-                                                 " written: the same command with --resume goes on from there").c_str());
+                     (long long)o.steps, where_stopped().c_str());
       break;
     }
   }

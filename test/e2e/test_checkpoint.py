@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Checkpoints: a run killed with SIGKILL and resumed gives bitwise the losses and final weights
 of an uninterrupted run, and so does one stopped by SIGTERM (or, with two ranks, SIGINT to one
-of them, or SIGINT while it samples), which checkpoints the step it stopped after; corrupt or mismatched checkpoints (another model, another rank count)
+of them, or SIGINT while it samples), which checkpoints the step it stopped after (or, within a
+step of many micro-steps, the step before, leaving the step it cut short undone); corrupt or mismatched checkpoints (another model, another rank count)
 are refused; a diverged run stops without touching the last good checkpoint.
 
   test_checkpoint.py --kilnc build/bin/kilnc --spec test/e2e/configs/tiny.toml --workdir DIR
@@ -205,10 +206,43 @@ def main():
     check(r.returncode == 0 and len(same) == STEPS, f"resumed after SIGTERM: losses bitwise equal on {len(same)}/{STEPS} steps")
     check(open(f"{w}/term.safetensors", "rb").read() == a1, "resumed after SIGTERM: final weights bitwise equal")
 
+    # SIGTERM within a step of many micro-steps (here 400, about half a second): one process
+    # stops at the end of the micro-step and leaves the step undone, so the checkpoint is the
+    # step before's (the data rewound to where the cut step began); resumed, the run is bitwise
+    # the uninterrupted one. In the first step, nothing was trained: no checkpoint, no log.
+    long = [{str(2 * B * T): str(400 * B * T), str(STEPS): "3"}.get(x, x) for x in common]
+    subprocess.run([exe] + long + ["--log", f"{w}/long_ref.jsonl", "--save", f"{w}/long_ref.safetensors"],
+                   check=True, capture_output=True)
+    ck_cut = os.path.join(w, "ck_cut")
+    cut = long + ["--log", f"{w}/cut.jsonl", "--save", f"{w}/cut.safetensors", "--checkpoint-dir", ck_cut]
+    stopped, (err,) = stop_with_signal([exe] + cut, {}, signal.SIGTERM, after=1)
+    saved = open(os.path.join(ck_cut, "latest")).read().strip()
+    check(stopped == [-signal.SIGTERM] and "SIGTERM: stopped after step 1 of 3 (step 2 was cut short after micro-step" in err
+          and saved == "ckpt_00000001.kiln-ckpt" and sorted(losses(f"{w}/cut.jsonl")) == [0],
+          f"SIGTERM within step 2: exit {stopped}, checkpoint {saved}: " + last_line(err))
+    r = subprocess.run([exe] + cut + ["--resume"], capture_output=True, text=True)
+    want_long, got_long = losses(f"{w}/long_ref.jsonl"), losses(f"{w}/cut.jsonl")
+    check(r.returncode == 0 and got_long == want_long and
+          open(f"{w}/cut.safetensors", "rb").read() == open(f"{w}/long_ref.safetensors", "rb").read(),
+          f"resumed after a step cut short: losses {'bitwise equal' if got_long == want_long else 'differ'}, final weights too")
+    ck_first = os.path.join(w, "ck_first")
+    p = subprocess.Popen([exe] + long + ["--log", f"{w}/first.jsonl", "--checkpoint-dir", ck_first],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    for line in p.stderr:
+        if line.startswith("training "):
+            p.send_signal(signal.SIGTERM)
+            break
+    err = p.stderr.read()
+    p.wait()
+    check(p.returncode == -signal.SIGTERM and "nothing was trained" in err and not os.path.exists(ck_first) and
+          not os.path.exists(f"{w}/first.jsonl"), f"SIGTERM within step 1: exit {p.returncode}: " + last_line(err))
+
     # SIGINT while the run samples (here, every step's samples take seconds): the sampling ends at
-    # once and the run stops after the step it sampled for, with its checkpoint.
+    # once and the run stops after the step it sampled for, with its checkpoint. (One micro-step a
+    # step: the signal, sent once step 1's samples are out, cannot cut step 2 short instead.)
     ck_sample = os.path.join(w, "ck_sample")
-    sampling = common + ["--log", f"{w}/sample.jsonl", "--checkpoint-dir", ck_sample, "--sample-every", "1",
+    one_micro = [{str(2 * B * T): str(B * T)}.get(x, x) for x in common]
+    sampling = one_micro + ["--log", f"{w}/sample.jsonl", "--checkpoint-dir", ck_sample, "--sample-every", "1",
                          "--sample-tokens", "6000", "--sample-count", str(B)]
     timing = {}
     stopped, (err,) = stop_with_signal([exe] + sampling, {}, signal.SIGINT, after=1, timing=timing)

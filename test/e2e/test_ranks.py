@@ -32,6 +32,8 @@ and (group tcp, the environment rendezvous RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PO
   tcp_other_data rank 1 reads other shards of the same sizes: both ranks refuse to start
   tcp_other_checkpoints  only rank 0 has --checkpoint-dir (--zero 1): both ranks refuse to start
   tcp_save_one_rank      only rank 1 has --save (rank 0 alone writes it): both ranks refuse to start
+  tcp_log_full   rank 0's --log cannot be written: both ranks stop after the next step with its
+                 checkpoint, which keeps the lines not written; the resumed run writes them first
   tcp_idle_peer  a silent connection reaches rank 0 before rank 1: the ranks still train
   tcp_ipv6       MASTER_ADDR=::1 (skipped without IPv6 loopback)
   nccl_refused   --comm nccl on a cpu module is an error naming the target
@@ -669,6 +671,33 @@ def case_tcp_save_one_rank(c: Ctx):
     return said
 
 
+def case_tcp_log_full(c: Ctx):
+    # Rank 0's log cannot be written (/dev/full): the ranks agree on it in the next step's
+    # reduction and both stop after that step, with its checkpoint holding the two lines not
+    # written; resumed with a log, rank 0 writes them first, and the log is the reference run's.
+    ck = os.path.join(c.workdir, "log_full_ck")
+    shutil.rmtree(ck, ignore_errors=True)
+
+    def full_log(r, args):
+        args[args.index("--log") + 1] = "/dev/full"
+        return args + ["--checkpoint-dir", ck]
+    procs, _ = start_tcp(c, "tcp_log_full", save=False, per_rank=full_log)
+    res = finish(procs, timeout=KILL_LIMIT_S)
+    said0 = ("--log: /dev/full: writing step 1's line failed: No space left on device; stopped after step 2 of "
+             f"{c.steps} with checkpoint {ck}/ckpt_00000002.kiln-ckpt (--resume goes on from there, and writes the "
+             "log's missing lines first)")
+    said1 = f"data parallel: rank 0 could not write its --log; stopped after step 2 of {c.steps}"
+    for r, said in enumerate((said0, said1)):
+        if res[r][0] == 0 or said not in res[r][2]:
+            raise TestFailure(f"tcp_log_full: rank {r} exit {res[r][0]}, expected '{said}':\n{res[r][2][-2000:]}")
+    procs, _ = start_tcp(c, "tcp_log_full", ["--checkpoint-dir", ck, "--resume"], save=False)
+    finish_ok(procs, "tcp_log_full resumed")
+    got = c.log("tcp_log_full")
+    if [r.get("start") for r in got[:3]] != ["fresh", None, "resume"]:
+        raise TestFailure(f"tcp_log_full: the resumed log starts {[r.get('start') for r in got[:3]]}")
+    return "both ranks stopped after step 2; " + compare_runs("resumed with the missing lines", c.ref, got)
+
+
 def case_tcp_idle_peer(c: Ctx):
     # A connection to rank 0 that never says hello (a port scanner, a stale client) comes first:
     # the two ranks still meet and train, within the 6 s timeout.
@@ -810,7 +839,7 @@ GROUPS = {
     "cuda-zero1": [case_tcp_zero1_cuda],
     "mpi": [case_mpi, case_mpi_zero1, case_mpi_accum, case_mpi_kill, case_mpi_hang],
     "tcp": [case_tcp, case_single_zero1, case_tcp_zero1_resume, case_tcp_three, case_tcp_kill_1, case_tcp_kill_0, case_tcp_hang, case_tcp_rank_error,
-            case_tcp_no_root, case_tcp_other_data, case_tcp_other_checkpoints, case_tcp_save_one_rank, case_tcp_idle_peer, case_tcp_ipv6,
+            case_tcp_no_root, case_tcp_other_data, case_tcp_other_checkpoints, case_tcp_save_one_rank, case_tcp_log_full, case_tcp_idle_peer, case_tcp_ipv6,
             case_nccl_refused, case_tcp_threads],
 }
 
