@@ -282,7 +282,7 @@ int run_sample(const Module& module, SampleCommand& c) {
   c.options.times = &times;
   // Ctrl-C or SIGTERM ends the sampling at the next step: the samples so far are printed (a
   // second signal ends the process at once).
-  StopSignals signals(0, 1, "stopping: the samples so far follow");
+  StopSignals signals(0, 1, {"stopping: the samples so far follow"});
   bool stopped = false;
   c.options.stop = [&signals] { return signals.requested() != 0; };
   c.options.stopped = &stopped;

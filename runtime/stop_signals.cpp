@@ -20,9 +20,9 @@ std::atomic<int> g_requested{0};
 const int kStopSignals[] = {SIGINT, SIGTERM};
 struct sigaction g_previous[2];
 bool g_installed[2];
-// The handler's lines (now and later; for SIGINT, SIGTERM), composed before it can run: it may
+// The handler's lines (for each phase; for SIGINT, SIGTERM), composed before it can run: it may
 // only write(2). g_phase picks the row.
-char g_message[2][2][256];
+char g_message[StopSignals::kMaxPhases][2][256];
 std::atomic<int> g_phase{0};
 
 // Async-signal-safe: a flag and a write(2). The second signal restores the default action
@@ -42,15 +42,18 @@ void on_signal(int sig) {
 
 }  // namespace
 
-StopSignals::StopSignals(int rank, int world, const char* what, const char* later) {
+StopSignals::StopSignals(int rank, int world, std::initializer_list<const char*> phases) {
   g_requested.store(0);
   g_phase.store(0);
   char who[32] = "";
   if (world > 1) std::snprintf(who, sizeof who, "rank %d: ", rank);
-  for (int phase = 0; phase < 2; ++phase)
+  const char* what = "stopping";
+  for (int phase = 0; phase < kMaxPhases; ++phase) {
+    if (phase < int(phases.size())) what = phases.begin()[phase];  // (the last one given stays)
     for (int i = 0; i < 2; ++i)
       std::snprintf(g_message[phase][i], sizeof g_message[phase][i], "\nkiln: %s%s: %s (again to stop now)\n", who,
-                    i == 0 ? "SIGINT" : "SIGTERM", phase == 1 && later ? later : what);
+                    i == 0 ? "SIGINT" : "SIGTERM", what);
+  }
   struct sigaction sa{};
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
@@ -70,7 +73,7 @@ StopSignals::~StopSignals() {
 
 int StopSignals::requested() const { return g_requested.load(); }
 
-void StopSignals::later() { g_phase.store(1); }
+void StopSignals::phase(int i) { g_phase.store(i < 0 ? 0 : i < kMaxPhases ? i : kMaxPhases - 1); }
 
 void end_by_signal(int sig) {
   std::fflush(nullptr);

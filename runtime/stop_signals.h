@@ -3,23 +3,24 @@
 // writes a checkpoint and --save, and exits 128 + the signal, so that --resume goes on from there. A second signal ends the process at once. The process then
 // ends by that signal (as a shell expects of a Ctrl-C'd command), after the communicator is shut.
 #pragma once
+#include <initializer_list>
 
 namespace kiln {
 
 // Installs the handlers for its lifetime and restores the previous ones after. The handler's line
-// says `what` happens now; with several ranks (world > 1) it names the rank that got the signal.
-// With `later`, the line says `what` until later() is called and `later` from then on (a run's
-// start, then its steps).
+// says what happens now: phases[0] at first, phases[i] once phase(i) is called (a run's start, its
+// first step, the steps after); with several ranks (world > 1) it names the rank that got the signal.
 class StopSignals {
  public:
-  explicit StopSignals(int rank, int world, const char* what, const char* later = nullptr);
+  static constexpr int kMaxPhases = 3;
+  StopSignals(int rank, int world, std::initializer_list<const char*> phases);
   ~StopSignals();
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
   // The first signal that arrived (SIGINT or SIGTERM), or 0.
   int requested() const;
-  // From now on a signal's line says `later`.
-  void later();
+  // From now on a signal's line says phases[i].
+  void phase(int i);
 };
 
 // "SIGINT", "SIGTERM".

@@ -448,8 +448,14 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
        : !o.checkpoint_dir.empty()                 ? ", with a checkpoint"
        : !o.save.empty()                           ? ", with --save"
                                                    : "");
-  StopSignals signals(rank, int(world), world == 1 ? "stopping before the first step" : what_stops.c_str(),
-                      what_stops.c_str());
+  // What the handler says: before the first step, during its micro-steps (the phases of one
+  // process), and after.
+  StopSignals signals(rank, int(world),
+                      {world == 1 ? "stopping before the first step" : what_stops.c_str(),
+                       cut_steps ? "stopping at the end of this micro-step: the first step is left undone, and nothing "
+                                   "is written"
+                                 : what_stops.c_str(),
+                       what_stops.c_str()});
   MadeFolders made;
   check_output_paths(o, root, made);
   for (const char* p : {"micro_step", "optimizer_step"})
@@ -457,8 +463,11 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       throw Error(module.source() + ": has no '" + std::string(p) + "' program (not a training module)");
 
   if (!(o.bucket_mb > 0)) throw Error("--bucket-mb: must be positive");
-  // Before the executor starts a cuda module's GPU (a resumed run may not read it: it is checked then).
-  if (!o.init.empty() && !o.resume) check_weights_file(o.init);
+  // Resume: the latest checkpoint, when there is one, gives the weights (--init is not read then).
+  if (o.resume && o.checkpoint_dir.empty()) throw Error("--resume: needs --checkpoint-dir");
+  const std::optional<std::string> latest = o.resume ? latest_checkpoint(o.checkpoint_dir) : std::nullopt;
+  const bool initializing = !o.init.empty() && !latest;
+  if (initializing) check_weights_file(o.init);  // before the executor starts a cuda module's GPU
   DataLoader loader(o.data, B, T, rank, int(world));
   // The programs it runs; the sampler's only for --sample-every (the arena holds the largest
   // program's activations, and their key/value caches may be larger than a step's).
@@ -484,7 +493,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   Executor ex(module, programs, world > 1 ? data_parallel_state(module, int(world), rank, o.zero, bucket_bytes) : StatePlan{});
   ex.enable_profiling(o.profile);
   init_parameters(ex, o.seed);  // also clears gradients and AdamW state
-  if (!o.init.empty()) load_finite_parameters(ex, o.init, "every loss would be NaN");
+  if (initializing) load_finite_parameters(ex, o.init, "every loss would be NaN");
   ex.refresh_compute_copies();
   DataParallel dp(ex, comm, o.zero, bucket_bytes);
 
@@ -497,8 +506,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   // before the next line, and kept in the checkpoint when the run stops.
   std::vector<std::string> log_pending;
   if (o.resume) {
-    if (o.checkpoint_dir.empty()) throw Error("--resume: needs --checkpoint-dir");
-    if (auto latest = latest_checkpoint(o.checkpoint_dir)) {
+    if (latest) {
       TrainingState st = load_checkpoint(*latest, ex);
       // The rank count decides which tokens each step reads; --zero does not change the file
       // (a ZeRO-1 run gathers its moments before it saves), so either may resume the other's.
@@ -584,6 +592,19 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   // Why a line could not be written: the run stops as a signal stops it, after this step (one
   // process) or the next (ranks agree on it in that step's reduction).
   std::string log_failure;
+  auto pending_text = [&] {
+    std::string lines;
+    for (const std::string& line : log_pending) lines += (lines.empty() ? "" : "\n") + line;
+    return lines;
+  };
+  // A run resumed at its end (nothing left to train) still owes the lines its checkpoint kept.
+  if (logging && first_step == o.steps && !log_pending.empty()) {
+    if (const int error = log.append(pending_text()))
+      throw Error("--log: " + o.log + ": writing the " + std::to_string(log_pending.size()) + " line(s) " + resumed_from +
+                  " kept failed: " + std::strerror(error));
+    std::fprintf(stderr, "wrote the %zu log line(s) %s kept\n", log_pending.size(), resumed_from.c_str());
+    log_pending.clear();
+  }
   // A fresh run appends too (its first line says so, for kiln-inspect plot): say so.
   if (logging && resumed_from.empty()) {
     std::error_code ec;
@@ -601,6 +622,13 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   // Each micro-step contributes loss / (accum * world): the sum over ranks is then the average.
   ex.set_hyper("loss_weight", float(1.0 / double(accum * world)));
 
+  // A signal during the start (loading, checks): nothing trained, nothing to save. One after
+  // this, in the first step (whose start the next line announces), is the loop's.
+  if (world == 1 && signals.requested()) {
+    std::fprintf(stderr, "%s: stopped before the first step\n", signal_name(signals.requested()));
+    throw Interrupted{signals.requested()};
+  }
+  signals.phase(1);
   const int64_t every = o.print_every > 0 ? o.print_every : std::max<int64_t>(1, o.steps / 50);
   if (root && world > 1)
     std::fprintf(stderr, "data parallel: rank %d of %lld over %s; %s\n", rank, (long long)world,
@@ -626,21 +654,16 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
                                        : gpu             ? (gpu_peak ? gpu_peak->flops : 989e12)
                                                          : cpu_peak.flops);
   double loss = 0, elapsed = 0;
-  // A signal during the start (loading, checks): nothing trained, nothing to save.
-  if (world == 1 && signals.requested()) {
-    std::fprintf(stderr, "%s: stopped before the first step\n", signal_name(signals.requested()));
-    throw Interrupted{signals.requested()};
-  }
-  signals.later();
-  // The checkpoint of `steps` done (rank 0 writes it; every rank gathers a ZeRO-1 run's moments).
+  // The checkpoint of `steps` done, whose next batch is at `shard`, `position` (rank 0 writes it;
+  // every rank gathers a ZeRO-1 run's moments).
   int64_t checkpointed = resumed_from.empty() ? -1 : first_step;
-  auto write_checkpoint = [&](int64_t steps) {
+  auto write_checkpoint = [&](int64_t steps, size_t shard, int64_t position) {
     WholeMoments moments = dp.gather_optimizer_state();  // ZeRO-1: gathered to rank 0 for the checkpoint only
     if (!root) return;
     TrainingState st;
     st.step = steps;
-    st.data_shard = loader.shard();
-    st.data_position = loader.position();
+    st.data_shard = shard;
+    st.data_position = position;
     st.rng_state = o.seed;  // training draws no random numbers; the seed is kept for the record
     st.world_size = int(world);
     st.zero_stage = o.zero;
@@ -684,10 +707,9 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     }
     within.clear();
     if (cut) {
-      // Nothing of the step is kept: the data go back to where it began, the gradients are
-      // dropped, and the weights and moments are still those after the step before.
+      // Nothing of the step is kept: its checkpoint reads on from where the step began, the
+      // gradients are dropped, and the weights and moments are still those after the step before.
       interrupted = signals.requested();
-      loader.seek(step_shard, step_position);
       const std::string undone = "step " + std::to_string(step + 1) + " was cut short after micro-step " +
                                  std::to_string(cut) + " of " + std::to_string(accum) + " and is left undone";
       if (step == first_step) {
@@ -695,11 +717,12 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
                      signal_name(interrupted), undone.c_str());
         throw Interrupted{interrupted};
       }
-      if (!o.checkpoint_dir.empty() && checkpointed != step) write_checkpoint(step);
+      if (!o.checkpoint_dir.empty() && checkpointed != step) write_checkpoint(step, step_shard, step_position);
       std::fprintf(stderr, "%s: stopped after step %lld of %lld (%s)%s\n", signal_name(interrupted),
                    (long long)step, (long long)o.steps, undone.c_str(), where_stopped().c_str());
       break;
     }
+    signals.phase(2);  // the step is past its micro-steps: it will be finished
     dp.arm(false);
     // The last micro-step's backward is done: start averaging the gradients, bucket by bucket.
     dp.start_gradient_reduction();
@@ -798,9 +821,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       }
       // A sample's text may end inside a UTF-8 sequence (tokens are bytes): replaced, not refused.
       log_pending.push_back(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
-      std::string lines;
-      for (const std::string& line : log_pending) lines += (lines.empty() ? "" : "\n") + line;
-      if (const int error = log.append(lines)) {
+      if (const int error = log.append(pending_text())) {
         if (log_failure.empty())
           log_failure = "--log: " + o.log + ": writing step " + std::to_string(step + 1) + "'s line failed: " +
                         std::strerror(error);
@@ -827,11 +848,11 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     }
     // A log that failed stops the run as a signal does: one process after this step, ranks after
     // the step whose reduction told them (or the last).
-    const bool log_stops = world == 1 ? !log_failure.empty() : log_stop || (last && !log_failure.empty());
+    const bool log_stops = world == 1 ? !log_failure.empty() : log_stop || ((last || stop) && !log_failure.empty());
     // A checkpoint folder alone means one checkpoint, at the end (or where a signal stops the run).
     if (!o.checkpoint_dir.empty() &&
         ((o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0) || last || stop || log_stops))
-      write_checkpoint(step + 1);
+      write_checkpoint(step + 1, loader.shard(), loader.position());
     if (log_stops) {
       // This step's checkpoint is written (above) and --save (below); then the error.
       const std::string at = "; stopped after step " + std::to_string(step + 1) + " of " + std::to_string(o.steps);

@@ -218,7 +218,8 @@ def main():
     stopped, (err,) = stop_with_signal([exe] + cut, {}, signal.SIGTERM, after=1)
     saved = open(os.path.join(ck_cut, "latest")).read().strip()
     check(stopped == [-signal.SIGTERM] and "SIGTERM: stopped after step 1 of 3 (step 2 was cut short after micro-step" in err
-          and saved == "ckpt_00000001.kiln-ckpt" and sorted(losses(f"{w}/cut.jsonl")) == [0],
+          and saved == "ckpt_00000001.kiln-ckpt" and sorted(losses(f"{w}/cut.jsonl")) == [0] and
+          "SIGTERM: stopping at the end of this micro-step (a step cut short is left undone), with a checkpoint and --save" in err,
           f"SIGTERM within step 2: exit {stopped}, checkpoint {saved}: " + last_line(err))
     r = subprocess.run([exe] + cut + ["--resume"], capture_output=True, text=True)
     want_long, got_long = losses(f"{w}/long_ref.jsonl"), losses(f"{w}/cut.jsonl")
@@ -235,6 +236,7 @@ def main():
     err = p.stderr.read()
     p.wait()
     check(p.returncode == -signal.SIGTERM and "nothing was trained" in err and not os.path.exists(ck_first) and
+          "SIGTERM: stopping at the end of this micro-step: the first step is left undone, and nothing is written" in err and
           not os.path.exists(f"{w}/first.jsonl"), f"SIGTERM within step 1: exit {p.returncode}: " + last_line(err))
 
     # SIGINT while the run samples (here, every step's samples take seconds): the sampling ends at

@@ -353,6 +353,7 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
     for (const std::string& name : older) removed += written.count(name) ? 0 : 1;
     fs::remove_all(tmp, ec);
     untrack_staging_folder();
+    held.reset();  // DIR holds the whole data set: a signal may end the process now
 
     for (size_t k = 0; k < not_text.size() && k < 5; ++k)
       std::fprintf(stderr, "note: %s: its bytes were tokenized as they are\n", one_line(not_text[k]).c_str());
