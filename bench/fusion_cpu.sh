@@ -21,7 +21,7 @@
 # If `kilnc --help` has no --no-fusion, it warns and compiles both variants the same way.
 #
 # Usage: bench/fusion_cpu.sh [--precision fp32|bf16] [--steps N] [--warmup N] [--rounds N]
-#                            [--threads N] [--out FILE]
+#                            [--threads N] [--vocab V] [--out FILE]
 #                            [--no-pytorch] [--keep]
 # Environment: KILN_BUILD (default build), PYTHON (default /usr/bin/python3: Debian's torch).
 # Takes ~3 minutes with the defaults on an idle 2-core machine (more when other work shares

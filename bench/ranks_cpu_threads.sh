@@ -7,7 +7,8 @@
 # ms/step and the ratio, and how far apart the two-rank runs' losses are (the BLAS rounds a
 # product otherwise with another thread count: the last bits, not the training).
 #
-# Usage: bench/ranks_cpu_threads.sh [--spec FILE] [--steps N] [--rounds N]
+# Usage: bench/ranks_cpu_threads.sh [--spec FILE] [--steps N] [--rounds N]   (each N at least 2;
+#        the first step of a run is left out of its times)
 # Environment: KILN_BUILD (default build), PYTHON (default /usr/bin/python3).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -67,9 +68,12 @@ import json, statistics, sys
 work, cpus = sys.argv[1], int(sys.argv[2])
 ms = {t: statistics.median(float(x) for x in open(f"{work}/{t}.ms")) for t in ("shared", "every_cpu", "alone")}
 losses = {t: [json.loads(l)["loss"] for l in open(f"{work}/{t}.last.jsonl") if l.strip()] for t in ("shared", "every_cpu")}
-print(f"2 ranks, {max(1, cpus // 2)} thread(s) each (the default): {ms['shared']:8.1f} ms/step")
-print(f"2 ranks, {cpus} threads each (OMP_NUM_THREADS={cpus}): {ms['every_cpu']:8.1f} ms/step")
-print(f"1 process, {cpus} threads, the same tokens:       {ms['alone']:8.1f} ms/step")
+rows = [(f"2 ranks, {max(1, cpus // 2)} thread(s) each (the default)", ms["shared"]),
+        (f"2 ranks, {cpus} threads each (OMP_NUM_THREADS={cpus})", ms["every_cpu"]),
+        (f"1 process, {cpus} threads, the same tokens", ms["alone"])]
+width = max(len(name) for name, _ in rows)
+for name, value in rows:
+    print(f"{name + ':':<{width + 1}} {value:8.1f} ms/step")
 dloss = max(abs(a - b) for a, b in zip(losses["shared"], losses["every_cpu"]))
 print(f"ratio: sharing the CPUs is {ms['every_cpu'] / ms['shared']:.2f}x the speed of every CPU each; "
       f"max |dloss| between them {dloss:.1e} over {len(losses['shared'])} steps")

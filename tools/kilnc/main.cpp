@@ -301,8 +301,10 @@ int main(int argc, char** argv) {
     } else {
       kiln::write_executable(output, findRuntime(runtime), *bytes);
     }
-    std::fprintf(stderr, "kilnc: wrote %s (%s, %zu-byte module)\n", output.c_str(),
-                 emit == "exe" ? "training executable" : "module", bytes->size());
+    if (emit == "exe")
+      std::fprintf(stderr, "kilnc: wrote %s (a training executable; its module is %zu bytes)\n", output.c_str(), bytes->size());
+    else
+      std::fprintf(stderr, "kilnc: wrote %s (a module of %zu bytes)\n", output.c_str(), bytes->size());
     return 0;
   } catch (const kiln::Error& e) {
     std::fprintf(stderr, "error: %s\n", kiln::one_line(e.what()).c_str());
