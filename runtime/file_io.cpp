@@ -274,6 +274,21 @@ std::string read_head(const std::string& path, size_t n) {
   return head;
 }
 
+std::string read_tail(const std::string& path, size_t n) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return "";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  const size_t size = size_t(st.st_size), want = std::min(n, size);
+  std::string tail(want, '\0');
+  ssize_t got = 0;
+  while ((got = ::pread(fd, tail.data(), want, off_t(size - want))) < 0 && errno == EINTR) {
+  }
+  ::close(fd);
+  tail.resize(got > 0 ? size_t(got) : 0);
+  return tail;
+}
+
 void check_not_a_device(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0 || !S_ISCHR(st.st_mode)) return;

@@ -17,6 +17,8 @@ std::vector<uint8_t> read_file(const std::string& path);
 // The first `n` bytes of a regular file (fewer when it is shorter); "" when it is no regular file
 // or cannot be read. For telling what kind of file a name holds before reading or replacing it.
 std::string read_head(const std::string& path, size_t n);
+// The last n bytes of the regular file at `path` (all of it when shorter; "" when it cannot be read).
+std::string read_tail(const std::string& path, size_t n);
 
 // Refuses an input that is a character device other than a terminal (/dev/zero and
 // /dev/urandom never end; /dev/null holds nothing): kiln::Error "PATH: is a device, not a file".

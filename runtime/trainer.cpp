@@ -53,14 +53,14 @@ uint64_t fingerprint(const void* data, size_t n, uint64_t h = 146959810393466560
 // ranks drift apart (or deadlock on different collectives). Checked once at start; every rank
 // learns the outcome, so they all stop together.
 void check_ranks_agree(Communicator& comm, const Module& module, const TrainOptions& o, int64_t total,
-                       Executor& ex, const DataLoader& data) {
+                       int64_t first_step, Executor& ex, const DataLoader& data) {
   const uint8_t* bytes = flatbuffers::GetBufferStartFromRootPointer(&module.fb());
   // Everything that decides which collectives run (evaluation, gradient dumps, checkpoints: a
   // ZeRO-1 run gathers its moments for each) is compared too.
-  // So is --resume (a difference would show only as other initial weights).
+  // So are --resume and the step it resumes at (a difference would show only as other weights).
   std::string opts = o.schedule.kind + (o.val_data.empty() ? " no-val" : " val") + (o.dump_grads.empty() ? " no-dump" : " dump") +
                      (o.checkpoint_dir.empty() ? " no-ckpt" : " ckpt") + (o.resume ? " resume" : " fresh");
-  for (double x : {double(o.steps), double(total), double(o.zero), o.bucket_mb, double(o.schedule.lr),
+  for (double x : {double(o.steps), double(first_step), double(total), double(o.zero), o.bucket_mb, double(o.schedule.lr),
                    double(o.schedule.warmup_steps), double(o.schedule.min_lr_ratio), o.weight_decay, o.beta1, o.beta2,
                    o.eps, o.grad_clip, double(o.val_every), double(o.val_steps), double(o.checkpoint_every)}) {
     char buf[40];
@@ -91,7 +91,7 @@ void check_ranks_agree(Communicator& comm, const Module& module, const TrainOpti
   comm.all_reduce_sum(differ, 5);
   const char* what[5] = {"the module (a different executable?)",
                          "the training options (--steps, --total-batch, --zero, --bucket-mb, the schedule, AdamW, "
-                         "evaluation, checkpoints or --resume)",
+                         "evaluation, checkpoints, or --resume and the step of the checkpoint it resumes from)",
                          "the initial weights (a different --seed, or --init files that differ)",
                          "the training data (--data: other shards, or shards of other sizes)",
                          "the outputs (--save or --log, which rank 0 alone writes, given to another rank but not to it)"};
@@ -303,6 +303,17 @@ class LogFile {
   bool newline_first_ = false;
 };
 
+// Whether the file at `path` ends with `text` (false when it cannot be read).
+bool file_ends_with(const std::string& path, const std::string& text) {
+  const std::string tail = read_tail(path, text.size());
+  return tail.size() == text.size() && tail == text;
+}
+
+// A signal as a number the ranks add up (1 for a SIGINT, 1024 for a SIGTERM), and the signal a
+// sum stands for: any SIGTERM wins.
+double signal_code(int sig) { return sig == SIGINT ? 1.0 : sig ? 1024.0 : 0.0; }
+int signal_of_sum(double sum) { return sum >= 1024 ? SIGTERM : sum > 0 ? SIGINT : 0; }
+
 // What differs, when a run resumes, from the run that wrote the checkpoint (its extra_json holds
 // that run's --steps and shard sizes), and checkpoints past the one resumed from: said, not
 // refused (a longer run, or other data, may be meant).
@@ -435,12 +446,12 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     if (!(float(beta) >= 0 && float(beta) < 1))
       throw Error(std::string(flag) + ": must be in [0, 1) as a 32-bit float (AdamW divides by 1 - beta^t)");
   // Ctrl-C or SIGTERM: finish the step, checkpoint, save, and exit 128 + signal (stop_signals.h).
-  // One process stops a step of several micro-steps at the next one's end instead, and leaves the
-  // step undone (the weights and moments are those of the step before; --resume redoes it): a
-  // scheduler's grace period may be shorter than a step. Ranks agree only once a step.
+  // A step of several micro-steps stops at the end of the micro-step instead (the ranks agree
+  // after each), and is left undone (the weights and moments are those of the step before;
+  // --resume redoes it): a scheduler's grace period may be shorter than a step.
   // Installed before any folder is made: one that comes before the first step ends the run there,
   // and the folders it made go with it.
-  const bool cut_steps = world == 1 && accum > 1;
+  const bool cut_steps = accum > 1;
   const std::string what_stops =
       std::string(cut_steps ? "stopping at the end of this micro-step (a step cut short is left undone)"
                             : "stopping after this step") +
@@ -448,14 +459,13 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
        : !o.checkpoint_dir.empty()                 ? ", with a checkpoint"
        : !o.save.empty()                           ? ", with --save"
                                                    : "");
-  // What the handler says: before the first step, during its micro-steps (the phases of one
-  // process), and after.
+  // What the handler says: before the first step (where one process stops at once; ranks go on
+  // to the first step's end, or its first micro-step's), during the first step, and after.
+  const char* in_first_step = cut_steps ? "stopping at the end of this micro-step: the first step is left undone, and "
+                                          "nothing is written"
+                                        : what_stops.c_str();
   StopSignals signals(rank, int(world),
-                      {world == 1 ? "stopping before the first step" : what_stops.c_str(),
-                       cut_steps ? "stopping at the end of this micro-step: the first step is left undone, and nothing "
-                                   "is written"
-                                 : what_stops.c_str(),
-                       what_stops.c_str()});
+                      {world == 1 ? "stopping before the first step" : in_first_step, in_first_step, what_stops.c_str()});
   MadeFolders made;
   check_output_paths(o, root, made);
   for (const char* p : {"micro_step", "optimizer_step"})
@@ -583,7 +593,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     scan = std::make_unique<TokenScan>(shards_to_scan(loader, first_step, o.steps, accum, val.get(), val_steps),
                                        model.vocab_size());
   if (root) check_outputs_spare_inputs(o, loader, val.get());
-  if (world > 1) check_ranks_agree(comm, module, o, total, ex, loader);
+  if (world > 1) check_ranks_agree(comm, module, o, total, first_step, ex, loader);
 
   // The log opens at its first line (checked writable at the start): a run that fails before
   // its first step leaves no empty log behind.
@@ -597,7 +607,10 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     for (const std::string& line : log_pending) lines += (lines.empty() ? "" : "\n") + line;
     return lines;
   };
-  // A run resumed at its end (nothing left to train) still owes the lines its checkpoint kept.
+  // A run resumed at its end (nothing left to train) still owes the lines its checkpoint kept,
+  // unless an earlier such resume (a requeued job) wrote them: the log then ends with them.
+  if (logging && first_step == o.steps && !log_pending.empty() && file_ends_with(o.log, pending_text() + "\n"))
+    log_pending.clear();
   if (logging && first_step == o.steps && !log_pending.empty()) {
     if (const int error = log.append(pending_text()))
       throw Error("--log: " + o.log + ": writing the " + std::to_string(log_pending.size()) + " line(s) " + resumed_from +
@@ -695,34 +708,45 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     const int64_t step_position = loader.position();
     int64_t cut = 0;  // the micro-steps done when a signal cut the step short
     for (int64_t micro = 0; micro < accum; ++micro) {
+      if (micro + 1 == accum) signals.phase(2);  // the step's last micro-step: the step will be finished
       next_batch(ex, loader, B * T, model.vocab_size());
       dp.arm(micro + 1 == accum);  // the last backward starts the gradient buckets
       loss += ex.run("micro_step");
       if (root && within.on() && std::chrono::steady_clock::now() - t0 > std::chrono::seconds(3))
         within.update(micro + 1, accum);
-      if (cut_steps && micro + 1 < accum && signals.requested()) {
-        cut = micro + 1;
-        break;
+      if (cut_steps && micro + 1 < accum) {
+        // Ranks agree on it here, as after a step (one that got the signal stops by it).
+        int sig = signals.requested();
+        if (world > 1) {
+          double code = signal_code(sig);
+          comm.all_reduce_sum(&code, 1);
+          sig = sig ? sig : signal_of_sum(code);
+        }
+        if (sig) {
+          cut = micro + 1;
+          interrupted = sig;
+          break;
+        }
       }
     }
     within.clear();
     if (cut) {
       // Nothing of the step is kept: its checkpoint reads on from where the step began, the
       // gradients are dropped, and the weights and moments are still those after the step before.
-      interrupted = signals.requested();
       const std::string undone = "step " + std::to_string(step + 1) + " was cut short after micro-step " +
                                  std::to_string(cut) + " of " + std::to_string(accum) + " and is left undone";
       if (step == first_step) {
-        std::fprintf(stderr, "%s: stopped before the first step ended (%s): nothing was trained\n",
-                     signal_name(interrupted), undone.c_str());
+        if (root)
+          std::fprintf(stderr, "%s: stopped before the first step ended (%s): nothing was trained\n",
+                       signal_name(interrupted), undone.c_str());
         throw Interrupted{interrupted};
       }
       if (!o.checkpoint_dir.empty() && checkpointed != step) write_checkpoint(step, step_shard, step_position);
-      std::fprintf(stderr, "%s: stopped after step %lld of %lld (%s)%s\n", signal_name(interrupted),
-                   (long long)step, (long long)o.steps, undone.c_str(), where_stopped().c_str());
+      if (root)
+        std::fprintf(stderr, "%s: stopped after step %lld of %lld (%s)%s\n", signal_name(interrupted),
+                     (long long)step, (long long)o.steps, undone.c_str(), where_stopped().c_str());
       break;
     }
-    signals.phase(2);  // the step is past its micro-steps: it will be finished
     dp.arm(false);
     // The last micro-step's backward is done: start averaging the gradients, bucket by bucket.
     dp.start_gradient_reduction();
@@ -734,10 +758,10 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     bool log_stop = false;
     if (world > 1) {
       const int mine = signals.requested();
-      double sums[3] = {loss, mine == SIGINT ? 1.0 : mine ? 1024.0 : 0.0, log_failure.empty() ? 0.0 : 1.0};
+      double sums[3] = {loss, signal_code(mine), log_failure.empty() ? 0.0 : 1.0};
       comm.all_reduce_sum(sums, 3);
       loss = sums[0] / double(world);
-      stop = mine ? mine : sums[1] >= 1024 ? SIGTERM : sums[1] > 0 ? SIGINT : 0;
+      stop = mine ? mine : signal_of_sum(sums[1]);
       log_stop = sums[2] > 0;
     }
     dp.finish_gradient_reduction();

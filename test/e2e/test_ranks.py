@@ -34,6 +34,8 @@ and (group tcp, the environment rendezvous RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PO
   tcp_save_one_rank      only rank 1 has --save (rank 0 alone writes it): both ranks refuse to start
   tcp_log_full   rank 0's --log cannot be written: both ranks stop after the next step with its
                  checkpoint, which keeps the lines not written; the resumed run writes them first
+  tcp_cut_step   SIGTERM to rank 1 within a step of 200 micro-steps a rank: both stop after the
+                 micro-step, the step left undone; resumed, the uninterrupted run bitwise
   tcp_idle_peer  a silent connection reaches rank 0 before rank 1: the ranks still train
   tcp_ipv6       MASTER_ADDR=::1 (skipped without IPv6 loopback)
   nccl_refused   --comm nccl on a cpu module is an error naming the target
@@ -698,6 +700,36 @@ def case_tcp_log_full(c: Ctx):
     return "both ranks stopped after step 2; " + compare_runs("resumed with the missing lines", c.ref, got)
 
 
+def case_tcp_cut_step(c: Ctx):
+    # SIGTERM to rank 1 within a step of 200 micro-steps a rank: the ranks agree after the micro-step and
+    # both stop, leaving the step undone; the checkpoint is the step before's, and the run resumed
+    # from it is bitwise the uninterrupted two-rank run.
+    steps, micro, ck = 3, 400, os.path.join(c.workdir, "cut_ck")
+    shutil.rmtree(ck, ignore_errors=True)
+    ref_w, cut_w = (os.path.join(c.workdir, f"{t}.safetensors") for t in ("tcp_cut_ref", "tcp_cut_resumed"))
+    procs, _ = start_tcp(c, "tcp_cut_ref", ["--save", ref_w], steps=steps, save=False, micro=micro)
+    finish_ok(procs, "tcp_cut_ref")
+    procs, _ = start_tcp(c, "tcp_cut", ["--checkpoint-dir", ck], steps=steps, save=False, micro=micro)
+    for line in procs[0].stdout:
+        if line.startswith("step") and line.split()[1].startswith("1/"):
+            procs[1].send_signal(signal.SIGTERM)
+            break
+    res = finish(procs, timeout=KILL_LIMIT_S)
+    said = f"SIGTERM: stopped after step 1 of {steps} (step 2 was cut short after micro-step"
+    latest = open(os.path.join(ck, "latest")).read().strip() if os.path.exists(os.path.join(ck, "latest")) else None
+    if [rc for rc, _, _ in res] != [-signal.SIGTERM] * 2 or said not in res[0][2] or latest != "ckpt_00000001.kiln-ckpt":
+        raise TestFailure(f"tcp_cut_step: exits {[rc for rc, _, _ in res]}, latest {latest}:\n{res[0][2][-1500:]}")
+    if "kiln: rank 1: SIGTERM: stopping at the end of this micro-step" not in res[1][2]:
+        raise TestFailure(f"tcp_cut_step: rank 1's handler line:\n{res[1][2][-1000:]}")
+    procs, _ = start_tcp(c, "tcp_cut_resumed", ["--checkpoint-dir", ck, "--resume", "--save", cut_w], steps=steps,
+                         save=False, micro=micro)
+    finish_ok(procs, "tcp_cut_resumed")
+    ref, got = logged(c, "tcp_cut_ref"), logged(c, "tcp_cut_resumed")
+    if got != ref[1:] or read_safetensors(cut_w) != read_safetensors(ref_w):
+        raise TestFailure(f"tcp_cut_step: resumed {got} against {ref[1:]} (or the final weights differ)")
+    return f"both ranks stopped within step 2 ({said.split('(')[1]}...); resumed: steps 1-2 and the final weights bitwise"
+
+
 def case_tcp_idle_peer(c: Ctx):
     # A connection to rank 0 that never says hello (a port scanner, a stale client) comes first:
     # the two ranks still meet and train, within the 6 s timeout.
@@ -839,7 +871,7 @@ GROUPS = {
     "cuda-zero1": [case_tcp_zero1_cuda],
     "mpi": [case_mpi, case_mpi_zero1, case_mpi_accum, case_mpi_kill, case_mpi_hang],
     "tcp": [case_tcp, case_single_zero1, case_tcp_zero1_resume, case_tcp_three, case_tcp_kill_1, case_tcp_kill_0, case_tcp_hang, case_tcp_rank_error,
-            case_tcp_no_root, case_tcp_other_data, case_tcp_other_checkpoints, case_tcp_save_one_rank, case_tcp_log_full, case_tcp_idle_peer, case_tcp_ipv6,
+            case_tcp_no_root, case_tcp_other_data, case_tcp_other_checkpoints, case_tcp_save_one_rank, case_tcp_log_full, case_tcp_cut_step, case_tcp_idle_peer, case_tcp_ipv6,
             case_nccl_refused, case_tcp_threads],
 }
 

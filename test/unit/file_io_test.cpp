@@ -83,6 +83,19 @@ int in_child(F body) {
 }
 
 // Between writes there is nothing to remove, and a finished write keeps its file.
+// read_head and read_tail: the first and last bytes, all of a shorter file, "" for a missing one.
+TEST_F(FileIo, HeadAndTail) {
+  const std::string f = path("f.txt");
+  const std::string text = "{\"step\":0}\n{\"step\":1}\n";
+  write_file_atomic(f, {{text.data(), text.size()}});
+  EXPECT_EQ(read_head(f, 4), "{\"st");
+  EXPECT_EQ(read_tail(f, 11), "{\"step\":1}\n");
+  EXPECT_EQ(read_tail(f, 1000), text);
+  EXPECT_EQ(read_tail(f, 0), "");
+  EXPECT_EQ(read_tail(path("missing"), 4), "");
+  EXPECT_EQ(read_tail(dir_.string(), 4), "");  // a folder
+}
+
 TEST_F(FileIo, NothingPendingAfterAWrite) {
   const std::string out = path("small.txt");
   const int status = in_child([&] {
