@@ -650,11 +650,12 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   for (int64_t n : loader.shard_tokens()) data_tokens += n;
   const std::string data = std::to_string(loader.files().size()) + (loader.files().size() == 1 ? " shard, " : " shards, ") +
                            std::to_string(data_tokens) + " tokens";
-  if (root && world == 1)
+  const bool training = first_step < o.steps;  // (a finished run resumed again has nothing to do)
+  if (root && world == 1 && training)
     std::fprintf(stderr, "training %s on %s: %lld step%s, B=%lld T=%lld, %lld micro-step(s) of %lld tokens per step; data: %s\n",
                  module.source().c_str(), ex.device_name().c_str(), (long long)o.steps, o.steps == 1 ? "" : "s", (long long)B, (long long)T,
                  (long long)accum, (long long)tokens_per_micro, data.c_str());
-  if (root && world > 1)
+  if (root && world > 1 && training)
     std::fprintf(stderr, "training %s: %lld step%s, B=%lld T=%lld, %lld micro-step(s) of %lld tokens on each of %lld "
                  "ranks: %lld tokens per step; data: %s\n", module.source().c_str(), (long long)o.steps, o.steps == 1 ? "" : "s", (long long)B,
                  (long long)T, (long long)accum, (long long)(B * T), (long long)world, (long long)total, data.c_str());
@@ -899,7 +900,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       break;
     }
   }
-  if (root)
+  if (root && elapsed > 0)
     std::fprintf(stderr, "MFU is against %s%.3g TFLOP/s (%s%s)\n", o.peak_tflops > 0 ? "" : "an estimated ",
                  peak / 1e12, world > 1 ? (std::to_string(world) + " ranks x ").c_str() : "",
                  o.peak_tflops > 0 ? "--peak-tflops"
