@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cmath>
@@ -303,10 +304,14 @@ class LogFile {
   bool newline_first_ = false;
 };
 
-// Whether the file at `path` ends with `text` (false when it cannot be read).
-bool file_ends_with(const std::string& path, const std::string& text) {
-  const std::string tail = read_tail(path, text.size());
-  return tail.size() == text.size() && tail == text;
+// Drops the lines the log at `path` already holds whole in its last 64 MiB: a checkpoint's lines
+// that an earlier run resumed from it wrote (a requeued job, or one killed before its next
+// checkpoint) are not written again.
+void drop_logged_lines(const std::string& path, std::vector<std::string>& lines) {
+  const std::string tail = "\n" + read_tail(path, size_t(64) << 20);
+  lines.erase(std::remove_if(lines.begin(), lines.end(),
+                             [&](const std::string& line) { return tail.find("\n" + line + "\n") != std::string::npos; }),
+              lines.end());
 }
 
 // A signal as a number the ranks add up (1 for a SIGINT, 1024 for a SIGTERM), and the signal a
@@ -551,6 +556,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       if (const auto lines = extra.find("log_pending"); root && lines != extra.end() && lines->is_array()) {
         for (const auto& line : *lines)
           if (line.is_string()) log_pending.push_back(line.get<std::string>());
+        if (!o.log.empty()) drop_logged_lines(o.log, log_pending);
         if (o.log.empty() && !log_pending.empty()) {
           std::fprintf(stderr, "note: %s holds %zu log line(s) its run could not write; without --log they are not "
                        "written\n", latest->c_str(), log_pending.size());
@@ -607,10 +613,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     for (const std::string& line : log_pending) lines += (lines.empty() ? "" : "\n") + line;
     return lines;
   };
-  // A run resumed at its end (nothing left to train) still owes the lines its checkpoint kept,
-  // unless an earlier such resume (a requeued job) wrote them: the log then ends with them.
-  if (logging && first_step == o.steps && !log_pending.empty() && file_ends_with(o.log, pending_text() + "\n"))
-    log_pending.clear();
+  // A run resumed at its end (nothing left to train) still owes the lines its checkpoint kept.
   if (logging && first_step == o.steps && !log_pending.empty()) {
     if (const int error = log.append(pending_text()))
       throw Error("--log: " + o.log + ": writing the " + std::to_string(log_pending.size()) + " line(s) " + resumed_from +
