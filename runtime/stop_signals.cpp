@@ -28,13 +28,13 @@ std::atomic<int> g_phase{0};
 // Async-signal-safe: a flag and a write(2). The second signal restores the default action
 // and raises itself, which ends the process as if no handler were there.
 void on_signal(int sig) {
-  if (g_requested.load()) {
+  // (Compare-and-swap: of two signals arriving at once on two threads, one is the first.)
+  if (int none = 0; !g_requested.compare_exchange_strong(none, sig)) {
     remove_pending_temporary();  // a checkpoint or --save half written
     ::signal(sig, SIG_DFL);
     ::raise(sig);
     return;
   }
-  g_requested.store(sig);
   const char* msg = g_message[g_phase.load()][sig == SIGINT ? 0 : 1];
   ssize_t ignored = ::write(2, msg, std::strlen(msg));
   (void)ignored;
