@@ -295,8 +295,12 @@ def mpi_fail(c: Ctx, tag, sig, env_extra=None, expect=None):
     wrap = ["sh", "-c", f'echo $$ > {piddir}/rank_$OMPI_COMM_WORLD_RANK; exec "$@"', "sh"]
     cmd = c.mpirun_cmd() + [a for k in (env_extra or {}) for a in ("-x", k)] + wrap + \
         c.train_args(tag, steps=10**6, save=False)
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=c.workdir,
-                         env=child_env(env_extra), start_new_session=True)
+    # Not pipes that nobody reads while it runs: rank 0 prints a line a step, and mpirun stops
+    # (and never ends the job) once such a pipe is full.
+    errp = os.path.join(c.workdir, f"{tag}.stderr")
+    with open(errp, "w") as errf:
+        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=errf, text=True, cwd=c.workdir,
+                             env=child_env(env_extra), start_new_session=True)
     pid = {}
     try:
         wait_for(lambda: log_has_a_step(logp) and len(os.listdir(piddir)) == 2, 60, "the first step under mpirun")
@@ -308,7 +312,7 @@ def mpi_fail(c: Ctx, tag, sig, env_extra=None, expect=None):
             rc = p.wait(timeout=KILL_LIMIT_S)
         except subprocess.TimeoutExpired:
             raise TestFailure(f"{tag}: mpirun still running {KILL_LIMIT_S:.0f} s after rank 1 got signal {sig}")
-        _, err = p.communicate()
+        err = open(errp).read()
         try:
             wait_for(lambda: not alive(pid[0]), max(1.0, KILL_LIMIT_S - (time.monotonic() - t0)), "rank 0 to end")
         except TestFailure:
@@ -342,7 +346,7 @@ def case_mpi_hang(c: Ctx):
 # TCP rendezvous
 # ---------------------------------------------------------------------------------------------
 def start_tcp(c: Ctx, tag, extra=(), steps=None, save=True, port=None, per_rank=None, env_extra=None, micro=2,
-              world=2):
+              world=2, stdout=subprocess.PIPE):
     port = port or free_port()
     procs = []
     for r in range(world):
@@ -353,7 +357,7 @@ def start_tcp(c: Ctx, tag, extra=(), steps=None, save=True, port=None, per_rank=
             args += ["--log", os.path.join(c.workdir, f"{tag}.jsonl")]  # the same file: must stay unwritten
         if per_rank:
             args = per_rank(r, args)
-        procs.append(subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        procs.append(subprocess.Popen(args, stdout=stdout, stderr=subprocess.PIPE, text=True,
                                       cwd=c.workdir, env=env))
     return procs, port
 
@@ -547,7 +551,9 @@ def case_single_zero1(c: Ctx):
 
 def tcp_kill(c: Ctx, victim: int, sig=signal.SIGKILL, tag=None, expect="disconnected", extra=(), timeout="4"):
     tag = tag or f"tcp_kill_{victim}"
-    procs, port = start_tcp(c, tag, extra, steps=10**6, save=False, env_extra={"KILN_COMM_TIMEOUT": timeout})
+    # Rank 0's line a step goes nowhere: a full pipe nobody reads would stop it on its own.
+    procs, port = start_tcp(c, tag, extra, steps=10**6, save=False, env_extra={"KILN_COMM_TIMEOUT": timeout},
+                            stdout=subprocess.DEVNULL)
     try:
         wait_for(lambda: log_has_a_step(os.path.join(c.workdir, f"{tag}.jsonl")), 60, "the first TCP step")
         procs[victim].send_signal(sig)
@@ -570,7 +576,8 @@ def tcp_kill(c: Ctx, victim: int, sig=signal.SIGKILL, tag=None, expect="disconne
         for p in procs:
             if p.poll() is None:
                 p.kill()
-            p.communicate()
+            if p.stderr and not p.stderr.closed:  # (the survivor's was read above)
+                p.communicate()
 
 
 def case_tcp_kill_1(c: Ctx):
