@@ -1,7 +1,8 @@
 // Ctrl-C (SIGINT) and SIGTERM (a scheduler's preemption, `kill`) during training: the run
-// finishes the step it is in (or the micro-step, leaving a step cut short undone),
-// writes a checkpoint and --save, and exits 128 + the signal, so that --resume goes on from there. A second signal ends the process at once. The process then
-// ends by that signal (as a shell expects of a Ctrl-C'd command), after the communicator is shut.
+// finishes the step it is in (or the micro-step, leaving a step cut short undone), writes a
+// checkpoint and --save, and exits 128 + the signal, so that --resume goes on from there. A
+// second signal ends the process at once. The process then ends by that signal (as a shell
+// expects of a Ctrl-C'd command), after the communicator is shut.
 #pragma once
 #include <initializer_list>
 
