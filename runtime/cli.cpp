@@ -332,9 +332,11 @@ int run_sample(const Module& module, SampleCommand& c) {
           std::to_string(times.logits_steps) + " by @logits";
   if (times.first_steps > 0)
     line += "; a round's first step (reading the prompt) " + fixed(1e3 * times.first_steps_s / double(times.first_steps), 2) + " ms";
-  if (times.prefill_calls > 0)
+  if (times.prefill_from > 0)
     line += "; " + std::to_string(times.prefill_positions) + " prompt positions read by @prefill in " +
-            std::to_string(times.prefill_calls) + (times.prefill_calls == 1 ? " call" : " calls");
+            std::to_string(times.prefill_calls) + (times.prefill_calls == 1 ? " call" : " calls") + " (" +
+            std::to_string(times.prefill_per_call) + " a call, once " + std::to_string(times.prefill_from) +
+            " or more are left)";
   std::fprintf(stderr, "%s\n", line.c_str());
   return 0;
 }

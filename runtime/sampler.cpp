@@ -42,6 +42,26 @@ void check_sample_size(int64_t prompt_tokens, const SampleOptions& o, const std:
   }
 }
 
+int64_t prefill_from(const Module& m, int64_t M) {
+  const fb::Model& model = *m.fb().model();
+  double layer_weights = 0, decode_bytes = 0;
+  for (const fb::Parameter* p : *m.fb().parameters()) {
+    const std::string name = p->name()->str();
+    const double n = double(numel(m.buffer(p->value())));
+    if (name != "wte.weight" && name != "wpe.weight") layer_weights += n;
+    if (name != "wpe.weight") decode_bytes += n * (p->compute_copy() >= 0 ? 2 : 4);  // (one wpe row)
+  }
+  // FLOPs a device does per byte it reads at full speed: a CPU core's vector units against its share
+  // of the memory bandwidth (twice as many FLOPs in bf16 products), an H100's or H200's tensor
+  // cores against HBM.
+  const bool cuda = model.target() && model.target()->str() == "cuda";
+  const bool bf16 = model.precision() && model.precision()->str() == "bf16";
+  const double balance = cuda ? 200 : bf16 ? 20 : 10;
+  const double prefill_flops = 2.0 * double(model.batch_size()) * double(M) * layer_weights;
+  const double at = std::ceil(prefill_flops / std::max(1.0, decode_bytes * balance));
+  return std::clamp<int64_t>(int64_t(std::min(at, 1e9)), 2, std::max<int64_t>(2, M));
+}
+
 std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t>& prompt,
                                          const SampleOptions& o) {
   const fb::Model& model = *ex.module().fb().model();
@@ -136,8 +156,8 @@ std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t
   int32_t* token = decode ? ex.input("token") : nullptr;
   int32_t* position = decode ? ex.input("position") : nullptr;
   // @prefill (loaded with @decode) reads M positions per row and call into the same caches; its
-  // result is of no use. A call costs about M positions' work in large products, so it takes
-  // over from @decode once at least kPrefillAtLeast positions (before the last) are left.
+  // result is of no use. It takes over from @decode once enough positions (before the last) are
+  // left for one call of it to cost less than as many @decode calls (prefill_from).
   const bool prefill = decode && ex.has_program("prefill");
   int32_t* chunk = prefill ? ex.input("prefill_tokens") : nullptr;
   int32_t* chunk_positions = prefill ? ex.input("prefill_positions") : nullptr;
@@ -145,7 +165,8 @@ std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t
   for (uint32_t i = 0; prefill && i < ex.module().fb().buffers()->size(); ++i)
     if (ex.module().buffer(i).kind() == fb::BufferKind::Input && ex.module().buffer(i).name()->str() == "prefill_positions")
       M = numel(ex.module().buffer(i));
-  const int64_t kPrefillAtLeast = std::max<int64_t>(2, M / 8);
+  const int64_t kPrefillAtLeast = prefill ? prefill_from(ex.module(), M) : 0;
+  if (o.times) o.times->prefill_per_call = M, o.times->prefill_from = kPrefillAtLeast;
   for (int64_t first = 0; first < o.num_samples; first += B) {
     const int64_t rows = std::min(B, o.num_samples - first);
     int64_t cached = 0;  // positions of every row's sequence in the caches (all rows are as long)

@@ -26,6 +26,7 @@ struct SampleOptions {
     int64_t other_steps = 0, other_tokens = 0;  // tokens: one per row of a step
     int64_t decode_steps = 0, logits_steps = 0;  // which program gave each step's logits
     int64_t prefill_calls = 0, prefill_positions = 0;  // prompt positions @prefill read
+    int64_t prefill_per_call = 0, prefill_from = 0;    // its M, and prefill_from's count (0: not loaded)
   }* times = nullptr;
   // Called after each forward pass with the passes done and the passes in all
   // (ceil(num_samples / B) * max_new_tokens): for a progress line.
@@ -50,6 +51,13 @@ struct SampleOptions {
 // kiln::Error `what` + "N samples of P + M tokens are more than the 2^31 tokens the sampler
 // keeps" when they are (sample() checks it too; a caller that samples later checks up front).
 void check_sample_size(int64_t prompt_tokens, const SampleOptions& options, const std::string& what);
+
+// The prompt positions (before the last) from which one @prefill call of M positions costs less
+// than as many @decode calls, at least 2. A @decode call is bound by memory: it reads every weight,
+// the head's included, for B rows. A @prefill call is bound by arithmetic: 2 FLOPs per weight of
+// the layers (not the head) for each of its B x M rows. Their times at the target's balance of
+// FLOPs to bytes (a CPU about 10, 20 in bf16; an H100 or H200 about 200) break even at this count.
+int64_t prefill_from(const Module& module, int64_t M);
 
 // A sample as it is printed: `text` of its ids when given (GPT-2's tokenizer; bytes, possibly NUL),
 // else the ids separated by spaces.

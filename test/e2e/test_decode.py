@@ -101,13 +101,13 @@ def main():
     print(f"{a.spec}: prompt {len(prompt)} tokens, {new} new ({by_decode // rounds} from the caches, "
           f"then @logits), {n} samples in rows of {B}; relative tolerance {tol:.1e}")
     # The prompt positions @prefill reads per round: all but the last token, M per call, while
-    # at least max(2, M / 8) are left.
-    M = min(T, 64)
-    left, calls = len(prompt) - 1, 0
-    while left >= max(2, M // 8):
-        left -= min(M, left)
-        calls += 1
-    prefilled = (rounds * (len(prompt) - 1 - left), rounds * calls)
+    # at least `at` are left (M and `at` as the sampler's line says; M is min(T, 64)).
+    def prefilled(M, at):
+        left, calls = len(prompt) - 1, 0
+        while left >= at:
+            left -= min(M, left)
+            calls += 1
+        return rounds * (len(prompt) - 1 - left), rounds * calls
     failures = 0
     results = {}
     for name, extra in (("kv cache", []), ("no kv cache", ["--no-kv-cache"]), ("no prefill", ["--no-prefill"])):
@@ -120,14 +120,18 @@ def main():
             print(f"FAIL {name}: sample says {m.group(0) if m else stderr.strip()!r}; expected {want[0]} steps by "
                   f"@decode and {want[1]} by @logits")
             failures += 1
-        p = re.search(r"(\d+) prompt positions read by @prefill in (\d+) calls?", stderr)
+        p = re.search(r"(\d+) prompt positions read by @prefill in (\d+) calls? \((\d+) a call, once (\d+) or more "
+                      r"are left\)", stderr)
         got = (int(p.group(1)), int(p.group(2))) if p else (0, 0)
-        want = prefilled if name == "kv cache" else (0, 0)
-        if got != want:
-            print(f"FAIL {name}: @prefill read {got[0]} prompt positions in {got[1]} calls; expected {want[0]} in {want[1]}")
+        M, at = (int(p.group(3)), int(p.group(4))) if p else (min(T, 64), 0)
+        want = prefilled(M, at) if name == "kv cache" else (0, 0)
+        if got != want or (name == "kv cache") != bool(p) or M != min(T, 64) or (p and not 2 <= at <= M):
+            print(f"FAIL {name}: @prefill read {got[0]} prompt positions in {got[1]} calls ({M} a call, from {at}); "
+                  f"expected {want[0]} in {want[1]}" + ("" if p or name != "kv cache" else ": no @prefill line"))
             failures += 1
         elif want[1]:
-            print(f"ok   {name}: the prompt read by @prefill: {got[0]} positions in {got[1]} calls ({M} per call)")
+            print(f"ok   {name}: the prompt read by @prefill: {got[0]} positions in {got[1]} calls ({M} a call, "
+                  f"once {at} or more are left)")
         logits = torch.from_numpy(np.load(npy)).double()
         assert logits.shape == (n, new, V), logits.shape
         assert len(seqs) == n and all(len(s) == len(prompt) + new and s[: len(prompt)] == prompt for s in seqs)
