@@ -165,8 +165,8 @@ std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t
   for (uint32_t i = 0; prefill && i < ex.module().fb().buffers()->size(); ++i)
     if (ex.module().buffer(i).kind() == fb::BufferKind::Input && ex.module().buffer(i).name()->str() == "prefill_positions")
       M = numel(ex.module().buffer(i));
-  const int64_t kPrefillAtLeast = prefill ? prefill_from(ex.module(), M) : 0;
-  if (o.times) o.times->prefill_per_call = M, o.times->prefill_from = kPrefillAtLeast;
+  const int64_t prefill_at = prefill ? prefill_from(ex.module(), M) : 0;
+  if (o.times) o.times->prefill_per_call = M, o.times->prefill_from = prefill_at;
   for (int64_t first = 0; first < o.num_samples; first += B) {
     const int64_t rows = std::min(B, o.num_samples - first);
     int64_t cached = 0;  // positions of every row's sequence in the caches (all rows are as long)
@@ -183,7 +183,7 @@ std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t
       if (from_caches) {
         // Feed the positions the caches lack (the prompt at the first step, then the last token);
         // the last call's logits are those of position len - 1, so it is @decode's.
-        while (prefill && len - 1 - cached >= kPrefillAtLeast) {
+        while (prefill && len - 1 - cached >= prefill_at) {
           const int64_t n = std::min(M, len - 1 - cached);
           std::fill(chunk, chunk + B * M, 0);  // padding: stored past the prompt, overwritten later
           for (int64_t r = 0; r < rows; ++r)

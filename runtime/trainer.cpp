@@ -271,14 +271,8 @@ class LogFile {
         const int error = errno;
         throw Error("--log: " + path_ + ": cannot open for appending: " + std::strerror(error));
       }
-      struct stat st {};
-      char last = '\n';
-      if (::fstat(fd_, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0)
-        if (const int in = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC); in >= 0) {
-          if (::pread(in, &last, 1, st.st_size - 1) != 1) last = '\n';
-          ::close(in);
-        }
-      newline_first_ = last != '\n';
+      const std::string last = read_tail(path_, 1);  // "" for an empty file, a FIFO or a device
+      newline_first_ = !last.empty() && last != "\n";
     }
     const std::string text = (newline_first_ ? "\n" : "") + line + "\n";
     struct stat st {};
@@ -756,8 +750,8 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     dp.start_gradient_reduction();
     loss /= double(accum);
     // The ranks agree on stopping in the loss's reduction, so that all stop after the same step
-    // however the signals reached them: each adds 1 for a SIGINT, 1024 for a SIGTERM.
-    // Rank 0 says there whether its log failed at the step before.
+    // however the signals reached them (signal_code); rank 0 says there whether its log failed
+    // at the step before.
     int stop = 0;
     bool log_stop = false;
     if (world > 1) {
