@@ -39,6 +39,12 @@ Module Module::from_bytes(std::vector<uint8_t> bytes, std::string source) {
   flatbuffers::Verifier verifier(m.bytes_.data(), m.bytes_.size());
   if (!fb::VerifyModuleBuffer(verifier))
     throw Error(m.source_ + ": corrupt or truncated module (FlatBuffers verification failed)");
+  // kilnc writes nothing after the tables; bytes past them are a damaged file (one appended
+  // to, or two run together), not part of the module.
+  if (const size_t end = verifier.GetComputedSize(); end != m.bytes_.size())
+    throw Error(m.source_ + ": " + std::to_string(m.bytes_.size() - end) +
+                (m.bytes_.size() - end == 1 ? " byte" : " bytes") + " after the module's end at byte " +
+                std::to_string(end) + " (a damaged Kiln module: compile it again with kilnc)");
   m.fb_ = fb::GetModule(m.bytes_.data());
   m.verify();
   verify_plan(m);
