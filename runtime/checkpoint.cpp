@@ -19,6 +19,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <system_error>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -136,7 +137,8 @@ void remove_stale_temporaries(const fs::path& dir) {
 class MappedFile {
  public:
   explicit MappedFile(const std::string& path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: a FIFO opens at once and is refused below, instead of waiting for a writer.
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) throw Error(path + ": cannot open: " + std::strerror(errno));
     struct stat st;
     if (::fstat(fd, &st) != 0) {
@@ -240,6 +242,7 @@ Span parse_span(const Json& j, uint64_t numel, uint64_t data_size, const std::st
     bad_header(path, at + j.dump() + " runs past the end of the data (" + std::to_string(data_size) + " bytes)");
   if (s.bytes != numel * 4)
     bad_header(path, at + "holds " + std::to_string(s.bytes) + " bytes, the shape needs " + std::to_string(numel * 4));
+  if (s.offset % 4 != 0) bad_header(path, at + j.dump() + " does not start at a multiple of 4 bytes (fp32)");
   return s;
 }
 
@@ -273,6 +276,9 @@ Parsed parse(const std::string& path, const MappedFile& bytes) {
   if (header_len > size - kPrefixBytes - kTrailerBytes)
     throw Error(path + ": length: header length " + std::to_string(header_len) + " runs past the end of the file");
   const uint64_t data_start = kPrefixBytes + header_len;
+  if (data_start % kDataAlign != 0)  // the writer pads the header so; a length edited by hand shifts every tensor
+    throw Error(path + ": length: the data starts at byte " + std::to_string(data_start) + ", not at a multiple of " +
+                std::to_string(kDataAlign));
   const uint64_t data_size = size - kTrailerBytes - data_start;
 
   Json h;
@@ -290,6 +296,9 @@ Parsed parse(const std::string& path, const MappedFile& bytes) {
   TrainingState& st = p.state;
   st.step = as_int64(member(h, "step", path), path, "step");
   if (st.step < 0) bad_header(path, "step " + std::to_string(st.step) + " is negative");
+  // `latest`, --keep and the notes go by the file's name: it must say the step the file holds.
+  if (auto named = step_of(fs::path(path).filename().string()); named && *named != st.step)
+    bad_header(path, "step " + std::to_string(st.step) + " is not the step " + std::to_string(*named) + " its name says");
   st.data_shard = as_uint64(member(h, "data_shard", path), path, "data_shard");
   st.data_position = as_int64(member(h, "data_position", path), path, "data_position");
   // rng_state is a hex string: JSON readers that use doubles (jq, JavaScript) would round a number.
@@ -300,6 +309,8 @@ Parsed parse(const std::string& path, const MappedFile& bytes) {
   st.rng_state = std::stoull(rng_text, nullptr, 16);
   st.world_size = as_int(member(h, "world_size", path), path, "world_size");
   st.zero_stage = as_int(member(h, "zero_stage", path), path, "zero_stage");
+  if (st.zero_stage != 0 && st.zero_stage != 1)
+    bad_header(path, "zero_stage " + std::to_string(st.zero_stage) + " is not 0 or 1 (--zero)");
   const Json& fp = member(h, "fingerprint", path);
   if (!fp.is_string()) bad_header(path, "fingerprint is not a string");
   st.spec_fingerprint = fp.get<std::string>();
@@ -572,6 +583,19 @@ TrainingState load_checkpoint(const std::string& path, Executor& ex) {
     by_name.erase(it);
   }
   if (!by_name.empty()) throw Error(path + ": parameter '" + by_name.begin()->first + "' is not in the module");
+  // A run never saves a NaN or an infinity (save_checkpoint refuses), nor a negative second
+  // moment: one here was put there by hand, and would end the run a step later, not now.
+  for (const auto& [q, e] : plan)
+    for (const auto& [span, what, moment2] : {std::tuple{e->value, "value", false}, {e->adam_m, "AdamW m", false},
+                                               {e->adam_v, "AdamW v", true}})
+      for (uint64_t i = 0; i < span.bytes / 4; ++i) {
+        float x;
+        std::memcpy(&x, p.data + span.offset + 4 * i, 4);
+        if (!std::isfinite(x) || (moment2 && x < 0.0f))
+          throw Error(path + ": parameter '" + e->name + "' " + what + " element " + std::to_string(i) + " is " +
+                      (std::isnan(x) ? "NaN" : std::isinf(x) ? "infinite" : "negative (a second moment)") +
+                      " (a checkpoint edited by hand?)");
+      }
 
   // Everything is validated: from here on nothing in the file can fail, so the executor is never
   // half-loaded (on a GPU the upload below can still fail, and that ends the run).

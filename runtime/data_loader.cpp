@@ -55,7 +55,8 @@ struct StepNeed {
 // `tokens` non-null also reads the tokens.
 int64_t open_shard(const std::string& path, const StepNeed& need, std::vector<uint16_t>* tokens) {
   Fd file;
-  file.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO opens at once and is refused below, instead of waiting for a writer.
+  file.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (file.fd < 0) throw Error(path + ": open: " + std::strerror(errno));
   struct stat st;
   if (::fstat(file.fd, &st) != 0) throw Error(path + ": stat: " + std::strerror(errno));
@@ -149,7 +150,7 @@ std::vector<std::string> expand_data_patterns(const std::vector<std::string>& fi
 
 bool starts_like_token_shard(const std::string& path) {
   Fd file;
-  file.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  file.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   int32_t magic = 0;
   return file.fd >= 0 && ::pread(file.fd, &magic, sizeof magic, 0) == ssize_t(sizeof magic) && magic == kMagic;
 }

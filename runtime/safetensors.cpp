@@ -74,7 +74,8 @@ struct Header {
 
 // Opens the file, reads and fully validates the header against the file size.
 Header read_header(const std::string& path, Fd& file) {
-  file.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO opens at once and is refused below, instead of waiting for a writer.
+  file.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (file.fd < 0) throw Error(path + ": open: " + std::strerror(errno));
   struct stat st;
   if (::fstat(file.fd, &st) != 0) throw Error(path + ": stat: " + std::strerror(errno));
@@ -94,6 +95,9 @@ Header read_header(const std::string& path, Fd& file) {
                 " bytes follow the length field; not a safetensors file?)");
   std::string text(header_len, '\0');
   read_exact(file.fd, text.data(), header_len, 8, path, "header");
+  // The JSON parser would stop at a NUL: the format pads the header with spaces only.
+  if (const size_t nul = text.find('\0'); nul != std::string::npos)
+    throw Error(path + ": header: a NUL byte at offset " + std::to_string(8 + nul) + " (the header is JSON, padded with spaces)");
 
   // JSON lets a key repeat and keeps its last value; a tensor named twice would lose one silently.
   std::vector<std::set<std::string>> keys;  // of each object being parsed

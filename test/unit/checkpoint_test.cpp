@@ -30,7 +30,7 @@ using testing::param_module;
 
 // Fills every parameter's value, grad and moments with distinct bit patterns, including -0, a
 // denormal and the extremes of the finite range, which only a bitwise copy preserves. (No NaN or
-// infinity: a state holding one is never saved.)
+// infinity: a state holding one is never saved; nor a negative second moment, which no step makes.)
 void fill(Executor& ex, uint32_t seed) {
   uint32_t x = seed * 2654435761u + 1;
   for (const fb::Parameter* p : *ex.module().fb().parameters())
@@ -44,6 +44,7 @@ void fill(Executor& ex, uint32_t seed) {
         if (i == 1) bits = 0x00000001u;       // smallest denormal
         if (i == 2) bits = 0x7f7fffffu;       // largest finite
         if (i == 3) bits = 0x80800000u;       // -smallest normal
+        if (idx == p->adam_v() && i != 0) bits &= 0x7fffffffu;  // v >= 0 (-0.0 is not below 0)
         std::memcpy(&f[i], &bits, 4);
       }
     }
@@ -386,10 +387,11 @@ TEST_F(Checkpoint, ValidatesAForgedHeaderThatPassesTheChecksum) {
   std::memcpy(&header_len, &good[16], 8);
   const nlohmann::ordered_json header =
       nlohmann::ordered_json::parse(good.begin() + 32, good.begin() + 32 + long(header_len));
-  const std::vector<uint8_t> data(good.begin() + 32 + long(header_len), good.end() - 4);
+  std::vector<uint8_t> data(good.begin() + 32 + long(header_len), good.end() - 4);
 
-  auto forge = [&](const nlohmann::ordered_json& h) {
+  auto forge = [&](const nlohmann::ordered_json& h, int64_t misalign = 0) {
     std::string text = h.dump();
+    text.append((64 - (32 + text.size()) % 64) % 64 + size_t(64 + misalign), ' ');  // as the writer pads
     std::vector<uint8_t> out(good.begin(), good.begin() + 32);
     const uint64_t len = text.size(), size = 32 + len + data.size() + 4;
     std::memcpy(&out[16], &len, 8);
@@ -434,6 +436,29 @@ TEST_F(Checkpoint, ValidatesAForgedHeaderThatPassesTheChecksum) {
   h = header;
   h.erase("step");
   expect_error(h, "header: missing \"step\"");
+  h = header;
+  h["zero_stage"] = 7;
+  expect_error(h, "header: zero_stage 7 is not 0 or 1 (--zero)");
+  h = header;
+  h["parameters"][1]["adam_m"][0] = uint64_t(header["parameters"][1]["adam_m"][0]) + 2;
+  expect_error(h, "] does not start at a multiple of 4 bytes (fp32)");
+  EXPECT_NE(error_of([&] { load_checkpoint(forge(header, 1), b); }).find("length: the data starts at byte"),
+            std::string::npos);
+  // Values no run saves: a NaN, an infinity, a negative second moment.
+  for (const auto& [field, bits, want] :
+       {std::tuple{"value", 0x7fc00000u, "parameter 'h.0.attn.c_attn.weight' value element 5 is NaN"},
+        {"adam_m", 0xff800000u, "'h.0.attn.c_attn.weight' AdamW m element 5 is infinite"},
+        {"adam_v", 0xbf800000u, "'h.0.attn.c_attn.weight' AdamW v element 5 is negative (a second moment)"}}) {
+    const std::vector<uint8_t> kept = data;
+    std::memcpy(&data[uint64_t(header["parameters"][1][field][0]) + 20], &bits, 4);
+    expect_error(header, want);
+    data = kept;
+  }
+  // The name says the step: `latest` and --keep go by it.
+  fs::copy_file(dir_ / "ckpt_00000100.kiln-ckpt", dir_ / "ckpt_00000007.kiln-ckpt");
+  EXPECT_NE(error_of([&] { load_checkpoint((dir_ / "ckpt_00000007.kiln-ckpt").string(), b); })
+                .find("ckpt_00000007.kiln-ckpt: header: step 100 is not the step 7 its name says"),
+            std::string::npos);
   EXPECT_EQ(snapshot(b), before);
 }
 

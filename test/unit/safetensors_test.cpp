@@ -189,6 +189,7 @@ TEST_F(SafetensorsTest, CorruptFilesNameFileAndTensor) {
        {"'w'", "no tensor"}},
       {"trailing bytes", "{\"w\":{" + ok + "}}", 12, {"cover 8"}},
       {"bad metadata", R"({"__metadata__":{"k":1}})", 0, {"__metadata__", "'k'"}},
+      {"nul padding", "{\"w\":{" + ok + std::string("}}\0\0", 4), 8, {"a NUL byte at offset"}},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);
