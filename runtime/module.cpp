@@ -126,10 +126,19 @@ void Module::verify() const {
   auto check_index = [&](uint32_t idx, const std::string& where) {
     if (idx >= nbuf) bad(where, "buffer index " + std::to_string(idx) + " out of range");
   };
+  std::set<std::string> parameter_names;
   for (uint32_t i = 0; i < fb_->parameters()->size(); ++i) {
     const fb::Parameter* p = fb_->parameters()->Get(i);
     std::string where = "parameters[" + std::to_string(i) + "]";
     if (!p->name() || !p->shape()) bad(where, "missing name or shape");
+    // Weights files and checkpoints name tensors by it, and --save writes the shape.
+    if (p->name()->size() == 0 || !parameter_names.insert(p->name()->str()).second)
+      bad(where, "name '" + p->name()->str() + "' is empty or repeats");
+    uint64_t elements = 0;
+    const std::vector<int64_t> shape(p->shape()->begin(), p->shape()->end());
+    if (std::any_of(shape.begin(), shape.end(), [](int64_t d) { return d <= 0; }) ||
+        !checked_numel(shape, &elements) || (p->value() < nbuf && elements != uint64_t(numel(buffer(p->value())))))
+      bad(where, "shape " + shape_str(shape) + " is not that of its value buffer");
     if (p->compute_copy() >= 0) {
       check_index(uint32_t(p->compute_copy()), where);
       const fb::Buffer& copy = buffer(uint32_t(p->compute_copy()));
@@ -212,9 +221,19 @@ void Module::verify() const {
     const fb::Kernel* k = fb_->kernels()->Get(i);
     const std::string where = "kernels[" + std::to_string(i) + "]";
     if (!k->symbol() || !k->name() || !k->kind() || !k->ops()) bad(where, "missing symbol, name, kind or ops");
+    // The executors find a kernel's code by its symbol: one of another kernel's would run that
+    // code on this kernel's operands. kilnc names kernel i's symbols "k<i>_...".
+    const std::string prefix = "k" + std::to_string(i) + "_";
+    if (k->symbol()->str().compare(0, prefix.size(), prefix) != 0)
+      bad(where, "symbol '" + k->symbol()->str() + "' does not begin with " + prefix);
     if (k->cuda_functions())
-      for (const fb::CudaFunction* f : *k->cuda_functions())
-        if (!f->symbol()) bad(where, "a CUDA function has no symbol");
+      for (const fb::CudaFunction* f : *k->cuda_functions()) {
+        if (!f->symbol() || f->symbol()->str().compare(0, prefix.size(), prefix) != 0)
+          bad(where, "a CUDA function's symbol does not begin with " + prefix);
+        if (f->grid() == 0 || f->block() == 0 || f->block() > 1024)
+          bad(where, f->symbol()->str() + " launches with grid " + std::to_string(f->grid()) + " and block " +
+                         std::to_string(f->block()) + " (a grid of at least 1 block of 1 to 1024 threads)");
+      }
     // An optimizer kernel's ranges are built from adamw_params, one per adamw op it fuses.
     if (k->adamw_params()) {
       size_t adamw = 0;
@@ -238,6 +257,15 @@ void Module::verify() const {
   if (fb_->cuda_images())
     for (const fb::CudaImage* im : *fb_->cuda_images())
       if (im->cubin()) code.push_back({im->cubin()->data(), im->cubin()->size()});
+  // What ptxas reported (kiln-inspect's occupancy): within what any GPU has.
+  if (fb_->cuda_images())
+    for (const fb::CudaImage* im : *fb_->cuda_images())
+      if (im->resources())
+        for (const fb::FunctionResources* r : *im->resources())
+          if (r->registers() > 255 || r->shared_bytes() > 256 * 1024)
+            bad("cuda_images", (r->symbol() ? r->symbol()->str() : "a function") + ": " +
+                                   std::to_string(r->registers()) + " registers a thread and " +
+                                   std::to_string(r->shared_bytes()) + " shared bytes are more than a GPU has");
   if (!code.empty() && kernels_crc32(code) != fb_->kernels_crc32())
     bad("kernels", "the compiled kernels' checksum does not match (a damaged module: compile it again with kilnc)");
 

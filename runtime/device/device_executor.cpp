@@ -243,10 +243,7 @@ void DeviceExecutor::plan_kernel(Program& p, const fb::Instr& ins, const std::st
       for (uint32_t j = 0; j < k.adamw_params()->size(); ++j)
         slice_words_.push_back({s.ranges + 2 * j, k.adamw_params()->Get(j)});
     }
-    for (const fb::CudaFunction* f : *k.cuda_functions()) {
-      if (f->grid() == 0 || f->block() == 0 || f->block() > 1024)
-        throw Error(where + ": kernel " + k.symbol()->str() + " launches " + f->symbol()->str() + " with grid " +
-                    std::to_string(f->grid()) + " and block " + std::to_string(f->block()));
+    for (const fb::CudaFunction* f : *k.cuda_functions()) {  // (grid and block checked by Module::verify)
       s.fn = device_->function(f->symbol()->str());
       s.grid = f->grid(), s.block = f->block();
       p.steps.push_back(s);

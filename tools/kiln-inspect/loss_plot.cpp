@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -26,8 +28,9 @@ std::string loss_plot_svg(const std::vector<std::string>& logs) {
   std::vector<Series> series;
   for (const std::string& path : logs) {
     check_not_a_device(path);  // /dev/zero would be one endless line
+    if (std::error_code ec; std::filesystem::is_directory(path, ec)) throw Error(path + ": is a folder; give a --log file");
     std::ifstream in(path);
-    if (!in) throw Error(path + ": cannot open");
+    if (!in) throw Error(path + ": cannot open: " + std::strerror(errno));
     // A fresh run appended to a log (its first line has "start": "fresh") is a run of its own.
     // A resumed one ("start": "resume", at the step after its checkpoint's) continues the latest
     // run that got that far, and the last record of a step wins.
@@ -52,6 +55,12 @@ std::string loss_plot_svg(const std::vector<std::string>& logs) {
       if (!j["step"].is_number() || !std::isfinite(j["step"].get<double>()))
         throw Error(path + ":" + std::to_string(n) + ": \"step\" is " + j["step"].dump() + ", not a finite number");
       const double step = j["step"].get<double>();
+      // kiln-run writes a NaN loss as null (JSON has no NaN): that is skipped, anything else is not a log's.
+      for (const char* key : {"loss", "val_loss"})
+        if (j.contains(key) && !j[key].is_number() && !j[key].is_null())
+          throw Error(path + ":" + std::to_string(n) + ": \"" + key + "\" is " + j[key].dump() + ", not a number");
+      if (j.contains("start") && j["start"] != "fresh" && j["start"] != "resume")
+        throw Error(path + ":" + std::to_string(n) + ": \"start\" is " + j["start"].dump() + ", not \"fresh\" or \"resume\"");
       if (j.contains("start") && j["start"] == "fresh" && !runs.back().empty()) {
         runs.emplace_back();
         at = runs.size() - 1;
@@ -104,7 +113,10 @@ std::string loss_plot_svg(const std::vector<std::string>& logs) {
     const double f = i / 5.0, y = y0 * (1 - f) + y1 * f, x = x0 * (1 - f) + x1 * f;
     add("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n", L, py(y), W - R, py(y));
     add("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%.3g</text>\n", L - 6, py(y) + 4, y);
-    add("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%.0f</text>\n", px(x), H - Bm + 18, x);
+    // Steps as integers, unless too long for a label (a log from elsewhere).
+    add(std::fabs(x) < 1e12 ? "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%.0f</text>\n"
+                            : "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%.3g</text>\n",
+        px(x), H - Bm + 18, x);
   }
   add("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">step</text>\n", (L + W - R) / 2, H - 12);
   const char* colours[] = {"#4e79a7", "#e15759", "#59a14f", "#f28e2b", "#b07aa1", "#76b7b2"};

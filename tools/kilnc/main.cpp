@@ -164,7 +164,11 @@ int main(int argc, char** argv) {
     }
     // Before the compile, not after it: the output can be written where it is named.
     if (!output.empty() && output != "-") kiln::check_output_file("-o", output);
-    // The dumped kernels' files must not replace the input or the output.
+    // The dumped kernels' files go into a folder (made if missing), and must not replace the
+    // input or the output.
+    if (std::error_code ec; !dumpKernels.empty() && std::filesystem::exists(dumpKernels, ec) &&
+                            !std::filesystem::is_directory(dumpKernels, ec))
+      throw kiln::Error("--dump-kernels: " + dumpKernels + ": not a folder (the kernels' files are written into one)");
     if (!dumpKernels.empty())
       for (const char* name : {"kernels.cpp", "kernels.cu", "kernels.tsv"})
         kiln::refuse_overwriting("--dump-kernels", (std::filesystem::path(dumpKernels) / name).string(),
