@@ -271,7 +271,7 @@ void Executor::check(const fb::Program& prog) const {
       const fb::Buffer& b = module_.buffer(idx);
       const bool type_ok = index ? b.dtype() == fb::DType::I32
                                  : b.dtype() == fb::DType::F32 || (!fp32_only && b.dtype() == fb::DType::BF16);
-      if (need < 0 || numel(b) < need || !type_ok)
+      if (need < 0 || numel(b) != need || !type_ok)
         throw Error(where + ": " + role + " buffer " + std::to_string(idx) + " holds " +
                     std::to_string(numel(b)) + " " + dtype_name(b.dtype()) + ", needs " +
                     std::to_string(need) + (index ? " I32" : fp32_only ? " F32" : " F32 or BF16"));
@@ -329,7 +329,7 @@ void Executor::check_kernel(const fb::Instr& ins, const std::string& where) cons
                                                   : ins.outputs()->Get(uint32_t(i - ins.inputs()->size()));
     const fb::Buffer& b = module_.buffer(idx);
     const auto dtype = static_cast<fb::DType>(k.operand_dtype()->Get(uint32_t(i)));
-    if (numel(b) < k.operand_numel()->Get(uint32_t(i)) || b.dtype() != dtype)
+    if (numel(b) != k.operand_numel()->Get(uint32_t(i)) || b.dtype() != dtype)
       throw Error(where + ": kernel " + k.symbol()->str() + " operand " + std::to_string(i) + " needs " +
                   std::to_string(k.operand_numel()->Get(uint32_t(i))) + " " + dtype_name(dtype) + ", buffer " +
                   std::to_string(idx) + " holds " + std::to_string(numel(b)) + " " + dtype_name(b.dtype()));
