@@ -332,10 +332,14 @@ class Emitter {
         if (auto b = other.getDefiningOp<BroadcastOp>(); b && !bias && !gelu && !beta) {
           bias = true;
           biasValue = b.getInput();
+          if (!isa<BlockArgument>(biasValue))
+            return f_.emitError() << "kilnc: CUDA: cuBLASLt reads the bias from memory; this one is computed in the region";
           biasIn = ptr_[cast<BlockArgument>(biasValue)];
         } else if (!beta && !gelu) {
           beta = true;
           residual = other;
+          if (!isa<BlockArgument>(other))
+            return f_.emitError() << "kilnc: CUDA: cuBLASLt reads the added term from memory; this one is computed in the region";
           c = ptr_[cast<BlockArgument>(other)];
         } else {
           extraTerms.push_back(other);
@@ -343,7 +347,8 @@ class Emitter {
       } else if (isa<GeluOp>(op) && !gelu) {
         gelu = true;
         if (!outs_.lookup(cur).empty()) aux = outs_.lookup(cur).front();
-      } else if (auto gg = dyn_cast<GeluGradOp>(op); gg && epi == "DEFAULT" && !bias && gg->getOperand(0) == cur) {
+      } else if (auto gg = dyn_cast<GeluGradOp>(op); gg && epi == "DEFAULT" && !bias && gg->getOperand(0) == cur &&
+                                                     isa<BlockArgument>(gg->getOperand(1))) {
         epi = "DGELU";
         aux = ptr_[cast<BlockArgument>(gg->getOperand(1))];
       } else if (auto a = dyn_cast<AccumulateGradOp>(op)) {
@@ -1075,10 +1080,7 @@ class Emitter {
     std::string offsets = "0", grads, ps, decays, copies;
     int64_t total = 0;
     auto index = [&](const std::string& name) { return name.substr(name.find_first_of("0123456789")); };
-    for (AdamWOp a : adams) {
-      if (!isa<BlockArgument>(a.getGrad()))
-        return a.emitError() << "kilnc: the CUDA optimizer kernel reads each gradient from memory; this one is "
-                                "computed inside the region";
+    for (AdamWOp a : adams) {  // (each gradient a region input: FusionOp::verify)
       total += numel(a.getGrad());
       offsets += ", " + num(total);
       auto& st = state_[a.getOperation()];

@@ -129,8 +129,17 @@ class FunctionPlanner {
 
 struct PlanBuffersPass : kiln::impl::PlanBuffersBase<PlanBuffersPass> {
   void runOnOperation() override {
-    for (auto f : getOperation().getOps<func::FuncOp>())
-      if (!f.isExternal()) FunctionPlanner(f).run();
+    for (auto f : getOperation().getOps<func::FuncOp>()) {
+      if (f.isExternal()) continue;
+      // Every value a function computes gets an arena offset; an argument would be a value no op
+      // of it defines (the entry points read their inputs with kiln.input instead).
+      if (f.getNumArguments() != 0) {
+        f.emitError() << "kiln-plan-buffers: @" << f.getName() << " takes " << f.getNumArguments()
+                      << " argument(s); planned functions take none (inputs are kiln.input ops)";
+        return signalPassFailure();
+      }
+      FunctionPlanner(f).run();
+    }
   }
 };
 

@@ -32,6 +32,11 @@ Grads MatmulOp::buildVJP(OpBuilder &b, ArrayRef<Value> dy) {
   if (!dc) return {Value(), Value()};
   Value a = getLhs(), bm = getRhs();
   Type ta = a.getType(), tb = bm.getType();
+  // bf16 operands with an fp32 result: the products of the gradient take dC in bf16 too (a
+  // matmul's operands share one element type).
+  auto elem = cast<RankedTensorType>(ta).getElementType();
+  if (auto tc = cast<RankedTensorType>(dc.getType()); tc.getElementType() != elem)
+    dc = b.create<CastOp>(getLoc(), tc.clone(elem), dc);
   auto mm = [&](Type t, Value l, Value r, bool tl, bool tr) -> Value {
     return b.create<MatmulOp>(getLoc(), t, l, r, tl, tr);
   };

@@ -10,6 +10,11 @@
 #include "mlir/Interfaces/InferTypeOpInterface.h"
 #include "mlir/Interfaces/SideEffectInterfaces.h"
 
+namespace kiln {
+// A static shape of at most 2^48 elements (the ODS types' bound; kiln.parameter says it itself).
+bool fitsArena(mlir::Type type);
+}  // namespace kiln
+
 #include "Kiln/KilnDialect.h.inc"
 #include "Kiln/KilnInterfaces.h.inc"
 

@@ -36,7 +36,21 @@ LogicalResult verifyParameterUse(Operation *op, SymbolTableCollection &symbols,
                              << " declared as " << decl.getType();
   return success();
 }
+
+// Elements of a static shape; false when the count passes 2^48 (or wraps on the way).
+bool boundedNumel(ArrayRef<int64_t> shape) {
+  if (llvm::is_contained(shape, 0)) return true;
+  uint64_t elements = 1;
+  for (int64_t d : shape)
+    if (d < 0 || __builtin_mul_overflow(elements, uint64_t(d), &elements)) return false;
+  return elements <= (uint64_t(1) << 48);
+}
 }  // namespace
+
+bool kiln::fitsArena(Type type) {
+  auto t = dyn_cast<RankedTensorType>(type);
+  return t && t.hasStaticShape() && boundedNumel(t.getShape());
+}
 
 //===----------------------------------------------------------------------===//
 // State
@@ -53,13 +67,9 @@ LogicalResult ParameterOp::verify() {
     return emitOpError() << "needs a static shape";
   // A bound far above any real tensor (2^48 elements is 1 PiB of fp32) keeps each state buffer's
   // byte size, and their sum over a module (value, gradient, two moments per parameter), from
-  // wrapping int64.
-  ArrayRef<int64_t> shape = getTensorType().getShape();
-  uint64_t elements = 1;
-  bool overflow = false;
-  for (int64_t d : shape) overflow |= __builtin_mul_overflow(elements, uint64_t(d), &elements);
-  if (!llvm::is_contained(shape, 0) && (overflow || elements > (uint64_t(1) << 48)))
-    return emitOpError() << "shape " << shapeStr(shape) << " has more than 2^48 elements";
+  // wrapping int64. (The ops' types have the same bound.)
+  if (!boundedNumel(getTensorType().getShape()))
+    return emitOpError() << "shape " << shapeStr(getTensorType().getShape()) << " has more than 2^48 elements";
   return success();
 }
 
@@ -451,7 +461,7 @@ LogicalResult FusionOp::verify() {
     if (arg.getType() != in.getType())
       return emitOpError() << "body argument #" << arg.getArgNumber() << " is " << arg.getType()
                            << " but its input is " << in.getType();
-  auto yield = dyn_cast<YieldOp>(block.getTerminator());
+  auto yield = block.empty() ? YieldOp() : dyn_cast<YieldOp>(block.back());
   if (!yield) return emitOpError() << "body must end with kiln.yield";
   if (yield.getValues().getTypes() != getResults().getTypes())
     return emitOpError() << "kiln.yield's types differ from the results' types";
@@ -475,6 +485,24 @@ LogicalResult FusionOp::verify() {
   }
   if (others)
     return emitOpError() << "holds an op no kernel template fuses";
+  // An op none of whose results is used would be a kernel's wasted work (and canonicalization
+  // would drop it, leaving a region its kind no longer describes). A layer norm's statistics
+  // may go unread where nothing differentiates it.
+  for (Operation& op : getFusedOps())
+    if (op.getNumResults() && op.use_empty())
+      return op.emitOpError() << "computes values neither read in its fusion region nor yielded";
+  // What the kernel templates read from memory: a product's operands, an optimizer's gradients.
+  auto fromInput = [&](Value v, StringRef what) -> LogicalResult {
+    if (isa<BlockArgument>(v) && cast<BlockArgument>(v).getOwner() == &block) return success();
+    return emitOpError() << "reads " << what << " from a value computed in the region; it must be an input";
+  };
+  for (Operation& op : getFusedOps()) {
+    if (auto mm = dyn_cast<MatmulOp>(op))
+      if (failed(fromInput(mm.getLhs(), "a kiln.matmul operand")) || failed(fromInput(mm.getRhs(), "a kiln.matmul operand")))
+        return failure();
+    if (auto adam = dyn_cast<AdamWOp>(op))
+      if (failed(fromInput(adam.getGrad(), "a kiln.adamw gradient"))) return failure();
+  }
   StringRef kind = getKind();
   auto exactlyOne = [&](int n, StringRef what) -> LogicalResult {
     if (n != 1) return emitOpError() << "of kind '" << kind << "' needs exactly one " << what << ", has " << n;
@@ -492,7 +520,12 @@ LogicalResult FusionOp::verify() {
     if (ceGrads > 1) return emitOpError() << "of kind 'classifier' holds " << ceGrads << " kiln.cross_entropy_grad";
     return exactlyOne(ces, "kiln.cross_entropy");
   }
-  if (kind == "reduce_sum") return exactlyOne(sums, "kiln.reduce_sum");
+  if (kind == "reduce_sum") {  // the column sums first, then what consumes them
+    if (failed(exactlyOne(sums, "kiln.reduce_sum"))) return failure();
+    if (!isa<ReduceSumOp>(*getFusedOps().begin()))
+      return emitOpError() << "of kind 'reduce_sum' must begin with its kiln.reduce_sum";
+    return success();
+  }
   if (kind == "embedding_grad") return exactlyOne(embGrads, "kiln.embedding_grad");
   if (kind == "optimizer") {
     if (adams == 0) return emitOpError() << "of kind 'optimizer' needs at least one kiln.adamw";

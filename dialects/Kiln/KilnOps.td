@@ -8,9 +8,14 @@ include "mlir/IR/SymbolInterfaces.td"
 include "mlir/Interfaces/SideEffectInterfaces.td"
 include "mlir/Interfaces/InferTypeOpInterface.td"
 
-// Element types. Activations and weights are floating point; token ids are i32.
-def Kiln_FloatTensor : RankedTensorOf<[F32, BF16]>;
-def Kiln_IndexTensor : RankedTensorOf<[I32]>;
+// Element types. Activations and weights are floating point; token ids are i32. Every shape
+// is static, of at most 2^48 elements (1 PiB of fp32, far above any real tensor): the passes
+// size, schedule and place each value in the arena by it, and byte sizes must not wrap.
+class Kiln_ArenaTensorOf<list<Type> types, string what> : Type<
+    And<[StaticShapeTensorOf<types>.predicate, CPred<"::kiln::fitsArena($_self)">]>,
+    "statically shaped tensor of " # what # " of at most 2^48 elements", "::mlir::TensorType">;
+def Kiln_FloatTensor : Kiln_ArenaTensorOf<[F32, BF16], "f32 or bf16">;
+def Kiln_IndexTensor : Kiln_ArenaTensorOf<[I32], "i32">;
 def Kiln_Scalar : 0DTensorOf<[F32]>,
     BuildableType<"::mlir::RankedTensorType::get({}, $_builder.getF32Type())">;
 
@@ -36,7 +41,7 @@ def Kiln_ParameterOp : Kiln_Op<"parameter", [Symbol, HasParent<"::mlir::ModuleOp
     kiln.parameter @"wte.weight" : tensor<50257x768xf32> {decay, init = "normal", init_std = 2.0e-02 : f32}
     ```
   }];
-  let arguments = (ins SymbolNameAttr:$sym_name, TypeAttrOf<Kiln_FloatTensor>:$type,
+  let arguments = (ins SymbolNameAttr:$sym_name, TypeAttrOf<RankedTensorOf<[F32, BF16]>>:$type,
                        StrAttr:$init, DefaultValuedAttr<F32Attr, "0.0f">:$init_std,
                        UnitAttr:$decay);
   let assemblyFormat = "$sym_name `:` $type attr-dict";
@@ -517,25 +522,26 @@ def Kiln_FusionOp : Kiln_Op<"fusion", [IsolatedFromAbove, RecursiveMemoryEffects
   let description = [{
     Formed by `kiln-fuse-kernels`. The body holds the fused ops in program order; its block
     arguments are the region's `inputs` and `kiln.yield` lists the values the rest of the program
-    reads (the `results`). Values that stay inside the body never reach memory. Ops in the body
-    with side effects (`kiln.accumulate_grad`, `kiln.adamw`) write state as they would outside, so
-    the region has the union of its body's effects.
+    reads (the `results`). Values that stay inside the body never reach memory; every op's results
+    are read in the body or yielded (a layer norm's statistics may go unread). Ops in the body with side effects (`kiln.accumulate_grad`, `kiln.adamw`)
+    write state as they would outside, so the region has the union of its body's effects.
 
     `kind` says which kernel template the code generators use:
     - `elementwise`: elementwise ops, broadcasts, casts, gathers (`kiln.embedding`) and gradient
       accumulation, over the elements of the root's result;
-    - `matmul`: one `kiln.matmul` with its epilogue (elementwise ops on its result: bias, GELU,
-      residual add, GELU backward, casts, gradient accumulation) and the bias gradient
-      (`kiln.reduce_sum` of the right operand over rows, accumulated);
+    - `matmul`: one `kiln.matmul` of two region inputs with its epilogue (elementwise ops on its
+      result: bias, GELU, residual add, GELU backward, casts, gradient accumulation) and the bias
+      gradient (`kiln.reduce_sum` of the right operand over rows, accumulated);
     - `layer_norm`: one `kiln.layer_norm` with the residual add that produces its input and the
       casts of its output;
     - `layer_norm_grad`: one `kiln.layer_norm_grad` with the residual-gradient add, casts and the
       accumulation of its weight and bias gradients;
     - `classifier`: `kiln.cross_entropy` and its `kiln.cross_entropy_grad` (the probabilities are
       never stored), or the loss alone;
-    - `reduce_sum`: one `kiln.reduce_sum` (column sums);
+    - `reduce_sum`: one `kiln.reduce_sum` (column sums), first, then what consumes the sums;
     - `embedding_grad`: `kiln.embedding_grad` scattered straight into the gradient accumulator;
-    - `optimizer`: `kiln.clip_coef` and every `kiln.adamw` of the optimizer step.
+    - `optimizer`: `kiln.clip_coef` and every `kiln.adamw` of the optimizer step, each reading its
+      gradient from a region input.
 
     `kernel` names the kernel after the ops it fuses (`matmul_add_gelu`).
 

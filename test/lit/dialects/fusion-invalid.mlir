@@ -75,13 +75,66 @@ func.func @matmul_in_elementwise(%x: tensor<4x4xf32>) -> tensor<4x4xf32> {
 
 func.func @two_matmuls(%x: tensor<4x4xf32>) -> tensor<4x4xf32> {
   // expected-error @+1 {{'kiln.fusion' op of kind 'matmul' needs exactly one kiln.matmul, has 2}}
-  %0 = kiln.fusion "matmul" "matmul"(%x) : (tensor<4x4xf32>) -> tensor<4x4xf32> {
+  %0:2 = kiln.fusion "matmul" "matmul"(%x) : (tensor<4x4xf32>) -> (tensor<4x4xf32>, tensor<4x4xf32>) {
   ^bb0(%a: tensor<4x4xf32>):
     %m = kiln.matmul %a, %a : tensor<4x4xf32>, tensor<4x4xf32> -> tensor<4x4xf32>
-    %n = kiln.matmul %m, %a : tensor<4x4xf32>, tensor<4x4xf32> -> tensor<4x4xf32>
-    kiln.yield %n : tensor<4x4xf32>
+    %n = kiln.matmul %a, %a {transpose_lhs} : tensor<4x4xf32>, tensor<4x4xf32> -> tensor<4x4xf32>
+    kiln.yield %m, %n : tensor<4x4xf32>, tensor<4x4xf32>
+  }
+  return %0#1 : tensor<4x4xf32>
+}
+
+// -----
+
+// The product reads its operands from memory: the region's inputs.
+func.func @matmul_of_computed(%x: tensor<4x4xf32>) -> tensor<4x4xf32> {
+  // expected-error @+1 {{'kiln.fusion' op reads a kiln.matmul operand from a value computed in the region; it must be an input}}
+  %0 = kiln.fusion "matmul" "gelu_matmul"(%x) : (tensor<4x4xf32>) -> tensor<4x4xf32> {
+  ^bb0(%a: tensor<4x4xf32>):
+    %g = kiln.gelu %a : tensor<4x4xf32>
+    %m = kiln.matmul %g, %a : tensor<4x4xf32>, tensor<4x4xf32> -> tensor<4x4xf32>
+    kiln.yield %m : tensor<4x4xf32>
   }
   return %0 : tensor<4x4xf32>
+}
+
+// -----
+
+// Every op of the region computes something it reads or yields (canonicalization would drop it).
+func.func @dead_value(%x: tensor<4x4xf32>) -> tensor<4x4xf32> {
+  %0 = kiln.fusion "matmul" "matmul_add"(%x) : (tensor<4x4xf32>) -> tensor<4x4xf32> {
+  ^bb0(%a: tensor<4x4xf32>):
+    // expected-error @+1 {{'kiln.matmul' op computes values neither read in its fusion region nor yielded}}
+    %m = kiln.matmul %a, %a : tensor<4x4xf32>, tensor<4x4xf32> -> tensor<4x4xf32>
+    %s = kiln.add %a, %a : tensor<4x4xf32>
+    kiln.yield %s : tensor<4x4xf32>
+  }
+  return %0 : tensor<4x4xf32>
+}
+
+// -----
+
+// A reduce_sum kernel sums the columns first, then applies what consumes the sums.
+func.func @reduce_sum_not_first(%x: tensor<4x8xf32>) -> tensor<8xf32> {
+  // expected-error @+1 {{'kiln.fusion' op of kind 'reduce_sum' must begin with its kiln.reduce_sum}}
+  %0 = kiln.fusion "reduce_sum" "gelu_reduce_sum"(%x) : (tensor<4x8xf32>) -> tensor<8xf32> {
+  ^bb0(%a: tensor<4x8xf32>):
+    %g = kiln.gelu %a : tensor<4x8xf32>
+    %s = kiln.reduce_sum %g : tensor<4x8xf32> -> tensor<8xf32>
+    kiln.yield %s : tensor<8xf32>
+  }
+  return %0 : tensor<8xf32>
+}
+
+// -----
+
+// No body at all: no kiln.yield to end it.
+func.func @empty_body(%x: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error @+1 {{'kiln.fusion' op body must end with kiln.yield}}
+  %0 = "kiln.fusion"(%x) <{kind = "elementwise", kernel = "gelu"}> ({
+  ^bb0(%a: tensor<4xf32>):
+  }) : (tensor<4xf32>) -> tensor<4xf32>
+  return %0 : tensor<4xf32>
 }
 
 // -----
@@ -156,4 +209,19 @@ func.func @two_grads(%logits: tensor<4x16xf32>, %t: tensor<4xi32>) -> (tensor<4x
     kiln.yield %d1, %d2 : tensor<4x16xf32>, tensor<4x16xf32>
   }
   return %0#0, %0#1 : tensor<4x16xf32>, tensor<4x16xf32>
+}
+
+// -----
+
+// The optimizer kernel reads each gradient from memory (an accumulated kiln.grad).
+kiln.parameter @w : tensor<4xf32> {init = "zeros"}
+func.func @adamw_of_computed(%g: tensor<4xf32>, %c: tensor<f32>) {
+  // expected-error @+1 {{'kiln.fusion' op reads a kiln.adamw gradient from a value computed in the region; it must be an input}}
+  kiln.fusion "optimizer" "scale_adamw"(%g, %c) : (tensor<4xf32>, tensor<f32>) -> () {
+  ^bb0(%a: tensor<4xf32>, %s: tensor<f32>):
+    %h = kiln.scale %a, %s : tensor<4xf32>, tensor<f32> -> tensor<4xf32>
+    kiln.adamw @w, %h scale %s lr %s betas(%s, %s) eps %s weight_decay %s step %s : tensor<4xf32>
+    kiln.yield
+  }
+  return
 }

@@ -55,6 +55,23 @@ kiln.parameter @w : tensor<4xi32> {init = "zeros"}
 
 // -----
 
+// Every value has a static shape of at most 2^48 elements: the passes size and place it by it.
+func.func @dynamic() -> tensor<?x4xf32> {
+  // expected-error@+1 {{'kiln.zeros' op result #0 must be statically shaped tensor of f32 or bf16 of at most 2^48 elements, but got 'tensor<?x4xf32>'}}
+  %z = kiln.zeros : tensor<?x4xf32>
+  return %z : tensor<?x4xf32>
+}
+
+// -----
+
+func.func @huge() -> tensor<4611686018427387904x4xf32> {
+  // expected-error@+1 {{'kiln.zeros' op result #0 must be statically shaped tensor of f32 or bf16 of at most 2^48 elements, but got 'tensor<4611686018427387904x4xf32>'}}
+  %z = kiln.zeros : tensor<4611686018427387904x4xf32>
+  return %z : tensor<4611686018427387904x4xf32>
+}
+
+// -----
+
 // ODS: parameters live directly in the module.
 func.func @f() {
   // expected-error@+1 {{'kiln.parameter' op expects parent op 'builtin.module'}}
@@ -248,7 +265,7 @@ func.func @f(%t: tensor<16x8xf32>, %i: tensor<3xi32>) {
 
 // ODS: indices must be i32.
 func.func @f(%t: tensor<16x8xf32>, %i: tensor<3xi64>) {
-  // expected-error@+1 {{'kiln.embedding' op operand #1 must be ranked tensor of 32-bit signless integer values, but got 'tensor<3xi64>'}}
+  // expected-error@+1 {{'kiln.embedding' op operand #1 must be statically shaped tensor of i32 of at most 2^48 elements, but got 'tensor<3xi64>'}}
   %0 = kiln.embedding %t[%i] : tensor<16x8xf32>, tensor<3xi64> -> tensor<3x8xf32>
   return
 }
@@ -342,7 +359,7 @@ func.func @f(%a: tensor<8x4xf32>, %b: tensor<6x8xf32>) {
 
 // ODS: matmul operands are float tensors.
 func.func @f(%a: tensor<4x8xi32>, %b: tensor<8x6xf32>) {
-  // expected-error@+1 {{'kiln.matmul' op operand #0 must be ranked tensor of 32-bit float or bfloat16 type values, but got 'tensor<4x8xi32>'}}
+  // expected-error@+1 {{'kiln.matmul' op operand #0 must be statically shaped tensor of f32 or bf16 of at most 2^48 elements, but got 'tensor<4x8xi32>'}}
   %0 = kiln.matmul %a, %b : tensor<4x8xi32>, tensor<8x6xf32> -> tensor<4x6xf32>
   return
 }
@@ -355,7 +372,7 @@ func.func @f(%a: tensor<4x8xi32>, %b: tensor<8x6xf32>) {
 
 // ODS: add needs f32/bf16, not i32.
 func.func @f(%a: tensor<4xi32>) {
-  // expected-error@+1 {{'kiln.add' op operand #0 must be ranked tensor of 32-bit float or bfloat16 type values, but got 'tensor<4xi32>'}}
+  // expected-error@+1 {{'kiln.add' op operand #0 must be statically shaped tensor of f32 or bf16 of at most 2^48 elements, but got 'tensor<4xi32>'}}
   %0 = "kiln.add"(%a, %a) : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi32>
   return
 }
@@ -991,7 +1008,7 @@ func.func @f(%l: tensor<8x16xf32>, %t: tensor<8xi32>) {
 
 // ODS: targets are i32, not f32.
 func.func @f(%l: tensor<8x16xf32>, %t: tensor<8xf32>) {
-  // expected-error@+1 {{'kiln.cross_entropy' op operand #1 must be ranked tensor of 32-bit signless integer values, but got 'tensor<8xf32>'}}
+  // expected-error@+1 {{'kiln.cross_entropy' op operand #1 must be statically shaped tensor of i32 of at most 2^48 elements, but got 'tensor<8xf32>'}}
   %0:2 = kiln.cross_entropy %l, %t : tensor<8x16xf32>, tensor<8xf32> -> tensor<f32>, tensor<8xf32>
   return
 }

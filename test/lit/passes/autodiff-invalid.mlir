@@ -97,3 +97,4 @@ func.func @forward() -> tensor<f32> {
 // A declaration without a body cannot be differentiated.
 // expected-error@below {{kiln-autodiff: @forward must have a body and take no arguments}}
 func.func private @forward() -> tensor<f32>
+

@@ -396,3 +396,26 @@ func.func @forward() -> tensor<f32> {
   %l = kiln.reduce_sum %s : tensor<4xf32> -> tensor<f32>
   return %l : tensor<f32>
 }
+
+// -----
+
+// bf16 operands with an fp32 result: dC is cast to bf16 for the two products (a matmul's
+// operands share one element type), and each gradient is bf16 as its operand.
+kiln.parameter @a : tensor<4x8xf32> {init = "zeros"}
+kiln.parameter @b : tensor<8x6xf32> {init = "zeros"}
+func.func @forward() -> tensor<f32> {
+  %a = kiln.param @a : tensor<4x8xf32>
+  %b = kiln.param @b : tensor<8x6xf32>
+  %ah = kiln.cast %a : tensor<4x8xf32> -> tensor<4x8xbf16>
+  %bh = kiln.cast %b : tensor<8x6xf32> -> tensor<8x6xbf16>
+  %c = kiln.matmul %ah, %bh : tensor<4x8xbf16>, tensor<8x6xbf16> -> tensor<4x6xf32>
+  %l = kiln.reduce_sum %c : tensor<4x6xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}
+// CHECK-LABEL: func.func @micro_step
+// CHECK:         %[[DC:.*]] = kiln.broadcast {{.*}} -> tensor<4x6xf32>
+// CHECK-NEXT:    %[[DCH:.*]] = kiln.cast %[[DC]] : tensor<4x6xf32> -> tensor<4x6xbf16>
+// CHECK-NEXT:    %[[DA:.*]] = kiln.matmul %[[DCH]], %{{.*}} {transpose_rhs} : tensor<4x6xbf16>, tensor<8x6xbf16> -> tensor<4x8xbf16>
+// CHECK-NEXT:    %[[DB:.*]] = kiln.matmul %{{.*}}, %[[DCH]] {transpose_lhs} : tensor<4x8xbf16>, tensor<4x6xbf16> -> tensor<8x6xbf16>
+// CHECK:         kiln.accumulate_grad @b, {{.*}} : tensor<8x6xf32>
+// CHECK:         kiln.accumulate_grad @a, {{.*}} : tensor<4x8xf32>

@@ -1,0 +1,11 @@
+// RUN: kiln-opt %s -split-input-file -kiln-plan-buffers -verify-diagnostics
+
+// The user-facing errors of kiln-plan-buffers.
+
+// Every value a planned function computes gets an arena offset; an argument is defined by no op
+// of it (the entry points read their inputs with kiln.input).
+// expected-error@below {{kiln-plan-buffers: @f takes 1 argument(s); planned functions take none (inputs are kiln.input ops)}}
+func.func @f(%a: tensor<4x8xf32>) -> tensor<32xf32> {
+  %r = kiln.reshape %a : tensor<4x8xf32> -> tensor<32xf32>
+  return %r : tensor<32xf32>
+}
