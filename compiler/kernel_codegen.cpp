@@ -333,13 +333,15 @@ class Emitter {
           bias = true;
           biasValue = b.getInput();
           if (!isa<BlockArgument>(biasValue))
-            return f_.emitError() << "kilnc: CUDA: cuBLASLt reads the bias from memory; this one is computed in the region";
+            return f_.emitError() << "kilnc: CUDA: cuBLASLt reads the bias from memory; this one is computed "
+                                     "in the region";
           biasIn = ptr_[cast<BlockArgument>(biasValue)];
         } else if (!beta && !gelu) {
           beta = true;
           residual = other;
           if (!isa<BlockArgument>(other))
-            return f_.emitError() << "kilnc: CUDA: cuBLASLt reads the added term from memory; this one is computed in the region";
+            return f_.emitError() << "kilnc: CUDA: cuBLASLt reads the added term from memory; this one is "
+                                     "computed in the region";
           c = ptr_[cast<BlockArgument>(other)];
         } else {
           extraTerms.push_back(other);

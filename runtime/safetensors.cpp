@@ -97,7 +97,8 @@ Header read_header(const std::string& path, Fd& file) {
   read_exact(file.fd, text.data(), header_len, 8, path, "header");
   // The JSON parser would stop at a NUL: the format pads the header with spaces only.
   if (const size_t nul = text.find('\0'); nul != std::string::npos)
-    throw Error(path + ": header: a NUL byte at offset " + std::to_string(8 + nul) + " (the header is JSON, padded with spaces)");
+    throw Error(path + ": header: a NUL byte at offset " + std::to_string(8 + nul) +
+                " (the header is JSON, padded with spaces)");
 
   // JSON lets a key repeat and keeps its last value; a tensor named twice would lose one silently.
   std::vector<std::set<std::string>> keys;  // of each object being parsed

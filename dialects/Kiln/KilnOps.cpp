@@ -498,8 +498,8 @@ LogicalResult FusionOp::verify() {
   };
   for (Operation& op : getFusedOps()) {
     if (auto mm = dyn_cast<MatmulOp>(op))
-      if (failed(fromInput(mm.getLhs(), "a kiln.matmul operand")) || failed(fromInput(mm.getRhs(), "a kiln.matmul operand")))
-        return failure();
+      for (Value operand : {mm.getLhs(), mm.getRhs()})
+        if (failed(fromInput(operand, "a kiln.matmul operand"))) return failure();
     if (auto adam = dyn_cast<AdamWOp>(op))
       if (failed(fromInput(adam.getGrad(), "a kiln.adamw gradient"))) return failure();
   }

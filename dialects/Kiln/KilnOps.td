@@ -523,8 +523,9 @@ def Kiln_FusionOp : Kiln_Op<"fusion", [IsolatedFromAbove, RecursiveMemoryEffects
     Formed by `kiln-fuse-kernels`. The body holds the fused ops in program order; its block
     arguments are the region's `inputs` and `kiln.yield` lists the values the rest of the program
     reads (the `results`). Values that stay inside the body never reach memory; every op's results
-    are read in the body or yielded (a layer norm's statistics may go unread). Ops in the body with side effects (`kiln.accumulate_grad`, `kiln.adamw`)
-    write state as they would outside, so the region has the union of its body's effects.
+    are read in the body or yielded (a layer norm's statistics may go unread). Ops in the body
+    with side effects (`kiln.accumulate_grad`, `kiln.adamw`) write state as they would outside, so
+    the region has the union of its body's effects.
 
     `kind` says which kernel template the code generators use:
     - `elementwise`: elementwise ops, broadcasts, casts, gathers (`kiln.embedding`) and gradient

@@ -166,7 +166,8 @@ int plot_main(int argc, char** argv) {
   CLI::App app{"kiln-inspect plot: draw the loss curves of training logs (JSONL) as SVG", "kiln-inspect plot"};
   std::vector<std::string> logs;
   std::string out;
-  app.add_option("logs", logs, "JSONL logs written by train --log")->required();  // opened, and refused by name, in loss_plot_svg
+  // (each is opened, and a missing one named, by loss_plot_svg)
+  app.add_option("logs", logs, "JSONL logs written by train --log")->required();
   app.add_option("-o,--output", out, "SVG file to write")->required();
   if (const int rc = kiln::cli::parse(app, argc, argv); rc >= 0) return rc;
   try {
