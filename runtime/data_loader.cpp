@@ -157,7 +157,7 @@ bool starts_like_token_shard(const std::string& path) {
 
 void read_shard_tokens(const std::string& path, int64_t first, int64_t n, uint16_t* out) {
   Fd file;
-  file.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  file.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (file.fd < 0) throw Error(path + ": open: " + std::strerror(errno));
   read_exact(file.fd, out, size_t(n) * sizeof(uint16_t), kHeaderBytes + first * int64_t(sizeof(uint16_t)), path,
              "tokens");

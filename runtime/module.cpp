@@ -4,6 +4,7 @@
 #include "runtime/module.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <string>
 
@@ -39,14 +40,14 @@ Module Module::from_bytes(std::vector<uint8_t> bytes, std::string source) {
   flatbuffers::Verifier verifier(m.bytes_.data(), m.bytes_.size());
   if (!fb::VerifyModuleBuffer(verifier))
     throw Error(m.source_ + ": corrupt or truncated module (FlatBuffers verification failed)");
+  m.fb_ = fb::GetModule(m.bytes_.data());
+  m.verify();  // first: a newer format's fields would lie past the tables this build knows
   // kilnc writes nothing after the tables; bytes past them are a damaged file (one appended
   // to, or two run together), not part of the module.
   if (const size_t end = verifier.GetComputedSize(); end != m.bytes_.size())
     throw Error(m.source_ + ": " + std::to_string(m.bytes_.size() - end) +
                 (m.bytes_.size() - end == 1 ? " byte" : " bytes") + " after the module's end at byte " +
                 std::to_string(end) + " (a damaged Kiln module: compile it again with kilnc)");
-  m.fb_ = fb::GetModule(m.bytes_.data());
-  m.verify();
   verify_plan(m);
   return m;
 }
@@ -126,19 +127,22 @@ void Module::verify() const {
   auto check_index = [&](uint32_t idx, const std::string& where) {
     if (idx >= nbuf) bad(where, "buffer index " + std::to_string(idx) + " out of range");
   };
-  std::set<std::string> parameter_names;
+  std::map<std::string, uint32_t> parameter_names;
   for (uint32_t i = 0; i < fb_->parameters()->size(); ++i) {
     const fb::Parameter* p = fb_->parameters()->Get(i);
     std::string where = "parameters[" + std::to_string(i) + "]";
     if (!p->name() || !p->shape()) bad(where, "missing name or shape");
     // Weights files and checkpoints name tensors by it, and --save writes the shape.
-    if (p->name()->size() == 0 || !parameter_names.insert(p->name()->str()).second)
-      bad(where, "name '" + p->name()->str() + "' is empty or repeats");
-    uint64_t elements = 0;
+    if (p->name()->size() == 0) bad(where, "has an empty name");
+    if (auto [it, fresh] = parameter_names.emplace(p->name()->str(), i); !fresh)
+      bad(where, "name '" + it->first + "' is parameters[" + std::to_string(it->second) + "]'s too");
     const std::vector<int64_t> shape(p->shape()->begin(), p->shape()->end());
-    if (std::any_of(shape.begin(), shape.end(), [](int64_t d) { return d <= 0; }) ||
-        !checked_numel(shape, &elements) || (p->value() < nbuf && elements != uint64_t(numel(buffer(p->value())))))
-      bad(where, "shape " + shape_str(shape) + " is not that of its value buffer");
+    if (p->value() < nbuf) {
+      const fb::Buffer& value = buffer(p->value());
+      if (shape != std::vector<int64_t>(value.shape()->begin(), value.shape()->end()))
+        bad(where, "shape " + shape_str(shape) + " is not its value buffer's " +
+                       shape_str({value.shape()->begin(), value.shape()->end()}));
+    }
     if (p->compute_copy() >= 0) {
       check_index(uint32_t(p->compute_copy()), where);
       const fb::Buffer& copy = buffer(uint32_t(p->compute_copy()));

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -303,6 +304,10 @@ TEST_F(Checkpoint, TruncatedFileIsAnErrorAndLoadsNothing) {
   EXPECT_NE(error_of([&] { load_checkpoint((dir_ / "absent.kiln-ckpt").string(), b); }).find("absent.kiln-ckpt: cannot open"),
             std::string::npos);
   EXPECT_NE(error_of([&] { load_checkpoint(dir_.string(), b); }).find("not a regular file"), std::string::npos);
+  // A FIFO is refused at once, not waited on for a writer.
+  ASSERT_EQ(::mkfifo((dir_ / "fifo.kiln-ckpt").c_str(), 0600), 0);
+  EXPECT_NE(error_of([&] { load_checkpoint((dir_ / "fifo.kiln-ckpt").string(), b); }).find("fifo.kiln-ckpt: cannot open: not a regular file"),
+            std::string::npos);
   EXPECT_EQ(snapshot(b), before);
 }
 

@@ -1,5 +1,7 @@
 #include "tools/kiln-inspect/loss_plot.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -29,8 +31,9 @@ std::string loss_plot_svg(const std::vector<std::string>& logs) {
   for (const std::string& path : logs) {
     check_not_a_device(path);  // /dev/zero would be one endless line
     if (std::error_code ec; std::filesystem::is_directory(path, ec)) throw Error(path + ": is a folder; give a --log file");
+    if (::access(path.c_str(), R_OK) != 0) throw Error(path + ": cannot open: " + std::strerror(errno));
     std::ifstream in(path);
-    if (!in) throw Error(path + ": cannot open: " + std::strerror(errno));
+    if (!in) throw Error(path + ": cannot open");
     // A fresh run appended to a log (its first line has "start": "fresh") is a run of its own.
     // A resumed one ("start": "resume", at the step after its checkpoint's) continues the latest
     // run that got that far, and the last record of a step wins.
