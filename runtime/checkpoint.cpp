@@ -384,15 +384,6 @@ std::string first_difference(const Parsed& p, const Module& m) {
   return "";
 }
 
-// The module verifier checks a parameter's four buffers against each other, not against the
-// parameter's declared shape; the checkpoint relies on both agreeing.
-void check_buffer(const Module& m, const fb::Parameter& p, uint32_t idx, uint64_t bytes, const std::string& where) {
-  uint64_t numel = 0;
-  if (!checked_numel(shape_of(p), &numel) || m.buffer(idx).size() != numel * 4 || bytes != numel * 4)
-    throw Error(where + ": parameter '" + p.name()->str() + "': buffer " + std::to_string(idx) + " holds " +
-                std::to_string(m.buffer(idx).size()) + " bytes, shape " + shape_str(shape_of(p)) + " needs " +
-                std::to_string(numel * 4));
-}
 
 }  // namespace
 
@@ -474,7 +465,6 @@ void save_checkpoint(const std::string& dir, Executor& ex, const TrainingState& 
         {"value", p->value()}, {"adam_m", p->adam_m()}, {"adam_v", p->adam_v()}};
     for (const auto& [key, idx] : fields) {
       const uint64_t bytes = m.buffer(idx).size();
-      check_buffer(m, *p, idx, bytes, m.source());
       e[key] = {offset, bytes};
       tensors.emplace_back(idx == p->value() ? ex.f32(idx) : moment(i, idx == p->adam_v()), size_t(bytes));
       offset += bytes;
@@ -577,9 +567,6 @@ TrainingState load_checkpoint(const std::string& path, Executor& ex) {
     if (it->second->shape != shape_of(*q))
       throw Error(path + ": parameter '" + name + "' has shape " + shape_str(it->second->shape) +
                   " in the checkpoint, " + shape_str(shape_of(*q)) + " in the module");
-    check_buffer(m, *q, q->value(), it->second->value.bytes, path);
-    check_buffer(m, *q, q->adam_m(), it->second->adam_m.bytes, path);
-    check_buffer(m, *q, q->adam_v(), it->second->adam_v.bytes, path);
     plan.emplace_back(q, it->second);
     by_name.erase(it);
   }

@@ -136,12 +136,11 @@ void Module::verify() const {
     if (p->name()->size() == 0) bad(where, "has an empty name");
     if (auto [it, fresh] = parameter_names.emplace(p->name()->str(), i); !fresh)
       bad(where, "name '" + it->first + "' is parameters[" + std::to_string(it->second) + "]'s too");
+    // (The checkpoint and --save take a parameter's bytes by this shape.)
     const std::vector<int64_t> shape(p->shape()->begin(), p->shape()->end());
     if (p->value() < nbuf) {
-      const fb::Buffer& value = buffer(p->value());
-      if (shape != std::vector<int64_t>(value.shape()->begin(), value.shape()->end()))
-        bad(where, "shape " + shape_str(shape) + " is not its value buffer's " +
-                       shape_str({value.shape()->begin(), value.shape()->end()}));
+      const std::vector<int64_t> value(buffer(p->value()).shape()->begin(), buffer(p->value()).shape()->end());
+      if (shape != value) bad(where, "shape " + shape_str(shape) + " is not its value buffer's " + shape_str(value));
     }
     if (p->compute_copy() >= 0) {
       check_index(uint32_t(p->compute_copy()), where);
