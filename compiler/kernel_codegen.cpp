@@ -17,6 +17,7 @@
 #include "runtime/op_list.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/DenseSet.h"
+#include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/TypeSwitch.h"
 
 using namespace mlir;
@@ -47,7 +48,7 @@ class Emitter {
                        : kind == "embedding_grad"  ? embeddingGrad()
                        : kind == "optimizer"       ? optimizer()
                        : kind == "reduce_sum"      ? reduceSum()
-                                                   : failure();
+                                                   : LogicalResult(f_.emitError() << "kilnc: no kernel template for '" << kind << "'");
     if (failed(ok)) return failure();
     if (unreadable_)
       return unreadable_->emitError() << "kilnc: the " << kind << " kernel '" << f_.getKernel()
@@ -324,10 +325,10 @@ class Emitter {
     Value residual, biasValue;
     AccumulateGradOp acc;
     for (Operation* op : epilogue) {
-      if (isa<BroadcastOp>(op)) continue;
+      // An op off the product's chain computes an operand of a later one, which says whether
+      // cuBLASLt or the generated function can take it.
+      if (isa<BroadcastOp>(op) || !llvm::is_contained(op->getOperands(), cur)) continue;
       if (auto add = dyn_cast<AddOp>(op)) {
-        if (add.getLhs() != cur && add.getRhs() != cur)
-          return f_.emitError() << "kilnc: CUDA: an epilogue add must take the product";
         Value other = add.getLhs() == cur ? add.getRhs() : add.getLhs();
         if (auto b = other.getDefiningOp<BroadcastOp>(); b && !bias && !gelu && !beta) {
           bias = true;

@@ -275,9 +275,7 @@ class Writer {
         info.ops = {info.name};
       } else {
         gen = generateKernel(fu.op, placeholder, target_, hasCopy());
-        if (failed(gen))
-          return fu.op.emitError() << "kilnc: cannot generate the " << fu.op.getKind() << " kernel '"
-                                   << fu.op.getKernel() << "' for target " << spec_.target;
+        if (failed(gen)) return failure();  // it said why, at the op it cannot take
         info.name = fu.op.getKernel().str();
         info.kind = fu.op.getKind().str();
         for (Operation& op : fu.op.getFusedOps()) info.ops.push_back(op.getName().stripDialect().str());
