@@ -3,10 +3,7 @@
 // and validates all of it before the first byte reaches the executor.
 #include "runtime/checkpoint.h"
 
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -137,31 +134,14 @@ void remove_stale_temporaries(const fs::path& dir) {
 class MappedFile {
  public:
   explicit MappedFile(const std::string& path) {
-    // O_NONBLOCK: a FIFO opens at once and is refused below, instead of waiting for a writer.
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) throw Error(path + ": cannot open: " + std::strerror(errno));
-    struct stat st;
-    if (::fstat(fd, &st) != 0) {
-      const int err = errno;
-      ::close(fd);
-      throw Error(path + ": stat: " + std::strerror(err));
-    }
-    if (!S_ISREG(st.st_mode)) {
-      ::close(fd);
-      throw Error(path + ": cannot open: not a regular file");
-    }
-    size_ = static_cast<size_t>(st.st_size);
+    const RegularFile file(path, "checkpoint's file");
+    size_ = static_cast<size_t>(file.size());
     if (size_ > 0) {  // mmap refuses length 0; an empty file fails the magic check instead
-      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-      if (p == MAP_FAILED) {
-        const int err = errno;
-        ::close(fd);
-        throw Error(path + ": mmap: " + std::strerror(err));
-      }
+      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, file.fd(), 0);
+      if (p == MAP_FAILED) throw Error(path + ": mmap: " + std::strerror(errno));
       data_ = static_cast<const uint8_t*>(p);
     }
-    ::close(fd);  // the mapping keeps the file
-  }
+  }  // the mapping keeps the file open
   ~MappedFile() {
     if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
   }

@@ -1,12 +1,9 @@
 #include "runtime/data_loader.h"
 
-#include <fcntl.h>
 #include <glob.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 #include <set>
 
@@ -24,27 +21,6 @@ constexpr int32_t kVersion = 1;
 constexpr int kHeaderInts = 256;
 constexpr int64_t kHeaderBytes = kHeaderInts * sizeof(int32_t);
 
-struct Fd {
-  int fd = -1;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
-void read_exact(int fd, void* dst, size_t n, int64_t offset, const std::string& path,
-                const char* what) {
-  auto* p = static_cast<uint8_t*>(dst);
-  while (n > 0) {
-    ssize_t got = ::pread(fd, p, n, static_cast<off_t>(offset));
-    if (got < 0 && errno == EINTR) continue;
-    if (got < 0) throw Error(path + ": reading " + what + ": " + std::strerror(errno));
-    if (got == 0) throw Error(path + ": reading " + what + ": unexpected end of file");
-    p += got;
-    n -= static_cast<size_t>(got);
-    offset += got;
-  }
-}
-
 // What one next() call needs from a shard, spelled out for error messages; {} needs nothing.
 struct StepNeed {
   int64_t B = 0, T = 0, world_size = 0;
@@ -54,22 +30,14 @@ struct StepNeed {
 // Opens a shard and checks its header against the file; returns its token count. With
 // `tokens` non-null also reads the tokens.
 int64_t open_shard(const std::string& path, const StepNeed& need, std::vector<uint16_t>* tokens) {
-  Fd file;
-  // O_NONBLOCK: a FIFO opens at once and is refused below, instead of waiting for a writer.
-  file.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (file.fd < 0) throw Error(path + ": open: " + std::strerror(errno));
-  struct stat st;
-  if (::fstat(file.fd, &st) != 0) throw Error(path + ": stat: " + std::strerror(errno));
-  // Shards are read by their size (and seeked in): a pipe or a device has none.
-  if (S_ISDIR(st.st_mode)) throw Error(path + ": is a folder; give the shard's file");
-  if (!S_ISREG(st.st_mode)) throw Error(path + ": not a regular file (a pipe or a device?); give the shard's file");
-  const int64_t size = st.st_size;
+  const RegularFile file(path, "shard's file");
+  const int64_t size = int64_t(file.size());
   if (size < kHeaderBytes)
     throw Error(path + ": header: file is " + std::to_string(size) + " bytes, shorter than the " +
                 std::to_string(kHeaderBytes) + "-byte header (not an llm.c token shard)");
 
   int32_t header[kHeaderInts];
-  read_exact(file.fd, header, sizeof(header), 0, path, "header");
+  file.read_at(header, sizeof(header), 0, "header");
   if (header[0] != kMagic)
     throw Error(path + ": header: magic " + std::to_string(header[0]) + " is not " +
                 std::to_string(kMagic) + " (not an llm.c token shard)");
@@ -91,8 +59,7 @@ int64_t open_shard(const std::string& path, const StepNeed& need, std::vector<ui
                 std::to_string(need.tokens()));
   if (tokens) {
     tokens->resize(static_cast<size_t>(count));
-    read_exact(file.fd, tokens->data(), tokens->size() * sizeof(uint16_t), kHeaderBytes, path,
-               "tokens");
+    file.read_at(tokens->data(), tokens->size() * sizeof(uint16_t), kHeaderBytes, "tokens");
   }
   return count;
 }
@@ -149,18 +116,15 @@ std::vector<std::string> expand_data_patterns(const std::vector<std::string>& fi
 }
 
 bool starts_like_token_shard(const std::string& path) {
-  Fd file;
-  file.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  const std::string head = read_head(path, sizeof(int32_t));
   int32_t magic = 0;
-  return file.fd >= 0 && ::pread(file.fd, &magic, sizeof magic, 0) == ssize_t(sizeof magic) && magic == kMagic;
+  if (head.size() == sizeof magic) std::memcpy(&magic, head.data(), sizeof magic);
+  return magic == kMagic;
 }
 
 void read_shard_tokens(const std::string& path, int64_t first, int64_t n, uint16_t* out) {
-  Fd file;
-  file.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (file.fd < 0) throw Error(path + ": open: " + std::strerror(errno));
-  read_exact(file.fd, out, size_t(n) * sizeof(uint16_t), kHeaderBytes + first * int64_t(sizeof(uint16_t)), path,
-             "tokens");
+  RegularFile(path, "shard's file")
+      .read_at(out, size_t(n) * sizeof(uint16_t), kHeaderBytes + first * int64_t(sizeof(uint16_t)), "tokens");
 }
 
 void write_token_shard(const std::string& path, const std::vector<uint16_t>& tokens) {

@@ -289,6 +289,37 @@ std::string read_tail(const std::string& path, size_t n) {
   return tail;
 }
 
+RegularFile::RegularFile(const std::string& path, const std::string& what) : path_(path) {
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  if (fd_ < 0) throw Error(path + ": cannot open: " + std::strerror(errno));
+  struct stat st {};
+  std::string problem;
+  if (::fstat(fd_, &st) != 0) problem = std::string("stat: ") + std::strerror(errno);
+  else if (S_ISDIR(st.st_mode)) problem = "is a folder; give the " + what;
+  // Read at offsets and by their size: a pipe or a device has neither.
+  else if (!S_ISREG(st.st_mode)) problem = "not a regular file (a pipe or a device?); give the " + what;
+  if (!problem.empty()) {
+    ::close(fd_);
+    throw Error(path + ": " + problem);
+  }
+  size_ = static_cast<uint64_t>(st.st_size);
+}
+
+RegularFile::~RegularFile() { ::close(fd_); }
+
+void RegularFile::read_at(void* dst, size_t n, uint64_t offset, const std::string& part) const {
+  auto* p = static_cast<uint8_t*>(dst);
+  while (n > 0) {
+    const ssize_t got = ::pread(fd_, p, n, static_cast<off_t>(offset));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) throw Error(path_ + ": reading " + part + ": " + std::strerror(errno));
+    if (got == 0) throw Error(path_ + ": reading " + part + ": unexpected end of file");
+    p += got;
+    n -= static_cast<size_t>(got);
+    offset += static_cast<uint64_t>(got);
+  }
+}
+
 void check_not_a_device(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0 || !S_ISCHR(st.st_mode)) return;

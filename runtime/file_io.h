@@ -20,6 +20,27 @@ std::string read_head(const std::string& path, size_t n);
 // The last n bytes of the regular file at `path` (all of it when shorter; "" when it cannot be read).
 std::string read_tail(const std::string& path, size_t n);
 
+// A regular file open for reading at offsets (shards, weights, checkpoints: read by their size,
+// seeked in or mapped). Opened O_NONBLOCK, so that a FIFO is refused at once instead of waiting
+// for a writer. kiln::Error names the path: "PATH: cannot open: REASON", "PATH: is a folder; give
+// the WHAT", "PATH: not a regular file (a pipe or a device?); give the WHAT".
+class RegularFile {
+ public:
+  RegularFile(const std::string& path, const std::string& what);
+  ~RegularFile();
+  RegularFile(const RegularFile&) = delete;
+  RegularFile& operator=(const RegularFile&) = delete;
+  int fd() const { return fd_; }
+  uint64_t size() const { return size_; }
+  // Exactly n bytes at `offset`: "PATH: reading PART: unexpected end of file" when fewer are there.
+  void read_at(void* dst, size_t n, uint64_t offset, const std::string& part) const;
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  uint64_t size_ = 0;
+};
+
 // Refuses an input that is a character device other than a terminal (/dev/zero and
 // /dev/urandom never end; /dev/null holds nothing): kiln::Error "PATH: is a device, not a file".
 // A missing or unreadable path passes, for the reader's own message.

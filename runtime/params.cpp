@@ -1,11 +1,6 @@
 #include "runtime/params.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
 #include <filesystem>
 #include <cstring>
@@ -179,9 +174,7 @@ void load_llmc_bin(Executor& ex, const std::string& path) {
 }  // namespace
 
 std::string file_kind(const std::string& path) {
-  // Only a regular file: a FIFO's bytes (a process substitution's) are its reader's to take.
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return "";
+  // read_head reads only a regular file: a FIFO's bytes (a process substitution's) are its reader's to take.
   const std::string head = read_head(path, 16);
   const auto* b = reinterpret_cast<const unsigned char*>(head.data());
   const size_t got = head.size();
@@ -203,14 +196,7 @@ std::string file_kind(const std::string& path) {
 
 std::string check_weights_file(const std::string& path) {
   check_not_a_device(path);
-  // Tensors are read at their offsets: a pipe has none (and a FIFO's open would wait for a writer).
-  if (struct stat st {}; ::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
-    throw Error(path + (S_ISDIR(st.st_mode) ? ": is a folder; give the weights' file"
-                                            : ": not a regular file (a pipe or a device?); give the weights' file"));
-  if (const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC); fd < 0)
-    throw Error(path + ": open: " + std::strerror(errno));
-  else
-    ::close(fd);
+  RegularFile(path, "weights' file");  // opens it, refusing a folder, a pipe or a FIFO
   const std::string kind = file_kind(path);
   if (!kind.empty() && kind != "safetensors" && kind != "an llm.c model")
     throw Error(path + ": is " + kind + ", not weights (safetensors or an llm.c model .bin)");

@@ -1,11 +1,6 @@
 #include "runtime/safetensors.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -37,30 +32,6 @@ size_t lookup_dtype_size(const std::string& dtype) {
   return it == sizes.end() ? 0 : it->second;
 }
 
-
-
-// RAII file descriptor so every error path closes it.
-struct Fd {
-  int fd = -1;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
-void read_exact(int fd, void* dst, size_t n, uint64_t offset, const std::string& path,
-                const std::string& what) {
-  auto* p = static_cast<uint8_t*>(dst);
-  while (n > 0) {
-    ssize_t got = ::pread(fd, p, n, static_cast<off_t>(offset));
-    if (got < 0 && errno == EINTR) continue;
-    if (got < 0) throw Error(path + ": reading " + what + ": " + std::strerror(errno));
-    if (got == 0) throw Error(path + ": reading " + what + ": unexpected end of file");
-    p += got;
-    n -= static_cast<size_t>(got);
-    offset += static_cast<uint64_t>(got);
-  }
-}
-
 struct Entry {
   SafeTensor tensor;  // bytes still empty
   uint64_t begin = 0, end = 0;
@@ -72,29 +43,21 @@ struct Header {
   uint64_t data_start = 0;
 };
 
-// Opens the file, reads and fully validates the header against the file size.
-Header read_header(const std::string& path, Fd& file) {
-  // O_NONBLOCK: a FIFO opens at once and is refused below, instead of waiting for a writer.
-  file.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (file.fd < 0) throw Error(path + ": open: " + std::strerror(errno));
-  struct stat st;
-  if (::fstat(file.fd, &st) != 0) throw Error(path + ": stat: " + std::strerror(errno));
-  // Tensors are read at their offsets: a pipe or a device has none.
-  if (S_ISDIR(st.st_mode)) throw Error(path + ": is a folder; give the weights' file");
-  if (!S_ISREG(st.st_mode)) throw Error(path + ": not a regular file (a pipe or a device?); give the weights' file");
-  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+// Reads and fully validates the header against the file's size.
+Header read_header(const RegularFile& file, const std::string& path) {
+  const uint64_t file_size = file.size();
   if (file_size < 8)
     throw Error(path + ": file is " + std::to_string(file_size) +
                 " bytes, too short for the 8-byte header length (not a safetensors file)");
 
   uint64_t header_len = 0;
-  read_exact(file.fd, &header_len, 8, 0, path, "header length");
+  file.read_at(&header_len, 8, 0, "header length");
   if (header_len > file_size - 8)
     throw Error(path + ": header: length " + std::to_string(header_len) +
                 " is beyond the end of the file (" + std::to_string(file_size - 8) +
                 " bytes follow the length field; not a safetensors file?)");
   std::string text(header_len, '\0');
-  read_exact(file.fd, text.data(), header_len, 8, path, "header");
+  file.read_at(text.data(), header_len, 8, "header");
   // The JSON parser would stop at a NUL: the format pads the header with spaces only.
   if (const size_t nul = text.find('\0'); nul != std::string::npos)
     throw Error(path + ": header: a NUL byte at offset " + std::to_string(8 + nul) +
@@ -204,7 +167,6 @@ Header read_header(const std::string& path, Fd& file) {
   return h;
 }
 
-
 }  // namespace
 
 size_t dtype_size(const std::string& dtype) {
@@ -214,23 +176,21 @@ size_t dtype_size(const std::string& dtype) {
 }
 
 std::vector<SafeTensor> read_safetensors(const std::string& path) {
-  Fd file;
-  Header h = read_header(path, file);
+  const RegularFile file(path, "weights' file");
+  Header h = read_header(file, path);
   std::vector<SafeTensor> out;
   out.reserve(h.entries.size());
   for (Entry& e : h.entries) {
     // Read straight into each tensor: a checkpoint is never held twice in memory.
     e.tensor.bytes.resize(e.end - e.begin);
-    read_exact(file.fd, e.tensor.bytes.data(), e.tensor.bytes.size(), h.data_start + e.begin, path,
-               "tensor '" + e.tensor.name + "'");
+    file.read_at(e.tensor.bytes.data(), e.tensor.bytes.size(), h.data_start + e.begin, "tensor '" + e.tensor.name + "'");
     out.push_back(std::move(e.tensor));
   }
   return out;
 }
 
 std::map<std::string, std::string> read_safetensors_metadata(const std::string& path) {
-  Fd file;
-  return read_header(path, file).metadata;
+  return read_header(RegularFile(path, "weights' file"), path).metadata;
 }
 
 void write_safetensors(const std::string& path, const std::vector<SafeTensor>& tensors,
@@ -303,6 +263,5 @@ std::vector<float> to_f32(const SafeTensor& t) {
   }
   return out;
 }
-
 
 }  // namespace kiln

@@ -50,7 +50,7 @@ TEST_F(TokenScanTest, CleanShardsGiveNoError) {
 TEST_F(TokenScanTest, AShardGoneOrShortIsAnError) {
   kiln::TokenScan gone({{path("missing.bin"), 10}}, 512);
   finish(gone);
-  EXPECT_EQ(gone.error(), path("missing.bin") + ": open: No such file or directory");
+  EXPECT_EQ(gone.error(), path("missing.bin") + ": cannot open: No such file or directory");
   kiln::TokenScan::Shard s = shard("short.bin", {1, 2, 3});
   s.tokens = 5;  // the header said more when the run started
   kiln::TokenScan cut({s}, 512);
