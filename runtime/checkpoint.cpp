@@ -341,12 +341,21 @@ Parsed parse(const std::string& path, const MappedFile& bytes) {
   return p;
 }
 
+// The first field the fingerprint hashes where the header's model (saved) differs from `m`'s:
+// "n_head 5 vs 4"; empty when none does.
+std::string model_difference(const Json& saved, const Module& m) {
+  const Json mine = model_json(m);  // named: items() of a temporary would dangle
+  for (const auto& [key, value] : mine.items()) {
+    const bool has = saved.is_object() && saved.contains(key);
+    if (!has || saved[key] != value) return key + " " + (has ? saved[key].dump() : "missing") + " vs " + value.dump();
+  }
+  return "";
+}
+
 // The first difference between the checkpoint's model and `m`, for the fingerprint error; empty
 // when none shows (the fingerprint itself was edited, or hashes a field the header lacks).
 std::string first_difference(const Parsed& p, const Module& m) {
-  const Json mine = model_json(m);
-  for (const auto& [key, value] : mine.items())
-    if (p.model.contains(key) && p.model[key] != value) return key + " " + p.model[key].dump() + " vs " + value.dump();
+  if (std::string diff = model_difference(p.model, m); !diff.empty()) return diff;
   std::map<std::string, const Entry*> file;
   for (const Entry& e : p.entries) file[e.name] = &e;
   for (const fb::Parameter* q : *m.fb().parameters()) {
@@ -534,6 +543,11 @@ TrainingState load_checkpoint(const std::string& path, Executor& ex) {
     throw Error(path + ": compiled for a different model (fingerprint " + p.state.spec_fingerprint + " vs " + mine +
                 (diff.empty() ? "" : ": " + diff) + ")");
   }
+
+  // The fingerprint matched, so the model the header describes must be this one too: it is what
+  // kiln-inspect and a mismatch's message show.
+  if (const std::string diff = model_difference(p.model, m); !diff.empty())
+    bad_header(path, "model: " + diff + ", yet its fingerprint is this module's");
 
   // The fingerprint matched, but the table is what we copy from: check it names exactly the
   // module's parameters with their shapes.

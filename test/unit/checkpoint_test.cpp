@@ -442,6 +442,12 @@ TEST_F(Checkpoint, ValidatesAForgedHeaderThatPassesTheChecksum) {
   h.erase("step");
   expect_error(h, "header: missing \"step\"");
   h = header;
+  h["model"]["n_head"] = 5;  // the fingerprint is the module's; the description must agree with it
+  expect_error(h, "header: model: n_head 5 vs 1, yet its fingerprint is this module's");
+  h = header;
+  h.erase("model");
+  expect_error(h, "header: missing \"model\"");
+  h = header;
   h["zero_stage"] = 7;
   expect_error(h, "header: zero_stage 7 is not 0 or 1 (--zero)");
   h = header;
