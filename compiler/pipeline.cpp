@@ -309,12 +309,12 @@ FailureOr<ModelSpec> getModuleSpec(ModuleOp module) {
     // Any integer type: the value counts, read as its type's signedness, and must fit its range.
     const APInt& v = a.getValue();
     const bool isUnsigned = a.getType().isUnsignedInteger();
-    const auto [lo, hi] = spec_range(key);
+    const auto [lo, hi, why] = spec_range(key);
     const bool fits = isUnsigned ? v.getActiveBits() < 64 : v.getSignificantBits() <= 64;
     const int64_t n = !fits ? 0 : isUnsigned ? int64_t(v.getZExtValue()) : v.getSExtValue();
     if (!fits || n < lo || n > hi)
       return bad() << key << " = " << llvm::toString(v, 10, !isUnsigned) << " is out of range ["
-                   << int64_t(lo) << ", " << int64_t(hi) << "]";
+                   << int64_t(lo) << ", " << int64_t(hi) << "]" << why;
     *out = int(n);
   }
   for (const char* key : {"precision", "target"}) {

@@ -26,7 +26,7 @@ struct IntegerKey {
 };
 const IntegerKey kIntegerKeys[] = {
     {"model", "n_layer", {1, 1024}},        {"model", "n_head", {1, 1024}},
-    {"model", "n_embd", {1, 1 << 16}},      {"model", "vocab_size", {2, 1 << 20}},
+    {"model", "n_embd", {1, 1 << 16}},      {"model", "vocab_size", {2, 1 << 16, " (llm.c's token shards hold uint16 ids)"}},
     {"model", "block_size", {1, 1 << 20}},  {"compile", "batch_size", {1, 1 << 16}},
     {"compile", "seq_len", {1, 1 << 20}},
 };
@@ -63,7 +63,7 @@ struct TableReader {
 
   // An integer key within its spec_range; required unless `fallback` is given.
   int integer(const std::string& key, const int* fallback = nullptr) const {
-    const auto [lo, hi] = spec_range(key);
+    const auto [lo, hi, why] = spec_range(key);
     const toml::node* node = table.get(key);
     if (!node) {
       if (fallback) return *fallback;
@@ -74,7 +74,7 @@ struct TableReader {
       fail(path, *node, "[" + name + "] " + key + " must be an integer");
     if (*v < lo || *v > hi)
       fail(path, *node, "[" + name + "] " + key + " = " + std::to_string(*v) + " is out of range [" +
-                            std::to_string(lo) + ", " + std::to_string(hi) + "]");
+                            std::to_string(lo) + ", " + std::to_string(hi) + "]" + why);
     return static_cast<int>(*v);
   }
 
@@ -128,9 +128,14 @@ std::optional<std::pair<std::string, std::string>> spec_relation_error(
   if (s.seq_len > s.block_size)
     return problem("seq_len", name("seq_len") + " = " + std::to_string(s.seq_len) + " exceeds " +
                                   name("block_size") + " = " + std::to_string(s.block_size));
-  if (s.vocab_size > 65536)
-    return problem("vocab_size", name("vocab_size") + " = " + std::to_string(s.vocab_size) +
-                                     " does not fit llm.c's uint16 token shards (at most 65536)");
+  // The widest activation: the MLP's [B*T, 4C] or the logits' [B*T, V] (each key's range alone
+  // allows 2^52 and more).
+  const int64_t rows = int64_t(s.batch_size) * s.seq_len, width = std::max<int64_t>(4 * int64_t(s.n_embd), s.vocab_size);
+  if (rows * width > kMaxTensorElements)
+    return problem("batch_size", name("batch_size") + " x " + name("seq_len") + " x " +
+                                     (width == s.vocab_size ? name("vocab_size") : "4 x " + name("n_embd")) + " = " +
+                                     std::to_string(rows * width) +
+                                     " elements in one activation, above 2^48, the most a Kiln tensor holds");
   // The cuda target's kernels have room for so much, found here rather than by NVRTC's ptxas.
   if (s.target == "cuda") {
     if (s.n_embd / s.n_head > kCudaMaxHeadSize)

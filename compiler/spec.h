@@ -24,7 +24,10 @@ ModelSpec parse_spec(const std::string& path);
 // The rules every spec obeys, shared by parse_spec and the check of a module's `kiln.spec`
 // attribute (compiler/pipeline.cpp), so an edited .mlir file cannot carry sizes a TOML spec
 // could not.
-struct SpecRange { long lo, hi; };
+struct SpecRange {
+  long lo, hi;
+  const char* why = "";  // said after the range when it is not plain ("" or " (...)")
+};
 // What the cuda target's generated kernels have room for: the attention kernels' head size, the
 // layer-norm gradient's column sums (3 x n_embd floats of static shared memory, at most 48 KB),
 // and the optimizer's tables (24 bytes per parameter tensor, 12 per layer, in 64 KB of constant
@@ -37,6 +40,8 @@ const std::set<std::string>& spec_choices(const std::string& key);
 // A model name is non-empty, without control characters, quotes or backslashes: it becomes the
 // module's symbol (quoted by MLIR where needed), which must print and parse back.
 bool is_spec_name(const std::string& name);
+// The most elements a Kiln tensor holds (the dialect's types say so too; 1 PiB of fp32).
+constexpr int64_t kMaxTensorElements = int64_t(1) << 48;
 // The first relation between keys `s` breaks, as {the key to blame, the problem}; `name` spells
 // a key as its source does ("[model] n_embd" in a TOML spec).
 std::optional<std::pair<std::string, std::string>> spec_relation_error(

@@ -429,11 +429,13 @@ int run_main(int argc, char** argv) {
   remove_temporaries_on_signals();  // Ctrl-C while writing leaves no temporary (train has its own)
   // An executable's own module is read first, so that --help can say which model it trains.
   std::optional<Module> embedded;
+  std::string self;  // the file the user ran
   try {
     // Messages name the file the user ran, not /proc/self/exe.
     std::error_code ec;
-    const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
-    if (auto bytes = read_embedded_module("/proc/self/exe", ec || self.empty() ? argv[0] : self))
+    self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+    if (ec) self.clear();
+    if (auto bytes = read_embedded_module("/proc/self/exe", self.empty() ? argv[0] : self))
       embedded = Module::from_bytes(std::move(*bytes), argv[0]);
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", kiln::one_line(e.what()).c_str());
@@ -459,7 +461,7 @@ int run_main(int argc, char** argv) {
   std::unique_ptr<Communicator> comm;  // outlives the module: MPI_Finalize last
   int interrupted = 0;                 // the signal that stopped training
   try {
-    g_self = embedded ? std::pair<std::string, std::string>{"this executable", "/proc/self/exe"}
+    g_self = embedded ? std::pair<std::string, std::string>{"this executable", self.empty() ? "/proc/self/exe" : self}
                       : std::pair<std::string, std::string>{"the module", module_path};
     train_opts.self = g_self;
     Module module = embedded ? std::move(*embedded) : Module::load(module_path);

@@ -104,6 +104,14 @@ inline int parse(CLI::App& app, int argc, char** argv) {
           what = "unknown subcommand '" + word + "' (" + names + ")";
           break;
         }
+    // CLI11 checks required options before it reports unknown ones: a misspelt option
+    // ("--inti") would hide behind "--init is required".
+    if (dynamic_cast<const CLI::RequiredError*>(&e))
+      for (const std::string& word : app.remaining(true))
+        if (word.size() > 1 && word[0] == '-') {
+          what = "The following argument was not expected: " + word;  // as CLI11 says it otherwise
+          break;
+        }
     // CLI11's word for an option given twice.
     if (const size_t at = what.find("At Most 1 required but received "); at != std::string::npos)
       what = what.substr(0, at) + "given " + what.substr(at + 32) + " times; give it once";

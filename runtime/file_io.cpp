@@ -196,6 +196,18 @@ std::string link_target(const std::string& given) {
   return path;
 }
 
+bool same_place(const std::string& a, const std::string& b) {
+  namespace fs = std::filesystem;
+  if (a == b) return true;
+  std::error_code ea, eb;
+  if (fs::exists(a, ea) && fs::exists(b, eb)) return fs::equivalent(a, b, ea) && !ea;
+  // One (or both) is yet to be made: where each name would be created. weakly_canonical resolves
+  // the links in the part that exists ("sub/.." after a linked sub) and tidies the rest.
+  const fs::path pa = fs::weakly_canonical(fs::absolute(link_target(a), ea), ea);
+  const fs::path pb = fs::weakly_canonical(fs::absolute(link_target(b), eb), eb);
+  return !ea && !eb && pa == pb;
+}
+
 void refuse_overwriting(const std::string& flag, const std::string& output,
                         const std::vector<std::pair<std::string, std::string>>& inputs) {
   if (output.empty() || output == "-") return;
@@ -204,9 +216,7 @@ void refuse_overwriting(const std::string& flag, const std::string& output,
   if (std::filesystem::exists(output, kind) && !std::filesystem::is_regular_file(output, kind)) return;
   for (const auto& [what, input] : inputs) {
     if (input.empty()) continue;
-    std::error_code ec;
-    if (output == input || (std::filesystem::exists(output, ec) && std::filesystem::exists(input, ec) &&
-                            std::filesystem::equivalent(input, output, ec)))
+    if (same_place(output, input))
       throw Error(flag + ": " + output + " is " + what + (output == input ? "" : " (" + input + ")") +
                   "; it would be overwritten");
   }

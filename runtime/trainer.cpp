@@ -246,6 +246,8 @@ void check_output_paths(const TrainOptions& o, bool root, MadeFolders& made) {
     if (std::string(flag) != "--log" && path.size() > 4 && path.compare(path.size() - 4, 4, ".bin") == 0)
       throw Error(std::string(flag) + ": " + path + ": writes Hugging Face safetensors, but a .bin name is read back "
                   "as an llm.c model file (--init); name it .safetensors");
+    // The running executable would only say "Text file busy" when opened below.
+    refuse_overwriting(flag, path, {o.self});
     check_output_file(flag, path, std::string(flag) == "--log");  // the log is appended to
   }
 }

@@ -373,4 +373,17 @@ TEST_F(TokenizerLoadTest, BadVocabBpe) {
   write("vocab.bpe", "#version: 0.2\nq zzzzzzzzzzzzzz\n");
   msg = load_error();
   EXPECT_NE(msg.find("vocab.bpe: line 2: token \"zzzzzzzzzzzzzz\" is not in encoder.json"), std::string::npos) << msg;
+
+  // Cut short, or empty: tokens of encoder.json that no merge makes could never be encoded.
+  write("vocab.bpe", "#version: 0.2\nĠ t\n");
+  msg = load_error();
+  EXPECT_NE(msg.find("vocab.bpe: no merge makes token \"Ġa\" (id 257 in encoder.json); the file has 1 merge where "
+                     "encoder.json's 50257 tokens need 50000 (is it cut short?)"),
+            std::string::npos)
+      << msg;
+  write("vocab.bpe", "");
+  msg = load_error();
+  EXPECT_NE(msg.find("vocab.bpe: no merge makes token \"Ġt\" (id 256 in encoder.json); the file has 0 merges"),
+            std::string::npos)
+      << msg;
 }

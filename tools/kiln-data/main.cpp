@@ -202,7 +202,9 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
   for (const std::string& f : o.files) {
     std::error_code ec;
     const fs::file_status st = fs::status(f, ec);
-    if (ec || !fs::exists(st)) throw Error(f + ": cannot open: no such file");
+    if (ec || !fs::exists(st))
+      throw Error(f + ": cannot open: " +
+                  (ec && ec != std::errc::no_such_file_or_directory ? ec.message() : "no such file"));
     if (fs::is_directory(st)) throw Error(f + ": is a directory, not a document");
     if (::access(f.c_str(), R_OK) != 0) throw Error(f + ": cannot open: " + std::strerror(errno));
     struct stat id;
