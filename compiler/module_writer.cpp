@@ -354,6 +354,16 @@ class Writer {
       auto images = compileCudaKernels(source, error);
       if (!images) return module_.emitError() << "kilnc: compiling the generated CUDA kernels failed: " << error;
       cudaImages_ = std::move(*images);
+      // Each launch against what ptxas made of its function, so that a kernel the GPU would
+      // refuse ("too many resources requested") is found here, on a machine without one.
+      for (const CudaImageBuild& image : cudaImages_)
+        for (const KernelInfo& k : kernels_)
+          for (const CudaKernelLaunch& f : k.functions)
+            for (const CudaFunctionResources& r : image.resources)
+              if (r.symbol == f.symbol)
+                if (const std::string problem = launchResourceProblem(r, f.block); !problem.empty())
+                  return module_.emitError() << "kilnc: CUDA kernel " << f.symbol << " (" << k.name << ") cannot launch on "
+                                             << image.arch << ": " << problem;
     }
     return success();
   }

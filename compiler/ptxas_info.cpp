@@ -1,6 +1,7 @@
 #include "compiler/ptxas_info.h"
 
 #include <cctype>
+#include <cstdint>
 #include <sstream>
 
 namespace kiln {
@@ -50,6 +51,22 @@ std::vector<CudaFunctionResources> parsePtxasInfo(const std::string& log) {
     }
   }
   return out;
+}
+
+std::string launchResourceProblem(const CudaFunctionResources& r, unsigned blockThreads) {
+  constexpr unsigned kMaxThreads = 1024, kBlockRegisters = 65536, kWarpRegisterUnit = 256, kStaticShared = 48 * 1024;
+  if (blockThreads == 0 || blockThreads > kMaxThreads)
+    return "a block of " + std::to_string(blockThreads) + " threads (1 to 1024 launch)";
+  const unsigned warps = (blockThreads + 31) / 32;
+  const unsigned perWarp = (r.registers * 32 + kWarpRegisterUnit - 1) / kWarpRegisterUnit * kWarpRegisterUnit;
+  if (uint64_t(warps) * perWarp > kBlockRegisters)
+    return "a block of " + std::to_string(blockThreads) + " threads at " + std::to_string(r.registers) +
+           " registers each needs " + std::to_string(uint64_t(warps) * perWarp) + " registers, above the " +
+           std::to_string(kBlockRegisters) + " one block may hold";
+  if (r.sharedBytes > kStaticShared)
+    return std::to_string(r.sharedBytes) + " bytes of static shared memory, above the " +
+           std::to_string(kStaticShared) + " a block may declare";
+  return "";
 }
 
 }  // namespace kiln

@@ -19,4 +19,10 @@ struct CudaFunctionResources {
 // registers, ..., S bytes smem"); the properties of non-entry functions are skipped.
 std::vector<CudaFunctionResources> parsePtxasInfo(const std::string& log);
 
+// Why a block of `blockThreads` threads of this function cannot launch on sm_80 or sm_90 ("" when
+// it can): more than 1024 threads, more registers than one block may hold (64K; a warp's are
+// allocated 256 at a time), or more than 48 KB of static shared memory. The launch would fail at
+// run time with "too many resources requested"; kilnc says so instead.
+std::string launchResourceProblem(const CudaFunctionResources& r, unsigned blockThreads);
+
 }  // namespace kiln

@@ -61,6 +61,8 @@ class DataLoader {
   std::vector<std::pair<size_t, int64_t>> shards_ahead(int64_t batches) const;
   // Where in the shard a rank's batch starts: shard()'s position() + this.
   int64_t rank_offset() const { return int64_t(rank_) * B_ * T_; }
+  // Tokens one call of next() moves on by (B*T of each rank); the ranks read one more than that.
+  int64_t tokens_per_call() const { return step_; }
 
   // The shard held in memory: shard() unless the next call moves on to another.
   size_t resident_shard() const { return shard_; }

@@ -65,7 +65,7 @@ void TokenScan::run() {
         const size_t bad = first_out_of_vocab(piece.data(), piece.size(), vocab_);
         if (bad < piece.size())
           throw Error(out_of_vocab_message(s.path, piece[bad], at + int64_t(bad), vocab_) +
-                      (s.reader.empty() ? "" : "; " + s.reader + " would read it: stopping now"));
+                      (s.reader ? "; " + s.reader(at + int64_t(bad)) + " would read it: stopping now" : ""));
       }
       if (stop_) break;
     }

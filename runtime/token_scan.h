@@ -4,6 +4,7 @@
 #pragma once
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -22,8 +23,12 @@ class TokenScan {
  public:
   struct Shard {
     std::string path;
-    int64_t tokens;      // the header's count (DataLoader checked the header and the file's size)
-    std::string reader;  // what reads it, for the message: "step 157", "each evaluation (--val-data)"
+    // The shard's first `tokens` tokens are checked: those the run reads (the header's count
+    // when it reads the whole shard; DataLoader checked the header and the file's size).
+    int64_t tokens;
+    // What reads the token at a position, for the message: "step 157", "each evaluation
+    // (--val-data)"; none when empty.
+    std::function<std::string(int64_t position)> reader;
   };
   // Starts a thread that reads each shard's tokens in order, in pieces of a few MB, and stops at
   // the first bad one ("...(data for another tokenizer?); step 157 would read it: stopping now")

@@ -371,15 +371,27 @@ void check_resident_tokens(const DataLoader& d, int32_t vocab) {
 
 // The shards the run will read that are not checked yet (all but the one each loader holds), in
 // the order it reads them: the validation shards an evaluation reaches (the first comes after
-// step 1), then the training shards the remaining steps reach.
+// step 1), then the training shards the remaining steps reach. Of each, only the tokens the run
+// reads: call k in a shard reads [k s, k s + s] (s tokens a call), and the run may end first.
 std::vector<TokenScan::Shard> shards_to_scan(const DataLoader& data, int64_t first_step, int64_t steps,
                                              int64_t accum, const DataLoader* val, int64_t val_steps) {
   std::vector<TokenScan::Shard> shards;
+  // Shard i of `d`, first read by call `call` of the `calls` the run makes.
+  auto add = [&](const DataLoader& d, size_t i, int64_t call, int64_t calls,
+                 std::function<std::string(int64_t)> reader) {
+    const int64_t s = d.tokens_per_call(), count = d.shard_tokens()[i];
+    const int64_t reading = std::min((count - 1) / s, calls - call);
+    shards.push_back({d.files()[i], std::min(count, reading * s + 1), std::move(reader)});
+  };
   if (val)
     for (const auto& [i, call] : val->shards_ahead(val_steps))
-      shards.push_back({val->files()[i], val->shard_tokens()[i], "each evaluation (--val-data)"});
-  for (const auto& [i, call] : data.shards_ahead((steps - first_step) * accum))
-    shards.push_back({data.files()[i], data.shard_tokens()[i], "step " + std::to_string(first_step + call / accum + 1)});
+      add(*val, i, call, val_steps, [](int64_t) { return std::string("each evaluation (--val-data)"); });
+  const int64_t calls = (steps - first_step) * accum, s = data.tokens_per_call();
+  for (const auto& [i, call] : data.shards_ahead(calls))
+    add(data, i, call, calls, [=](int64_t position) {
+      const int64_t k = position <= s ? 0 : (position - 1) / s;  // the first call that reads it
+      return "step " + std::to_string(first_step + (call + k) / accum + 1);
+    });
   return shards;
 }
 

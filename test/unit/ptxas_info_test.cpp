@@ -44,5 +44,26 @@ TEST(PtxasInfo, NothingToReport) {
   EXPECT_TRUE(parsePtxasInfo("ptxas info    : 24 bytes gmem\n").empty());
 }
 
+// Registers go to a warp 256 at a time, 64K to a block: 64 registers x 1024 threads just fit,
+// and so do 255 (256 allocated) x 256 threads; 65 x 1024 or 255 x 288 do not.
+TEST(PtxasInfo, LaunchResourceLimits) {
+  CudaFunctionResources r;
+  r.registers = 64;
+  EXPECT_EQ(launchResourceProblem(r, 1024), "");
+  r.registers = 65;
+  EXPECT_EQ(launchResourceProblem(r, 1024),
+            "a block of 1024 threads at 65 registers each needs 73728 registers, above the 65536 one block may hold");
+  r.registers = 255;
+  EXPECT_EQ(launchResourceProblem(r, 256), "");
+  EXPECT_NE(launchResourceProblem(r, 288), "");
+  EXPECT_EQ(launchResourceProblem(r, 2048), "a block of 2048 threads (1 to 1024 launch)");
+  r.registers = 32;
+  r.sharedBytes = 48 * 1024;
+  EXPECT_EQ(launchResourceProblem(r, 128), "");
+  r.sharedBytes = 48 * 1024 + 4;
+  EXPECT_EQ(launchResourceProblem(r, 128),
+            "49156 bytes of static shared memory, above the 49152 a block may declare");
+}
+
 }  // namespace
 }  // namespace kiln
