@@ -166,6 +166,14 @@ void write_npy(const std::string& path, const std::vector<float>& data, const st
 }
 
 
+// The tokenizer reads "<|endoftext|>" in a prompt as the 13 characters (GPT-2's encoder.py
+// does too); the end-of-text token itself is id 50256.
+void note_end_of_text_in_prompt(const char* flag, const std::string& text, const char* ids_flag) {
+  if (text.find("<|endoftext|>") != std::string::npos)
+    std::fprintf(stderr, "note: %s: \"<|endoftext|>\" is read as text, not as the end-of-text token; for that token "
+                 "give %s with 50256\n", flag, ids_flag);
+}
+
 // --prompt-ids: whitespace-separated token ids (parse_token_id), each in [0, V).
 std::vector<int32_t> parse_prompt_ids(const std::string& text, int64_t V, const std::string& flag = "--prompt-ids") {
   std::vector<int32_t> ids;
@@ -198,6 +206,7 @@ void prepare_train_samples(const Module& module, const TrainSampling& sampling, 
     if (!tok) throw Error("--sample-prompt: this model's vocabulary has " + std::to_string(V) +
                           " tokens, not GPT-2's 50257; give --sample-prompt-ids instead");
     o.sample_prompt = tok->encode(sampling.prompt);
+    note_end_of_text_in_prompt("--sample-prompt", sampling.prompt, "--sample-prompt-ids");
   } else if (sampling.prompt_ids_opt->count()) {
     o.sample_prompt = parse_prompt_ids(sampling.prompt_ids, V, "--sample-prompt-ids");
   } else {
@@ -248,6 +257,7 @@ int run_sample(const Module& module, SampleCommand& c) {
     if (!tok) throw Error("--prompt: this model's vocabulary has " + std::to_string(V) +
                           " tokens, not GPT-2's 50257; give --prompt-ids instead");
     prompt = tok->encode(c.prompt);
+    note_end_of_text_in_prompt("--prompt", c.prompt, "--prompt-ids");
   } else {
     prompt = parse_prompt_ids(c.prompt_ids, V);
   }

@@ -106,7 +106,7 @@ inline int parse(CLI::App& app, int argc, char** argv) {
         }
     // CLI11 checks required options before it reports unknown ones: a misspelt option
     // ("--inti") would hide behind "--init is required".
-    if (dynamic_cast<const CLI::RequiredError*>(&e))
+    if (dynamic_cast<const CLI::RequiredError*>(&e) && what == e.what())  // (not a misspelt subcommand)
       for (const std::string& word : app.remaining(true))
         if (word.size() > 1 && word[0] == '-') {
           what = "The following argument was not expected: " + word;  // as CLI11 says it otherwise

@@ -117,7 +117,11 @@ std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t
     }
   }
   std::vector<std::vector<int32_t>> out(static_cast<size_t>(o.num_samples), prompt);
-  Rng rng{o.seed};
+  // A stream of draws per sample, so that sample s is the same whatever --num-samples is (and
+  // however the samples are batched into rows); sample 1 draws from the seed itself.
+  std::vector<Rng> rng;
+  for (int64_t s = 0; s < o.num_samples; ++s)
+    rng.push_back(s == 0 ? Rng{o.seed} : Rng{Rng{o.seed ^ (uint64_t(s) * 0xD1B54A32D192ED03ull)}.next()});
   std::vector<float> row(static_cast<size_t>(V));
   std::vector<int32_t> order(static_cast<size_t>(V));
   const int64_t passes = (o.num_samples + B - 1) / B * o.max_new_tokens;
@@ -147,7 +151,7 @@ std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t
     double sum = 0;
     for (int64_t i = 0; i < k; ++i)
       sum += p[size_t(i)] = std::exp((row[size_t(order[size_t(i)])] - top) / std::max(o.temperature, 1e-6f));
-    double u = rng.uniform() * sum;
+    double u = rng[size_t(s)].uniform() * sum;
     int64_t pick = k - 1;
     for (int64_t i = 0; i < k; ++i)
       if ((u -= p[size_t(i)]) < 0) { pick = i; break; }

@@ -232,6 +232,13 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
     n_val = static_cast<size_t>(std::clamp<long long>(std::llround(o.val_fraction * n), 1,
                                                       static_cast<long long>(n) - 1));
   auto is_val = [&](size_t i) { return (i + 1) * n_val / n > i * n_val / n; };
+  // Where the split cannot be what was asked, say so (the shards are still written).
+  if (o.val_fraction > 0 && n == 1)
+    std::fprintf(stderr, "note: --val-fraction %g: one document cannot be split; it all goes to train (no val shard)\n",
+                 o.val_fraction);
+  else if (o.val_fraction > 0 && double(n_val) < o.val_fraction * double(n) - 0.5)
+    std::fprintf(stderr, "note: --val-fraction %g: %zu of the %zu documents go to val; one stays for train\n",
+                 o.val_fraction, n_val, n);
 
   const fs::path out(o.out);
   std::error_code ec;
@@ -415,7 +422,8 @@ int main(int argc, char** argv) {
           [](std::string& s) {
             // Not CLI::Range: its comparisons let NaN through, which would mean 0.
             double v = 0;
-            if (!CLI::detail::lexical_cast(s, v) || !(v >= 0 && v <= 1)) return "Value " + s + " not in range 0 to 1";
+            if (!CLI::detail::lexical_cast(s, v)) return "Value " + s + " is not a number";
+            if (!(v >= 0 && v <= 1)) return "Value " + s + " not in range 0 to 1";
             return std::string();
           },
           "FLOAT in [0 - 1]"));
