@@ -194,6 +194,9 @@ void prepare_train_samples(const Module& module, const TrainSampling& sampling, 
   if (o.sample_every == 0) return;
   const int64_t V = module.fb().model()->vocab_size();
   std::shared_ptr<Gpt2Tokenizer> tok;
+  if (!sampling.tokenizer.empty() && V != 50257)
+    throw Error("--tokenizer: this model's vocabulary has " + std::to_string(V) +
+                " tokens, not GPT-2's 50257: its samples are token ids, and no tokenizer is read");
   if (V == 50257) {
     try {
       tok = std::make_shared<Gpt2Tokenizer>(
@@ -251,6 +254,9 @@ int run_sample(const Module& module, SampleCommand& c) {
   // mistakes are said first.
   const int V = module.fb().model()->vocab_size();
   std::optional<Gpt2Tokenizer> tok;
+  if (!c.tokenizer.empty() && V != 50257)
+    throw Error("--tokenizer: this model's vocabulary has " + std::to_string(V) +
+                " tokens, not GPT-2's 50257: its samples are token ids, and no tokenizer is read");
   if (V == 50257) tok = Gpt2Tokenizer::load(c.tokenizer.empty() ? Gpt2Tokenizer::default_dir() : c.tokenizer);
   std::vector<int32_t> prompt;
   if (c.prompt_opt->count()) {

@@ -24,6 +24,16 @@ struct Series {
   std::vector<std::pair<double, double>> points;  // (step, loss)
 };
 
+// nlohmann's message without its "[json.exception.parse_error.101] parse error at line 1,
+// column 21: " (the caller says where).
+std::string json_problem(const nlohmann::json::exception& e) {
+  std::string what = e.what();
+  if (const size_t at = what.find("] "); at != std::string::npos) what = what.substr(at + 2);
+  if (what.compare(0, 15, "parse error at ") == 0)
+    if (const size_t at = what.find(": "); at != std::string::npos) what = what.substr(at + 2);
+  return what;
+}
+
 }  // namespace
 
 std::string loss_plot_svg(const std::vector<std::string>& logs) {
@@ -50,8 +60,20 @@ std::string loss_plot_svg(const std::vector<std::string>& logs) {
       if (line.empty()) continue;
       auto j = nlohmann::json::parse(line, nullptr, false);
       if (j.is_discarded() && line.compare(0, 2, "{\"") == 0) {
-        ++cut;
-        continue;
+        // A record cut short (a run killed while writing it) fails at its end; one that fails
+        // before (a NaN, 1e999: what kiln-run never writes) is no log's.
+        try {
+          j = nlohmann::json::parse(line);
+        } catch (const nlohmann::json::parse_error& e) {
+          if (e.byte > line.size()) {
+            ++cut;
+            continue;
+          }
+          throw Error(path + ":" + std::to_string(n) + ":" + std::to_string(e.byte) + ": not a training log record: " +
+                      json_problem(e));
+        } catch (const nlohmann::json::exception& e) {
+          throw Error(path + ":" + std::to_string(n) + ": not a training log record: " + json_problem(e));
+        }
       }
       if (j.is_discarded() || !j.is_object() || !j.contains("step"))
         throw Error(path + ":" + std::to_string(n) + ": not a training log record (JSON with \"step\")");
