@@ -53,7 +53,7 @@ int64_t open_shard(const std::string& path, const StepNeed& need, std::vector<ui
                 " tokens, so the file should be " + std::to_string(expected) +
                 " bytes, but it is " + std::to_string(size) + " bytes (truncated or corrupt)");
   if (count < need.tokens() && need.B > 0)
-    throw Error(path + ": size: " + std::to_string(count) + " tokens, but one step (B=" +
+    throw Error(path + ": size: " + std::to_string(count) + (count == 1 ? " token" : " tokens") + ", but one step (B=" +
                 std::to_string(need.B) + " x T=" + std::to_string(need.T) +
                 " x world_size=" + std::to_string(need.world_size) + ", plus 1 target) needs " +
                 std::to_string(need.tokens()));

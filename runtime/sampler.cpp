@@ -27,7 +27,8 @@ void check_sample_size(int64_t prompt_tokens, const SampleOptions& o, const std:
   if (__builtin_add_overflow(prompt_tokens, o.max_new_tokens, &tokens) ||
       __builtin_mul_overflow(o.num_samples, tokens, &tokens) ||
       tokens > (int64_t(1) << 31))
-    throw Error(what + std::to_string(o.num_samples) + " samples of " + std::to_string(prompt_tokens) + " + " +
+    throw Error(what + std::to_string(o.num_samples) + (o.num_samples == 1 ? " sample of " : " samples of ") +
+                std::to_string(prompt_tokens) + " + " +
                 std::to_string(o.max_new_tokens) + " tokens are more than the 2^31 tokens the sampler keeps");
   // Each sample is a vector of its tokens (about 48 bytes besides them): found here, not by
   // running out of memory once sampling starts (in train, after steps of work).
@@ -36,8 +37,8 @@ void check_sample_size(int64_t prompt_tokens, const SampleOptions& o, const std:
   if (rlimit as{}; ::getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY) memory = std::min(memory, double(as.rlim_cur));
   if (memory > 0 && bytes > memory / 2) {
     char text[160];
-    std::snprintf(text, sizeof text, " samples of %lld + %lld tokens need %.1f GiB, more than half of the %.1f GiB this process may use",
-                  (long long)prompt_tokens, (long long)o.max_new_tokens, bytes / double(1 << 30), memory / double(1 << 30));
+    std::snprintf(text, sizeof text, " sample%s of %lld + %lld tokens need %.1f GiB, more than half of the %.1f GiB this process may use",
+                  o.num_samples == 1 ? "" : "s", (long long)prompt_tokens, (long long)o.max_new_tokens, bytes / double(1 << 30), memory / double(1 << 30));
     throw Error(what + std::to_string(o.num_samples) + text);
   }
 }

@@ -85,6 +85,9 @@ const char* utf16_or_32(std::string_view head) {
 std::string text_problem(std::string_view text) {
   if (const char* utf = utf16_or_32(text))
     return std::string("is ") + utf + " text (a byte-order mark; iconv -f " + utf + " -t UTF-8 converts it)";
+  // Valid UTF-8, but the mark becomes a token of its own (U+FEFF) that the text never meant.
+  if (text.substr(0, 3) == "\xEF\xBB\xBF")
+    return "starts with a UTF-8 byte-order mark (U+FEFF; sed -i '1s/^\\xEF\\xBB\\xBF//' removes it)";
   const size_t bad = first_invalid_utf8(text), nul = text.find('\0');
   if (bad == text.size() && nul == std::string_view::npos) return "";
   auto line = [&](size_t at) { return std::to_string(1 + std::count(text.begin(), text.begin() + at, '\n')); };
@@ -371,8 +374,8 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
     std::printf("prepared %zu document%s (%.2f MB) in %.2f s, %.1f MB/s\n", n, n == 1 ? "" : "s", bytes_done / 1e6, t,
                 t > 0 ? bytes_done / 1e6 / t : 0.0);
     for (const Split* s : {&train, &val}) {
-      std::printf("%s: %zu document%s, %" PRIu64 " tokens, ", s->name.c_str(), s->documents,
-                  s->documents == 1 ? "" : "s", s->tokens);
+      std::printf("%s: %zu document%s, %" PRIu64 " token%s, ", s->name.c_str(), s->documents,
+                  s->documents == 1 ? "" : "s", s->tokens, s->tokens == 1 ? "" : "s");
       if (s->shards.empty())
         std::printf("no shards\n");
       else if (s->shards.size() == 1)
