@@ -291,7 +291,7 @@ int run_sample(const Module& module, SampleCommand& c) {
   if (!c.no_kv_cache && module.program("decode")) programs.push_back("decode");
   if (!c.no_kv_cache && !c.no_prefill && module.program("decode") && module.program("prefill")) programs.push_back("prefill");
   Executor ex(module, programs);
-  init_parameters(ex, 0);
+  clear_parameters(ex);  // every value is loaded next
   load_finite_parameters(ex, c.init, "its logits would be NaN");
   ex.refresh_compute_copies();
   SampleOptions::Times times;
@@ -387,7 +387,7 @@ int run_eval(const Module& module, const EvalCommand& c) {
   const int64_t batches = c.batches ? c.batches : whole;
   check_weights_file(c.init);  // before the executor starts a cuda module's GPU
   Executor ex(module, {"forward"});
-  init_parameters(ex, 0);
+  clear_parameters(ex);  // every value is loaded next
   load_finite_parameters(ex, c.init, "its loss would be NaN");
   ex.refresh_compute_copies();
 

@@ -132,6 +132,7 @@ class Executor {
   bool host_stale_ = false;  // the GPU has changed the state since the last sync_to_host()
   std::vector<std::string> programs_;  // the programs this executor may run
   uint8_t* arena_ = nullptr;
+  size_t arena_mapped_ = 0;  // bytes mapped at arena_
   std::map<size_t, std::vector<float>> scratch_;          // by operand slot
   std::vector<std::pair<uint32_t, size_t>> pending_;      // bf16 outputs to round after a kernel
   bool profile_ = false;

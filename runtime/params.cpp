@@ -45,9 +45,8 @@ int64_t row_size(const fb::Parameter& p) {
   return n;
 }
 
-}  // namespace
-
-void init_parameters(Executor& ex, uint64_t seed) {
+// init_parameters, drawing the normal parameters when `draw`, else setting them to 0.
+void fill_parameters(Executor& ex, uint64_t seed, bool draw) {
   const auto& params = *ex.module().fb().parameters();
   for (uint32_t i = 0; i < params.size(); ++i) {
     const fb::Parameter* p = params.Get(i);
@@ -59,6 +58,10 @@ void init_parameters(Executor& ex, uint64_t seed) {
       case fb::Init::Zeros: cpu::fill(w, 0.0f, used); break;
       case fb::Init::Ones: cpu::fill(w, 1.0f, used); break;
       case fb::Init::Normal: {
+        if (!draw) {
+          cpu::fill(w, 0.0f, used);
+          break;
+        }
         // Box-Muller; one stream per parameter so adding a layer leaves the others unchanged.
         Rng rng{seed * 0x100000001B3ull + i};
         for (int64_t k = 0; k < used; k += 2) {
@@ -76,6 +79,11 @@ void init_parameters(Executor& ex, uint64_t seed) {
   }
   ex.zero_grads();
 }
+
+}  // namespace
+
+void init_parameters(Executor& ex, uint64_t seed) { fill_parameters(ex, seed, true); }
+void clear_parameters(Executor& ex) { fill_parameters(ex, 0, false); }
 
 namespace {
 

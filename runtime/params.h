@@ -11,6 +11,9 @@ namespace kiln {
 // for a seed; clears gradients and AdamW state. The padded vocabulary rows of wte.weight (V..Vp-1
 // of its [Vp, C]) are set to 0 whatever the declaration, and stay 0: no gradient reaches them.
 void init_parameters(Executor& ex, uint64_t seed);
+// For weights load_parameters is about to read (it writes every parameter): the same, with the
+// normal(0, std) parameters set to 0 instead of drawn (seconds of Box-Muller for GPT-2 124M).
+void clear_parameters(Executor& ex);
 
 // Loads Hugging Face GPT-2 weights: names with or without "transformer.", the attention mask
 // buffers ignored, lm_head.weight accepted when equal to wte. Every parameter must be present

@@ -515,7 +515,9 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   if (!cuda && world > 1) share_cpus(ranks_on_this_machine(comm), root);
   Executor ex(module, programs, world > 1 ? data_parallel_state(module, int(world), rank, o.zero, bucket_bytes) : StatePlan{});
   ex.enable_profiling(o.profile);
-  init_parameters(ex, o.seed);  // also clears gradients and AdamW state
+  // (Also clears gradients and AdamW state.) --init's weights replace every value.
+  if (initializing) clear_parameters(ex);
+  else init_parameters(ex, o.seed);
   if (initializing) load_finite_parameters(ex, o.init, "every loss would be NaN");
   ex.refresh_compute_copies();
   DataParallel dp(ex, comm, o.zero, bucket_bytes);
