@@ -128,13 +128,15 @@ std::optional<std::pair<std::string, std::string>> spec_relation_error(
   if (s.seq_len > s.block_size)
     return problem("seq_len", name("seq_len") + " = " + std::to_string(s.seq_len) + " exceeds " +
                                   name("block_size") + " = " + std::to_string(s.block_size));
-  // The widest activation: the MLP's [B*T, 4C] or the logits' [B*T, V] (each key's range alone
-  // allows 2^52 and more).
-  const int64_t rows = int64_t(s.batch_size) * s.seq_len, width = std::max<int64_t>(4 * int64_t(s.n_embd), s.vocab_size);
+  // The widest activation: the MLP's [B*T, 4C] or the logits' [B*T, Vp], the vocabulary padded
+  // to a multiple of 128 as the model builder pads it (each key's range alone allows 2^52 and more).
+  const int64_t rows = int64_t(s.batch_size) * s.seq_len, padded = (int64_t(s.vocab_size) + 127) / 128 * 128;
+  const int64_t width = std::max<int64_t>(4 * int64_t(s.n_embd), padded);
   if (rows * width > kMaxTensorElements)
     return problem("batch_size", name("batch_size") + " x " + name("seq_len") + " x " +
-                                     (width == s.vocab_size ? name("vocab_size") : "4 x " + name("n_embd")) + " = " +
-                                     std::to_string(rows * width) +
+                                     (width == padded ? name("vocab_size") + " (padded to " + std::to_string(padded) + ")"
+                                                      : "4 x " + name("n_embd")) +
+                                     " = " + std::to_string(rows * width) +
                                      " elements in one activation, above 2^48, the most a Kiln tensor holds");
   // The cuda target's kernels have room for so much, found here rather than by NVRTC's ptxas.
   if (s.target == "cuda") {

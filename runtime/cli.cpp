@@ -37,9 +37,9 @@
 namespace kiln {
 namespace {
 
-// The file this process runs: an executable kilnc wrote, or kiln-run's module. Outputs must not
-// name it (refuse_overwriting).
-std::pair<std::string, std::string> g_self;
+// The files this process runs, (what, path): an executable kilnc wrote, or kiln-run and its
+// module. Outputs must not name them (refuse_overwriting).
+std::vector<std::pair<std::string, std::string>> g_self;
 
 // Parsed as the float the option is stored in, so 1e39 (inf) and 1e-50 (0) are refused too.
 const CLI::Validator kPositiveFinite = cli::positive_finite_float();
@@ -280,7 +280,9 @@ int run_sample(const Module& module, SampleCommand& c) {
   std::vector<float> logits;
   if (c.logits_out_opt->count()) {
     // Said before the sampling, not after it.
-    refuse_overwriting("--logits-out", c.logits_out, {{"--init's weights", c.init}, g_self});
+    std::vector<std::pair<std::string, std::string>> inputs = g_self;
+    inputs.push_back({"--init's weights", c.init});
+    refuse_overwriting("--logits-out", c.logits_out, inputs);
     check_output_file("--logits-out", c.logits_out);
     c.options.logits_out = &logits;
   }
@@ -477,8 +479,10 @@ int run_main(int argc, char** argv) {
   std::unique_ptr<Communicator> comm;  // outlives the module: MPI_Finalize last
   int interrupted = 0;                 // the signal that stopped training
   try {
-    g_self = embedded ? std::pair<std::string, std::string>{"this executable", self.empty() ? "/proc/self/exe" : self}
-                      : std::pair<std::string, std::string>{"the module", module_path};
+    // (Writing over the running program fails with "Text file busy": said by name instead.)
+    const std::string program = self.empty() ? "/proc/self/exe" : self;
+    if (embedded) g_self = {{"this executable", program}};
+    else g_self = {{"the module", module_path}, {"the running program", program}};
     train_opts.self = g_self;
     Module module = embedded ? std::move(*embedded) : Module::load(module_path);
     if (sample->parsed()) {

@@ -247,7 +247,7 @@ void check_output_paths(const TrainOptions& o, bool root, MadeFolders& made) {
       throw Error(std::string(flag) + ": " + path + ": writes Hugging Face safetensors, but a .bin name is read back "
                   "as an llm.c model file (--init); name it .safetensors");
     // The running executable would only say "Text file busy" when opened below.
-    refuse_overwriting(flag, path, {o.self});
+    refuse_overwriting(flag, path, o.self);
     check_output_file(flag, path, std::string(flag) == "--log");  // the log is appended to
   }
 }
@@ -345,7 +345,8 @@ void note_resume_changes(const std::string& checkpoint, const nlohmann::json& ex
 // The outputs must not overwrite the run's inputs (the data, --init, this executable or module)
 // or one another.
 void check_outputs_spare_inputs(const TrainOptions& o, const DataLoader& data, const DataLoader* val) {
-  std::vector<std::pair<std::string, std::string>> inputs = {{"--init's weights", o.init}, o.self};
+  std::vector<std::pair<std::string, std::string>> inputs = o.self;
+  inputs.push_back({"--init's weights", o.init});
   for (const std::string& f : data.files()) inputs.push_back({"a --data shard", f});
   if (val)
     for (const std::string& f : val->files()) inputs.push_back({"a --val-data shard", f});
@@ -361,12 +362,28 @@ void check_outputs_spare_inputs(const TrainOptions& o, const DataLoader& data, c
     if (!path.empty()) check_replaceable_weights(flag, path);
 }
 
-// The token ids of the shard a loader holds now (its first) are below the vocabulary: a bad
-// validation shard shows at the start, not at the first evaluation, many steps in.
-void check_resident_tokens(const DataLoader& d, int32_t vocab) {
+// The token ids of the shard a loader holds now that the run will read (`calls` more calls of
+// next()) are below the vocabulary: from its position on, and from its start again when the run
+// comes round to it after every other shard. A bad validation shard shows at the start, not at
+// the first evaluation, many steps in; tokens no call reads (a shard's tail) do not count.
+void check_resident_tokens(const DataLoader& d, int32_t vocab, int64_t calls) {
   const std::vector<uint16_t>& t = d.current_tokens();
-  if (const size_t bad = first_out_of_vocab(t.data(), t.size(), vocab); bad < t.size())
-    throw Error(out_of_vocab_message(d.files()[d.resident_shard()], t[bad], int64_t(bad), vocab));
+  const int64_t s = d.tokens_per_call(), count = int64_t(t.size());
+  std::vector<std::pair<int64_t, int64_t>> ranges;  // [first, last] positions read
+  int64_t before_return = 0;  // calls until the run is back at this shard's start
+  if (d.shard() == d.resident_shard()) {
+    before_return = (count - 1 - d.position()) / s;
+    if (const int64_t here = std::min(calls, before_return); here > 0)
+      ranges.push_back({d.position(), d.position() + here * s});
+  }
+  for (size_t i = 0; i < d.files().size(); ++i)
+    if (i != d.resident_shard()) before_return += (d.shard_tokens()[i] - 1) / s;
+  if (calls > before_return) ranges.push_back({0, std::min((count - 1) / s, calls - before_return) * s});
+  for (const auto& [first, last] : ranges) {
+    const size_t n = size_t(std::min(last, count - 1) - first + 1);
+    if (const size_t bad = first_out_of_vocab(t.data() + first, n, vocab); bad < n)
+      throw Error(out_of_vocab_message(d.files()[d.resident_shard()], t[size_t(first) + bad], first + int64_t(bad), vocab));
+  }
 }
 
 // The shards the run will read that are not checked yet (all but the one each loader holds), in
@@ -589,7 +606,6 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     if (!module.program("forward")) throw Error(module.source() + ": has no 'forward' program to evaluate with");
     if (o.val_steps <= 0) throw Error("--val-steps: must be at least 1");
     val = std::make_unique<DataLoader>(o.val_data, B, T, rank, int(world));
-    check_resident_tokens(*val, model.vocab_size());
     // More batches than the data holds would read some twice: one pass is all there is.
     if (val_steps > val->batches_per_pass()) {
       val_steps = val->batches_per_pass();
@@ -599,9 +615,10 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
                      world > 1 ? " on each rank" : "");
     }
     if (root && !val->skipped().empty()) std::fprintf(stderr, "note: --val-data: %s\n", val->skipped_note().c_str());
+    check_resident_tokens(*val, model.vocab_size(), val_steps);  // each evaluation reads the same batches
   }
   if (root && !loader.skipped().empty()) std::fprintf(stderr, "note: --data: %s\n", loader.skipped_note().c_str());
-  check_resident_tokens(loader, model.vocab_size());
+  check_resident_tokens(loader, model.vocab_size(), (o.steps - first_step) * accum);
   // The other shards the run will read are checked in the background while it trains, by one
   // process per machine (its ranks read the same files): a bad token ends the run at the next step.
   std::unique_ptr<TokenScan> scan;

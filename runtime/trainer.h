@@ -53,8 +53,8 @@ struct TrainOptions {
   int zero = 0;                 // 1: ZeRO-1, the optimizer step sharded across ranks
   double bucket_mb = 25;        // gradient all-reduce bucket size (MB)
   std::string comm = "auto";    // communicator: auto, single, mpi, tcp, nccl
-  // The file this process runs, (what, path): the outputs must not overwrite it.
-  std::pair<std::string, std::string> self;
+  // The files this process runs, (what, path): the outputs must not overwrite them.
+  std::vector<std::pair<std::string, std::string>> self;
 };
 
 // The mean loss of the next `batches` batches of `data` through the forward program, with the

@@ -86,16 +86,18 @@ std::string text_problem(std::string_view text) {
   if (const char* utf = utf16_or_32(text))
     return std::string("is ") + utf + " text (a byte-order mark; iconv -f " + utf + " -t UTF-8 converts it)";
   // Valid UTF-8, but the mark becomes a token of its own (U+FEFF) that the text never meant.
-  if (text.substr(0, 3) == "\xEF\xBB\xBF")
-    return "starts with a UTF-8 byte-order mark (U+FEFF; sed -i '1s/^\\xEF\\xBB\\xBF//' removes it)";
+  const std::string mark = text.substr(0, 3) == "\xEF\xBB\xBF"
+                               ? "starts with a UTF-8 byte-order mark (U+FEFF; sed -i '1s/^\\xEF\\xBB\\xBF//' removes it)"
+                               : "";
   const size_t bad = first_invalid_utf8(text), nul = text.find('\0');
-  if (bad == text.size() && nul == std::string_view::npos) return "";
+  if (bad == text.size() && nul == std::string_view::npos) return mark;
+  const std::string also = mark.empty() ? "" : mark + ", and ";
   auto line = [&](size_t at) { return std::to_string(1 + std::count(text.begin(), text.begin() + at, '\n')); };
   if (nul != std::string_view::npos && nul < bad)
-    return "holds a NUL byte (line " + line(nul) + "; UTF-16 without a byte-order mark?)";
+    return also + "holds a NUL byte (line " + line(nul) + "; UTF-16 without a byte-order mark?)";
   char byte[8];
   std::snprintf(byte, sizeof byte, "0x%02x", static_cast<uint8_t>(text[bad]));
-  return "is not UTF-8 from byte " + std::to_string(bad) + " (" + byte + ", line " + line(bad) +
+  return also + "is not UTF-8 from byte " + std::to_string(bad) + " (" + byte + ", line " + line(bad) +
          "; Latin-1? iconv -f LATIN1 -t UTF-8)";
 }
 
@@ -148,6 +150,7 @@ struct PrepareOptions {
   std::vector<std::string> files;
   std::string out;
   double val_fraction = 0.05;
+  bool val_fraction_given = false;  // on the command line (not the default)
   int64_t shard_tokens = 100'000'000;
 };
 
@@ -235,13 +238,14 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
     n_val = static_cast<size_t>(std::clamp<long long>(std::llround(o.val_fraction * n), 1,
                                                       static_cast<long long>(n) - 1));
   auto is_val = [&](size_t i) { return (i + 1) * n_val / n > i * n_val / n; };
-  // Where the split cannot be what was asked, say so (the shards are still written).
-  if (o.val_fraction > 0 && n == 1)
+  // Where the split cannot be what was asked, say so (the shards are still written); the
+  // default's one document is the common case, and only a given fraction is noted for it.
+  if (o.val_fraction > 0 && n == 1 && o.val_fraction_given)
     std::fprintf(stderr, "note: --val-fraction %g: one document cannot be split; it all goes to train (no val shard)\n",
                  o.val_fraction);
-  else if (o.val_fraction > 0 && double(n_val) < o.val_fraction * double(n) - 0.5)
-    std::fprintf(stderr, "note: --val-fraction %g: %zu of the %zu documents go to val; one stays for train\n",
-                 o.val_fraction, n_val, n);
+  else if (o.val_fraction > 0 && n >= 2 && std::llround(o.val_fraction * double(n)) > static_cast<long long>(n_val))
+    std::fprintf(stderr, "note: --val-fraction %g: %zu of the %zu documents go%s to val; one stays for train\n",
+                 o.val_fraction, n_val, n, n_val == 1 ? "es" : "");
 
   const fs::path out(o.out);
   std::error_code ec;
@@ -440,6 +444,7 @@ int main(int argc, char** argv) {
     const Gpt2Tokenizer tok = Gpt2Tokenizer::load(tokenizer_dir);
     if (encode->parsed()) return cmd_encode(tok);
     if (decode->parsed()) return cmd_decode(tok);
+    prep.val_fraction_given = prepare->count("--val-fraction") > 0;
     if (prepare->parsed()) return cmd_prepare(tok, prep);
     return 1;
   } catch (const Error& e) {
