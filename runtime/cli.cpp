@@ -166,6 +166,13 @@ void write_npy(const std::string& path, const std::vector<float>& data, const st
 }
 
 
+// --tokenizer for a model whose samples are token ids (not GPT-2's vocabulary) would be unused.
+void refuse_unused_tokenizer(const std::string& dir, int64_t V) {
+  if (!dir.empty() && V != 50257)
+    throw Error("--tokenizer: this model's vocabulary has " + std::to_string(V) +
+                " tokens, not GPT-2's 50257: its samples are token ids, and no tokenizer is read");
+}
+
 // The tokenizer reads "<|endoftext|>" in a prompt as the 13 characters (GPT-2's encoder.py
 // does too); the end-of-text token itself is id 50256.
 void note_end_of_text_in_prompt(const char* flag, const std::string& text, const char* ids_flag) {
@@ -194,9 +201,7 @@ void prepare_train_samples(const Module& module, const TrainSampling& sampling, 
   if (o.sample_every == 0) return;
   const int64_t V = module.fb().model()->vocab_size();
   std::shared_ptr<Gpt2Tokenizer> tok;
-  if (!sampling.tokenizer.empty() && V != 50257)
-    throw Error("--tokenizer: this model's vocabulary has " + std::to_string(V) +
-                " tokens, not GPT-2's 50257: its samples are token ids, and no tokenizer is read");
+  refuse_unused_tokenizer(sampling.tokenizer, V);
   if (V == 50257) {
     try {
       tok = std::make_shared<Gpt2Tokenizer>(
@@ -254,9 +259,7 @@ int run_sample(const Module& module, SampleCommand& c) {
   // mistakes are said first.
   const int V = module.fb().model()->vocab_size();
   std::optional<Gpt2Tokenizer> tok;
-  if (!c.tokenizer.empty() && V != 50257)
-    throw Error("--tokenizer: this model's vocabulary has " + std::to_string(V) +
-                " tokens, not GPT-2's 50257: its samples are token ids, and no tokenizer is read");
+  refuse_unused_tokenizer(c.tokenizer, V);
   if (V == 50257) tok = Gpt2Tokenizer::load(c.tokenizer.empty() ? Gpt2Tokenizer::default_dir() : c.tokenizer);
   std::vector<int32_t> prompt;
   if (c.prompt_opt->count()) {

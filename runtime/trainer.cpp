@@ -362,6 +362,12 @@ void check_outputs_spare_inputs(const TrainOptions& o, const DataLoader& data, c
     if (!path.empty()) check_replaceable_weights(flag, path);
 }
 
+// The loader calls (micro-steps) left to a run; a --steps far past any data saturates.
+int64_t micro_steps_left(int64_t steps, int64_t first_step, int64_t accum) {
+  int64_t calls = 0;
+  return __builtin_mul_overflow(steps - first_step, accum, &calls) ? INT64_MAX : calls;
+}
+
 // The token ids of the shard a loader holds now that the run will read (`calls` more calls of
 // next()) are below the vocabulary: from its position on, and from its start again when the run
 // comes round to it after every other shard. A bad validation shard shows at the start, not at
@@ -403,7 +409,7 @@ std::vector<TokenScan::Shard> shards_to_scan(const DataLoader& data, int64_t fir
   if (val)
     for (const auto& [i, call] : val->shards_ahead(val_steps))
       add(*val, i, call, val_steps, [](int64_t) { return std::string("each evaluation (--val-data)"); });
-  const int64_t calls = (steps - first_step) * accum, s = data.tokens_per_call();
+  const int64_t calls = micro_steps_left(steps, first_step, accum), s = data.tokens_per_call();
   for (const auto& [i, call] : data.shards_ahead(calls))
     add(data, i, call, calls, [=](int64_t position) {
       const int64_t k = position <= s ? 0 : (position - 1) / s;  // the first call that reads it
@@ -618,7 +624,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     check_resident_tokens(*val, model.vocab_size(), val_steps);  // each evaluation reads the same batches
   }
   if (root && !loader.skipped().empty()) std::fprintf(stderr, "note: --data: %s\n", loader.skipped_note().c_str());
-  check_resident_tokens(loader, model.vocab_size(), (o.steps - first_step) * accum);
+  check_resident_tokens(loader, model.vocab_size(), micro_steps_left(o.steps, first_step, accum));
   // The other shards the run will read are checked in the background while it trains, by one
   // process per machine (its ranks read the same files): a bad token ends the run at the next step.
   std::unique_ptr<TokenScan> scan;
