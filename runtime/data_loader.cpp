@@ -226,7 +226,7 @@ std::vector<std::pair<size_t, int64_t>> DataLoader::shards_ahead(int64_t batches
   if (s != shard_) ahead.push_back({s, 0});  // the next call reads it
   for (size_t walked = 1; walked < files_.size(); ++walked) {
     // A shard of c tokens holds the batches at positions pos, pos + step_, ... up to c - step_ - 1.
-    call += (counts_[s] - 1 - pos) / step_;
+    call += calls_from(s, pos);
     if (call >= batches) break;
     s = (s + 1) % files_.size();
     pos = 0;

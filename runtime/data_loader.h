@@ -63,6 +63,9 @@ class DataLoader {
   int64_t rank_offset() const { return int64_t(rank_) * B_ * T_; }
   // Tokens one call of next() moves on by (B*T of each rank); the ranks read one more than that.
   int64_t tokens_per_call() const { return step_; }
+  // The calls of next() a shard holds from `position`: they read positions position + k s up
+  // to position + k s + s (s = tokens_per_call()), and what is left after them is never read.
+  int64_t calls_from(size_t shard, int64_t position) const { return (counts_[shard] - 1 - position) / step_; }
 
   // The shard held in memory: shard() unless the next call moves on to another.
   size_t resident_shard() const { return shard_; }

@@ -246,7 +246,7 @@ void check_output_paths(const TrainOptions& o, bool root, MadeFolders& made) {
     if (std::string(flag) != "--log" && path.size() > 4 && path.compare(path.size() - 4, 4, ".bin") == 0)
       throw Error(std::string(flag) + ": " + path + ": writes Hugging Face safetensors, but a .bin name is read back "
                   "as an llm.c model file (--init); name it .safetensors");
-    // The running executable would only say "Text file busy" when opened below.
+    // The running program and its module (which would only say "Text file busy" when opened below).
     refuse_overwriting(flag, path, o.self);
     check_output_file(flag, path, std::string(flag) == "--log");  // the log is appended to
   }
@@ -342,11 +342,10 @@ void note_resume_changes(const std::string& checkpoint, const nlohmann::json& ex
                  std::filesystem::path(checkpoint).parent_path().string().c_str(), later.c_str());
 }
 
-// The outputs must not overwrite the run's inputs (the data, --init, this executable or module)
-// or one another.
+// The outputs must not overwrite the run's inputs (the data, --init; the executable and module
+// were refused by check_output_paths) or one another.
 void check_outputs_spare_inputs(const TrainOptions& o, const DataLoader& data, const DataLoader* val) {
-  std::vector<std::pair<std::string, std::string>> inputs = o.self;
-  inputs.push_back({"--init's weights", o.init});
+  std::vector<std::pair<std::string, std::string>> inputs = {{"--init's weights", o.init}};
   for (const std::string& f : data.files()) inputs.push_back({"a --data shard", f});
   if (val)
     for (const std::string& f : val->files()) inputs.push_back({"a --val-data shard", f});
@@ -374,21 +373,22 @@ int64_t micro_steps_left(int64_t steps, int64_t first_step, int64_t accum) {
 // the first evaluation, many steps in; tokens no call reads (a shard's tail) do not count.
 void check_resident_tokens(const DataLoader& d, int32_t vocab, int64_t calls) {
   const std::vector<uint16_t>& t = d.current_tokens();
+  const size_t held = d.resident_shard();
   const int64_t s = d.tokens_per_call(), count = int64_t(t.size());
   std::vector<std::pair<int64_t, int64_t>> ranges;  // [first, last] positions read
   int64_t before_return = 0;  // calls until the run is back at this shard's start
-  if (d.shard() == d.resident_shard()) {
-    before_return = (count - 1 - d.position()) / s;
+  if (d.shard() == held) {
+    before_return = d.calls_from(held, d.position());
     if (const int64_t here = std::min(calls, before_return); here > 0)
       ranges.push_back({d.position(), d.position() + here * s});
   }
   for (size_t i = 0; i < d.files().size(); ++i)
-    if (i != d.resident_shard()) before_return += (d.shard_tokens()[i] - 1) / s;
-  if (calls > before_return) ranges.push_back({0, std::min((count - 1) / s, calls - before_return) * s});
+    if (i != held) before_return += d.calls_from(i, 0);
+  if (calls > before_return) ranges.push_back({0, std::min(d.calls_from(held, 0), calls - before_return) * s});
   for (const auto& [first, last] : ranges) {
     const size_t n = size_t(std::min(last, count - 1) - first + 1);
     if (const size_t bad = first_out_of_vocab(t.data() + first, n, vocab); bad < n)
-      throw Error(out_of_vocab_message(d.files()[d.resident_shard()], t[size_t(first) + bad], first + int64_t(bad), vocab));
+      throw Error(out_of_vocab_message(d.files()[held], t[size_t(first) + bad], first + int64_t(bad), vocab));
   }
 }
 
@@ -402,9 +402,8 @@ std::vector<TokenScan::Shard> shards_to_scan(const DataLoader& data, int64_t fir
   // Shard i of `d`, first read by call `call` of the `calls` the run makes.
   auto add = [&](const DataLoader& d, size_t i, int64_t call, int64_t calls,
                  std::function<std::string(int64_t)> reader) {
-    const int64_t s = d.tokens_per_call(), count = d.shard_tokens()[i];
-    const int64_t reading = std::min((count - 1) / s, calls - call);
-    shards.push_back({d.files()[i], std::min(count, reading * s + 1), std::move(reader)});
+    const int64_t reading = std::min(d.calls_from(i, 0), calls - call);
+    shards.push_back({d.files()[i], std::min(d.shard_tokens()[i], reading * d.tokens_per_call() + 1), std::move(reader)});
   };
   if (val)
     for (const auto& [i, call] : val->shards_ahead(val_steps))
