@@ -12,8 +12,8 @@
 # out the start, the weight load and the prompt (the first step): Kiln's as `sample` reports it
 # on stderr, PyTorch's the same steps timed in its process. The runs alternate, --rounds times;
 # the figure is the median. Prints tokens/s (B tokens per step) and the ratios. Then the prompt:
-# Kiln's first step (the prompt into the caches through @prefill, M positions per call, or with
-# --no-prefill one per call; then the first token's logits and pick) against PyTorch's prefill
+# Kiln's first step (the prompt into the caches through @prefill and @prefill_short, 64 and 16
+# positions per call, or with --no-prefill one per call; then the first token's logits and pick) against PyTorch's prefill
 # (one causal forward pass over the prompt that fills its caches, as Hugging Face's `generate`
 # does). Writes the numbers to bench/results/sample_cpu.json (git-ignored).
 #

@@ -11,6 +11,7 @@
 #include "compiler/attention_decode.h"
 #include "compiler/kernel_build.h"
 #include "compiler/kernel_codegen.h"
+#include "compiler/pipeline.h"
 
 #include "Kiln/KilnDialect.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -80,7 +81,7 @@ class Writer {
     std::vector<uint32_t> results;
     std::vector<uint64_t> sizes;
     uint64_t activations = 0, naive = 0;
-    for (const char* name : {"forward", "logits", "prefill", "decode", "micro_step", "optimizer_step"}) {
+    for (StringRef name : kProgramNames) {
       auto f = module_.lookupSymbol<func::FuncOp>(name);
       if (!f) continue;
       auto planned = f->getAttrOfType<IntegerAttr>("kiln.arena_size");
@@ -96,7 +97,7 @@ class Writer {
       for (size_t i = firstBuffer; i < bufs_.size(); ++i)
         if (bufs_[i].kind == fb::BufferKind::Activation) sum += alignUp(bufs_[i].size);
       naive = std::max(naive, sum);
-      programs.emplace_back(name, std::move(code));
+      programs.emplace_back(name.str(), std::move(code));
       results.push_back(result);
     }
     if (failed(buildKernels())) return failure();

@@ -163,6 +163,11 @@ StringRef inputNameOf(Value v) {
   return in ? in.getInputName() : StringRef();
 }
 
+// An input of @prefill or @prefill_short: "prefill_tokens", "prefill_short_positions", ...
+bool isPrefillInput(StringRef name, StringRef suffix) {
+  return name == ("prefill" + suffix).str() || name == ("prefill_short" + suffix).str();
+}
+
 // The module's IR agrees with its spec where the runtime relies on both: it fills the inputs with
 // batch_size x seq_len token ids below vocab_size, and reports and checkpoints use the sizes
 // (n_layer: the MFU estimate and llm.c .bin files).
@@ -190,16 +195,16 @@ LogicalResult checkSpecAgainstIR(ModuleOp module, const ModelSpec& s) {
       if (in.getInputName() == "position" && in.getType() != RankedTensorType::get({1}, i32))
         return in.emitError() << "kiln.input \"position\" is " << in.getType() << " (expected "
                               << RankedTensorType::get({1}, i32) << ")";
-      // @prefill's: M tokens per row and their M positions, M <= seq_len.
+      // @prefill's and @prefill_short's: M tokens per row and their M positions, M <= seq_len.
       auto chunk = dyn_cast<RankedTensorType>(in.getType());
-      if (in.getInputName() == "prefill_tokens" &&
+      if (isPrefillInput(in.getInputName(), "_tokens") &&
           (!chunk || chunk.getRank() != 2 || chunk.getDimSize(0) != B || chunk.getDimSize(1) > T || !chunk.getElementType().isInteger(32)))
-        return in.emitError() << "kiln.input \"prefill_tokens\" is " << in.getType()
+        return in.emitError() << "kiln.input \"" << in.getInputName() << "\" is " << in.getType()
                               << " but 'kiln.spec' has batch_size = " << B << ", seq_len = " << T
                               << " (expected [batch_size, M] of i32 with M <= seq_len)";
-      if (in.getInputName() == "prefill_positions" &&
+      if (isPrefillInput(in.getInputName(), "_positions") &&
           (!chunk || chunk.getRank() != 1 || chunk.getDimSize(0) > T || !chunk.getElementType().isInteger(32)))
-        return in.emitError() << "kiln.input \"prefill_positions\" is " << in.getType()
+        return in.emitError() << "kiln.input \"" << in.getInputName() << "\" is " << in.getType()
                               << " but 'kiln.spec' has seq_len = " << T << " (expected [M] of i32 with M <= seq_len)";
     } else if (auto kv = dyn_cast<KvCacheOp>(op)) {
       // The sampler decodes positions below seq_len (the context of @logits).
@@ -228,15 +233,16 @@ LogicalResult checkSpecAgainstIR(ModuleOp module, const ModelSpec& s) {
       const int64_t rows = e.getTable().getType().getDimSize(0);
       auto iota = sourceOf(e.getIndices()).getDefiningOp<IotaOp>();
       const StringRef input = inputNameOf(e.getIndices());
-      const int64_t need = input == "idx" || input == "token" || input == "prefill_tokens" ? V
-                           : input == "position" || input == "prefill_positions"        ? T
-                           : iota                            ? iota.getType().getNumElements()
-                                                             : 0;
+      const bool positions = input == "position" || isPrefillInput(input, "_positions");
+      const int64_t need = input == "idx" || input == "token" || isPrefillInput(input, "_tokens") ? V
+                           : positions                                                             ? T
+                           : iota ? iota.getType().getNumElements()
+                                  : 0;
       if (rows < need)
         return e.emitError() << "kiln.embedding reads a table of " << rows << " rows at ids up to " << need - 1
-                             << (iota                 ? " (its iota)"
-                                 : input == "position" || input == "prefill_positions" ? " (positions below 'kiln.spec' seq_len)"
-                                                       : " (token ids below 'kiln.spec' vocab_size)");
+                             << (iota        ? " (its iota)"
+                                 : positions ? " (positions below 'kiln.spec' seq_len)"
+                                             : " (token ids below 'kiln.spec' vocab_size)");
     } else if (isa<CrossEntropyOp, CrossEntropyGradOp>(op)) {
       Value logits = op->getOperand(isa<CrossEntropyOp>(op) ? 0 : 1);
       Value targets = op->getOperand(isa<CrossEntropyOp>(op) ? 1 : 3);
@@ -350,7 +356,7 @@ LogicalResult verifyEntryPoints(ModuleOp module) {
     return WalkResult::advance();
   });
   if (shapes.wasInterrupted()) return failure();
-  for (StringRef name : {"forward", "logits", "prefill", "decode", "micro_step", "optimizer_step"}) {
+  for (StringRef name : kProgramNames) {
     auto f = module.lookupSymbol<func::FuncOp>(name);
     if (!f) continue;
     if (f.isExternal() || f.getNumArguments() != 0)
@@ -358,7 +364,7 @@ LogicalResult verifyEntryPoints(ModuleOp module) {
                            << " must have a body and take no arguments (inputs are kiln.input ops)";
     if (!f.getBody().hasOneBlock())
       return f.emitError() << "@" << name << " must have one block (straight-line code)";
-    const bool logits = name == "logits" || name == "decode", prefill = name == "prefill";
+    const bool logits = name == "logits" || name == "decode", prefill = name.starts_with("prefill");
     ArrayRef<Type> results = f.getResultTypes();
     if (results.size() != 1 || (logits || prefill ? !isa<RankedTensorType>(results[0]) : results[0] != scalar))
       return f.emitError() << "@" << name << " must return one "

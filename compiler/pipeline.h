@@ -26,6 +26,10 @@ void setModuleSpec(mlir::ModuleOp module, const ModelSpec& spec);
 // runtime relies on both (the token inputs are [batch_size, seq_len], wte covers the vocabulary).
 mlir::FailureOr<ModelSpec> getModuleSpec(mlir::ModuleOp module);
 
+// The functions the module writer turns into programs, in this order.
+inline constexpr llvm::StringLiteral kProgramNames[] = {"forward", "logits",     "prefill",       "prefill_short",
+                                                        "decode",  "micro_step", "optimizer_step"};
+
 // The programs the runtime calls (@forward, @logits, @micro_step, @optimizer_step), where present,
 // have a body, take no arguments and return one tensor (a tensor<f32>, except @logits). For IR
 // input, before any pass or the module writer reads their results.

@@ -74,12 +74,16 @@ class GPT2Builder {
     b_.create<func::ReturnOp>(loc_, buildLogits());
 
     // @prefill: M prompt positions per row into each layer's cache (the sampler reads a prompt
-    // with it, then decodes; see buildPrefill).
-    b_.setInsertionPointToEnd(module_->getBody());
-    const int64_t M = prefillPositions();
-    auto prefill = b_.create<func::FuncOp>(fileLoc_, "prefill", b_.getFunctionType({}, {tensor({B * M, C})}));
-    b_.setInsertionPointToStart(prefill.addEntryBlock());
-    b_.create<func::ReturnOp>(loc_, buildPrefill(M));
+    // with it, then decodes; see buildPrefill). @prefill_short, the same for fewer positions a
+    // call: a short prompt (the usual one) need not pay for M.
+    for (auto [name, M] : {std::pair<StringRef, int64_t>{"prefill", prefillPositions()},
+                           std::pair<StringRef, int64_t>{"prefill_short", shortPrefillPositions()}}) {
+      if (M == 0) continue;
+      b_.setInsertionPointToEnd(module_->getBody());
+      auto prefill = b_.create<func::FuncOp>(fileLoc_, name, b_.getFunctionType({}, {tensor({B * M, C})}));
+      b_.setInsertionPointToStart(prefill.addEntryBlock());
+      b_.create<func::ReturnOp>(loc_, buildPrefill(name, M));
+    }
 
     // @decode: the logits of one new position per row, attending to the keys and values the
     // earlier calls left in each layer's cache (the sampler's fast path; see buildDecode).
@@ -115,20 +119,22 @@ class GPT2Builder {
   }
 
   // Positions @prefill reads per call: enough rows for the matrix products to run at speed
-  // (B x 64), few enough that a short prompt wastes little on padding.
+  // (B x 64). @prefill_short reads 16, so that a prompt of a few tokens pads to 16, not 64; there
+  // is none when seq_len leaves no room for both (0).
   int64_t prefillPositions() const { return std::min<int64_t>(spec_.seq_len, 64); }
+  int64_t shortPrefillPositions() const { return spec_.seq_len > 16 ? 16 : 0; }
 
-  // @prefill: the M tokens at positions prefill_positions (p, p+1, ..., p+M-1 with p =
-  // position) of each of the B rows through the layers, each kiln.decode_attention storing
+  // @`name` (prefill or prefill_short): the M tokens at positions `name`_positions (p, p+1, ...,
+  // p+M-1 with p = position) of each of the B rows through the layers, each kiln.decode_attention storing
   // their keys and values in its layer's cache (the caches @decode declares: kiln-plan-buffers
   // gives them the same place). Returns the last layer's attention output [B*M, C], which keeps
   // every layer live; the sampler ignores it and gets the logits of the prompt's last token
   // from @decode. No head: the ln_f and the last MLP left dead here are dropped.
-  Value buildPrefill(int64_t M) {
+  Value buildPrefill(StringRef name, int64_t M) {
     const int64_t B = spec_.batch_size, T = spec_.seq_len, C = spec_.n_embd, H = spec_.n_head;
     loc_ = at("embed");
-    Value tokens = b_.create<InputOp>(loc_, itensor({B, M}), "prefill_tokens");
-    Value positions = b_.create<InputOp>(loc_, itensor({M}), "prefill_positions");
+    Value tokens = b_.create<InputOp>(loc_, itensor({B, M}), (name + "_tokens").str());
+    Value positions = b_.create<InputOp>(loc_, itensor({M}), (name + "_positions").str());
     Value position = b_.create<InputOp>(loc_, itensor({1}), "position");
     Value tok = b_.create<EmbeddingOp>(loc_, tensor({B, M, C}), param("wte.weight"), tokens);
     Value pos = b_.create<EmbeddingOp>(loc_, tensor({M, C}), param("wpe.weight"), positions);

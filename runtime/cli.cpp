@@ -294,7 +294,8 @@ int run_sample(const Module& module, SampleCommand& c) {
   // with @decode when it is loaded.
   std::vector<std::string> programs{"logits"};
   if (!c.no_kv_cache && module.program("decode")) programs.push_back("decode");
-  if (!c.no_kv_cache && !c.no_prefill && module.program("decode") && module.program("prefill")) programs.push_back("prefill");
+  for (const char* prefill : kPrefillPrograms)
+    if (!c.no_kv_cache && !c.no_prefill && module.program("decode") && module.program(prefill)) programs.push_back(prefill);
   Executor ex(module, programs);
   clear_parameters(ex);  // every value is loaded next
   load_finite_parameters(ex, c.init, "its logits would be NaN");
@@ -353,11 +354,10 @@ int run_sample(const Module& module, SampleCommand& c) {
           std::to_string(times.logits_steps) + " by @logits";
   if (times.first_steps > 0)
     line += "; a round's first step (reading the prompt) " + fixed(1e3 * times.first_steps_s / double(times.first_steps), 2) + " ms";
-  if (times.prefill_from > 0)
-    line += "; " + std::to_string(times.prefill_positions) + " prompt positions read by @prefill in " +
-            std::to_string(times.prefill_calls) + (times.prefill_calls == 1 ? " call" : " calls") + " (" +
-            std::to_string(times.prefill_per_call) + " a call, once " + std::to_string(times.prefill_from) +
-            " or more are left)";
+  for (const SampleOptions::Times::Prefill& p : times.prefill)
+    line += "; " + std::to_string(p.positions) + " prompt positions read by @" + p.name + " in " + std::to_string(p.calls) +
+            (p.calls == 1 ? " call" : " calls") + " (" + std::to_string(p.per_call) + " a call, costed as " +
+            std::to_string(p.cost) + " @decode calls)";
   std::fprintf(stderr, "%s\n", line.c_str());
   return 0;
 }

@@ -283,17 +283,18 @@ void Module::verify() const {
   // The trainer fills idx and targets before every micro-step, the sampler idx before logits and
   // token and position before decode.
   bool has_idx = false, has_targets = false, has_token = false, has_position = false;
-  int64_t prefill_tokens = -1, prefill_positions = -1;  // element counts: B x M and M
+  std::map<std::string, int64_t> prefill_inputs;  // element counts of prefill[_short]_tokens (B x M), _positions (M)
   for (uint32_t i = 0; i < nbuf; ++i) {
     const fb::Buffer& b = buffer(i);
     const std::string name = b.name()->str();
     if (b.kind() == fb::BufferKind::Input) {
       has_idx |= name == "idx", has_targets |= name == "targets";
       has_token |= name == "token", has_position |= name == "position";
-      if (name == "prefill_tokens" || name == "prefill_positions") {
-        if (b.dtype() != fb::DType::I32) bad("buffers[" + std::to_string(i) + "] '" + name + "'", "is not I32");
-        (name == "prefill_tokens" ? prefill_tokens : prefill_positions) = numel(b);
-      }
+      for (const char* prefill : kPrefillPrograms)
+        if (name == std::string(prefill) + "_tokens" || name == std::string(prefill) + "_positions") {
+          if (b.dtype() != fb::DType::I32) bad("buffers[" + std::to_string(i) + "] '" + name + "'", "is not I32");
+          prefill_inputs[name] = numel(b);
+        }
     }
     const int64_t want = name == "token" ? B : 1;
     if (b.kind() == fb::BufferKind::Input && (name == "token" || name == "position") &&
@@ -311,13 +312,16 @@ void Module::verify() const {
   if (program("logits") && !has_idx) bad("program logits", "needs the inputs 'idx' (kiln.input ops of the IR)");
   if (program("decode") && !(has_token && has_position))
     bad("program decode", "needs the inputs 'token' and 'position' (kiln.input ops of the IR)");
-  // The sampler fills M tokens per row and their M positions (below T) before each prefill.
-  if (program("prefill")) {
-    if (prefill_tokens < 0 || prefill_positions < 0 || !has_position)
-      bad("program prefill", "needs the inputs 'prefill_tokens', 'prefill_positions' and 'position' (kiln.input ops of the IR)");
-    if (prefill_positions < 1 || prefill_positions > T || prefill_tokens != B * prefill_positions)
-      bad("program prefill", "reads " + std::to_string(prefill_tokens) + " tokens at " + std::to_string(prefill_positions) +
-                                 " positions: it needs B x M tokens at M positions, 1 <= M <= T = " + std::to_string(T));
+  // The sampler fills M tokens per row and their M positions (below T) before each prefill call.
+  for (const std::string prefill : kPrefillPrograms) {
+    if (!program(prefill)) continue;
+    const std::string tokens = prefill + "_tokens", positions = prefill + "_positions";
+    if (!prefill_inputs.count(tokens) || !prefill_inputs.count(positions) || !has_position)
+      bad("program " + prefill, "needs the inputs '" + tokens + "', '" + positions + "' and 'position' (kiln.input ops of the IR)");
+    const int64_t n = prefill_inputs[tokens], M = prefill_inputs[positions];
+    if (M < 1 || M > T || n != B * M)
+      bad("program " + prefill, "reads " + std::to_string(n) + " tokens at " + std::to_string(M) +
+                                    " positions: it needs B x M tokens at M positions, 1 <= M <= T = " + std::to_string(T));
   }
   // A key/value cache is an fp32 activation of seq_len positions per row (the sampler decodes
   // positions below T), which only its own decode attention reads and writes.
@@ -337,8 +341,11 @@ void Module::verify() const {
           bad(where, "is an instruction's output (only its decode attention may write it)");
     }
   }
-  // @prefill fills the caches @decode then reads: the same buffers' places, layer by layer.
-  if (const fb::Program* prefill = program("prefill")) {
+  // @prefill and @prefill_short fill the caches @decode then reads: the same buffers' places,
+  // layer by layer.
+  for (const std::string name : kPrefillPrograms) {
+    const fb::Program* prefill = program(name);
+    if (!prefill) continue;
     const fb::Program* decode = program("decode");
     const std::vector<uint32_t> filled = kept_buffers(*prefill);
     const std::vector<uint32_t> read = decode ? kept_buffers(*decode) : std::vector<uint32_t>{};
@@ -346,7 +353,7 @@ void Module::verify() const {
     for (size_t k = 0; same && k < filled.size(); ++k)
       same = buffer(filled[k]).offset() == buffer(read[k]).offset() && buffer(filled[k]).size() == buffer(read[k]).size();
     if (!same)
-      bad("program prefill", "its " + std::to_string(filled.size()) + " key/value caches are not the ones program decode reads (" +
+      bad("program " + name, "its " + std::to_string(filled.size()) + " key/value caches are not the ones program decode reads (" +
                                  std::to_string(read.size()) + " caches, at the same offsets: plan both with kiln-plan-buffers)");
   }
   for (const fb::Parameter* p : *fb_->parameters())

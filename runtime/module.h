@@ -12,6 +12,10 @@ namespace kiln {
 // The module format this runtime reads and kilnc writes (2: generated fused kernels).
 constexpr uint32_t kModuleFormatVersion = 4;  // 3: kernels_crc32; 4: @prefill, DecodeAttention of M positions
 
+// The programs that read a prompt into @decode's key/value caches, M positions a call (the
+// sampler's choice of them: sampler.h).
+inline constexpr const char* kPrefillPrograms[] = {"prefill", "prefill_short"};
+
 class Module {
  public:
   // From a .kiln file, or from an executable that carries one (kilnc -o).

@@ -43,7 +43,7 @@ void check_sample_size(int64_t prompt_tokens, const SampleOptions& o, const std:
   }
 }
 
-int64_t prefill_from(const Module& m, int64_t M) {
+int64_t prefill_cost(const Module& m, int64_t M) {
   const fb::Model& model = *m.fb().model();
   double layer_weights = 0, decode_bytes = 0;
   for (const fb::Parameter* p : *m.fb().parameters()) {
@@ -59,8 +59,32 @@ int64_t prefill_from(const Module& m, int64_t M) {
   const bool bf16 = model.precision() && model.precision()->str() == "bf16";
   const double balance = cuda ? 200 : bf16 ? 20 : 10;
   const double prefill_flops = 2.0 * double(model.batch_size()) * double(M) * layer_weights;
-  const double at = std::ceil(prefill_flops / std::max(1.0, decode_bytes * balance));
-  return std::clamp<int64_t>(int64_t(std::min(at, 1e9)), 2, std::max<int64_t>(2, M));
+  const double calls = std::ceil(prefill_flops / std::max(1.0, decode_bytes * balance));
+  return std::clamp<int64_t>(int64_t(std::min(calls, 1e9)), 2, std::max<int64_t>(2, M));
+}
+
+std::vector<size_t> plan_prefill(int64_t n, const std::vector<std::pair<int64_t, int64_t>>& programs) {
+  // cost[i]: the least cost of reading i positions; how[i]: the call that reads the last of them
+  // (-1: @decode). A call of M reads min(M, i) (the first call of a prompt may be part-filled).
+  std::vector<int64_t> cost(size_t(std::max<int64_t>(n, 0) + 1), 0);
+  std::vector<int> how(cost.size(), -1);
+  for (size_t i = 1; i < cost.size(); ++i) {
+    cost[i] = cost[i - 1] + 1;
+    for (size_t p = 0; p < programs.size(); ++p) {
+      const int64_t c = cost[size_t(std::max<int64_t>(0, int64_t(i) - programs[p].first))] + programs[p].second;
+      if (c < cost[i] || (c == cost[i] && how[i] < 0)) cost[i] = c, how[i] = int(p);
+    }
+  }
+  std::vector<size_t> calls;
+  for (int64_t i = n; i > 0;)
+    if (how[size_t(i)] < 0) {
+      --i;
+    } else {
+      calls.push_back(size_t(how[size_t(i)]));
+      i = std::max<int64_t>(0, i - programs[calls.back()].first);
+    }
+  std::stable_sort(calls.begin(), calls.end(), [&](size_t a, size_t b) { return programs[a].first > programs[b].first; });
+  return calls;
 }
 
 std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t>& prompt,
@@ -160,18 +184,27 @@ std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t
   };
   int32_t* token = decode ? ex.input("token") : nullptr;
   int32_t* position = decode ? ex.input("position") : nullptr;
-  // @prefill (loaded with @decode) reads M positions per row and call into the same caches; its
-  // result is of no use. It takes over from @decode once enough positions (before the last) are
-  // left for one call of it to cost less than as many @decode calls (prefill_from).
-  const bool prefill = decode && ex.has_program("prefill");
-  int32_t* chunk = prefill ? ex.input("prefill_tokens") : nullptr;
-  int32_t* chunk_positions = prefill ? ex.input("prefill_positions") : nullptr;
-  int64_t M = 0;  // positions per @prefill call (Module::verify: 1 <= M <= T)
-  for (uint32_t i = 0; prefill && i < ex.module().fb().buffers()->size(); ++i)
-    if (ex.module().buffer(i).kind() == fb::BufferKind::Input && ex.module().buffer(i).name()->str() == "prefill_positions")
-      M = numel(ex.module().buffer(i));
-  const int64_t prefill_at = prefill ? prefill_from(ex.module(), M) : 0;
-  if (o.times) o.times->prefill_per_call = M, o.times->prefill_from = prefill_at;
+  // @prefill and @prefill_short (loaded with @decode) read M positions per row and call into the
+  // same caches; their result is of no use. plan_prefill picks the calls for the positions a step
+  // must read (before the last), priced by prefill_cost; @decode reads the rest.
+  struct Prefill {
+    std::string name;
+    int64_t M = 0;  // Module::verify: 1 <= M <= T
+    int32_t* tokens = nullptr;
+    int32_t* positions = nullptr;
+  };
+  std::vector<Prefill> prefills;
+  std::vector<std::pair<int64_t, int64_t>> prices;  // {M, cost} for plan_prefill
+  for (const std::string name : kPrefillPrograms) {
+    if (!decode || !ex.has_program(name)) continue;
+    Prefill p{name, 0, ex.input(name + "_tokens"), ex.input(name + "_positions")};
+    for (uint32_t i = 0; i < ex.module().fb().buffers()->size(); ++i)
+      if (ex.module().buffer(i).kind() == fb::BufferKind::Input && ex.module().buffer(i).name()->str() == name + "_positions")
+        p.M = numel(ex.module().buffer(i));
+    prices.push_back({p.M, prefill_cost(ex.module(), p.M)});
+    if (o.times) o.times->prefill.push_back({name, p.M, prices.back().second});
+    prefills.push_back(std::move(p));
+  }
   for (int64_t first = 0; first < o.num_samples; first += B) {
     const int64_t rows = std::min(B, o.num_samples - first);
     int64_t cached = 0;  // positions of every row's sequence in the caches (all rows are as long)
@@ -188,15 +221,16 @@ std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t
       if (from_caches) {
         // Feed the positions the caches lack (the prompt at the first step, then the last token);
         // the last call's logits are those of position len - 1, so it is @decode's.
-        while (prefill && len - 1 - cached >= prefill_at) {
-          const int64_t n = std::min(M, len - 1 - cached);
-          std::fill(chunk, chunk + B * M, 0);  // padding: stored past the prompt, overwritten later
+        for (size_t call : plan_prefill(len - 1 - cached, prices)) {
+          const Prefill& p = prefills[call];
+          const int64_t M = p.M, n = std::min(M, len - 1 - cached);
+          std::fill(p.tokens, p.tokens + B * M, 0);  // padding: stored past the prompt, overwritten later
           for (int64_t r = 0; r < rows; ++r)
-            std::copy_n(out[size_t(first + r)].begin() + cached, n, chunk + r * M);
-          for (int64_t m = 0; m < M; ++m) chunk_positions[m] = int32_t(std::min(cached + m, T - 1));
+            std::copy_n(out[size_t(first + r)].begin() + cached, n, p.tokens + r * M);
+          for (int64_t m = 0; m < M; ++m) p.positions[m] = int32_t(std::min(cached + m, T - 1));
           *position = int32_t(cached);
-          ex.run("prefill");
-          if (o.times) ++o.times->prefill_calls, o.times->prefill_positions += n;
+          ex.run(p.name);
+          if (o.times) ++o.times->prefill[call].calls, o.times->prefill[call].positions += n;
           cached += n;
         }
         for (; cached < len; ++cached) {

@@ -25,8 +25,12 @@ struct SampleOptions {
     int64_t first_steps = 0;                     // one per round of rows
     int64_t other_steps = 0, other_tokens = 0;  // tokens: one per row of a step
     int64_t decode_steps = 0, logits_steps = 0;  // which program gave each step's logits
-    int64_t prefill_calls = 0, prefill_positions = 0;  // prompt positions @prefill read
-    int64_t prefill_per_call = 0, prefill_from = 0;    // its M, and prefill_from's count (0: not loaded)
+    struct Prefill {  // one per prefill program loaded
+      std::string name;
+      int64_t per_call = 0, cost = 0;    // its M, and prefill_cost's count
+      int64_t calls = 0, positions = 0;  // prompt positions it read
+    };
+    std::vector<Prefill> prefill;
   }* times = nullptr;
   // Called after each forward pass with the passes done and the passes in all
   // (ceil(num_samples / B) * max_new_tokens): for a progress line.
@@ -43,8 +47,9 @@ struct SampleOptions {
 // the softmax of its last position's logits (restricted to the k largest). The logits come from
 // the `decode` program while a row holds at most T tokens (when the executor loaded it: one
 // position per call over key/value caches), else from the forward pass over the last T tokens
-// (`logits`): the same numbers up to rounding. With `prefill` loaded too, the prompt goes into the
-// caches M positions per call (all but its last token, which @decode reads for the logits).
+// (`logits`): the same numbers up to rounding. With `prefill` (and `prefill_short`) loaded too,
+// the prompt goes into the caches M positions per call (all but its last token, which @decode
+// reads for the logits), by the cheapest mix of calls (plan_prefill).
 // Deterministic for a seed. kiln::Error when the prompt is empty or holds an id outside
 // [0, vocab), when the temperature is not finite and positive, and when a row of logits holds a
 // NaN or +infinity (the weights overflow: any pick from it would be arbitrary).
@@ -52,12 +57,18 @@ struct SampleOptions {
 // keeps" when they are (sample() checks it too; a caller that samples later checks up front).
 void check_sample_size(int64_t prompt_tokens, const SampleOptions& options, const std::string& what);
 
-// The prompt positions (before the last) from which one @prefill call of M positions costs less
-// than as many @decode calls, at least 2. A @decode call is bound by memory: it reads every weight,
-// the head's included, for B rows. A @prefill call is bound by arithmetic: 2 FLOPs per weight of
-// the layers (not the head) for each of its B x M rows. Their times at the target's balance of
-// FLOPs to bytes (a CPU about 10, 20 in bf16; an H100 or H200 about 200) break even at this count.
-int64_t prefill_from(const Module& module, int64_t M);
+// What one call of a prefill program of M positions costs, in @decode calls, from 2 to M. A
+// @decode call is bound by memory: it reads every weight, the head's included, for B rows. A
+// prefill call is bound by arithmetic: 2 FLOPs per weight of the layers (not the head) for each of
+// its B x M rows. Their times at the target's balance of FLOPs to bytes (a CPU about 10, 20 in
+// bf16; an H100 or H200 about 200) give the count.
+int64_t prefill_cost(const Module& module, int64_t M);
+
+// The cheapest calls that read n prompt positions into the caches: program i of `programs`
+// ({M, cost}) reads up to M positions a call at `cost` @decode calls, and @decode one position
+// for 1 (a tie goes to the prefill call). Returns the prefill calls (indexes into `programs`), the
+// larger first; the positions they leave go through @decode.
+std::vector<size_t> plan_prefill(int64_t n, const std::vector<std::pair<int64_t, int64_t>>& programs);
 
 // A sample as it is printed: `text` of its ids when given (GPT-2's tokenizer; bytes, possibly NUL),
 // else the ids separated by spaces.

@@ -528,7 +528,8 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     check_sample_size(int64_t(o.sample_prompt.size()), o.sample, "--sample-count, --sample-tokens: ");
     programs.push_back("logits");
     if (module.program("decode")) programs.push_back("decode");
-    if (module.program("decode") && module.program("prefill")) programs.push_back("prefill");
+    for (const char* prefill : kPrefillPrograms)
+      if (module.program("decode") && module.program(prefill)) programs.push_back(prefill);
   }
   if (o.zero != 0 && o.zero != 1) throw Error("--zero: " + std::to_string(o.zero) + " is not 0 or 1");
   // Data parallel: the gradients and values in bucket order (reduced in place), and under ZeRO-1

@@ -16,10 +16,12 @@ keeps the logits every token was drawn from (--logits-out). Then, for every samp
   * `sample` says how many steps took their logits from @decode (the first T - T/2 + 1 of each
     round) and how many from @logits (the rest; with --no-kv-cache, all);
   * --no-kv-cache (@logits at every step) gives the same within the same tolerance;
-  * the prompt goes into the caches through @prefill, min(T, 64) = M positions per call while at
-    least max(2, M / 8) positions before its last token are left (the sampler's rule), as `sample`
-    reports; --no-prefill (every prompt position through @decode) gives the same logits within
-    the tolerance.
+  * the prompt goes into the caches through @prefill (min(T, 64) positions per call) and
+    @prefill_short (16, when T > 16), as `sample` reports: the calls it reports read every
+    position before the last that @decode does not, at the least cost of any mix of calls at the
+    prices it reports (each call from 2 to its positions' count of @decode calls, a @decode call 1);
+    --no-prefill (every prompt position through @decode) gives the same logits within the
+    tolerance.
 
   test_decode.py --kilnc build/bin/kilnc --spec test/e2e/configs/awkward.toml --workdir DIR
                  [--kilnc-arg=--no-fusion] [--kilnc-arg=--runtime=build/bin/kiln-run-emulated]
@@ -100,14 +102,14 @@ def main():
     by_decode = rounds * min(new, max(0, T - len(prompt) + 1))
     print(f"{a.spec}: prompt {len(prompt)} tokens, {new} new ({by_decode // rounds} from the caches, "
           f"then @logits), {n} samples in rows of {B}; relative tolerance {tol:.1e}")
-    # The prompt positions @prefill reads per round: all but the last token, M per call, while
-    # at least `at` are left (M and `at` as the sampler's line says; M is min(T, 64)).
-    def prefilled(M, at):
-        left, calls = len(prompt) - 1, 0
-        while left >= at:
-            left -= min(M, left)
-            calls += 1
-        return rounds * (len(prompt) - 1 - left), rounds * calls
+    # Per round, the prompt positions before the last (n) go in by prefill calls of M positions
+    # at `cost` @decode calls each, and by @decode calls (1 each). The least cost of any mix:
+    def least_cost(n, prices):
+        (m0, c0), (m1, c1) = (prices + [(1, 1), (1, 1)])[:2]
+        return min(a * c0 + b * c1 + max(0, n - a * m0 - b * m1)
+                   for a in range(n // m0 + 2) for b in range(n // m1 + 2))
+    wanted_programs = [("prefill", min(T, 64))] + ([("prefill_short", 16)] if T > 16 else [])
+    n_prompt = len(prompt) - 1
     failures = 0
     results = {}
     for name, extra in (("kv cache", []), ("no kv cache", ["--no-kv-cache"]), ("no prefill", ["--no-prefill"])):
@@ -120,18 +122,31 @@ def main():
             print(f"FAIL {name}: sample says {m.group(0) if m else stderr.strip()!r}; expected {want[0]} steps by "
                   f"@decode and {want[1]} by @logits")
             failures += 1
-        p = re.search(r"(\d+) prompt positions read by @prefill in (\d+) calls? \((\d+) a call, once (\d+) or more "
-                      r"are left\)", stderr)
-        got = (int(p.group(1)), int(p.group(2))) if p else (0, 0)
-        M, at = (int(p.group(3)), int(p.group(4))) if p else (min(T, 64), 0)
-        want = prefilled(M, at) if name == "kv cache" else (0, 0)
-        if got != want or (name == "kv cache") != bool(p) or M != min(T, 64) or (p and not 2 <= at <= M):
-            print(f"FAIL {name}: @prefill read {got[0]} prompt positions in {got[1]} calls ({M} a call, from {at}); "
-                  f"expected {want[0]} in {want[1]}" + ("" if p or name != "kv cache" else ": no @prefill line"))
+        lines = re.findall(r"(\d+) prompt positions read by @(\w+) in (\d+) calls? \((\d+) a call, costed as (\d+) "
+                           r"@decode calls\)", stderr)
+        report = {g[1]: tuple(int(x) for x in (g[0], g[2], g[3], g[4])) for g in lines}  # positions, calls, M, cost
+        problem = None
+        if name != "kv cache":
+            problem = f"reports prefill calls: {lines}" if lines else None
+        elif sorted((k, v[2]) for k, v in report.items()) != sorted(wanted_programs):
+            problem = f"reports {[(k, v[2]) for k, v in report.items()]} (program, positions a call); expected {wanted_programs}"
+        else:
+            read = sum(v[0] for v in report.values())
+            if any(v[0] % rounds or v[1] % rounds or not 2 <= v[3] <= v[2] or v[0] > v[1] * v[2] for v in report.values()) \
+                    or read % rounds or read // rounds > n_prompt:
+                problem = f"reports {report} for {rounds} rounds of {n_prompt} positions"
+            else:
+                cost = sum(v[1] // rounds * v[3] for v in report.values()) + n_prompt - read // rounds
+                best = least_cost(n_prompt, [(v[2], v[3]) for v in report.values()])
+                if cost != best:
+                    problem = f"the calls it reports ({report}) cost {cost} @decode calls a round; the least is {best}"
+        if problem:
+            print(f"FAIL {name}: @prefill: {problem}")
             failures += 1
-        elif want[1]:
-            print(f"ok   {name}: the prompt read by @prefill: {got[0]} positions in {got[1]} calls ({M} a call, "
-                  f"once {at} or more are left)")
+        elif name == "kv cache":
+            print(f"ok   {name}: the prompt read by " + ", ".join(
+                f"@{k}: {v[0]} positions in {v[1]} calls ({v[2]} a call, at {v[3]})" for k, v in report.items())
+                  + f"; {n_prompt - sum(v[0] for v in report.values()) // rounds} a round by @decode")
         logits = torch.from_numpy(np.load(npy)).double()
         assert logits.shape == (n, new, V), logits.shape
         assert len(seqs) == n and all(len(s) == len(prompt) + new and s[: len(prompt)] == prompt for s in seqs)
