@@ -241,7 +241,7 @@ void add_sample_options(CLI::App& cmd, SampleCommand& c) {
                "position at a time over cached keys and values (slower; the same numbers up to rounding)");
   cmd.add_flag("--no-prefill", c.no_prefill,
                "feed the prompt to the key/value caches one position per call, not many at a time with "
-               "@prefill (slower for long prompts; the same numbers up to rounding)");
+               "@prefill and @prefill_short (slower for long prompts; the same numbers up to rounding)");
   c.logits_out_opt = cmd.add_option("--logits-out", c.logits_out,
                  "write the logits each new token was drawn from to this .npy file (float32, "
                  "[num-samples, max-new-tokens, vocabulary])");

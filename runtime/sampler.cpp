@@ -72,7 +72,10 @@ std::vector<size_t> plan_prefill(int64_t n, const std::vector<std::pair<int64_t,
     cost[i] = cost[i - 1] + 1;
     for (size_t p = 0; p < programs.size(); ++p) {
       const int64_t c = cost[size_t(std::max<int64_t>(0, int64_t(i) - programs[p].first))] + programs[p].second;
-      if (c < cost[i] || (c == cost[i] && how[i] < 0)) cost[i] = c, how[i] = int(p);
+      // On a tie, a prefill call over @decode calls, and the call of fewer positions (prices
+      // clamped to 2 tie where the smaller call is cheaper still).
+      if (c < cost[i] || (c == cost[i] && (how[i] < 0 || programs[p].first < programs[size_t(how[i])].first)))
+        cost[i] = c, how[i] = int(p);
     }
   }
   std::vector<size_t> calls;

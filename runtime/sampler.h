@@ -57,7 +57,7 @@ struct SampleOptions {
 // keeps" when they are (sample() checks it too; a caller that samples later checks up front).
 void check_sample_size(int64_t prompt_tokens, const SampleOptions& options, const std::string& what);
 
-// What one call of a prefill program of M positions costs, in @decode calls, from 2 to M. A
+// What one call of a prefill program of M positions costs, in @decode calls, from 2 to max(2, M). A
 // @decode call is bound by memory: it reads every weight, the head's included, for B rows. A
 // prefill call is bound by arithmetic: 2 FLOPs per weight of the layers (not the head) for each of
 // its B x M rows. Their times at the target's balance of FLOPs to bytes (a CPU about 10, 20 in
@@ -66,7 +66,7 @@ int64_t prefill_cost(const Module& module, int64_t M);
 
 // The cheapest calls that read n prompt positions into the caches: program i of `programs`
 // ({M, cost}) reads up to M positions a call at `cost` @decode calls, and @decode one position
-// for 1 (a tie goes to the prefill call). Returns the prefill calls (indexes into `programs`), the
+// for 1 (a tie goes to the prefill call, and between prefill calls to the one of fewer positions). Returns the prefill calls (indexes into `programs`), the
 // larger first; the positions they leave go through @decode.
 std::vector<size_t> plan_prefill(int64_t n, const std::vector<std::pair<int64_t, int64_t>>& programs);
 
