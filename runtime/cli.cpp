@@ -414,7 +414,8 @@ int run_eval(const Module& module, const EvalCommand& c) {
     throw Error(c.init + ": the mean loss is not finite: the forward pass of these weights overflows on the data");
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const int64_t tokens = batches * B * T;
-  const size_t shards = data.files().size();
+  size_t shards = 0;  // the shards the batches came from (a pass reads them in order from the first)
+  for (int64_t left = batches; left > 0 && shards < data.files().size(); ++shards) left -= data.calls_from(shards, 0);
   if (c.json) {
     nlohmann::json j = {{"loss", loss}, {"perplexity", std::exp(loss)}, {"batches", batches}, {"batch_size", B},
                         {"seq_len", T}, {"tokens", tokens}, {"shards", shards}, {"whole_pass", batches == whole},

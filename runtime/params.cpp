@@ -216,9 +216,17 @@ void load_parameters(Executor& ex, const std::string& path) {
   const std::string kind = check_weights_file(path);
   if (kind == "an llm.c model" || (kind.empty() && path.size() > 4 && path.compare(path.size() - 4, 4, ".bin") == 0))
     return load_llmc_bin(ex, path);
+  // Hugging Face's causal-mask buffers (h.N.attn.bias, h.N.attn.masked_bias) are not weights;
+  // some transformers versions store them as BOOL or U8.
+  auto mask_buffer = [](const std::string& name) {
+    for (const std::string suffix : {".attn.bias", ".attn.masked_bias"})
+      if (name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) return true;
+    return false;
+  };
   std::map<std::string, SafeTensor> file;
   for (SafeTensor& t : read_safetensors(path)) {
     std::string name = t.name.rfind(kPrefix, 0) == 0 ? t.name.substr(kPrefix.size()) : t.name;
+    if (mask_buffer(name)) continue;
     if (auto it = file.find(name); it != file.end())
       throw Error(path + ": tensor '" + name + "' appears twice (as '" + it->second.name + "' and '" + t.name + "')");
     // Before any value is converted: the error names the file (to_f32's cannot).
@@ -246,10 +254,6 @@ void load_parameters(Executor& ex, const std::string& path) {
   }
   for (const auto& [name, t] : file) {
     if (used.count(name)) continue;
-    auto ends_with = [&](const std::string& suffix) {
-      return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
-    };
-    if (ends_with(".attn.bias") || ends_with(".attn.masked_bias")) continue;  // the causal-mask buffers
     if (name == "lm_head.weight" && file.count("wte.weight")) {
       const SafeTensor& wte = file.at("wte.weight");
       if (t.shape != wte.shape)

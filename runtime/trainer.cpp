@@ -209,7 +209,7 @@ void check_replaceable_weights(const std::string& flag, const std::string& path)
 }
 
 // Where the run will write, checked before the first step rather than found unusable after the
-// last: --save's and --dump-grads' names are not read back as llm.c files, each output can be
+// last: --save's and --dump-grads' names are not llm.c's (.bin), each output can be
 // created where it is named, and the checkpoint folder is (or can be made) a folder that takes
 // files. A fresh run (no --resume) into a folder of checkpoints would prune them: refused. Only the
 // root rank writes.
@@ -244,8 +244,8 @@ void check_output_paths(const TrainOptions& o, bool root, MadeFolders& made) {
       throw Error(std::string(flag) + ": " + path + ": is a name the checkpoints in --checkpoint-dir " + o.checkpoint_dir +
                   " use; name the output otherwise");
     if (std::string(flag) != "--log" && path.size() > 4 && path.compare(path.size() - 4, 4, ".bin") == 0)
-      throw Error(std::string(flag) + ": " + path + ": writes Hugging Face safetensors, but a .bin name is read back "
-                  "as an llm.c model file (--init); name it .safetensors");
+      throw Error(std::string(flag) + ": " + path + ": writes Hugging Face safetensors, but .bin names llm.c's model "
+                  "and token files (llm.c's tools would misread it); name it .safetensors");
     // The running program and its module (which would only say "Text file busy" when opened below).
     refuse_overwriting(flag, path, o.self);
     check_output_file(flag, path, std::string(flag) == "--log");  // the log is appended to
@@ -621,6 +621,14 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
                      world > 1 ? " on each rank" : "");
     }
     if (root && !val->skipped().empty()) std::fprintf(stderr, "note: --val-data: %s\n", val->skipped_note().c_str());
+    // Allowed (a smoke test), but then the validation loss is no measure of generalisation.
+    for (const std::string& v : val->files())
+      for (const std::string& t : loader.files())
+        if (root && same_place(v, t)) {
+          std::fprintf(stderr, "note: --val-data: %s is also training data (--data %s): the validation loss is "
+                       "measured on data the model trains on\n", v.c_str(), t.c_str());
+          break;
+        }
     check_resident_tokens(*val, model.vocab_size(), val_steps);  // each evaluation reads the same batches
   }
   if (root && !loader.skipped().empty()) std::fprintf(stderr, "note: --data: %s\n", loader.skipped_note().c_str());

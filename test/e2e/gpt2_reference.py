@@ -363,12 +363,15 @@ _ST_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np
 
 
 def write_safetensors(path: str, tensors: dict, metadata: dict | None = None) -> None:
-    """Writes every tensor as little-endian float32 ("F32")."""
+    """Writes every tensor as little-endian float32 ("F32"), but torch.bool ones as "BOOL" (how
+    some transformers versions store the attention-mask buffers)."""
     header, blobs, off = {}, [], 0
     for name, t in tensors.items():
-        a = np.ascontiguousarray(torch.as_tensor(t).detach().cpu().to(torch.float32).numpy()).astype("<f4")
+        t = torch.as_tensor(t).detach().cpu()
+        boolean = t.dtype == torch.bool
+        a = np.ascontiguousarray(t.numpy() if boolean else t.to(torch.float32).numpy().astype("<f4"))
         b = a.tobytes()
-        header[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
+        header[name] = {"dtype": "BOOL" if boolean else "F32", "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
         blobs.append(b)
         off += len(b)
     if metadata:

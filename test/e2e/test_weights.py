@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Weight files written by PyTorch load into Kiln exactly.
 
-The same initial weights are written three ways by this test: Hugging Face safetensors with the
+The same initial weights are written four ways by this test: Hugging Face safetensors with the
 "transformer." prefix, without it (plus a tied lm_head.weight and the attention-mask buffers
-that Hugging Face files carry), and as an llm.c model file (nn.Linear [out, in] layout,
+that Hugging Face files carry, as F32 and again as BOOL), and as an llm.c model file (nn.Linear [out, in] layout,
 vocabulary padded to a multiple of 128). Kiln loads each with --init and saves them again with
 --save after one step at lr 0 (AdamW then changes nothing); every saved tensor must equal the
 original bit for bit. An lm_head.weight that differs from wte must be refused.
@@ -106,6 +106,12 @@ def main():
         plain[f"h.{i}.attn.bias"] = torch.tril(torch.ones(1, 1, cfg.block_size, cfg.block_size))
     files["plain+tied"] = os.path.join(a.workdir, "plain.safetensors")
     ref.write_safetensors(files["plain+tied"], plain)
+    # The mask buffers as BOOL (transformers 4.2x), and a masked_bias beside them.
+    for i in range(cfg.n_layer):
+        plain[f"h.{i}.attn.bias"] = torch.tril(torch.ones(1, 1, cfg.block_size, cfg.block_size)).bool()
+        plain[f"h.{i}.attn.masked_bias"] = torch.tensor(-1e4)
+    files["plain+bool masks"] = os.path.join(a.workdir, "plain-bool.safetensors")
+    ref.write_safetensors(files["plain+bool masks"], plain)
     files["llm.c bin"] = os.path.join(a.workdir, "model.bin")
     write_llmc_bin(files["llm.c bin"], params, cfg, (cfg.vocab_size + 127) // 128 * 128)
 

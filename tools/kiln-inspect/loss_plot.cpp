@@ -34,6 +34,44 @@ std::string json_problem(const nlohmann::json::exception& e) {
   return what;
 }
 
+struct Tick {
+  double value;
+  std::string label;
+};
+
+// Round values in [lo, hi] for an axis: the multiples of 1, 2 or 5 times a power of ten that
+// give 2 to 7 ticks (whole numbers when `whole`), labelled with as many decimals as the step
+// has. Values a label cannot hold so (beyond 1e12: a log from elsewhere) get six evenly spaced
+// ticks in three significant digits.
+std::vector<Tick> round_ticks(double lo, double hi, bool whole) {
+  std::vector<Tick> ticks;
+  char text[64];
+  const double span = hi - lo;
+  if (std::isfinite(span) && span > 0 && std::fabs(lo) < 1e12 && std::fabs(hi) < 1e12) {
+    double step = std::pow(10.0, std::floor(std::log10(span / 5)));  // span / step in [5, 50)
+    for (double m : {1.0, 2.0, 5.0, 10.0})
+      if (span / (m * step) <= 6) {
+        step *= m;
+        break;
+      }
+    if (whole) step = std::max(step, 1.0);
+    const int decimals = whole ? 0 : std::max(0, int(-std::floor(std::log10(step) + 1e-9)));
+    for (double k = std::ceil(lo / step - 1e-9); k * step <= hi + step * 1e-9; ++k) {
+      const double v = k * step;
+      std::snprintf(text, sizeof text, "%.*f", decimals, v == 0 ? 0.0 : v);  // (never "-0")
+      ticks.push_back({v, text});
+    }
+    if (ticks.size() >= 2) return ticks;
+    ticks.clear();
+  }
+  for (int i = 0; i <= 5; ++i) {
+    const double f = i / 5.0, v = lo * (1 - f) + hi * f;
+    std::snprintf(text, sizeof text, "%.3g", v);
+    ticks.push_back({v, text});
+  }
+  return ticks;
+}
+
 }  // namespace
 
 std::string loss_plot_svg(const std::vector<std::string>& logs) {
@@ -134,28 +172,32 @@ std::string loss_plot_svg(const std::vector<std::string>& logs) {
   auto add = [&](const char* fmt, auto... a) { std::snprintf(buf, sizeof buf, fmt, a...), svg += buf; };
   add("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" font-size=\"12\">\n", W, H);
   add("<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n<text x=\"%.0f\" y=\"24\" font-size=\"15\">loss</text>\n", L);
-  for (int i = 0; i <= 5; ++i) {  // grid and tick labels
-    const double f = i / 5.0, y = y0 * (1 - f) + y1 * f, x = x0 * (1 - f) + x1 * f;
-    add("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n", L, py(y), W - R, py(y));
-    add("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%.3g</text>\n", L - 6, py(y) + 4, y);
-    // Steps as integers, unless too long for a label (a log from elsewhere).
-    add(std::fabs(x) < 1e12 ? "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%.0f</text>\n"
-                            : "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%.3g</text>\n",
-        px(x), H - Bm + 18, x);
+  // Grid lines and tick labels at round values (steps at whole numbers).
+  for (const Tick& t : round_ticks(y0, y1, false)) {
+    add("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n", L, py(t.value), W - R, py(t.value));
+    add("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">", L - 6, py(t.value) + 4);
+    svg += t.label + "</text>\n";
+  }
+  for (const Tick& t : round_ticks(x0, x1, true)) {
+    add("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">", px(t.value), H - Bm + 18);
+    svg += t.label + "</text>\n";
   }
   add("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">step</text>\n", (L + W - R) / 2, H - 12);
-  const char* colours[] = {"#4e79a7", "#e15759", "#59a14f", "#f28e2b", "#b07aa1", "#76b7b2"};
+  // Ten colours, then the same dashed (a series keeps its own look up to 20).
+  const char* colours[] = {"#4e79a7", "#e15759", "#59a14f", "#f28e2b", "#b07aa1",
+                           "#76b7b2", "#edc948", "#ff9da7", "#9c755f", "#bab0ac"};
+  constexpr size_t kColours = sizeof colours / sizeof colours[0];
   for (size_t i = 0; i < series.size(); ++i) {
     std::string pts;
     for (auto [x, y] : series[i].points)
       if (std::isfinite(y)) std::snprintf(buf, sizeof buf, "%.1f,%.1f ", px(x), py(y)), pts += buf;
-    svg += "<polyline fill=\"none\" stroke-width=\"1.5\" stroke=\"" + std::string(colours[i % 6]) +
-           "\" points=\"" + pts + "\"/>\n";
+    svg += "<polyline fill=\"none\" stroke-width=\"1.5\" stroke=\"" + std::string(colours[i % kColours]) + "\"" +
+           ((i / kColours) % 2 ? " stroke-dasharray=\"6 3\"" : "") + " points=\"" + pts + "\"/>\n";
     // A sparse series (validation every N steps; a single point draws no line) gets a dot per point.
     if (series[i].points.size() <= 50)
       for (auto [x, y] : series[i].points)
-        if (std::isfinite(y)) add("<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>\n", px(x), py(y), colours[i % 6]);
-    add("<text x=\"%.1f\" y=\"%.1f\" fill=\"%s\">", W - R - 340, T + 16 + 16.0 * i, colours[i % 6]);
+        if (std::isfinite(y)) add("<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>\n", px(x), py(y), colours[i % kColours]);
+    add("<text x=\"%.1f\" y=\"%.1f\" fill=\"%s\">", W - R - 340, T + 16 + 16.0 * i, colours[i % kColours]);
     svg += xml_escaped(series[i].label) + "</text>\n";
   }
   return svg + "</svg>\n";
