@@ -532,7 +532,7 @@ std::optional<std::string> latest_checkpoint(const std::string& dir) {
   return (d / all.front().second).string();
 }
 
-TrainingState load_checkpoint(const std::string& path, Executor& ex) {
+TrainingState load_checkpoint(const std::string& path, Executor& ex, bool weights_only) {
   const MappedFile bytes(path);
   const Parsed p = parse(path, bytes);
   const Module& m = ex.module();
@@ -583,6 +583,7 @@ TrainingState load_checkpoint(const std::string& path, Executor& ex) {
   // half-loaded (on a GPU the upload below can still fail, and that ends the run).
   for (const auto& [q, e] : plan) {
     std::memcpy(ex.f32(q->value()), p.data + e->value.offset, e->value.bytes);
+    if (weights_only) continue;
     // ZeRO-1: the slice of the moments this rank keeps.
     for (const auto& [buffer, span] : {std::pair{q->adam_m(), e->adam_m}, {q->adam_v(), e->adam_v}}) {
       const auto [lo, hi] = ex.held(buffer);

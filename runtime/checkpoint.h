@@ -86,7 +86,8 @@ std::optional<std::string> latest_checkpoint(const std::string& dir);
 // against ex's module, every parameter present with its shape) before copying anything, so on
 // any kiln::Error the executor is untouched. Then refreshes the bf16 compute copies and returns
 // the saved state; world_size and zero_stage are for the caller to check. An executor that keeps
-// slices of the moments (ZeRO-1) takes those elements of them.
-TrainingState load_checkpoint(const std::string& path, Executor& ex);
+// slices of the moments (ZeRO-1) takes those elements of them. `weights_only` (--init from a
+// checkpoint: evaluation, sampling, a fresh run) copies the values alone, after the same checks.
+TrainingState load_checkpoint(const std::string& path, Executor& ex, bool weights_only = false);
 
 }  // namespace kiln

@@ -72,7 +72,7 @@ void add_train_options(CLI::App& train, TrainOptions& o, TrainSampling& sampling
   // One or more: an unquoted glob reaches us as the shell's list of files.
   train.add_option("--data", o.data, "llm.c token shard(s): files or globs")->required()->expected(1, -1)->check(cli::non_empty());
   train.add_option("--steps", o.steps, "optimizer steps to run")->required()->check(cli::whole(1));
-  train.add_option("--init", o.init, "start from these weights (Hugging Face GPT-2 safetensors, or an llm.c .bin)")
+  train.add_option("--init", o.init, "start from these weights (Hugging Face GPT-2 safetensors, an llm.c .bin, or a checkpoint's: not its AdamW state or step, which --resume takes)")
       ->check(cli::non_empty());
   train.add_option("--seed", o.seed, "seed of the initialisation when --init is not given")->capture_default_str()->check(kSeed);
   train.add_option("--lr", o.schedule.lr, "maximum learning rate")->capture_default_str()->check(cli::non_negative_finite());
@@ -227,7 +227,7 @@ void prepare_train_samples(const Module& module, const TrainSampling& sampling, 
 }
 
 void add_sample_options(CLI::App& cmd, SampleCommand& c) {
-  cmd.add_option("--init", c.init, "weights to sample from (safetensors or llm.c .bin)")->required()->check(cli::non_empty());
+  cmd.add_option("--init", c.init, "weights to sample from (safetensors, llm.c .bin, or a Kiln checkpoint)")->required()->check(cli::non_empty());
   c.prompt_opt = cmd.add_option("--prompt", c.prompt, "text to continue (GPT-2 BPE; needs the GPT-2 vocabulary)");
   c.prompt_ids_opt = cmd.add_option("--prompt-ids", c.prompt_ids, "token ids to continue, separated by spaces")
                          ->excludes(c.prompt_opt);
@@ -370,7 +370,7 @@ struct EvalCommand {
 };
 
 void add_eval_options(CLI::App& eval, EvalCommand& c) {
-  eval.add_option("--init", c.init, "the weights to evaluate (Hugging Face GPT-2 safetensors, or an llm.c .bin)")
+  eval.add_option("--init", c.init, "the weights to evaluate (Hugging Face GPT-2 safetensors, an llm.c .bin, or a Kiln checkpoint)")
       ->required()->check(cli::non_empty());
   eval.add_option("--data", c.data, "llm.c token shard(s): files or globs")->required()->expected(1, -1)->check(cli::non_empty());
   eval.add_option("--batches", c.batches, "batches of B x T to read (default: one pass over every shard)")->check(cli::whole(1));

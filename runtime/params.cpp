@@ -8,6 +8,7 @@
 #include <set>
 
 #include "runtime/cpu/bf16.h"
+#include "runtime/checkpoint.h"
 #include "runtime/cpu/kernels.h"
 #include "runtime/data_loader.h"
 #include "runtime/error.h"
@@ -20,6 +21,7 @@ namespace kiln {
 namespace {
 
 const std::string kPrefix = "transformer.";
+const char* const kCheckpointKind = "a Kiln checkpoint (train --resume reads it)";
 
 // The rows of a parameter that files hold. The module stores wte.weight as [Vp, C], the
 // vocabulary padded to a multiple of 128 (models/gpt2_builder.cpp); files (Hugging Face's and
@@ -188,7 +190,7 @@ std::string file_kind(const std::string& path) {
   const size_t got = head.size();
   int32_t magic = 0;
   if (got >= 4) std::memcpy(&magic, b, 4);
-  if (got >= 8 && std::memcmp(b, "KILNCKPT", 8) == 0) return "a Kiln checkpoint (train --resume reads it)";
+  if (got >= 8 && std::memcmp(b, "KILNCKPT", 8) == 0) return kCheckpointKind;
   if (got >= 8 && std::memcmp(b + 4, "KILN", 4) == 0) return "a Kiln module (kiln-run's first argument)";
   if (got >= 4 && std::memcmp(b, "\x7f" "ELF", 4) == 0) return "a program";
   if (starts_like_token_shard(path)) return "an llm.c token shard (training data)";
@@ -206,14 +208,19 @@ std::string check_weights_file(const std::string& path) {
   check_not_a_device(path);
   RegularFile(path, "weights' file");  // opens it, refusing a folder, a pipe or a FIFO
   const std::string kind = file_kind(path);
-  if (!kind.empty() && kind != "safetensors" && kind != "an llm.c model")
-    throw Error(path + ": is " + kind + ", not weights (safetensors or an llm.c model .bin)");
+  if (!kind.empty() && kind != "safetensors" && kind != "an llm.c model" && kind != kCheckpointKind)
+    throw Error(path + ": is " + kind + ", not weights (safetensors, an llm.c model .bin or a Kiln checkpoint)");
   return kind;
 }
 
 void load_parameters(Executor& ex, const std::string& path) {
   // By content where it says, else by name (whose reader then says what is wrong).
   const std::string kind = check_weights_file(path);
+  // A checkpoint's values (its AdamW moments and data position are --resume's).
+  if (kind == kCheckpointKind) {
+    load_checkpoint(path, ex, true);
+    return;
+  }
   if (kind == "an llm.c model" || (kind.empty() && path.size() > 4 && path.compare(path.size() - 4, 4, ".bin") == 0))
     return load_llmc_bin(ex, path);
   // Hugging Face's causal-mask buffers (h.N.attn.bias, h.N.attn.masked_bias) are not weights;

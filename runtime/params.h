@@ -19,8 +19,9 @@ void clear_parameters(Executor& ex);
 // buffers ignored, lm_head.weight accepted when equal to wte. Every parameter must be present
 // with its shape, wte.weight with the real vocabulary [V, C] (the module's padded rows are set
 // to 0); F32, BF16 and F16 are accepted. An llm.c model file (fp32 or bf16, vocabulary padded
-// to the Vp of its header) is read too. Which of the two a file is, its first bytes say (else a
-// name ending in ".bin" is llm.c's); a checkpoint, module, program or token shard is refused by name.
+// to the Vp of its header) is read too, and a Kiln checkpoint's values (load_checkpoint's checks:
+// the same model). Which a file is, its first bytes say (else a name ending in ".bin" is
+// llm.c's); a module, program or token shard is refused by name.
 void load_parameters(Executor& ex, const std::string& path);
 
 // What a file is by its first bytes, among those Kiln reads and writes: "safetensors", "an llm.c
