@@ -352,10 +352,9 @@ std::string model_difference(const Json& saved, const Module& m) {
   return "";
 }
 
-// The first difference between the checkpoint's model and `m`, for the fingerprint error; empty
-// when none shows (the fingerprint itself was edited, or hashes a field the header lacks).
-std::string first_difference(const Parsed& p, const Module& m) {
-  if (std::string diff = model_difference(p.model, m); !diff.empty()) return diff;
+// The first difference between the checkpoint's parameter table and `m`'s parameters (name,
+// shape, weight decay); empty when none.
+std::string table_difference(const Parsed& p, const Module& m) {
   std::map<std::string, const Entry*> file;
   for (const Entry& e : p.entries) file[e.name] = &e;
   for (const fb::Parameter* q : *m.fb().parameters()) {
@@ -371,6 +370,13 @@ std::string first_difference(const Parsed& p, const Module& m) {
   }
   if (!file.empty()) return "parameter '" + file.begin()->first + "' is not in this module";
   return "";
+}
+
+// The first difference between the checkpoint's model and `m`, for the fingerprint error; empty
+// when none shows (the fingerprint itself was edited, or hashes a field the header lacks).
+std::string first_difference(const Parsed& p, const Module& m) {
+  if (std::string diff = model_difference(p.model, m); !diff.empty()) return diff;
+  return table_difference(p, m);
 }
 
 
@@ -537,16 +543,25 @@ TrainingState load_checkpoint(const std::string& path, Executor& ex, bool weight
   const Parsed p = parse(path, bytes);
   const Module& m = ex.module();
 
+  // Weights alone (--init) fit the same model compiled in another precision: the file holds fp32
+  // values either way. Then the header's model is compared with the module's precision.
+  Json model = p.model;
+  const Json mine_model = model_json(m);
+  if (weights_only && model.is_object() && model.contains("precision") && mine_model.contains("precision"))
+    model["precision"] = mine_model["precision"];
   const std::string mine = module_fingerprint(m);
   if (p.state.spec_fingerprint != mine) {
     const std::string diff = first_difference(p, m);
-    throw Error(path + ": compiled for a different model (fingerprint " + p.state.spec_fingerprint + " vs " + mine +
-                (diff.empty() ? "" : ": " + diff) + ")");
+    const bool precision_only = weights_only && diff.rfind("precision ", 0) == 0 && model_difference(model, m).empty() &&
+                                table_difference(p, m).empty();
+    if (!precision_only)
+      throw Error(path + ": compiled for a different model (fingerprint " + p.state.spec_fingerprint + " vs " + mine +
+                  (diff.empty() ? "" : ": " + diff) + ")");
   }
 
   // The fingerprint matched, so the model the header describes must be this one too: it is what
   // kiln-inspect and a mismatch's message show.
-  if (const std::string diff = model_difference(p.model, m); !diff.empty())
+  if (const std::string diff = model_difference(model, m); !diff.empty())
     bad_header(path, "model: " + diff + ", yet its fingerprint is this module's");
 
   // The fingerprint matched, but the table is what we copy from: check it names exactly the

@@ -488,6 +488,12 @@ int run_main(int argc, char** argv) {
     if (embedded) g_self = {{"this executable", program}};
     else g_self = {{"the module", module_path}, {"the running program", program}};
     train_opts.self = g_self;
+    // --init D (a checkpoint folder) and --init D/latest read the checkpoint `latest` names.
+    for (std::string* init : {&sample_opts.init, &eval_opts.init, &train_opts.init})
+      if (const std::string file = checkpoint_named_by(*init); !file.empty() && file != *init) {
+        std::fprintf(stderr, "note: --init %s: reads %s\n", init->c_str(), file.c_str());
+        *init = file;
+      }
     Module module = embedded ? std::move(*embedded) : Module::load(module_path);
     if (sample->parsed()) {
       try {

@@ -213,6 +213,17 @@ std::string check_weights_file(const std::string& path) {
   return kind;
 }
 
+std::string checkpoint_named_by(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (path.empty()) return "";
+  const fs::path p(path);
+  if (fs::is_directory(p, ec)) return latest_checkpoint(path).value_or("");
+  if (p.filename() == "latest" && fs::is_regular_file(p, ec))
+    return latest_checkpoint(p.has_parent_path() ? p.parent_path().string() : ".").value_or("");
+  return "";
+}
+
 void load_parameters(Executor& ex, const std::string& path) {
   // By content where it says, else by name (whose reader then says what is wrong).
   const std::string kind = check_weights_file(path);

@@ -31,6 +31,9 @@ std::string file_kind(const std::string& path);
 // What load_parameters checks before it reads: the file is there, no device, and not another kind
 // of file Kiln knows (kiln::Error naming it); its kind as file_kind says.
 std::string check_weights_file(const std::string& path);
+// The checkpoint a folder of checkpoints (or its file `latest`) stands for, by latest_checkpoint;
+// "" for any other path.
+std::string checkpoint_named_by(const std::string& path);
 // load_parameters, then kiln::Error "PATH: parameter '...' (value) holds a NaN or an infinity
 // (CONSEQUENCE)" when a weight is not finite: found before anything runs on them.
 void load_finite_parameters(Executor& ex, const std::string& path, const std::string& consequence);

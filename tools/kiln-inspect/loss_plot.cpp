@@ -39,35 +39,57 @@ struct Tick {
   std::string label;
 };
 
-// Round values in [lo, hi] for an axis: the multiples of 1, 2 or 5 times a power of ten that
-// give 2 to 7 ticks (whole numbers when `whole`), labelled with as many decimals as the step
-// has. Values a label cannot hold so (beyond 1e12: a log from elsewhere) get six evenly spaced
-// ticks in three significant digits.
+// Ticks for an axis over [lo, hi]: the multiples of 1, 2 or 5 times a power of ten that give 2 to
+// 7 of them (whole numbers when `whole`); where no such multiples exist as distinct doubles (a
+// span of a few ulps, a log from elsewhere), six evenly spaced values. Labels: fixed decimals,
+// as many as the step has, for ordinary values; else the fewest significant digits (at least 3)
+// that tell every tick apart.
 std::vector<Tick> round_ticks(double lo, double hi, bool whole) {
-  std::vector<Tick> ticks;
-  char text[64];
+  std::vector<double> values;
+  double step = 0;
   const double span = hi - lo;
-  if (std::isfinite(span) && span > 0 && std::fabs(lo) < 1e12 && std::fabs(hi) < 1e12) {
-    double step = std::pow(10.0, std::floor(std::log10(span / 5)));  // span / step in [5, 50)
+  if (std::isfinite(span) && span > 0) {
+    step = std::pow(10.0, std::floor(std::log10(span / 5)));  // span / step in [5, 50)
     for (double m : {1.0, 2.0, 5.0, 10.0})
       if (span / (m * step) <= 6) {
         step *= m;
         break;
       }
     if (whole) step = std::max(step, 1.0);
-    const int decimals = whole ? 0 : std::max(0, int(-std::floor(std::log10(step) + 1e-9)));
-    for (double k = std::ceil(lo / step - 1e-9); k * step <= hi + step * 1e-9; ++k) {
-      const double v = k * step;
+    const double first = std::ceil(lo / step - 1e-9);
+    // k * step are distinct doubles while k is far below 2^53; 8 at most (the loop's bound).
+    if (std::isfinite(first) && std::fabs(first) < 1e15)
+      for (double k = first; k * step <= hi + step * 1e-9 && values.size() <= 7; ++k) values.push_back(k * step);
+    if (values.size() < 2 || values.size() > 7) values.clear();
+  }
+  const bool evenly = values.empty();
+  if (evenly) {
+    for (int i = 0; i <= 5; ++i) values.push_back(lo * (1 - i / 5.0) + hi * (i / 5.0));
+    std::sort(values.begin(), values.end());  // (a span of a few ulps rounds them out of order)
+    values.erase(std::unique(values.begin(), values.end()), values.end());
+  }
+
+  std::vector<Tick> ticks;
+  char text[64];
+  double largest = 0;
+  for (double v : values) largest = std::max(largest, std::fabs(v));
+  if (!evenly && step >= 1e-4 && largest < 1e7) {
+    const int decimals = std::max(0, int(-std::floor(std::log10(step) + 1e-9)));
+    for (double v : values) {
       std::snprintf(text, sizeof text, "%.*f", decimals, v == 0 ? 0.0 : v);  // (never "-0")
       ticks.push_back({v, text});
     }
-    if (ticks.size() >= 2) return ticks;
-    ticks.clear();
+    return ticks;
   }
-  for (int i = 0; i <= 5; ++i) {
-    const double f = i / 5.0, v = lo * (1 - f) + hi * f;
-    std::snprintf(text, sizeof text, "%.3g", v);
-    ticks.push_back({v, text});
+  for (int digits = 3; digits <= 17; ++digits) {
+    ticks.clear();
+    for (double v : values) {
+      std::snprintf(text, sizeof text, "%.*g", digits, v == 0 ? 0.0 : v);
+      ticks.push_back({v, text});
+    }
+    bool distinct = true;
+    for (size_t i = 1; i < ticks.size(); ++i) distinct &= ticks[i].label != ticks[i - 1].label;
+    if (distinct) break;
   }
   return ticks;
 }
@@ -152,19 +174,28 @@ std::string loss_plot_svg(const std::vector<std::string>& logs) {
     if (!any) throw Error(path + ": no loss records");
   }
 
-  double x0 = 1e300, x1 = -1e300, y0 = 1e300, y1 = -1e300;
+  const double inf = std::numeric_limits<double>::infinity();
+  double x0 = inf, x1 = -inf, y0 = inf, y1 = -inf;
   for (const Series& s : series)
     for (auto [x, y] : s.points) {
       if (!std::isfinite(y)) continue;
       x0 = std::min(x0, x), x1 = std::max(x1, x), y0 = std::min(y0, y), y1 = std::max(y1, y);
     }
-  if (x1 <= x0) x1 = x0 + 1;
-  if (y1 <= y0) y1 = y0 + 1;
+  if (!(x0 <= x1)) x0 = 0, x1 = 1, y0 = 0, y1 = 1;  // no finite point (nothing is drawn)
+  // One value: a span around it that is no rounding of it (+1 is nothing to 1e17).
+  if (x1 <= x0) x1 = x0 + std::max(1.0, std::fabs(x0) * 1e-3);
+  if (y1 <= y0) y1 = y0 + std::max(1.0, std::fabs(y0) * 1e-3);
   // Halves, so that the spans of values near the largest double stay finite.
   const double pad = (y1 / 2 - y0 / 2) * 0.1, big = std::numeric_limits<double>::max();
   y0 = std::max(y0 - pad, -big), y1 = std::min(y1 + pad, big);
 
-  const double W = 900, H = 540, L = 70, R = 20, T = 40, Bm = 50;
+  const std::vector<Tick> yticks = round_ticks(y0, y1, false), xticks = round_ticks(x0, x1, true);
+  // Margins wide enough for the labels (about 7 px a character at 12 px): the y labels end left
+  // of the plot, the last x label is centred on its right edge.
+  size_t ylabel = 0;
+  for (const Tick& t : yticks) ylabel = std::max(ylabel, t.label.size());
+  const double W = 900, H = 540, T = 40, Bm = 50;
+  const double L = std::max(70.0, 14.0 + 7.0 * double(ylabel)), R = std::max(20.0, 4.0 + 3.5 * double(xticks.back().label.size()));
   auto px = [&](double x) { return L + (x / 2 - x0 / 2) / (x1 / 2 - x0 / 2) * (W - L - R); };
   auto py = [&](double y) { return T + (y1 / 2 - y / 2) / (y1 / 2 - y0 / 2) * (H - T - Bm); };
   std::string svg;
@@ -173,12 +204,12 @@ std::string loss_plot_svg(const std::vector<std::string>& logs) {
   add("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" font-size=\"12\">\n", W, H);
   add("<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n<text x=\"%.0f\" y=\"24\" font-size=\"15\">loss</text>\n", L);
   // Grid lines and tick labels at round values (steps at whole numbers).
-  for (const Tick& t : round_ticks(y0, y1, false)) {
+  for (const Tick& t : yticks) {
     add("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n", L, py(t.value), W - R, py(t.value));
     add("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">", L - 6, py(t.value) + 4);
     svg += t.label + "</text>\n";
   }
-  for (const Tick& t : round_ticks(x0, x1, true)) {
+  for (const Tick& t : xticks) {
     add("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">", px(t.value), H - Bm + 18);
     svg += t.label + "</text>\n";
   }
