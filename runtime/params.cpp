@@ -219,8 +219,14 @@ std::string checkpoint_named_by(const std::string& path) {
   if (path.empty()) return "";
   const fs::path p(path);
   if (fs::is_directory(p, ec)) return latest_checkpoint(path).value_or("");
-  if (p.filename() == "latest" && fs::is_regular_file(p, ec))
-    return latest_checkpoint(p.has_parent_path() ? p.parent_path().string() : ".").value_or("");
+  // A file named latest that holds a checkpoint's name (not weights that happen to be called so),
+  // in the folder of the file it is (a symbolic link to one elsewhere reads that folder).
+  if (p.filename() == "latest" && fs::is_regular_file(p, ec) && file_kind(path).empty()) {
+    fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+    if (fs::is_symlink(p, ec))
+      if (const fs::path real = fs::canonical(p, ec); !ec) dir = real.parent_path();
+    return latest_checkpoint(dir.string()).value_or("");
+  }
   return "";
 }
 

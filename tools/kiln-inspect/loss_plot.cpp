@@ -182,9 +182,17 @@ std::string loss_plot_svg(const std::vector<std::string>& logs) {
       x0 = std::min(x0, x), x1 = std::max(x1, x), y0 = std::min(y0, y), y1 = std::max(y1, y);
     }
   if (!(x0 <= x1)) x0 = 0, x1 = 1, y0 = 0, y1 = 1;  // no finite point (nothing is drawn)
-  // One value: a span around it that is no rounding of it (+1 is nothing to 1e17).
-  if (x1 <= x0) x1 = x0 + std::max(1.0, std::fabs(x0) * 1e-3);
-  if (y1 <= y0) y1 = y0 + std::max(1.0, std::fabs(y0) * 1e-3);
+  // The picture divides by hi/2 - lo/2 (halves, so that the spans of values near the largest
+  // double stay finite): one value, or a span that halving rounds away (subnormals), is widened
+  // by no rounding of it (+1 is nothing to 1e17), downwards near the largest double.
+  auto widen = [](double& lo, double& hi) {
+    if (hi / 2 > lo / 2) return;
+    const double d = std::max(1.0, std::fabs(lo) * 1e-3);
+    if (std::isfinite(lo + d)) hi = lo + d;
+    else lo = hi - d;
+  };
+  widen(x0, x1);
+  widen(y0, y1);
   // Halves, so that the spans of values near the largest double stay finite.
   const double pad = (y1 / 2 - y0 / 2) * 0.1, big = std::numeric_limits<double>::max();
   y0 = std::max(y0 - pad, -big), y1 = std::min(y1 + pad, big);
