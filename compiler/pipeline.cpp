@@ -165,7 +165,7 @@ StringRef inputNameOf(Value v) {
 
 // An input of @prefill or @prefill_short: "prefill_tokens", "prefill_short_positions", ...
 bool isPrefillInput(StringRef name, StringRef suffix) {
-  return name == ("prefill" + suffix).str() || name == ("prefill_short" + suffix).str();
+  return (name.consume_front("prefill_short") || name.consume_front("prefill")) && name == suffix;
 }
 
 // The module's IR agrees with its spec where the runtime relies on both: it fills the inputs with

@@ -551,9 +551,8 @@ TrainingState load_checkpoint(const std::string& path, Executor& ex, bool weight
     model["precision"] = mine_model["precision"];
   const std::string mine = module_fingerprint(m);
   if (p.state.spec_fingerprint != mine) {
+    const bool precision_only = model != p.model && model_difference(model, m).empty() && table_difference(p, m).empty();
     const std::string diff = first_difference(p, m);
-    const bool precision_only = weights_only && diff.rfind("precision ", 0) == 0 && model_difference(model, m).empty() &&
-                                table_difference(p, m).empty();
     if (!precision_only)
       throw Error(path + ": compiled for a different model (fingerprint " + p.state.spec_fingerprint + " vs " + mine +
                   (diff.empty() ? "" : ": " + diff) + ")");

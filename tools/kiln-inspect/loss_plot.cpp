@@ -193,7 +193,6 @@ std::string loss_plot_svg(const std::vector<std::string>& logs) {
   };
   widen(x0, x1);
   widen(y0, y1);
-  // Halves, so that the spans of values near the largest double stay finite.
   const double pad = (y1 / 2 - y0 / 2) * 0.1, big = std::numeric_limits<double>::max();
   y0 = std::max(y0 - pad, -big), y1 = std::min(y1 + pad, big);
 
