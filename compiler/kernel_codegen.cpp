@@ -86,13 +86,21 @@ class Emitter {
   }
 
   // --- Buffers -----------------------------------------------------------------------------
+  // The optimizer's per-tensor buffers (each AdamW's gradient, value, moments and compute copy)
+  // get no local of their own: its kernel reads them from b[] through a table of operands, so
+  // that its source and compile time stay small however many parameters there are.
   void declare() {
     unsigned k = 0;
     for (BlockArgument a : f_.getBlock().getArguments()) {
       std::string name = "in" + num(a.getArgNumber());
       ptr_[a] = name;
       index_[name] = int(k);
-      decls_ += "  const " + ctype(a) + "* " + name + " = (const " + ctype(a) + "*)b[" + num(k++) + "];\n";
+      const bool onlyAdamGrad = !a.use_empty() && llvm::all_of(a.getUses(), [](OpOperand& u) {
+        auto adam = dyn_cast<AdamWOp>(u.getOwner());
+        return adam && u.get() == adam.getGrad() && u.getOperandNumber() == 0;
+      });
+      if (!onlyAdamGrad) decls_ += "  const " + ctype(a) + "* " + name + " = (const " + ctype(a) + "*)b[" + num(k) + "];\n";
+      ++k;
     }
     auto yield = cast<YieldOp>(f_.getBlock().getTerminator());
     for (auto [i, v] : llvm::enumerate(yield.getValues())) {
@@ -111,13 +119,12 @@ class Emitter {
         std::vector<std::string> names;
         for (const char* role : {"p", "m", "v"}) {
           names.push_back(role + num(k));
-          decls_ += "  float* " + names.back() + " = (float*)b[" + num(k++) + "];\n";
+          index_[names.back()] = int(k++);
         }
         if (hasCopy_(adam.getName())) {
           names.push_back("copy" + num(k));
-          decls_ += "  bf16* " + names.back() + " = (bf16*)b[" + num(k++) + "];\n";
+          index_[names.back()] = int(k++);
         }
-        decls_ += "  // " + adam.getName().str() + ": value, moments" + (names.size() > 3 ? ", compute copy" : "") + "\n";
         state_[&op] = names;
       }
     }
@@ -1048,30 +1055,36 @@ class Emitter {
     body_ += "  // Bias corrections 1 - beta^t in double.\n";
     body_ += "  const float bc1 = (float)(1.0 - pow((double)beta1, (double)t)), bc2 = (float)(1.0 - pow((double)beta2, (double)t));\n";
     if (t_ == Target::Cuda) return cudaOptimizer(adams);
-    body_ += "  struct Tensor { const float* g; float* p; float* m; float* v; bf16* copy; int64_t n; int decay; const char* name; };\n";
-    body_ += "  const Tensor tensors[" + num(adams.size()) + "] = {\n";
+    body_ += "  // Per tensor: the operand of its gradient, of its value (its moments follow it) and of its\n"
+             "  // bf16 compute copy (-1: none); its elements; weight decay; its name.\n";
+    body_ += "  struct Tensor { int grad, value, copy; int64_t n; int decay; const char* name; };\n";
+    body_ += "  static const Tensor tensors[" + num(adams.size()) + "] = {\n";
     for (AdamWOp a : adams) {
       auto& s = state_[a.getOperation()];
-      body_ += "    {" + ptr_[cast<BlockArgument>(a.getGrad())] + ", " + s[0] + ", " + s[1] + ", " + s[2] + ", " +
-               (s.size() > 3 ? s[3] : std::string("nullptr")) + ", " + num(numel(a.getGrad())) + ", " +
+      body_ += "    {" + num(index_[ptr_[cast<BlockArgument>(a.getGrad())]]) + ", " + num(index_[s[0]]) + ", " +
+               (s.size() > 3 ? num(index_[s[3]]) : std::string("-1")) + ", " + num(numel(a.getGrad())) + ", " +
                (a.getDecay() ? "1" : "0") + ", \"" + a.getName().str() + "\"},\n";
       flops_ += 12.0 * double(numel(a.getGrad()));
     }
     body_ += "  };\n";
     body_ += "  for (int k = 0; k < " + num(adams.size()) + "; ++k) {\n";
     body_ += "    const Tensor& x = tensors[k];\n";
+    body_ += "    const float* g = (const float*)b[x.grad];\n";
+    body_ += "    float* p = (float*)b[x.value];\n    float* m = (float*)b[x.value + 1];\n    float* v = (float*)b[x.value + 2];\n";
     body_ += "    const float decay = 1.0f - lr * (x.decay ? wd : 0.0f);\n";
     body_ += "    const int64_t begin = range[2 * k], end = range[2 * k + 1];\n";
     body_ += "#pragma omp parallel for schedule(static) if (end - begin >= 16384)\n";
     body_ += "    for (int64_t i = begin; i < end; ++i) {\n";
-    body_ += "      const float g = x.g[i] * scale;\n";
-    body_ += "      const float m = beta1 * x.m[i] + (1.0f - beta1) * g;\n";
-    body_ += "      const float v = beta2 * x.v[i] + (1.0f - beta2) * g * g;\n";
-    body_ += "      x.m[i] = m;\n      x.v[i] = v;\n";
-    body_ += "      x.p[i] = x.p[i] * decay - lr * (m / bc1) / (sqrtf(v / bc2) + eps);\n    }\n";
-    body_ += "    if (x.copy)  // refresh the bf16 compute copy from the new master value\n";
+    body_ += "      const float gi = g[i] * scale;\n";
+    body_ += "      const float mi = beta1 * m[i] + (1.0f - beta1) * gi;\n";
+    body_ += "      const float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;\n";
+    body_ += "      m[i] = mi;\n      v[i] = vi;\n";
+    body_ += "      p[i] = p[i] * decay - lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);\n    }\n";
+    body_ += "    if (x.copy >= 0) {  // refresh the bf16 compute copy from the new master value\n";
+    body_ += "      bf16* copy = (bf16*)b[x.copy];\n";
     body_ += "#pragma omp parallel for schedule(static) if (x.n >= 16384)\n";
-    body_ += "      for (int64_t i = 0; i < x.n; ++i) x.copy[i] = f2bf(x.p[i]);\n";
+    body_ += "      for (int64_t i = 0; i < x.n; ++i) copy[i] = f2bf(p[i]);\n";
+    body_ += "    }\n";
     body_ += "  }\n";
     return success();
   }
@@ -1082,7 +1095,7 @@ class Emitter {
     const std::string pre = symbolPrefix();
     std::string offsets = "0", grads, ps, decays, copies;
     int64_t total = 0;
-    auto index = [&](const std::string& name) { return name.substr(name.find_first_of("0123456789")); };
+    auto index = [&](const std::string& name) { return num(index_[name]); };
     for (AdamWOp a : adams) {  // (each gradient a region input: FusionOp::verify)
       total += numel(a.getGrad());
       offsets += ", " + num(total);

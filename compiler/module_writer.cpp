@@ -240,8 +240,7 @@ class Writer {
   }
 
   // A kernel's source without what only names its region: the location line and the comments
-  // after a declaration (`float* grad2 = (float*)b[2];  // h.3.mlp.c_fc.weight.grad`) or on
-  // their own line that name a parameter (`// h.3.mlp.c_fc.weight: value, moments`).
+  // after a declaration (`float* grad2 = (float*)b[2];  // h.3.mlp.c_fc.weight.grad`).
   static std::string sharedCode(const std::string& source) {
     std::string out;
     std::istringstream in(source);
@@ -249,8 +248,6 @@ class Writer {
       if (line.rfind("// at ", 0) == 0) continue;
       if (size_t c = line.find(";  // "); c != std::string::npos && line.find("= (") != std::string::npos)
         line.erase(c + 1);
-      else if (line.rfind("  // ", 0) == 0 && line.find(": value, moments") != std::string::npos)
-        continue;
       out += line + "\n";
     }
     return out;
