@@ -367,30 +367,63 @@ struct EvalCommand {
   std::vector<std::string> data;
   int64_t batches = 0;  // 0: one pass over the data
   bool json = false;
+  std::string comm = "auto";
 };
 
 void add_eval_options(CLI::App& eval, EvalCommand& c) {
   eval.add_option("--init", c.init, "the weights to evaluate (Hugging Face GPT-2 safetensors, an llm.c .bin, or a Kiln checkpoint)")
       ->required()->check(cli::non_empty());
   eval.add_option("--data", c.data, "llm.c token shard(s): files or globs")->required()->expected(1, -1)->check(cli::non_empty());
-  eval.add_option("--batches", c.batches, "batches of B x T to read (default: one pass over every shard)")->check(cli::whole(1));
+  eval.add_option("--batches", c.batches, "batches of B x T (of each rank) to read (default: one pass over every shard)")
+      ->check(cli::whole(1));
   eval.add_flag("--json", c.json, "print the result as one JSON object");
+  // Under a launcher the ranks split the batches as training's validation does: each reads its
+  // own B x T of every batch, and the mean is over all of them.
+  eval.add_option("--comm", c.comm, "communicator when a launcher starts several ranks (as train's --comm): auto, "
+                                    "single, mpi, tcp, nccl")
+      ->capture_default_str()->check(CLI::IsMember({"auto", "single", "mpi", "tcp", "nccl"}));
+}
+
+// Every rank of an evaluation must read the same data the same number of batches, or the mean
+// would be of different things (and one rank's error would leave the others waiting).
+void check_eval_ranks_agree(Communicator& comm, const DataLoader& data, int64_t batches) {
+  int64_t mine[3] = {batches, int64_t(data.files().size()), 0};
+  for (int64_t n : data.shard_tokens()) mine[2] += n;
+  int64_t root[3] = {mine[0], mine[1], mine[2]};
+  comm.broadcast(root, sizeof root, 0);
+  const char* what[3] = {"--batches", "the number of shards", "the shards' token count"};
+  for (int i = 0; i < 3; ++i)
+    if (mine[i] != root[i])
+      throw Error("rank " + std::to_string(comm.rank()) + " of " + std::to_string(comm.world_size()) +
+                  " disagrees with rank 0 about eval's " + what[i] + " (" + std::to_string(mine[i]) + ", rank 0: " +
+                  std::to_string(root[i]) + "); every rank must run the same command on the same data");
 }
 
 // The mean next-token loss of the weights over the data, through the forward program alone (no
 // backward buffers), batch by batch as training's validation reads them.
-int run_eval(const Module& module, const EvalCommand& c) {
+// With several ranks (a launcher's), rank r reads the r-th B x T of every batch, as training's
+// validation does, the mean is over all ranks' batches, and rank 0 alone prints.
+int run_eval(const Module& module, const EvalCommand& c, Communicator& comm) {
   const fb::Model& model = *module.fb().model();
   if (!module.program("forward")) throw Error(module.source() + ": has no 'forward' program to evaluate with");
   const int64_t B = model.batch_size(), T = model.seq_len();
-  DataLoader data(c.data, B, T);
-  if (!data.skipped().empty()) std::fprintf(stderr, "note: --data: %s\n", data.skipped_note().c_str());
+  const int world = comm.world_size();
+  const bool root = comm.rank() == 0;
+  const std::string of_ranks = world > 1 ? " of each of " + std::to_string(world) + " ranks" : "";
+  DataLoader data(c.data, B, T, comm.rank(), world);
+  if (root && !data.skipped().empty()) std::fprintf(stderr, "note: --data: %s\n", data.skipped_note().c_str());
   const int64_t whole = data.batches_per_pass();
   if (c.batches > whole)
     throw Error("--batches: " + std::to_string(c.batches) + " is more than the data holds: " + std::to_string(whole) +
-                " batches of B=" + std::to_string(B) + " x T=" + std::to_string(T) + " in one pass");
+                " batches of B=" + std::to_string(B) + " x T=" + std::to_string(T) + of_ranks + " in one pass");
   const int64_t batches = c.batches ? c.batches : whole;
+  if (world > 1) {
+    check_eval_ranks_agree(comm, data, batches);
+    if (root) std::fprintf(stderr, "eval: rank 0 of %d over %s\n", world, comm.describe().c_str());
+  }
   check_weights_file(c.init);  // before the executor starts a cuda module's GPU
+  const bool cuda = model.target() && model.target()->str() != "cpu";
+  if (!cuda && world > 1) share_cpus(ranks_on_this_machine(comm), root);
   Executor ex(module, {"forward"});
   clear_parameters(ex);  // every value is loaded next
   load_finite_parameters(ex, c.init, "its loss would be NaN");
@@ -398,7 +431,7 @@ int run_eval(const Module& module, const EvalCommand& c) {
 
   // Progress on a terminal; the line is cleared before the result.
   const auto start = std::chrono::steady_clock::now();
-  TerminalProgress shown("evaluating", "batches");
+  TerminalProgress shown("evaluating", "batches", root);
   std::function<void(int64_t)> progress;
   if (shown.on()) progress = [&](int64_t done) { shown.update(done, batches); };
   double loss = 0;
@@ -409,22 +442,24 @@ int run_eval(const Module& module, const EvalCommand& c) {
     throw;
   }
   shown.clear();
+  if (world > 1) loss = comm.all_reduce_sum(loss) / double(world);  // equal batches: the mean of the means
+  if (!root) return 0;
   // The weights are finite (checked above): the forward pass overflowed on these data.
   if (!std::isfinite(loss))
     throw Error(c.init + ": the mean loss is not finite: the forward pass of these weights overflows on the data");
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const int64_t tokens = batches * B * T;
+  const int64_t tokens = batches * B * T * world;
   size_t shards = 0;  // the shards the batches came from (a pass reads them in order from the first)
   for (int64_t left = batches; left > 0 && shards < data.files().size(); ++shards) left -= data.calls_from(shards, 0);
   if (c.json) {
     nlohmann::json j = {{"loss", loss}, {"perplexity", std::exp(loss)}, {"batches", batches}, {"batch_size", B},
-                        {"seq_len", T}, {"tokens", tokens}, {"shards", shards}, {"whole_pass", batches == whole},
-                        {"seconds", seconds}};
+                        {"seq_len", T}, {"ranks", world}, {"tokens", tokens}, {"shards", shards},
+                        {"whole_pass", batches == whole}, {"seconds", seconds}};
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("loss %.6f | perplexity %.3f | %lld batch%s of B=%lld x T=%lld: %lld tokens of %zu shard%s%s\n", loss,
+    std::printf("loss %.6f | perplexity %.3f | %lld batch%s of B=%lld x T=%lld%s: %lld tokens of %zu shard%s%s\n", loss,
                 std::exp(loss), (long long)batches, batches == 1 ? "" : "es", (long long)B, (long long)T,
-                (long long)tokens, shards, shards == 1 ? "" : "s", batches == whole ? " (all of them)" : "");
+                of_ranks.c_str(), (long long)tokens, shards, shards == 1 ? "" : "s", batches == whole ? " (all of them)" : "");
   }
   flush_stdout();
   std::fprintf(stderr, "eval: %s s, %.0f tokens/s on %s\n", fixed(seconds, 2).c_str(), double(tokens) / seconds,
@@ -496,13 +531,23 @@ int run_main(int argc, char** argv) {
       }
     Module module = embedded ? std::move(*embedded) : Module::load(module_path);
     if (sample->parsed()) {
+      // Under a launcher rank 0 alone samples: its ranks would all print the same samples.
+      comm = make_communicator(CommBackend::Auto, "cpu");  // MPI or TCP: no GPU work is shared
+      if (comm->world_size() > 1) {
+        if (comm->rank() != 0) return 0;
+        std::fprintf(stderr, "note: sample: %d ranks started; rank 0 alone samples\n", comm->world_size());
+      }
       try {
         return run_sample(module, sample_opts);
       } catch (const Interrupted& stop) {
         interrupted = stop.signal;
       }
     }
-    if (eval->parsed()) return run_eval(module, eval_opts);
+    if (eval->parsed()) {
+      const fb::Model& model = *module.fb().model();
+      comm = make_communicator(parse_comm_backend(eval_opts.comm), model.target() ? model.target()->str() : "cpu");
+      return run_eval(module, eval_opts, *comm);
+    }
     if (train->parsed()) {
       const fb::Model& model = *module.fb().model();
       comm = make_communicator(parse_comm_backend(train_opts.comm), model.target() ? model.target()->str() : "cpu");

@@ -12,7 +12,9 @@ namespace kiln {
 // ten times a second and at the end. end_line() before an error, clear() before the result.
 class TerminalProgress {
  public:
-  TerminalProgress(const char* what, const char* unit) : what_(what), unit_(unit), on_(::isatty(2) == 1) {}
+  // shown: false for a process that must not print (a rank other than 0).
+  TerminalProgress(const char* what, const char* unit, bool shown = true)
+      : what_(what), unit_(unit), on_(shown && ::isatty(2) == 1) {}
   bool on() const { return on_; }
   void update(int64_t done, int64_t total) {
     const Clock::time_point now = Clock::now();

@@ -131,20 +131,6 @@ CpuPeak estimated_cpu_peak(bool bf16) {
                                                    " x 2.5 GHz x " + std::to_string(per_cycle) + " " + unit};
 }
 
-// CPU ranks on one machine share its CPUs: each takes an equal part of them (at least one
-// thread), unless OMP_NUM_THREADS chose or a launcher bound the rank to fewer CPUs already.
-// OpenMP threads that outnumber the cores spin against each other: two gpt2-mini ranks on 2 cores
-// ran 1.8x slower with 2 threads each than with 1 (bench/ranks_cpu_threads.sh).
-void share_cpus(int local_ranks, bool root) {
-  if (local_ranks <= 1 || std::getenv("OMP_NUM_THREADS")) return;
-  const int cpus = int(std::max(1u, std::thread::hardware_concurrency()));
-  const int share = std::max(1, cpus / local_ranks);
-  if (omp_get_max_threads() <= share) return;
-  omp_set_num_threads(share);
-  if (root)
-    std::fprintf(stderr, "note: %d ranks share this machine's %d CPUs: %d OpenMP thread%s each (OMP_NUM_THREADS sets "
-                 "another count)\n", local_ranks, cpus, share, share == 1 ? "" : "s");
-}
 
 // Mean loss of `steps` batches of the validation data through the forward program, averaged
 // over ranks.
@@ -432,6 +418,21 @@ std::string duration(double seconds) {
 }
 
 }  // namespace
+
+// CPU ranks on one machine share its CPUs: each takes an equal part of them (at least one
+// thread), unless OMP_NUM_THREADS chose or a launcher bound the rank to fewer CPUs already.
+// OpenMP threads that outnumber the cores spin against each other: two gpt2-mini ranks on 2 cores
+// ran 1.8x slower with 2 threads each than with 1 (bench/ranks_cpu_threads.sh).
+void share_cpus(int local_ranks, bool root) {
+  if (local_ranks <= 1 || std::getenv("OMP_NUM_THREADS")) return;
+  const int cpus = int(std::max(1u, std::thread::hardware_concurrency()));
+  const int share = std::max(1, cpus / local_ranks);
+  if (omp_get_max_threads() <= share) return;
+  omp_set_num_threads(share);
+  if (root)
+    std::fprintf(stderr, "note: %d ranks share this machine's %d CPUs: %d OpenMP thread%s each (OMP_NUM_THREADS sets "
+                 "another count)\n", local_ranks, cpus, share, share == 1 ? "" : "s");
+}
 
 double mean_forward_loss(Executor& ex, DataLoader& data, int64_t batches, const std::function<void(int64_t)>& progress) {
   const fb::Model& model = *ex.module().fb().model();

@@ -63,6 +63,10 @@ struct TrainOptions {
 double mean_forward_loss(Executor& ex, DataLoader& data, int64_t batches,
                          const std::function<void(int64_t)>& progress = {});
 
+// CPU ranks on one machine share its CPUs: each takes an equal part of them (OpenMP threads),
+// unless OMP_NUM_THREADS chose; `root` prints a note when it does.
+void share_cpus(int local_ranks, bool root);
+
 // Runs the loop; throws kiln::Error on bad input. Returns the last step's loss. Only rank 0
 // prints progress and writes --log, --save and --dump-grads.
 double train(const Module& module, const TrainOptions& options, Communicator& comm);

@@ -148,12 +148,12 @@ CommBackend select_comm_backend(CommBackend requested, const std::string& target
     case CommBackend::Single:
       if (mpi_world > 1 || env_world > 1)
         throw Error("--comm single: this process is one of " + std::to_string(std::max(mpi_world, env_world)) +
-                    " started by a launcher; every one would train alone and write the same files");
+                    " started by a launcher; every one would run alone (and write the same files)");
       return CommBackend::Single;
     case CommBackend::Mpi:
       if (!kHaveMpi) throw Error("--comm mpi: this runtime was built without MPI (no MPI found by CMake)");
       // Outside an MPI launcher MPI starts a world of one: with WORLD_SIZE > 1 every process
-      // would train alone and write the same files.
+      // would run alone (and write the same files).
       if (mpi_world <= 1 && env_world > 1)
         throw Error("--comm mpi: WORLD_SIZE=" + std::to_string(env_world) + " but no MPI launcher started this "
                     "process (run it under mpirun, or use --comm tcp)");

@@ -16,6 +16,7 @@ reference with --total-batch 2*B*T (2 micro-steps per step), then checks (group 
   mpi_kill   SIGKILL rank 1 after the first step: mpirun, and with it rank 0, ends non-zero
              within 60 s
   mpi_hang   SIGSTOP rank 1 with KILN_COMM_TIMEOUT=4: rank 0's watchdog ends it, and mpirun the job
+  mpi_eval   `mpirun -np 2 ... eval --batches 3` against 1 process with --batches 6 (as tcp_eval)
 and (group tcp, the environment rendezvous RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT):
   tcp            2 processes started here: same checks as mpi (with --zero 1 on small buckets);
                  rank 0's arena is smaller by half the AdamW moments (less alignment)
@@ -39,6 +40,10 @@ and (group tcp, the environment rendezvous RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PO
   tcp_idle_peer  a silent connection reaches rank 0 before rank 1: the ranks still train
   tcp_ipv6       MASTER_ADDR=::1 (skipped without IPv6 loopback)
   nccl_refused   --comm nccl on a cpu module is an error naming the target
+  tcp_eval       eval on 2 ranks (a whole pass, and --batches 3) against 1 process reading the same
+                 tokens (a whole pass, --batches 6): the same loss within 1e-6 relative; rank 0 prints
+  tcp_eval_disagree  ranks given other --batches: both fail, rank 1 naming the difference
+  tcp_sample     sample on 2 ranks: rank 0 alone samples, printing what 1 process prints
   tcp_threads    2 ranks without OMP_NUM_THREADS: each takes half the machine's CPUs (rank 0 says
                  so, and counts its MFU against 2 ranks x its threads), with the reference's losses;
                  the cases above set OMP_NUM_THREADS=1 and get no such note
@@ -631,7 +636,7 @@ def both_refuse(c: Ctx, tag, about, extra=(), per_rank=None):
     for r, (rc, o, e) in enumerate(res):
         if rc == 0 or want not in e:
             raise TestFailure(f"{tag}: rank {r} exit {rc}:\n{e[-2000:]}")
-    return res[1][2].strip().splitlines()[-1]
+    return f"rank 1: {res[1][2].strip().splitlines()[-1]}; rank 0: {res[0][2].strip().splitlines()[-1]}"
 
 
 def case_tcp_other_data(c: Ctx):
@@ -797,6 +802,87 @@ def case_nccl_refused(c: Ctx):
     return p.stderr.strip()
 
 
+# ---------------------------------------------------------------------------------------------
+# eval and sample under a launcher
+# ---------------------------------------------------------------------------------------------
+def eval_args(c: Ctx, batches=None):
+    args = [c.exe, "eval", "--init", os.path.join(c.workdir, "ref.safetensors"),
+            "--data", os.path.join(c.workdir, "train_*.bin"), "--json"]
+    return args + (["--batches", str(batches)] if batches else [])
+
+
+def eval_json(what, stdout):
+    try:
+        return json.loads(stdout)
+    except json.JSONDecodeError:
+        raise TestFailure(f"{what}: stdout is not one JSON object:\n{stdout}")
+
+
+def check_eval_pair(c: Ctx, tag, res, one, batches):
+    """Rank 0's result of 2 ranks x `batches` against 1 process's `one`: the same tokens, the same
+    mean loss up to summation order; rank 1 prints nothing."""
+    if res[1][1].strip():
+        raise TestFailure(f"{tag}: rank 1 printed:\n{res[1][1]}")
+    two = eval_json(tag, res[0][1])
+    if (two["ranks"], two["batches"], two["tokens"], two["shards"]) != (2, batches, one["tokens"], one["shards"]):
+        raise TestFailure(f"{tag}: 2 ranks read other data than 1 process: {two} vs {one}")
+    d = abs(two["loss"] - one["loss"])
+    if not d <= 1e-6 * abs(one["loss"]):
+        raise TestFailure(f"{tag}: 2 ranks' loss {two['loss']!r} vs 1 process's {one['loss']!r}")
+    return f"2 ranks x {batches} batches: loss {two['loss']:.6f}, |d| {d:.1e} against 1 process x {one['batches']}"
+
+
+def case_tcp_eval(c: Ctx):
+    """eval on 2 TCP ranks: each reads its B x T of every batch; a whole pass over both shards and
+    3 batches each equal 1 process's whole pass and 6 batches."""
+    msgs = []
+    for batches, one_batches in ((None, None), (3, 6)):
+        one = eval_json("tcp_eval (1 process)", c.run(eval_args(c, one_batches), "eval, 1 process").stdout)
+        procs, _ = start_tcp(c, "tcp_eval", save=False, per_rank=lambda r, args: eval_args(c, batches))
+        res = finish_ok(procs, "tcp_eval")
+        if "eval: rank 0 of 2 over TCP (rendezvous at 127.0.0.1:" not in res[0][2]:
+            raise TestFailure(f"tcp_eval: rank 0 did not announce the ranks:\n{res[0][2]}")
+        msgs.append(check_eval_pair(c, "tcp_eval", res, one, batches or one["batches"] // 2))
+    return "; ".join(msgs)
+
+
+def case_tcp_eval_disagree(c: Ctx):
+    """Ranks given other --batches both fail, rank 1 saying why, rather than averaging unlike means."""
+    procs, _ = start_tcp(c, "tcp_eval_disagree", save=False,
+                         per_rank=lambda r, args: eval_args(c, 3 if r == 0 else 2))
+    res = finish(procs, timeout=KILL_LIMIT_S)
+    if res[0][0] == 0 or res[1][0] == 0:
+        raise TestFailure(f"tcp_eval_disagree: exit codes {res[0][0]}, {res[1][0]}; both must fail")
+    want = "error: rank 1 of 2 disagrees with rank 0 about eval's --batches (2, rank 0: 3)"
+    if want not in res[1][2]:
+        raise TestFailure(f"tcp_eval_disagree: rank 1 does not say why:\n{res[1][2]}")
+    return f"rank 1: {res[1][2].strip().splitlines()[-1]}; rank 0: {res[0][2].strip().splitlines()[-1]}"
+
+
+def case_tcp_sample(c: Ctx):
+    """sample on 2 TCP ranks: rank 0 alone samples, as 1 process does; rank 1 prints nothing."""
+    args = [c.exe, "sample", "--init", os.path.join(c.workdir, "ref.safetensors"), "--prompt-ids", "1 2 3",
+            "--max-new-tokens", "6", "--num-samples", "2", "--seed", "5"]
+    one = c.run(args, "sample, 1 process").stdout
+    procs, _ = start_tcp(c, "tcp_sample", save=False, per_rank=lambda r, _: list(args))
+    res = finish_ok(procs, "tcp_sample")
+    if res[0][1] != one or res[1][1] or res[1][2]:
+        raise TestFailure(f"tcp_sample: rank 0 printed\n{res[0][1]}\nrank 1 printed\n{res[1][1]}{res[1][2]}\n"
+                          f"1 process printed\n{one}")
+    if "note: sample: 2 ranks started; rank 0 alone samples" not in res[0][2]:
+        raise TestFailure(f"tcp_sample: rank 0 does not say it samples alone:\n{res[0][2]}")
+    return f"rank 0's {one.count('--- sample')} samples as 1 process's; rank 1 silent"
+
+
+def case_mpi_eval(c: Ctx):
+    one = eval_json("mpi_eval (1 process)", c.run(eval_args(c, 6), "eval, 1 process").stdout)
+    p = c.run(c.mpirun_cmd() + eval_args(c, 3), "mpirun -np 2 eval")
+    lines = [line for line in p.stdout.splitlines() if line.strip()]
+    if len(lines) != 1:
+        raise TestFailure(f"mpi_eval: more than rank 0 printed:\n{p.stdout}")
+    return check_eval_pair(c, "mpi_eval", [(0, lines[0], ""), (0, "", "")], one, 3)
+
+
 # A cuda module (on kiln-run-emulated: --kilnc-arg=--runtime=.../kiln-run-emulated): the gradient
 # buckets are reduced in the device executor's arena, from its hooks.
 def case_tcp_threads(c: Ctx):
@@ -876,10 +962,10 @@ def case_tcp_zero1_cuda(c: Ctx):
 GROUPS = {
     "cuda": [case_tcp_plain, case_tcp_accum, case_tcp_hang_cuda, case_tcp_zero1_cuda],
     "cuda-zero1": [case_tcp_zero1_cuda],
-    "mpi": [case_mpi, case_mpi_zero1, case_mpi_accum, case_mpi_kill, case_mpi_hang],
+    "mpi": [case_mpi, case_mpi_zero1, case_mpi_accum, case_mpi_kill, case_mpi_hang, case_mpi_eval],
     "tcp": [case_tcp, case_single_zero1, case_tcp_zero1_resume, case_tcp_three, case_tcp_kill_1, case_tcp_kill_0, case_tcp_hang, case_tcp_rank_error,
             case_tcp_no_root, case_tcp_other_data, case_tcp_other_checkpoints, case_tcp_save_one_rank, case_tcp_log_full, case_tcp_cut_step, case_tcp_idle_peer, case_tcp_ipv6,
-            case_nccl_refused, case_tcp_threads],
+            case_nccl_refused, case_tcp_threads, case_tcp_eval, case_tcp_eval_disagree, case_tcp_sample],
 }
 
 
