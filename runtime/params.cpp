@@ -190,7 +190,8 @@ std::string file_kind(const std::string& path) {
   const size_t got = head.size();
   int32_t magic = 0;
   if (got >= 4) std::memcpy(&magic, b, 4);
-  if (got >= 8 && std::memcmp(b, "KILNCKPT", 8) == 0) return kCheckpointKind;
+  // (A checkpoint cut short within its magic is one still: its reader says it is truncated.)
+  if (got >= 4 && std::memcmp(b, "KILNCKPT", std::min<size_t>(got, 8)) == 0) return kCheckpointKind;
   if (got >= 8 && std::memcmp(b + 4, "KILN", 4) == 0) return "a Kiln module (kiln-run's first argument)";
   if (got >= 4 && std::memcmp(b, "\x7f" "ELF", 4) == 0) return "a program";
   if (starts_like_token_shard(path)) return "an llm.c token shard (training data)";
@@ -206,6 +207,10 @@ std::string file_kind(const std::string& path) {
 
 std::string check_weights_file(const std::string& path) {
   check_not_a_device(path);
+  // (A folder of checkpoints was replaced by its latest one before: checkpoint_named_by.)
+  if (std::error_code ec; std::filesystem::is_directory(path, ec))
+    throw Error(path + ": is a folder with no Kiln checkpoint (ckpt_*.kiln-ckpt) in it; give a weights file "
+                "(safetensors, an llm.c model .bin), a checkpoint, or a folder of checkpoints");
   RegularFile(path, "weights' file");  // opens it, refusing a folder, a pipe or a FIFO
   const std::string kind = file_kind(path);
   if (!kind.empty() && kind != "safetensors" && kind != "an llm.c model" && kind != kCheckpointKind)
