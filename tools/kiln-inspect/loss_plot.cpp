@@ -137,9 +137,11 @@ std::string loss_plot_svg(const std::vector<std::string>& logs) {
       }
       if (j.is_discarded() || !j.is_object() || !j.contains("step"))
         throw Error(path + ":" + std::to_string(n) + ": not a training log record (JSON with \"step\")");
-      if (!j["step"].is_number() || !std::isfinite(j["step"].get<double>()))
-        throw Error(path + ":" + std::to_string(n) + ": \"step\" is " + j["step"].dump() + ", not a finite number");
-      const double step = j["step"].get<double>();
+      // kiln-run logs whole step numbers from 1; below 2^53 each is a distinct double.
+      const double step = j["step"].is_number() ? j["step"].get<double>() : NAN;
+      if (!(step >= 0 && step <= 9007199254740992.0 && step == std::floor(step)))
+        throw Error(path + ":" + std::to_string(n) + ": \"step\" is " + j["step"].dump() +
+                    ", not a step number (a whole number from 0 to 2^53)");
       // kiln-run writes a NaN loss as null (JSON has no NaN): that is skipped, anything else is not a log's.
       for (const char* key : {"loss", "val_loss"})
         if (j.contains(key) && !j[key].is_number() && !j[key].is_null())
