@@ -19,7 +19,7 @@
 // leave the folder behind; the next run into DIR on this machine removes it, unless the run was
 // killed while swapping the shards in: then its old/ holds older shards moved aside, and it is
 // left for a person to look at.) An input given twice, one that is an llm.c shard (a glob
-// over DIR), or UTF-16/32 text (a byte-order mark) is refused; one that is not UTF-8 text
+// over DIR), or UTF-16/32 text (a byte-order mark; by encode too) is refused; one that is not UTF-8 text
 // (Latin-1, NUL bytes) is tokenized byte by byte, and a note says so.
 #include <sys/stat.h>
 #include <unistd.h>
@@ -83,8 +83,6 @@ const char* utf16_or_32(std::string_view head) {
 // What a text that is not plain UTF-8 holds, for a note: its bytes are tokenized as they are
 // (byte-level BPE takes any bytes), which is rarely what was meant.
 std::string text_problem(std::string_view text) {
-  if (const char* utf = utf16_or_32(text))
-    return std::string("is ") + utf + " text (a byte-order mark; iconv -f " + utf + " -t UTF-8 converts it)";
   // Valid UTF-8, but the mark becomes a token of its own (U+FEFF) that the text never meant.
   const std::string mark = text.substr(0, 3) == "\xEF\xBB\xBF"
                                ? "starts with a UTF-8 byte-order mark (U+FEFF; sed -i '1s/^\\xEF\\xBB\\xBF//' removes it)"
@@ -103,6 +101,10 @@ std::string text_problem(std::string_view text) {
 
 int cmd_encode(const Gpt2Tokenizer& tok) {
   const std::string text = read_stdin();
+  // As prepare: a byte-order mark says what the text is, and it is not UTF-8.
+  if (const char* utf = utf16_or_32(text))
+    throw Error(std::string("stdin: is ") + utf + " text (it starts with a byte-order mark); the tokenizer reads "
+                "UTF-8: convert it first (iconv -f " + utf + " -t UTF-8)");
   if (std::string problem = text_problem(text); !problem.empty())
     std::fprintf(stderr, "note: stdin %s: its bytes are tokenized as they are\n", problem.c_str());
   const std::vector<int32_t> ids = tok.encode(text);
