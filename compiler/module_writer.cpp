@@ -81,6 +81,7 @@ class Writer {
     std::vector<uint32_t> results;
     std::vector<uint64_t> sizes;
     uint64_t activations = 0, naive = 0;
+    TimingScope lowering = nest("lower programs to instructions");
     for (StringRef name : kProgramNames) {
       auto f = module_.lookupSymbol<func::FuncOp>(name);
       if (!f) continue;
@@ -100,7 +101,9 @@ class Writer {
       programs.emplace_back(name.str(), std::move(code));
       results.push_back(result);
     }
+    lowering.stop();
     if (failed(buildKernels())) return failure();
+    TimingScope serializing = nest("serialize the module");
     for (auto& [name, code] : programs)
       for (Ins& ins : code)
         if (ins.op == fb::OpCode::Kernel) ins.ints[0] = int64_t(fusionToKernel_[size_t(ins.ints[0])]);
@@ -114,6 +117,9 @@ class Writer {
   }
 
  private:
+  // A phase of the writer under kilnc --timing (a no-op scope without it).
+  TimingScope nest(const char* name) { return options_.timing ? options_.timing->nest(name) : TimingScope(); }
+
   uint32_t addBuffer(std::string name, fb::BufferKind kind, Type type, uint64_t offset = 0) {
     auto t = cast<RankedTensorType>(type);
     Buf b{std::move(name), kind, dtypeOf(t.getElementType()), t.getShape().vec()};
@@ -257,6 +263,7 @@ class Writer {
   // generate the same code (the same kernel in every layer) share one kernel.
   LogicalResult buildKernels() {
     if (fusions_.empty()) return success();
+    TimingScope generating = nest("generate kernel sources");
     bool bf16Products = false;  // some kernel calls the prelude's bf16_matmul
     std::map<std::string, uint32_t> byCode;
     std::vector<std::string> texts;  // per kernel
@@ -340,6 +347,9 @@ class Writer {
       if (!dumpKernelSource(options_.dumpKernelsDir, target_, source, kernelManifest(), error))
         return module_.emitError() << "kilnc: --dump-kernels: " << error;
     }
+    generating.stop();
+    TimingScope compiling = nest(target_ == Target::Cpu ? "compile kernels (host C++ compiler, or the kernel cache)"
+                                                        : "compile kernels (NVRTC, or the kernel cache)");
     std::string error;
     // The one slow step of a compile (seconds for GPT-2 124M): said before it starts.
     std::fprintf(stderr, "kilnc: compiling %zu generated kernels (%s)\n", kernels_.size(),

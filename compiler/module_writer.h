@@ -7,6 +7,7 @@
 
 #include "compiler/spec.h"
 #include "mlir/IR/BuiltinOps.h"
+#include "mlir/Support/Timing.h"
 
 namespace kiln {
 
@@ -16,6 +17,7 @@ struct WriteOptions {
   std::string dumpKernelsDir;      // when set, the generated kernel sources are written here
   bool simtAttention = false;      // cuda: never the tensor-core attention kernels
   int attentionRows = 0;           // cuda: query rows per warp of the tensor-core forward (0: its choice)
+  mlir::TimingScope* timing = nullptr;  // kilnc --timing: the writer's phases are nested under it
 };
 
 // One instruction per op: a built-in kernel for a graph op, a generated kernel for a kiln.fusion

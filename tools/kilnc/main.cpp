@@ -100,7 +100,8 @@ int main(int argc, char** argv) {
   CLI::App app{"kilnc: compile a GPT-2 spec into a Kiln training executable"};
   std::string input, output, emit = "exe", runtime, recompute = "none";
   double bucketMB = 25.0;
-  bool debugInfo = false, printAfterAll = false, noFusion = false, singleOps = false, simtAttention = false;
+  bool debugInfo = false, printAfterAll = false, noFusion = false, singleOps = false, simtAttention = false,
+       timing = false;
   int attentionRows = 0;
   std::string dumpKernels;
   app.add_option("input", input, "model spec (.toml) or kiln IR (.mlir)")->required();
@@ -131,6 +132,9 @@ int main(int argc, char** argv) {
   app.add_option("--runtime", runtime, "runtime binary to embed the module in (default: kiln-run beside kilnc)");
   app.add_flag("--debug-info", debugInfo, "print IR with locations");
   app.add_flag("--print-ir-after-all", printAfterAll, "print the IR after every pass that changes it (stderr)");
+  app.add_flag("--timing", timing,
+               "print where the compile's time went (stderr): building or parsing the IR, each pass, lowering, "
+               "generating and compiling the kernels, writing the output");
   if (const int rc = kiln::cli::parse(app, argc, argv); rc >= 0) return rc;
 
   // --dump-kernels alone (no -o) compiles to read the kernels and writes nothing else.
@@ -194,10 +198,16 @@ int main(int argc, char** argv) {
   // fusion region, printed in generic form: hundreds of lines).
   ctx.printOpOnDiagnostic(false);
   ScopedDiagnosticHandler oneLine(&ctx, printOneLine);
+  // --timing: MLIR's report (a tree, to stderr) when the compile ends; each stage a scope, each
+  // pass one within its stage.
+  DefaultTimingManager timer;
+  timer.setEnabled(timing);
+  TimingScope total = timer.getRootScope();
   try {
     OwningOpRef<ModuleOp> module;
     kiln::ModelSpec spec;
     const bool fromIR = llvm::StringRef(input).ends_with(".mlir");
+    TimingScope reading = total.nest(fromIR ? "parse the IR" : "read the spec and build the graph IR");
     if (fromIR) {
       kiln::check_not_a_device(input);
       {
@@ -215,6 +225,7 @@ int main(int argc, char** argv) {
       module = kiln::buildGPT2(ctx, spec);
       if (failed(verify(*module))) return 1;
     }
+    reading.stop();
     if (noFusion && spec.target == "cuda") {
       std::fprintf(stderr, "error: %s: --no-fusion: target \"cuda\" runs only generated kernels; "
                    "compare fusion on a \"cpu\" spec\n", input.c_str());
@@ -251,8 +262,10 @@ int main(int argc, char** argv) {
 
     // Runs one stage's passes; IR that already went through a stage (an edited --emit=step or
     // --emit=plan file) skips it.
-    auto runStage = [&](auto build) {
+    auto runStage = [&](const char* stage, auto build) {
+      TimingScope scope = total.nest(stage);
       PassManager pm(&ctx);
+      if (timing) pm.enableTiming(scope);
       if (printAfterAll) {
         ctx.disableMultithreading();
         pm.enableIRPrinting([](Pass*, Operation*) { return false; },
@@ -262,7 +275,7 @@ int main(int argc, char** argv) {
       return pm.run(*module);
     };
     if (!module->lookupSymbol("micro_step") &&
-        failed(runStage([&](PassManager& pm) { kiln::buildStepPipeline(pm, spec.precision); })))
+        failed(runStage("step pipeline", [&](PassManager& pm) { kiln::buildStepPipeline(pm, spec.precision); })))
       return 1;
     if (emit == "step") return print(*module);
 
@@ -278,7 +291,9 @@ int main(int argc, char** argv) {
           return 1;
         }
     if (!planned &&
-        failed(runStage([&](PassManager& pm) { kiln::buildPlanPipeline(pm, recompute, bucketMB, !noFusion, singleOps || spec.target == "cuda"); })))
+        failed(runStage("plan pipeline", [&](PassManager& pm) {
+          kiln::buildPlanPipeline(pm, recompute, bucketMB, !noFusion, singleOps || spec.target == "cuda");
+        })))
       return 1;
     if (emit == "plan") return print(*module);
 
@@ -290,12 +305,18 @@ int main(int argc, char** argv) {
     options.dumpKernelsDir = dumpKernels;
     options.simtAttention = simtAttention;
     options.attentionRows = attentionRows;
+    TimingScope writing = total.nest("write the module");
+    options.timing = &writing;
     auto bytes = kiln::writeModule(*module, spec, options);
     if (failed(bytes)) return 1;
+    writing.stop();
     // What kiln-run and kiln-inspect check when they load it (runtime/module.cpp, the memory plan):
     // hand-edited plan IR (offsets, sizes) can pass the IR verifiers and still make a module the
     // runtime would refuse, which is then refused here, before anything is written.
+    TimingScope checking = total.nest("check the module as the runtime loads it");
     kiln::Module::from_bytes(*bytes, input + ": the module built from it");
+    checking.stop();
+    TimingScope output_scope = total.nest(emit == "exe" ? "write the executable" : "write the module file");
     if (output.empty()) {
       std::fprintf(stderr, "kilnc: wrote the generated kernels to %s (no -o: nothing else)\n", dumpKernels.c_str());
       return 0;
