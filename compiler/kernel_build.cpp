@@ -18,6 +18,7 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "runtime/file_io.h"
 
@@ -288,12 +289,17 @@ static std::string errorLines(const std::string& log) {
 
 std::optional<std::vector<CudaImageBuild>> compileCudaKernels(const std::string& source, std::string& error) {
 #ifdef KILN_HAVE_NVRTC
-  std::vector<CudaImageBuild> images;
-  for (const char* arch : {"sm_80", "sm_90"}) {
+  // One NVRTC program per architecture, compiled on threads of their own (NVRTC's calls may run
+  // concurrently on distinct programs): the two take about as long as one.
+  const char* archs[] = {"sm_80", "sm_90"};
+  std::vector<CudaImageBuild> images(2);
+  std::string errors[2];
+  auto build = [&](size_t i) {
+    const char* arch = archs[i];
     nvrtcProgram prog;
     if (nvrtcCreateProgram(&prog, source.c_str(), "kernels.cu", 0, nullptr, nullptr) != NVRTC_SUCCESS) {
-      error = "nvrtcCreateProgram failed";
-      return std::nullopt;
+      errors[i] = "nvrtcCreateProgram failed";
+      return;
     }
     const std::string archOpt = std::string("--gpu-architecture=") + arch;
     const char* opts[] = {archOpt.c_str(), "--std=c++17", "-default-device", "--ptxas-options=-v"};
@@ -303,17 +309,25 @@ std::optional<std::vector<CudaImageBuild>> compileCudaKernels(const std::string&
     std::string log(n, '\0');
     nvrtcGetProgramLog(prog, log.data());
     if (r != NVRTC_SUCCESS) {
-      error = std::string(arch) + ": " + nvrtcGetErrorString(r) + "\n" + errorLines(log);
+      errors[i] = std::string(arch) + ": " + nvrtcGetErrorString(r) + "\n" + errorLines(log);
       nvrtcDestroyProgram(&prog);
-      return std::nullopt;
+      return;
     }
     size_t size = 0;
     nvrtcGetCUBINSize(prog, &size);
     std::vector<uint8_t> cubin(size);
     nvrtcGetCUBIN(prog, reinterpret_cast<char*>(cubin.data()));
     nvrtcDestroyProgram(&prog);
-    images.push_back({arch, std::move(cubin), parsePtxasInfo(log)});
-  }
+    images[i] = {arch, std::move(cubin), parsePtxasInfo(log)};
+  };
+  std::thread second(build, 1);
+  build(0);
+  second.join();
+  for (const std::string& e : errors)
+    if (!e.empty()) {
+      error = e;
+      return std::nullopt;
+    }
   return images;
 #else
   (void)source;

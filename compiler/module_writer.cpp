@@ -349,7 +349,7 @@ class Writer {
     }
     generating.stop();
     TimingScope compiling = nest(target_ == Target::Cpu ? "compile kernels (host C++ compiler, or the kernel cache)"
-                                                        : "compile kernels (NVRTC, or the kernel cache)");
+                                                        : "compile kernels (NVRTC, for sm_80 and sm_90 at once)");
     std::string error;
     // The one slow step of a compile (seconds for GPT-2 124M): said before it starts.
     std::fprintf(stderr, "kilnc: compiling %zu generated kernels (%s)\n", kernels_.size(),
