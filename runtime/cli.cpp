@@ -384,19 +384,28 @@ void add_eval_options(CLI::App& eval, EvalCommand& c) {
       ->capture_default_str()->check(CLI::IsMember({"auto", "single", "mpi", "tcp", "nccl"}));
 }
 
-// Every rank of an evaluation must read the same data the same number of batches, or the mean
-// would be of different things (and one rank's error would leave the others waiting).
-void check_eval_ranks_agree(Communicator& comm, const DataLoader& data, int64_t batches) {
-  int64_t mine[3] = {batches, int64_t(data.files().size()), 0};
-  for (int64_t n : data.shard_tokens()) mine[2] += n;
-  int64_t root[3] = {mine[0], mine[1], mine[2]};
+// Every rank of an evaluation must run the same module on the same weights and data for as many
+// batches, or the mean would be of unlike things. Every rank learns which differ, so all stop
+// together, each saying why.
+void check_eval_ranks_agree(Communicator& comm, const Module& module, Executor& ex, const DataLoader& data,
+                            int64_t batches) {
+  const uint8_t* bytes = flatbuffers::GetBufferStartFromRootPointer(&module.fb());
+  constexpr int kItems = 4;
+  uint64_t mine[kItems] = {fingerprint(bytes, module.size_bytes()), weights_fingerprint(module, ex),
+                           data_fingerprint(data), uint64_t(batches)};
+  uint64_t root[kItems];
+  std::memcpy(root, mine, sizeof root);
   comm.broadcast(root, sizeof root, 0);
-  const char* what[3] = {"--batches", "the number of shards", "the shards' token count"};
-  for (int i = 0; i < 3; ++i)
-    if (mine[i] != root[i])
-      throw Error("rank " + std::to_string(comm.rank()) + " of " + std::to_string(comm.world_size()) +
-                  " disagrees with rank 0 about eval's " + what[i] + " (" + std::to_string(mine[i]) + ", rank 0: " +
-                  std::to_string(root[i]) + "); every rank must run the same command on the same data");
+  double differ[kItems];
+  for (int i = 0; i < kItems; ++i) differ[i] = mine[i] != root[i] ? 1 : 0;
+  comm.all_reduce_sum(differ, kItems);
+  const char* what[kItems] = {"the module (a different executable?)", "the weights (--init files that differ)",
+                              "the data (--data: other shards, in another order, or of other sizes)",
+                              "the number of batches (--batches)"};
+  for (int i = 0; i < kItems; ++i)
+    if (differ[i] > 0)
+      throw Error("eval: " + std::to_string(int(differ[i])) + " rank(s) disagree with rank 0 about " + what[i] +
+                  (mine[i] != root[i] ? ", this one among them" : "") + "; every rank must run the same command");
 }
 
 // The mean next-token loss of the weights over the data, through the forward program alone (no
@@ -417,10 +426,6 @@ int run_eval(const Module& module, const EvalCommand& c, Communicator& comm) {
     throw Error("--batches: " + std::to_string(c.batches) + " is more than the data holds: " + std::to_string(whole) +
                 " batches of B=" + std::to_string(B) + " x T=" + std::to_string(T) + of_ranks + " in one pass");
   const int64_t batches = c.batches ? c.batches : whole;
-  if (world > 1) {
-    check_eval_ranks_agree(comm, data, batches);
-    if (root) std::fprintf(stderr, "eval: rank 0 of %d over %s\n", world, comm.describe().c_str());
-  }
   check_weights_file(c.init);  // before the executor starts a cuda module's GPU
   const bool cuda = model.target() && model.target()->str() != "cpu";
   if (!cuda && world > 1) share_cpus(ranks_on_this_machine(comm), root);
@@ -428,12 +433,20 @@ int run_eval(const Module& module, const EvalCommand& c, Communicator& comm) {
   clear_parameters(ex);  // every value is loaded next
   load_finite_parameters(ex, c.init, "its loss would be NaN");
   ex.refresh_compute_copies();
+  if (world > 1) {
+    check_eval_ranks_agree(comm, module, ex, data, batches);
+    if (root) std::fprintf(stderr, "eval: rank 0 of %d over %s\n", world, comm.describe().c_str());
+  }
 
   // Progress on a terminal; the line is cleared before the result.
   const auto start = std::chrono::steady_clock::now();
   TerminalProgress shown("evaluating", "batches", root);
   std::function<void(int64_t)> progress;
-  if (shown.on()) progress = [&](int64_t done) { shown.update(done, batches); };
+  if (shown.on() || world > 1)
+    progress = [&](int64_t done) {
+      if (world > 1) comm.barrier();  // a rank that died ends the others now, not at the end
+      if (shown.on()) shown.update(done, batches);
+    };
   double loss = 0;
   try {
     loss = mean_forward_loss(ex, data, batches, progress);
@@ -524,18 +537,19 @@ int run_main(int argc, char** argv) {
     else g_self = {{"the module", module_path}, {"the running program", program}};
     train_opts.self = g_self;
     // --init D (a checkpoint folder) and --init D/latest read the checkpoint `latest` names.
+    const auto [launched_rank, launched_world] = launcher_rank();
     for (std::string* init : {&sample_opts.init, &eval_opts.init, &train_opts.init})
       if (const std::string file = checkpoint_named_by(*init); !file.empty() && file != *init) {
-        std::fprintf(stderr, "note: --init %s: reads %s\n", init->c_str(), file.c_str());
+        if (launched_rank == 0) std::fprintf(stderr, "note: --init %s: reads %s\n", init->c_str(), file.c_str());
         *init = file;
       }
     Module module = embedded ? std::move(*embedded) : Module::load(module_path);
     if (sample->parsed()) {
-      // Under a launcher rank 0 alone samples: its ranks would all print the same samples.
-      comm = make_communicator(CommBackend::Auto, "cpu");  // MPI or TCP: no GPU work is shared
-      if (comm->world_size() > 1) {
-        if (comm->rank() != 0) return 0;
-        std::fprintf(stderr, "note: sample: %d ranks started; rank 0 alone samples\n", comm->world_size());
+      // Under a launcher rank 0 alone samples (its ranks would all print the same samples), with
+      // no communicator: nothing is shared, and the others have nothing to wait for.
+      if (launched_world > 1) {
+        if (launched_rank != 0) return 0;
+        std::fprintf(stderr, "note: sample: %d ranks started; rank 0 alone samples\n", launched_world);
       }
       try {
         return run_sample(module, sample_opts);

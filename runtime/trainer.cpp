@@ -35,10 +35,8 @@
 #include "runtime/token_scan.h"
 
 namespace kiln {
-namespace {
-
 // 64-bit FNV-1a over words (the tail bytewise): a fingerprint, not a cryptographic hash.
-uint64_t fingerprint(const void* data, size_t n, uint64_t h = 1469598103934665603ull) {
+uint64_t fingerprint(const void* data, size_t n, uint64_t h) {
   const auto* c = static_cast<const uint8_t*>(data);
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -49,6 +47,21 @@ uint64_t fingerprint(const void* data, size_t n, uint64_t h = 146959810393466560
   for (; i < n; ++i) h = (h ^ c[i]) * 1099511628211ull;
   return h;
 }
+
+uint64_t weights_fingerprint(const Module& module, Executor& ex) {
+  uint64_t weights = fingerprint(nullptr, 0);
+  for (const fb::Parameter* p : *module.fb().parameters())
+    weights = fingerprint(ex.f32(p->value()), module.buffer(p->value()).size(), weights);
+  return weights;
+}
+
+uint64_t data_fingerprint(const DataLoader& data) {
+  const std::vector<int64_t>& counts = data.shard_tokens();
+  uint64_t tokens = fingerprint(counts.data(), counts.size() * sizeof(int64_t));
+  return fingerprint(data.current_tokens().data(), data.current_tokens().size() * sizeof(uint16_t), tokens);
+}
+
+namespace {
 
 // Every rank must run the same module with the same options from the same weights, or the
 // ranks drift apart (or deadlock on different collectives). Checked once at start; every rank
@@ -68,14 +81,10 @@ void check_ranks_agree(Communicator& comm, const Module& module, const TrainOpti
     std::snprintf(buf, sizeof buf, " %.17g", x);
     opts += buf;
   }
-  uint64_t weights = fingerprint(nullptr, 0);
-  for (const fb::Parameter* p : *module.fb().parameters())
-    weights = fingerprint(ex.f32(p->value()), module.buffer(p->value()).size(), weights);
+  const uint64_t weights = weights_fingerprint(module, ex);
   // The data: each rank reads its own windows of the same shards, so the shards' sizes and the
   // tokens of the one being read must agree (the paths may differ from machine to machine).
-  const std::vector<int64_t>& counts = data.shard_tokens();
-  uint64_t tokens = fingerprint(counts.data(), counts.size() * sizeof(int64_t));
-  tokens = fingerprint(data.current_tokens().data(), data.current_tokens().size() * sizeof(uint16_t), tokens);
+  const uint64_t tokens = data_fingerprint(data);
   // Rank 0 alone writes --save and --log: one that another rank has and rank 0 lacks would be
   // dropped without a word (rank 0 may have them alone).
   const uint64_t outputs = (o.save.empty() ? 0 : 1) | (o.log.empty() ? 0 : 2);

@@ -63,6 +63,13 @@ struct TrainOptions {
 double mean_forward_loss(Executor& ex, DataLoader& data, int64_t batches,
                          const std::function<void(int64_t)>& progress = {});
 
+// What ranks compare to find out that they were given different things: a 64-bit FNV-1a of
+// bytes (not a cryptographic hash); of every parameter's value; of the data's shard sizes in
+// order and the tokens of the shard being read (paths may differ from machine to machine).
+uint64_t fingerprint(const void* data, size_t n, uint64_t h = 1469598103934665603ull);
+uint64_t weights_fingerprint(const Module& module, Executor& ex);
+uint64_t data_fingerprint(const DataLoader& data);
+
 // CPU ranks on one machine share its CPUs: each takes an equal part of them (OpenMP threads),
 // unless OMP_NUM_THREADS chose; `root` prints a note when it does.
 void share_cpus(int local_ranks, bool root);

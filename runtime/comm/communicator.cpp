@@ -183,6 +183,17 @@ CommBackend select_comm_backend(CommBackend requested, const std::string& target
   return CommBackend::Single;
 }
 
+std::pair<int, int> launcher_rank() {
+  if (const int mpi_world = mpi_launcher_world(); mpi_world > 1) {
+    for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"})
+      if (const int r = env_int(name); r >= 0) return {r, mpi_world};
+    return {0, mpi_world};
+  }
+  if (env_int("WORLD_SIZE") <= 1) return {0, 1};
+  const int world = env_world(false);  // (a RANK outside the world is an error)
+  return {std::max(env_int("RANK"), 0), world};
+}
+
 std::unique_ptr<Communicator> make_single_process_communicator() { return std::make_unique<SingleProcess>(); }
 
 int ranks_on_this_machine(Communicator& comm) {

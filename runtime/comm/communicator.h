@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kiln {
@@ -93,6 +94,11 @@ CommBackend parse_comm_backend(const std::string& name);  // "auto", "single", "
 const char* comm_backend_name(CommBackend b);
 // The concrete choice for this process's environment and the module's target ("cpu", "cuda").
 CommBackend select_comm_backend(CommBackend requested, const std::string& target);
+
+// This process's rank and the job's rank count as its launcher set them (mpirun/srun's variables,
+// else RANK and WORLD_SIZE), without connecting to the others: {0, 1} when no launcher started
+// more than one process. For commands that one rank does alone (sample).
+std::pair<int, int> launcher_rank();
 
 // Builds the chosen communicator (connecting to the peers). kiln::Error when it cannot.
 std::unique_ptr<Communicator> make_communicator(CommBackend requested, const std::string& target);

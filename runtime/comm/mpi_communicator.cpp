@@ -200,7 +200,7 @@ std::unique_ptr<CommRequest> MpiCommunicator::iall_gather(float* data, const std
 }
 
 void MpiCommunicator::all_reduce_sum(double* data, int64_t n) {
-  MpiRequest r(*this, "all_reduce of " + std::to_string(n) + " doubles");
+  MpiRequest r(*this, "all_reduce of " + std::to_string(n) + (n == 1 ? " double" : " doubles"));
   MPI_Request req;
   check(MPI_Iallreduce(MPI_IN_PLACE, data, int(n), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD, &req), "MPI_Iallreduce");
   r.reqs_.push_back(req);

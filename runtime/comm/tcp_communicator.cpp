@@ -120,7 +120,7 @@ class TcpCommunicator final : public Communicator {
     return submit([this, data, counts, what](uint64_t seq) { gather(seq, what, data, counts); });
   }
   void all_reduce_sum(double* data, int64_t n) override {
-    const std::string what = "all_reduce of " + std::to_string(n) + " doubles";
+    const std::string what = "all_reduce of " + std::to_string(n) + (n == 1 ? " double" : " doubles");
     submit([this, data, n, what](uint64_t seq) { reduce<double>(Op::AllReduceF64, seq, what, data, n, nullptr); })->wait();
   }
   void broadcast(void* data, size_t bytes, int root) override {

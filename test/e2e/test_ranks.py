@@ -17,6 +17,8 @@ reference with --total-batch 2*B*T (2 micro-steps per step), then checks (group 
              within 60 s
   mpi_hang   SIGSTOP rank 1 with KILN_COMM_TIMEOUT=4: rank 0's watchdog ends it, and mpirun the job
   mpi_eval   `mpirun -np 2 ... eval --batches 3` against 1 process with --batches 6 (as tcp_eval)
+  mpi_sample `mpirun -np 2 ... sample`: rank 0 alone samples, as 1 process; no collective's timeout
+             (KILN_COMM_TIMEOUT=1) can end it
 and (group tcp, the environment rendezvous RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT):
   tcp            2 processes started here: same checks as mpi (with --zero 1 on small buckets);
                  rank 0's arena is smaller by half the AdamW moments (less alignment)
@@ -42,7 +44,7 @@ and (group tcp, the environment rendezvous RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PO
   nccl_refused   --comm nccl on a cpu module is an error naming the target
   tcp_eval       eval on 2 ranks (a whole pass, and --batches 3) against 1 process reading the same
                  tokens (a whole pass, --batches 6): the same loss within 1e-6 relative; rank 0 prints
-  tcp_eval_disagree  ranks given other --batches: both fail, rank 1 naming the difference
+  tcp_eval_disagree  ranks given other --batches, weights or shard order: both fail, naming it
   tcp_sample     sample on 2 ranks: rank 0 alone samples, printing what 1 process prints
   tcp_threads    2 ranks without OMP_NUM_THREADS: each takes half the machine's CPUs (rank 0 says
                  so, and counts its MFU against 2 ranks x its threads), with the reference's losses;
@@ -847,16 +849,46 @@ def case_tcp_eval(c: Ctx):
 
 
 def case_tcp_eval_disagree(c: Ctx):
-    """Ranks given other --batches both fail, rank 1 saying why, rather than averaging unlike means."""
-    procs, _ = start_tcp(c, "tcp_eval_disagree", save=False,
-                         per_rank=lambda r, args: eval_args(c, 3 if r == 0 else 2))
-    res = finish(procs, timeout=KILL_LIMIT_S)
-    if res[0][0] == 0 or res[1][0] == 0:
-        raise TestFailure(f"tcp_eval_disagree: exit codes {res[0][0]}, {res[1][0]}; both must fail")
-    want = "error: rank 1 of 2 disagrees with rank 0 about eval's --batches (2, rank 0: 3)"
-    if want not in res[1][2]:
-        raise TestFailure(f"tcp_eval_disagree: rank 1 does not say why:\n{res[1][2]}")
-    return f"rank 1: {res[1][2].strip().splitlines()[-1]}; rank 0: {res[0][2].strip().splitlines()[-1]}"
+    """Ranks given other --batches, other weights or the shards in another order all fail, each saying
+    what differs (rank 1 adding that it is among them), rather than averaging unlike means."""
+    shards = sorted(os.path.join(c.workdir, f) for f in os.listdir(c.workdir) if re.match(r"train_\d+\.bin$", f))
+    ref_w = os.path.join(c.workdir, "ref.safetensors")
+    other_w = os.path.join(c.workdir, "tcp_eval_other.safetensors")
+    if not os.path.exists(other_w):  # the reference weights one step on
+        c.run([c.exe, "train", "--data", shards[0], "--steps", "1", "--init", ref_w, "--save", other_w], "other weights")
+
+    def rank1(args, flag, value):
+        args = list(args)
+        if flag == "--data":
+            i = args.index("--data")
+            return args[:i + 1] + value + args[i + 2:]
+        if flag in args:
+            args[args.index(flag) + 1] = value
+        else:
+            args += [flag, value]
+        return args
+    # The same shards under names that sort the other way (a shard list is read in path order).
+    swapped = os.path.join(c.workdir, "swapped")
+    os.makedirs(swapped, exist_ok=True)
+    for name, src in (("a.bin", shards[1]), ("b.bin", shards[0])):
+        shutil.copyfile(src, os.path.join(swapped, name))
+    cases = [("--batches", "2", "the number of batches (--batches)"),
+             ("--init", other_w, "the weights (--init files that differ)"),
+             ("--data", [os.path.join(swapped, "*.bin")],
+              "the data (--data: other shards, in another order, or of other sizes)")]
+    msgs = []
+    for flag, value, what in cases:
+        procs, _ = start_tcp(c, "tcp_eval_disagree", save=False,
+                             per_rank=lambda r, args: eval_args(c, 3) if r == 0 else rank1(eval_args(c, 3), flag, value))
+        res = finish(procs, timeout=KILL_LIMIT_S)
+        if res[0][0] == 0 or res[1][0] == 0:
+            raise TestFailure(f"tcp_eval_disagree {flag}: exit codes {res[0][0]}, {res[1][0]}; both must fail")
+        for r, extra in ((0, ""), (1, ", this one among them")):
+            want = f"eval: 1 rank(s) disagree with rank 0 about {what}{extra}; every rank must run the same command"
+            if want not in res[r][2]:
+                raise TestFailure(f"tcp_eval_disagree {flag}: rank {r} does not say why:\n{res[r][2]}")
+        msgs.append(flag)
+    return f"both ranks refuse another {', '.join(msgs)}: {res[0][2].strip().splitlines()[-1]}"
 
 
 def case_tcp_sample(c: Ctx):
@@ -872,6 +904,25 @@ def case_tcp_sample(c: Ctx):
     if "note: sample: 2 ranks started; rank 0 alone samples" not in res[0][2]:
         raise TestFailure(f"tcp_sample: rank 0 does not say it samples alone:\n{res[0][2]}")
     return f"rank 0's {one.count('--- sample')} samples as 1 process's; rank 1 silent"
+
+
+def case_mpi_sample(c: Ctx):
+    """sample under mpirun: rank 0 alone samples, with no communicator, so a collective's timeout
+    (KILN_COMM_TIMEOUT=1) cannot end it however long it samples; the other ranks exit at once."""
+    args = [c.exe, "sample", "--init", os.path.join(c.workdir, "ref.safetensors"), "--prompt-ids", "1 2 3",
+            "--max-new-tokens", "40", "--num-samples", "512", "--seed", "5", "--no-kv-cache"]
+    t0 = time.monotonic()
+    one = c.run(args, "sample, 1 process").stdout
+    alone = time.monotonic() - t0
+    if alone < 1.2:
+        raise TestFailure(f"mpi_sample: 1 process sampled in {alone:.1f} s, too short to outlast KILN_COMM_TIMEOUT=1")
+    env = child_env({"KILN_COMM_TIMEOUT": "1"})
+    p = c.run(c.mpirun_cmd() + ["-x", "KILN_COMM_TIMEOUT"] + args, "mpirun -np 2 sample", env=env)
+    if p.stdout != one:
+        raise TestFailure(f"mpi_sample: mpirun printed\n{p.stdout[-2000:]}\n1 process printed\n{one[-2000:]}")
+    if "note: sample: 2 ranks started; rank 0 alone samples" not in p.stderr:
+        raise TestFailure(f"mpi_sample: rank 0 does not say it samples alone:\n{p.stderr}")
+    return f"rank 0's {one.count('--- sample')} samples (1 process: {alone:.1f} s) as 1 process's; KILN_COMM_TIMEOUT=1"
 
 
 def case_mpi_eval(c: Ctx):
@@ -962,7 +1013,7 @@ def case_tcp_zero1_cuda(c: Ctx):
 GROUPS = {
     "cuda": [case_tcp_plain, case_tcp_accum, case_tcp_hang_cuda, case_tcp_zero1_cuda],
     "cuda-zero1": [case_tcp_zero1_cuda],
-    "mpi": [case_mpi, case_mpi_zero1, case_mpi_accum, case_mpi_kill, case_mpi_hang, case_mpi_eval],
+    "mpi": [case_mpi, case_mpi_zero1, case_mpi_accum, case_mpi_kill, case_mpi_hang, case_mpi_eval, case_mpi_sample],
     "tcp": [case_tcp, case_single_zero1, case_tcp_zero1_resume, case_tcp_three, case_tcp_kill_1, case_tcp_kill_0, case_tcp_hang, case_tcp_rank_error,
             case_tcp_no_root, case_tcp_other_data, case_tcp_other_checkpoints, case_tcp_save_one_rank, case_tcp_log_full, case_tcp_cut_step, case_tcp_idle_peer, case_tcp_ipv6,
             case_nccl_refused, case_tcp_threads, case_tcp_eval, case_tcp_eval_disagree, case_tcp_sample],
