@@ -91,6 +91,7 @@ class Emitter {
   // that its source and compile time stay small however many parameters there are.
   void declare() {
     unsigned k = 0;
+    bool tabled = false;  // some operand is read through the optimizer's table
     for (BlockArgument a : f_.getBlock().getArguments()) {
       std::string name = "in" + num(a.getArgNumber());
       ptr_[a] = name;
@@ -100,8 +101,10 @@ class Emitter {
         return adam && u.get() == adam.getGrad() && u.getOperandNumber() == 0;
       });
       if (!onlyAdamGrad) decls_ += "  const " + ctype(a) + "* " + name + " = (const " + ctype(a) + "*)b[" + num(k) + "];\n";
+      tabled |= onlyAdamGrad;
       ++k;
     }
+    if (tabled) decls_ += "  // (The parameters' gradients, values and moments: through the optimizer's table of operands.)\n";
     auto yield = cast<YieldOp>(f_.getBlock().getTerminator());
     for (auto [i, v] : llvm::enumerate(yield.getValues())) {
       std::string name = "out" + num(i);

@@ -229,8 +229,10 @@ Span parse_span(const Json& j, uint64_t numel, uint64_t data_size, const std::st
 // Validates the frame and the header; nothing here touches an executor.
 Parsed parse(const std::string& path, const MappedFile& bytes) {
   const uint64_t size = bytes.size();
-  if (size < sizeof kMagic && size > 0 && std::memcmp(bytes.data(), kMagic, size_t(size)) == 0)
-    throw Error(path + ": a Kiln checkpoint cut short (truncated: only " + std::to_string(size) + " bytes)");
+  if (size == 0) throw Error(path + ": is empty (0 bytes), not a Kiln checkpoint");
+  if (size < sizeof kMagic && std::memcmp(bytes.data(), kMagic, size_t(size)) == 0)
+    throw Error(path + ": a Kiln checkpoint cut short (truncated: only " + std::to_string(size) +
+                (size == 1 ? " byte)" : " bytes)"));
   if (size < sizeof kMagic || std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0)
     throw Error(path + ": not a Kiln checkpoint (no KILNCKPT magic)");
   if (size < kPrefixBytes + kTrailerBytes)

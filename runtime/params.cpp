@@ -190,8 +190,10 @@ std::string file_kind(const std::string& path) {
   const size_t got = head.size();
   int32_t magic = 0;
   if (got >= 4) std::memcpy(&magic, b, 4);
-  // (A checkpoint cut short within its magic is one still: its reader says it is truncated.)
-  if (got >= 4 && std::memcmp(b, "KILNCKPT", std::min<size_t>(got, 8)) == 0) return kCheckpointKind;
+  // A checkpoint cut short within its magic is one still (its reader says it is truncated): 4 or
+  // more of the magic's bytes, or fewer under a checkpoint's name.
+  const bool ckpt_name = path.size() > 10 && path.compare(path.size() - 10, 10, ".kiln-ckpt") == 0;
+  if ((got >= 4 || ckpt_name) && std::memcmp(b, "KILNCKPT", std::min<size_t>(got, 8)) == 0) return kCheckpointKind;
   if (got >= 8 && std::memcmp(b + 4, "KILN", 4) == 0) return "a Kiln module (kiln-run's first argument)";
   if (got >= 4 && std::memcmp(b, "\x7f" "ELF", 4) == 0) return "a program";
   if (starts_like_token_shard(path)) return "an llm.c token shard (training data)";

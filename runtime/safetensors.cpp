@@ -48,7 +48,7 @@ Header read_header(const RegularFile& file, const std::string& path) {
   const uint64_t file_size = file.size();
   if (file_size < 8)
     throw Error(path + ": file is " + std::to_string(file_size) +
-                " bytes, too short for the 8-byte header length (not a safetensors file)");
+                (file_size == 1 ? " byte" : " bytes") + ", too short for the 8-byte header length (not a safetensors file)");
 
   uint64_t header_len = 0;
   file.read_at(&header_len, 8, 0, "header length");

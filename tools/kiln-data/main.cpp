@@ -302,6 +302,10 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
       // A large document is encoded in parts of about 4 MB, cut where the ids stay those of the
       // whole: the progress bar moves within it (a 1 GB corpus in one file takes half a minute).
       const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+      // (Regular files were checked at the start; a pipe's bytes are seen only now.)
+      if (const char* utf = utf16_or_32(text))
+        throw Error(o.files[i] + ": is " + utf + " text (it starts with a byte-order mark); the tokenizer reads "
+                    "UTF-8: convert it first (iconv -f " + utf + " -t UTF-8)");
       if (std::string problem = text_problem(text); !problem.empty()) not_text.push_back(o.files[i] + " " + problem);
       for (size_t at = 0; at < text.size();) {
         const size_t end = Gpt2Tokenizer::next_safe_cut(text, at + (4 << 20));

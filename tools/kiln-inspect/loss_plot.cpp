@@ -137,8 +137,12 @@ std::string loss_plot_svg(const std::vector<std::string>& logs) {
       }
       if (j.is_discarded() || !j.is_object() || !j.contains("step"))
         throw Error(path + ":" + std::to_string(n) + ": not a training log record (JSON with \"step\")");
-      // kiln-run logs whole step numbers from 1; below 2^53 each is a distinct double.
-      const double step = j["step"].is_number() ? j["step"].get<double>() : NAN;
+      // kiln-run logs whole step numbers from 0; up to 2^53 each is a distinct double (an integer
+      // past it is refused before it rounds to one).
+      const auto& s = j["step"];
+      const double step = s.is_number_unsigned() && s.get<uint64_t>() > (uint64_t(1) << 53) ? NAN
+                          : s.is_number()                                                  ? s.get<double>()
+                                                                                           : NAN;
       if (!(step >= 0 && step <= 9007199254740992.0 && step == std::floor(step)))
         throw Error(path + ":" + std::to_string(n) + ": \"step\" is " + j["step"].dump() +
                     ", not a step number (a whole number from 0 to 2^53)");

@@ -249,6 +249,7 @@ int main(int argc, char** argv) {
     }
 
     auto print = [&](ModuleOp m) {
+      TimingScope printing = total.nest("print the IR");
       std::string text;
       llvm::raw_string_ostream os(text);
       OpPrintingFlags flags;
@@ -265,12 +266,12 @@ int main(int argc, char** argv) {
     auto runStage = [&](const char* stage, auto build) {
       TimingScope scope = total.nest(stage);
       PassManager pm(&ctx);
-      if (timing) pm.enableTiming(scope);
       if (printAfterAll) {
         ctx.disableMultithreading();
         pm.enableIRPrinting([](Pass*, Operation*) { return false; },
                             [](Pass*, Operation*) { return true; });
       }
+      if (timing) pm.enableTiming(scope);  // (after the printing: its passes' times leave it out)
       build(pm);
       return pm.run(*module);
     };
@@ -316,11 +317,11 @@ int main(int argc, char** argv) {
     TimingScope checking = total.nest("check the module as the runtime loads it");
     kiln::Module::from_bytes(*bytes, input + ": the module built from it");
     checking.stop();
-    TimingScope output_scope = total.nest(emit == "exe" ? "write the executable" : "write the module file");
     if (output.empty()) {
       std::fprintf(stderr, "kilnc: wrote the generated kernels to %s (no -o: nothing else)\n", dumpKernels.c_str());
       return 0;
     }
+    TimingScope output_scope = total.nest(emit == "exe" ? "write the executable" : "write the module file");
     if (emit == "module") {
       kiln::write_file_atomic(output, {{bytes->data(), bytes->size()}});
     } else {
