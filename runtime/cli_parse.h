@@ -92,7 +92,15 @@ inline int parse(CLI::App& app, int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    const std::string tool = std::filesystem::path(app.get_name()).filename().string();  // argv[0] when unnamed
+    std::string tool = std::filesystem::path(app.get_name()).filename().string();  // argv[0] when unnamed
+    // The help that lists the option: the subcommand's ("see gpt2 train --help").
+    for (const CLI::App* sub = &app; sub;) {
+      const CLI::App* next = nullptr;
+      for (const CLI::App* s : sub->get_subcommands())
+        if (s->parsed()) next = s;
+      if (next) tool += " " + next->get_name();
+      sub = next;
+    }
     std::string what = e.what();
     // A misspelt subcommand is left over as an extra word: name it, and the subcommands there are.
     if (what == "A subcommand is required")

@@ -854,8 +854,11 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
                   " (" + hint + ")");
     }
     const bool last = step + 1 == o.steps;
+    // Evaluations, samples and checkpoints come after every N-th update (the step printed as N,
+    // 2N, ...; step + 1 updates done), and after the last: a checkpoint's validation loss is its
+    // step's.
     double val_loss = NAN;
-    if (val && ((o.val_every > 0 && step % o.val_every == 0) || last)) {
+    if (val && ((o.val_every > 0 && (step + 1) % o.val_every == 0) || last)) {
       val->reset();  // the same batches every time, so evaluations compare
       ex.enable_profiling(false);  // --profile's table is the training step's
       val_loss = evaluate(ex, *val, val_steps, comm);
@@ -866,7 +869,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     // seed every time, so that samples of steps compare.
     std::vector<std::vector<int32_t>> samples;
     bool samples_stopped = false;
-    if (sampling && (step % o.sample_every == 0 || last)) {
+    if (sampling && ((step + 1) % o.sample_every == 0 || last)) {
       ex.enable_profiling(false);  // --profile's table is the training step's
       // A signal during sampling ends it at once; one process stops after this step (ranks agree
       // on it in the next step's reduction).
@@ -908,7 +911,9 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
         log_pending.clear();
       }
     }
-    if (root && (step % every == 0 || last || !std::isnan(val_loss) || !samples.empty() || samples_stopped)) {
+    // The first step's line, then every N-th (printed N, 2N, ...) and the last.
+    if (root && (step == 0 || (step + 1) % every == 0 || last || !std::isnan(val_loss) || !samples.empty() ||
+                 samples_stopped)) {
       const double eta = elapsed / double(step + 1 - first_step) * double(o.steps - step - 1);
       std::printf("step %5lld/%lld | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | MFU %.1f%% | ETA %s",
                   (long long)step + 1, (long long)o.steps, loss, lr, norm, dt * 1e3, tok_s, 100 * mfu,
