@@ -228,7 +228,9 @@ void prepare_train_samples(const Module& module, const TrainSampling& sampling, 
 
 void add_sample_options(CLI::App& cmd, SampleCommand& c) {
   cmd.add_option("--init", c.init, "weights to sample from (safetensors, llm.c .bin, or a Kiln checkpoint)")->required()->check(cli::non_empty());
-  c.prompt_opt = cmd.add_option("--prompt", c.prompt, "text to continue (GPT-2 BPE; needs the GPT-2 vocabulary)");
+  c.prompt_opt = cmd.add_option("--prompt", c.prompt,
+                                "text to continue (GPT-2 BPE; needs the GPT-2 vocabulary; default: <|endoftext|> "
+                                "alone, or token 0 in another vocabulary: unconditional samples)");
   c.prompt_ids_opt = cmd.add_option("--prompt-ids", c.prompt_ids, "token ids to continue, separated by spaces")
                          ->excludes(c.prompt_opt);
   cmd.add_option("--max-new-tokens", c.options.max_new_tokens, "tokens to sample")->capture_default_str()->check(cli::whole(1));
@@ -252,8 +254,7 @@ void add_sample_options(CLI::App& cmd, SampleCommand& c) {
 
 int run_sample(const Module& module, SampleCommand& c) {
   // Given counts, not emptiness: --prompt "" is a prompt (of no tokens), refused below by name.
-  if (!c.prompt_opt->count() && !c.prompt_ids_opt->count())
-    throw Error("sample: give exactly one of --prompt and --prompt-ids");
+  const bool unconditional = !c.prompt_opt->count() && !c.prompt_ids_opt->count();
   const char* given = c.prompt_opt->count() ? "--prompt" : "--prompt-ids";
   // The command line is checked before the executor starts (a cuda module's GPU), so that its
   // mistakes are said first.
@@ -262,7 +263,11 @@ int run_sample(const Module& module, SampleCommand& c) {
   refuse_unused_tokenizer(c.tokenizer, V);
   if (V == 50257) tok = Gpt2Tokenizer::load(c.tokenizer.empty() ? Gpt2Tokenizer::default_dir() : c.tokenizer);
   std::vector<int32_t> prompt;
-  if (c.prompt_opt->count()) {
+  if (unconditional) {
+    prompt = {tok ? 50256 : 0};  // as train --sample-every without a prompt
+    std::fprintf(stderr, "note: sample: no --prompt or --prompt-ids: the samples continue %s alone\n",
+                 tok ? "<|endoftext|>" : "token 0");
+  } else if (c.prompt_opt->count()) {
     if (!tok) throw Error("--prompt: this model's vocabulary has " + std::to_string(V) +
                           " tokens, not GPT-2's 50257; give --prompt-ids instead");
     prompt = tok->encode(c.prompt);

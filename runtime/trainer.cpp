@@ -324,8 +324,8 @@ void note_resume_changes(const std::string& checkpoint, const nlohmann::json& ex
   if (const auto counts = extra.find("shard_tokens"); counts != extra.end() && counts->is_array() &&
                                                       *counts != nlohmann::json(data.shard_tokens()))
     std::fprintf(stderr, "note: --data is not the data of the run that wrote %s (its shards held other numbers of "
-                 "tokens): the run goes on at shard %zu, token %lld of these\n", checkpoint.c_str(), data.shard() + 1,
-                 (long long)data.position());
+                 "tokens): the run goes on at token %lld of %s\n", checkpoint.c_str(), (long long)data.position(),
+                 data.files()[data.shard()].c_str());
   // Later checkpoints (of a run resumed from an older `latest`, or written just before a kill
   // cut the update of `latest`): --keep counts them.
   std::string later;
@@ -822,7 +822,10 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     dp.finish_gradient_reduction();
     if (step == 0 && !o.dump_grads.empty()) {
       dp.gather_gradients();  // ZeRO-1: each rank holds only its pieces
-      if (root) save_parameters(ex, o.dump_grads, ParamField::Grad);
+      if (root) {
+        save_parameters(ex, o.dump_grads, ParamField::Grad);
+        std::fprintf(stderr, "saved step 0's gradients to %s\n", o.dump_grads.c_str());
+      }
     }
 
     const double lr = learning_rate(schedule, step);

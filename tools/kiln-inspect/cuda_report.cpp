@@ -5,6 +5,8 @@
 #include <map>
 #include <string>
 
+#include "runtime/error.h"
+
 namespace kiln {
 namespace {
 
@@ -91,10 +93,10 @@ void print_cuda_summary(const nlohmann::ordered_json& j) {
 }
 
 void print_cuda_resources(const nlohmann::ordered_json& j) {
-  if (!j.contains("cuda")) {
-    std::printf("no CUDA images: a cpu module\n");
-    return;
-  }
+  // As --roofline: a cpu module has no GPU code to report on.
+  if (!j.contains("cuda"))
+    throw Error(j["module"].get<std::string>() + ": --cuda-resources is for cuda modules (it lists what ptxas made "
+                "of their kernels); this one's target is " + j["model"]["target"].get<std::string>());
   const auto& c = j["cuda"];
   std::printf("%s, as ptxas compiled them; resident blocks and warps per SM (of 64) from the block size the\n"
               "module launches with (support kernels: chosen by the runtime, not shown)\n",

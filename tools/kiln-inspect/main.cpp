@@ -132,8 +132,8 @@ void print_text(const ordered_json& j) {
               fl["rule_6nd_plus_attention"].get<double>(), fl["counted_over_rule"].get<double>());
   const auto& c = j["communication"];
   if (!c["buckets"].empty()) {
-    std::printf("ranks      %zu gradient buckets, %s averaged per step; %s of it starts while backward work remains\n",
-                c["buckets"].size(), human(c["gradient_bytes_per_step"].get<double>()).c_str(),
+    std::printf("ranks      %zu gradient bucket%s, %s averaged per step; %s of it starts while backward work remains\n",
+                c["buckets"].size(), c["buckets"].size() == 1 ? "" : "s", human(c["gradient_bytes_per_step"].get<double>()).c_str(),
                 human(c["bytes_started_during_backward"].get<double>()).c_str());
   }
   if (j.contains("data_parallel")) {
@@ -168,12 +168,19 @@ int plot_main(int argc, char** argv) {
   std::string out;
   // (each is opened, and a missing one named, by loss_plot_svg)
   app.add_option("logs", logs, "JSONL logs written by train --log")->required();
-  app.add_option("-o,--output", out, "SVG file to write")->required();
+  app.add_option("-o,--output", out, "SVG file to write (-: stdout)")->required();
   if (const int rc = kiln::cli::parse(app, argc, argv); rc >= 0) return rc;
   try {
-    for (const std::string& log : logs) refuse_overwriting("-o", out, {{"a log it reads", log}});
-    check_output_folder("-o", out);  // before the logs are read
+    if (out != "-") {
+      for (const std::string& log : logs) refuse_overwriting("-o", out, {{"a log it reads", log}});
+      check_output_folder("-o", out);  // before the logs are read
+    }
     std::string svg = loss_plot_svg(logs);
+    if (out == "-") {  // as --svg - and --dot -
+      std::fwrite(svg.data(), 1, svg.size(), stdout);
+      flush_stdout();
+      return 0;
+    }
     write_file_atomic(out, {{svg.data(), svg.size()}});
     std::fprintf(stderr, "wrote %s\n", out.c_str());
     return 0;

@@ -171,7 +171,7 @@ void print_roofline(const nlohmann::ordered_json& j) {
               "products the kernels execute keep the tensor cores at most %.1f%% busy)\n",
               r["model_flops_per_micro_step"].get<double>(), 100 * r["tensor_busy_ceiling"].get<double>());
   const double total = r["step_bound_ms"].get<double>();
-  std::printf("\n  %-52s %8s %12s %11s %10s %7s %10s %6s\n", "kernel (as kiln-run --profile names it)", "launches",
+  std::printf("\n  %-52s %8s %12s %11s %10s %7s %10s %6s\n", "kernel (as train --profile names it)", "launches",
               "matrix GFLOP", "other GFLOP", "moved MB", "limit", "bound us", "share");
   for (const auto& k : r["kernels"]) {
     std::string name = k["name"].get<std::string>();

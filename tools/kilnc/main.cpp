@@ -30,6 +30,7 @@
 #include "runtime/error.h"
 #include "runtime/file_io.h"
 #include "runtime/module.h"
+#include "runtime/params.h"
 
 using namespace mlir;
 
@@ -221,6 +222,10 @@ int main(int argc, char** argv) {
       if (failed(s) || failed(kiln::verifyEntryPoints(*module))) return 1;
       spec = *s;
     } else {
+      // A binary file given by mistake (a shard, a module, weights) is named, not parsed as TOML.
+      kiln::check_not_a_device(input);
+      if (const std::string kind = kiln::file_kind(input); !kind.empty())
+        throw kiln::Error(input + ": is " + kind + ", not a model spec (.toml) or kiln IR (.mlir)");
       spec = kiln::parse_spec(input);
       module = kiln::buildGPT2(ctx, spec);
       if (failed(verify(*module))) return 1;
