@@ -526,9 +526,11 @@ void Executor::print_profile() const {
   std::vector<std::pair<double, std::string>> rows;
   for (const auto& [op, st] : profile_by_op_) total += st.first, rows.push_back({st.first, op});
   std::sort(rows.rbegin(), rows.rend());
-  std::fprintf(stderr, "%-40s %10s %7s %10s\n", "kernel", "total ms", "share", "calls");
+  int width = 40;  // the name column fits the longest name (fused kernels list their ops)
+  for (const auto& row : rows) width = std::max(width, int(row.second.size()));
+  std::fprintf(stderr, "%-*s %10s %7s %10s\n", width, "kernel", "total ms", "share", "calls");
   for (const auto& [sec, op] : rows)
-    std::fprintf(stderr, "%-40s %10.3f %6.1f%% %10lld\n", op.c_str(), sec * 1e3, 100 * sec / total,
+    std::fprintf(stderr, "%-*s %10.3f %6.1f%% %10lld\n", width, op.c_str(), sec * 1e3, 100 * sec / total,
                  (long long)profile_by_op_.at(op).second);
 }
 

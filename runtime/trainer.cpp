@@ -681,6 +681,10 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   }
   LrSchedule schedule = o.schedule;
   schedule.total_steps = o.steps;
+  if (root && schedule.warmup_steps > o.steps)
+    std::fprintf(stderr, "note: --warmup-steps %lld is more than --steps %lld: the learning rate rises to %.3g at the "
+                 "last step, never to --lr %.3g\n", (long long)schedule.warmup_steps, (long long)o.steps,
+                 learning_rate(schedule, o.steps - 1), schedule.lr);
   ex.set_hyper("beta1", float(o.beta1));
   ex.set_hyper("beta2", float(o.beta2));
   ex.set_hyper("eps", float(o.eps));
