@@ -98,7 +98,7 @@ class Emitter {
       index_[name] = int(k);
       const bool onlyAdamGrad = !a.use_empty() && llvm::all_of(a.getUses(), [](OpOperand& u) {
         auto adam = dyn_cast<AdamWOp>(u.getOwner());
-        return adam && u.get() == adam.getGrad() && u.getOperandNumber() == 0;
+        return adam && &u == &adam.getGradMutable();
       });
       if (!onlyAdamGrad) decls_ += "  const " + ctype(a) + "* " + name + " = (const " + ctype(a) + "*)b[" + num(k) + "];\n";
       tabled |= onlyAdamGrad;

@@ -401,16 +401,13 @@ void check_eval_ranks_agree(Communicator& comm, const Module& module, Executor& 
   uint64_t root[kItems];
   std::memcpy(root, mine, sizeof root);
   comm.broadcast(root, sizeof root, 0);
-  double differ[kItems];
-  for (int i = 0; i < kItems; ++i) differ[i] = mine[i] != root[i] ? 1 : 0;
-  comm.all_reduce_sum(differ, kItems);
-  const char* what[kItems] = {"the module (a different executable?)", "the weights (--init files that differ)",
-                              "the data (--data: other shards, in another order, or of other sizes)",
-                              "the number of batches (--batches)"};
-  for (int i = 0; i < kItems; ++i)
-    if (differ[i] > 0)
-      throw Error("eval: " + std::to_string(int(differ[i])) + " rank(s) disagree with rank 0 about " + what[i] +
-                  (mine[i] != root[i] ? ", this one among them" : "") + "; every rank must run the same command");
+  std::vector<bool> this_one(kItems);
+  for (int i = 0; i < kItems; ++i) this_one[i] = mine[i] != root[i];
+  require_ranks_agree(comm, this_one,
+                      {"the module (a different executable?)", "the weights (--init files that differ)",
+                       "the data (--data: other shards, in another order, or of other sizes)",
+                       "the number of batches (--batches)"},
+                      "eval");
 }
 
 // The mean next-token loss of the weights over the data, through the forward program alone (no
@@ -549,6 +546,7 @@ int run_main(int argc, char** argv) {
         *init = file;
       }
     Module module = embedded ? std::move(*embedded) : Module::load(module_path);
+    const std::string target = module.fb().model()->target() ? module.fb().model()->target()->str() : "cpu";
     if (sample->parsed()) {
       // Under a launcher rank 0 alone samples (its ranks would all print the same samples), with
       // no communicator: nothing is shared, and the others have nothing to wait for.
@@ -563,13 +561,11 @@ int run_main(int argc, char** argv) {
       }
     }
     if (eval->parsed()) {
-      const fb::Model& model = *module.fb().model();
-      comm = make_communicator(parse_comm_backend(eval_opts.comm), model.target() ? model.target()->str() : "cpu");
+      comm = make_communicator(parse_comm_backend(eval_opts.comm), target);
       return run_eval(module, eval_opts, *comm);
     }
     if (train->parsed()) {
-      const fb::Model& model = *module.fb().model();
-      comm = make_communicator(parse_comm_backend(train_opts.comm), model.target() ? model.target()->str() : "cpu");
+      comm = make_communicator(parse_comm_backend(train_opts.comm), target);
       // Rank 0 alone samples: only its machine needs the tokenizer (an error here ends all ranks).
       if (comm->rank() == 0) prepare_train_samples(module, train_sampling, train_opts);
       try {

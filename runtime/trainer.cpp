@@ -61,6 +61,17 @@ uint64_t data_fingerprint(const DataLoader& data) {
   return fingerprint(data.current_tokens().data(), data.current_tokens().size() * sizeof(uint16_t), tokens);
 }
 
+void require_ranks_agree(Communicator& comm, const std::vector<bool>& this_one, const std::vector<std::string>& what,
+                         const std::string& who) {
+  std::vector<double> differ(this_one.size());
+  for (size_t i = 0; i < differ.size(); ++i) differ[i] = this_one[i] ? 1 : 0;
+  comm.all_reduce_sum(differ.data(), int64_t(differ.size()));
+  for (size_t i = 0; i < differ.size(); ++i)
+    if (differ[i] > 0)
+      throw Error(who + ": " + std::to_string(int(differ[i])) + " rank(s) disagree with rank 0 about " + what[i] +
+                  (this_one[i] ? ", this one among them" : "") + "; every rank must run the same command");
+}
+
 namespace {
 
 // Every rank must run the same module with the same options from the same weights, or the
@@ -93,23 +104,17 @@ void check_ranks_agree(Communicator& comm, const Module& module, const TrainOpti
   uint64_t root[5];
   std::memcpy(root, mine, sizeof root);
   comm.broadcast(root, sizeof root, 0);
-  bool this_one[5];
+  std::vector<bool> this_one(5);
   for (int i = 0; i < 4; ++i) this_one[i] = mine[i] != root[i];
   this_one[4] = (outputs & ~root[4]) != 0;
-  double differ[5];
-  for (int i = 0; i < 5; ++i) differ[i] = this_one[i] ? 1 : 0;
-  comm.all_reduce_sum(differ, 5);
-  const char* what[5] = {"the module (a different executable?)",
-                         "the training options (--steps, --total-batch, --zero, --bucket-mb, the schedule, AdamW, "
-                         "evaluation, checkpoints, or --resume and the step of the checkpoint it resumes from)",
-                         "the initial weights (a different --seed, or --init files that differ)",
-                         "the training data (--data: other shards, or shards of other sizes)",
-                         "the outputs (--save or --log, which rank 0 alone writes, given to another rank but not to it)"};
-  for (int i = 0; i < 5; ++i)
-    if (differ[i] > 0)
-      throw Error("data parallel: " + std::to_string(int(differ[i])) + " rank(s) disagree with rank 0 about " +
-                  what[i] + (this_one[i] ? ", this one among them" : "") +
-                  "; every rank must run the same command");
+  require_ranks_agree(comm, this_one,
+                      {"the module (a different executable?)",
+                       "the training options (--steps, --total-batch, --zero, --bucket-mb, the schedule, AdamW, "
+                       "evaluation, checkpoints, or --resume and the step of the checkpoint it resumes from)",
+                       "the initial weights (a different --seed, or --init files that differ)",
+                       "the training data (--data: other shards, or shards of other sizes)",
+                       "the outputs (--save or --log, which rank 0 alone writes, given to another rank but not to it)"},
+                      "data parallel");
 }
 
 // Model FLOPs per token of a training step: 6 per parameter (forward and backward matrix
@@ -140,9 +145,6 @@ CpuPeak estimated_cpu_peak(bool bf16) {
                                                    " x 2.5 GHz x " + std::to_string(per_cycle) + " " + unit};
 }
 
-
-// Mean loss of `steps` batches of the validation data through the forward program, averaged
-// over ranks.
 // The next batch into the executor's inputs; token ids the model has no embedding for are an
 // error naming the shard, never an out-of-bounds read.
 void next_batch(Executor& ex, DataLoader& data, int64_t n, int32_t vocab) {
@@ -412,6 +414,8 @@ std::vector<TokenScan::Shard> shards_to_scan(const DataLoader& data, int64_t fir
   return shards;
 }
 
+// Mean loss of `steps` batches of the validation data through the forward program, averaged
+// over ranks.
 double evaluate(Executor& ex, DataLoader& val, int64_t steps, Communicator& comm) {
   double loss = mean_forward_loss(ex, val, steps);
   if (comm.world_size() > 1) loss = comm.all_reduce_sum(loss) / double(comm.world_size());
