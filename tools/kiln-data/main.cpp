@@ -20,7 +20,8 @@
 // killed while swapping the shards in: then its old/ holds older shards moved aside, and it is
 // left for a person to look at.) An input given twice, one that is an llm.c shard (a glob
 // over DIR), or UTF-16/32 text (a byte-order mark; by encode too) is refused; one that is not UTF-8 text
-// (Latin-1, NUL bytes) is tokenized byte by byte, and a note says so.
+// (Latin-1, NUL bytes) is tokenized byte by byte, and a note says so; so is an empty document
+// (it adds only <|endoftext|>).
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -82,10 +83,12 @@ const char* utf16_or_32(std::string_view head) {
 
 // What a text that is not plain UTF-8 holds, for a note: its bytes are tokenized as they are
 // (byte-level BPE takes any bytes), which is rarely what was meant.
-std::string text_problem(std::string_view text) {
+// `in_place`: the text is a file, which sed -i can mend; stdin's text is mended in the pipe.
+std::string text_problem(std::string_view text, bool in_place) {
   // Valid UTF-8, but the mark becomes a token of its own (U+FEFF) that the text never meant.
+  const std::string sed = in_place ? "sed -i" : "sed";
   const std::string mark = text.substr(0, 3) == "\xEF\xBB\xBF"
-                               ? "starts with a UTF-8 byte-order mark (U+FEFF; sed -i '1s/^\\xEF\\xBB\\xBF//' removes it)"
+                               ? "starts with a UTF-8 byte-order mark (U+FEFF; " + sed + " '1s/^\\xEF\\xBB\\xBF//' removes it)"
                                : "";
   const size_t bad = first_invalid_utf8(text), nul = text.find('\0');
   if (bad == text.size() && nul == std::string_view::npos) return mark;
@@ -105,7 +108,7 @@ int cmd_encode(const Gpt2Tokenizer& tok) {
   if (const char* utf = utf16_or_32(text))
     throw Error(std::string("stdin: is ") + utf + " text (it starts with a byte-order mark); the tokenizer reads "
                 "UTF-8: convert it first (iconv -f " + utf + " -t UTF-8)");
-  if (std::string problem = text_problem(text); !problem.empty())
+  if (std::string problem = text_problem(text, false); !problem.empty())
     std::fprintf(stderr, "note: stdin %s: its bytes are tokenized as they are\n", problem.c_str());
   const std::vector<int32_t> ids = tok.encode(text);
   std::string out;
@@ -295,6 +298,7 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
     uint64_t bytes_done = 0;
     std::vector<int32_t> ids;
     std::vector<std::string> not_text;  // notes on documents that are not UTF-8 text
+    std::vector<std::string> empty;     // ... and on empty ones (each adds only <|endoftext|>)
     const size_t cap = static_cast<size_t>(o.shard_tokens);
     for (size_t i = 0; i < n; ++i) {
       const std::vector<uint8_t> bytes = read_file(o.files[i]);
@@ -306,7 +310,8 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
       if (const char* utf = utf16_or_32(text))
         throw Error(o.files[i] + ": is " + utf + " text (it starts with a byte-order mark); the tokenizer reads "
                     "UTF-8: convert it first (iconv -f " + utf + " -t UTF-8)");
-      if (std::string problem = text_problem(text); !problem.empty()) not_text.push_back(o.files[i] + " " + problem);
+      if (std::string problem = text_problem(text, true); !problem.empty()) not_text.push_back(o.files[i] + " " + problem);
+      if (text.empty()) empty.push_back(o.files[i]);
       for (size_t at = 0; at < text.size();) {
         const size_t end = Gpt2Tokenizer::next_safe_cut(text, at + (4 << 20));
         tok.encode(text.substr(at, end - at), ids);
@@ -380,6 +385,9 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
     for (size_t k = 0; k < not_text.size() && k < 5; ++k)
       std::fprintf(stderr, "note: %s: its bytes were tokenized as they are\n", one_line(not_text[k]).c_str());
     if (not_text.size() > 5) std::fprintf(stderr, "note: and %zu more documents that are not UTF-8 text\n", not_text.size() - 5);
+    for (size_t k = 0; k < empty.size() && k < 5; ++k)
+      std::fprintf(stderr, "note: %s is empty: it adds only <|endoftext|>\n", one_line(empty[k]).c_str());
+    if (empty.size() > 5) std::fprintf(stderr, "note: and %zu more empty documents\n", empty.size() - 5);
     const double t = seconds_since(start);
     std::printf("prepared %zu document%s (%.2f MB) in %.2f s, %.1f MB/s\n", n, n == 1 ? "" : "s", bytes_done / 1e6, t,
                 t > 0 ? bytes_done / 1e6 / t : 0.0);
