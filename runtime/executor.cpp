@@ -69,6 +69,7 @@ bool expected(const fb::Instr& ins, Shape& s) {
     if (x < 0) return false;
   if ((ins.op() == O::Attention || ins.op() == O::AttentionGrad) && (v[3] == 0 || v[2] % v[3] != 0)) return false;
   if ((ins.op() == O::CrossEntropy || ins.op() == O::CrossEntropyGrad) && (v[2] == 0 || v[2] > v[1])) return false;
+  if (ins.op() == O::Matmul && (v[3] > 1 || v[4] > 1)) return false;  // transA, transB are flags
   if (ins.op() == O::DecodeAttention && (v[2] == 0 || v[1] % v[2] != 0 || v[3] == 0 || v[4] == 0 || v[4] > v[3])) return false;
   // Products of sizes, -1 on overflow (which no buffer satisfies).
   auto mul = [](int64_t a, int64_t b) {

@@ -4,6 +4,7 @@
 #include "runtime/module.h"
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <set>
 #include <string>
@@ -41,7 +42,7 @@ Module Module::from_bytes(std::vector<uint8_t> bytes, std::string source) {
   if (!fb::VerifyModuleBuffer(verifier))
     throw Error(m.source_ + ": corrupt or truncated module (FlatBuffers verification failed)");
   m.fb_ = fb::GetModule(m.bytes_.data());
-  m.verify();  // first: a newer format's fields would lie past the tables this build knows
+  m.verify(verifier.GetComputedSize());  // first: a newer format's fields would lie past the tables this build knows
   // kilnc writes nothing after the tables; bytes past them are a damaged file (one appended
   // to, or two run together), not part of the module.
   if (const size_t end = verifier.GetComputedSize(); end != m.bytes_.size())
@@ -73,10 +74,28 @@ const fb::Program* Module::program(const std::string& name) const {
   return nullptr;
 }
 
-uint32_t kernels_crc32(const std::vector<std::pair<const uint8_t*, size_t>>& code) {
-  uint32_t crc = 0;
-  for (const auto& [data, size] : code) crc = crc32_update(crc, data, size);
-  return crc;
+namespace {
+// Where the crc32 field's four bytes lie in a verified module; null if it has none.
+const uint8_t* crc32_field(const uint8_t* bytes) {
+  return reinterpret_cast<const flatbuffers::Table*>(fb::GetModule(bytes))->GetAddressOf(fb::Module::VT_CRC32);
+}
+}  // namespace
+
+uint32_t module_crc32(const uint8_t* bytes, size_t size) {
+  const uint8_t* field = crc32_field(bytes);
+  if (!field) return crc32_update(0, bytes, size);
+  const uint8_t zeros[4] = {};
+  const size_t at = size_t(field - bytes);
+  uint32_t crc = crc32_update(0, bytes, at);
+  crc = crc32_update(crc, zeros, 4);
+  return crc32_update(crc, field + 4, size - at - 4);
+}
+
+void seal_module(std::vector<uint8_t>& bytes) {
+  const uint8_t* field = crc32_field(bytes.data());
+  if (!field) throw Error("seal_module: the module was built without its crc32 field");
+  const uint32_t crc = module_crc32(bytes.data(), bytes.size());
+  std::memcpy(bytes.data() + (field - bytes.data()), &crc, 4);  // FlatBuffers scalars are little-endian
 }
 
 int instr_int_count(fb::OpCode op) {
@@ -100,13 +119,18 @@ int instr_int_count(fb::OpCode op) {
 // What every reader of a module relies on (the executor, the sampler, kiln-inspect's reports):
 // indices in range, the names and counts the reports print, and the model's sizes agreeing with
 // the buffers the runtime fills from them. The executor checks each instruction's operands further.
-void Module::verify() const {
+void Module::verify(size_t tables_end) const {
   auto bad = [&](const std::string& where, const std::string& what) {
     throw Error(source_ + ": " + where + ": " + what);
   };
   if (fb_->format_version() != kModuleFormatVersion)
     bad("format_version", std::to_string(fb_->format_version()) + " is not " +
                               std::to_string(kModuleFormatVersion) + " (recompile with this kilnc)");
+  // Before anything else is trusted: a flipped bit in an instruction's attributes, a buffer's
+  // name or the machine code (loaded and run) would otherwise train on silently, or crash.
+  // (Bytes past the tables are said next, by from_bytes.)
+  if (module_crc32(bytes_.data(), tables_end) != fb_->crc32())
+    bad("crc32", "the module's checksum does not match its bytes (a damaged module: compile it again with kilnc)");
   if (!fb_->model() || !fb_->buffers() || !fb_->parameters() || !fb_->programs())
     bad("module", "missing model, buffers, parameters or programs");
   const uint32_t nbuf = fb_->buffers()->size();
@@ -123,6 +147,13 @@ void Module::verify() const {
       bad(where, "size " + std::to_string(b.size()) + " does not match its shape and dtype");
     if (b.size() > fb_->arena_size() || b.offset() > fb_->arena_size() - b.size() || b.offset() % 256 != 0)
       bad(where, "offset " + std::to_string(b.offset()) + " is misaligned or outside the arena");
+    // The trainer sets hyperparameters by name, and one it does not know would keep whatever the
+    // arena held: the names kiln.hyper's verifier accepts (dialects/Kiln/KilnOps.cpp).
+    static const std::set<std::string> hypers = {"lr", "beta1", "beta2", "eps", "weight_decay", "max_norm", "step",
+                                                 "loss_weight"};
+    if (b.kind() == fb::BufferKind::Hyper && !hypers.count(b.name()->str()))
+      bad(where, "hyperparameter '" + b.name()->str() +
+                     "' is none of lr, beta1, beta2, eps, weight_decay, max_norm, step, loss_weight");
   }
   auto check_index = [&](uint32_t idx, const std::string& where) {
     if (idx >= nbuf) bad(where, "buffer index " + std::to_string(idx) + " out of range");
@@ -253,13 +284,6 @@ void Module::verify() const {
     }
   }
 
-  // Machine code is loaded (dlopen, cuModuleLoadData) and run: a flipped byte there would crash
-  // or compute garbage rather than fail cleanly.
-  std::vector<std::pair<const uint8_t*, size_t>> code;
-  if (fb_->cpu_library()) code.push_back({fb_->cpu_library()->data(), fb_->cpu_library()->size()});
-  if (fb_->cuda_images())
-    for (const fb::CudaImage* im : *fb_->cuda_images())
-      if (im->cubin()) code.push_back({im->cubin()->data(), im->cubin()->size()});
   // What ptxas reported (kiln-inspect's occupancy): within what any GPU has.
   if (fb_->cuda_images())
     for (const fb::CudaImage* im : *fb_->cuda_images())
@@ -269,8 +293,6 @@ void Module::verify() const {
             bad("cuda_images", (r->symbol() ? r->symbol()->str() : "a function") + ": " +
                                    std::to_string(r->registers()) + " registers a thread and " +
                                    std::to_string(r->shared_bytes()) + " shared bytes are more than a GPU has");
-  if (!code.empty() && kernels_crc32(code) != fb_->kernels_crc32())
-    bad("kernels", "the compiled kernels' checksum does not match (a damaged module: compile it again with kilnc)");
 
   // The sizes the trainer and the sampler take from the model, against the buffers they fill.
   const fb::Model& md = *fb_->model();

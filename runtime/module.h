@@ -10,7 +10,8 @@
 namespace kiln {
 
 // The module format this runtime reads and kilnc writes (2: generated fused kernels).
-constexpr uint32_t kModuleFormatVersion = 4;  // 3: kernels_crc32; 4: @prefill, DecodeAttention of M positions
+constexpr uint32_t kModuleFormatVersion = 5;  // 3: kernels_crc32; 4: @prefill, DecodeAttention of M positions;
+                                              // 5: crc32 of the whole module
 
 // The programs that read a prompt into @decode's key/value caches, M positions a call (the
 // sampler's choice of them: sampler.h).
@@ -34,7 +35,7 @@ class Module {
   size_t size_bytes() const { return bytes_.size(); }
 
  private:
-  void verify() const;
+  void verify(size_t tables_end) const;  // tables_end: where the FlatBuffers tables end
   std::vector<uint8_t> bytes_;
   std::string source_;
   const fb::Module* fb_ = nullptr;
@@ -44,9 +45,12 @@ class Module {
 // least n.
 int instr_int_count(fb::OpCode op);
 
-// The CRC-32 a module records of its machine code (module.fbs kernels_crc32): of these spans, in
-// order (the cpu library, then each cuda image's cubin).
-uint32_t kernels_crc32(const std::vector<std::pair<const uint8_t*, size_t>>& code);
+// The CRC-32 a module records of itself (module.fbs crc32): of all `size` bytes of a module that
+// passed the FlatBuffers verifier, with the four bytes of its crc32 field read as zero.
+uint32_t module_crc32(const uint8_t* bytes, size_t size);
+// Writes module_crc32 into a finished module built with its crc32 field present (kilnc stores 1
+// there first; a builder with ForceDefaults(true) stores 0).
+void seal_module(std::vector<uint8_t>& bytes);
 
 size_t dtype_bytes(fb::DType t);
 const char* dtype_name(fb::DType t);

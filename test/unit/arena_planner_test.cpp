@@ -43,8 +43,11 @@ Module module_for(const std::vector<LiveBuffer>& bufs, const std::vector<uint64_
   std::vector<flatbuffers::Offset<fb::Parameter>> params;
   auto model = fb::CreateModelDirect(fbb, 1, 1, 4, 16, 8, 1, 8, "fp32", "cpu", "random");
   fb::FinishModuleBuffer(fbb, fb::CreateModuleDirect(fbb, kModuleFormatVersion, "test", model, 256 + arena, &fbufs,
-                                                      &params, &progs, 256, arena, arena, "none"));
-  return Module::from_bytes({fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize()}, "random.kiln");
+                                                      &params, &progs, 256, arena, arena, "none", nullptr, nullptr, nullptr,
+                                                      nullptr, true, /*crc32=*/1));
+  std::vector<uint8_t> bytes(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
+  seal_module(bytes);
+  return Module::from_bytes(std::move(bytes), "random.kiln");
 }
 
 std::vector<LiveBuffer> random_buffers(std::mt19937& rng) {

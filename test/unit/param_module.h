@@ -72,8 +72,10 @@ inline std::vector<uint8_t> param_module(const ModelSpec& spec = {}) {
   auto model = fb::CreateModelDirect(fbb, 1, 1, spec.n_embd, 16, 8, spec.batch_size, 8, spec.precision.c_str(), "cpu",
                                      "test.toml");
   fb::FinishModuleBuffer(fbb, fb::CreateModuleDirect(fbb, kModuleFormatVersion, "test", model, state + 256, &fbufs, &params, &progs,
-                                                      state, 256, 256, "none"));
-  return {fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize()};
+                                                      state, 256, 256, "none", nullptr, nullptr, nullptr, nullptr, true, /*crc32=*/1));
+  std::vector<uint8_t> bytes(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
+  seal_module(bytes);
+  return bytes;
 }
 
 }  // namespace kiln::testing

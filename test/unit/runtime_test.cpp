@@ -45,8 +45,10 @@ std::vector<uint8_t> add_module(int64_t n, int64_t out_elems, uint32_t version =
   auto model = fb::CreateModelDirect(fbb, 1, 1, 4, 16, 8, 1, 8, "fp32", "cpu", "test.toml");
   fb::FinishModuleBuffer(fbb, fb::CreateModuleDirect(fbb, version, "test", model, offset + extra, &bufs,
                                                       &params, &progs, state, offset - state + extra,
-                                                      offset - state, "none"));
-  return {fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize()};
+                                                      offset - state, "none", nullptr, nullptr, nullptr, nullptr, true, /*crc32=*/1));
+  std::vector<uint8_t> bytes(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
+  seal_module(bytes);
+  return bytes;
 }
 
 TEST(Module, RunsAVerifiedProgram) {
@@ -111,8 +113,10 @@ std::vector<uint8_t> decode_module(fb::BufferKind cache_kind, int64_t cache_elem
   std::vector<flatbuffers::Offset<fb::Parameter>> params;
   auto model = fb::CreateModelDirect(fbb, 1, 1, 2, 16, 4, 1, 4, "fp32", "cpu", "test.toml");
   fb::FinishModuleBuffer(fbb, fb::CreateModuleDirect(fbb, kModuleFormatVersion, "test", model, offset, &bufs, &params,
-                                                      &progs, state, offset - state, offset - state, "none"));
-  return {fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize()};
+                                                      &progs, state, offset - state, offset - state, "none", nullptr, nullptr, nullptr, nullptr, true, /*crc32=*/1));
+  std::vector<uint8_t> bytes(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
+  seal_module(bytes);
+  return bytes;
 }
 
 // Each call stores its position's key and value and attends over every position stored so far.
@@ -157,7 +161,25 @@ TEST(Module, RejectsGarbageTruncationAndOtherVersions) {
     Module::from_bytes(add_module(5, 5, 7), "v7.kiln");
     FAIL();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("v7.kiln: format_version: 7 is not 4"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("v7.kiln: format_version: 7 is not " + std::to_string(kModuleFormatVersion)),
+              std::string::npos) << e.what();
+  }
+}
+
+// One flipped bit anywhere past the header (here in the Add's element count, which the plan
+// verifier would accept as 4) is refused by the module's checksum.
+TEST(Module, RejectsAFlippedBitByItsChecksum) {
+  const auto bytes = add_module(5, 5);
+  Module::from_bytes(bytes, "ok.kiln");
+  const int64_t* n = fb::GetModule(bytes.data())->programs()->Get(0)->instrs()->Get(0)->ints()->data();
+  auto flipped = bytes;
+  flipped[size_t(reinterpret_cast<const uint8_t*>(n) - bytes.data())] ^= 1;
+  try {
+    Module::from_bytes(flipped, "flip.kiln");
+    FAIL() << "accepted a flipped bit";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("flip.kiln: crc32: the module's checksum does not match its bytes"),
+              std::string::npos) << e.what();
   }
 }
 
@@ -188,9 +210,11 @@ TEST(Module, RejectsShapesWhoseByteSizeWrapsAround) {
   std::vector<flatbuffers::Offset<fb::Program>> progs = {fb::CreateProgramDirect(fbb, "forward", &instrs, 0, 256)};
   std::vector<flatbuffers::Offset<fb::Parameter>> params;
   auto model = fb::CreateModelDirect(fbb, 1, 1, 4, 16, 8, 1, 8, "fp32", "cpu", "t");
-  fb::FinishModuleBuffer(fbb, fb::CreateModuleDirect(fbb, kModuleFormatVersion, "t", model, 256, &bufs, &params, &progs, 0, 256, 256, "none"));
+  fb::FinishModuleBuffer(fbb, fb::CreateModuleDirect(fbb, kModuleFormatVersion, "t", model, 256, &bufs, &params, &progs, 0, 256, 256, "none", nullptr, nullptr, nullptr, nullptr, true, /*crc32=*/1));
   try {
-    Module::from_bytes({fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize()}, "wrap.kiln");
+    std::vector<uint8_t> bytes(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
+    seal_module(bytes);
+    Module::from_bytes(bytes, "wrap.kiln");
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("wrap.kiln: buffers[0]: shape [4611686018427387904] is negative or too large"),
