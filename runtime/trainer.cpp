@@ -580,7 +580,14 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       if (st.step > o.steps)
         throw Error(*latest + ": is at step " + std::to_string(st.step) + ", past --steps " +
                     std::to_string(o.steps) + " (give more steps to go on training)");
-      loader.seek(size_t(st.data_shard), st.data_position);
+      // The position is the checkpoint's, so a bad one is said of it (other --data, or a
+      // checkpoint that was edited).
+      try {
+        loader.seek(size_t(std::min<uint64_t>(st.data_shard, SIZE_MAX)), st.data_position);
+      } catch (const Error& e) {
+        throw Error(*latest + ": its data position (shard " + std::to_string(st.data_shard) + ", token " +
+                    std::to_string(st.data_position) + ") is not in this run's --data: " + e.what());
+      }
       first_step = st.step;
       resumed_from = *latest;
       // The BLAS (fp32) and oneDNN (bf16) split a product's work among the threads they have,
