@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <set>
 
 #include "tools/kiln-inspect/xml_text.h"
 
@@ -38,18 +39,35 @@ std::vector<Span> spans_of(const Module& m, const fb::Program& p) {
   return out;
 }
 
-// Bytes live at each kernel; buffers sharing an offset at the same time (in place) count once.
+// Bytes live at each kernel; buffers sharing an offset at the same time (in place) count once, as
+// the largest of them. One sweep over the spans' starts and ends: a per-kernel tally of every live
+// buffer grew as kernels x buffers (a 1024-layer model's report took minutes and gigabytes).
 std::vector<uint64_t> live_bytes(const Module& m, const fb::Program& p, const std::vector<Span>& spans) {
   const int64_t n = p.instrs()->size();
-  std::vector<std::map<uint64_t, uint64_t>> at(n + 1);
-  for (const Span& s : spans)
-    for (int64_t k = s.first; k <= s.last; ++k) {
-      uint64_t& slot = at[k][m.buffer(s.buffer).offset()];
-      slot = std::max<uint64_t>(slot, m.buffer(s.buffer).size());
-    }
+  std::vector<std::vector<const Span*>> starts(n + 1), ends(n + 1);
+  for (const Span& s : spans) {
+    starts[s.first].push_back(&s);
+    ends[s.last].push_back(&s);
+  }
+  std::map<uint64_t, std::multiset<uint64_t>> at;  // offset -> the sizes of the buffers live there
+  auto largest = [](const std::multiset<uint64_t>& sizes) { return sizes.empty() ? uint64_t(0) : *sizes.rbegin(); };
+  uint64_t total = 0;
   std::vector<uint64_t> out(n + 1, 0);
-  for (int64_t k = 0; k <= n; ++k)
-    for (auto& [off, size] : at[k]) out[k] += size;
+  for (int64_t k = 0; k <= n; ++k) {
+    for (const Span* s : starts[k]) {
+      std::multiset<uint64_t>& sizes = at[m.buffer(s->buffer).offset()];
+      total -= largest(sizes);
+      sizes.insert(m.buffer(s->buffer).size());
+      total += largest(sizes);
+    }
+    out[k] = total;
+    for (const Span* s : ends[k]) {
+      std::multiset<uint64_t>& sizes = at[m.buffer(s->buffer).offset()];
+      total -= largest(sizes);
+      sizes.erase(sizes.find(m.buffer(s->buffer).size()));
+      total += largest(sizes);
+    }
+  }
   return out;
 }
 
