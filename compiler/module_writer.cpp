@@ -345,7 +345,7 @@ class Writer {
     if (!options_.dumpKernelsDir.empty()) {
       std::string error;
       if (!dumpKernelSource(options_.dumpKernelsDir, target_, source, kernelManifest(), error))
-        return module_.emitError() << "kilnc: --dump-kernels: " << error;
+        return emitError(UnknownLoc::get(module_.getContext())) << "kilnc: --dump-kernels: " << error;
     }
     generating.stop();
     TimingScope compiling = nest(target_ == Target::Cpu ? "compile kernels (host C++ compiler, or the kernel cache)"

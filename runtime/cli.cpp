@@ -495,9 +495,15 @@ std::string describe_executable(const Module& module) {
          str(m.spec(), "IR") + ").";
 }
 
+// Marks a program whose main is run_main (kiln-run) as a Kiln runtime: kilnc --runtime looks for
+// these bytes (embedded.cpp), which kilnc and the other tools do not hold.
+extern const char kRuntimeMarker[];
+const char kRuntimeMarker[] = "KILN-RUNTIME:run_main";
+
 }  // namespace
 
 int run_main(int argc, char** argv) {
+  (void)*static_cast<const volatile char*>(kRuntimeMarker);  // kept by the linker
   remove_temporaries_on_signals();  // Ctrl-C while writing leaves no temporary (train has its own)
   // An executable's own module is read first, so that --help can say which model it trains.
   std::optional<Module> embedded;

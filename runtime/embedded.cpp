@@ -70,10 +70,13 @@ std::optional<std::vector<uint8_t>> read_embedded_module(const std::string& path
 }
 
 namespace {
-// A Kiln runtime is an ELF program that looks for the trailer's magic (so holds its bytes).
+// A Kiln runtime is an ELF program that holds run_main's marker (runtime/cli.cpp). It is spelled
+// backwards here, so that kilnc, which holds this check, does not pass it itself.
 void check_runtime_bytes(const std::string& runtime, const std::vector<uint8_t>& bytes) {
   const bool elf = bytes.size() > 4 && std::memcmp(bytes.data(), "\x7f" "ELF", 4) == 0;
-  if (!elf || std::search(bytes.begin(), bytes.end(), kEmbeddedMagic, kEmbeddedMagic + 8) == bytes.end())
+  std::string marker = "niam_nur:EMITNUR-NLIK";
+  std::reverse(marker.begin(), marker.end());
+  if (!elf || std::search(bytes.begin(), bytes.end(), marker.begin(), marker.end()) == bytes.end())
     throw Error(runtime + ": not a Kiln runtime (kiln-run, or an executable kilnc wrote)");
 }
 }  // namespace

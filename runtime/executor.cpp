@@ -183,10 +183,19 @@ Executor::Executor(const Module& module, std::vector<std::string> programs, cons
   };
   // Linux overcommits: check before allocating rather than die touching the pages.
   const uint64_t avail = available_memory();
-  if (avail && bytes > avail)
-    throw Error(module.source() + ": the arena needs " + std::to_string(bytes) + " bytes (" + gib(bytes) +
-                ") but only " + gib(avail) + " of memory is available; compile with a smaller batch_size, "
-                "or with --recompute=cheap");
+  if (avail && bytes > avail) {
+    // What would help depends on which part is too big: the activations shrink with the batch
+    // and with recomputation, the state (weights, gradients, AdamW moments) only with the model
+    // or, on several ranks, with --zero 1.
+    const uint64_t acts = gpu ? 0 : activations;
+    const std::string parts = " (state " + gib(layout_.state_bytes) + ", activations " + gib(acts) + ")";
+    const std::string advice = acts >= layout_.state_bytes
+                                   ? "compile with a smaller batch_size, or with --recompute=cheap"
+                                   : "the model's weights, gradients and AdamW moments alone do not fit: a smaller "
+                                     "model, or several ranks with --zero 1";
+    throw Error(module.source() + ": the arena needs " + std::to_string(bytes) + " bytes (" + gib(bytes) + ")" +
+                parts + " but only " + gib(avail) + " of memory is available; " + advice);
+  }
   for (const std::string& name : programs_) check(*module.program(name));
   if (layout_.sliced)
     for (const std::string& name : programs_) check_sliced_moments(*module.program(name));

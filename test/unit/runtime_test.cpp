@@ -226,8 +226,8 @@ TEST(Module, ExecutableTrailerRoundTrip) {
   auto dir = std::filesystem::temp_directory_path() / ("kiln-exe-" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
   std::string runtime = (dir / "runtime").string(), exe = (dir / "exe").string();
-  // What write_executable takes for a runtime: ELF, with the trailer's magic among its bytes.
-  std::string elf = std::string("\x7f" "ELF, a runtime's bytes: ") + std::string(kEmbeddedMagic, 8) + " and more";
+  // What write_executable takes for a runtime: ELF, with run_main's marker among its bytes.
+  std::string elf = std::string("\x7f" "ELF, a runtime's bytes: KILN-RUNTIME:run_main and more");
   write_file_atomic(runtime, {{elf.data(), elf.size()}});
   EXPECT_FALSE(read_embedded_module(runtime).has_value());
   auto module = add_module(3, 3);

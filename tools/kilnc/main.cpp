@@ -5,7 +5,9 @@
 //   kilnc SPEC.toml --emit=graph|step|plan  the IR after that stage (stdout, or -o FILE)
 //   kilnc edited.mlir -o gpt2               resume from IR a user dumped and edited
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <unistd.h>
 
@@ -174,6 +176,18 @@ int main(int argc, char** argv) {
     if (std::error_code ec; !dumpKernels.empty() && std::filesystem::exists(dumpKernels, ec) &&
                             !std::filesystem::is_directory(dumpKernels, ec))
       throw kiln::Error("--dump-kernels: " + dumpKernels + ": not a folder (the kernels' files are written into one)");
+    // A folder to be made needs a parent to make it in: said now, not after the compile.
+    if (std::error_code ec; !dumpKernels.empty() && !std::filesystem::exists(dumpKernels, ec)) {
+      std::filesystem::path parent = std::filesystem::path(dumpKernels).parent_path();
+      while (!parent.empty() && !std::filesystem::exists(parent, ec) && parent != parent.parent_path())
+        parent = parent.parent_path();  // (missing folders between are made too)
+      const std::string where = parent.empty() ? "." : parent.string();
+      if (!std::filesystem::is_directory(where, ec))
+        throw kiln::Error("--dump-kernels: " + dumpKernels + ": cannot make the folder: " + where + " is not a folder");
+      if (::access(where.c_str(), W_OK | X_OK) != 0)
+        throw kiln::Error("--dump-kernels: " + dumpKernels + ": cannot make the folder in " + where + ": " +
+                          std::strerror(errno));
+    }
     if (!dumpKernels.empty())
       for (const char* name : {"kernels.cpp", "kernels.cu", "kernels.tsv"})
         kiln::refuse_overwriting("--dump-kernels", (std::filesystem::path(dumpKernels) / name).string(),
