@@ -27,6 +27,13 @@ class Fuser {
   void run() {
     SmallVector<Operation*> ops;
     for (Operation& op : body_.without_terminator()) ops.push_back(&op);
+    // An op whose results nothing reads, and that writes no state, would be a kernel with nothing
+    // to write (a region may not compute values it neither reads nor yields): it is dropped, as
+    // canonicalization drops it, and so are the ops only it read (hence from the end).
+    for (Operation* op : llvm::reverse(ops))
+      if (op->getNumResults() && op->use_empty() && isMemoryEffectFree(op)) op->erase();
+    ops.clear();
+    for (Operation& op : body_.without_terminator()) ops.push_back(&op);
 
     for (Operation* op : ops)
       if (auto g = dyn_cast<CrossEntropyGradOp>(op)) fuseClassifier(g);

@@ -1,4 +1,5 @@
 // RUN: kiln-opt %s -split-input-file -kiln-fuse-kernels | FileCheck %s
+// RUN: kiln-opt %s -split-input-file '-kiln-fuse-kernels=single-ops=true' | FileCheck %s --check-prefix=SINGLE
 
 // Matmul epilogue: bias (a broadcast 1-D vector), GELU; the pre-activation is still read later
 // (by the GELU backward), so the region gives it out too.
@@ -316,4 +317,26 @@ func.func @gathered_table(%t: tensor<32x8xf32>, %s: tensor<f32>, %i: tensor<4xi3
   %1 = kiln.embedding %0[%i] : tensor<32x8xf32>, tensor<4xi32> -> tensor<4x8xf32>
   %2 = kiln.gelu %1 : tensor<4x8xf32>
   return %2 : tensor<4x8xf32>
+}
+
+// -----
+
+// An op nothing reads (a hand-edited IR's) is dropped with the ops only it read, not made a
+// kernel with nothing to write; the product it would have read stays, as the result reads it.
+// CHECK-LABEL: func.func @unread
+// CHECK-NEXT: kiln.matmul
+// CHECK-NEXT: return
+// SINGLE-LABEL: func.func @unread
+// SINGLE-NEXT: kiln.fusion "matmul" "matmul"
+// SINGLE-NEXT: ^bb0
+// SINGLE-NEXT: kiln.matmul
+// SINGLE-NEXT: kiln.yield
+// SINGLE-NEXT: }
+// SINGLE-NEXT: return
+func.func @unread(%x: tensor<8x16xf32>, %w: tensor<16x16xf32>, %b: tensor<16xf32>) -> tensor<8x16xf32> {
+  %0 = kiln.matmul %x, %w : tensor<8x16xf32>, tensor<16x16xf32> -> tensor<8x16xf32>
+  %1 = kiln.broadcast %b : tensor<16xf32> -> tensor<8x16xf32>
+  %2 = kiln.add %0, %1 : tensor<8x16xf32>
+  %3 = kiln.gelu %2 : tensor<8x16xf32>
+  return %0 : tensor<8x16xf32>
 }
