@@ -31,6 +31,26 @@ bool isBF16(Value v) { return tensorOf(v).getElementType().isBF16(); }
 bool isI32(Value v) { return tensorOf(v).getElementType().isInteger(32); }
 std::string ctype(Value v) { return isI32(v) ? "int32_t" : isBF16(v) ? "bf16" : "float"; }
 
+// A name from the IR (a parameter's symbol, which may hold any bytes) as the text of a C string
+// literal, and so also safe in a line comment: quotes and backslashes escaped, and bytes outside
+// printable ASCII as three octal digits. Unescaped, a name could end the literal or the comment
+// and put code of its own into the generated source.
+std::string cEscaped(StringRef name) {
+  std::string out;
+  for (unsigned char c : name) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += char(c);
+    } else if (c >= 0x20 && c < 0x7f) {
+      out += char(c);
+    } else {
+      const char octal[] = {'\\', char('0' + (c >> 6)), char('0' + ((c >> 3) & 7)), char('0' + (c & 7)), 0};
+      out += octal;
+    }
+  }
+  return out;
+}
+
 class Emitter {
  public:
   Emitter(FusionOp f, Target t, const std::function<bool(StringRef)>& hasCopy)
@@ -117,7 +137,7 @@ class Emitter {
         std::string name = "grad" + num(k);
         state_[&op] = {name};
         index_[name] = int(k);
-        decls_ += "  float* " + name + " = (float*)b[" + num(k++) + "];  // " + acc.getName().str() + ".grad\n";
+        decls_ += "  float* " + name + " = (float*)b[" + num(k++) + "];  // " + cEscaped(acc.getName()) + ".grad\n";
       } else if (auto adam = dyn_cast<AdamWOp>(op)) {
         std::vector<std::string> names;
         for (const char* role : {"p", "m", "v"}) {
@@ -1066,7 +1086,7 @@ class Emitter {
       auto& s = state_[a.getOperation()];
       body_ += "    {" + num(index_[ptr_[cast<BlockArgument>(a.getGrad())]]) + ", " + num(index_[s[0]]) + ", " +
                (s.size() > 3 ? num(index_[s[3]]) : std::string("-1")) + ", " + num(numel(a.getGrad())) + ", " +
-               (a.getDecay() ? "1" : "0") + ", \"" + a.getName().str() + "\"},\n";
+               (a.getDecay() ? "1" : "0") + ", \"" + cEscaped(a.getName()) + "\"},\n";
       flops_ += 12.0 * double(numel(a.getGrad()));
     }
     body_ += "  };\n";

@@ -5,6 +5,7 @@
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/OpImplementation.h"
 #include "mlir/IR/PatternMatch.h"
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/STLExtras.h"
 
 #include <cmath>
@@ -466,6 +467,10 @@ LogicalResult FusionOp::verify() {
   if (yield.getValues().getTypes() != getResults().getTypes())
     return emitOpError() << "kiln.yield's types differ from the results' types";
   if (getKernel().empty()) return emitOpError() << "needs a kernel name";
+  // The name becomes part of a C function's name in the generated source (k<N>_<name>).
+  if (!llvm::all_of(getKernel(), [](char c) { return llvm::isAlnum(c) || c == '_'; }))
+    return emitOpError() << "kernel name \"" << getKernel()
+                         << "\" may hold only letters, digits and '_' (it names a C function)";
 
   // How many ops of each anchor kind the body holds.
   int matmuls = 0, norms = 0, normGrads = 0, ces = 0, ceGrads = 0, embGrads = 0, adams = 0, sums = 0, others = 0;

@@ -544,7 +544,8 @@ def Kiln_FusionOp : Kiln_Op<"fusion", [IsolatedFromAbove, RecursiveMemoryEffects
     - `optimizer`: `kiln.clip_coef` and every `kiln.adamw` of the optimizer step, each reading its
       gradient from a region input.
 
-    `kernel` names the kernel after the ops it fuses (`matmul_add_gelu`).
+    `kernel` names the kernel after the ops it fuses (`matmul_add_gelu`): letters, digits and `_`
+    only, as it becomes part of a C function's name in the generated source.
 
     ```mlir
     %r:2 = kiln.fusion "matmul" "matmul_broadcast_add_gelu" (%x, %w, %b)

@@ -61,6 +61,18 @@ func.func @no_name(%x: tensor<4xf32>) -> tensor<4xf32> {
 
 // -----
 
+func.func @bad_name(%x: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error @+1 {{'kiln.fusion' op kernel name "a b(" may hold only letters, digits and '_' (it names a C function)}}
+  %0 = kiln.fusion "elementwise" "a b("(%x) : (tensor<4xf32>) -> tensor<4xf32> {
+  ^bb0(%a: tensor<4xf32>):
+    %g = kiln.gelu %a : tensor<4xf32>
+    kiln.yield %g : tensor<4xf32>
+  }
+  return %0 : tensor<4xf32>
+}
+
+// -----
+
 func.func @matmul_in_elementwise(%x: tensor<4x4xf32>) -> tensor<4x4xf32> {
   // expected-error @+1 {{'kiln.fusion' op of kind 'elementwise' holds a non-elementwise op}}
   %0 = kiln.fusion "elementwise" "matmul"(%x) : (tensor<4x4xf32>) -> tensor<4x4xf32> {
