@@ -8,6 +8,8 @@
 #include "passes/Passes.h"
 #include "llvm/ADT/StringExtras.h"
 
+#include <set>
+
 using namespace mlir;
 
 namespace kiln {
@@ -372,6 +374,23 @@ LogicalResult verifyEntryPoints(ModuleOp module) {
                                : prefill                  ? "tensor (its last attention's output, which keeps every layer live)"
                                : name == "optimizer_step" ? "tensor<f32>, the gradient norm"
                                                            : "tensor<f32>, the loss");
+    // One AdamW update per parameter: a second would step it twice with the same moments.
+    std::set<std::string> updated;
+    WalkResult twice = f.walk([&](AdamWOp a) -> WalkResult {
+      if (updated.insert(a.getName().str()).second) return WalkResult::advance();
+      a.emitError() << "@" << a.getName() << " is updated a second time in @" << name
+                    << " (one kiln.adamw per parameter)";
+      return WalkResult::interrupt();
+    });
+    if (twice.wasInterrupted()) return failure();
+  }
+  // The trainer fills idx and targets before each micro-step: a @micro_step that reads neither
+  // would train on nothing at all.
+  if (auto f = module.lookupSymbol<func::FuncOp>("micro_step")) {
+    std::set<std::string> read;
+    f.walk([&](InputOp in) { read.insert(in.getInputName().str()); });
+    if (!read.count("idx") || !read.count("targets"))
+      return f.emitError() << "@micro_step must read the inputs \"idx\" and \"targets\" (kiln.input ops)";
   }
   return success();
 }
