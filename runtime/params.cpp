@@ -117,6 +117,19 @@ void load_llmc_bin(Executor& ex, const std::string& path) {
                 std::to_string(V));
   const bool bf16 = h[1] == 5;
   const size_t elem = bf16 ? 2 : 4;
+  // The values the header's sizes call for: wte (Vp x C), wpe, per layer two layer norms (4C),
+  // c_attn (3C x C + 3C), c_proj (C x C + C), c_fc (4C x C + 4C), the MLP's c_proj (4C x C + C),
+  // and ln_f. Checked first, so a cut file (or a wrong Vp) is said with the sizes, not midway.
+  const unsigned __int128 values = (unsigned __int128)(Vp + maxT) * C + (unsigned __int128)L * (12 * C * C + 13 * C) + 2 * C;
+  if (1024 + values * elem != bytes.size()) {
+    const double need = 1024.0 + double(values) * double(elem);
+    char text[96];
+    std::snprintf(text, sizeof text, "%.0f bytes", need);
+    throw Error(path + ": header: its sizes (Vp=" + std::to_string(Vp) + " Tmax=" + std::to_string(maxT) + " L=" +
+                std::to_string(L) + " C=" + std::to_string(C) + ", " + (bf16 ? "bf16" : "fp32") + ") call for " + text +
+                ", the file has " + std::to_string(bytes.size()) +
+                (need > double(bytes.size()) ? " (truncated?)" : " (bytes after the last tensor: not this model?)"));
+  }
   size_t pos = 1024;
   // Reads n values starting at the cursor, widening bf16.
   auto take = [&](int64_t n) {
@@ -240,8 +253,10 @@ std::string checkpoint_named_by(const std::string& path) {
 void load_parameters(Executor& ex, const std::string& path) {
   // By content where it says, else by name (whose reader then says what is wrong).
   const std::string kind = check_weights_file(path);
-  // A checkpoint's values (its AdamW moments and data position are --resume's).
-  if (kind == kCheckpointKind) {
+  // A checkpoint's values (its AdamW moments and data position are --resume's). One whose magic
+  // is damaged is still read as a checkpoint by its name, whose reader says what is wrong.
+  const bool ckpt_name = path.size() > 10 && path.compare(path.size() - 10, 10, ".kiln-ckpt") == 0;
+  if (kind == kCheckpointKind || (kind.empty() && ckpt_name)) {
     load_checkpoint(path, ex, true);
     return;
   }

@@ -131,6 +131,22 @@ def main():
         failures += not ok
         print(f"{'ok  ' if ok else 'FAIL'} {kind:12s} {len(back)} tensors, names match: {same}, max |diff| {worst:.1e}")
 
+    # A cut llm.c file, and one whose header's padded vocabulary is not its tensors': said with the
+    # header's sizes and the bytes they call for, before any tensor is read.
+    whole = open(files["llm.c bin"], "rb").read()
+    cut = os.path.join(a.workdir, "cut.bin")
+    with open(cut, "wb") as f:
+        f.write(whole[:-100])
+    wide = os.path.join(a.workdir, "wide.bin")
+    with open(wide, "wb") as f:
+        f.write(whole[:28] + struct.pack("<i", struct.unpack_from("<i", whole, 28)[0] + 128) + whole[32:])
+    for name, path, says in (("cut llm.c bin", cut, "(truncated?)"), ("llm.c bin, wrong Vp", wide, "(truncated?)")):
+        code, out = run([exe, "train", "--data", shard, "--steps", "1", "--init", path])
+        line = out.strip().splitlines()[-1] if out.strip() else ""
+        refused = code != 0 and line.startswith(f"error: {path}: header: its sizes (Vp=") and line.endswith(says)
+        failures += not refused
+        print(f"{'ok  ' if refused else 'FAIL'} {name} refused: {line}")
+
     bad = dict(plain)
     bad["lm_head.weight"] = bad["lm_head.weight"] + 1
     bad_path = os.path.join(a.workdir, "untied.safetensors")
