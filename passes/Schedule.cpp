@@ -23,8 +23,11 @@ class Scheduler {
       index_[&op] = ops_.size();
       ops_.push_back(&op);
     }
-    for (Operation* op : ops_)
-      for (Value v : op->getOperands()) uses_[v]++;
+    for (Operation* op : ops_) {
+      llvm::SmallDenseMap<Value, unsigned> mine;
+      for (Value v : op->getOperands()) uses_[v]++, mine[v]++;
+      for (auto [v, k] : mine) mostByOne_[v] = std::max(mostByOne_.lookup(v), k);
+    }
     for (Value v : body.getTerminator()->getOperands()) uses_[v] += 1u << 30;  // never freed
   }
 
@@ -62,24 +65,47 @@ class Scheduler {
         lastEffect = i;
       }
     }
+    // The ready ops by (delta, index): the least growth first, ties in the original order. An
+    // op's delta changes only when one of its operands becomes last-used by it (left[v] falls to
+    // the op's own uses of v), so only those users are priced again: pricing every ready op at
+    // every step grew with the square of the ops (seconds for a few hundred layers).
     llvm::DenseMap<Value, unsigned> left = uses_;
-    std::set<size_t> ready;
+    std::vector<int64_t> price(n, 0);
+    std::vector<bool> ready(n, false);
+    std::set<std::pair<int64_t, size_t>> queue;
+    auto push = [&](size_t i) {
+      price[i] = delta(ops_[i], left);
+      ready[i] = true;
+      queue.insert({price[i], i});
+    };
     for (size_t i = 0; i < n; ++i)
-      if (preds[i] == 0) ready.insert(i);
+      if (preds[i] == 0) push(i);
     SmallVector<Operation*> order;
-    while (!ready.empty()) {
-      size_t best = *ready.begin();
-      int64_t bestDelta = INT64_MAX;
-      for (size_t i : ready) {
-        int64_t d = delta(ops_[i], left);
-        if (d < bestDelta) best = i, bestDelta = d;
-      }
-      ready.erase(best);
+    while (!queue.empty()) {
+      const size_t best = queue.begin()->second;
+      queue.erase(queue.begin());
+      ready[best] = false;
       Operation* op = ops_[best];
       order.push_back(op);
-      for (Value v : op->getOperands()) left[v]--;
+      llvm::SmallPtrSet<Value, 4> done;
+      for (Value v : op->getOperands()) {
+        --left[v];
+        // Persistent values price nothing; while more uses are left than any one op makes, no
+        // user's price changes (the clipping coefficient, read by every AdamW, is priced once).
+        if (isPersistent(v) || left[v] > mostByOne_.lookup(v) || !done.insert(v).second) continue;
+        for (Operation* u : v.getUsers()) {
+          auto it = index_.find(u);
+          if (it == index_.end() || !ready[it->second]) continue;
+          const size_t i = it->second;
+          if (int64_t d = delta(u, left); d != price[i]) {
+            queue.erase({price[i], i});
+            price[i] = d;
+            queue.insert({d, i});
+          }
+        }
+      }
       for (size_t s : succ[best])
-        if (--preds[s] == 0) ready.insert(s);
+        if (--preds[s] == 0) push(s);
     }
     return order;
   }
@@ -104,6 +130,7 @@ class Scheduler {
   SmallVector<Operation*> ops_;
   llvm::DenseMap<Operation*, size_t> index_;
   llvm::DenseMap<Value, unsigned> uses_;
+  llvm::DenseMap<Value, unsigned> mostByOne_;  // the most uses of a value by one op
 };
 
 struct SchedulePass : kiln::impl::ScheduleBase<SchedulePass> {
