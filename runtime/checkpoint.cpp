@@ -22,6 +22,7 @@
 
 #include "runtime/crc32.h"
 #include "runtime/error.h"
+#include "runtime/json_object.h"
 #include "runtime/shape.h"
 #include "runtime/file_io.h"
 #include "runtime/params.h"
@@ -265,14 +266,8 @@ Parsed parse(const std::string& path, const MappedFile& bytes) {
                 std::to_string(kDataAlign));
   const uint64_t data_size = size - kTrailerBytes - data_start;
 
-  Json h;
-  try {
-    h = Json::parse(bytes.data() + kPrefixBytes, bytes.data() + data_start);
-  } catch (const Json::exception& e) {
-    std::string msg = e.what();
-    std::replace(msg.begin(), msg.end(), '\n', ' ');  // errors are one line
-    bad_header(path, "JSON parse error: " + msg);
-  }
+  const Json h = parse_json_unique_keys(reinterpret_cast<const char*>(bytes.data()) + kPrefixBytes,
+                                       reinterpret_cast<const char*>(bytes.data()) + data_start, path + ": header");
   if (!h.is_object()) bad_header(path, "is not a JSON object");
   if (member(h, "format", path) != "kiln-checkpoint") bad_header(path, "format is not \"kiln-checkpoint\"");
 
@@ -579,6 +574,9 @@ TrainingState load_checkpoint(const std::string& path, Executor& ex, bool weight
     if (it->second->shape != shape_of(*q))
       throw Error(path + ": parameter '" + name + "' has shape " + shape_str(it->second->shape) +
                   " in the checkpoint, " + shape_str(shape_of(*q)) + " in the module");
+    if (it->second->decay != q->decay())  // (the fingerprint hashes it: the header was edited)
+      bad_header(path, "parameter '" + name + "': decay " + (it->second->decay ? "true" : "false") +
+                           ", yet its fingerprint is this module's (" + (q->decay() ? "true" : "false") + ")");
     plan.emplace_back(q, it->second);
     by_name.erase(it);
   }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "runtime/error.h"
+#include "runtime/json_object.h"
 #include "runtime/shape.h"
 #include "runtime/file_io.h"
 
@@ -63,27 +64,8 @@ Header read_header(const RegularFile& file, const std::string& path) {
     throw Error(path + ": header: a NUL byte at offset " + std::to_string(8 + nul) +
                 " (the header is JSON, padded with spaces)");
 
-  // JSON lets a key repeat and keeps its last value; a tensor named twice would lose one silently.
-  std::vector<std::set<std::string>> keys;  // of each object being parsed
-  std::string repeated;
-  auto note_keys = [&](int /*depth*/, Json::parse_event_t event, Json& parsed) {
-    if (event == Json::parse_event_t::object_start) keys.emplace_back();
-    else if (event == Json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
-    else if (event == Json::parse_event_t::key && !keys.empty() && repeated.empty() &&
-             !keys.back().insert(parsed.get<std::string>()).second)
-      repeated = parsed.get<std::string>();
-    return true;
-  };
-  Json json;
-  try {
-    json = Json::parse(text, note_keys);
-  } catch (const Json::exception& e) {
-    std::string msg = e.what();
-    std::replace(msg.begin(), msg.end(), '\n', ' ');  // errors are one line
-    throw Error(path + ": header: JSON parse error: " + msg);
-  }
+  const Json json = parse_json_unique_keys(text.data(), text.data() + text.size(), path + ": header");
   if (!json.is_object()) throw Error(path + ": header: is not a JSON object");
-  if (!repeated.empty()) throw Error(path + ": header: '" + repeated + "' appears twice");
 
   Header h;
   h.data_start = 8 + header_len;

@@ -394,8 +394,10 @@ TEST_F(Checkpoint, ValidatesAForgedHeaderThatPassesTheChecksum) {
       nlohmann::ordered_json::parse(good.begin() + 32, good.begin() + 32 + long(header_len));
   std::vector<uint8_t> data(good.begin() + 32 + long(header_len), good.end() - 4);
 
-  auto forge = [&](const nlohmann::ordered_json& h, int64_t misalign = 0) {
+  // `first`: text put right after the header's opening brace (JSON the dump cannot hold).
+  auto forge = [&](const nlohmann::ordered_json& h, int64_t misalign = 0, const std::string& first = "") {
     std::string text = h.dump();
+    text.insert(1, first);
     text.append((64 - (32 + text.size()) % 64) % 64 + size_t(64 + misalign), ' ');  // as the writer pads
     std::vector<uint8_t> out(good.begin(), good.begin() + 32);
     const uint64_t len = text.size(), size = 32 + len + data.size() + 4;
@@ -435,6 +437,14 @@ TEST_F(Checkpoint, ValidatesAForgedHeaderThatPassesTheChecksum) {
   h = header;
   h["parameters"][0]["shape"] = {4, 16};  // same bytes, other shape
   expect_error(h, "parameter 'wte.weight' has shape [4, 16] in the checkpoint, [16, 4] in the module");
+  // A key given twice (JSON would keep the last) is refused, not read as either.
+  {
+    const std::string msg = error_of([&] { load_checkpoint(forge(header, 0, "\"step\":7,"), b); });
+    EXPECT_NE(msg.find("forged.kiln-ckpt: header: 'step' appears twice"), std::string::npos) << msg;
+  }
+  h = header;
+  h["parameters"][0]["decay"] = !header["parameters"][0]["decay"].get<bool>();
+  expect_error(h, "header: parameter 'wte.weight': decay ");
   h = header;
   h["rng_state"] = 12;
   expect_error(h, "header: rng_state 12 is not 16 lowercase hex digits");
