@@ -105,6 +105,10 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.tokens < 1 or a.tokens >= 2 ** 31:
         ap.error("--tokens must be in [1, 2^31)")
+    if a.vocab_size < 4 or a.vocab_size > 65536:
+        ap.error("--vocab-size must be in [4, 65536] (llm.c shards hold uint16 ids; the generator needs 4)")
+    if a.val_tokens is not None and (a.val_tokens < 1 or a.val_tokens >= 2 ** 31):
+        ap.error("--val-tokens must be in [1, 2^31)")
     nval = a.val_tokens if a.val_tokens is not None else max(a.tokens // 10, 1)
     os.makedirs(a.out, exist_ok=True)
     gen = Generator(a.vocab_size, a.seed)
