@@ -33,6 +33,7 @@
 
 #include <dlfcn.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -149,15 +150,36 @@ bool is_index_input(O op, size_t i) {
 }  // namespace
 
 // MemAvailable from /proc/meminfo in bytes, or 0 when unknown.
+// What this process may still allocate: the kernel's estimate of available memory, under the
+// address-space limit (ulimit -v) and the container's memory limit (cgroup v2), when set; 0 when
+// none is known.
 static uint64_t available_memory() {
-  std::FILE* f = std::fopen("/proc/meminfo", "r");
-  if (!f) return 0;
-  char line[256];
-  unsigned long long kb = 0;
-  while (std::fgets(line, sizeof line, f))
-    if (std::sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
-  std::fclose(f);
-  return uint64_t(kb) * 1024;
+  uint64_t avail = 0;
+  if (std::FILE* f = std::fopen("/proc/meminfo", "r")) {
+    char line[256];
+    unsigned long long kb = 0;
+    while (std::fgets(line, sizeof line, f))
+      if (std::sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    std::fclose(f);
+    avail = uint64_t(kb) * 1024;
+  }
+  auto at_most = [&](uint64_t limit) { avail = avail ? std::min(avail, limit) : limit; };
+  if (rlimit as{}; ::getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY) at_most(uint64_t(as.rlim_cur));
+  // The container's limit less its anonymous memory (page cache, which it also counts, is given
+  // back under pressure).
+  unsigned long long limit = 0, anon = 0;
+  bool has_limit = false, has_anon = false;
+  if (std::FILE* f = std::fopen("/sys/fs/cgroup/memory.max", "r")) {
+    has_limit = std::fscanf(f, "%llu", &limit) == 1;  // "max" (no limit) reads as no number
+    std::fclose(f);
+  }
+  if (std::FILE* f = has_limit ? std::fopen("/sys/fs/cgroup/memory.stat", "r") : nullptr) {
+    char line[256];
+    while (!has_anon && std::fgets(line, sizeof line, f)) has_anon = std::sscanf(line, "anon %llu", &anon) == 1;
+    std::fclose(f);
+  }
+  if (has_limit && has_anon) at_most(limit > anon ? limit - anon : 0);
+  return avail;
 }
 
 Executor::Executor(const Module& module, std::vector<std::string> programs, const StatePlan& state)
@@ -184,15 +206,15 @@ Executor::Executor(const Module& module, std::vector<std::string> programs, cons
   // Linux overcommits: check before allocating rather than die touching the pages.
   const uint64_t avail = available_memory();
   if (avail && bytes > avail) {
-    // What would help depends on which part is too big: the activations shrink with the batch
-    // and with recomputation, the state (weights, gradients, AdamW moments) only with the model
-    // or, on several ranks, with --zero 1.
+    // What would help depends on whether the state fits alone: the activations shrink with the
+    // batch and with recomputation, the state (weights, gradients, AdamW moments) only with the
+    // model or, on several ranks, with --zero 1.
     const uint64_t acts = gpu ? 0 : activations;
     const std::string parts = " (state " + gib(layout_.state_bytes) + ", activations " + gib(acts) + ")";
-    const std::string advice = acts >= layout_.state_bytes
+    const std::string advice = layout_.state_bytes <= avail
                                    ? "compile with a smaller batch_size, or with --recompute=cheap"
                                    : "the model's weights, gradients and AdamW moments alone do not fit: a smaller "
-                                     "model, or several ranks with --zero 1";
+                                     "model, or (to train) several ranks with --zero 1";
     throw Error(module.source() + ": the arena needs " + std::to_string(bytes) + " bytes (" + gib(bytes) + ")" +
                 parts + " but only " + gib(avail) + " of memory is available; " + advice);
   }
@@ -277,6 +299,9 @@ void Executor::check(const fb::Program& prog) const {
       check_kernel(ins, where);
       continue;
     }
+    if (ins.op() == O::Matmul && ins.ints()->size() == 5 && (ins.ints()->Get(3) > 1 || ins.ints()->Get(4) > 1))
+      throw Error(where + ": transpose flags " + std::to_string(ins.ints()->Get(3)) + ", " +
+                  std::to_string(ins.ints()->Get(4)) + " are not 0 or 1");
     Shape s;
     if (!expected(ins, s)) throw Error(where + ": wrong number of operands or size attributes");
     // Float operands may be fp32 or bf16 (bf16 is widened to fp32 around the kernel); token ids

@@ -134,6 +134,7 @@ void Module::verify(size_t tables_end) const {
   if (!fb_->model() || !fb_->buffers() || !fb_->parameters() || !fb_->programs())
     bad("module", "missing model, buffers, parameters or programs");
   const uint32_t nbuf = fb_->buffers()->size();
+  std::set<std::string> hypers_seen;
   for (uint32_t i = 0; i < nbuf; ++i) {
     const fb::Buffer& b = buffer(i);
     std::string where = "buffers[" + std::to_string(i) + "]";
@@ -154,6 +155,8 @@ void Module::verify(size_t tables_end) const {
     if (b.kind() == fb::BufferKind::Hyper && !hypers.count(b.name()->str()))
       bad(where, "hyperparameter '" + b.name()->str() +
                      "' is none of lr, beta1, beta2, eps, weight_decay, max_norm, step, loss_weight");
+    if (b.kind() == fb::BufferKind::Hyper && !hypers_seen.insert(b.name()->str()).second)
+      bad(where, "hyperparameter '" + b.name()->str() + "' has a buffer already (the trainer sets only one)");
   }
   auto check_index = [&](uint32_t idx, const std::string& where) {
     if (idx >= nbuf) bad(where, "buffer index " + std::to_string(idx) + " out of range");
