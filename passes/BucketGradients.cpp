@@ -46,14 +46,18 @@ struct BucketGradientsPass : kiln::impl::BucketGradientsBase<BucketGradientsPass
       return signalPassFailure();
     }
     Block& body = step.getBody().front();
-    llvm::MapVector<StringAttr, Operation*> last;
-    step.walk([&](AccumulateGradOp acc) {
-      Operation* top = body.findAncestorOpInBlock(*acc);
-      last.erase(acc.getNameAttr().getAttr());  // keep the latest position
-      last.insert({acc.getNameAttr().getAttr(), top});
-    });
-    SmallVector<std::pair<StringAttr, Operation*>> order(last.begin(), last.end());
+    // (The walk is in program order: a later accumulation replaces an earlier one, and `seq`
+    // orders the parameters one region finishes as the walk meets their last accumulations.)
+    llvm::DenseMap<StringAttr, std::pair<Operation*, size_t>> last;
+    size_t seq = 0;
+    step.walk([&](AccumulateGradOp acc) { last[acc.getNameAttr().getAttr()] = {body.findAncestorOpInBlock(*acc), seq++}; });
+    SmallVector<std::tuple<StringAttr, Operation*, size_t>> found;
+    for (auto& [name, at] : last) found.push_back({name, at.first, at.second});
+    llvm::sort(found, [](auto& a, auto& b) { return std::get<2>(a) < std::get<2>(b); });
+    SmallVector<std::pair<StringAttr, Operation*>> order;
+    for (auto& [name, op, s] : found) order.push_back({name, op});
     llvm::stable_sort(order, [](auto& a, auto& b) { return a.second->isBeforeInBlock(b.second); });
+    SymbolTable symbols(module);  // (a lookup by name in the module itself is a scan)
 
     OpBuilder b(&getContext());
     SmallVector<Attribute> bucket;
@@ -68,7 +72,7 @@ struct BucketGradientsPass : kiln::impl::BucketGradientsBase<BucketGradientsPass
     for (auto [i, entry] : llvm::enumerate(order)) {
       auto [name, acc] = entry;
       auto paramSize = [&](StringAttr n) {
-        return 4.0 * module.lookupSymbol<ParameterOp>(n).getTensorType().getNumElements();
+        return 4.0 * symbols.lookup<ParameterOp>(n).getTensorType().getNumElements();
       };
       const double size = paramSize(name);
       bucket.push_back(FlatSymbolRefAttr::get(name));
