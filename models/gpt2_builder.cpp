@@ -120,8 +120,9 @@ class GPT2Builder {
 
   // Positions @prefill reads per call: enough rows for the matrix products to run at speed
   // (B x 64). @prefill_short reads 16, so that a prompt of a few tokens pads to 16, not 64; there
-  // is none when seq_len leaves no room for both (0).
-  int64_t prefillPositions() const { return std::min<int64_t>(spec_.seq_len, 64); }
+  // is none when seq_len leaves no room for both (0). With seq_len 1 there is no @prefill: a
+  // call of one position is @decode's.
+  int64_t prefillPositions() const { return spec_.seq_len > 1 ? std::min<int64_t>(spec_.seq_len, 64) : 0; }
   int64_t shortPrefillPositions() const { return spec_.seq_len > 16 ? 16 : 0; }
 
   // @`name` (prefill or prefill_short): the M tokens at positions `name`_positions (p, p+1, ...,

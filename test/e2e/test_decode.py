@@ -108,7 +108,7 @@ def main():
         (m0, c0), (m1, c1) = (prices + [(1, 1), (1, 1)])[:2]
         return min(a * c0 + b * c1 + max(0, n - a * m0 - b * m1)
                    for a in range(n // m0 + 2) for b in range(n // m1 + 2))
-    wanted_programs = [("prefill", min(T, 64))] + ([("prefill_short", 16)] if T > 16 else [])
+    wanted_programs = ([("prefill", min(T, 64))] if T > 1 else []) + ([("prefill_short", 16)] if T > 16 else [])
     n_prompt = len(prompt) - 1 if len(prompt) <= T else 0  # (a longer prompt goes through @logits)
     failures = 0
     results = {}
