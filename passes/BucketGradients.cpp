@@ -51,12 +51,11 @@ struct BucketGradientsPass : kiln::impl::BucketGradientsBase<BucketGradientsPass
     llvm::DenseMap<StringAttr, std::pair<Operation*, size_t>> last;
     size_t seq = 0;
     step.walk([&](AccumulateGradOp acc) { last[acc.getNameAttr().getAttr()] = {body.findAncestorOpInBlock(*acc), seq++}; });
-    SmallVector<std::tuple<StringAttr, Operation*, size_t>> found;
-    for (auto& [name, at] : last) found.push_back({name, at.first, at.second});
-    llvm::sort(found, [](auto& a, auto& b) { return std::get<2>(a) < std::get<2>(b); });
     SmallVector<std::pair<StringAttr, Operation*>> order;
-    for (auto& [name, op, s] : found) order.push_back({name, op});
-    llvm::stable_sort(order, [](auto& a, auto& b) { return a.second->isBeforeInBlock(b.second); });
+    for (auto& [name, at] : last) order.push_back({name, at.first});
+    llvm::sort(order, [&](auto& a, auto& b) {
+      return a.second != b.second ? a.second->isBeforeInBlock(b.second) : last[a.first].second < last[b.first].second;
+    });
     SymbolTable symbols(module);  // (a lookup by name in the module itself is a scan)
 
     OpBuilder b(&getContext());

@@ -25,14 +25,12 @@ class Fuser {
   Fuser(func::FuncOp f, bool singleOps) : body_(f.getBody().front()), singleOps_(singleOps) {}
 
   void run() {
-    SmallVector<Operation*> ops;
-    for (Operation& op : body_.without_terminator()) ops.push_back(&op);
     // An op whose results nothing reads, and that writes no state, would be a kernel with nothing
     // to write (a region may not compute values it neither reads nor yields): it is dropped, as
     // canonicalization drops it, and so are the ops only it read (hence from the end).
-    for (Operation* op : llvm::reverse(ops))
-      if (op->getNumResults() && op->use_empty() && isMemoryEffectFree(op)) op->erase();
-    ops.clear();
+    for (Operation& op : llvm::make_early_inc_range(llvm::reverse(body_.getOperations())))
+      if (op.getNumResults() && op.use_empty() && isMemoryEffectFree(&op)) op.erase();
+    SmallVector<Operation*> ops;
     for (Operation& op : body_.without_terminator()) ops.push_back(&op);
 
     for (Operation* op : ops)

@@ -497,7 +497,6 @@ std::string describe_executable(const Module& module) {
 
 // Marks a program whose main is run_main (kiln-run) as a Kiln runtime: kilnc --runtime looks for
 // these bytes (embedded.cpp), which kilnc and the other tools do not hold.
-extern const char kRuntimeMarker[];
 const char kRuntimeMarker[] = "KILN-RUNTIME:run_main";
 
 }  // namespace

@@ -70,7 +70,6 @@ bool expected(const fb::Instr& ins, Shape& s) {
     if (x < 0) return false;
   if ((ins.op() == O::Attention || ins.op() == O::AttentionGrad) && (v[3] == 0 || v[2] % v[3] != 0)) return false;
   if ((ins.op() == O::CrossEntropy || ins.op() == O::CrossEntropyGrad) && (v[2] == 0 || v[2] > v[1])) return false;
-  if (ins.op() == O::Matmul && (v[3] > 1 || v[4] > 1)) return false;  // transA, transB are flags
   if (ins.op() == O::DecodeAttention && (v[2] == 0 || v[1] % v[2] != 0 || v[3] == 0 || v[4] == 0 || v[4] > v[3])) return false;
   // Products of sizes, -1 on overflow (which no buffer satisfies).
   auto mul = [](int64_t a, int64_t b) {
@@ -149,7 +148,6 @@ bool is_index_input(O op, size_t i) {
 
 }  // namespace
 
-// MemAvailable from /proc/meminfo in bytes, or 0 when unknown.
 // What this process may still allocate: the kernel's estimate of available memory, under the
 // address-space limit (ulimit -v) and the container's memory limit (cgroup v2), when set; 0 when
 // none is known.
@@ -299,7 +297,7 @@ void Executor::check(const fb::Program& prog) const {
       check_kernel(ins, where);
       continue;
     }
-    if (ins.op() == O::Matmul && ins.ints()->size() == 5 && (ins.ints()->Get(3) > 1 || ins.ints()->Get(4) > 1))
+    if (ins.op() == O::Matmul && ins.ints()->size() == 5 && (ins.ints()->Get(3) > 1 || ins.ints()->Get(4) > 1))  // flags
       throw Error(where + ": transpose flags " + std::to_string(ins.ints()->Get(3)) + ", " +
                   std::to_string(ins.ints()->Get(4)) + " are not 0 or 1");
     Shape s;

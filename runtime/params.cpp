@@ -131,9 +131,8 @@ void load_llmc_bin(Executor& ex, const std::string& path) {
                 (need > double(bytes.size()) ? " (truncated?)" : " (bytes after the last tensor: not this model?)"));
   }
   size_t pos = 1024;
-  // Reads n values starting at the cursor, widening bf16.
+  // Reads n values starting at the cursor, widening bf16 (the file's length was checked above).
   auto take = [&](int64_t n) {
-    if (pos + size_t(n) * elem > bytes.size()) throw Error(path + ": truncated (tensor data ends early)");
     std::vector<float> v(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) {
       if (bf16) {
@@ -190,11 +189,13 @@ void load_llmc_bin(Executor& ex, const std::string& path) {
   std::vector<float> lnf = take(2 * C);
   put("ln_f.weight", lnf.data(), C);
   put("ln_f.bias", lnf.data() + C, C);
-  if (pos != bytes.size())
-    throw Error(path + ": " + std::to_string(bytes.size() - pos) + " bytes after the last tensor (not this model?)");
 }
 
 }  // namespace
+
+bool has_checkpoint_name(const std::string& path) {
+  return path.size() > 10 && path.compare(path.size() - 10, 10, ".kiln-ckpt") == 0;
+}
 
 std::string file_kind(const std::string& path) {
   // read_head reads only a regular file: a FIFO's bytes (a process substitution's) are its reader's to take.
@@ -205,8 +206,7 @@ std::string file_kind(const std::string& path) {
   if (got >= 4) std::memcpy(&magic, b, 4);
   // A checkpoint cut short within its magic is one still (its reader says it is truncated): 4 or
   // more of the magic's bytes, or fewer under a checkpoint's name.
-  const bool ckpt_name = path.size() > 10 && path.compare(path.size() - 10, 10, ".kiln-ckpt") == 0;
-  if ((got >= 4 || ckpt_name) && std::memcmp(b, "KILNCKPT", std::min<size_t>(got, 8)) == 0) return kCheckpointKind;
+  if ((got >= 4 || has_checkpoint_name(path)) && std::memcmp(b, "KILNCKPT", std::min<size_t>(got, 8)) == 0) return kCheckpointKind;
   if (got >= 8 && std::memcmp(b + 4, "KILN", 4) == 0) return "a Kiln module (kiln-run's first argument)";
   if (got >= 4 && std::memcmp(b, "\x7f" "ELF", 4) == 0) return "a program";
   if (starts_like_token_shard(path)) return "an llm.c token shard (training data)";
@@ -255,8 +255,7 @@ void load_parameters(Executor& ex, const std::string& path) {
   const std::string kind = check_weights_file(path);
   // A checkpoint's values (its AdamW moments and data position are --resume's). One whose magic
   // is damaged is still read as a checkpoint by its name, whose reader says what is wrong.
-  const bool ckpt_name = path.size() > 10 && path.compare(path.size() - 10, 10, ".kiln-ckpt") == 0;
-  if (kind == kCheckpointKind || (kind.empty() && ckpt_name)) {
+  if (kind == kCheckpointKind || (kind.empty() && has_checkpoint_name(path))) {
     load_checkpoint(path, ex, true);
     return;
   }

@@ -5,7 +5,6 @@
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
-#include <set>
 #include <vector>
 
 #include "runtime/error.h"

@@ -81,11 +81,6 @@ const char* utf16_or_32(std::string_view head) {
   return nullptr;
 }
 
-bool is_regular_file(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
-
 // What a text that is not plain UTF-8 holds, for a note: its bytes are tokenized as they are
 // (byte-level BPE takes any bytes), which is rarely what was meant.
 // `in_place`: the text is a regular file, which sed -i can mend; a pipe's is mended in the pipe.
@@ -315,7 +310,9 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
       if (const char* utf = utf16_or_32(text))
         throw Error(o.files[i] + ": is " + utf + " text (it starts with a byte-order mark); the tokenizer reads "
                     "UTF-8: convert it first (iconv -f " + utf + " -t UTF-8)");
-      if (std::string problem = text_problem(text, is_regular_file(o.files[i])); !problem.empty()) not_text.push_back(o.files[i] + " " + problem);
+      std::error_code not_file;  // (sed -i mends a regular file, not a pipe)
+      if (std::string problem = text_problem(text, fs::is_regular_file(o.files[i], not_file)); !problem.empty())
+        not_text.push_back(o.files[i] + " " + problem);
       if (text.empty()) empty.push_back(o.files[i]);
       for (size_t at = 0; at < text.size();) {
         const size_t end = Gpt2Tokenizer::next_safe_cut(text, at + (4 << 20));
