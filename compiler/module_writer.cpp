@@ -134,13 +134,18 @@ class Writer {
     return fb::DType::F32;
   }
 
-  struct ParamBuffers { uint32_t value, grad, m, v; int32_t copy = -1; };
+  struct ParamBuffers {
+    uint32_t value, grad, m, v;
+    int32_t copy = -1;
+    int64_t numel = 0;
+  };
   void declareParameter(ParameterOp p) {
     std::string n = p.getSymName().str();
     ParamBuffers pb{addBuffer(n, fb::BufferKind::Parameter, p.getType()),
                     addBuffer(n + ".grad", fb::BufferKind::Gradient, p.getType()),
                     addBuffer(n + ".adam_m", fb::BufferKind::AdamM, p.getType()),
                     addBuffer(n + ".adam_v", fb::BufferKind::AdamV, p.getType())};
+    pb.numel = p.getTensorType().getNumElements();
     params_.push_back(p);
     paramBufs_[n] = pb;
   }
@@ -556,9 +561,9 @@ class Writer {
         .Case([&](ReduceGradientsOp o) {
           std::vector<int64_t> ints{int64_t(o.getBucket())};
           for (Attribute a : o.getParams()) {
-            auto ref = cast<FlatSymbolRefAttr>(a);
-            ins.in.push_back(paramBufs_.at(ref.getValue().str()).grad);
-            ints.push_back(module_.lookupSymbol<ParameterOp>(ref).getTensorType().getNumElements());
+            const ParamBuffers& pb = paramBufs_.at(cast<FlatSymbolRefAttr>(a).getValue().str());
+            ins.in.push_back(pb.grad);
+            ints.push_back(pb.numel);
           }
           return set(O::ReduceGradients, ints);
         })

@@ -102,19 +102,27 @@ class Fuser {
   // other state access, and a member that reads state crosses no state write.
   bool legal(ArrayRef<Operation*> group) const {
     llvm::SmallPtrSet<Operation*, 16> members(group.begin(), group.end());
-    Operation* root = group.front();
-    for (Operation* m : group)
-      if (root->isBeforeInBlock(m)) root = m;
+    Operation *first = group.front(), *root = group.front();
     for (Operation* m : group) {
-      if (m == root) continue;
-      const bool writes = writesState(m);
-      for (Operation* x = m->getNextNode(); x && x != root; x = x->getNextNode()) {
-        if (members.count(x)) continue;
-        for (Value v : x->getOperands())
-          if (v.getDefiningOp() == m) return false;
-        if (writes && !isMemoryEffectFree(x)) return false;
-        if (writesState(x) && clobbers(x, m)) return false;
+      if (m->isBeforeInBlock(first)) first = m;
+      if (root->isBeforeInBlock(m)) root = m;
+    }
+    // One walk from the first member to the root: each outside op there is crossed by the
+    // members before it (the optimizer's group has an AdamW per parameter, so a walk per member
+    // would be quadratic).
+    bool memberWrites = false;                 // a member seen so far writes state
+    SmallVector<Operation*> readersOfState;  // the members seen so far with state operands
+    for (Operation* x = first; x != root; x = x->getNextNode()) {
+      if (members.contains(x)) {
+        memberWrites |= writesState(x);
+        if (llvm::any_of(x->getOperands(), [](Value v) { return v.getDefiningOp<ParamOp>() || v.getDefiningOp<GradOp>(); }))
+          readersOfState.push_back(x);
+        continue;
       }
+      for (Value v : x->getOperands())
+        if (Operation* d = v.getDefiningOp(); d && members.contains(d)) return false;
+      if (memberWrites && !isMemoryEffectFree(x)) return false;
+      if (writesState(x) && llvm::any_of(readersOfState, [&](Operation* m) { return clobbers(x, m); })) return false;
     }
     return true;
   }

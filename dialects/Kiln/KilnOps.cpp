@@ -6,6 +6,7 @@
 #include "mlir/IR/OpImplementation.h"
 #include "mlir/IR/PatternMatch.h"
 #include "llvm/ADT/StringExtras.h"
+#include "llvm/ADT/StringMap.h"
 #include "llvm/ADT/STLExtras.h"
 
 #include <cmath>
@@ -358,11 +359,23 @@ LogicalResult KvCacheOp::verify() {
   if (!getResult().hasOneUse() || !isa<DecodeAttentionOp>(*getResult().getUsers().begin()) ||
       getResult().getUses().begin()->getOperandNumber() != 1)
     return emitOpError() << "result must have one use: the cache operand of a kiln.decode_attention";
-  // Two caches of one name are one value to CSE, which would then have two uses.
-  if (Block *block = (*this)->getBlock())
-    for (auto other : block->getOps<KvCacheOp>())
-      if (other != *this && other.getCacheName() == getCacheName())
-        return emitOpError() << "another kiln.kv_cache in this block is named \"" << getCacheName() << "\"";
+  // Two caches of one name are one value to CSE, which would then have two uses. The block's
+  // first cache checks the names of all (each checking the whole block would make verifying a
+  // deep model's @decode quadratic); the error goes to the earlier cache of a pair.
+  Block *block = (*this)->getBlock();
+  if (!block) return success();
+  for (Operation *prev = (*this)->getPrevNode(); prev; prev = prev->getPrevNode())
+    if (isa<KvCacheOp>(prev)) return success();
+  llvm::StringMap<KvCacheOp> seen;
+  for (auto cache : block->getOps<KvCacheOp>()) {
+    auto [it, fresh] = seen.try_emplace(cache.getCacheName(), cache);
+    if (!fresh) {
+      InFlightDiagnostic diag = it->second.emitOpError()
+                                << "another kiln.kv_cache in this block is named \"" << cache.getCacheName() << "\"";
+      diag.attachNote(cache.getLoc()) << "the other kiln.kv_cache";
+      return diag;
+    }
+  }
   return success();
 }
 

@@ -2,6 +2,7 @@
 // written into modules and verified; a corrupted plan is caught with both buffers named.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 
 #include "compiler/arena_planner.h"
@@ -61,6 +62,34 @@ std::vector<LiveBuffer> random_buffers(std::mt19937& rng) {
   return bufs;
 }
 
+// Best fit as the planner's comment states it, the plain way: for each buffer (largest first),
+// the busy ranges of the placed buffers alive with it, sorted; the smallest gap that holds it.
+ArenaPlan reference_plan(const std::vector<LiveBuffer>& bufs) {
+  auto up = [](uint64_t n) { return (std::max<uint64_t>(n, 1) + 255) / 256 * 256; };
+  ArenaPlan plan;
+  plan.offsets.assign(bufs.size(), 0);
+  std::vector<size_t> order(bufs.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return bufs[a].size > bufs[b].size; });
+  std::vector<size_t> placed;
+  for (size_t i : order) {
+    std::vector<std::pair<uint64_t, uint64_t>> busy;
+    for (size_t j : placed)
+      if (bufs[j].first <= bufs[i].last && bufs[i].first <= bufs[j].last)
+        busy.push_back({plan.offsets[j], plan.offsets[j] + up(bufs[j].size)});
+    std::sort(busy.begin(), busy.end());
+    uint64_t best = UINT64_MAX, gap = UINT64_MAX, cursor = 0;
+    for (auto [start, end] : busy) {
+      if (start > cursor && start - cursor >= up(bufs[i].size) && start - cursor < gap) best = cursor, gap = start - cursor;
+      cursor = std::max(cursor, end);
+    }
+    plan.offsets[i] = best != UINT64_MAX ? best : cursor;
+    plan.size = std::max(plan.size, plan.offsets[i] + up(bufs[i].size));
+    placed.push_back(i);
+  }
+  return plan;
+}
+
 TEST(ArenaPlanner, RandomPlansVerify) {
   std::mt19937 rng(1234);
   for (int trial = 0; trial < 300; ++trial) {
@@ -79,6 +108,24 @@ TEST(ArenaPlanner, RandomPlansVerify) {
     ASSERT_LE(plan.size, naive) << "trial " << trial;
     for (uint64_t o : plan.offsets) ASSERT_EQ(o % kArenaAlignment, 0u);
     ASSERT_NO_THROW(verify_plan(module_for(bufs, plan.offsets, plan.size))) << "trial " << trial;
+  }
+}
+
+// The planner keeps its placed buffers sorted and stops at an exact fit; its offsets must be the
+// plain algorithm's, on sets with many equal sizes (as a deep model's layers have) and without.
+TEST(ArenaPlanner, MatchesThePlainBestFit) {
+  std::mt19937 rng(99);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::uniform_int_distribution<int> count(1, 400), start(0, 300), len(0, trial % 2 ? 20 : 200), kinds(1, 6);
+    std::vector<LiveBuffer> bufs(count(rng));
+    for (LiveBuffer& b : bufs) {
+      b.first = start(rng);
+      b.last = b.first + len(rng);
+      b.size = trial % 4 < 2 ? uint64_t(kinds(rng)) * 1024 : uint64_t(kinds(rng)) * 1000 + uint64_t(start(rng));
+    }
+    ArenaPlan got = plan_arena(bufs), want = reference_plan(bufs);
+    ASSERT_EQ(got.offsets, want.offsets) << "trial " << trial;
+    ASSERT_EQ(got.size, want.size) << "trial " << trial;
   }
 }
 

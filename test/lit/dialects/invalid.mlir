@@ -788,8 +788,24 @@ func.func @f(%qkv: tensor<2x24xf32>, %p: tensor<1xi32>) {
   // expected-error@+1 {{'kiln.kv_cache' op another kiln.kv_cache in this block is named "h.0.attn"}}
   %kv = kiln.kv_cache "h.0.attn" : tensor<2x2x2x8x4xf32>
   %0 = kiln.decode_attention %qkv, %kv, %p {num_heads = 2 : i64} : tensor<2x24xf32>, tensor<2x2x2x8x4xf32>, tensor<1xi32> -> tensor<2x8xf32>
+  // expected-note@+1 {{the other kiln.kv_cache}}
   %kv2 = kiln.kv_cache "h.0.attn" : tensor<2x2x2x8x4xf32>
   %1 = kiln.decode_attention %qkv, %kv2, %p {num_heads = 2 : i64} : tensor<2x24xf32>, tensor<2x2x2x8x4xf32>, tensor<1xi32> -> tensor<2x8xf32>
+  return
+}
+
+// -----
+
+// The pair need not include the block's first cache.
+func.func @f(%qkv: tensor<2x24xf32>, %p: tensor<1xi32>) {
+  %kv = kiln.kv_cache "h.0.attn" : tensor<2x2x2x8x4xf32>
+  %0 = kiln.decode_attention %qkv, %kv, %p {num_heads = 2 : i64} : tensor<2x24xf32>, tensor<2x2x2x8x4xf32>, tensor<1xi32> -> tensor<2x8xf32>
+  // expected-error@+1 {{'kiln.kv_cache' op another kiln.kv_cache in this block is named "h.1.attn"}}
+  %kv1 = kiln.kv_cache "h.1.attn" : tensor<2x2x2x8x4xf32>
+  %1 = kiln.decode_attention %qkv, %kv1, %p {num_heads = 2 : i64} : tensor<2x24xf32>, tensor<2x2x2x8x4xf32>, tensor<1xi32> -> tensor<2x8xf32>
+  // expected-note@+1 {{the other kiln.kv_cache}}
+  %kv2 = kiln.kv_cache "h.1.attn" : tensor<2x2x2x8x4xf32>
+  %2 = kiln.decode_attention %qkv, %kv2, %p {num_heads = 2 : i64} : tensor<2x24xf32>, tensor<2x2x2x8x4xf32>, tensor<1xi32> -> tensor<2x8xf32>
   return
 }
 
