@@ -78,7 +78,8 @@ namespace {
 // ranks drift apart (or deadlock on different collectives). Checked once at start; every rank
 // learns the outcome, so they all stop together.
 void check_ranks_agree(Communicator& comm, const Module& module, const TrainOptions& o, int64_t total,
-                       int64_t first_step, Executor& ex, const DataLoader& data) {
+                       int64_t first_step, Executor& ex, const DataLoader& data, const DataLoader* val,
+                       int64_t val_steps) {
   const uint8_t* bytes = flatbuffers::GetBufferStartFromRootPointer(&module.fb());
   // Everything that decides which collectives run (evaluation, gradient dumps, checkpoints: a
   // ZeRO-1 run gathers its moments for each) is compared too.
@@ -96,24 +97,29 @@ void check_ranks_agree(Communicator& comm, const Module& module, const TrainOpti
   // The data: each rank reads its own windows of the same shards, so the shards' sizes and the
   // tokens of the one being read must agree (the paths may differ from machine to machine).
   const uint64_t tokens = data_fingerprint(data);
-  // Rank 0 alone writes --save and --log: one that another rank has and rank 0 lacks would be
-  // dropped without a word (rank 0 may have them alone).
-  const uint64_t outputs = (o.save.empty() ? 0 : 1) | (o.log.empty() ? 0 : 2);
-  uint64_t mine[5] = {fingerprint(bytes, module.size_bytes()), fingerprint(opts.data(), opts.size()), weights, tokens,
-                      outputs};
-  uint64_t root[5];
+  // So must the validation data's, and the batches each evaluation reads of it (--val-steps cut
+  // to what one pass holds): the logged validation loss is the mean of the ranks' means.
+  const uint64_t val_tokens = val ? fingerprint(&val_steps, sizeof val_steps, data_fingerprint(*val)) : 0;
+  // Rank 0 alone writes --save and --log and prints --sample-every's samples: one that another
+  // rank has and rank 0 lacks would be dropped without a word (rank 0 may have them alone).
+  const uint64_t outputs = (o.save.empty() ? 0 : 1) | (o.log.empty() ? 0 : 2) | (o.sample_every > 0 ? 4 : 0);
+  uint64_t mine[6] = {fingerprint(bytes, module.size_bytes()), fingerprint(opts.data(), opts.size()), weights, tokens,
+                      val_tokens, outputs};
+  uint64_t root[6];
   std::memcpy(root, mine, sizeof root);
   comm.broadcast(root, sizeof root, 0);
-  std::vector<bool> this_one(5);
-  for (int i = 0; i < 4; ++i) this_one[i] = mine[i] != root[i];
-  this_one[4] = (outputs & ~root[4]) != 0;
+  std::vector<bool> this_one(6);
+  for (int i = 0; i < 5; ++i) this_one[i] = mine[i] != root[i];
+  this_one[5] = (outputs & ~root[5]) != 0;
   require_ranks_agree(comm, this_one,
                       {"the module (a different executable?)",
                        "the training options (--steps, --total-batch, --zero, --bucket-mb, the schedule, AdamW, "
                        "evaluation, checkpoints, or --resume and the step of the checkpoint it resumes from)",
                        "the initial weights (a different --seed, or --init files that differ)",
                        "the training data (--data: other shards, or shards of other sizes)",
-                       "the outputs (--save or --log, which rank 0 alone writes, given to another rank but not to it)"},
+                       "the validation data (--val-data: other shards, or shards of other sizes)",
+                       "the outputs (--save, --log or --sample-every, which rank 0 alone writes or prints, given to "
+                       "another rank but not to it)"},
                       "data parallel");
 }
 
@@ -661,7 +667,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     scan = std::make_unique<TokenScan>(shards_to_scan(loader, first_step, o.steps, accum, val.get(), val_steps),
                                        model.vocab_size());
   if (root) check_outputs_spare_inputs(o, loader, val.get());
-  if (world > 1) check_ranks_agree(comm, module, o, total, first_step, ex, loader);
+  if (world > 1) check_ranks_agree(comm, module, o, total, first_step, ex, loader, val.get(), val_steps);
 
   // The log opens at its first line (checked writable at the start): a run that fails before
   // its first step leaves no empty log behind.

@@ -89,6 +89,7 @@ std::string address_of(const sockaddr_storage& a) {
 struct Peer {
   int fd = -1;
   std::string name;  // "rank 1 (127.0.0.1:50112)"
+  double wait_s = -1;  // the receive timeout when it is not KILN_COMM_TIMEOUT's (the rendezvous)
 };
 
 class TcpCommunicator final : public Communicator {
@@ -161,6 +162,12 @@ class TcpCommunicator final : public Communicator {
     std::future<void> f_;
   };
 
+  // A peer that closed its connection. The other ranks reach each other through rank 0, which
+  // ends them all when any one fails: on them, rank 0's going names no culprit.
+  std::string gone(const Peer& p, const char* why = nullptr) const {
+    return p.name + " disconnected" + (why ? std::string(" (") + why + ")" : "") +
+           (o_.rank != 0 ? "; rank 0 also disconnects every rank when another fails, and then its message names which" : "");
+  }
   std::string who() const {
     return "rank " + std::to_string(o_.rank) + " of " + std::to_string(o_.world_size) + " (TCP)";
   }
@@ -340,11 +347,11 @@ void TcpCommunicator::rendezvous_root() {
     while (!ready.empty()) {
       const Pending c = ready.back();
       ready.pop_back();
-      Peer p{c.fd, "a peer at " + address_of(c.from)};
+      Peer p{c.fd, "a peer at " + address_of(c.from), std::min(o_.timeout_s, 2.0)};
       Header h;
       // A rank's Hello is one small segment: a sender that stops part-way (not a Kiln rank) is
       // given two seconds, not the whole timeout, before it is dropped.
-      set_socket_options(c.fd, std::min(o_.timeout_s, 2.0));
+      set_socket_options(c.fd, p.wait_s);
       try {
         recv_all(p, &h, sizeof h, "rendezvous");
       } catch (const Error&) {
@@ -352,6 +359,7 @@ void TcpCommunicator::rendezvous_root() {
         continue;
       }
       set_socket_options(c.fd, o_.timeout_s);
+      p.wait_s = -1;
       struct CloseUnlessPeer {
         int fd;
         bool kept = false;
@@ -445,9 +453,11 @@ void TcpCommunicator::rendezvous_peer() {
   h.arg = uint64_t(uint32_t(o_.rank)) | uint64_t(uint32_t(o_.world_size)) << 32;
   send_all(peers_[0], &h, sizeof h, "rendezvous");
   // Rank 0 answers once every rank has arrived; it may wait for the others up to the timeout.
-  timeval tv{time_t(o_.timeout_s) * 2 + 1, 0};
+  peers_[0].wait_s = double(time_t(o_.timeout_s) * 2 + 1);
+  timeval tv{time_t(peers_[0].wait_s), 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   expect(peers_[0], Op::Welcome, 0, 0, "rendezvous (waiting for all ranks to connect)");
+  peers_[0].wait_s = -1;
   set_socket_options(fd, o_.timeout_s);
 }
 
@@ -460,7 +470,7 @@ void TcpCommunicator::send_all(Peer& p, const void* data, size_t n, const std::s
       throw Error(who() + ": " + what + ": " + p.name + " took no data for " + seconds(o_.timeout_s) +
                   " (hung or unreachable; KILN_COMM_TIMEOUT sets the limit)");
     if (k < 0)
-      throw Error(who() + ": " + what + ": " + p.name + " disconnected (" + std::strerror(errno) + ")");
+      throw Error(who() + ": " + what + ": " + gone(p, std::strerror(errno)));
     c += k;
     n -= size_t(k);
   }
@@ -472,10 +482,10 @@ void TcpCommunicator::recv_all(Peer& p, void* data, size_t n, const std::string&
     ssize_t k = ::recv(p.fd, c, n, 0);
     if (k < 0 && errno == EINTR) continue;
     if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-      throw Error(who() + ": " + what + ": nothing from " + p.name + " for " + seconds(o_.timeout_s) +
+      throw Error(who() + ": " + what + ": nothing from " + p.name + " for " + seconds(p.wait_s >= 0 ? p.wait_s : o_.timeout_s) +
                   " (hung or unreachable; KILN_COMM_TIMEOUT sets the limit)");
-    if (k == 0) throw Error(who() + ": " + what + ": " + p.name + " disconnected");
-    if (k < 0) throw Error(who() + ": " + what + ": " + p.name + " disconnected (" + std::strerror(errno) + ")");
+    if (k == 0) throw Error(who() + ": " + what + ": " + gone(p));
+    if (k < 0) throw Error(who() + ": " + what + ": " + gone(p, std::strerror(errno)));
     c += k;
     n -= size_t(k);
   }

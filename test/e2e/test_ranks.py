@@ -32,9 +32,11 @@ and (group tcp, the environment rendezvous RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PO
   tcp_hang       SIGSTOP rank 1 with KILN_COMM_TIMEOUT=4: rank 0 gives up on it after 4 s
   tcp_rank_error rank 1 fails at start (missing data): rank 0 exits non-zero too
   tcp_no_root    rank 1 without rank 0: exits non-zero after KILN_COMM_TIMEOUT=3 s, saying so
-  tcp_other_data rank 1 reads other shards of the same sizes: both ranks refuse to start
+  tcp_other_data rank 1 reads other shards of the same sizes, as training or as validation data
+                 (--val-data): both ranks refuse to start
   tcp_other_checkpoints  only rank 0 has --checkpoint-dir (--zero 1): both ranks refuse to start
-  tcp_save_one_rank      only rank 1 has --save (rank 0 alone writes it): both ranks refuse to start
+  tcp_save_one_rank      only rank 1 has --save or --sample-every (rank 0 alone writes or prints
+                 them): both ranks refuse to start
   tcp_log_full   rank 0's --log cannot be written: both ranks stop after the next step with its
                  checkpoint, which keeps the lines not written; the resumed run writes them first
   tcp_cut_step   SIGTERM to rank 1 within a step of 200 micro-steps a rank: both stop after the
@@ -658,7 +660,12 @@ def case_tcp_other_data(c: Ctx):
         if r == 1:
             args[args.index("--data") + 1] = os.path.join(other, "train_*.bin")
         return args
-    return both_refuse(c, "tcp_other_data", "the training data", per_rank=other_data)
+    said = both_refuse(c, "tcp_other_data", "the training data", per_rank=other_data)
+
+    # The same shards as validation data: rank 0 logs the mean of the ranks' validation losses.
+    def other_val(r, args):
+        return args + ["--val-data", os.path.join(other if r == 1 else c.workdir, "train_000.bin"), "--val-every", "5"]
+    return said + "; --val-data: " + both_refuse(c, "tcp_other_val", "the validation data", per_rank=other_val)
 
 
 def case_tcp_other_checkpoints(c: Ctx):
@@ -684,7 +691,11 @@ def case_tcp_save_one_rank(c: Ctx):
     said = both_refuse(c, "tcp_save_one_rank", "the outputs", per_rank=rank1_saves)
     if os.path.exists(w):
         raise TestFailure(f"tcp_save_one_rank: {w} was written")
-    return said
+
+    # Rank 0 alone prints samples: --sample-every given to rank 1 alone would print nothing.
+    def rank1_samples(r, args):
+        return args + (["--sample-every", "2"] if r == 1 else [])
+    return said + "; --sample-every: " + both_refuse(c, "tcp_sample_one_rank", "the outputs", per_rank=rank1_samples)
 
 
 def case_tcp_log_full(c: Ctx):
