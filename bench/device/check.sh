@@ -177,7 +177,7 @@ finish() {
   log "f) the table"
   if [ -n "${PY_ANY:-}" ]; then
     "$PY_ANY" - "$WORK" "$OUT" "$DRY" "$BUDGET" "$SECONDS" "$KILN_WARMUP" "$BENCH" <<'EOF'
-import glob, json, os, statistics, sys, time
+import glob, json, math, os, statistics, sys, time
 work, out, dry, budget, elapsed, kwarm, bench = sys.argv[1:]
 kwarm = int(kwarm)
 
@@ -272,6 +272,11 @@ for B, suffix in ((16, ""), (32, "-b32"), (64, "-b64")):
         krow.update(ms=ms, tok_s=(Bk * T) / (ms / 1e3), tflops=kflops / (ms / 1e3) / 1e12 if kflops else None,
                     loss_first=k.get("loss_first"), loss_last=k.get("loss_last"))
     krow["note"] = k["note"]
+    # From random weights the first loss is about ln(V): far from it, the step computed something
+    # else (at B = 64 the logits hold 3.3e9 elements, past 32-bit offsets), whatever its speed.
+    lf = k.get("loss_first")
+    if lf is not None and V and not abs(lf - math.log(V)) < 1.0:
+        krow["note"] += f"; SUSPECT: first loss {lf:.4f} is not near ln(V) = {math.log(V):.4f}"
     held = held_gib(f"{work}/kiln-{bench}{suffix}.log")
     arena = planned_arena_gib(f"{bench}{suffix}.kiln")
     if held is not None:
