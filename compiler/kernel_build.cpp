@@ -290,9 +290,10 @@ static std::string errorLines(const std::string& log) {
 std::optional<std::vector<CudaImageBuild>> compileCudaKernels(const std::string& source, std::string& error) {
 #ifdef KILN_HAVE_NVRTC
   // One NVRTC program per architecture, compiled on threads of their own (NVRTC's calls may run
-  // concurrently on distinct programs): the two take about as long as one.
+  // concurrently on distinct programs): the two take about as long as one. Then sm_90's PTX.
   const char* archs[] = {"sm_80", "sm_90"};
   std::vector<CudaImageBuild> images(2);
+  CudaImageBuild ptxImage;
   std::string errors[2];
   auto build = [&](size_t i) {
     const char* arch = archs[i];
@@ -317,12 +318,23 @@ std::optional<std::vector<CudaImageBuild>> compileCudaKernels(const std::string&
     nvrtcGetCUBINSize(prog, &size);
     std::vector<uint8_t> cubin(size);
     nvrtcGetCUBIN(prog, reinterpret_cast<char*>(cubin.data()));
+    if (i == 1) {
+      // The newest architecture's PTX too, without its closing NUL: a GPU of a later major
+      // version (which no cubin runs on) has its driver compile that.
+      size_t n = 0;
+      nvrtcGetPTXSize(prog, &n);
+      std::vector<uint8_t> ptx(n);
+      nvrtcGetPTX(prog, reinterpret_cast<char*>(ptx.data()));
+      while (!ptx.empty() && ptx.back() == 0) ptx.pop_back();
+      ptxImage = {"compute_90", std::move(ptx), {}};
+    }
     nvrtcDestroyProgram(&prog);
     images[i] = {arch, std::move(cubin), parsePtxasInfo(log)};
   };
   std::thread second(build, 1);
   build(0);
   second.join();
+  images.push_back(std::move(ptxImage));
   for (const std::string& e : errors)
     if (!e.empty()) {
       error = e;

@@ -21,13 +21,13 @@ std::optional<std::vector<uint8_t>> compileCpuKernels(const std::string& source,
 
 // One architecture's compiled kernels.
 struct CudaImageBuild {
-  std::string arch;  // "sm_80", "sm_90"
-  std::vector<uint8_t> cubin;
+  std::string arch;  // "sm_80", "sm_90"; "compute_90" for PTX
+  std::vector<uint8_t> cubin;  // or PTX text
   std::vector<CudaFunctionResources> resources;
 };
 
 // Compiles CUDA kernel source with NVRTC for sm_80 and sm_90 (ptxas verbose, for the
-// resources). Fails with a message when kilnc was built without NVRTC.
+// resources), and keeps sm_90's PTX as a third image, "compute_90", for later GPUs. Fails with a message when kilnc was built without NVRTC.
 std::optional<std::vector<CudaImageBuild>> compileCudaKernels(const std::string& source, std::string& error);
 
 // Writes `source` as DIR/kernels.cpp (or kernels.cu) and `manifest` as DIR/kernels.tsv.

@@ -4,7 +4,8 @@
 //
 // Which CUDA pieces, and why:
 // - Memory, copies, streams and graphs use the CUDA runtime (libcudart).
-// - The module's kernels are cubins (kilnc compiles them with NVRTC per architecture), loaded
+// - The module's kernels are cubins (kilnc compiles them with NVRTC per architecture; PTX for
+//   GPUs newer than those, runtime/cuda/cuda_image.h), loaded
 //   with the driver's module API: cuModuleLoadData, cuModuleGetFunction, cuLaunchKernel. We do
 //   not link libcuda: the driver's functions are looked up through the runtime's
 //   cudaGetDriverEntryPointByVersion, so the runtime library links (and its start-up error is
@@ -17,6 +18,7 @@
 // context current on it, which the driver calls rely on. The GPU is the current one: 0, or the
 // one the NCCL communicator chose for this rank (local rank % GPUs) before the executor starts.
 #include "runtime/cuda/cuda_device.h"
+#include "runtime/cuda/cuda_image.h"
 
 #include <cublasLt.h>
 #include <cuda.h>  // types only: CUresult, CUmodule, CUfunction, CUstream, CUdeviceptr
@@ -418,33 +420,11 @@ void CudaDevice::load_kernels(const Module& m) {
                 "that targets CUDA");
   }
 
-  // A cubin runs on its own architecture and on newer minor versions of the same major one
-  // (sm_80 on sm_86), never across majors: take the exact image, else the closest older minor.
-  const fb::CudaImage* pick = nullptr;
-  std::string have;
-  for (const fb::CudaImage* im : *images) {
-    const std::string a = im->arch() ? im->arch()->str() : "";
-    have += (have.empty() ? "" : ", ") + a;
-    if (a == arch && !pick) pick = im;
-  }
-  if (!pick) {
-    int best_minor = -1;
-    for (const fb::CudaImage* im : *images) {
-      const std::string a = im->arch() ? im->arch()->str() : "";
-      if (a.size() < 5 || a.compare(0, 3, "sm_") != 0 || a.find_first_not_of("0123456789", 3) != std::string::npos)
-        continue;  // "sm_90a" and the like run only on their exact GPU
-      const int v = std::stoi(a.substr(3)), major = v / 10, minor = v % 10;
-      if (major == prop_.major && minor <= prop_.minor && minor > best_minor) {
-        pick = im;
-        best_minor = minor;
-      }
-    }
-  }
-  if (!pick)
-    throw Error(m.source() + ": the module has kernels for " + have + "; this GPU (" + prop_.name + ") is " + arch +
-                "; recompile it with a kilnc that targets it");
-  const auto* cubin = pick->cubin();
-  if (!cubin || cubin->size() == 0) throw Error(m.source() + ": the " + pick->arch()->str() + " kernel image is empty");
+  const CudaImageChoice pick = pick_cuda_image(m, prop_.major, prop_.minor, prop_.name);
+  const auto* cubin = pick.image->cubin();
+  if (pick.jit)
+    std::fprintf(stderr, "note: %s: no cubin for this GPU (%s, %s); the driver compiles the module's %s PTX for it\n",
+                 m.source().c_str(), prop_.name, arch.c_str(), pick.image->arch()->c_str());
 
   if (module_) {  // a second module replaces the first
     (void)module_unload_(module_);
@@ -456,7 +436,7 @@ void CudaDevice::load_kernels(const Module& m) {
   // The zero word at the end would also terminate a PTX image.
   std::vector<uint64_t> image(cubin->size() / 8 + 1, 0);
   std::memcpy(image.data(), cubin->data(), cubin->size());
-  module_name_ = m.source() + " (" + pick->arch()->str() + " kernels)";
+  module_name_ = m.source() + " (" + pick.image->arch()->str() + " kernels)";
   CUresult r = module_load_data_(&module_, image.data());
   if (r != CUDA_SUCCESS) {
     module_ = nullptr;

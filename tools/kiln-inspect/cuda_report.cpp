@@ -33,9 +33,12 @@ std::pair<unsigned, std::string> resident_blocks(const std::string& arch, unsign
 void add_cuda_report(const Module& m, nlohmann::ordered_json& j) {
   const auto* images = m.fb().cuda_images();
   if (!images || images->size() == 0) return;
-  const fb::CudaImage* image = images->Get(images->size() - 1);  // the newest architecture
+  // The newest architecture's cubin (PTX has no ptxas figures).
+  const fb::CudaImage* image = nullptr;
   for (const fb::CudaImage* i : *images)
-    if (i->arch() && image->arch() && i->arch()->str() > image->arch()->str()) image = i;
+    if (i->arch() && i->arch()->str().rfind("sm_", 0) == 0 && (!image || i->arch()->str() > image->arch()->str()))
+      image = i;
+  if (!image) return;
   const std::string arch = image->arch() ? image->arch()->str() : "";
   // Block sizes of the functions the module launches (support kernels: the runtime chooses).
   std::map<std::string, unsigned> blocks;
