@@ -25,6 +25,9 @@ using namespace mlir;
 namespace kiln {
 namespace {
 
+// The most bytes of __constant__ tables the optimizer kernel declares (a module has 64 KB).
+constexpr size_t kCudaConstantTableBytes = 60 * 1024;
+
 RankedTensorType tensorOf(Value v) { return cast<RankedTensorType>(v.getType()); }
 int64_t numel(Value v) { return tensorOf(v).getNumElements(); }
 bool isBF16(Value v) { return tensorOf(v).getElementType().isBF16(); }
@@ -1130,13 +1133,17 @@ class Emitter {
       flops_ += 12.0 * double(numel(a.getGrad()));
     }
     const std::string K = num(adams.size());
+    // Constant memory (one broadcast read for a warp, whose threads mostly share a tensor) holds
+    // 64 KB a module; deeper models' tables go to global memory.
+    const bool constant = 8 * (adams.size() + 1) + 16 * adams.size() <= kCudaConstantTableBytes;
+    const std::string q = constant ? "__constant__ " : "__device__ const ";
     preamble_ = "// Per tensor: first element in the flattened list, operand of its gradient, of its value\n"
-                "// (moments follow it), of its bf16 copy (-1: none), weight decay.\n"
-                "__constant__ long long " + pre + "first[" + num(adams.size() + 1) + "] = {" + offsets + "};\n"
-                "__constant__ int " + pre + "grad[" + K + "] = {" + grads + "};\n"
-                "__constant__ int " + pre + "value[" + K + "] = {" + ps + "};\n"
-                "__constant__ int " + pre + "copy[" + K + "] = {" + copies + "};\n"
-                "__constant__ int " + pre + "decay[" + K + "] = {" + decays + "};\n";
+                "// (moments follow it), of its bf16 copy (-1: none), weight decay.\n" +
+                q + "long long " + pre + "first[" + num(adams.size() + 1) + "] = {" + offsets + "};\n" +
+                q + "int " + pre + "grad[" + K + "] = {" + grads + "};\n" +
+                q + "int " + pre + "value[" + K + "] = {" + ps + "};\n" +
+                q + "int " + pre + "copy[" + K + "] = {" + copies + "};\n" +
+                q + "int " + pre + "decay[" + K + "] = {" + decays + "};\n";
     block_ = 256;
     grid_ = unsigned(std::min<int64_t>((total + 255) / 256, 2112));
     body_ += "  for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < " + num(total) +

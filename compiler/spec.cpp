@@ -148,10 +148,6 @@ std::optional<std::pair<std::string, std::string>> spec_relation_error(
       return problem("n_embd", "target \"cuda\": " + name("n_embd") + " = " + std::to_string(s.n_embd) + " is above " +
                                    std::to_string(kCudaMaxEmbd) +
                                    ", the most its layer-norm gradient kernels sum in 48 KB of shared memory");
-    if (s.n_layer > kCudaMaxLayers)
-      return problem("n_layer", "target \"cuda\": " + name("n_layer") + " = " + std::to_string(s.n_layer) +
-                                    " is above " + std::to_string(kCudaMaxLayers) +
-                                    ", the most its optimizer kernel's per-tensor tables hold in 64 KB of constant memory");
   }
   return std::nullopt;
 }

@@ -28,11 +28,9 @@ struct SpecRange {
   long lo, hi;
   const char* why = "";  // said after the range when it is not plain ("" or " (...)")
 };
-// What the cuda target's generated kernels have room for: the attention kernels' head size, the
-// layer-norm gradient's column sums (3 x n_embd floats of static shared memory, at most 48 KB),
-// and the optimizer's tables (24 bytes per parameter tensor, 12 per layer, in 64 KB of constant
-// memory beside the module's other constants).
-constexpr int kCudaMaxHeadSize = 128, kCudaMaxEmbd = 4096, kCudaMaxLayers = 216;
+// What the cuda target's generated kernels have room for: the attention kernels' head size and
+// the layer-norm gradient's column sums (3 x n_embd floats of static shared memory, at most 48 KB).
+constexpr int kCudaMaxHeadSize = 128, kCudaMaxEmbd = 4096;
 // The range of an integer key (n_layer, ..., batch_size, seq_len).
 SpecRange spec_range(const std::string& key);
 // The values a string key (precision, target) may take.
