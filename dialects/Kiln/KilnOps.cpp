@@ -361,7 +361,8 @@ LogicalResult KvCacheOp::verify() {
     return emitOpError() << "result must have one use: the cache operand of a kiln.decode_attention";
   // Two caches of one name are one value to CSE, which would then have two uses. The block's
   // first cache checks the names of all (each checking the whole block would make verifying a
-  // deep model's @decode quadratic); the error goes to the earlier cache of a pair.
+  // deep model's @decode quadratic); the error goes to the earlier cache of a pair. (So verifying
+  // one op alone, not its block, checks no names unless it is the first cache.)
   Block *block = (*this)->getBlock();
   if (!block) return success();
   for (Operation *prev = (*this)->getPrevNode(); prev; prev = prev->getPrevNode())

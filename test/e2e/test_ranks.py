@@ -665,7 +665,20 @@ def case_tcp_other_data(c: Ctx):
     # The same shards as validation data: rank 0 logs the mean of the ranks' validation losses.
     def other_val(r, args):
         return args + ["--val-data", os.path.join(other if r == 1 else c.workdir, "train_000.bin"), "--val-every", "5"]
-    return said + "; --val-data: " + both_refuse(c, "tcp_other_val", "the validation data", per_rank=other_val)
+    said += "; --val-data: " + both_refuse(c, "tcp_other_val", "the validation data", per_rank=other_val)
+    # The same validation data at other paths (as on two machines), more batches than a pass holds
+    # (cut alike on both) and --sample-every on both: they agree, and train.
+    same = os.path.join(c.workdir, "same_val")
+    os.makedirs(same, exist_ok=True)
+    shutil.copyfile(os.path.join(c.workdir, "train_000.bin"), os.path.join(same, "train_000.bin"))
+
+    def same_val(r, args):
+        return args + ["--val-data", os.path.join(same if r == 1 else c.workdir, "train_000.bin"), "--val-every", "5",
+                       "--val-steps", "1000", "--sample-every", "5"]
+    res = finish_ok(start_tcp(c, "tcp_same_val", save=False, steps=5, per_rank=same_val)[0], "tcp_same_val")
+    if "val loss" not in res[0][1]:
+        raise TestFailure(f"tcp_same_val: rank 0 printed no validation loss:\n{res[0][1][-2000:]}")
+    return said + "; the same --val-data elsewhere: both train"
 
 
 def case_tcp_other_checkpoints(c: Ctx):

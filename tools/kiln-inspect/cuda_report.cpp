@@ -1,7 +1,9 @@
 #include "tools/kiln-inspect/cuda_report.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <string>
 
@@ -33,11 +35,16 @@ std::pair<unsigned, std::string> resident_blocks(const std::string& arch, unsign
 void add_cuda_report(const Module& m, nlohmann::ordered_json& j) {
   const auto* images = m.fb().cuda_images();
   if (!images || images->size() == 0) return;
-  // The newest architecture's cubin (PTX has no ptxas figures).
+  // The newest architecture's cubin ("sm_90" over "sm_80", by number; PTX has no ptxas figures).
   const fb::CudaImage* image = nullptr;
-  for (const fb::CudaImage* i : *images)
-    if (i->arch() && i->arch()->str().rfind("sm_", 0) == 0 && (!image || i->arch()->str() > image->arch()->str()))
-      image = i;
+  int newest = -1;
+  for (const fb::CudaImage* i : *images) {
+    const std::string a = i->arch() ? i->arch()->str() : "";
+    if (a.rfind("sm_", 0) != 0 || a.size() < 5 || !std::isdigit((unsigned char)a[3]) || !std::isdigit((unsigned char)a[4]))
+      continue;
+    const int v = std::atoi(a.c_str() + 3);
+    if (v > newest) image = i, newest = v;
+  }
   if (!image) return;
   const std::string arch = image->arch() ? image->arch()->str() : "";
   // Block sizes of the functions the module launches (support kernels: the runtime chooses).
