@@ -1,6 +1,8 @@
 // Host-compiler and NVRTC builds of generated kernels (see kernel_build.h).
 #include "compiler/kernel_build.h"
 
+#include <functional>
+
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
@@ -221,7 +223,8 @@ std::string temporaryRoot() {
 
 }  // namespace
 
-std::optional<std::vector<uint8_t>> compileCpuKernels(const std::string& source, std::string& error) {
+std::optional<std::vector<uint8_t>> compileCpuKernels(const std::string& source, std::string& error,
+                                                      const std::function<void()>& beforeCompiling) {
   const std::string cxx = hostCompiler(), compileFlags = cpuCompileFlags(), linkFlags = cpuLinkFlags();
   const std::string dir = cacheDir();
   char key[32];
@@ -230,6 +233,7 @@ std::optional<std::vector<uint8_t>> compileCpuKernels(const std::string& source,
   // A cache entry that is no shared library (emptied, cut short, another file) is built again.
   if (!cached.empty())
     if (auto hit = readAll(cached); hit && hit->size() > 64 && std::memcmp(hit->data(), "\x7f" "ELF", 4) == 0) return hit;
+  if (beforeCompiling) beforeCompiling();
 
   BuildSignalGuard guard;
   std::string tmpl = temporaryRoot() + "/kilnc-kernels-XXXXXX";

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -15,9 +16,11 @@ namespace kiln {
 
 // Compiles CPU kernel source into a shared library (its bytes). Compiled libraries are cached
 // by a hash of the source, compiler and flags under $KILN_KERNEL_CACHE (default
-// ~/.cache/kiln/kernels; "off" disables the cache). On failure, `error` holds the compiler's
+// ~/.cache/kiln/kernels; "off" disables the cache). `beforeCompiling` runs when the cache has no
+// library for the source, before the compiler starts. On failure, `error` holds the compiler's
 // first diagnostics.
-std::optional<std::vector<uint8_t>> compileCpuKernels(const std::string& source, std::string& error);
+std::optional<std::vector<uint8_t>> compileCpuKernels(const std::string& source, std::string& error,
+                                                      const std::function<void()>& beforeCompiling = {});
 
 // One architecture's compiled kernels.
 struct CudaImageBuild {

@@ -356,14 +356,18 @@ class Writer {
     TimingScope compiling = nest(target_ == Target::Cpu ? "compile kernels (host C++ compiler, or the kernel cache)"
                                                         : "compile kernels (NVRTC, for sm_80 and sm_90 at once)");
     std::string error;
-    // The one slow step of a compile (seconds for GPT-2 124M): said before it starts.
-    std::fprintf(stderr, "kilnc: compiling %zu generated kernels (%s)\n", kernels_.size(),
-                 target_ == Target::Cpu ? "host C++ compiler" : "NVRTC, for sm_80 and sm_90");
+    // The one slow step of a compile (seconds for GPT-2 124M): said before it starts, unless the
+    // kernel cache has the CPU library already.
+    auto say = [&] {
+      std::fprintf(stderr, "kilnc: compiling %zu generated kernels (%s)\n", kernels_.size(),
+                   target_ == Target::Cpu ? "host C++ compiler" : "NVRTC, for sm_80 and sm_90");
+    };
     if (target_ == Target::Cpu) {
-      auto lib = compileCpuKernels(source, error);
+      auto lib = compileCpuKernels(source, error, say);
       if (!lib) return module_.emitError() << "kilnc: compiling the generated CPU kernels failed: " << error;
       cpuLibrary_ = std::move(*lib);
     } else {
+      say();
       auto images = compileCudaKernels(source, error);
       if (!images) return module_.emitError() << "kilnc: compiling the generated CUDA kernels failed: " << error;
       cudaImages_ = std::move(*images);

@@ -169,7 +169,10 @@ ModelSpec parse_spec(const std::string& path) {
   try {
     root = toml::parse(text, path);
   } catch (const toml::parse_error& e) {
-    throw Error(where(path, e.source()) + ": " + std::string(e.description()));
+    // A file named otherwise may be no spec at all (kilnc reads .mlir as IR, anything else as TOML).
+    const bool toml_name = std::filesystem::path(path).extension() == ".toml";
+    throw Error(where(path, e.source()) + ": " + std::string(e.description()) +
+                (toml_name ? "" : " (read as a TOML spec: kilnc takes a .toml spec or .mlir IR)"));
   }
   ModelSpec s;
   s.path = path;

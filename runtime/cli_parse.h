@@ -5,12 +5,14 @@
 #include <CLI/CLI.hpp>
 #include <type_traits>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "runtime/error.h"
 
@@ -79,6 +81,22 @@ inline CLI::Validator non_empty() {
   return CLI::Validator([](std::string& s) { return s.empty() ? std::string("needs a name, got \"\"") : std::string(); }, "");
 }
 
+// Levenshtein distance: insertions, deletions and substitutions of single characters.
+inline size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
 // Parses the command line. Returns -1 to go on, or the exit code: 0 after --help, 2 after a bad
 // command line, reported as one line naming the tool ("error: --steps: ... (see kilnc --help)").
 inline int parse(CLI::App& app, int argc, char** argv) {
@@ -112,6 +130,12 @@ inline int parse(CLI::App& app, int argc, char** argv) {
           what = "unknown subcommand '" + word + "' (" + names + ")";
           break;
         }
+    if (what == "A subcommand is required") {
+      std::string names;
+      for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
+        names += (names.empty() ? "" : ", ") + sub->get_name();
+      what = "a subcommand is required: " + names;
+    }
     // CLI11 checks required options before it reports unknown ones: a misspelt option
     // ("--inti") would hide behind "--init is required".
     if (dynamic_cast<const CLI::RequiredError*>(&e) && what == e.what())  // (not a misspelt subcommand)
@@ -120,6 +144,26 @@ inline int parse(CLI::App& app, int argc, char** argv) {
           what = "The following argument was not expected: " + word;  // as CLI11 says it otherwise
           break;
         }
+    // A misspelt option: the nearest one the command has, when it is near (at most 2 edits).
+    const std::string unexpected = "The following argument was not expected: ";
+    if (what.rfind(unexpected, 0) == 0) {
+      std::string word = what.substr(unexpected.size());
+      word = word.substr(0, word.find('='));  // "--step=2"
+      const CLI::App* at = &app;
+      for (bool deeper = true; deeper;) {
+        deeper = false;
+        for (const CLI::App* s : at->get_subcommands())
+          if (s->parsed()) at = s, deeper = true;
+      }
+      std::string best;
+      size_t best_d = 3;
+      for (const CLI::Option* opt : at->get_options())
+        for (const std::string& name : opt->get_lnames()) {
+          const size_t d = edit_distance(word, "--" + name);
+          if (d < best_d) best = "--" + name, best_d = d;
+        }
+      if (!best.empty()) what += "; did you mean " + best + "?";
+    }
     // CLI11's word for an option given twice.
     if (const size_t at = what.find("At Most 1 required but received "); at != std::string::npos)
       what = what.substr(0, at) + "given " + what.substr(at + 32) + " times; give it once";

@@ -145,6 +145,8 @@ CpuPeak estimated_cpu_peak(bool bf16) {
   const int per_cycle = bf16_rate > 0 ? bf16_rate : __builtin_cpu_supports("avx512f") ? 64 : 32;
   const std::string unit = bf16_rate == 1024 ? "bf16 FLOPs per cycle (AMX)"
                            : bf16_rate > 0   ? "bf16 FLOPs per cycle (AVX-512 BF16)"
+                           : bf16            ? "fp32 FLOPs per cycle: with no AMX or AVX-512 BF16 in use, the bf16 "
+                                               "products run on fp32 copies"
                                              : "fp32 FLOPs per cycle";
   const int threads = omp_get_max_threads();
   return {double(threads) * 2.5e9 * per_cycle, std::to_string(threads) + (threads == 1 ? " thread" : " threads") +

@@ -147,7 +147,11 @@ int cmd_decode(const Gpt2Tokenizer& tok) {
     ids.push_back(static_cast<int32_t>(*id));
     i = j;
   }
-  write_stdout(tok.decode(ids));
+  const std::string text = tok.decode(ids);
+  write_stdout(text);
+  // The text is exactly what the ids hold; a terminal also gets a newline, so the prompt starts
+  // on a line of its own (a pipe or file gets none: decode then encode gives the ids back).
+  if (!text.empty() && text.back() != '\n' && ::isatty(1) == 1) write_stdout("\n");
   return 0;
 }
 
@@ -378,8 +382,8 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
       throw Error(std::string(e.what()) + "; then could not restore" + lost + " (the older shards are in " +
                   aside.string() + ")");
     }
-    size_t removed = 0;
-    for (const std::string& name : older) removed += written.count(name) ? 0 : 1;
+    size_t removed = 0, replaced = 0;
+    for (const std::string& name : older) (written.count(name) ? replaced : removed) += 1;
     fs::remove_all(tmp, ec);
     untrack_staging_folder();
     held.reset();  // DIR holds the whole data set: a signal may end the process now
@@ -404,7 +408,9 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
         std::printf("%zu shards: %s .. %s\n", s->shards.size(), (out / s->shards.front()).string().c_str(),
                     (out / s->shards.back()).string().c_str());
     }
-    if (removed) std::printf("removed %zu older shards from %s\n", removed, o.out.c_str());
+    // Shards of an earlier data set are gone: said, since other data may have been there.
+    if (replaced) std::printf("replaced %zu older shard%s in %s\n", replaced, replaced == 1 ? "" : "s", o.out.c_str());
+    if (removed) std::printf("removed %zu older shard%s from %s\n", removed, removed == 1 ? "" : "s", o.out.c_str());
     return 0;
   } catch (...) {
     if (!keep_tmp) fs::remove_all(tmp, ec);

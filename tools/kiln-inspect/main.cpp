@@ -113,7 +113,7 @@ void print_text(const ordered_json& j) {
               human(j["naive_bytes"].get<double>()).c_str());
   std::string dtypes;
   for (const auto& [d, b] : j["buffers"]["bytes_by_dtype"].items()) dtypes += " " + d + " " + human(b.get<double>());
-  std::printf("  buffer bytes by dtype (before reuse):%s\n", dtypes.c_str());
+  std::printf("  every buffer by dtype (state and activations, before reuse):%s\n", dtypes.c_str());
   std::printf("  parameters %s, gradients %s, AdamW state %s, activations %s\n",
               human(a["parameters"].get<double>()).c_str(), human(a["gradients"].get<double>()).c_str(),
               human(a["optimizer_state"].get<double>()).c_str(), human(a["activations"].get<double>()).c_str());
@@ -147,7 +147,7 @@ void print_text(const ordered_json& j) {
   }
   std::printf("recompute  %s: %d kernels, %.3g extra FLOPs\n", j["recompute"]["mode"].get<std::string>().c_str(),
               j["recompute"]["kernels"].get<int>(), j["recompute"]["flops"].get<double>());
-  std::printf("\n%-16s %8s  ops\n", "program", "kernels");
+  std::printf("\n%-16s %8s  ops\n", "program", "instrs");
   for (const auto& p : j["programs"]) {
     std::string ops;
     for (const auto& [op, n] : p["ops"].items()) ops += op + " x" + std::to_string(n.get<int>()) + ", ";
