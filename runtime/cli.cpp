@@ -93,16 +93,14 @@ void add_train_options(CLI::App& train, TrainOptions& o, TrainSampling& sampling
   train.add_flag("--profile", o.profile, "print the time spent in each kind of kernel at the end");
   CLI::Option* val_data = train.add_option("--val-data", o.val_data, "validation token shard(s): files or globs")->expected(1, -1)->check(cli::non_empty());
   train.add_option("--val-every", o.val_every, "evaluate every N steps (and at the end; default 0: only at the end)")
-      ->check(cli::whole(0))
-      ->needs(val_data);
+      ->check(cli::whole(0));  // (0 needs no --val-data: the trainer checks N > 0)
   train.add_option("--val-steps", o.val_steps, "batches per evaluation")->capture_default_str()->check(cli::whole(1))->needs(val_data);
   CLI::Option* checkpoint_dir =
       train.add_option("--checkpoint-dir", o.checkpoint_dir, "directory for checkpoints (weights, AdamW state, step, data position); Ctrl-C or SIGTERM checkpoints the step it stops after")
           ->check(cli::non_empty());
   train.add_option("--checkpoint-every", o.checkpoint_every,
                    "write a checkpoint every N steps (and at the end; default 0: only at the end)")
-      ->check(cli::whole(0))
-      ->needs(checkpoint_dir);
+      ->check(cli::whole(0));  // (as --val-every)
   train.add_option("--keep", o.keep, "checkpoints to keep (0 = all)")->capture_default_str()->check(cli::whole(0, INT32_MAX))->needs(checkpoint_dir);
   train.add_flag("--resume", o.resume, "continue from the latest checkpoint in --checkpoint-dir (if any)")->needs(checkpoint_dir);
   CLI::Option* sample_every = train.add_option("--sample-every", o.sample_every,

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -81,20 +82,18 @@ inline CLI::Validator non_empty() {
   return CLI::Validator([](std::string& s) { return s.empty() ? std::string("needs a name, got \"\"") : std::string(); }, "");
 }
 
-// Levenshtein distance: insertions, deletions and substitutions of single characters.
+// Edit distance with adjacent transpositions (optimal string alignment): insertions, deletions,
+// substitutions and swaps of single characters ("--stesp" is 1 from "--steps").
 inline size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i)
     for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = up;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
     }
-  }
-  return row[b.size()];
+  return d[a.size()][b.size()];
 }
 
 // Parses the command line. Returns -1 to go on, or the exit code: 0 after --help, 2 after a bad
@@ -144,24 +143,36 @@ inline int parse(CLI::App& app, int argc, char** argv) {
           what = "The following argument was not expected: " + word;  // as CLI11 says it otherwise
           break;
         }
-    // A misspelt option: the nearest one the command has, when it is near (at most 2 edits).
-    const std::string unexpected = "The following argument was not expected: ";
-    if (what.rfind(unexpected, 0) == 0) {
-      std::string word = what.substr(unexpected.size());
-      word = word.substr(0, word.find('='));  // "--step=2"
-      const CLI::App* at = &app;
+    // A misspelt option: the nearest one the command (or a command above it) has, when it is near:
+    // 1 edit for a name of up to 3 letters, else 2. CLI11 lists what it did not expect, values
+    // too ("3 --stesp"): the first word that looks like an option is taken.
+    for (const char* lead : {"The following argument was not expected: ", "The following arguments were not expected: "}) {
+      if (what.rfind(lead, 0) != 0) continue;
+      std::string word;
+      std::istringstream words(what.substr(std::string(lead).size()));
+      for (std::string w; words >> w;)
+        if (w.size() > 1 && w[0] == '-') {
+          word = w.substr(0, w.find('='));  // "--step=2"
+          break;
+        }
+      const size_t letters = word.size() - std::min<size_t>(word.find_first_not_of('-'), word.size());
+      const size_t most = letters <= 3 ? 1 : 2;
+      std::vector<const CLI::App*> chain{&app};
       for (bool deeper = true; deeper;) {
         deeper = false;
-        for (const CLI::App* s : at->get_subcommands())
-          if (s->parsed()) at = s, deeper = true;
+        for (const CLI::App* s : chain.back()->get_subcommands())
+          if (s->parsed()) {
+            chain.push_back(s);
+            deeper = true;
+            break;
+          }
       }
       std::string best;
-      size_t best_d = 3;
-      for (const CLI::Option* opt : at->get_options())
-        for (const std::string& name : opt->get_lnames()) {
-          const size_t d = edit_distance(word, "--" + name);
-          if (d < best_d) best = "--" + name, best_d = d;
-        }
+      size_t best_d = most + 1;
+      for (auto it = chain.rbegin(); it != chain.rend() && !word.empty(); ++it)
+        for (const CLI::Option* opt : (*it)->get_options())
+          for (const std::string& name : opt->get_lnames())
+            if (const size_t d = edit_distance(word, "--" + name); d < best_d) best = "--" + name, best_d = d;
       if (!best.empty()) what += "; did you mean " + best + "?";
     }
     // CLI11's word for an option given twice.
