@@ -2,6 +2,7 @@
 // offset lies inside the file, then verify() checks what the executor relies on (buffer
 // indices, sizes inside the arena, one instruction's operands against its opcode).
 #include "runtime/module.h"
+#include "runtime/hyper_names.h"
 
 #include <algorithm>
 #include <cstring>
@@ -149,12 +150,9 @@ void Module::verify(size_t tables_end) const {
     if (b.size() > fb_->arena_size() || b.offset() > fb_->arena_size() - b.size() || b.offset() % 256 != 0)
       bad(where, "offset " + std::to_string(b.offset()) + " is misaligned or outside the arena");
     // The trainer sets hyperparameters by name, and one it does not know would keep whatever the
-    // arena held: the names kiln.hyper's verifier accepts (dialects/Kiln/KilnOps.cpp).
-    static const std::set<std::string> hypers = {"lr", "beta1", "beta2", "eps", "weight_decay", "max_norm", "step",
-                                                 "loss_weight"};
-    if (b.kind() == fb::BufferKind::Hyper && !hypers.count(b.name()->str()))
-      bad(where, "hyperparameter '" + b.name()->str() +
-                     "' is none of lr, beta1, beta2, eps, weight_decay, max_norm, step, loss_weight");
+    // arena held: the names kiln.hyper's verifier accepts.
+    if (b.kind() == fb::BufferKind::Hyper && !is_hyper_name(b.name()->str()))
+      bad(where, "hyperparameter '" + b.name()->str() + "' is none of " + hyper_names_listed());
     if (b.kind() == fb::BufferKind::Hyper && !hypers_seen.insert(b.name()->str()).second)
       bad(where, "hyperparameter '" + b.name()->str() + "' has a buffer already (the trainer sets only one)");
   }

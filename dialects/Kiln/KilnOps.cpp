@@ -1,6 +1,7 @@
 // Verifiers of the kiln ops: every shape relation an op relies on is checked here, so passes
 // and the runtime can take them for granted.
 #include "Kiln/KilnDialect.h"
+#include "runtime/hyper_names.h"
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/OpImplementation.h"
@@ -115,12 +116,9 @@ LogicalResult ReduceGradientsOp::verifySymbolUses(SymbolTableCollection &symbols
 }
 
 LogicalResult HyperOp::verify() {
-  static const char *known[] = {"lr",     "beta1",    "beta2", "eps",
-                                "weight_decay", "max_norm", "step",  "loss_weight"};
-  if (llvm::is_contained(known, getHyperName())) return success();
-  return emitOpError() << "unknown hyperparameter \"" << getHyperName()
-                       << "\" (expected one of lr, beta1, beta2, eps, weight_decay, max_norm, "
-                          "step, loss_weight)";
+  if (is_hyper_name(getHyperName().str())) return success();
+  return emitOpError() << "unknown hyperparameter \"" << getHyperName() << "\" (expected one of "
+                       << hyper_names_listed() << ")";
 }
 
 //===----------------------------------------------------------------------===//

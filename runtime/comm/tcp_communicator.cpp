@@ -89,7 +89,7 @@ std::string address_of(const sockaddr_storage& a) {
 struct Peer {
   int fd = -1;
   std::string name;  // "rank 1 (127.0.0.1:50112)"
-  double wait_s = -1;  // the receive timeout when it is not KILN_COMM_TIMEOUT's (the rendezvous)
+  double wait_s = 0;  // its send and receive timeout (set_timeout), for messages
 };
 
 class TcpCommunicator final : public Communicator {
@@ -217,7 +217,7 @@ class TcpCommunicator final : public Communicator {
   std::thread thread_;
 };
 
-void set_socket_options(int fd, double timeout_s) {
+void set_socket_options(int fd, double timeout_s) {  // (before the fd is a Peer's: set_timeout)
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   timeval tv;
@@ -225,6 +225,11 @@ void set_socket_options(int fd, double timeout_s) {
   tv.tv_usec = suseconds_t((timeout_s - double(tv.tv_sec)) * 1e6);
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
+void set_timeout(Peer& p, double timeout_s) {
+  set_socket_options(p.fd, timeout_s);
+  p.wait_s = timeout_s;
 }
 
 TcpCommunicator::TcpCommunicator(const TcpOptions& o) : o_(o) {
@@ -347,19 +352,18 @@ void TcpCommunicator::rendezvous_root() {
     while (!ready.empty()) {
       const Pending c = ready.back();
       ready.pop_back();
-      Peer p{c.fd, "a peer at " + address_of(c.from), std::min(o_.timeout_s, 2.0)};
+      Peer p{c.fd, "a peer at " + address_of(c.from)};
       Header h;
       // A rank's Hello is one small segment: a sender that stops part-way (not a Kiln rank) is
       // given two seconds, not the whole timeout, before it is dropped.
-      set_socket_options(c.fd, p.wait_s);
+      set_timeout(p, std::min(o_.timeout_s, 2.0));
       try {
         recv_all(p, &h, sizeof h, "rendezvous");
       } catch (const Error&) {
         ::close(c.fd);  // a stray connection: not fatal
         continue;
       }
-      set_socket_options(c.fd, o_.timeout_s);
-      p.wait_s = -1;
+      set_timeout(p, o_.timeout_s);
       struct CloseUnlessPeer {
         int fd;
         bool kept = false;
@@ -446,19 +450,16 @@ void TcpCommunicator::rendezvous_peer() {
     ::freeaddrinfo(res);
     if (fd < 0) ::usleep(200000);
   }
-  set_socket_options(fd, o_.timeout_s);
   peers_.push_back(Peer{fd, "rank 0 (" + target + ")"});
+  set_timeout(peers_[0], o_.timeout_s);
   Header h;
   h.op = uint32_t(Op::Hello), h.seq = kProtocol;
   h.arg = uint64_t(uint32_t(o_.rank)) | uint64_t(uint32_t(o_.world_size)) << 32;
   send_all(peers_[0], &h, sizeof h, "rendezvous");
   // Rank 0 answers once every rank has arrived; it may wait for the others up to the timeout.
-  peers_[0].wait_s = double(time_t(o_.timeout_s) * 2 + 1);
-  timeval tv{time_t(peers_[0].wait_s), 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  set_timeout(peers_[0], double(time_t(o_.timeout_s) * 2 + 1));
   expect(peers_[0], Op::Welcome, 0, 0, "rendezvous (waiting for all ranks to connect)");
-  peers_[0].wait_s = -1;
-  set_socket_options(fd, o_.timeout_s);
+  set_timeout(peers_[0], o_.timeout_s);
 }
 
 void TcpCommunicator::send_all(Peer& p, const void* data, size_t n, const std::string& what) {
@@ -467,7 +468,7 @@ void TcpCommunicator::send_all(Peer& p, const void* data, size_t n, const std::s
     ssize_t k = ::send(p.fd, c, n, MSG_NOSIGNAL);
     if (k < 0 && errno == EINTR) continue;
     if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-      throw Error(who() + ": " + what + ": " + p.name + " took no data for " + seconds(o_.timeout_s) +
+      throw Error(who() + ": " + what + ": " + p.name + " took no data for " + seconds(p.wait_s) +
                   " (hung or unreachable; KILN_COMM_TIMEOUT sets the limit)");
     if (k < 0)
       throw Error(who() + ": " + what + ": " + gone(p, std::strerror(errno)));
@@ -482,7 +483,7 @@ void TcpCommunicator::recv_all(Peer& p, void* data, size_t n, const std::string&
     ssize_t k = ::recv(p.fd, c, n, 0);
     if (k < 0 && errno == EINTR) continue;
     if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-      throw Error(who() + ": " + what + ": nothing from " + p.name + " for " + seconds(p.wait_s >= 0 ? p.wait_s : o_.timeout_s) +
+      throw Error(who() + ": " + what + ": nothing from " + p.name + " for " + seconds(p.wait_s) +
                   " (hung or unreachable; KILN_COMM_TIMEOUT sets the limit)");
     if (k == 0) throw Error(who() + ": " + what + ": " + gone(p));
     if (k < 0) throw Error(who() + ": " + what + ": " + gone(p, std::strerror(errno)));

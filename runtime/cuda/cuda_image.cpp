@@ -3,18 +3,12 @@
 #include "runtime/error.h"
 
 namespace kiln {
-namespace {
-
-// "sm_90" -> 90 for prefix "sm_"; -1 for anything else ("sm_90a" runs only on its exact GPU).
-int version_of(const fb::CudaImage* im, const std::string& prefix) {
-  const std::string a = im->arch() ? im->arch()->str() : "";
+int cuda_arch_number(const std::string& a, const std::string& prefix) {
   if (a.size() < prefix.size() + 2 || a.size() > prefix.size() + 3 || a.compare(0, prefix.size(), prefix) != 0 ||
       a.find_first_not_of("0123456789", prefix.size()) != std::string::npos)
     return -1;
   return std::stoi(a.substr(prefix.size()));
 }
-
-}  // namespace
 
 CudaImageChoice pick_cuda_image(const Module& m, int major, int minor, const std::string& gpu_name) {
   const auto* images = m.fb().cuda_images();
@@ -24,10 +18,11 @@ CudaImageChoice pick_cuda_image(const Module& m, int major, int minor, const std
   int cubin_v = -1, ptx_v = -1;
   if (images)
     for (const fb::CudaImage* im : *images) {
-      have += (have.empty() ? "" : ", ") + (im->arch() ? im->arch()->str() : std::string("?"));
-      if (const int v = version_of(im, "sm_"); v >= 0 && v / 10 == major && v <= device && v > cubin_v)
+      const std::string arch = im->arch() ? im->arch()->str() : "";
+      have += (have.empty() ? "" : ", ") + (arch.empty() ? std::string("?") : arch);
+      if (const int v = cuda_arch_number(arch, "sm_"); v >= 0 && v / 10 == major && v <= device && v > cubin_v)
         cubin = im, cubin_v = v;
-      if (const int v = version_of(im, "compute_"); v >= 0 && v <= device && v > ptx_v) ptx = im, ptx_v = v;
+      if (const int v = cuda_arch_number(arch, "compute_"); v >= 0 && v <= device && v > ptx_v) ptx = im, ptx_v = v;
     }
   CudaImageChoice c{cubin ? cubin : ptx, !cubin && ptx};
   if (!c.image)

@@ -7,6 +7,10 @@
 
 namespace kiln {
 
+// The number of an image's architecture: "sm_90" is 90 for prefix "sm_", "compute_90" for
+// "compute_"; -1 for any other name (an "sm_90a" image runs only on its exact GPU).
+int cuda_arch_number(const std::string& arch, const std::string& prefix);
+
 struct CudaImageChoice {
   const fb::CudaImage* image = nullptr;
   bool jit = false;  // PTX: the driver compiles it for this GPU when it is loaded

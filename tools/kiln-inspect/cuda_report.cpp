@@ -1,12 +1,11 @@
 #include "tools/kiln-inspect/cuda_report.h"
 
 #include <algorithm>
-#include <cctype>
 #include <cstdio>
-#include <cstdlib>
 #include <map>
 #include <string>
 
+#include "runtime/cuda/cuda_image.h"
 #include "runtime/error.h"
 
 namespace kiln {
@@ -38,13 +37,8 @@ void add_cuda_report(const Module& m, nlohmann::ordered_json& j) {
   // The newest architecture's cubin ("sm_90" over "sm_80", by number; PTX has no ptxas figures).
   const fb::CudaImage* image = nullptr;
   int newest = -1;
-  for (const fb::CudaImage* i : *images) {
-    const std::string a = i->arch() ? i->arch()->str() : "";
-    if (a.rfind("sm_", 0) != 0 || a.size() < 5 || !std::isdigit((unsigned char)a[3]) || !std::isdigit((unsigned char)a[4]))
-      continue;
-    const int v = std::atoi(a.c_str() + 3);
-    if (v > newest) image = i, newest = v;
-  }
+  for (const fb::CudaImage* i : *images)
+    if (const int v = cuda_arch_number(i->arch() ? i->arch()->str() : "", "sm_"); v > newest) image = i, newest = v;
   if (!image) return;
   const std::string arch = image->arch() ? image->arch()->str() : "";
   // Block sizes of the functions the module launches (support kernels: the runtime chooses).
