@@ -95,31 +95,64 @@ void verify_plan(const Module& m) {
         throw Error(where + "program " + pname + ": " + describe(m, b) + " lies beyond its " +
                     std::to_string(prog->activation_size()) + " planned activation bytes");
 
+    // A sweep over time: `active` holds the buffers live at the current instruction, by offset.
+    // They are disjoint, so their ends rise with their offsets and the ones a new buffer overlaps
+    // are those just below its end. An input that an in-place kernel writes over leaves `active`
+    // for `replaced`, which holds such inputs until the sweep passes their last instruction.
     std::vector<Live> spans;
-    for (auto& [b, l] : live) spans.push_back(l);
-    std::sort(spans.begin(), spans.end(), [](const Live& a, const Live& b) { return a.first < b.first; });
-    for (size_t i = 0; i < spans.size(); ++i) {
-      const fb::Buffer& a = m.buffer(spans[i].buffer);
-      for (size_t j = i + 1; j < spans.size() && spans[j].first <= spans[i].last; ++j) {
-        const fb::Buffer& b = m.buffer(spans[j].buffer);
-        if (!a.size() || !b.size()) continue;
-        if (b.offset() >= a.offset() + a.size() || a.offset() >= b.offset() + b.size()) continue;
-        // Allowed: an elementwise kernel writing its output exactly over an input it reads last.
-        const int64_t k = spans[j].first;
-        if (spans[i].last == k && a.offset() == b.offset() && k < n) {
-          const fb::Instr& ins = *prog->instrs()->Get(k);
-          auto has = [](const flatbuffers::Vector<uint32_t>* v, uint32_t x) {
-            return std::find(v->begin(), v->end(), x) != v->end();
-          };
-          if (in_place_kernel(m, ins) && has(ins.inputs(), spans[i].buffer) &&
-              has(ins.outputs(), spans[j].buffer))
-            continue;
-        }
-        throw Error(where + "program " + pname + ": " + describe(m, spans[i].buffer) + " (instrs " +
-                    std::to_string(spans[i].first) + ".." + std::to_string(spans[i].last) + ") and " +
-                    describe(m, spans[j].buffer) + " (instrs " + std::to_string(spans[j].first) + ".." +
-                    std::to_string(spans[j].last) + ") overlap while both are live");
+    for (auto& [b, l] : live)
+      if (m.buffer(b).size()) spans.push_back(l);
+    std::stable_sort(spans.begin(), spans.end(), [](const Live& a, const Live& b) { return a.first < b.first; });
+    std::map<std::pair<uint64_t, size_t>, size_t> active;  // (offset, index in spans) -> index
+    std::multimap<int64_t, std::pair<uint64_t, size_t>> ending;  // last instr -> key in active
+    std::vector<size_t> replaced;
+    auto overlap = [&](size_t i, size_t j) {
+      const fb::Buffer &a = m.buffer(spans[i].buffer), &b = m.buffer(spans[j].buffer);
+      return a.offset() < b.offset() + b.size() && b.offset() < a.offset() + a.size();
+    };
+    // Whether buffer j, first written by instr k, may overlap live buffer i: only an elementwise
+    // kernel writing its output exactly over an input it reads last.
+    auto in_place = [&](size_t i, size_t j, int64_t k) {
+      if (spans[i].last != k || k >= n || m.buffer(spans[i].buffer).offset() != m.buffer(spans[j].buffer).offset())
+        return false;
+      const fb::Instr& ins = *prog->instrs()->Get(k);
+      auto has = [](const flatbuffers::Vector<uint32_t>* v, uint32_t x) {
+        return std::find(v->begin(), v->end(), x) != v->end();
+      };
+      return in_place_kernel(m, ins) && has(ins.inputs(), spans[i].buffer) && has(ins.outputs(), spans[j].buffer);
+    };
+    auto fail = [&](size_t i, size_t j) {
+      throw Error(where + "program " + pname + ": " + describe(m, spans[i].buffer) + " (instrs " +
+                  std::to_string(spans[i].first) + ".." + std::to_string(spans[i].last) + ") and " +
+                  describe(m, spans[j].buffer) + " (instrs " + std::to_string(spans[j].first) + ".." +
+                  std::to_string(spans[j].last) + ") overlap while both are live");
+    };
+    for (size_t j = 0; j < spans.size(); ++j) {
+      const int64_t k = spans[j].first;
+      while (!ending.empty() && ending.begin()->first < k) {
+        active.erase(ending.begin()->second);
+        ending.erase(ending.begin());
       }
+      replaced.erase(std::remove_if(replaced.begin(), replaced.end(), [&](size_t i) { return spans[i].last < k; }),
+                     replaced.end());
+      for (size_t i : replaced)
+        if (overlap(i, j) && !in_place(i, j, k)) fail(i, j);
+      const fb::Buffer& b = m.buffer(spans[j].buffer);
+      const uint64_t lo = b.offset(), hi = b.offset() + b.size();
+      std::vector<std::pair<uint64_t, size_t>> written_over;
+      for (auto it = active.lower_bound({hi, 0}); it != active.begin();) {
+        --it;
+        const size_t i = it->second;
+        if (!overlap(i, j)) break;
+        if (!in_place(i, j, k)) fail(i, j);
+        written_over.push_back(it->first);
+      }
+      for (const auto& key : written_over) {
+        replaced.push_back(active[key]);
+        active.erase(key);
+      }
+      active.emplace(std::make_pair(lo, j), j);
+      ending.emplace(spans[j].last, std::make_pair(lo, j));
     }
   }
 }
