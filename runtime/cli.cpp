@@ -292,6 +292,12 @@ int run_sample(const Module& module, SampleCommand& c) {
     inputs.push_back({"--init's weights", c.init});
     refuse_overwriting("--logits-out", c.logits_out, inputs);
     check_output_file("--logits-out", c.logits_out);
+    // An existing file is replaced: only an earlier .npy (or an empty file), never data or weights.
+    if (!read_head(c.logits_out, 1).empty() && read_head(c.logits_out, 6) != "\x93NUMPY") {
+      const std::string kind = file_kind(c.logits_out);
+      throw Error("--logits-out: " + c.logits_out + ": exists and is " + (kind.empty() ? "no NumPy .npy file" : kind) +
+                  "; it would be replaced (remove it first, or name another file)");
+    }
     c.options.logits_out = &logits;
   }
   check_weights_file(c.init);

@@ -258,6 +258,23 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
 
   const fs::path out(o.out);
   std::error_code ec;
+  // DIR's shards are replaced at the end: what is named like one must be one, and no input.
+  const std::regex shard_name(R"((train|val)_[0-9]{3}\.bin)");
+  for (fs::directory_iterator it(out, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    std::error_code type;
+    if (!std::regex_match(name, shard_name) || it->symlink_status(type).type() == fs::file_type::directory) continue;
+    const std::string path = it->path().string();
+    struct stat id;
+    if (::stat(path.c_str(), &id) == 0)
+      if (auto input = seen.find({id.st_dev, id.st_ino}); input != seen.end())
+        throw Error(input->second + ": is an input document, and prepare replaces " + name + " in " + o.out +
+                    " with a new shard: write the shards to another --out");
+    if (!starts_like_token_shard(path))
+      throw Error(path + ": is named like a shard but is not an llm.c token shard, and prepare replaces " + o.out +
+                  "'s shards: move it, or write the shards to another --out");
+  }
+  ec.clear();
   const bool created_out = !fs::exists(out, ec);
   fs::create_directories(out, ec);
   if (ec || !fs::is_directory(out)) throw Error(o.out + ": cannot create directory: " + ec.message());
@@ -343,7 +360,6 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
     // shards: a directory is never moved, and is never deleted with tmp.
     std::set<std::string> written;
     for (const Split* s : {&train, &val}) written.insert(s->shards.begin(), s->shards.end());
-    const std::regex shard_name(R"((train|val)_[0-9]{3}\.bin)");
     std::vector<std::string> older;
     for (fs::directory_iterator it(out, ec), end; !ec && it != end; it.increment(ec)) {
       const std::string name = it->path().filename().string();
@@ -411,6 +427,7 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
     // Shards of an earlier data set are gone: said, since other data may have been there.
     if (replaced) std::printf("replaced %zu older shard%s in %s\n", replaced, replaced == 1 ? "" : "s", o.out.c_str());
     if (removed) std::printf("removed %zu older shard%s from %s\n", removed, removed == 1 ? "" : "s", o.out.c_str());
+    flush_stdout();  // (the shards are in place; a lost summary still fails the command)
     return 0;
   } catch (...) {
     if (!keep_tmp) fs::remove_all(tmp, ec);
