@@ -164,16 +164,24 @@ DataLoader::DataLoader(const std::vector<std::string>& files_or_globs, int64_t B
   const StepNeed need{B_, T_, world_size_};
   for (std::string& f : expand_data_patterns(files_or_globs)) {
     const int64_t count = open_shard(f, {}, nullptr);
+    all_counts_.push_back(count);
     if (count < need.tokens()) {
       skipped_.push_back({std::move(f), count});
       continue;
     }
     files_.push_back(std::move(f));
     counts_.push_back(count);
+    index_.push_back(all_counts_.size() - 1);
   }
   if (files_.empty()) open_shard(skipped_.front().first, need, nullptr);  // throws: too short
   load(0);  // checks shard 0 as it reads it
   counts_[0] = int64_t(tokens_.size());
+}
+
+std::pair<size_t, bool> DataLoader::shard_from_file(size_t file_index) const {
+  for (size_t s = 0; s < index_.size(); ++s)
+    if (index_[s] >= file_index) return {s, index_[s] == file_index};
+  return {0, false};
 }
 
 std::string DataLoader::skipped_note() const {

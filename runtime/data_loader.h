@@ -75,6 +75,12 @@ class DataLoader {
   // ranks of a data-parallel run compare, so that one given other data is caught.
   const std::vector<int64_t>& shard_tokens() const { return counts_; }
   const std::vector<uint16_t>& current_tokens() const { return tokens_; }  // the resident shard's
+  // Every file the patterns matched, the short ones too, by its index among them: a checkpoint
+  // names its shard so, since which files are left out depends on B*T and the rank count.
+  const std::vector<int64_t>& all_shard_tokens() const { return all_counts_; }
+  size_t file_index(size_t shard) const { return index_[shard]; }
+  // The first shard read from file `file_index` on (cyclically), and whether it is that file.
+  std::pair<size_t, bool> shard_from_file(size_t file_index) const;
   // The shards left out as too short for one step (path, tokens), and a sentence saying so ("" if none).
   const std::vector<std::pair<std::string, int64_t>>& skipped() const { return skipped_; }
   std::string skipped_note() const;
@@ -94,6 +100,8 @@ class DataLoader {
   bool advance_ = false;  // shard_ is used up: the next call reads shard() from position 0
   std::vector<uint16_t> tokens_;
   std::vector<int64_t> counts_;
+  std::vector<size_t> index_;        // each shard's index among every file matched
+  std::vector<int64_t> all_counts_;  // the token counts of every file matched
   std::vector<std::pair<std::string, int64_t>> skipped_;
 };
 

@@ -331,8 +331,10 @@ void note_resume_changes(const std::string& checkpoint, const nlohmann::json& ex
     std::fprintf(stderr, "note: --steps %lld, where the run that wrote %s had %lld: the learning-rate schedule is now "
                  "that of %lld steps\n", (long long)o.steps, checkpoint.c_str(), (long long)steps->get<int64_t>(),
                  (long long)o.steps);
-  if (const auto counts = extra.find("shard_tokens"); counts != extra.end() && counts->is_array() &&
-                                                      *counts != nlohmann::json(data.shard_tokens()))
+  // (Every file's count where the checkpoint has them: those left out differ with B and T.)
+  const bool every_file = extra.contains("all_shard_tokens");
+  if (const auto counts = extra.find(every_file ? "all_shard_tokens" : "shard_tokens"); counts != extra.end() &&
+      counts->is_array() && *counts != nlohmann::json(every_file ? data.all_shard_tokens() : data.shard_tokens()))
     std::fprintf(stderr, "note: --data is not the data of the run that wrote %s (its shards held other numbers of "
                  "tokens): the run goes on at token %lld of %s\n", checkpoint.c_str(), (long long)data.position(),
                  data.files()[data.shard()].c_str());
@@ -588,10 +590,30 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       if (st.step > o.steps)
         throw Error(*latest + ": is at step " + std::to_string(st.step) + ", past --steps " +
                     std::to_string(o.steps) + " (give more steps to go on training)");
+      const auto extra = nlohmann::json::parse(st.extra_json, nullptr, false);
       // The position is the checkpoint's, so a bad one is said of it (other --data, or a
       // checkpoint that was edited).
+      size_t shard = size_t(std::min<uint64_t>(st.data_shard, SIZE_MAX));
+      int64_t position = int64_t(std::min<uint64_t>(st.data_position, INT64_MAX));
+      // With the same files, the shard is found by its index among all of them: another B, T or
+      // rank count (a recompiled module) leaves other short files out. Where the rest of the file
+      // holds no step of this size, the run goes on at the next shard's start.
+      const auto file = extra.is_object() ? extra.find("data_file") : extra.end();
+      if (file != extra.end() && file->is_number_unsigned() && extra.contains("all_shard_tokens") &&
+          extra["all_shard_tokens"] == nlohmann::json(loader.all_shard_tokens())) {
+        const auto [found, same_file] = loader.shard_from_file(file->get<size_t>());
+        shard = found;
+        if (!same_file || position > loader.shard_tokens()[shard] - loader.tokens_per_call() - 1) {
+          if (same_file) shard = (shard + 1) % loader.files().size();
+          if (root)
+            std::fprintf(stderr, "note: %s: the rest of its shard holds no step of %lld tokens for this module; the run "
+                         "goes on at the start of %s\n", latest->c_str(), (long long)loader.tokens_per_call() + 1,
+                         loader.files()[shard].c_str());
+          position = 0;
+        }
+      }
       try {
-        loader.seek(size_t(std::min<uint64_t>(st.data_shard, SIZE_MAX)), st.data_position);
+        loader.seek(shard, position);
       } catch (const Error& e) {
         throw Error(*latest + ": its data position (shard " + std::to_string(st.data_shard) + ", token " +
                     std::to_string(st.data_position) + ") is not in this run's --data: " + e.what());
@@ -601,7 +623,6 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       // The BLAS (fp32) and oneDNN (bf16) split a product's work among the threads they have,
       // and another thread count rounds it otherwise: OpenBLAS's fp32 products of gpt2-mini differ
       // in the last bits between 1 and 2 threads.
-      const auto extra = nlohmann::json::parse(st.extra_json, nullptr, false);
       const auto saved = extra.find("cpu_threads");  // end() also when the text is no JSON object
       if (root && !gpu && saved != extra.end() && saved->is_number_integer() && saved->get<int>() != omp_get_max_threads())
         std::fprintf(stderr, "kiln: warning: %s was written by a run with %d CPU thread(s), this one has %d: its "
@@ -759,7 +780,10 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     st.world_size = int(world);
     st.zero_stage = o.zero;
     // What a resumed run compares with its own (note_resume_changes), and the log lines it owes.
-    nlohmann::json extra = {{"steps", o.steps}, {"shard_tokens", loader.shard_tokens()}};
+    nlohmann::json extra = {{"steps", o.steps},
+                            {"shard_tokens", loader.shard_tokens()},
+                            {"data_file", loader.file_index(shard)},
+                            {"all_shard_tokens", loader.all_shard_tokens()}};
     if (!gpu) extra["cpu_threads"] = omp_get_max_threads();
     if (!log_pending.empty()) extra["log_pending"] = log_pending;
     st.extra_json = extra.dump();
