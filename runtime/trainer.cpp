@@ -1,6 +1,7 @@
 #include "runtime/trainer.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -174,10 +175,12 @@ void next_batch(Executor& ex, DataLoader& data, int64_t n, int32_t vocab) {
 // before its first checkpoint), from the checkpoint folder up to the first one it made.
 struct MadeFolders {
   std::filesystem::path deepest, top;  // empty: none made
+  int lock = -1;  // the checkpoint folder, opened and locked (flock) while this run writes there
   MadeFolders() = default;
   MadeFolders(const MadeFolders&) = delete;
   MadeFolders& operator=(const MadeFolders&) = delete;
   ~MadeFolders() {
+    if (lock >= 0) ::close(lock);
     std::error_code ec;
     for (std::filesystem::path p = deepest; !top.empty() && !p.empty(); p = p.parent_path())
       if (!std::filesystem::remove(p, ec) || p == top) break;  // not empty (or gone), or the last
@@ -233,6 +236,12 @@ void check_output_paths(const TrainOptions& o, bool root, MadeFolders& made) {
       throw Error("--checkpoint-dir: " + o.checkpoint_dir + ": is not a folder and cannot be made one" +
                   (ec ? ": " + ec.message() : ""));
     check_output_file("--checkpoint-dir", (fs::path(o.checkpoint_dir) / "latest").string());
+    // Two runs writing one folder would prune each other's checkpoints and swap `latest`: the
+    // folder is locked for the run (the kernel lets go when the process ends, however it ends).
+    made.lock = ::open(o.checkpoint_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (made.lock >= 0 && ::flock(made.lock, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK)
+      throw Error("--checkpoint-dir: " + o.checkpoint_dir + ": another run is writing checkpoints there (it holds the "
+                  "folder's lock); wait for it to end, or give another folder");
     if (!o.resume)
       if (auto found = latest_checkpoint(o.checkpoint_dir))
         throw Error("--checkpoint-dir: " + o.checkpoint_dir + " already holds checkpoints (the latest: " + *found +
@@ -787,7 +796,26 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     if (!gpu) extra["cpu_threads"] = omp_get_max_threads();
     if (!log_pending.empty()) extra["log_pending"] = log_pending;
     st.extra_json = extra.dump();
-    save_checkpoint(o.checkpoint_dir, ex, st, o.keep, moments);
+    try {
+      save_checkpoint(o.checkpoint_dir, ex, st, o.keep, moments);
+    } catch (const Error& e) {
+      // (A full disk.) The run stops here; its weights still go to --save, which may lie on
+      // another file system, and the message says where --resume would go on.
+      const auto kept = latest_checkpoint(o.checkpoint_dir);
+      std::string what = std::string(e.what()) + "; stopped after step " + std::to_string(steps) + " of " +
+                         std::to_string(o.steps) + ", and " +
+                         (kept ? "the latest checkpoint is " + *kept + " (--resume goes on from there)"
+                               : std::string("no checkpoint was written"));
+      if (!o.save.empty()) {
+        try {
+          save_parameters(ex, o.save);
+          what += "; saved " + o.save + " (the weights after step " + std::to_string(steps) + ")";
+        } catch (const Error& s) {
+          what += "; --save failed too: " + std::string(s.what());
+        }
+      }
+      throw Error(what);
+    }
     checkpointed = steps;
   };
   // "; checkpoint ckpt_N written: ...", or what a run without a checkpoint folder could do.
