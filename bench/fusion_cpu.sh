@@ -262,7 +262,7 @@ kernels = {}
 for v in ("fused", "unfused"):
     p = f"{tmp}/inspect-{v}.json"
     if os.path.exists(p):
-        kernels[f"kiln-{v}"] = {q["name"]: q["kernels"] for q in json.load(open(p))["programs"]}
+        kernels[f"kiln-{v}"] = {q["name"]: q["instrs"] for q in json.load(open(p))["programs"]}
 spec = open(spec_path).read()
 loss_diff = max(abs(a["loss_first"] - b["loss_first"]) for a, b in
                 zip(res["kiln-fused"]["runs"], res["kiln-unfused"]["runs"]))

@@ -342,7 +342,7 @@ class Writer {
         size_t at = texts[k].find("\n// at ");
         at = texts[k].find('\n', at == std::string::npos ? 0 : at + 1) + 1;
         texts[k].insert(at, "// shared by " + std::to_string(uses[k]) +
-                                " regions; comments name the first one's location and buffers\n");
+                                " regions; the location above is the first one's\n");
       }
       source += texts[k] + "\n";
     }

@@ -62,7 +62,8 @@ def Recompute : Pass<"kiln-recompute", "::mlir::ModuleOp"> {
   }];
   let options = [
     Option<"mode", "mode", "std::string", /*default=*/"\"cheap\"",
-           "what to recompute: none | cheap (GELU and layer-norm outputs)">
+           "what to recompute: none | cheap (GELU and layer-norm outputs); default cheap, while "
+           "kilnc and --kiln-plan-pipeline default to none">
   ];
   let dependentDialects = ["::kiln::KilnDialect"];
 }
@@ -90,7 +91,7 @@ def BucketGradients : Pass<"kiln-bucket-gradients", "::mlir::ModuleOp"> {
   }];
   let options = [
     Option<"bucketMB", "bucket-mb", "double", /*default=*/"25.0",
-           "largest bucket, in MB of fp32 gradients (a larger parameter is a bucket alone)">
+           "largest bucket, in MB of fp32 gradients (a larger parameter is a bucket alone; default 25)">
   ];
   let dependentDialects = ["::kiln::KilnDialect"];
 }

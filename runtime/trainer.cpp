@@ -924,8 +924,10 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
         kept = !o.checkpoint_dir.empty() && latest_checkpoint(o.checkpoint_dir).has_value();
       } catch (const Error&) {
       }
-      throw Error("step " + std::to_string(step + 1) + ": loss " + std::to_string(loss) + ", grad norm " +
-                  std::to_string(norm) + " is not finite; stopping" +
+      // (NaN without the sign bit a NaN's arithmetic leaves: "-nan" reads as something else.)
+      auto value = [](double x) { return std::isnan(x) ? std::string("nan") : std::to_string(x); };
+      throw Error("step " + std::to_string(step + 1) + ": loss " + value(loss) + ", grad norm " + value(norm) +
+                  " is not finite; stopping" +
                   (o.checkpoint_dir.empty() ? ""
                    : kept                   ? " without writing a checkpoint (the last good one is kept)"
                                             : " without writing a checkpoint") +

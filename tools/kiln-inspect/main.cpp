@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "runtime/cli_parse.h"
@@ -50,21 +51,40 @@ ordered_json report(const Module& m, const RooflineRates& rates) {
   for (const fb::Program* p : *f.programs()) {
     std::map<std::string, int> ops;
     for (const fb::Instr* ins : *p->instrs()) ops[fb::EnumNameOpCode(ins->op())]++;
-    programs.push_back({{"name", p->name()->str()}, {"kernels", p->instrs()->size()}, {"ops", ops}});
+    programs.push_back({{"name", p->name()->str()}, {"instrs", p->instrs()->size()}, {"ops", ops}});
   }
   j["programs"] = programs;
+  // By kind and dtype: the state, and the activations of the program that uses the most (each
+  // program has its own: forward and logits repeat micro_step's forward, sample's caches are 3).
+  const fb::Program* most = nullptr;
+  std::set<uint32_t> most_uses;
+  uint64_t most_bytes = 0;
+  for (const fb::Program* p : *f.programs()) {
+    std::set<uint32_t> uses;
+    for (const fb::Instr* ins : *p->instrs()) {
+      for (uint32_t b : *ins->inputs()) uses.insert(b);
+      for (uint32_t b : *ins->outputs()) uses.insert(b);
+    }
+    uint64_t sum = 0;
+    for (uint32_t b : uses)
+      if (m.buffer(b).kind() == fb::BufferKind::Activation) sum += m.buffer(b).size();
+    if (!most || sum > most_bytes) most = p, most_uses = std::move(uses), most_bytes = sum;
+  }
   std::map<std::string, uint64_t> bytes, by_dtype;
   ordered_json list = ordered_json::array();
-  for (const fb::Buffer* b : *f.buffers()) {
-    bytes[fb::EnumNameBufferKind(b->kind())] += b->size();
-    by_dtype[fb::EnumNameDType(b->dtype())] += b->size();
+  for (uint32_t i = 0; i < f.buffers()->size(); ++i) {
+    const fb::Buffer* b = f.buffers()->Get(i);
+    if (b->kind() != fb::BufferKind::Activation || most_uses.count(i)) {
+      bytes[fb::EnumNameBufferKind(b->kind())] += b->size();
+      by_dtype[fb::EnumNameDType(b->dtype())] += b->size();
+    }
     list.push_back({{"name", b->name() ? b->name()->str() : ""}, {"kind", fb::EnumNameBufferKind(b->kind())},
                     {"dtype", fb::EnumNameDType(b->dtype())},
                     {"shape", std::vector<int64_t>(b->shape()->begin(), b->shape()->end())},
                     {"offset", b->offset()}, {"bytes", b->size()}});
   }
-  j["buffers"] = {{"count", f.buffers()->size()}, {"bytes_by_kind", bytes}, {"bytes_by_dtype", by_dtype},
-                  {"list", list}};
+  j["buffers"] = {{"count", f.buffers()->size()}, {"activations_of", most ? most->name()->str() : ""},
+                  {"bytes_by_kind", bytes}, {"bytes_by_dtype", by_dtype}, {"list", list}};
   add_memory_report(m, j);
   add_fusion_report(m, j);
   add_cuda_report(m, j);
@@ -113,10 +133,13 @@ void print_text(const ordered_json& j) {
               human(j["naive_bytes"].get<double>()).c_str());
   std::string dtypes;
   for (const auto& [d, b] : j["buffers"]["bytes_by_dtype"].items()) dtypes += " " + d + " " + human(b.get<double>());
-  std::printf("  every buffer by dtype (state and activations, before reuse):%s\n", dtypes.c_str());
-  std::printf("  parameters %s, gradients %s, AdamW state %s, activations %s\n",
+  std::printf("  by dtype, the state and %s's activations before reuse:%s\n",
+              j["buffers"]["activations_of"].get<std::string>().c_str(), dtypes.c_str());
+  const double copies = a["compute_copies"].get<double>();
+  std::printf("  parameters %s, gradients %s, AdamW state %s%s%s, activations %s\n",
               human(a["parameters"].get<double>()).c_str(), human(a["gradients"].get<double>()).c_str(),
-              human(a["optimizer_state"].get<double>()).c_str(), human(a["activations"].get<double>()).c_str());
+              human(a["optimizer_state"].get<double>()).c_str(), copies > 0 ? ", bf16 compute copies " : "",
+              copies > 0 ? human(copies).c_str() : "", human(a["activations"].get<double>()).c_str());
   const auto& peak = j["peak"];
   std::printf("  peak %s live in %s at instr %lld; largest buffers then:\n",
               human(peak["live_bytes"].get<double>()).c_str(), peak["program"].get<std::string>().c_str(),
@@ -152,7 +175,7 @@ void print_text(const ordered_json& j) {
     std::string ops;
     for (const auto& [op, n] : p["ops"].items()) ops += op + " x" + std::to_string(n.get<int>()) + ", ";
     if (!ops.empty()) ops.resize(ops.size() - 2);
-    std::printf("%-16s %8d  %s\n", p["name"].get<std::string>().c_str(), p["kernels"].get<int>(), ops.c_str());
+    std::printf("%-16s %8d  %s\n", p["name"].get<std::string>().c_str(), p["instrs"].get<int>(), ops.c_str());
   }
   print_fusion_report(j);
   print_cuda_summary(j);

@@ -114,7 +114,9 @@ void add_memory_report(const Module& m, nlohmann::ordered_json& j) {
   j["accounting"] = {{"parameters", by_kind[fb::BufferKind::Parameter]},
                      {"gradients", by_kind[fb::BufferKind::Gradient]},
                      {"optimizer_state", by_kind[fb::BufferKind::AdamM] + by_kind[fb::BufferKind::AdamV]},
+                     {"compute_copies", by_kind[fb::BufferKind::ComputeCopy]},
                      {"inputs", by_kind[fb::BufferKind::Input]},
+                     {"hyperparameters", by_kind[fb::BufferKind::Hyper]},
                      {"activations", f.activation_size()}};
 
   // The peak of the largest program, and what is live then.

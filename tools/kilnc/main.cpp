@@ -133,7 +133,7 @@ int main(int argc, char** argv) {
                  "for head sizes up to 64 and sequences over 64, else 16)")
       ->check(CLI::IsMember({16, 32}));
   app.add_option("--runtime", runtime, "runtime binary to embed the module in (default: kiln-run beside kilnc)");
-  app.add_flag("--debug-info", debugInfo, "print IR with locations");
+  app.add_flag("--debug-info", debugInfo, "print IR with locations (the layer names kiln-inspect reports by; IR without them compiles back with the file's line numbers instead)");
   app.add_flag("--print-ir-after-all", printAfterAll, "print the IR after every pass that changes it (stderr)");
   app.add_flag("--timing", timing,
                "print where the compile's time went (stderr): building or parsing the IR, each pass, lowering, "
