@@ -1,5 +1,6 @@
 // kiln-inspect: reports on a module or a training executable (text, or --json).
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -70,6 +71,27 @@ ordered_json report(const Module& m, const RooflineRates& rates) {
       if (m.buffer(b).kind() == fb::BufferKind::Activation) sum += m.buffer(b).size();
     if (!most || sum > most_bytes) most = p, most_uses = std::move(uses), most_bytes = sum;
   }
+  // Where each activation is live: per program that uses it, its first and last instr (what
+  // the plan verifier checks: buffers live at once do not share bytes).
+  std::vector<ordered_json> live(f.buffers()->size(), ordered_json::array());
+  for (const fb::Program* p : *f.programs()) {
+    std::map<uint32_t, std::pair<int64_t, int64_t>> span;
+    for (int64_t k = 0; k < int64_t(p->instrs()->size()); ++k) {
+      const fb::Instr* ins = p->instrs()->Get(k);
+      for (const auto* list : {ins->inputs(), ins->outputs()})
+        for (uint32_t b : *list) {
+          auto [it, fresh] = span.try_emplace(b, k, k);
+          if (!fresh) it->second.second = k;
+        }
+    }
+    // The result is read after the call: live past the last instr, as the plan has it.
+    if (auto it = span.find(p->result()); it != span.end()) it->second.second = int64_t(p->instrs()->size());
+    const auto kept = m.kept_buffers(*p);  // (key/value caches: live from one run to the next)
+    for (const auto& [b, fl] : span)
+      if (m.buffer(b).kind() == fb::BufferKind::Activation)
+        live[b].push_back({{"program", p->name()->str()}, {"first_instr", fl.first}, {"last_instr", fl.second},
+                           {"kept_between_runs", std::find(kept.begin(), kept.end(), b) != kept.end()}});
+  }
   std::map<std::string, uint64_t> bytes, by_dtype;
   ordered_json list = ordered_json::array();
   for (uint32_t i = 0; i < f.buffers()->size(); ++i) {
@@ -81,7 +103,7 @@ ordered_json report(const Module& m, const RooflineRates& rates) {
     list.push_back({{"name", b->name() ? b->name()->str() : ""}, {"kind", fb::EnumNameBufferKind(b->kind())},
                     {"dtype", fb::EnumNameDType(b->dtype())},
                     {"shape", std::vector<int64_t>(b->shape()->begin(), b->shape()->end())},
-                    {"offset", b->offset()}, {"bytes", b->size()}});
+                    {"offset", b->offset()}, {"bytes", b->size()}, {"live", live[i]}});
   }
   j["buffers"] = {{"count", f.buffers()->size()}, {"activations_of", most ? most->name()->str() : ""},
                   {"bytes_by_kind", bytes}, {"bytes_by_dtype", by_dtype}, {"list", list}};
@@ -102,15 +124,21 @@ std::string human(double bytes) {
 }
 
 void print_buffers(const ordered_json& j) {
-  std::printf("%-6s %-44s %-12s %-5s %14s %12s  shape\n", "index", "buffer", "kind", "dtype", "offset", "bytes");
+  std::printf("%-6s %-44s %-12s %-5s %14s %12s  %-14s  live (program: instrs)\n", "index", "buffer", "kind", "dtype",
+              "offset", "bytes", "shape");
   int i = 0;
   for (const auto& b : j["buffers"]["list"]) {
-    std::string shape;
+    std::string shape, live;
     for (const auto& d : b["shape"]) shape += (shape.empty() ? "" : "x") + std::to_string(d.get<int64_t>());
-    std::printf("%-6d %-44s %-12s %-5s %14llu %12llu  %s\n", i++, b["name"].get<std::string>().c_str(),
+    for (const auto& l : b["live"])
+      live += (live.empty() ? "" : ", ") + l["program"].get<std::string>() + ": " +
+              std::to_string(l["first_instr"].get<int64_t>()) + ".." + std::to_string(l["last_instr"].get<int64_t>()) +
+              (l["kept_between_runs"].get<bool>() ? " (kept between runs)" : "");
+    if (b["kind"] != "Activation") live = "whole run (state)";
+    std::printf("%-6d %-44s %-12s %-5s %14llu %12llu  %-14s  %s\n", i++, b["name"].get<std::string>().c_str(),
                 b["kind"].get<std::string>().c_str(), b["dtype"].get<std::string>().c_str(),
                 (unsigned long long)b["offset"].get<uint64_t>(), (unsigned long long)b["bytes"].get<uint64_t>(),
-                shape.empty() ? "scalar" : shape.c_str());
+                shape.empty() ? "scalar" : shape.c_str(), live.c_str());
   }
 }
 
@@ -227,7 +255,7 @@ int main(int argc, char** argv) {
   const CLI::Validator tflops = kiln::cli::finite_in(1e-6, 1e7), gbs = kiln::cli::finite_in(1e-3, 1e9);
   app.add_option("module", path, "module (.kiln) or executable written by kilnc")->required();
   app.add_flag("--json", json, "print the report as one JSON object");
-  app.add_flag("--buffers", buffers, "list every buffer: kind, dtype, offset, bytes, shape");
+  app.add_flag("--buffers", buffers, "list every buffer: kind, dtype, offset, bytes, shape, and the instrs of each program where it is live");
   app.add_flag("--cuda-resources", cuda_resources,
                "cuda modules: every generated function's registers, shared memory and spills as ptxas reported "
                "them, and the blocks per SM they allow");
