@@ -278,7 +278,7 @@ Parsed parse(const std::string& path, const MappedFile& bytes) {
   // `latest`, --keep and the notes go by the file's name: it must say the step the file holds.
   if (auto named = step_of(fs::path(path).filename().string()); named && *named != st.step)
     bad_header(path, "step " + std::to_string(st.step) + " is not the step " + std::to_string(*named) +
-                         " its name says");
+                         " its name says (a renamed copy? name it by its step, or other than ckpt_N.kiln-ckpt)");
   st.data_shard = as_uint64(member(h, "data_shard", path), path, "data_shard");
   st.data_position = as_int64(member(h, "data_position", path), path, "data_position");
   // rng_state is a hex string: JSON readers that use doubles (jq, JavaScript) would round a number.

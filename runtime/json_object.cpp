@@ -26,6 +26,8 @@ nlohmann::ordered_json parse_json_unique_keys(const char* first, const char* las
   } catch (const Json::exception& e) {
     std::string msg = e.what();
     std::replace(msg.begin(), msg.end(), '\n', ' ');  // errors are one line
+    if (msg.rfind("[json.exception.", 0) == 0 && msg.find("] ") != std::string::npos)
+      msg = msg.substr(msg.find("] ") + 2);  // (the library's error id says nothing to a user)
     throw Error(where + ": JSON parse error: " + msg);
   }
   if (!repeated.empty()) throw Error(where + ": '" + repeated + "' appears twice");

@@ -333,8 +333,18 @@ int signal_of_sum(double sum) { return sum >= 1024 ? SIGTERM : sum > 0 ? SIGINT 
 // that run's --steps and shard sizes), and checkpoints past the one resumed from: said, not
 // refused (a longer run, or other data, may be meant).
 void note_resume_changes(const std::string& checkpoint, const nlohmann::json& extra, const TrainOptions& o,
-                         const DataLoader& data, int64_t step) {
+                         const DataLoader& data, int64_t step, const nlohmann::json& settings) {
   if (!extra.is_object()) return;
+  // Other hyperparameters than the checkpoint's run had (its settings, where it records them).
+  if (const auto had = extra.find("settings"); had != extra.end() && had->is_object()) {
+    std::string changed;
+    for (const auto& [flag, value] : settings.items())
+      if (const auto it = had->find(flag); it != had->end() && *it != value)
+        changed += (changed.empty() ? "" : ", ") + flag + " " + value.dump() + " (it had " + it->dump() + ")";
+    if (!changed.empty())
+      std::fprintf(stderr, "note: this run's settings differ from those of the run that wrote %s: %s\n",
+                   checkpoint.c_str(), changed.c_str());
+  }
   if (const auto steps = extra.find("steps"); steps != extra.end() && steps->is_number_integer() &&
                                               steps->get<int64_t>() != o.steps)
     std::fprintf(stderr, "note: --steps %lld, where the run that wrote %s had %lld: the learning-rate schedule is now "
@@ -500,6 +510,18 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     throw Error("--total-batch: " + std::to_string(total) + " is not a multiple of B*T*ranks = " +
                 std::to_string(tokens_per_micro));
   const int64_t accum = total / tokens_per_micro;
+  // The settings a checkpoint records, so that a resume with others says so (flag -> value).
+  const nlohmann::json settings = {{"--lr", o.schedule.lr},
+                                   {"--lr-schedule", o.schedule.kind},
+                                   {"--warmup-steps", o.schedule.warmup_steps},
+                                   {"--min-lr-ratio", o.schedule.min_lr_ratio},
+                                   {"--weight-decay", o.weight_decay},
+                                   {"--beta1", o.beta1},
+                                   {"--beta2", o.beta2},
+                                   {"--eps", o.eps},
+                                   {"--grad-clip", o.grad_clip},
+                                   {"--total-batch", total},
+                                   {"B*T (the module's)", B * T}};
   // The hyperparameters reach the step as 32-bit floats: one that overflows would become an infinity.
   for (const auto& [flag, v] : {std::pair{"--lr", o.schedule.lr}, {"--beta1", o.beta1}, {"--beta2", o.beta2},
                                 {"--eps", o.eps}, {"--weight-decay", o.weight_decay}, {"--grad-clip", o.grad_clip}})
@@ -633,7 +655,8 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       // and another thread count rounds it otherwise: OpenBLAS's fp32 products of gpt2-mini differ
       // in the last bits between 1 and 2 threads.
       const auto saved = extra.find("cpu_threads");  // end() also when the text is no JSON object
-      if (root && !gpu && saved != extra.end() && saved->is_number_integer() && saved->get<int>() != omp_get_max_threads())
+      if (root && !gpu && first_step < o.steps && saved != extra.end() && saved->is_number_integer() &&
+          saved->get<int>() != omp_get_max_threads())
         std::fprintf(stderr, "kiln: warning: %s was written by a run with %d CPU thread(s), this one has %d: its "
                      "matrix products round differently, so it is not bitwise the run it resumes (OMP_NUM_THREADS=%d "
                      "would be)\n", latest->c_str(), saved->get<int>(), omp_get_max_threads(), saved->get<int>());
@@ -643,7 +666,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
         std::fprintf(stderr, "the run is already at --steps %lld: nothing left to train\n", (long long)o.steps);
       if (root && !o.init.empty())
         std::fprintf(stderr, "note: --init %s is not used: the weights are the checkpoint's\n", o.init.c_str());
-      if (root) note_resume_changes(*latest, extra, o, loader, first_step);
+      if (root) note_resume_changes(*latest, extra, o, loader, first_step, settings);
       // Log lines the run that wrote it could not write (a full disk): this run writes them first.
       if (const auto lines = extra.find("log_pending"); root && lines != extra.end() && lines->is_array()) {
         for (const auto& line : *lines)
@@ -790,6 +813,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     st.zero_stage = o.zero;
     // What a resumed run compares with its own (note_resume_changes), and the log lines it owes.
     nlohmann::json extra = {{"steps", o.steps},
+                            {"settings", settings},
                             {"shard_tokens", loader.shard_tokens()},
                             {"data_file", loader.file_index(shard)},
                             {"all_shard_tokens", loader.all_shard_tokens()}};
