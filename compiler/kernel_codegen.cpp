@@ -535,9 +535,9 @@ class Emitter {
     if (isBF16(ln.getResult())) y = "rb(" + y + ")";
     body_ += ind + "const float y = " + y + ";\n";
     local_[ln.getResult()] = "y";
-    SmallVector<Operation*> after;
+    SmallVector<Operation*> after;  // casts of the output (a cast before the add is in x already)
     for (Operation& op : f_.getFusedOps())
-      if (isa<CastOp>(op)) after.push_back(&op);
+      if (isa<CastOp>(op) && op.getOperand(0) == ln.getResult()) after.push_back(&op);
     locals(after, ind);
     for (const std::string& o : outs_.lookup(ln.getResult())) body_ += ind + "st(" + o + ", i, y);\n";
     stores(after, ind);
@@ -586,9 +586,13 @@ class Emitter {
     body_ += "  const float s = rsqrtf(warp_sum(ssq) / " + num(C) + ".0f + " + floatLiteral(eps) + ");\n";
     body_ += rowLoop;
     layerNormOutput(ln, "(" + xAt + " - m) * s * " + at(ln.getWeight(), "c") + " + " + at(ln.getBias(), "c"), "    ");
-    body_ += "  }\n  if (lane == 0) {\n";
-    layerNormStats(ln, "m", "s", "    ");
     body_ += "  }\n";
+    // The row's mean and rstd, when the backward reads them (it may recompute them instead).
+    if (!outs_.lookup(ln.getMean()).empty() || !outs_.lookup(ln.getRstd()).empty()) {
+      body_ += "  if (lane == 0) {\n";
+      layerNormStats(ln, "m", "s", "    ");
+      body_ += "  }\n";
+    }
     return success();
   }
 
