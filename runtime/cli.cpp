@@ -174,8 +174,12 @@ void refuse_unused_tokenizer(const std::string& dir, int64_t V) {
 }
 
 // The tokenizer reads "<|endoftext|>" in a prompt as the 13 characters (GPT-2's encoder.py
-// does too); the end-of-text token itself is id 50256.
-void note_end_of_text_in_prompt(const char* flag, const std::string& text, const char* ids_flag) {
+// does too); the end-of-text token itself is id 50256. Bytes that are not UTF-8 are tokenized
+// as they are (byte-level BPE takes any), which is rarely what was meant: said, as kiln-data does.
+void note_prompt_text(const char* flag, const std::string& text, const char* ids_flag) {
+  if (const size_t bad = first_invalid_utf8(text); bad < text.size())
+    std::fprintf(stderr, "note: %s is not UTF-8 from byte %zu (0x%02x): its bytes are tokenized as they are\n", flag,
+                 bad, unsigned(uint8_t(text[bad])));
   if (text.find("<|endoftext|>") != std::string::npos)
     std::fprintf(stderr, "note: %s: \"<|endoftext|>\" is read as text, not as the end-of-text token; for that token "
                  "give %s with 50256\n", flag, ids_flag);
@@ -214,7 +218,7 @@ void prepare_train_samples(const Module& module, const TrainSampling& sampling, 
     if (!tok) throw Error("--sample-prompt: this model's vocabulary has " + std::to_string(V) +
                           " tokens, not GPT-2's 50257; give --sample-prompt-ids instead");
     o.sample_prompt = tok->encode(sampling.prompt);
-    note_end_of_text_in_prompt("--sample-prompt", sampling.prompt, "--sample-prompt-ids");
+    note_prompt_text("--sample-prompt", sampling.prompt, "--sample-prompt-ids");
   } else if (sampling.prompt_ids_opt->count()) {
     o.sample_prompt = parse_prompt_ids(sampling.prompt_ids, V, "--sample-prompt-ids");
   } else {
@@ -271,7 +275,7 @@ int run_sample(const Module& module, SampleCommand& c) {
     if (!tok) throw Error("--prompt: this model's vocabulary has " + std::to_string(V) +
                           " tokens, not GPT-2's 50257; give --prompt-ids instead");
     prompt = tok->encode(c.prompt);
-    note_end_of_text_in_prompt("--prompt", c.prompt, "--prompt-ids");
+    note_prompt_text("--prompt", c.prompt, "--prompt-ids");
   } else {
     prompt = parse_prompt_ids(c.prompt_ids, V);
   }

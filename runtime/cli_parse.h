@@ -34,6 +34,10 @@ inline CLI::Validator whole(int64_t min, int64_t max = INT64_MAX) {
         const auto [stop, err] = digits ? std::from_chars(begin, end, v) : std::from_chars_result{begin, std::errc::invalid_argument};
         const std::string range = max == INT64_MAX ? ">= " + std::to_string(min)
                                                    : "in [" + std::to_string(min) + ", " + std::to_string(max) + "]";
+        if (digits && !leading_zero && err == std::errc::result_out_of_range)  // (past 64 bits)
+          return s[0] == '-' ? "Value " + s + " is a whole number too small: " + range
+                             : "Value " + s + " is a whole number too large: " +
+                                   (max == INT64_MAX ? "at most " + std::to_string(INT64_MAX) : range);
         if (!digits || leading_zero || err != std::errc() || stop != end || v < min || v > max)
           return "Value " + s + " is not a whole number " + range + (leading_zero ? " (no leading zeros)" : "");
         return std::string();

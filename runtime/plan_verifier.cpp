@@ -74,12 +74,12 @@ void verify_plan(const Module& m) {
         if (it == live.end())
           throw Error(where + "program " + pname + ", instr " + std::to_string(k) + " reads " +
                       describe(m, b) + " before any kernel writes it");
-        it->second.last = k;
+        it->second.last = std::max(it->second.last, k);  // (a kept buffer stays live to the end)
       }
       for (uint32_t b : *ins.outputs()) {
         if (m.buffer(b).kind() != fb::BufferKind::Activation) continue;
         auto [it, fresh] = live.try_emplace(b, Live{b, k, k});
-        if (!fresh) it->second.last = k;
+        if (!fresh) it->second.last = std::max(it->second.last, k);
       }
     }
     if (auto it = live.find(prog->result()); it != live.end()) it->second.last = n;  // read after the call

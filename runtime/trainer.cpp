@@ -239,9 +239,11 @@ void check_output_paths(const TrainOptions& o, bool root, MadeFolders& made) {
     // Two runs writing one folder would prune each other's checkpoints and swap `latest`: the
     // folder is locked for the run (the kernel lets go when the process ends, however it ends).
     made.lock = ::open(o.checkpoint_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (made.lock >= 0 && ::flock(made.lock, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK)
+    if (made.lock >= 0 && ::flock(made.lock, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
+      made.top.clear(), made.deepest.clear();  // (the other run's folder now, though this one made it)
       throw Error("--checkpoint-dir: " + o.checkpoint_dir + ": another run is writing checkpoints there (it holds the "
                   "folder's lock); wait for it to end, or give another folder");
+    }
     if (!o.resume)
       if (auto found = latest_checkpoint(o.checkpoint_dir))
         throw Error("--checkpoint-dir: " + o.checkpoint_dir + " already holds checkpoints (the latest: " + *found +
@@ -338,9 +340,10 @@ void note_resume_changes(const std::string& checkpoint, const nlohmann::json& ex
   // Other hyperparameters than the checkpoint's run had (its settings, where it records them).
   if (const auto had = extra.find("settings"); had != extra.end() && had->is_object()) {
     std::string changed;
+    auto shown = [](const nlohmann::json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); };
     for (const auto& [flag, value] : settings.items())
       if (const auto it = had->find(flag); it != had->end() && *it != value)
-        changed += (changed.empty() ? "" : ", ") + flag + " " + value.dump() + " (it had " + it->dump() + ")";
+        changed += (changed.empty() ? "" : ", ") + flag + " " + shown(value) + " (it had " + shown(*it) + ")";
     if (!changed.empty())
       std::fprintf(stderr, "note: this run's settings differ from those of the run that wrote %s: %s\n",
                    checkpoint.c_str(), changed.c_str());
@@ -520,7 +523,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
                                    {"--beta2", o.beta2},
                                    {"--eps", o.eps},
                                    {"--grad-clip", o.grad_clip},
-                                   {"--total-batch", total},
+                                   {"--total-batch", o.total_batch ? nlohmann::json(o.total_batch) : "B*T*ranks"},
                                    {"B*T (the module's)", B * T}};
   // The hyperparameters reach the step as 32-bit floats: one that overflows would become an infinity.
   for (const auto& [flag, v] : {std::pair{"--lr", o.schedule.lr}, {"--beta1", o.beta1}, {"--beta2", o.beta2},
@@ -636,10 +639,10 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
         shard = found;
         if (!same_file || position > loader.shard_tokens()[shard] - loader.tokens_per_call() - 1) {
           if (same_file) shard = (shard + 1) % loader.files().size();
-          if (root)
-            std::fprintf(stderr, "note: %s: the rest of its shard holds no step of %lld tokens for this module; the run "
-                         "goes on at the start of %s\n", latest->c_str(), (long long)loader.tokens_per_call() + 1,
-                         loader.files()[shard].c_str());
+          if (root && st.step < o.steps)
+            std::fprintf(stderr, "note: %s: %s holds no step of %lld tokens for this module; the run goes on at the "
+                         "start of %s\n", latest->c_str(), same_file ? "the rest of its shard" : "its shard",
+                         (long long)loader.tokens_per_call() + 1, loader.files()[shard].c_str());
           position = 0;
         }
       }
@@ -825,7 +828,11 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     } catch (const Error& e) {
       // (A full disk.) The run stops here; its weights still go to --save, which may lie on
       // another file system, and the message says where --resume would go on.
-      const auto kept = latest_checkpoint(o.checkpoint_dir);
+      std::optional<std::string> kept;
+      try {
+        kept = latest_checkpoint(o.checkpoint_dir);
+      } catch (const Error&) {  // (a `latest` that cannot be read counts as none here)
+      }
       std::string what = std::string(e.what()) + "; stopped after step " + std::to_string(steps) + " of " +
                          std::to_string(o.steps) + ", and " +
                          (kept ? "the latest checkpoint is " + *kept + " (--resume goes on from there)"
@@ -838,6 +845,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
           what += "; --save failed too: " + std::string(s.what());
         }
       }
+      if (!log_failure.empty()) what += "; and before it " + log_failure;  // (the log's, which stopped the run)
       throw Error(what);
     }
     checkpointed = steps;

@@ -263,7 +263,9 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
   for (fs::directory_iterator it(out, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     std::error_code type;
-    if (!std::regex_match(name, shard_name) || it->symlink_status(type).type() == fs::file_type::directory) continue;
+    // (A link is replaced, not what it names: nothing is lost.)
+    const fs::file_type t = it->symlink_status(type).type();
+    if (!std::regex_match(name, shard_name) || t == fs::file_type::directory || t == fs::file_type::symlink) continue;
     const std::string path = it->path().string();
     struct stat id;
     if (::stat(path.c_str(), &id) == 0)

@@ -25,7 +25,11 @@ std::pair<unsigned, std::string> resident_blocks(const std::string& arch, unsign
   const unsigned by_threads = 2048 / (warps * 32);
   const unsigned by_shared = shared ? sm_shared_bytes(arch) / ((shared + 127) / 128 * 128 + 1024) : 32;
   unsigned n = std::min({by_registers, by_threads, by_shared, 32u});
-  std::string why = n == by_registers ? "registers" : n == by_shared ? "shared memory" : n == by_threads ? "threads" : "blocks";
+  // Every limit that gives n (a tie with threads: fewer registers would not add a block).
+  std::string why;
+  for (const auto& [limit, what] : {std::pair{by_registers, "registers"}, {by_shared, "shared memory"},
+                                    {by_threads, "threads"}, {32u, "blocks"}})
+    if (limit == n) why += (why.empty() ? "" : " and ") + std::string(what);
   return {n, why};
 }
 

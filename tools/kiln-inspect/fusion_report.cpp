@@ -78,7 +78,9 @@ void print_fusion_report(const nlohmann::ordered_json& j) {
     r.kind = k["kind"].get<std::string>();
     r.ops = op_list(k["ops"].get<std::vector<std::string>>(), " ");
   }
-  std::printf("  %-16s %-44s %7s %8s  fused ops (one kernel)\n", "kind", "generated kernel", "kernels", "launches");
+  // (Launches count one training step: a micro-step and the optimizer step. The sampler's
+  // kernels, for prefill and decode, launch 0 times in it.)
+  std::printf("  %-16s %-44s %7s %8s  fused ops (one kernel)\n", "kind", "generated kernel", "kernels", "per step");
   for (const auto& [name, r] : rows) {
     std::string ops = r.ops.size() > 70 ? r.ops.substr(0, 67) + "..." : r.ops;
     std::printf("  %-16s %-44s %7d %8d  %s\n", r.kind.c_str(), name.c_str(), r.kernels, r.launches, ops.c_str());

@@ -84,7 +84,8 @@ ordered_json report(const Module& m, const RooflineRates& rates) {
           if (!fresh) it->second.second = k;
         }
     }
-    // The result is read after the call: live past the last instr, as the plan has it.
+    // The result is read after the call: live past the last instr (last_instr = the instr count),
+    // as the plan has it.
     if (auto it = span.find(p->result()); it != span.end()) it->second.second = int64_t(p->instrs()->size());
     const auto kept = m.kept_buffers(*p);  // (key/value caches: live from one run to the next)
     for (const auto& [b, fl] : span)
@@ -132,8 +133,9 @@ void print_buffers(const ordered_json& j) {
     for (const auto& d : b["shape"]) shape += (shape.empty() ? "" : "x") + std::to_string(d.get<int64_t>());
     for (const auto& l : b["live"])
       live += (live.empty() ? "" : ", ") + l["program"].get<std::string>() + ": " +
+              (l["kept_between_runs"].get<bool>() ? "every instr, kept between runs (used at " : "") +
               std::to_string(l["first_instr"].get<int64_t>()) + ".." + std::to_string(l["last_instr"].get<int64_t>()) +
-              (l["kept_between_runs"].get<bool>() ? " (kept between runs)" : "");
+              (l["kept_between_runs"].get<bool>() ? ")" : "");
     if (b["kind"] != "Activation") live = "whole run (state)";
     std::printf("%-6d %-44s %-12s %-5s %14llu %12llu  %-14s  %s\n", i++, b["name"].get<std::string>().c_str(),
                 b["kind"].get<std::string>().c_str(), b["dtype"].get<std::string>().c_str(),

@@ -155,6 +155,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: --dump-kernels: --no-fusion generates no kernels\n");
     return 1;
   }
+  // Two files go into the folder: "-" would make a folder of that name.
+  if (dumpKernels == "-") {
+    std::fprintf(stderr, "error: --dump-kernels -: writes a folder (the source and kernels.tsv); give its name, or "
+                 "print a module's source with kiln-inspect --kernel-source -\n");
+    return 1;
+  }
   // A module or an executable is a file, not text for a terminal.
   if ((emit == "exe" || emit == "module") && output == "-") {
     std::fprintf(stderr, "error: -o -: --emit=%s writes a binary file; give it a name\n", emit.c_str());
