@@ -453,9 +453,10 @@ class Writer {
     }
   }
 
-  // One line per kernel: symbol, kind and the ops it fuses (written beside dumped sources).
+  // A header, then one line per kernel: symbol, kind and the ops it fuses (written beside dumped
+  // sources).
   std::string kernelManifest() const {
-    std::string text;
+    std::string text = "symbol\tkind\tfused ops\n";
     for (const KernelInfo& k : kernels_) {
       text += k.symbol + "\t" + k.kind + "\t";
       for (size_t i = 0; i < k.ops.size(); ++i) text += (i ? " " : "") + k.ops[i];
