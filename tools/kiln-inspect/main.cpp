@@ -55,43 +55,25 @@ ordered_json report(const Module& m, const RooflineRates& rates) {
     programs.push_back({{"name", p->name()->str()}, {"instrs", p->instrs()->size()}, {"ops", ops}});
   }
   j["programs"] = programs;
-  // By kind and dtype: the state, and the activations of the program that uses the most (each
-  // program has its own: forward and logits repeat micro_step's forward, sample's caches are 3).
+  // Where each activation is live: per program that uses it, its first and last instr (what
+  // the plan verifier checks: buffers live at once do not share bytes). By kind and dtype below:
+  // the state, and the activations of the program that uses the most (each program has its own:
+  // forward and logits repeat micro_step's forward, sample's caches are 3).
+  std::vector<ordered_json> live(f.buffers()->size(), ordered_json::array());
   const fb::Program* most = nullptr;
   std::set<uint32_t> most_uses;
   uint64_t most_bytes = 0;
   for (const fb::Program* p : *f.programs()) {
-    std::set<uint32_t> uses;
-    for (const fb::Instr* ins : *p->instrs()) {
-      for (uint32_t b : *ins->inputs()) uses.insert(b);
-      for (uint32_t b : *ins->outputs()) uses.insert(b);
-    }
-    uint64_t sum = 0;
-    for (uint32_t b : uses)
-      if (m.buffer(b).kind() == fb::BufferKind::Activation) sum += m.buffer(b).size();
-    if (!most || sum > most_bytes) most = p, most_uses = std::move(uses), most_bytes = sum;
-  }
-  // Where each activation is live: per program that uses it, its first and last instr (what
-  // the plan verifier checks: buffers live at once do not share bytes).
-  std::vector<ordered_json> live(f.buffers()->size(), ordered_json::array());
-  for (const fb::Program* p : *f.programs()) {
-    std::map<uint32_t, std::pair<int64_t, int64_t>> span;
-    for (int64_t k = 0; k < int64_t(p->instrs()->size()); ++k) {
-      const fb::Instr* ins = p->instrs()->Get(k);
-      for (const auto* list : {ins->inputs(), ins->outputs()})
-        for (uint32_t b : *list) {
-          auto [it, fresh] = span.try_emplace(b, k, k);
-          if (!fresh) it->second.second = k;
-        }
-    }
-    // The result is read after the call: live past the last instr (last_instr = the instr count),
-    // as the plan has it.
-    if (auto it = span.find(p->result()); it != span.end()) it->second.second = int64_t(p->instrs()->size());
     const auto kept = m.kept_buffers(*p);  // (key/value caches: live from one run to the next)
-    for (const auto& [b, fl] : span)
-      if (m.buffer(b).kind() == fb::BufferKind::Activation)
-        live[b].push_back({{"program", p->name()->str()}, {"first_instr", fl.first}, {"last_instr", fl.second},
-                           {"kept_between_runs", std::find(kept.begin(), kept.end(), b) != kept.end()}});
+    std::set<uint32_t> uses;
+    uint64_t sum = 0;
+    for (const Span& s : spans_of(m, *p)) {
+      uses.insert(s.buffer);
+      sum += m.buffer(s.buffer).size();
+      live[s.buffer].push_back({{"program", p->name()->str()}, {"first_instr", s.first}, {"last_instr", s.last},
+                                {"kept_between_runs", std::find(kept.begin(), kept.end(), s.buffer) != kept.end()}});
+    }
+    if (!most || sum > most_bytes) most = p, most_uses = std::move(uses), most_bytes = sum;
   }
   std::map<std::string, uint64_t> bytes, by_dtype;
   ordered_json list = ordered_json::array();

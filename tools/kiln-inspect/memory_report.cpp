@@ -12,15 +12,7 @@
 #include "tools/kiln-inspect/xml_text.h"
 
 namespace kiln {
-namespace {
 
-struct Span {
-  uint32_t buffer;
-  int64_t first, last;
-  const fb::Instr* producer;
-};
-
-// Live spans of a program's activation buffers (first write to last use; the result to the end).
 std::vector<Span> spans_of(const Module& m, const fb::Program& p) {
   std::map<uint32_t, Span> live;
   const int64_t n = p.instrs()->size();
@@ -38,6 +30,8 @@ std::vector<Span> spans_of(const Module& m, const fb::Program& p) {
   for (auto& [b, s] : live) out.push_back(s);
   return out;
 }
+
+namespace {
 
 // Bytes live at each kernel; buffers sharing an offset at the same time (in place) count once, as
 // the largest of them. One sweep over the spans' starts and ends: a per-kernel tally of every live

@@ -3,10 +3,20 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "runtime/module.h"
 
 namespace kiln {
+
+// Where an activation buffer of a program is live: from the instr that first uses it to the last
+// (the program's result: to the instr count, as it is read after the call).
+struct Span {
+  uint32_t buffer;
+  int64_t first, last;
+  const fb::Instr* producer;  // the first instr that uses it
+};
+std::vector<Span> spans_of(const Module& m, const fb::Program& p);
 
 // Adds arena_bytes, naive_bytes, state/param/grad/optimizer bytes, the peak with its largest
 // buffers, the accounting, FLOPs per phase against the 6ND-plus-attention rule, and recompute.
