@@ -806,7 +806,22 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   int64_t checkpointed = resumed_from.empty() ? -1 : first_step;
   auto write_checkpoint = [&](int64_t steps, size_t shard, int64_t position) {
     WholeMoments moments = dp.gather_optimizer_state();  // ZeRO-1: gathered to rank 0 for the checkpoint only
-    if (!root) return;
+    // Rank 0 tells the others whether its write worked, so that a failed one stops every rank
+    // now (they would otherwise wait in the next step's reduction for the timeout).
+    auto tell_ranks = [&](bool ok) {
+      if (world == 1) return ok;
+      char flag = ok ? 1 : 0;
+      comm.broadcast(&flag, 1, 0);
+      return flag != 0;
+    };
+    if (!root) {
+      if (!tell_ranks(true))
+        throw Error("data parallel: rank 0 could not write the checkpoint of step " + std::to_string(steps) +
+                    "; stopped after step " + std::to_string(steps) + " of " + std::to_string(o.steps) +
+                    " (rank 0 says why)");
+      checkpointed = steps;
+      return;
+    }
     TrainingState st;
     st.step = steps;
     st.data_shard = shard;
@@ -826,6 +841,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     try {
       save_checkpoint(o.checkpoint_dir, ex, st, o.keep, moments);
     } catch (const Error& e) {
+      tell_ranks(false);
       // (A full disk.) The run stops here; its weights still go to --save, which may lie on
       // another file system, and the message says where --resume would go on.
       std::optional<std::string> kept;
@@ -848,6 +864,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       if (!log_failure.empty()) what += "; and before it " + log_failure;  // (the log's, which stopped the run)
       throw Error(what);
     }
+    tell_ranks(true);
     checkpointed = steps;
   };
   // "; checkpoint ckpt_N written: ...", or what a run without a checkpoint folder could do.

@@ -39,6 +39,8 @@ and (group tcp, the environment rendezvous RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PO
                  them): both ranks refuse to start
   tcp_log_full   rank 0's --log cannot be written: both ranks stop after the next step with its
                  checkpoint, which keeps the lines not written; the resumed run writes them first
+  tcp_checkpoint_full  rank 0 cannot write its checkpoint (a file-size limit; --zero 1): both
+                 ranks stop after that step at once, rank 1 pointing at rank 0's error
   tcp_cut_step   SIGTERM to rank 1 within a step of 200 micro-steps a rank: both stop after the
                  micro-step, the step left undone; resumed, the uninterrupted run bitwise
   tcp_idle_peer  a silent connection reaches rank 0 before rank 1: the ranks still train
@@ -738,6 +740,30 @@ def case_tcp_log_full(c: Ctx):
     return "both ranks stopped after step 2; " + compare_runs("resumed with the missing lines", c.ref, got)
 
 
+def case_tcp_checkpoint_full(c: Ctx):
+    # Rank 0 cannot write its checkpoint (a file-size limit, as a full disk): it tells rank 1 at
+    # once, and both stop after that step, rank 0 naming the error and rank 1 pointing at it.
+    ck = os.path.join(c.workdir, "checkpoint_full_ck")
+    shutil.rmtree(ck, ignore_errors=True)
+
+    def limited(r, args):
+        args += ["--checkpoint-dir", ck, "--checkpoint-every", "2", "--zero", "1"]
+        # 512 blocks (256 or 512 KiB): the log fits, a checkpoint (1.6 MB with the moments) does not.
+        return ["sh", "-c", 'trap "" XFSZ; ulimit -f 512; exec "$@"', "sh"] + args if r == 0 else args
+    t0 = time.monotonic()
+    procs, _ = start_tcp(c, "tcp_checkpoint_full", save=False, per_rank=limited)
+    res = finish(procs, timeout=KILL_LIMIT_S)
+    dt = time.monotonic() - t0
+    said0 = f"ckpt_00000002.kiln-ckpt: write: File too large; stopped after step 2 of {c.steps}, and no checkpoint was written"
+    said1 = f"data parallel: rank 0 could not write the checkpoint of step 2; stopped after step 2 of {c.steps}"
+    for r, said in enumerate((said0, said1)):
+        if res[r][0] == 0 or said not in res[r][2]:
+            raise TestFailure(f"tcp_checkpoint_full: rank {r} exit {res[r][0]}, expected '{said}':\n{res[r][2][-2000:]}")
+    if os.path.exists(ck) and os.listdir(ck):
+        raise TestFailure(f"tcp_checkpoint_full: {ck} holds {os.listdir(ck)}")
+    return f"both ranks stopped after step 2 within {dt:.1f} s"
+
+
 def case_tcp_cut_step(c: Ctx):
     # SIGTERM to rank 1 within a step of 200 micro-steps a rank: the ranks agree after the micro-step and
     # both stop, leaving the step undone; the checkpoint is the step before's, and the run resumed
@@ -1039,7 +1065,7 @@ GROUPS = {
     "cuda-zero1": [case_tcp_zero1_cuda],
     "mpi": [case_mpi, case_mpi_zero1, case_mpi_accum, case_mpi_kill, case_mpi_hang, case_mpi_eval, case_mpi_sample],
     "tcp": [case_tcp, case_single_zero1, case_tcp_zero1_resume, case_tcp_three, case_tcp_kill_1, case_tcp_kill_0, case_tcp_hang, case_tcp_rank_error,
-            case_tcp_no_root, case_tcp_other_data, case_tcp_other_checkpoints, case_tcp_save_one_rank, case_tcp_log_full, case_tcp_cut_step, case_tcp_idle_peer, case_tcp_ipv6,
+            case_tcp_no_root, case_tcp_other_data, case_tcp_other_checkpoints, case_tcp_save_one_rank, case_tcp_log_full, case_tcp_checkpoint_full, case_tcp_cut_step, case_tcp_idle_peer, case_tcp_ipv6,
             case_nccl_refused, case_tcp_threads, case_tcp_eval, case_tcp_eval_disagree, case_tcp_sample],
 }
 
