@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "compiler/kernel_codegen.h"
+#include "compiler/kernel_prelude.h"
 #include "compiler/ptxas_info.h"
 
 namespace kiln {

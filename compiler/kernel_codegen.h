@@ -11,10 +11,9 @@
 
 #include "Kiln/KilnDialect.h"
 #include "compiler/attention_cuda.h"
+#include "compiler/kernel_prelude.h"
 
 namespace kiln {
-
-enum class Target { Cpu, Cuda };
 
 // The buffers a fused kernel reads and writes, in the order of its argument array: the region's
 // inputs, its results, then the state its ops write in body order (the gradient accumulator of
@@ -58,9 +57,5 @@ struct GeneratedKernel {
 // template cannot generate.
 mlir::FailureOr<GeneratedKernel> generateKernel(FusionOp fusion, const std::string& symbol, Target target,
                                                 const std::function<bool(llvm::StringRef)>& hasComputeCopy);
-
-// Definitions every generated file starts with: bf16 conversions, GELU, loads and stores; with
-// bf16Products (some CPU kernel's cpuBf16Matmul), the oneDNN helper for bf16 products.
-std::string kernelPrelude(Target target, bool bf16Products = false);
 
 }  // namespace kiln

@@ -32,6 +32,7 @@
 #include "runtime/stop_signals.h"
 #include "runtime/terminal_progress.h"
 #include "runtime/tokenizer.h"
+#include "runtime/rank_agreement.h"
 #include "runtime/trainer.h"
 
 namespace kiln {

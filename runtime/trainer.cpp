@@ -1,8 +1,5 @@
 #include "runtime/trainer.h"
 
-#include <fcntl.h>
-#include <sys/file.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,11 +13,10 @@
 #include <memory>
 #include <optional>
 #include <thread>
-#include <fstream>
-#include <iterator>
 #include <nlohmann/json.hpp>
 #include <omp.h>
 
+#include "runtime/batch_tokens.h"
 #include "runtime/checkpoint.h"
 #include "runtime/cpu/matmul_bf16.h"
 #include "runtime/data_loader.h"
@@ -31,98 +27,14 @@
 #include "runtime/file_io.h"
 #include "runtime/gpu_peak.h"
 #include "runtime/params.h"
+#include "runtime/rank_agreement.h"
+#include "runtime/run_outputs.h"
 #include "runtime/stop_signals.h"
 #include "runtime/terminal_progress.h"
 #include "runtime/token_scan.h"
 
 namespace kiln {
-// 64-bit FNV-1a over words (the tail bytewise): a fingerprint, not a cryptographic hash.
-uint64_t fingerprint(const void* data, size_t n, uint64_t h) {
-  const auto* c = static_cast<const uint8_t*>(data);
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    uint64_t w;
-    std::memcpy(&w, c + i, 8);
-    h = (h ^ w) * 1099511628211ull;
-  }
-  for (; i < n; ++i) h = (h ^ c[i]) * 1099511628211ull;
-  return h;
-}
-
-uint64_t weights_fingerprint(const Module& module, Executor& ex) {
-  uint64_t weights = fingerprint(nullptr, 0);
-  for (const fb::Parameter* p : *module.fb().parameters())
-    weights = fingerprint(ex.f32(p->value()), module.buffer(p->value()).size(), weights);
-  return weights;
-}
-
-uint64_t data_fingerprint(const DataLoader& data) {
-  const std::vector<int64_t>& counts = data.shard_tokens();
-  uint64_t tokens = fingerprint(counts.data(), counts.size() * sizeof(int64_t));
-  return fingerprint(data.current_tokens().data(), data.current_tokens().size() * sizeof(uint16_t), tokens);
-}
-
-void require_ranks_agree(Communicator& comm, const std::vector<bool>& this_one, const std::vector<std::string>& what,
-                         const std::string& who) {
-  std::vector<double> differ(this_one.size());
-  for (size_t i = 0; i < differ.size(); ++i) differ[i] = this_one[i] ? 1 : 0;
-  comm.all_reduce_sum(differ.data(), int64_t(differ.size()));
-  for (size_t i = 0; i < differ.size(); ++i)
-    if (differ[i] > 0)
-      throw Error(who + ": " + std::to_string(int(differ[i])) + " rank(s) disagree with rank 0 about " + what[i] +
-                  (this_one[i] ? ", this one among them" : "") + "; every rank must run the same command");
-}
-
 namespace {
-
-// Every rank must run the same module with the same options from the same weights, or the
-// ranks drift apart (or deadlock on different collectives). Checked once at start; every rank
-// learns the outcome, so they all stop together.
-void check_ranks_agree(Communicator& comm, const Module& module, const TrainOptions& o, int64_t total,
-                       int64_t first_step, Executor& ex, const DataLoader& data, const DataLoader* val,
-                       int64_t val_steps) {
-  const uint8_t* bytes = flatbuffers::GetBufferStartFromRootPointer(&module.fb());
-  // Everything that decides which collectives run (evaluation, gradient dumps, checkpoints: a
-  // ZeRO-1 run gathers its moments for each) is compared too.
-  // So are --resume and the step it resumes at (a difference would show only as other weights).
-  std::string opts = o.schedule.kind + (o.val_data.empty() ? " no-val" : " val") + (o.dump_grads.empty() ? " no-dump" : " dump") +
-                     (o.checkpoint_dir.empty() ? " no-ckpt" : " ckpt") + (o.resume ? " resume" : " fresh");
-  for (double x : {double(o.steps), double(first_step), double(total), double(o.zero), o.bucket_mb, double(o.schedule.lr),
-                   double(o.schedule.warmup_steps), double(o.schedule.min_lr_ratio), o.weight_decay, o.beta1, o.beta2,
-                   o.eps, o.grad_clip, double(o.val_every), double(o.val_steps), double(o.checkpoint_every)}) {
-    char buf[40];
-    std::snprintf(buf, sizeof buf, " %.17g", x);
-    opts += buf;
-  }
-  const uint64_t weights = weights_fingerprint(module, ex);
-  // The data: each rank reads its own windows of the same shards, so the shards' sizes and the
-  // tokens of the one being read must agree (the paths may differ from machine to machine).
-  const uint64_t tokens = data_fingerprint(data);
-  // So must the validation data's, and the batches each evaluation reads of it (--val-steps cut
-  // to what one pass holds): the logged validation loss is the mean of the ranks' means.
-  const uint64_t val_tokens = val ? fingerprint(&val_steps, sizeof val_steps, data_fingerprint(*val)) : 0;
-  // Rank 0 alone writes --save and --log and prints --sample-every's samples: one that another
-  // rank has and rank 0 lacks would be dropped without a word (rank 0 may have them alone).
-  const uint64_t outputs = (o.save.empty() ? 0 : 1) | (o.log.empty() ? 0 : 2) | (o.sample_every > 0 ? 4 : 0);
-  uint64_t mine[6] = {fingerprint(bytes, module.size_bytes()), fingerprint(opts.data(), opts.size()), weights, tokens,
-                      val_tokens, outputs};
-  uint64_t root[6];
-  std::memcpy(root, mine, sizeof root);
-  comm.broadcast(root, sizeof root, 0);
-  std::vector<bool> this_one(6);
-  for (int i = 0; i < 5; ++i) this_one[i] = mine[i] != root[i];
-  this_one[5] = (outputs & ~root[5]) != 0;
-  require_ranks_agree(comm, this_one,
-                      {"the module (a different executable?)",
-                       "the training options (--steps, --total-batch, --zero, --bucket-mb, the schedule, AdamW, "
-                       "evaluation, checkpoints, or --resume and the step of the checkpoint it resumes from)",
-                       "the initial weights (a different --seed, or --init files that differ)",
-                       "the training data (--data: other shards, or shards of other sizes)",
-                       "the validation data (--val-data: other shards, or shards of other sizes)",
-                       "the outputs (--save, --log or --sample-every, which rank 0 alone writes or prints, given to "
-                       "another rank but not to it)"},
-                      "data parallel");
-}
 
 // Model FLOPs per token of a training step: 6 per parameter (forward and backward matrix
 // products) plus attention's 12 L C T (the rule of the lecture and of PaLM's MFU).
@@ -152,178 +64,6 @@ CpuPeak estimated_cpu_peak(bool bf16) {
   const int threads = omp_get_max_threads();
   return {double(threads) * 2.5e9 * per_cycle, std::to_string(threads) + (threads == 1 ? " thread" : " threads") +
                                                    " x 2.5 GHz x " + std::to_string(per_cycle) + " " + unit};
-}
-
-// The next batch into the executor's inputs; token ids the model has no embedding for are an
-// error naming the shard, never an out-of-bounds read.
-void next_batch(Executor& ex, DataLoader& data, int64_t n, int32_t vocab) {
-  const size_t shard = data.shard();
-  const int64_t position = data.position();
-  int32_t* idx = ex.input("idx");
-  int32_t* targets = ex.input("targets");
-  data.next(idx, targets);
-  // The batch is tokens [at, at + n] of the shard: inputs idx[i] = at + i, targets[i] = at + i + 1.
-  const int64_t at = position + data.rank_offset();
-  for (int64_t i = 0; i < n; ++i)
-    if (idx[i] >= vocab || targets[i] >= vocab) {
-      const bool input = idx[i] >= vocab;
-      throw Error(out_of_vocab_message(data.files()[shard], input ? idx[i] : targets[i], at + i + (input ? 0 : 1), vocab));
-    }
-}
-
-// The folders a run made for --checkpoint-dir: when it ends, those still empty go (it failed
-// before its first checkpoint), from the checkpoint folder up to the first one it made.
-struct MadeFolders {
-  std::filesystem::path deepest, top;  // empty: none made
-  int lock = -1;  // the checkpoint folder, opened and locked (flock) while this run writes there
-  MadeFolders() = default;
-  MadeFolders(const MadeFolders&) = delete;
-  MadeFolders& operator=(const MadeFolders&) = delete;
-  ~MadeFolders() {
-    if (lock >= 0) ::close(lock);
-    std::error_code ec;
-    for (std::filesystem::path p = deepest; !top.empty() && !p.empty(); p = p.parent_path())
-      if (!std::filesystem::remove(p, ec) || p == top) break;  // not empty (or gone), or the last
-  }
-};
-
-// An existing file starts as a training log does, with a JSON record ({"...), whose first line,
-// when it ends within the first 64 KiB, is an object with "step": appending to it loses nothing,
-// and a mistyped --log must not end weights, data or a checkpoint with JSON lines. (A first line
-// longer than that holds samples; one cut short was a killed run's.) An empty file, a device or
-// a FIFO passes.
-void check_appendable_log(const std::string& path) {
-  const std::string head = read_head(path, 64 << 10);
-  if (head.empty()) return;
-  const size_t end = head.find('\n');
-  bool log = head.compare(0, 2, "{\"") == 0;
-  if (log && end != std::string::npos) {
-    const auto j = nlohmann::json::parse(head.substr(0, end), nullptr, false);
-    log = !j.is_discarded() && j.is_object() && j.contains("step");
-  }
-  if (!log)
-    throw Error("--log: " + path + ": holds something other than a training log (its first line is no JSON record "
-                "with \"step\"), and the log is appended to: name another file");
-}
-
-// An existing --save or --dump-grads file is safetensors, or empty: the output replaces it, and
-// must not replace another kind of file (a script, a program, data, a checkpoint).
-void check_replaceable_weights(const std::string& flag, const std::string& path) {
-  if (read_head(path, 1).empty()) return;
-  const std::string kind = file_kind(path);
-  if (kind != "safetensors")
-    throw Error(flag + ": " + path + ": exists and is " + (kind.empty() ? "no safetensors file" : kind) +
-                "; it would be replaced (remove it first, or name another file)");
-}
-
-// Where the run will write, checked before the first step rather than found unusable after the
-// last: --save's and --dump-grads' names are not llm.c's (.bin), each output can be
-// created where it is named, and the checkpoint folder is (or can be made) a folder that takes
-// files. A fresh run (no --resume) into a folder of checkpoints would prune them: refused. Only the
-// root rank writes.
-void check_output_paths(const TrainOptions& o, bool root, MadeFolders& made) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (!root) return;  // (other ranks' machines may lack rank 0's folders)
-  // The checkpoint folder first: the other outputs may be named inside it.
-  if (!o.checkpoint_dir.empty()) {
-    fs::path dir = o.checkpoint_dir;
-    if (!dir.has_filename()) dir = dir.parent_path();  // "ck/"
-    for (fs::path p = dir; !p.empty() && !fs::exists(p, ec); p = p.parent_path()) made.top = p;
-    if (!made.top.empty()) made.deepest = dir;
-    fs::create_directories(o.checkpoint_dir, ec);
-    if (!fs::is_directory(o.checkpoint_dir))
-      throw Error("--checkpoint-dir: " + o.checkpoint_dir + ": is not a folder and cannot be made one" +
-                  (ec ? ": " + ec.message() : ""));
-    check_output_file("--checkpoint-dir", (fs::path(o.checkpoint_dir) / "latest").string());
-    // Two runs writing one folder would prune each other's checkpoints and swap `latest`: the
-    // folder is locked for the run (the kernel lets go when the process ends, however it ends).
-    made.lock = ::open(o.checkpoint_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (made.lock >= 0 && ::flock(made.lock, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
-      made.top.clear(), made.deepest.clear();  // (the other run's folder now, though this one made it)
-      throw Error("--checkpoint-dir: " + o.checkpoint_dir + ": another run is writing checkpoints there (it holds the "
-                  "folder's lock); wait for it to end, or give another folder");
-    }
-    if (!o.resume)
-      if (auto found = latest_checkpoint(o.checkpoint_dir))
-        throw Error("--checkpoint-dir: " + o.checkpoint_dir + " already holds checkpoints (the latest: " + *found +
-                    "); give --resume to go on from them, or another folder (a new run would overwrite latest "
-                    "and mix its checkpoints with them)");
-  }
-  for (const auto& [flag, path] : {std::pair{"--save", o.save}, {"--dump-grads", o.dump_grads}, {"--log", o.log}}) {
-    if (path.empty()) continue;
-    // A checkpoint's or latest's name in the checkpoint folder: the output would replace a
-    // checkpoint (perhaps the one resumed from), or a save would replace or prune the output.
-    const fs::path target = link_target(path);
-    if (!o.checkpoint_dir.empty() && is_checkpoint_file_name(target.filename().string()) &&
-        fs::equivalent(target.has_parent_path() ? target.parent_path() : ".", o.checkpoint_dir, ec))
-      throw Error(std::string(flag) + ": " + path + ": is a name the checkpoints in --checkpoint-dir " + o.checkpoint_dir +
-                  " use; name the output otherwise");
-    if (std::string(flag) != "--log" && path.size() > 4 && path.compare(path.size() - 4, 4, ".bin") == 0)
-      throw Error(std::string(flag) + ": " + path + ": writes Hugging Face safetensors, but .bin names llm.c's model "
-                  "and token files (llm.c's tools would misread it); name it .safetensors");
-    // The running program and its module (which would only say "Text file busy" when opened below).
-    refuse_overwriting(flag, path, o.self);
-    check_output_file(flag, path, std::string(flag) == "--log");  // the log is appended to
-  }
-}
-
-// The --log file, opened at its first line (a run that fails before its first step leaves no
-// empty log) and appended to a line at a time. A line is written whole or not at all: a write
-// that fails (a full disk) is cut off again, so no later append follows half a record. An earlier
-// run's last line that was cut short (a killed run) is ended before this run's first.
-class LogFile {
- public:
-  explicit LogFile(std::string path) : path_(std::move(path)) {}
-  ~LogFile() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  LogFile(const LogFile&) = delete;
-  LogFile& operator=(const LogFile&) = delete;
-
-  // 0, or the error (errno) that kept the line from being written; the file is then as it was.
-  int append(const std::string& line) {
-    if (fd_ < 0) {
-      fd_ = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-      if (fd_ < 0) {
-        const int error = errno;
-        throw Error("--log: " + path_ + ": cannot open for appending: " + std::strerror(error));
-      }
-      const std::string last = read_tail(path_, 1);  // "" for an empty file, a FIFO or a device
-      newline_first_ = !last.empty() && last != "\n";
-    }
-    const std::string text = (newline_first_ ? "\n" : "") + line + "\n";
-    struct stat st {};
-    const off_t before = ::fstat(fd_, &st) == 0 && S_ISREG(st.st_mode) ? st.st_size : -1;
-    for (size_t at = 0; at < text.size();) {
-      const ssize_t put = ::write(fd_, text.data() + at, text.size() - at);
-      if (put < 0 && errno == EINTR) continue;
-      if (put <= 0) {
-        const int error = put < 0 ? errno : ENOSPC;
-        // Back to the lines before (best effort: the write's error is the one to report).
-        [[maybe_unused]] const int cut = before >= 0 ? ::ftruncate(fd_, before) : 0;
-        return error;
-      }
-      at += size_t(put);
-    }
-    newline_first_ = false;
-    return 0;
-  }
-
- private:
-  std::string path_;
-  int fd_ = -1;
-  bool newline_first_ = false;
-};
-
-// Drops the lines the log at `path` already holds whole in its last 64 MiB: a checkpoint's lines
-// that an earlier run resumed from it wrote (a requeued job, or one killed before its next
-// checkpoint) are not written again.
-void drop_logged_lines(const std::string& path, std::vector<std::string>& lines) {
-  const std::string tail = "\n" + read_tail(path, size_t(64) << 20);
-  lines.erase(std::remove_if(lines.begin(), lines.end(),
-                             [&](const std::string& line) { return tail.find("\n" + line + "\n") != std::string::npos; }),
-              lines.end());
 }
 
 // A signal as a number the ranks add up (1 for a SIGINT, 1024 for a SIGTERM), and the signal a
@@ -369,81 +109,6 @@ void note_resume_changes(const std::string& checkpoint, const nlohmann::json& ex
   if (!later.empty())
     std::fprintf(stderr, "note: %s also holds checkpoints past the one resumed from (%s); --keep counts them\n",
                  std::filesystem::path(checkpoint).parent_path().string().c_str(), later.c_str());
-}
-
-// The outputs must not overwrite the run's inputs (the data, --init; the executable and module
-// were refused by check_output_paths) or one another.
-void check_outputs_spare_inputs(const TrainOptions& o, const DataLoader& data, const DataLoader* val) {
-  std::vector<std::pair<std::string, std::string>> inputs = {{"--init's weights", o.init}};
-  for (const std::string& f : data.files()) inputs.push_back({"a --data shard", f});
-  if (val)
-    for (const std::string& f : val->files()) inputs.push_back({"a --val-data shard", f});
-  const std::pair<std::string, std::string> outputs[] = {{"--save", o.save}, {"--dump-grads", o.dump_grads}, {"--log", o.log}};
-  for (size_t i = 0; i < std::size(outputs); ++i) {
-    std::vector<std::pair<std::string, std::string>> others = inputs;
-    for (size_t k = 0; k < i; ++k) others.push_back({outputs[k].first + "'s file", outputs[k].second});
-    refuse_overwriting(outputs[i].first, outputs[i].second, others);
-  }
-  // Then what an existing output holds (after the inputs, whose names say more).
-  if (!o.log.empty()) check_appendable_log(o.log);
-  for (const auto& [flag, path] : {std::pair{"--save", o.save}, {"--dump-grads", o.dump_grads}})
-    if (!path.empty()) check_replaceable_weights(flag, path);
-}
-
-// The loader calls (micro-steps) left to a run; a --steps far past any data saturates.
-int64_t micro_steps_left(int64_t steps, int64_t first_step, int64_t accum) {
-  int64_t calls = 0;
-  return __builtin_mul_overflow(steps - first_step, accum, &calls) ? INT64_MAX : calls;
-}
-
-// The token ids of the shard a loader holds now that the run will read (`calls` more calls of
-// next()) are below the vocabulary: from its position on, and from its start again when the run
-// comes round to it after every other shard. A bad validation shard shows at the start, not at
-// the first evaluation, many steps in; tokens no call reads (a shard's tail) do not count.
-void check_resident_tokens(const DataLoader& d, int32_t vocab, int64_t calls) {
-  const std::vector<uint16_t>& t = d.current_tokens();
-  const size_t held = d.resident_shard();
-  const int64_t s = d.tokens_per_call(), count = int64_t(t.size());
-  std::vector<std::pair<int64_t, int64_t>> ranges;  // [first, last] positions read
-  int64_t before_return = 0;  // calls until the run is back at this shard's start
-  if (d.shard() == held) {
-    before_return = d.calls_from(held, d.position());
-    if (const int64_t here = std::min(calls, before_return); here > 0)
-      ranges.push_back({d.position(), d.position() + here * s});
-  }
-  for (size_t i = 0; i < d.files().size(); ++i)
-    if (i != held) before_return += d.calls_from(i, 0);
-  if (calls > before_return) ranges.push_back({0, std::min(d.calls_from(held, 0), calls - before_return) * s});
-  for (const auto& [first, last] : ranges) {
-    const size_t n = size_t(std::min(last, count - 1) - first + 1);
-    if (const size_t bad = first_out_of_vocab(t.data() + first, n, vocab); bad < n)
-      throw Error(out_of_vocab_message(d.files()[held], t[size_t(first) + bad], first + int64_t(bad), vocab));
-  }
-}
-
-// The shards the run will read that are not checked yet (all but the one each loader holds), in
-// the order it reads them: the validation shards an evaluation reaches (the first comes after
-// step 1), then the training shards the remaining steps reach. Of each, only the tokens the run
-// reads: call k in a shard reads [k s, k s + s] (s tokens a call), and the run may end first.
-std::vector<TokenScan::Shard> shards_to_scan(const DataLoader& data, int64_t first_step, int64_t steps,
-                                             int64_t accum, const DataLoader* val, int64_t val_steps) {
-  std::vector<TokenScan::Shard> shards;
-  // Shard i of `d`, first read by call `call` of the `calls` the run makes.
-  auto add = [&](const DataLoader& d, size_t i, int64_t call, int64_t calls,
-                 std::function<std::string(int64_t)> reader) {
-    const int64_t reading = std::min(d.calls_from(i, 0), calls - call);
-    shards.push_back({d.files()[i], std::min(d.shard_tokens()[i], reading * d.tokens_per_call() + 1), std::move(reader)});
-  };
-  if (val)
-    for (const auto& [i, call] : val->shards_ahead(val_steps))
-      add(*val, i, call, val_steps, [](int64_t) { return std::string("each evaluation (--val-data)"); });
-  const int64_t calls = micro_steps_left(steps, first_step, accum), s = data.tokens_per_call();
-  for (const auto& [i, call] : data.shards_ahead(calls))
-    add(data, i, call, calls, [=](int64_t position) {
-      const int64_t k = position <= s ? 0 : (position - 1) / s;  // the first call that reads it
-      return "step " + std::to_string(first_step + (call + k) / accum + 1);
-    });
-  return shards;
 }
 
 // Mean loss of `steps` batches of the validation data through the forward program, averaged

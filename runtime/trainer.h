@@ -63,17 +63,6 @@ struct TrainOptions {
 double mean_forward_loss(Executor& ex, DataLoader& data, int64_t batches,
                          const std::function<void(int64_t)>& progress = {});
 
-// What ranks compare to find out that they were given different things: a 64-bit FNV-1a of
-// bytes (not a cryptographic hash); of every parameter's value; of the data's shard sizes in
-// order and the tokens of the shard being read (paths may differ from machine to machine).
-uint64_t fingerprint(const void* data, size_t n, uint64_t h = 1469598103934665603ull);
-uint64_t weights_fingerprint(const Module& module, Executor& ex);
-uint64_t data_fingerprint(const DataLoader& data);
-// Stops every rank alike when some rank differs from rank 0 (this_one[i]: this rank does about
-// what[i]): all learn how many do, and each throws "<who>: N rank(s) disagree with rank 0 about ...".
-void require_ranks_agree(Communicator& comm, const std::vector<bool>& this_one, const std::vector<std::string>& what,
-                         const std::string& who);
-
 // CPU ranks on one machine share its CPUs: each takes an equal part of them (OpenMP threads),
 // unless OMP_NUM_THREADS chose; `root` prints a note when it does.
 void share_cpus(int local_ranks, bool root);

@@ -1,0 +1,100 @@
+// What ranks compare at start to find out that they were given different things (see
+// rank_agreement.h).
+#include "runtime/rank_agreement.h"
+
+#include <cstdio>
+#include <cstring>
+
+#include "runtime/data_loader.h"
+#include "runtime/error.h"
+#include "runtime/executor.h"
+
+namespace kiln {
+
+// 64-bit FNV-1a over words (the tail bytewise): a fingerprint, not a cryptographic hash.
+uint64_t fingerprint(const void* data, size_t n, uint64_t h) {
+  const auto* c = static_cast<const uint8_t*>(data);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, c + i, 8);
+    h = (h ^ w) * 1099511628211ull;
+  }
+  for (; i < n; ++i) h = (h ^ c[i]) * 1099511628211ull;
+  return h;
+}
+
+uint64_t weights_fingerprint(const Module& module, Executor& ex) {
+  uint64_t weights = fingerprint(nullptr, 0);
+  for (const fb::Parameter* p : *module.fb().parameters())
+    weights = fingerprint(ex.f32(p->value()), module.buffer(p->value()).size(), weights);
+  return weights;
+}
+
+uint64_t data_fingerprint(const DataLoader& data) {
+  const std::vector<int64_t>& counts = data.shard_tokens();
+  uint64_t tokens = fingerprint(counts.data(), counts.size() * sizeof(int64_t));
+  return fingerprint(data.current_tokens().data(), data.current_tokens().size() * sizeof(uint16_t), tokens);
+}
+
+void require_ranks_agree(Communicator& comm, const std::vector<bool>& this_one, const std::vector<std::string>& what,
+                         const std::string& who) {
+  std::vector<double> differ(this_one.size());
+  for (size_t i = 0; i < differ.size(); ++i) differ[i] = this_one[i] ? 1 : 0;
+  comm.all_reduce_sum(differ.data(), int64_t(differ.size()));
+  for (size_t i = 0; i < differ.size(); ++i)
+    if (differ[i] > 0)
+      throw Error(who + ": " + std::to_string(int(differ[i])) + " rank(s) disagree with rank 0 about " + what[i] +
+                  (this_one[i] ? ", this one among them" : "") + "; every rank must run the same command");
+}
+
+// Every rank must run the same module with the same options from the same weights, or the
+// ranks drift apart (or deadlock on different collectives). Checked once at start; every rank
+// learns the outcome, so they all stop together.
+void check_ranks_agree(Communicator& comm, const Module& module, const TrainOptions& o, int64_t total,
+                       int64_t first_step, Executor& ex, const DataLoader& data, const DataLoader* val,
+                       int64_t val_steps) {
+  const uint8_t* bytes = flatbuffers::GetBufferStartFromRootPointer(&module.fb());
+  // Everything that decides which collectives run (evaluation, gradient dumps, checkpoints: a
+  // ZeRO-1 run gathers its moments for each) is compared too.
+  // So are --resume and the step it resumes at (a difference would show only as other weights).
+  std::string opts = o.schedule.kind + (o.val_data.empty() ? " no-val" : " val") + (o.dump_grads.empty() ? " no-dump" : " dump") +
+                     (o.checkpoint_dir.empty() ? " no-ckpt" : " ckpt") + (o.resume ? " resume" : " fresh");
+  for (double x : {double(o.steps), double(first_step), double(total), double(o.zero), o.bucket_mb, double(o.schedule.lr),
+                   double(o.schedule.warmup_steps), double(o.schedule.min_lr_ratio), o.weight_decay, o.beta1, o.beta2,
+                   o.eps, o.grad_clip, double(o.val_every), double(o.val_steps), double(o.checkpoint_every)}) {
+    char buf[40];
+    std::snprintf(buf, sizeof buf, " %.17g", x);
+    opts += buf;
+  }
+  const uint64_t weights = weights_fingerprint(module, ex);
+  // The data: each rank reads its own windows of the same shards, so the shards' sizes and the
+  // tokens of the one being read must agree (the paths may differ from machine to machine).
+  const uint64_t tokens = data_fingerprint(data);
+  // So must the validation data's, and the batches each evaluation reads of it (--val-steps cut
+  // to what one pass holds): the logged validation loss is the mean of the ranks' means.
+  const uint64_t val_tokens = val ? fingerprint(&val_steps, sizeof val_steps, data_fingerprint(*val)) : 0;
+  // Rank 0 alone writes --save and --log and prints --sample-every's samples: one that another
+  // rank has and rank 0 lacks would be dropped without a word (rank 0 may have them alone).
+  const uint64_t outputs = (o.save.empty() ? 0 : 1) | (o.log.empty() ? 0 : 2) | (o.sample_every > 0 ? 4 : 0);
+  uint64_t mine[6] = {fingerprint(bytes, module.size_bytes()), fingerprint(opts.data(), opts.size()), weights, tokens,
+                      val_tokens, outputs};
+  uint64_t root[6];
+  std::memcpy(root, mine, sizeof root);
+  comm.broadcast(root, sizeof root, 0);
+  std::vector<bool> this_one(6);
+  for (int i = 0; i < 5; ++i) this_one[i] = mine[i] != root[i];
+  this_one[5] = (outputs & ~root[5]) != 0;
+  require_ranks_agree(comm, this_one,
+                      {"the module (a different executable?)",
+                       "the training options (--steps, --total-batch, --zero, --bucket-mb, the schedule, AdamW, "
+                       "evaluation, checkpoints, or --resume and the step of the checkpoint it resumes from)",
+                       "the initial weights (a different --seed, or --init files that differ)",
+                       "the training data (--data: other shards, or shards of other sizes)",
+                       "the validation data (--val-data: other shards, or shards of other sizes)",
+                       "the outputs (--save, --log or --sample-every, which rank 0 alone writes or prints, given to "
+                       "another rank but not to it)"},
+                      "data parallel");
+}
+
+}  // namespace kiln

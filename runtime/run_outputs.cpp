@@ -1,0 +1,164 @@
+// The outputs of a training run, checked and written (see run_outputs.h).
+#include "runtime/run_outputs.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <iterator>
+#include <nlohmann/json.hpp>
+
+#include "runtime/checkpoint.h"
+#include "runtime/data_loader.h"
+#include "runtime/error.h"
+#include "runtime/file_io.h"
+#include "runtime/params.h"
+
+namespace kiln {
+
+namespace {
+
+// An existing file starts as a training log does, with a JSON record ({"...), whose first line,
+// when it ends within the first 64 KiB, is an object with "step": appending to it loses nothing,
+// and a mistyped --log must not end weights, data or a checkpoint with JSON lines. (A first line
+// longer than that holds samples; one cut short was a killed run's.) An empty file, a device or
+// a FIFO passes.
+void check_appendable_log(const std::string& path) {
+  const std::string head = read_head(path, 64 << 10);
+  if (head.empty()) return;
+  const size_t end = head.find('\n');
+  bool log = head.compare(0, 2, "{\"") == 0;
+  if (log && end != std::string::npos) {
+    const auto j = nlohmann::json::parse(head.substr(0, end), nullptr, false);
+    log = !j.is_discarded() && j.is_object() && j.contains("step");
+  }
+  if (!log)
+    throw Error("--log: " + path + ": holds something other than a training log (its first line is no JSON record "
+                "with \"step\"), and the log is appended to: name another file");
+}
+
+// An existing --save or --dump-grads file is safetensors, or empty: the output replaces it, and
+// must not replace another kind of file (a script, a program, data, a checkpoint).
+void check_replaceable_weights(const std::string& flag, const std::string& path) {
+  if (read_head(path, 1).empty()) return;
+  const std::string kind = file_kind(path);
+  if (kind != "safetensors")
+    throw Error(flag + ": " + path + ": exists and is " + (kind.empty() ? "no safetensors file" : kind) +
+                "; it would be replaced (remove it first, or name another file)");
+}
+
+}  // namespace
+
+// Where the run will write, checked before the first step rather than found unusable after the
+// last: --save's and --dump-grads' names are not llm.c's (.bin), each output can be
+// created where it is named, and the checkpoint folder is (or can be made) a folder that takes
+// files. A fresh run (no --resume) into a folder of checkpoints would prune them: refused. Only the
+// root rank writes.
+void check_output_paths(const TrainOptions& o, bool root, MadeFolders& made) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!root) return;  // (other ranks' machines may lack rank 0's folders)
+  // The checkpoint folder first: the other outputs may be named inside it.
+  if (!o.checkpoint_dir.empty()) {
+    fs::path dir = o.checkpoint_dir;
+    if (!dir.has_filename()) dir = dir.parent_path();  // "ck/"
+    for (fs::path p = dir; !p.empty() && !fs::exists(p, ec); p = p.parent_path()) made.top = p;
+    if (!made.top.empty()) made.deepest = dir;
+    fs::create_directories(o.checkpoint_dir, ec);
+    if (!fs::is_directory(o.checkpoint_dir))
+      throw Error("--checkpoint-dir: " + o.checkpoint_dir + ": is not a folder and cannot be made one" +
+                  (ec ? ": " + ec.message() : ""));
+    check_output_file("--checkpoint-dir", (fs::path(o.checkpoint_dir) / "latest").string());
+    // Two runs writing one folder would prune each other's checkpoints and swap `latest`: the
+    // folder is locked for the run (the kernel lets go when the process ends, however it ends).
+    made.lock = ::open(o.checkpoint_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (made.lock >= 0 && ::flock(made.lock, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
+      made.top.clear(), made.deepest.clear();  // (the other run's folder now, though this one made it)
+      throw Error("--checkpoint-dir: " + o.checkpoint_dir + ": another run is writing checkpoints there (it holds the "
+                  "folder's lock); wait for it to end, or give another folder");
+    }
+    if (!o.resume)
+      if (auto found = latest_checkpoint(o.checkpoint_dir))
+        throw Error("--checkpoint-dir: " + o.checkpoint_dir + " already holds checkpoints (the latest: " + *found +
+                    "); give --resume to go on from them, or another folder (a new run would overwrite latest "
+                    "and mix its checkpoints with them)");
+  }
+  for (const auto& [flag, path] : {std::pair{"--save", o.save}, {"--dump-grads", o.dump_grads}, {"--log", o.log}}) {
+    if (path.empty()) continue;
+    // A checkpoint's or latest's name in the checkpoint folder: the output would replace a
+    // checkpoint (perhaps the one resumed from), or a save would replace or prune the output.
+    const fs::path target = link_target(path);
+    if (!o.checkpoint_dir.empty() && is_checkpoint_file_name(target.filename().string()) &&
+        fs::equivalent(target.has_parent_path() ? target.parent_path() : ".", o.checkpoint_dir, ec))
+      throw Error(std::string(flag) + ": " + path + ": is a name the checkpoints in --checkpoint-dir " + o.checkpoint_dir +
+                  " use; name the output otherwise");
+    if (std::string(flag) != "--log" && path.size() > 4 && path.compare(path.size() - 4, 4, ".bin") == 0)
+      throw Error(std::string(flag) + ": " + path + ": writes Hugging Face safetensors, but .bin names llm.c's model "
+                  "and token files (llm.c's tools would misread it); name it .safetensors");
+    // The running program and its module (which would only say "Text file busy" when opened below).
+    refuse_overwriting(flag, path, o.self);
+    check_output_file(flag, path, std::string(flag) == "--log");  // the log is appended to
+  }
+}
+
+// Drops the lines the log at `path` already holds whole in its last 64 MiB: a checkpoint's lines
+// that an earlier run resumed from it wrote (a requeued job, or one killed before its next
+// checkpoint) are not written again.
+void drop_logged_lines(const std::string& path, std::vector<std::string>& lines) {
+  const std::string tail = "\n" + read_tail(path, size_t(64) << 20);
+  lines.erase(std::remove_if(lines.begin(), lines.end(),
+                             [&](const std::string& line) { return tail.find("\n" + line + "\n") != std::string::npos; }),
+              lines.end());
+}
+
+// The outputs must not overwrite the run's inputs (the data, --init; the executable and module
+// were refused by check_output_paths) or one another.
+void check_outputs_spare_inputs(const TrainOptions& o, const DataLoader& data, const DataLoader* val) {
+  std::vector<std::pair<std::string, std::string>> inputs = {{"--init's weights", o.init}};
+  for (const std::string& f : data.files()) inputs.push_back({"a --data shard", f});
+  if (val)
+    for (const std::string& f : val->files()) inputs.push_back({"a --val-data shard", f});
+  const std::pair<std::string, std::string> outputs[] = {{"--save", o.save}, {"--dump-grads", o.dump_grads}, {"--log", o.log}};
+  for (size_t i = 0; i < std::size(outputs); ++i) {
+    std::vector<std::pair<std::string, std::string>> others = inputs;
+    for (size_t k = 0; k < i; ++k) others.push_back({outputs[k].first + "'s file", outputs[k].second});
+    refuse_overwriting(outputs[i].first, outputs[i].second, others);
+  }
+  // Then what an existing output holds (after the inputs, whose names say more).
+  if (!o.log.empty()) check_appendable_log(o.log);
+  for (const auto& [flag, path] : {std::pair{"--save", o.save}, {"--dump-grads", o.dump_grads}})
+    if (!path.empty()) check_replaceable_weights(flag, path);
+}
+
+int LogFile::append(const std::string& line) {
+  if (fd_ < 0) {
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0) {
+      const int error = errno;
+      throw Error("--log: " + path_ + ": cannot open for appending: " + std::strerror(error));
+    }
+    const std::string last = read_tail(path_, 1);  // "" for an empty file, a FIFO or a device
+    newline_first_ = !last.empty() && last != "\n";
+  }
+  const std::string text = (newline_first_ ? "\n" : "") + line + "\n";
+  struct stat st {};
+  const off_t before = ::fstat(fd_, &st) == 0 && S_ISREG(st.st_mode) ? st.st_size : -1;
+  for (size_t at = 0; at < text.size();) {
+    const ssize_t put = ::write(fd_, text.data() + at, text.size() - at);
+    if (put < 0 && errno == EINTR) continue;
+    if (put <= 0) {
+      const int error = put < 0 ? errno : ENOSPC;
+      // Back to the lines before (best effort: the write's error is the one to report).
+      [[maybe_unused]] const int cut = before >= 0 ? ::ftruncate(fd_, before) : 0;
+      return error;
+    }
+    at += size_t(put);
+  }
+  newline_first_ = false;
+  return 0;
+}
+
+}  // namespace kiln

@@ -1,0 +1,73 @@
+// What a training run writes besides its weights in memory, checked before the first step:
+// the checkpoint folder (made and locked for the run), the --log file (appended a whole line at a
+// time), and outputs that must not replace the run's inputs or a user's other files.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "runtime/trainer.h"
+
+namespace kiln {
+
+class DataLoader;
+
+// The folders a run made for --checkpoint-dir: when it ends, those still empty go (it failed
+// before its first checkpoint), from the checkpoint folder up to the first one it made.
+struct MadeFolders {
+  std::filesystem::path deepest, top;  // empty: none made
+  int lock = -1;  // the checkpoint folder, opened and locked (flock) while this run writes there
+  MadeFolders() = default;
+  MadeFolders(const MadeFolders&) = delete;
+  MadeFolders& operator=(const MadeFolders&) = delete;
+  ~MadeFolders() {
+    if (lock >= 0) ::close(lock);
+    std::error_code ec;
+    for (std::filesystem::path p = deepest; !top.empty() && !p.empty(); p = p.parent_path())
+      if (!std::filesystem::remove(p, ec) || p == top) break;  // not empty (or gone), or the last
+  }
+};
+
+// Where the run will write, checked before the first step rather than found unusable after the
+// last: --save's and --dump-grads' names are not llm.c's (.bin), each output can be
+// created where it is named, and the checkpoint folder is (or can be made) a folder that takes
+// files. A fresh run (no --resume) into a folder of checkpoints would prune them: refused. Only the
+// root rank writes.
+void check_output_paths(const TrainOptions& o, bool root, MadeFolders& made);
+
+// Drops the lines the log at `path` already holds whole in its last 64 MiB: a checkpoint's lines
+// that an earlier run resumed from it wrote (a requeued job, or one killed before its next
+// checkpoint) are not written again.
+void drop_logged_lines(const std::string& path, std::vector<std::string>& lines);
+
+// The outputs must not overwrite the run's inputs (the data, --init; the executable and module
+// were refused by check_output_paths) or one another.
+void check_outputs_spare_inputs(const TrainOptions& o, const DataLoader& data, const DataLoader* val);
+
+// The --log file, opened at its first line (a run that fails before its first step leaves no
+// empty log) and appended to a line at a time. A line is written whole or not at all: a write
+// that fails (a full disk) is cut off again, so no later append follows half a record. An earlier
+// run's last line that was cut short (a killed run) is ended before this run's first.
+class LogFile {
+ public:
+  explicit LogFile(std::string path) : path_(std::move(path)) {}
+  ~LogFile() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  LogFile(const LogFile&) = delete;
+  LogFile& operator=(const LogFile&) = delete;
+
+  // 0, or the error (errno) that kept the line from being written; the file is then as it was.
+  int append(const std::string& line);
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  bool newline_first_ = false;
+};
+
+
+}  // namespace kiln
