@@ -85,8 +85,12 @@ int64_t headSize(const AttentionShape& s) {
   if (s.C % s.H != 0) throw std::invalid_argument("attention: H must divide C");
   const int64_t hs = s.C / s.H;
   if (hs > 128) throw std::invalid_argument("attention: head size above 128");
-  if (s.B * s.H * s.T > (int64_t(1) << 31) || s.B * s.T * 3 * s.C > (int64_t(1) << 40))
-    throw std::invalid_argument("attention: shape too large");
+  if (s.B * s.H * s.T > (int64_t(1) << 31))
+    throw std::invalid_argument("B x H x T = " + std::to_string(s.B * s.H * s.T) + " rows is above 2^31, the most the "
+                                "kernels index");
+  if (s.B * s.T * 3 * s.C > (int64_t(1) << 40))
+    throw std::invalid_argument("B x T x 3C = " + std::to_string(s.B * s.T * 3 * s.C) + " elements of q, k and v is "
+                                "above 2^40, the most the kernels index");
   return hs;
 }
 

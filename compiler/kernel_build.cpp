@@ -355,7 +355,7 @@ std::optional<std::vector<CudaImageBuild>> compileCudaKernels(const std::string&
 bool dumpKernelSource(const std::string& dir, Target target, const std::string& source,
                       const std::string& manifest, std::string& error) {
   if (!makeDirs(dir)) {
-    error = dir + ": " + std::strerror(errno);
+    error = dir + ": cannot make the folder: " + std::strerror(errno);
     return false;
   }
   try {

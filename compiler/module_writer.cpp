@@ -350,7 +350,7 @@ class Writer {
     if (!options_.dumpKernelsDir.empty()) {
       std::string error;
       if (!dumpKernelSource(options_.dumpKernelsDir, target_, source, kernelManifest(), error))
-        return emitError(UnknownLoc::get(module_.getContext())) << "kilnc: --dump-kernels: " << error;
+        return emitError(UnknownLoc::get(module_.getContext())) << "--dump-kernels: " << error;
     }
     generating.stop();
     TimingScope compiling = nest(target_ == Target::Cpu ? "compile kernels (host C++ compiler, or the kernel cache)"
@@ -422,7 +422,7 @@ class Writer {
       if (!k.functions.empty()) k.cudaGrid = k.functions[0].grid, k.cudaBlock = k.functions[0].block;
       return k;
     } catch (const std::exception& e) {
-      return op->emitError() << "kilnc: CUDA attention: " << e.what();
+      return op->emitError() << "CUDA attention: " << e.what();
     }
   }
 

@@ -33,6 +33,7 @@
 #include "runtime/terminal_progress.h"
 #include "runtime/tokenizer.h"
 #include "runtime/rank_agreement.h"
+#include "runtime/replaceable_output.h"
 #include "runtime/trainer.h"
 
 namespace kiln {
@@ -86,7 +87,7 @@ void add_train_options(CLI::App& train, TrainOptions& o, TrainSampling& sampling
   train.add_option("--beta2", o.beta2, "AdamW beta2")->capture_default_str()->check(kBeta);
   train.add_option("--eps", o.eps, "AdamW epsilon")->capture_default_str()->check(kPositiveFinite);
   train.add_option("--grad-clip", o.grad_clip, "global gradient-norm clip (0 disables)")->capture_default_str()->check(cli::non_negative_finite());
-  train.add_option("--total-batch", o.total_batch, "tokens per optimizer step (default B*T*ranks: no accumulation)")->check(cli::whole(0));
+  train.add_option("--total-batch", o.total_batch, "tokens per optimizer step (default, or 0: B*T*ranks, no accumulation)")->check(cli::whole(0));
   train.add_option("--log", o.log, "append one JSON line per step to this file")->check(cli::non_empty());
   train.add_option("--save", o.save, "write the final weights (safetensors)")->check(cli::non_empty());
   train.add_option("--dump-grads", o.dump_grads, "write step 0's accumulated gradients (safetensors)")->check(cli::non_empty());
@@ -243,12 +244,13 @@ void add_sample_options(CLI::App& cmd, SampleCommand& c) {
   cmd.add_option("--num-samples", c.options.num_samples, "continuations to print")->capture_default_str()->check(cli::whole(1));
   cmd.add_option("--seed", c.options.seed, "random seed")->capture_default_str()->check(kSeed);
   cmd.add_option("--temperature", c.options.temperature, "softmax temperature")->capture_default_str()->check(kPositiveFinite);
-  cmd.add_flag("--no-kv-cache", c.no_kv_cache,
+  CLI::Option* no_cache = cmd.add_flag("--no-kv-cache", c.no_kv_cache,
                "run the whole forward pass over the last seq_len tokens for every new token, not one "
                "position at a time over cached keys and values (slower; the same numbers up to rounding)");
   cmd.add_flag("--no-prefill", c.no_prefill,
                "feed the prompt to the key/value caches one position per call, not many at a time with "
-               "@prefill and @prefill_short (slower for long prompts; the same numbers up to rounding)");
+               "@prefill and @prefill_short (slower for long prompts; the same numbers up to rounding)")
+      ->excludes(no_cache);  // (without caches there is nothing to fill)
   c.logits_out_opt = cmd.add_option("--logits-out", c.logits_out,
                  "write the logits each new token was drawn from to this .npy file (float32, "
                  "[num-samples, max-new-tokens, vocabulary])");
@@ -267,6 +269,15 @@ int run_sample(const Module& module, SampleCommand& c) {
   std::optional<Gpt2Tokenizer> tok;
   refuse_unused_tokenizer(c.tokenizer, V);
   if (V == 50257) tok = Gpt2Tokenizer::load(c.tokenizer.empty() ? Gpt2Tokenizer::default_dir() : c.tokenizer);
+  if (c.logits_out_opt->count()) {
+    // Said before the sampling (and before any note about the prompt), not after it.
+    std::vector<std::pair<std::string, std::string>> inputs = g_self;
+    inputs.push_back({"--init's weights", c.init});
+    refuse_overwriting("--logits-out", c.logits_out, inputs);
+    check_output_file("--logits-out", c.logits_out);
+    // An existing file is replaced: only an earlier .npy (or an empty file), never data or weights.
+    check_replaceable("--logits-out", c.logits_out, Writes::NumPy);
+  }
   std::vector<int32_t> prompt;
   if (unconditional) {
     prompt = {tok ? 50256 : 0};  // as train --sample-every without a prompt
@@ -291,20 +302,7 @@ int run_sample(const Module& module, SampleCommand& c) {
   if (shown.on()) c.options.progress = [&shown](int64_t done, int64_t total) { shown.update(done, total); };
   check_sample_size(int64_t(prompt.size()), c.options, "sample: ");
   std::vector<float> logits;
-  if (c.logits_out_opt->count()) {
-    // Said before the sampling, not after it.
-    std::vector<std::pair<std::string, std::string>> inputs = g_self;
-    inputs.push_back({"--init's weights", c.init});
-    refuse_overwriting("--logits-out", c.logits_out, inputs);
-    check_output_file("--logits-out", c.logits_out);
-    // An existing file is replaced: only an earlier .npy (or an empty file), never data or weights.
-    if (!read_head(c.logits_out, 1).empty() && read_head(c.logits_out, 6) != "\x93NUMPY") {
-      const std::string kind = file_kind(c.logits_out);
-      throw Error("--logits-out: " + c.logits_out + ": exists and is " + (kind.empty() ? "no NumPy .npy file" : kind) +
-                  "; it would be replaced (remove it first, or name another file)");
-    }
-    c.options.logits_out = &logits;
-  }
+  if (c.logits_out_opt->count()) c.options.logits_out = &logits;
   check_weights_file(c.init);
   // Only the forward-only programs: no backward activations are allocated. The sampler decodes
   // with @decode when it is loaded.
@@ -581,6 +579,8 @@ int run_main(int argc, char** argv) {
       return run_eval(module, eval_opts, *comm);
     }
     if (train->parsed()) {
+      if (launched_rank == 0 && train->count("--min-lr-ratio") && train_opts.schedule.kind == "constant")
+        std::fprintf(stderr, "note: --min-lr-ratio is the cosine schedule's floor; --lr-schedule constant has none\n");
       comm = make_communicator(parse_comm_backend(train_opts.comm), target);
       // Rank 0 alone samples: only its machine needs the tokenizer (an error here ends all ranks).
       if (comm->rank() == 0) prepare_train_samples(module, train_sampling, train_opts);

@@ -380,6 +380,7 @@ void flush_stdout() {
 
 void write_file_atomic(const std::string& given,
                        const std::vector<std::pair<const void*, size_t>>& pieces, int mode) {
+  if (given.empty()) throw Error("an output needs a file name, got \"\"");
   // A name the kernel resolves to a pipe or a device (/dev/stdout into a pipe: its link names
   // "pipe:[N]", no path) is written in place, as below.
   struct stat st {};
@@ -412,7 +413,10 @@ void write_file_atomic(const std::string& given,
   }
   if (fd < 0) {
     untrack_temporary(tracked);
-    throw Error(path + ": creating " + tmp + ": " + std::strerror(open_errno));
+    // (Named by the folder, not by the temporary's name, which the user never chose.)
+    const std::string dir = std::filesystem::path(path).parent_path().string();
+    throw Error(path + ": cannot create a file in " + (dir.empty() ? std::string(".") : dir) + ": " +
+                std::strerror(open_errno));
   }
   try {
     for (const auto& [data, size] : pieces) write_all(fd, data, size, path);
@@ -423,7 +427,7 @@ void write_file_atomic(const std::string& given,
     fd = -1;
     if (rc != 0) throw Error(path + ": close: " + std::strerror(errno));
     if (::rename(tmp.c_str(), path.c_str()) != 0)
-      throw Error(path + ": renaming " + tmp + " onto it: " + std::strerror(errno));
+      throw Error(path + ": cannot replace it: " + std::strerror(errno));
   } catch (...) {
     if (fd >= 0) ::close(fd);
     ::unlink(tmp.c_str());

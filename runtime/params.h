@@ -25,7 +25,8 @@ void clear_parameters(Executor& ex);
 void load_parameters(Executor& ex, const std::string& path);
 
 // What a file is by its first bytes, among those Kiln reads and writes: "safetensors", "an llm.c
-// model", "a Kiln checkpoint (...)", "a Kiln module (...)", "a program", "an llm.c token shard
+// model", "a Kiln checkpoint (...)", "a Kiln module (...)", "a Kiln training executable", "a
+// program", "an llm.c token shard
 // (...)"; "" for anything else (or a file that is no regular file).
 std::string file_kind(const std::string& path);
 // What load_parameters checks before it reads: the file is there, no device, and not another kind

