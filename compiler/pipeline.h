@@ -1,6 +1,7 @@
 // The compilation pipeline: spec -> graph IR -> training step IR -> module -> executable.
 #pragma once
 
+#include "compiler/module_spec.h"
 #include "compiler/spec.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/Pass/PassManager.h"
@@ -18,21 +19,5 @@ void buildStepPipeline(mlir::OpPassManager& pm, const std::string& precision = "
 void buildPlanPipeline(mlir::OpPassManager& pm, const std::string& recompute = "none",
                        double bucket_mb = 25.0, bool fusion = true, bool singleOps = false);
 void registerKilnPipelines();
-
-// The spec a module was built from, kept as the module attribute `kiln.spec` so that an
-// edited .mlir file can be compiled on its own.
-void setModuleSpec(mlir::ModuleOp module, const ModelSpec& spec);
-// Reads `kiln.spec` with the checks of a TOML spec, and checks the IR against it where the
-// runtime relies on both (the token inputs are [batch_size, seq_len], wte covers the vocabulary).
-mlir::FailureOr<ModelSpec> getModuleSpec(mlir::ModuleOp module);
-
-// The functions the module writer turns into programs, in this order.
-inline constexpr llvm::StringLiteral kProgramNames[] = {"forward", "logits",     "prefill",       "prefill_short",
-                                                        "decode",  "micro_step", "optimizer_step"};
-
-// The programs the runtime calls (@forward, @logits, @micro_step, @optimizer_step), where present,
-// have a body, take no arguments and return one tensor (a tensor<f32>, except @logits). For IR
-// input, before any pass or the module writer reads their results.
-mlir::LogicalResult verifyEntryPoints(mlir::ModuleOp module);
 
 }  // namespace kiln

@@ -25,6 +25,7 @@ struct AutodiffPass : kiln::impl::AutodiffBase<AutodiffPass> {
       module.emitError("kiln-autodiff: the module already has @micro_step");
       return signalPassFailure();
     }
+    if (failed(requireOneBlock(forward, "kiln-autodiff"))) return signalPassFailure();
     if (forward.isExternal() || forward.getNumArguments() != 0) {
       forward.emitError("kiln-autodiff: @forward must have a body and take no arguments (inputs "
                         "are kiln.input ops)");

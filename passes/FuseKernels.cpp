@@ -388,6 +388,7 @@ struct FuseKernelsPass : kiln::impl::FuseKernelsBase<FuseKernelsPass> {
   using FuseKernelsBase::FuseKernelsBase;
   void runOnOperation() override {
     if (failed(refusePlanned(getOperation(), "kiln-fuse-kernels"))) return signalPassFailure();
+    if (failed(requireOneBlock(getOperation(), "kiln-fuse-kernels"))) return signalPassFailure();
     for (auto f : getOperation().getOps<func::FuncOp>())
       if (!f.isExternal()) Fuser(f, singleOps).run();
   }

@@ -25,4 +25,16 @@ inline mlir::LogicalResult refusePlanned(mlir::ModuleOp module, llvm::StringRef 
   return mlir::success();
 }
 
+// The passes take a function as straight-line code: one block, its ops in order. A second block
+// (unreachable, or reached by a branch of another dialect) would be left out silently.
+inline mlir::LogicalResult requireOneBlock(mlir::func::FuncOp f, llvm::StringRef pass) {
+  if (f.isExternal() || f.getBody().hasOneBlock()) return mlir::success();
+  return f.emitError() << pass << ": @" << f.getName() << " must have one block (straight-line code)";
+}
+inline mlir::LogicalResult requireOneBlock(mlir::ModuleOp module, llvm::StringRef pass) {
+  for (auto f : module.getOps<mlir::func::FuncOp>())
+    if (mlir::failed(requireOneBlock(f, pass))) return mlir::failure();
+  return mlir::success();
+}
+
 }  // namespace kiln

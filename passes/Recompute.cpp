@@ -27,6 +27,7 @@ struct RecomputePass : kiln::impl::RecomputeBase<RecomputePass> {
     }
     auto step = getOperation().lookupSymbol<func::FuncOp>("micro_step");
     if (!step || step.isExternal()) return;
+    if (failed(requireOneBlock(step, "kiln-recompute"))) return signalPassFailure();
     Block& body = step.getBody().front();
     if (body.getTerminator()->getNumOperands() != 1) {
       step.emitError("kiln-recompute: @micro_step must return one value, the loss");

@@ -41,8 +41,10 @@ LogicalResult verifyParameterUse(Operation *op, SymbolTableCollection &symbols,
 }
 
 // Elements of a static shape; false when the count passes 2^48 (or wraps on the way).
+// 1 to 2^48 elements: every buffer is sized from its type, and the module writer and the kernel
+// templates divide by element counts and row lengths (a zero dimension would divide by zero).
 bool boundedNumel(ArrayRef<int64_t> shape) {
-  if (llvm::is_contained(shape, 0)) return true;
+  if (llvm::is_contained(shape, 0)) return false;
   uint64_t elements = 1;
   for (int64_t d : shape)
     if (d < 0 || __builtin_mul_overflow(elements, uint64_t(d), &elements)) return false;
@@ -72,7 +74,7 @@ LogicalResult ParameterOp::verify() {
   // byte size, and their sum over a module (value, gradient, two moments per parameter), from
   // wrapping int64. (The ops' types have the same bound.)
   if (!boundedNumel(getTensorType().getShape()))
-    return emitOpError() << "shape " << shapeStr(getTensorType().getShape()) << " has more than 2^48 elements";
+    return emitOpError() << "shape " << shapeStr(getTensorType().getShape()) << " must have 1 to 2^48 elements (no zero dimension)";
   return success();
 }
 
@@ -112,6 +114,21 @@ LogicalResult ReduceGradientsOp::verifySymbolUses(SymbolTableCollection &symbols
     if (!ref) return emitOpError() << "expects flat references to parameters";
     if (failed(verifyParameterUse(*this, symbols, ref, Type()))) return failure();
   }
+  return success();
+}
+
+LogicalResult InputOp::verify() {
+  StringRef name = getInputName();
+  StringRef rest = name;
+  const bool prefill = (rest.consume_front("prefill_short") || rest.consume_front("prefill")) &&
+                       (rest == "_tokens" || rest == "_positions");
+  if (name != "idx" && name != "targets" && name != "token" && name != "position" && !prefill)
+    return emitOpError() << "unknown input \"" << name
+                         << "\" (expected idx, targets, token, position, or prefill[_short]_tokens or "
+                            "prefill[_short]_positions)";
+  auto type = cast<RankedTensorType>(getType());
+  if (name == "position" && type.getShape() != ArrayRef<int64_t>{1})
+    return emitOpError() << "\"position\" is one position, tensor<1xi32>, not " << type;
   return success();
 }
 

@@ -9,11 +9,12 @@ include "mlir/Interfaces/SideEffectInterfaces.td"
 include "mlir/Interfaces/InferTypeOpInterface.td"
 
 // Element types. Activations and weights are floating point; token ids are i32. Every shape
-// is static, of at most 2^48 elements (1 PiB of fp32, far above any real tensor): the passes
-// size, schedule and place each value in the arena by it, and byte sizes must not wrap.
+// is static, of 1 to 2^48 elements (1 PiB of fp32, far above any real tensor): the passes
+// size, schedule and place each value in the arena by it, byte sizes must not wrap, and the
+// kernels divide by row lengths.
 class Kiln_ArenaTensorOf<list<Type> types, string what> : Type<
     And<[StaticShapeTensorOf<types>.predicate, CPred<"::kiln::fitsArena($_self)">]>,
-    "statically shaped tensor of " # what # " of at most 2^48 elements", "::mlir::TensorType">;
+    "statically shaped tensor of " # what # " of 1 to 2^48 elements", "::mlir::TensorType">;
 def Kiln_FloatTensor : Kiln_ArenaTensorOf<[F32, BF16], "f32 or bf16">;
 def Kiln_IndexTensor : Kiln_ArenaTensorOf<[I32], "i32">;
 def Kiln_Scalar : 0DTensorOf<[F32]>,
@@ -93,14 +94,20 @@ def Kiln_AccumulateGradOp : Kiln_Op<"accumulate_grad", [
 }
 
 def Kiln_InputOp : Kiln_Op<"input", [Pure]> {
-  let summary = "a tensor the runtime fills before each call (token ids, targets)";
+  let summary = "a tensor the runtime fills before each call (token ids, targets, positions)";
   let description = [{
-    `"idx"` holds the input token ids and `"targets"` the next-token targets of a micro-batch,
-    both `tensor<BxTxi32>`.
+    Training and `@logits`: `"idx"` holds the input token ids and `"targets"` the next-token
+    targets of a micro-batch, both `tensor<BxTxi32>`. Sampling with key/value caches: `@decode`
+    reads one new token per row, `"token"` (`tensor<Bxi32>`), at `"position"` (`tensor<1xi32>`);
+    `@prefill` and `@prefill_short` read M prompt tokens per row, `"prefill_tokens"`
+    (`tensor<BxMxi32>`, M <= T), at positions `"prefill_positions"` (`tensor<Mxi32>`), starting
+    at `"position"` (and likewise `"prefill_short_tokens"`, `"prefill_short_positions"`).
+    The sizes against the spec (B, T) are checked where the spec is known (kilnc).
   }];
   let arguments = (ins StrAttr:$input_name);
-  let results = (outs AnyRankedTensor:$result);
+  let results = (outs RankedTensorOf<[I32]>:$result);
   let assemblyFormat = "$input_name attr-dict `:` type($result)";
+  let hasVerifier = 1;
 }
 
 def Kiln_HyperOp : Kiln_Op<"hyper", [Pure]> {
@@ -119,12 +126,19 @@ def Kiln_HyperOp : Kiln_Op<"hyper", [Pure]> {
 
 def Kiln_IotaOp : Kiln_Op<"iota", [Pure]> {
   let summary = "the positions 0, 1, ..., n-1";
+  let description = [{
+    The position ids of a sequence of n tokens, for the position embedding: element i is i.
+  }];
   let results = (outs 1DTensorOf<[I32]>:$result);
   let assemblyFormat = "attr-dict `:` type($result)";
 }
 
 def Kiln_ZerosOp : Kiln_Op<"zeros", [Pure]> {
   let summary = "a tensor of zeros";
+  let description = [{
+    A constant. Autodiff makes one for a piece of a `kiln.split` whose result nothing used: the
+    piece's gradient in the `kiln.concat` that joins the pieces' gradients.
+  }];
   let results = (outs Kiln_FloatTensor:$result);
   let assemblyFormat = "attr-dict `:` type($result)";
 }
@@ -269,6 +283,11 @@ def Kiln_ReshapeOp : Kiln_DiffOp<"reshape", [Pure]> {
 
 def Kiln_TransposeOp : Kiln_DiffOp<"transpose", [Pure]> {
   let summary = "2-D transpose";
+  let description = [{
+    A copy with the two dimensions swapped: `[M, N] -> [N, M]`. GPT-2's matrix products take
+    transposed operands as flags (`transpose_lhs`, `transpose_rhs`) and need no copy; the op is
+    for graphs that transpose a value itself (its gradient is the transpose of the gradient).
+  }];
   let arguments = (ins Kiln_FloatTensor:$input);
   let results = (outs Kiln_FloatTensor:$result);
   let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
@@ -289,6 +308,11 @@ def Kiln_SplitOp : Kiln_DiffOp<"split", [Pure]> {
 
 def Kiln_ConcatOp : Kiln_DiffOp<"concat", [Pure]> {
   let summary = "concatenates tensors along the last dimension";
+  let description = [{
+    The inverse of `kiln.split`: the inputs agree in every dimension but the last, and the
+    result's last dimension is the sum of theirs. Autodiff makes one for the gradient of a split
+    (q, k and v's gradients joined into the gradient of the qkv projection).
+  }];
   let arguments = (ins Variadic<Kiln_FloatTensor>:$inputs);
   let results = (outs Kiln_FloatTensor:$result);
   let assemblyFormat = "$inputs attr-dict `:` type($inputs) `->` type($result)";

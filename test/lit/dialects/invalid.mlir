@@ -32,14 +32,20 @@ kiln.parameter @w : tensor<4xf32> {init = "normal", init_std = 0x7F800000 : f32}
 // -----
 
 // A parameter's byte size (and its state's, four times it) must not wrap int64: 2^64 elements.
-// expected-error@+1 {{'kiln.parameter' op shape [4611686018427387904, 4] has more than 2^48 elements}}
+// expected-error@+1 {{'kiln.parameter' op shape [4611686018427387904, 4] must have 1 to 2^48 elements (no zero dimension)}}
 kiln.parameter @w : tensor<4611686018427387904x4xf32> {init = "ones"}
 
 // -----
 
 // 2^48 + 1 elements, without wrapping, is still too many.
-// expected-error@+1 {{'kiln.parameter' op shape [281474976710657] has more than 2^48 elements}}
+// expected-error@+1 {{'kiln.parameter' op shape [281474976710657] must have 1 to 2^48 elements (no zero dimension)}}
 kiln.parameter @w : tensor<281474976710657xf32> {init = "zeros"}
+
+// -----
+
+// No zero dimension: the runtime and the kernels divide by row lengths.
+// expected-error@+1 {{'kiln.parameter' op shape [0, 4] must have 1 to 2^48 elements (no zero dimension)}}
+kiln.parameter @w : tensor<0x4xf32> {init = "zeros"}
 
 // -----
 
@@ -55,9 +61,9 @@ kiln.parameter @w : tensor<4xi32> {init = "zeros"}
 
 // -----
 
-// Every value has a static shape of at most 2^48 elements: the passes size and place it by it.
+// Every value has a static shape of 1 to 2^48 elements: the passes size and place it by it.
 func.func @dynamic() -> tensor<?x4xf32> {
-  // expected-error@+1 {{'kiln.zeros' op result #0 must be statically shaped tensor of f32 or bf16 of at most 2^48 elements, but got 'tensor<?x4xf32>'}}
+  // expected-error@+1 {{'kiln.zeros' op result #0 must be statically shaped tensor of f32 or bf16 of 1 to 2^48 elements, but got 'tensor<?x4xf32>'}}
   %z = kiln.zeros : tensor<?x4xf32>
   return %z : tensor<?x4xf32>
 }
@@ -65,7 +71,7 @@ func.func @dynamic() -> tensor<?x4xf32> {
 // -----
 
 func.func @huge() -> tensor<4611686018427387904x4xf32> {
-  // expected-error@+1 {{'kiln.zeros' op result #0 must be statically shaped tensor of f32 or bf16 of at most 2^48 elements, but got 'tensor<4611686018427387904x4xf32>'}}
+  // expected-error@+1 {{'kiln.zeros' op result #0 must be statically shaped tensor of f32 or bf16 of 1 to 2^48 elements, but got 'tensor<4611686018427387904x4xf32>'}}
   %z = kiln.zeros : tensor<4611686018427387904x4xf32>
   return %z : tensor<4611686018427387904x4xf32>
 }
@@ -265,7 +271,7 @@ func.func @f(%t: tensor<16x8xf32>, %i: tensor<3xi32>) {
 
 // ODS: indices must be i32.
 func.func @f(%t: tensor<16x8xf32>, %i: tensor<3xi64>) {
-  // expected-error@+1 {{'kiln.embedding' op operand #1 must be statically shaped tensor of i32 of at most 2^48 elements, but got 'tensor<3xi64>'}}
+  // expected-error@+1 {{'kiln.embedding' op operand #1 must be statically shaped tensor of i32 of 1 to 2^48 elements, but got 'tensor<3xi64>'}}
   %0 = kiln.embedding %t[%i] : tensor<16x8xf32>, tensor<3xi64> -> tensor<3x8xf32>
   return
 }
@@ -359,7 +365,7 @@ func.func @f(%a: tensor<8x4xf32>, %b: tensor<6x8xf32>) {
 
 // ODS: matmul operands are float tensors.
 func.func @f(%a: tensor<4x8xi32>, %b: tensor<8x6xf32>) {
-  // expected-error@+1 {{'kiln.matmul' op operand #0 must be statically shaped tensor of f32 or bf16 of at most 2^48 elements, but got 'tensor<4x8xi32>'}}
+  // expected-error@+1 {{'kiln.matmul' op operand #0 must be statically shaped tensor of f32 or bf16 of 1 to 2^48 elements, but got 'tensor<4x8xi32>'}}
   %0 = kiln.matmul %a, %b : tensor<4x8xi32>, tensor<8x6xf32> -> tensor<4x6xf32>
   return
 }
@@ -372,7 +378,7 @@ func.func @f(%a: tensor<4x8xi32>, %b: tensor<8x6xf32>) {
 
 // ODS: add needs f32/bf16, not i32.
 func.func @f(%a: tensor<4xi32>) {
-  // expected-error@+1 {{'kiln.add' op operand #0 must be statically shaped tensor of f32 or bf16 of at most 2^48 elements, but got 'tensor<4xi32>'}}
+  // expected-error@+1 {{'kiln.add' op operand #0 must be statically shaped tensor of f32 or bf16 of 1 to 2^48 elements, but got 'tensor<4xi32>'}}
   %0 = "kiln.add"(%a, %a) : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi32>
   return
 }
@@ -717,7 +723,7 @@ func.func @f(%qkv: tensor<2x4x24xf32>) {
 // num_heads must be positive.
 func.func @f(%qkv: tensor<2x4x24xf32>) {
   // expected-error@+1 {{'kiln.attention' op num_heads 0 must divide the 8 channels}}
-  %0:2 = kiln.attention %qkv {num_heads = 0 : i64} : tensor<2x4x24xf32> -> tensor<2x4x8xf32>, tensor<2x0x4xf32>
+  %0:2 = kiln.attention %qkv {num_heads = 0 : i64} : tensor<2x4x24xf32> -> tensor<2x4x8xf32>, tensor<2x1x4xf32>
   return
 }
 
@@ -1024,7 +1030,7 @@ func.func @f(%l: tensor<8x16xf32>, %t: tensor<8xi32>) {
 
 // ODS: targets are i32, not f32.
 func.func @f(%l: tensor<8x16xf32>, %t: tensor<8xf32>) {
-  // expected-error@+1 {{'kiln.cross_entropy' op operand #1 must be statically shaped tensor of i32 of at most 2^48 elements, but got 'tensor<8xf32>'}}
+  // expected-error@+1 {{'kiln.cross_entropy' op operand #1 must be statically shaped tensor of i32 of 1 to 2^48 elements, but got 'tensor<8xf32>'}}
   %0:2 = kiln.cross_entropy %l, %t : tensor<8x16xf32>, tensor<8xf32> -> tensor<f32>, tensor<8xf32>
   return
 }
@@ -1151,5 +1157,30 @@ kiln.parameter @w : tensor<4xf32> {init = "zeros"}
 func.func @nested_ref() {
   // expected-error@+1 {{'kiln.reduce_gradients' op expects flat references to parameters}}
   kiln.reduce_gradients [@w::@x] {bucket = 0 : i64}
+  return
+}
+
+// -----
+
+// Inputs are the ones the runtime fills.
+func.func @f() {
+  // expected-error@+1 {{'kiln.input' op unknown input "x" (expected idx, targets, token, position, or prefill[_short]_tokens or prefill[_short]_positions)}}
+  %0 = kiln.input "x" : tensor<4xi32>
+  return
+}
+
+// -----
+
+func.func @f() {
+  // expected-error@+1 {{'kiln.input' op "position" is one position, tensor<1xi32>, not 'tensor<2xi32>'}}
+  %0 = kiln.input "position" : tensor<2xi32>
+  return
+}
+
+// -----
+
+func.func @f() {
+  // expected-error@+1 {{'kiln.input' op result #0 must be ranked tensor of 32-bit signless integer values, but got 'tensor<4xf32>'}}
+  %0 = kiln.input "idx" : tensor<4xf32>
   return
 }

@@ -98,3 +98,16 @@ func.func @forward() -> tensor<f32> {
 // expected-error@below {{kiln-autodiff: @forward must have a body and take no arguments}}
 func.func private @forward() -> tensor<f32>
 
+// -----
+
+// Straight-line code only: a second block would be left out of the pass's order of ops.
+kiln.parameter @w : tensor<4xf32> {init = "zeros"}
+// expected-error@below {{kiln-autodiff: @forward must have one block (straight-line code)}}
+func.func @forward() -> tensor<f32> {
+  %w = kiln.param @w : tensor<4xf32>
+  %l = kiln.reduce_sum %w : tensor<4xf32> -> tensor<f32>
+  return %l : tensor<f32>
+^bb1:
+  %z = kiln.zeros : tensor<f32>
+  return %z : tensor<f32>
+}

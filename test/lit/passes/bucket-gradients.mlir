@@ -18,7 +18,7 @@
 kiln.parameter @w1 : tensor<8x16xf32> {init = "zeros"}
 kiln.parameter @w2 : tensor<16x8xf32> {init = "zeros"}
 func.func @forward() -> tensor<f32> {
-  %x = kiln.input "x" : tensor<4x8xi32>
+  %x = kiln.input "idx" : tensor<4x8xi32>
   %w1 = kiln.param @w1 : tensor<8x16xf32>
   %w2 = kiln.param @w2 : tensor<16x8xf32>
   %e = kiln.embedding %w1[%x] : tensor<8x16xf32>, tensor<4x8xi32> -> tensor<4x8x16xf32>
