@@ -17,6 +17,7 @@
 // All calls are expected from one thread: cudaSetDevice at construction makes the GPU's primary
 // context current on it, which the driver calls rely on. The GPU is the current one: 0, or the
 // one the NCCL communicator chose for this rank (local rank % GPUs) before the executor starts.
+#include "runtime/comm/communicator.h"
 #include "runtime/cuda/cuda_device.h"
 #include "runtime/cuda/cuda_image.h"
 
@@ -422,7 +423,7 @@ void CudaDevice::load_kernels(const Module& m) {
 
   const CudaImageChoice pick = pick_cuda_image(m, prop_.major, prop_.minor, prop_.name);
   const auto* cubin = pick.image->cubin();
-  if (pick.jit)
+  if (pick.jit && launcher_rank().first == 0)  // (once per job, not once per rank)
     std::fprintf(stderr, "note: %s: no cubin for this GPU (%s, %s); the driver compiles the module's %s PTX for it\n",
                  m.source().c_str(), prop_.name, arch.c_str(), pick.image->arch()->c_str());
 
