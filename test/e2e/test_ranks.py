@@ -43,6 +43,8 @@ and (group tcp, the environment rendezvous RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PO
                  ranks stop after that step at once, rank 1 pointing at rank 0's error
   tcp_cut_step   SIGTERM to rank 1 within a step of 200 micro-steps a rank: both stop after the
                  micro-step, the step left undone; resumed, the uninterrupted run bitwise
+  tcp_cut_step_zero1  the same with --zero 1 --checkpoint-every 1: step 1's checkpoint is
+                 written at its end, and no rank gathers the moments when step 2 is cut
   tcp_idle_peer  a silent connection reaches rank 0 before rank 1: the ranks still train
   tcp_ipv6       MASTER_ADDR=::1 (skipped without IPv6 loopback)
   nccl_refused   --comm nccl on a cpu module is an error naming the target
@@ -768,12 +770,22 @@ def case_tcp_cut_step(c: Ctx):
     # SIGTERM to rank 1 within a step of 200 micro-steps a rank: the ranks agree after the micro-step and
     # both stop, leaving the step undone; the checkpoint is the step before's, and the run resumed
     # from it is bitwise the uninterrupted two-rank run.
-    steps, micro, ck = 3, 400, os.path.join(c.workdir, "cut_ck")
+    return cut_step(c, "tcp_cut", [])
+
+
+def case_tcp_cut_step_zero1(c: Ctx):
+    # The same with --zero 1 and a checkpoint after every step: step 1's checkpoint is written at
+    # its end, so no rank writes one when step 2 is cut (every rank skips the moments' gather).
+    return cut_step(c, "tcp_cut_zero1", ["--zero", "1"], ["--checkpoint-every", "1"])
+
+
+def cut_step(c: Ctx, tag, extra, every=()):
+    steps, micro, ck = 3, 400, os.path.join(c.workdir, f"{tag}_ck")
     shutil.rmtree(ck, ignore_errors=True)
-    ref_w, cut_w = (os.path.join(c.workdir, f"{t}.safetensors") for t in ("tcp_cut_ref", "tcp_cut_resumed"))
-    procs, _ = start_tcp(c, "tcp_cut_ref", ["--save", ref_w], steps=steps, save=False, micro=micro)
-    finish_ok(procs, "tcp_cut_ref")
-    procs, _ = start_tcp(c, "tcp_cut", ["--checkpoint-dir", ck], steps=steps, save=False, micro=micro)
+    ref_w, cut_w = (os.path.join(c.workdir, f"{tag}{t}.safetensors") for t in ("_ref", "_resumed"))
+    procs, _ = start_tcp(c, f"{tag}_ref", ["--save", ref_w] + extra, steps=steps, save=False, micro=micro)
+    finish_ok(procs, f"{tag}_ref")
+    procs, _ = start_tcp(c, tag, ["--checkpoint-dir", ck, *every] + extra, steps=steps, save=False, micro=micro)
     for line in procs[0].stdout:
         if line.startswith("step") and line.split()[1].startswith("1/"):
             procs[1].send_signal(signal.SIGTERM)
@@ -782,15 +794,15 @@ def case_tcp_cut_step(c: Ctx):
     said = f"SIGTERM: stopped after step 1 of {steps} (step 2 was cut short after micro-step"
     latest = open(os.path.join(ck, "latest")).read().strip() if os.path.exists(os.path.join(ck, "latest")) else None
     if [rc for rc, _, _ in res] != [-signal.SIGTERM] * 2 or said not in res[0][2] or latest != "ckpt_00000001.kiln-ckpt":
-        raise TestFailure(f"tcp_cut_step: exits {[rc for rc, _, _ in res]}, latest {latest}:\n{res[0][2][-1500:]}")
+        raise TestFailure(f"{tag}: exits {[rc for rc, _, _ in res]}, latest {latest}:\n{res[0][2][-1500:]}")
     if "kiln: rank 1: SIGTERM: stopping at the end of this micro-step" not in res[1][2]:
-        raise TestFailure(f"tcp_cut_step: rank 1's handler line:\n{res[1][2][-1000:]}")
-    procs, _ = start_tcp(c, "tcp_cut_resumed", ["--checkpoint-dir", ck, "--resume", "--save", cut_w], steps=steps,
-                         save=False, micro=micro)
-    finish_ok(procs, "tcp_cut_resumed")
-    ref, got = logged(c, "tcp_cut_ref"), logged(c, "tcp_cut_resumed")
+        raise TestFailure(f"{tag}: rank 1's handler line:\n{res[1][2][-1000:]}")
+    procs, _ = start_tcp(c, f"{tag}_resumed", ["--checkpoint-dir", ck, "--resume", "--save", cut_w] + extra,
+                         steps=steps, save=False, micro=micro)
+    finish_ok(procs, f"{tag}_resumed")
+    ref, got = logged(c, f"{tag}_ref"), logged(c, f"{tag}_resumed")
     if got != ref[1:] or read_safetensors(cut_w) != read_safetensors(ref_w):
-        raise TestFailure(f"tcp_cut_step: resumed {got} against {ref[1:]} (or the final weights differ)")
+        raise TestFailure(f"{tag}: resumed {got} against {ref[1:]} (or the final weights differ)")
     return f"both ranks stopped within step 2 ({said.split('(')[1]}...); resumed: steps 1-2 and the final weights bitwise"
 
 
@@ -1065,7 +1077,7 @@ GROUPS = {
     "cuda-zero1": [case_tcp_zero1_cuda],
     "mpi": [case_mpi, case_mpi_zero1, case_mpi_accum, case_mpi_kill, case_mpi_hang, case_mpi_eval, case_mpi_sample],
     "tcp": [case_tcp, case_single_zero1, case_tcp_zero1_resume, case_tcp_three, case_tcp_kill_1, case_tcp_kill_0, case_tcp_hang, case_tcp_rank_error,
-            case_tcp_no_root, case_tcp_other_data, case_tcp_other_checkpoints, case_tcp_save_one_rank, case_tcp_log_full, case_tcp_checkpoint_full, case_tcp_cut_step, case_tcp_idle_peer, case_tcp_ipv6,
+            case_tcp_no_root, case_tcp_other_data, case_tcp_other_checkpoints, case_tcp_save_one_rank, case_tcp_log_full, case_tcp_checkpoint_full, case_tcp_cut_step, case_tcp_cut_step_zero1, case_tcp_idle_peer, case_tcp_ipv6,
             case_nccl_refused, case_tcp_threads, case_tcp_eval, case_tcp_eval_disagree, case_tcp_sample],
 }
 
