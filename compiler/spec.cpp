@@ -144,17 +144,13 @@ std::optional<std::pair<std::string, std::string>> spec_relation_error(
       return problem("n_head", "target \"cuda\": the head size " + name("n_embd") + " / " + name("n_head") + " = " +
                                    std::to_string(s.n_embd / s.n_head) + " is above " + std::to_string(kCudaMaxHeadSize) +
                                    ", the most its attention kernels take");
-    // (The attention kernels' limits, attention_cuda.cpp headSize.)
+    // The attention kernels' limit (attention_cuda.cpp headSize).
     const int64_t rows = int64_t(s.batch_size) * s.n_head * s.seq_len;
     if (rows > (int64_t(1) << 31))
       return problem("batch_size", "target \"cuda\": " + name("batch_size") + " x " + name("n_head") + " x " +
                                        name("seq_len") + " = " + std::to_string(rows) +
                                        " attention rows, above 2^31, the most its attention kernels index");
-    const int64_t qkv = int64_t(s.batch_size) * s.seq_len * 3 * s.n_embd;
-    if (qkv > (int64_t(1) << 40))
-      return problem("batch_size", "target \"cuda\": " + name("batch_size") + " x " + name("seq_len") + " x 3 x " +
-                                       name("n_embd") + " = " + std::to_string(qkv) +
-                                       " elements of q, k and v, above 2^40, the most its attention kernels index");
+    // (Their other limit, B x T x 3C <= 2^40, follows: 3C x B x T = 3 x head size x B x H x T.)
     if (s.n_embd > kCudaMaxEmbd)
       return problem("n_embd", "target \"cuda\": " + name("n_embd") + " = " + std::to_string(s.n_embd) + " is above " +
                                    std::to_string(kCudaMaxEmbd) +

@@ -35,9 +35,9 @@ inline CLI::Validator whole(int64_t min, int64_t max = INT64_MAX) {
         const std::string range = max == INT64_MAX ? ">= " + std::to_string(min)
                                                    : "in [" + std::to_string(min) + ", " + std::to_string(max) + "]";
         if (digits && !leading_zero && err == std::errc::result_out_of_range)  // (past 64 bits)
-          return s[0] == '-' ? "Value " + s + " is too small: not a whole number " + range
-                             : "Value " + s + " is too large: not a whole number " +
-                                   (max == INT64_MAX ? "at most " + std::to_string(INT64_MAX) : range);
+          return s[0] == '-' ? "Value " + s + " is too small (a whole number " + range + ")"
+                             : "Value " + s + " is too large (a whole number " +
+                                   (max == INT64_MAX ? "at most " + std::to_string(INT64_MAX) : range) + ")";
         if (!digits || leading_zero || err != std::errc() || stop != end || v < min || v > max)
           return "Value " + s + " is not a whole number " + range + (leading_zero ? " (no leading zeros)" : "");
         return std::string();

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -122,6 +123,17 @@ void check_outputs_spare_inputs(const TrainOptions& o, const DataLoader& data, c
   if (!o.log.empty()) check_appendable_log(o.log);
   for (const auto& [flag, path] : {std::pair{"--save", o.save}, {"--dump-grads", o.dump_grads}})
     if (!path.empty()) check_replaceable(flag, path, Writes::Safetensors);
+}
+
+MadeFolders::~MadeFolders() {
+  if (lock >= 0) ::close(lock);
+  std::error_code ec;
+  for (std::filesystem::path p = deepest; !top.empty() && !p.empty(); p = p.parent_path())
+    if (!std::filesystem::remove(p, ec) || p == top) break;  // not empty (or gone), or the last
+}
+
+LogFile::~LogFile() {
+  if (fd_ >= 0) ::close(fd_);
 }
 
 int LogFile::append(const std::string& line) {

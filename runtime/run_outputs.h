@@ -7,8 +7,6 @@
 #include <string>
 #include <vector>
 
-#include <unistd.h>
-
 #include "runtime/trainer.h"
 
 namespace kiln {
@@ -23,12 +21,7 @@ struct MadeFolders {
   MadeFolders() = default;
   MadeFolders(const MadeFolders&) = delete;
   MadeFolders& operator=(const MadeFolders&) = delete;
-  ~MadeFolders() {
-    if (lock >= 0) ::close(lock);
-    std::error_code ec;
-    for (std::filesystem::path p = deepest; !top.empty() && !p.empty(); p = p.parent_path())
-      if (!std::filesystem::remove(p, ec) || p == top) break;  // not empty (or gone), or the last
-  }
+  ~MadeFolders();
 };
 
 // Where the run will write, checked before the first step rather than found unusable after the
@@ -54,9 +47,7 @@ void check_outputs_spare_inputs(const TrainOptions& o, const DataLoader& data, c
 class LogFile {
  public:
   explicit LogFile(std::string path) : path_(std::move(path)) {}
-  ~LogFile() {
-    if (fd_ >= 0) ::close(fd_);
-  }
+  ~LogFile();
   LogFile(const LogFile&) = delete;
   LogFile& operator=(const LogFile&) = delete;
 

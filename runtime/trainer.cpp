@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <new>
 #include <optional>
 #include <thread>
 #include <nlohmann/json.hpp>
@@ -471,8 +472,8 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   int64_t checkpointed = resumed_from.empty() ? -1 : first_step;
   auto write_checkpoint = [&](int64_t steps, size_t shard, int64_t position) {
     WholeMoments moments = dp.gather_optimizer_state();  // ZeRO-1: gathered to rank 0 for the checkpoint only
-    // Rank 0 tells the others whether its write worked, so that a failed one stops every rank
-    // now (they would otherwise wait in the next step's reduction for the timeout).
+    // Rank 0 tells the others whether its write worked, so that a failed one stops every rank at
+    // once, each saying why (they would otherwise find rank 0 gone in the next collective).
     auto tell_ranks = [&](bool ok) {
       if (world == 1) return ok;
       char flag = ok ? 1 : 0;
@@ -487,34 +488,35 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       checkpointed = steps;
       return;
     }
-    TrainingState st;
-    st.step = steps;
-    st.data_shard = shard;
-    st.data_position = position;
-    st.rng_state = o.seed;  // training draws no random numbers; the seed is kept for the record
-    st.world_size = int(world);
-    st.zero_stage = o.zero;
-    // What a resumed run compares with its own (note_resume_changes), and the log lines it owes.
-    nlohmann::json extra = {{"steps", o.steps},
-                            {"settings", settings},
-                            {"shard_tokens", loader.shard_tokens()},
-                            {"data_file", loader.file_index(shard)},
-                            {"all_shard_tokens", loader.all_shard_tokens()}};
-    if (!gpu) extra["cpu_threads"] = omp_get_max_threads();
-    if (!log_pending.empty()) extra["log_pending"] = log_pending;
-    st.extra_json = extra.dump();
     try {
+      TrainingState st;
+      st.step = steps;
+      st.data_shard = shard;
+      st.data_position = position;
+      st.rng_state = o.seed;  // training draws no random numbers; the seed is kept for the record
+      st.world_size = int(world);
+      st.zero_stage = o.zero;
+      // What a resumed run compares with its own (note_resume_changes), and the log lines it owes.
+      nlohmann::json extra = {{"steps", o.steps},
+                              {"settings", settings},
+                              {"shard_tokens", loader.shard_tokens()},
+                              {"data_file", loader.file_index(shard)},
+                              {"all_shard_tokens", loader.all_shard_tokens()}};
+      if (!gpu) extra["cpu_threads"] = omp_get_max_threads();
+      if (!log_pending.empty()) extra["log_pending"] = log_pending;
+      st.extra_json = extra.dump();
       save_checkpoint(o.checkpoint_dir, ex, st, o.keep, moments);
-    } catch (const Error& e) {
+    } catch (const std::exception& failed) {  // (kiln::Error: a full disk; or memory ran out)
       tell_ranks(false);
-      // (A full disk.) The run stops here; its weights still go to --save, which may lie on
-      // another file system, and the message says where --resume would go on.
+      const std::string error = dynamic_cast<const std::bad_alloc*>(&failed) ? "out of memory" : failed.what();
+      // The run stops here; its weights still go to --save, which may lie on another file
+      // system, and the message says where --resume would go on.
       std::optional<std::string> kept;
       try {
         kept = latest_checkpoint(o.checkpoint_dir);
       } catch (const Error&) {  // (a `latest` that cannot be read counts as none here)
       }
-      std::string what = std::string(e.what()) + "; stopped after step " + std::to_string(steps) + " of " +
+      std::string what = error + "; stopped after step " + std::to_string(steps) + " of " +
                          std::to_string(o.steps) + ", and " +
                          (kept ? "the latest checkpoint is " + *kept + " (--resume goes on from there)"
                                : std::string("no checkpoint was written"));

@@ -105,7 +105,7 @@ def Kiln_InputOp : Kiln_Op<"input", [Pure]> {
     The sizes against the spec (B, T) are checked where the spec is known (kilnc).
   }];
   let arguments = (ins StrAttr:$input_name);
-  let results = (outs RankedTensorOf<[I32]>:$result);
+  let results = (outs Kiln_IndexTensor:$result);
   let assemblyFormat = "$input_name attr-dict `:` type($result)";
   let hasVerifier = 1;
 }

@@ -1180,7 +1180,7 @@ func.func @f() {
 // -----
 
 func.func @f() {
-  // expected-error@+1 {{'kiln.input' op result #0 must be ranked tensor of 32-bit signless integer values, but got 'tensor<4xf32>'}}
+  // expected-error@+1 {{'kiln.input' op result #0 must be statically shaped tensor of i32 of 1 to 2^48 elements, but got 'tensor<4xf32>'}}
   %0 = kiln.input "idx" : tensor<4xf32>
   return
 }
