@@ -9,6 +9,7 @@
 
 #include "runtime/cpu/bf16.h"
 #include "runtime/checkpoint.h"
+#include "runtime/embedded.h"
 #include "runtime/cpu/kernels.h"
 #include "runtime/data_loader.h"
 #include "runtime/error.h"
@@ -209,7 +210,7 @@ std::string file_kind(const std::string& path) {
   if ((got >= 4 || has_checkpoint_name(path)) && std::memcmp(b, "KILNCKPT", std::min<size_t>(got, 8)) == 0) return kCheckpointKind;
   if (got >= 8 && std::memcmp(b + 4, "KILN", 4) == 0) return "a Kiln module (kiln-run's first argument)";
   if (got >= 4 && std::memcmp(b, "\x7f" "ELF", 4) == 0)
-    return read_tail(path, 8) == "KILNMOD1" ? "a Kiln training executable" : "a program";
+    return read_tail(path, 8) == std::string(kEmbeddedMagic, 8) ? "a Kiln training executable" : "a program";
   if (starts_like_token_shard(path)) return "an llm.c token shard (training data)";
   if (got >= 4 && magic == kLlmcModelMagic) return "an llm.c model";
   // safetensors: the header's length (little-endian u64, within the file), then its JSON.

@@ -45,9 +45,9 @@ bool is_kind(const std::string& path, const std::string& head, Writes writes) {
   const bool text = head.find('\0') == std::string::npos;
   switch (writes) {
     case Writes::KilnExecutable:
-      return head.compare(0, 4, "\x7f" "ELF") == 0 && read_tail(path, 8) == "KILNMOD1";
+      return file_kind(path) == "a Kiln training executable";
     case Writes::KilnModule:
-      return head.size() >= 8 && head.compare(4, 4, "KILN") == 0;
+      return file_kind(path) == "a Kiln module (kiln-run's first argument)";
     case Writes::MlirText:
       return head.compare(0, 4, "ML\xefR") == 0 ||  // MLIR bytecode (kiln-opt --emit-bytecode)
              (text && starts_with(significant(head), kMlir));
