@@ -1,5 +1,5 @@
-// RUN: kiln-opt %s | kiln-opt | FileCheck %s
-// RUN: kiln-opt %s --mlir-print-op-generic | kiln-opt | FileCheck %s
+// RUN: kiln-opt %s -split-input-file | kiln-opt -split-input-file | FileCheck %s
+// RUN: kiln-opt %s -split-input-file --mlir-print-op-generic | kiln-opt -split-input-file | FileCheck %s
 
 // Round trip of every kiln op: parse, print, parse the printed form again.
 
@@ -14,6 +14,8 @@ kiln.parameter @"ln.weight" : tensor<8xf32> {init = "ones"}
 kiln.parameter @"ln.bias" : tensor<8xf32> {init = "zeros"}
 kiln.parameter @w_bf16 : tensor<8x8xbf16> {init = "zeros"}
 
+// -----
+
 // State reads and writes, runtime inputs, hyperparameters, iota and zeros.
 // CHECK-LABEL: func.func @state
 // CHECK:         %[[P:.*]] = kiln.param @wte : tensor<16x8xf32>
@@ -27,6 +29,8 @@ kiln.parameter @w_bf16 : tensor<8x8xbf16> {init = "zeros"}
 // CHECK:         kiln.iota : tensor<4xi32>
 // CHECK:         kiln.zeros : tensor<2x3xf32>
 // CHECK:         return %[[H]] : tensor<f32>
+kiln.parameter @wte : tensor<16x8xf32> {decay, init = "normal", init_std = 2.0e-02 : f32}
+kiln.parameter @w_bf16 : tensor<8x8xbf16> {init = "zeros"}
 func.func @state() -> tensor<f32> {
   %p = kiln.param @wte : tensor<16x8xf32>
   %g = kiln.grad @wte : tensor<16x8xf32>
@@ -41,18 +45,23 @@ func.func @state() -> tensor<f32> {
   return %h : tensor<f32>
 }
 
+// -----
+
 // Embedding and its gradient.
 // CHECK-LABEL: func.func @embedding
 // CHECK-SAME:    (%[[IDS:.*]]: tensor<2x4xi32>)
 // CHECK:         %[[W:.*]] = kiln.param @wte
 // CHECK:         %[[E:.*]] = kiln.embedding %[[W]][%[[IDS]]] : tensor<16x8xf32>, tensor<2x4xi32> -> tensor<2x4x8xf32>
 // CHECK:         kiln.embedding_grad %[[E]], %[[IDS]] : tensor<2x4x8xf32>, tensor<2x4xi32> -> tensor<16x8xf32>
+kiln.parameter @wte : tensor<16x8xf32> {decay, init = "normal", init_std = 2.0e-02 : f32}
 func.func @embedding(%ids: tensor<2x4xi32>) -> tensor<16x8xf32> {
   %p = kiln.param @wte : tensor<16x8xf32>
   %e = kiln.embedding %p[%ids] : tensor<16x8xf32>, tensor<2x4xi32> -> tensor<2x4x8xf32>
   %eg = kiln.embedding_grad %e, %ids : tensor<2x4x8xf32>, tensor<2x4xi32> -> tensor<16x8xf32>
   return %eg : tensor<16x8xf32>
 }
+
+// -----
 
 // Matmul in all four transpose combinations; unit attributes print in the attr-dict.
 // CHECK-LABEL: func.func @matmul
@@ -68,6 +77,8 @@ func.func @matmul(%x: tensor<4x8xf32>, %y: tensor<8x6xf32>, %w: tensor<16x8xf32>
   %m3 = kiln.matmul %y, %x {transpose_lhs, transpose_rhs} : tensor<8x6xf32>, tensor<4x8xf32> -> tensor<6x4xf32>
   return
 }
+
+// -----
 
 // Elementwise ops: add, mul, scale by a runtime scalar, gelu and its gradient (bf16 too).
 // CHECK-LABEL: func.func @elementwise
@@ -88,6 +99,8 @@ func.func @elementwise(%x: tensor<4x8xf32>, %s: tensor<f32>, %b: tensor<8x8xbf16
   return
 }
 
+// -----
+
 // Shape ops: broadcast, reduce_sum, reshape (float and i32), transpose.
 // CHECK-LABEL: func.func @shapes
 // CHECK-SAME:    (%[[X:.*]]: tensor<4x8xf32>, %[[IDS:.*]]: tensor<2x4xi32>)
@@ -104,6 +117,8 @@ func.func @shapes(%x: tensor<4x8xf32>, %ids: tensor<2x4xi32>) {
   %tr = kiln.transpose %x : tensor<4x8xf32> -> tensor<8x4xf32>
   return
 }
+
+// -----
 
 // Variadic split and concat, including uneven pieces and a single piece.
 // CHECK-LABEL: func.func @split_concat
@@ -124,6 +139,8 @@ func.func @split_concat(%qkv: tensor<2x4x24xf32>) {
   return
 }
 
+// -----
+
 // layer_norm with the default epsilon (not printed) and an explicit one, and its gradient.
 // CHECK-LABEL: func.func @layer_norm
 // CHECK-SAME:    (%[[X:.*]]: tensor<4x8xf32>)
@@ -132,6 +149,8 @@ func.func @split_concat(%qkv: tensor<2x4x24xf32>) {
 // CHECK:         %[[Y:.*]], %[[MEAN:.*]], %[[RSTD:.*]] = kiln.layer_norm %[[X]], %[[W]], %[[B]] : tensor<4x8xf32>, tensor<8xf32>, tensor<8xf32> -> tensor<4x8xf32>, tensor<4xf32>, tensor<4xf32>
 // CHECK:         kiln.layer_norm %[[X]], %[[W]], %[[B]] {epsilon = 1.000000e-03 : f32} : tensor<4x8xf32>, tensor<8xf32>, tensor<8xf32> -> tensor<4x8xf32>, tensor<4xf32>, tensor<4xf32>
 // CHECK:         kiln.layer_norm_grad %[[Y]], %[[X]], %[[W]], %[[MEAN]], %[[RSTD]] : tensor<4x8xf32>, tensor<4x8xf32>, tensor<8xf32>, tensor<4xf32>, tensor<4xf32> -> tensor<4x8xf32>, tensor<8xf32>, tensor<8xf32>
+kiln.parameter @"ln.weight" : tensor<8xf32> {init = "ones"}
+kiln.parameter @"ln.bias" : tensor<8xf32> {init = "zeros"}
 func.func @layer_norm(%x: tensor<4x8xf32>) {
   %lw = kiln.param @"ln.weight" : tensor<8xf32>
   %lb = kiln.param @"ln.bias" : tensor<8xf32>
@@ -140,6 +159,8 @@ func.func @layer_norm(%x: tensor<4x8xf32>) {
   %dx, %dw, %db = kiln.layer_norm_grad %ln, %x, %lw, %mean, %rstd : tensor<4x8xf32>, tensor<4x8xf32>, tensor<8xf32>, tensor<4xf32>, tensor<4xf32> -> tensor<4x8xf32>, tensor<8xf32>, tensor<8xf32>
   return
 }
+
+// -----
 
 // Causal attention with num_heads, and its gradient.
 // CHECK-LABEL: func.func @attention
@@ -152,6 +173,8 @@ func.func @attention(%qkv: tensor<2x4x24xf32>) {
   return
 }
 
+// -----
+
 // Incremental decoding: a layer's key/value cache and the attention of one position against it.
 // CHECK-LABEL: func.func @decode_attention
 // CHECK:         %[[KV:.*]] = kiln.kv_cache "h.0.attn" : tensor<2x2x2x8x4xf32>
@@ -162,6 +185,8 @@ func.func @decode_attention(%qkv: tensor<2x24xbf16>, %p: tensor<1xi32>) {
   return
 }
 
+// -----
+
 // A prompt read into the cache 3 positions per row at a time: qkv [B * M, 3C].
 // CHECK-LABEL: func.func @prefill_attention
 // CHECK:         kiln.decode_attention %{{.*}}, %{{.*}}, %{{.*}} {num_heads = 2 : i64} : tensor<6x24xf32>, tensor<2x2x2x8x4xf32>, tensor<1xi32> -> tensor<6x8xf32>
@@ -170,6 +195,8 @@ func.func @prefill_attention(%qkv: tensor<6x24xf32>, %p: tensor<1xi32>) {
   %y = kiln.decode_attention %qkv, %kv, %p {num_heads = 2 : i64} : tensor<6x24xf32>, tensor<2x2x2x8x4xf32>, tensor<1xi32> -> tensor<6x8xf32>
   return
 }
+
+// -----
 
 // Cross-entropy (scalar loss + lse) and its gradient.
 // CHECK-LABEL: func.func @cross_entropy
@@ -183,6 +210,8 @@ func.func @cross_entropy(%logits: tensor<4x16xf32>, %t: tensor<4xi32>) -> tensor
   return %loss : tensor<f32>
 }
 
+// -----
+
 // A padded class dimension: num_classes (the real classes, 13 of 16 columns) is kept on both.
 // CHECK-LABEL: func.func @cross_entropy_padded
 // CHECK-SAME:    (%[[LOGITS:.*]]: tensor<4x16xf32>, %[[T:.*]]: tensor<4xi32>)
@@ -194,6 +223,8 @@ func.func @cross_entropy_padded(%logits: tensor<4x16xf32>, %t: tensor<4xi32>) ->
   %dl = kiln.cross_entropy_grad %loss, %logits, %clse, %t {num_classes = 13} : tensor<4x16xf32>, tensor<4xf32>, tensor<4xi32> -> tensor<4x16xf32>
   return %loss : tensor<f32>
 }
+
+// -----
 
 // Optimizer ops: variadic global_norm, clip_coef, and adamw's custom syntax with and
 // without decay.
@@ -213,6 +244,8 @@ func.func @cross_entropy_padded(%logits: tensor<4x16xf32>, %t: tensor<4xi32>) ->
 // CHECK:         kiln.adamw @wte, %[[G]] scale %[[C]] lr %[[LR]] betas(%[[B1]], %[[B2]]) eps %[[EPS]] weight_decay %[[WD]] step %[[ST]] {decay} : tensor<16x8xf32>
 // CHECK:         kiln.adamw @ln.weight, %[[G2]] scale %[[C]] lr %[[LR]] betas(%[[B1]], %[[B2]]) eps %[[EPS]] weight_decay %[[WD]] step %[[ST]] : tensor<8xf32>
 // CHECK:         return %[[N]] : tensor<f32>
+kiln.parameter @wte : tensor<16x8xf32> {decay, init = "normal", init_std = 2.0e-02 : f32}
+kiln.parameter @"ln.weight" : tensor<8xf32> {init = "ones"}
 func.func @optimizer(%g: tensor<16x8xf32>) -> tensor<f32> {
   %g2 = kiln.grad @"ln.weight" : tensor<8xf32>
   %n = kiln.global_norm %g, %g2 : tensor<16x8xf32>, tensor<8xf32> -> tensor<f32>
