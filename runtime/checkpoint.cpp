@@ -400,7 +400,7 @@ std::string module_fingerprint(const Module& m) {
   return hex64(fnv1a64(text));
 }
 
-void save_checkpoint(const std::string& dir, Executor& ex, const TrainingState& st, int keep,
+std::string save_checkpoint(const std::string& dir, Executor& ex, const TrainingState& st, int keep,
                      const WholeMoments& moments) {
   const fs::path d = dir_path(dir);
   if (st.step < 0) throw Error(d.string() + ": cannot save a checkpoint for step " + std::to_string(st.step));
@@ -502,7 +502,8 @@ void save_checkpoint(const std::string& dir, Executor& ex, const TrainingState& 
   const std::string latest = name + "\n";
   write_file_atomic((d / "latest").string(), {{latest.data(), latest.size()}}, 0644);
 
-  if (keep <= 0) return;
+  const std::string written = (d / name).string();
+  if (keep <= 0) return written;
   int kept = 1;  // the one just written, even when older files carry higher steps (a rewound run)
   for (const auto& [step, other] : list_checkpoints(d)) {
     if (other == name) continue;
@@ -514,6 +515,7 @@ void save_checkpoint(const std::string& dir, Executor& ex, const TrainingState& 
       throw Error((d / other).string() + ": cannot delete this old checkpoint (" + name +
                   " was saved): " + ec.message());
   }
+  return written;
 }
 
 std::optional<std::string> latest_checkpoint(const std::string& dir) {

@@ -66,7 +66,8 @@ std::string module_fingerprint(const Module& module);
 // and the keep - 1 highest-numbered others (keep <= 0 keeps all). kiln::Error on failure; a
 // failed write leaves no temporary file and the previous checkpoints untouched. The moments come
 // from `moments` when it is not empty (ZeRO-1), else from the executor, which must hold them whole.
-void save_checkpoint(const std::string& dir, Executor& ex, const TrainingState& state, int keep,
+// Returns the checkpoint's path.
+std::string save_checkpoint(const std::string& dir, Executor& ex, const TrainingState& state, int keep,
                      const WholeMoments& moments = {});
 
 // Whether a file name in a checkpoint folder is one the checkpoints use: "latest", or

@@ -9,6 +9,7 @@
 #include <charconv>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -126,7 +127,7 @@ void add_train_options(CLI::App& train, TrainOptions& o, TrainSampling& sampling
   // WORLD_SIZE, MASTER_ADDR, MASTER_PORT); see runtime/comm/communicator.h.
   train.add_option("--zero", o.zero, "1: ZeRO-1, shard AdamW state and the update across ranks (same results)")
       ->capture_default_str()->check(cli::whole(0, 1));
-  train.add_option("--bucket-mb", o.bucket_mb, "gradient all-reduce bucket size in MB (data parallel)")
+  train.add_option("--bucket-mb", o.bucket_mb, "gradient all-reduce bucket size in MB (data parallel; for a module without the buckets kilnc --bucket-mb compiles in)")
       ->capture_default_str()->check(kPositiveFinite);
   train.add_option("--comm", o.comm, "communicator: auto (MPI under mpirun/srun, TCP with WORLD_SIZE > 1, "
                                      "else one process), single, mpi, tcp, nccl (GPU targets only)")
@@ -388,7 +389,7 @@ void add_eval_options(CLI::App& eval, EvalCommand& c) {
   eval.add_option("--init", c.init, "the weights to evaluate (Hugging Face GPT-2 safetensors, an llm.c .bin, or a Kiln checkpoint)")
       ->required()->check(cli::non_empty());
   eval.add_option("--data", c.data, "llm.c token shard(s): files or globs")->required()->expected(1, -1)->check(cli::non_empty());
-  eval.add_option("--batches", c.batches, "batches of B x T (of each rank) to read (default: one pass over every shard)")
+  eval.add_option("--batches", c.batches, "batches of B x T (of each rank) to read (default, or more than the data holds: one pass over every shard)")
       ->check(cli::whole(1));
   eval.add_flag("--json", c.json, "print the result as one JSON object");
   // Under a launcher the ranks split the batches as training's validation does: each reads its
@@ -433,10 +434,13 @@ int run_eval(const Module& module, const EvalCommand& c, Communicator& comm) {
   DataLoader data(c.data, B, T, comm.rank(), world);
   if (root && !data.skipped().empty()) std::fprintf(stderr, "note: --data: %s\n", data.skipped_note().c_str());
   const int64_t whole = data.batches_per_pass();
-  if (c.batches > whole)
-    throw Error("--batches: " + std::to_string(c.batches) + " is more than the data holds: " + std::to_string(whole) +
-                " batches of B=" + std::to_string(B) + " x T=" + std::to_string(T) + of_ranks + " in one pass");
-  const int64_t batches = c.batches ? c.batches : whole;
+  // More batches than the data holds would read some twice: one pass is all there is (as
+  // train's --val-steps).
+  if (c.batches > whole && root)
+    std::fprintf(stderr, "note: --batches %lld: the data holds %lld batch%s of B=%lld x T=%lld%s in one pass; "
+                 "evaluating those\n", (long long)c.batches, (long long)whole, whole == 1 ? "" : "es", (long long)B,
+                 (long long)T, of_ranks.c_str());
+  const int64_t batches = c.batches && c.batches < whole ? c.batches : whole;
   check_weights_file(c.init);  // before the executor starts a cuda module's GPU
   const bool cuda = model.target() && model.target()->str() != "cpu";
   if (!cuda && world > 1) share_cpus(ranks_on_this_machine(comm), root);
@@ -589,7 +593,7 @@ int run_main(int argc, char** argv) {
       } catch (const Interrupted& stop) {
         interrupted = stop.signal;
       }
-      flush_stdout();  // the progress lines went there
+      if (interrupted != SIGPIPE) flush_stdout();  // the progress lines went there (unless it was closed)
     }
     if (!interrupted) return 0;
   } catch (const std::exception& e) {

@@ -42,7 +42,7 @@ inline CLI::Validator whole(int64_t min, int64_t max = INT64_MAX) {
           return "Value " + s + " is not a whole number " + range + (leading_zero ? " (no leading zeros)" : "");
         return std::string();
       },
-      "");
+      max >= INT32_MAX ? "" : "[" + std::to_string(min) + ", " + std::to_string(max) + "]");  // --help: INT:[0, 1]
 }
 
 // A finite number, parsed as the T it is stored in (so a float refuses 1e39, inf, and 1e-50, 0),

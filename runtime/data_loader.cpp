@@ -53,7 +53,7 @@ int64_t open_shard(const std::string& path, const StepNeed& need, std::vector<ui
                 " tokens, so the file should be " + std::to_string(expected) +
                 " bytes, but it is " + std::to_string(size) + " bytes (truncated or corrupt)");
   if (count < need.tokens() && need.B > 0)
-    throw Error(path + ": size: " + std::to_string(count) + (count == 1 ? " token" : " tokens") + ", but one step (B=" +
+    throw Error(path + ": holds " + std::to_string(count) + (count == 1 ? " token" : " tokens") + ", but one batch (B=" +
                 std::to_string(need.B) + " x T=" + std::to_string(need.T) +
                 " x world_size=" + std::to_string(need.world_size) + ", plus 1 target) needs " +
                 std::to_string(need.tokens()));
@@ -187,7 +187,7 @@ std::pair<size_t, bool> DataLoader::shard_from_file(size_t file_index) const {
 std::string DataLoader::skipped_note() const {
   if (skipped_.empty()) return "";
   std::string s = std::to_string(skipped_.size()) + (skipped_.size() == 1 ? " shard" : " shards") +
-                  " too short for one step (B=" + std::to_string(B_) + " x T=" + std::to_string(T_) + " x " +
+                  " too short for one batch (B=" + std::to_string(B_) + " x T=" + std::to_string(T_) + " x " +
                   std::to_string(world_size_) + (world_size_ == 1 ? " rank" : " ranks") + ", plus 1 target: " +
                   std::to_string(step_ + 1) + " tokens) left out:";
   for (size_t i = 0; i < skipped_.size() && i < 3; ++i)

@@ -37,9 +37,17 @@ void check_appendable_log(const std::string& path) {
     const auto j = nlohmann::json::parse(head.substr(0, end), nullptr, false);
     log = !j.is_discarded() && j.is_object() && j.contains("step");
   }
-  if (!log)
-    throw Error("--log: " + path + ": holds something other than a training log (its first line is no JSON record "
-                "with \"step\"), and the log is appended to: name another file");
+  if (log) return;
+  // Say what it is where Kiln knows (weights, data, a checkpoint or the `latest` naming one).
+  std::string kind = file_kind(path);
+  try {
+    if (kind.empty() && !checkpoint_named_by(path).empty())
+      kind = "a checkpoint folder's 'latest' (the name of the checkpoint --resume reads)";
+  } catch (const Error&) {  // (a `latest` naming no checkpoint: the plain message)
+  }
+  if (!kind.empty()) throw Error("--log: " + path + ": is " + kind + ", and the log is appended to: name another file");
+  throw Error("--log: " + path + ": holds something other than a training log (its first line is no JSON record "
+              "with \"step\"), and the log is appended to: name another file");
 }
 
 }  // namespace

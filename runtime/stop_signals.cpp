@@ -6,9 +6,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 
 #include "runtime/file_io.h"
 
@@ -17,33 +19,57 @@ namespace {
 
 // Set by the handler on whichever thread took the signal, read by the training loop's.
 std::atomic<int> g_requested{0};
+// When the first one came (CLOCK_MONOTONIC, ns; 0 before its handler has read the clock).
+std::atomic<int64_t> g_first_ns{0};
+// `timeout` sends its signal to the command and then to its process group, so the command may
+// get it twice within microseconds; a person pressing Ctrl-C again takes longer than this.
+constexpr int64_t kSameSignalNs = 300'000'000;
 const int kStopSignals[] = {SIGINT, SIGTERM};
 struct sigaction g_previous[2];
 bool g_installed[2];
 // The handler's lines (for each phase; for SIGINT, SIGTERM), composed before it can run: it may
 // only write(2). g_phase picks the row.
 char g_message[StopSignals::kMaxPhases][2][256];
+char g_again[2][128];  // the second signal's line
 std::atomic<int> g_phase{0};
+bool g_pipe_ignored = false;
+struct sigaction g_previous_pipe;
 
-// Async-signal-safe: a flag and a write(2). The second signal restores the default action
-// and raises itself, which ends the process as if no handler were there.
+int64_t monotonic_ns() {
+  timespec t{};
+  clock_gettime(CLOCK_MONOTONIC, &t);  // async-signal-safe
+  return int64_t(t.tv_sec) * 1'000'000'000 + t.tv_nsec;
+}
+
+void say(const char* msg) {
+  ssize_t ignored = ::write(2, msg, std::strlen(msg));
+  (void)ignored;
+}
+
+// Async-signal-safe: a flag, the clock and a write(2). The second signal restores the default
+// action and raises itself, which ends the process as if no handler were there; the same signal
+// again within kSameSignalNs is the first one sent twice, and is ignored.
 void on_signal(int sig) {
+  const int64_t now = monotonic_ns();
   // (Compare-and-swap: of two signals arriving at once on two threads, one is the first.)
-  if (int none = 0; !g_requested.compare_exchange_strong(none, sig)) {
+  if (int first = 0; !g_requested.compare_exchange_strong(first, sig)) {
+    const int64_t then = g_first_ns.load();
+    if (first == sig && (then == 0 || now - then < kSameSignalNs)) return;
+    say(g_again[sig == SIGINT ? 0 : 1]);
     remove_pending_temporary();  // a checkpoint or --save half written
     ::signal(sig, SIG_DFL);
     ::raise(sig);
     return;
   }
-  const char* msg = g_message[g_phase.load()][sig == SIGINT ? 0 : 1];
-  ssize_t ignored = ::write(2, msg, std::strlen(msg));
-  (void)ignored;
+  g_first_ns.store(now);
+  say(g_message[g_phase.load()][sig == SIGINT ? 0 : 1]);
 }
 
 }  // namespace
 
-StopSignals::StopSignals(int rank, int world, std::initializer_list<const char*> phases) {
+StopSignals::StopSignals(int rank, int world, std::initializer_list<const char*> phases, bool keep_on_broken_pipe) {
   g_requested.store(0);
+  g_first_ns.store(0);
   g_phase.store(0);
   char who[32] = "";
   if (world > 1) std::snprintf(who, sizeof who, "rank %d: ", rank);
@@ -53,6 +79,18 @@ StopSignals::StopSignals(int rank, int world, std::initializer_list<const char*>
     for (int i = 0; i < 2; ++i)
       std::snprintf(g_message[phase][i], sizeof g_message[phase][i], "\nkiln: %s%s: %s (again to stop now)\n", who,
                     i == 0 ? "SIGINT" : "SIGTERM", what);
+  }
+  for (int i = 0; i < 2; ++i)
+    std::snprintf(g_again[i], sizeof g_again[i], "\nkiln: %s%s again: stopping now, without a checkpoint or --save\n",
+                  who, i == 0 ? "SIGINT" : "SIGTERM");
+  // A closed stdout (`train ... | head`) then fails a write with EPIPE, which the caller sees,
+  // instead of ending the process with SIGPIPE in the middle of a step.
+  g_pipe_ignored = keep_on_broken_pipe;
+  if (keep_on_broken_pipe) {
+    struct sigaction ignore{};
+    ignore.sa_handler = SIG_IGN;
+    sigemptyset(&ignore.sa_mask);
+    sigaction(SIGPIPE, &ignore, &g_previous_pipe);
   }
   struct sigaction sa{};
   sa.sa_handler = on_signal;
@@ -69,9 +107,18 @@ StopSignals::StopSignals(int rank, int world, std::initializer_list<const char*>
 StopSignals::~StopSignals() {
   for (int i = 0; i < 2; ++i)
     if (g_installed[i]) sigaction(kStopSignals[i], &g_previous[i], nullptr);
+  if (g_pipe_ignored) sigaction(SIGPIPE, &g_previous_pipe, nullptr);
+  g_pipe_ignored = false;
 }
 
 int StopSignals::requested() const { return g_requested.load(); }
+
+bool StopSignals::request(int sig) {
+  int none = 0;
+  if (!g_requested.compare_exchange_strong(none, sig)) return false;
+  g_first_ns.store(monotonic_ns());
+  return true;
+}
 
 void StopSignals::phase(int i) { g_phase.store(i < 0 ? 0 : i < kMaxPhases ? i : kMaxPhases - 1); }
 
@@ -90,6 +137,7 @@ const char* signal_name(int sig) {
   switch (sig) {
     case SIGINT: return "SIGINT";
     case SIGTERM: return "SIGTERM";
+    case SIGPIPE: return "SIGPIPE";
     default: return "a signal";
   }
 }

@@ -1,8 +1,9 @@
 // Ctrl-C (SIGINT) and SIGTERM (a scheduler's preemption, `kill`) during training: the run
 // finishes the step it is in (or the micro-step, leaving a step cut short undone), writes a
 // checkpoint and --save, and exits 128 + the signal, so that --resume goes on from there. A
-// second signal ends the process at once. The process then ends by that signal (as a shell
-// expects of a Ctrl-C'd command), after the communicator is shut.
+// second signal ends the process at once (the same one again within 0.3 s counts as the first:
+// `timeout` sends it twice). The process then ends by that signal (as a shell expects of a
+// Ctrl-C'd command), after the communicator is shut.
 #pragma once
 #include <initializer_list>
 
@@ -11,20 +12,24 @@ namespace kiln {
 // Installs the handlers for its lifetime and restores the previous ones after. The handler's line
 // says what happens now: phases[0] at first, phases[i] once phase(i) is called (a run's start, its
 // first step, the steps after); with several ranks (world > 1) it names the rank that got the signal.
+// With keep_on_broken_pipe, SIGPIPE is ignored meanwhile: a write to a closed pipe fails with
+// EPIPE instead of ending the process (the trainer then stops as if signalled, see request()).
 class StopSignals {
  public:
   static constexpr int kMaxPhases = 3;
-  StopSignals(int rank, int world, std::initializer_list<const char*> phases);
+  StopSignals(int rank, int world, std::initializer_list<const char*> phases, bool keep_on_broken_pipe = false);
   ~StopSignals();
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
   // The first signal that arrived (SIGINT or SIGTERM), or 0.
   int requested() const;
+  // Asks to stop as `sig` would, without its line; false if a signal came first.
+  bool request(int sig);
   // From now on a signal's line says phases[i].
   void phase(int i);
 };
 
-// "SIGINT", "SIGTERM".
+// "SIGINT", "SIGTERM", "SIGPIPE".
 const char* signal_name(int sig);
 
 // Thrown by train() after an interrupted run has saved what it has: not an error; the CLI shuts

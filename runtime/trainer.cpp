@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -65,6 +66,14 @@ CpuPeak estimated_cpu_peak(bool bf16) {
   const int threads = omp_get_max_threads();
   return {double(threads) * 2.5e9 * per_cycle, std::to_string(threads) + (threads == 1 ? " thread" : " threads") +
                                                    " x 2.5 GHz x " + std::to_string(per_cycle) + " " + unit};
+}
+
+// `v` rounded to `digits` significant decimal digits, for the log: the nearest double to that.
+double significant(double v, int digits) {
+  if (!std::isfinite(v) || v == 0) return v;
+  char text[32];
+  std::snprintf(text, sizeof text, "%.*g", digits, v);
+  return std::strtod(text, nullptr);
 }
 
 // A signal as a number the ranks add up (1 for a SIGINT, 1024 for a SIGTERM), and the signal a
@@ -224,7 +233,8 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
                                           "nothing is written"
                                         : what_stops.c_str();
   StopSignals signals(rank, int(world),
-                      {world == 1 ? "stopping before the first step" : in_first_step, in_first_step, what_stops.c_str()});
+                      {world == 1 ? "stopping before the first step" : in_first_step, in_first_step, what_stops.c_str()},
+                      /*keep_on_broken_pipe=*/true);
   MadeFolders made;
   check_output_paths(o, root, made);
   for (const char* p : {"micro_step", "optimizer_step"})
@@ -400,6 +410,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   // Why a line could not be written: the run stops as a signal stops it, after this step (one
   // process) or the next (ranks agree on it in that step's reduction).
   std::string log_failure;
+  bool stdout_failed = false;  // rank 0: its progress lines could not be written
   auto pending_text = [&] {
     std::string lines;
     for (const std::string& line : log_pending) lines += (lines.empty() ? "" : "\n") + line;
@@ -505,7 +516,8 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       if (!gpu) extra["cpu_threads"] = omp_get_max_threads();
       if (!log_pending.empty()) extra["log_pending"] = log_pending;
       st.extra_json = extra.dump();
-      save_checkpoint(o.checkpoint_dir, ex, st, o.keep, moments);
+      const std::string path = save_checkpoint(o.checkpoint_dir, ex, st, o.keep, moments);
+      std::fprintf(stderr, "saved checkpoint %s (step %lld)\n", path.c_str(), (long long)steps);
     } catch (const std::exception& failed) {  // (kiln::Error: a full disk; or memory ran out)
       tell_ranks(false);
       const std::string error = dynamic_cast<const std::bad_alloc*>(&failed) ? "out of memory" : failed.what();
@@ -683,8 +695,11 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     }
     if (world == 1) stop = signals.requested();  // read after evaluation and sampling: one during them counts
     if (logging) {
-      nlohmann::json j = {{"step", step}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm},
-                          {"dt_ms", dt * 1e3}, {"tokens_per_s", tok_s}, {"mfu", mfu}};
+      // The schedule's lr to 10 digits (6e-4, not 0.0005999999999999998; the kernels read a
+      // float), the time to the microsecond.
+      nlohmann::json j = {{"step", step}, {"loss", loss}, {"lr", significant(lr, 10)}, {"grad_norm", norm},
+                          {"dt_ms", std::round(dt * 1e6) / 1e3}, {"tokens_per_s", significant(tok_s, 6)},
+                          {"mfu", significant(mfu, 6)}};
       // A run's first line says how it started, so that kiln-inspect plot keeps a fresh run
       // appended to an older one's log apart from it, and a resumed one with it.
       if (step == first_step) j["start"] = resumed_from.empty() ? "fresh" : "resume";
@@ -724,7 +739,21 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
         std::fwrite(text.data(), 1, text.size(), stdout);  // bytes: token 188 decodes to a NUL
         std::printf("\n");
       }
-      std::fflush(stdout);
+      // A stdout that cannot be written (`train ... | head` after head is done, a full disk)
+      // stops the run as a signal would: after this step, with its checkpoint and --save.
+      if ((std::fflush(stdout) != 0 || std::ferror(stdout)) && !stdout_failed) {
+        stdout_failed = true;
+        const int error = errno;
+        if (signals.request(SIGPIPE)) {
+          std::fprintf(stderr, "kiln: stdout: %s: stopping after this step%s\n",
+                       error == EPIPE ? "closed (the reader is gone)" : std::strerror(error),
+                       o.checkpoint_dir.empty() && o.save.empty() ? ""
+                       : o.checkpoint_dir.empty()                  ? ", with --save"
+                       : o.save.empty()                            ? ", with a checkpoint"
+                                                                   : ", with a checkpoint and --save");
+          if (world == 1) stop = SIGPIPE;
+        }
+      }
     }
     // A log that failed stops the run as a signal does: one process after this step, ranks after
     // the step whose reduction told them (or the last).

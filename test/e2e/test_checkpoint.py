@@ -148,6 +148,25 @@ def main():
     a2 = open(f"{w}/run.safetensors", "rb").read()
     check(a1 == a2, "final weights bitwise equal")
 
+    # A closed stdout (`train ... | head` once head is done; here closed from the start): the run
+    # stops after the step it is in as a signal stops it, with its checkpoint and --save, says so,
+    # and ends by SIGPIPE; resumed, it is the uninterrupted run bitwise.
+    ck_pipe = os.path.join(w, "ck_pipe")
+    piped = common + ["--log", f"{w}/pipe.jsonl", "--save", f"{w}/pipe.safetensors", "--checkpoint-dir", ck_pipe]
+    p = subprocess.Popen([exe] + piped, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p.stdout.close()
+    err = p.communicate(timeout=300)[1]
+    saved = open(os.path.join(ck_pipe, "latest")).read().strip() if os.path.exists(os.path.join(ck_pipe, "latest")) else None
+    check(p.returncode == -signal.SIGPIPE and saved == "ckpt_00000001.kiln-ckpt" and
+          "kiln: stdout: closed (the reader is gone): stopping after this step, with a checkpoint and --save" in err and
+          f"saved checkpoint {ck_pipe}/ckpt_00000001.kiln-ckpt (step 1)" in err and
+          "SIGPIPE: stopped after step 1 of" in err and os.path.exists(f"{w}/pipe.safetensors"),
+          f"stdout closed: exit {p.returncode}, checkpoint {saved}: " + last_line(err))
+    r = subprocess.run([exe] + piped + ["--resume"], capture_output=True, text=True)
+    got_pipe = losses(f"{w}/pipe.jsonl")
+    check(r.returncode == 0 and got_pipe == want and open(f"{w}/pipe.safetensors", "rb").read() == a1,
+          f"resumed after stdout closed: losses {'bitwise equal' if got_pipe == want else 'differ'}, final weights too")
+
     # A flipped byte: the checkpoint is refused and nothing is trained.
     latest = os.path.join(ck, open(os.path.join(ck, "latest")).read().strip())
     data = bytearray(open(latest, "rb").read())

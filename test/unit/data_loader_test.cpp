@@ -246,7 +246,7 @@ TEST_F(DataLoaderTest, ShardsTooShortForAStepAreLeftOut) {
   EXPECT_EQ(d.files(), (std::vector<std::string>{path("w_0.bin"), path("w_2.bin")}));
   ASSERT_EQ(d.skipped().size(), 1u);
   EXPECT_EQ(d.skipped()[0], (std::pair<std::string, int64_t>{path("w_1.bin"), 4}));
-  EXPECT_NE(d.skipped_note().find("1 shard too short for one step (B=2 x T=2 x 1 rank, plus 1 target: 5 tokens) left out: " +
+  EXPECT_NE(d.skipped_note().find("1 shard too short for one batch (B=2 x T=2 x 1 rank, plus 1 target: 5 tokens) left out: " +
                                   path("w_1.bin") + " (4 tokens)"),
             std::string::npos)
       << d.skipped_note();
@@ -254,7 +254,7 @@ TEST_F(DataLoaderTest, ShardsTooShortForAStepAreLeftOut) {
   EXPECT_EQ(step(d, 4).first, iota32(0, 4));
   EXPECT_EQ(step(d, 4).first, iota32(4, 4));
   EXPECT_EQ(step(d, 4).first, iota32(100, 4));  // w_1.bin left out
-  EXPECT_KILN_ERROR(kiln::DataLoader(path("w_1.bin"), 2, 2), "w_1.bin: size: 4 tokens");
+  EXPECT_KILN_ERROR(kiln::DataLoader(path("w_1.bin"), 2, 2), "w_1.bin: holds 4 tokens, but one batch");
 }
 
 // Several patterns (a shell's expansion of an unquoted glob): their union, by path, each file once.

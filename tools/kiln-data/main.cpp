@@ -277,6 +277,8 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
                   "'s shards: move it, or write the shards to another --out");
   }
   ec.clear();
+  if (fs::exists(out, ec) && !fs::is_directory(out, ec))
+    throw Error("--out: " + o.out + ": is a file, not a folder (prepare writes its shards into a folder)");
   const bool created_out = !fs::exists(out, ec);
   fs::create_directories(out, ec);
   if (ec || !fs::is_directory(out)) throw Error(o.out + ": cannot create directory: " + ec.message());
@@ -475,7 +477,7 @@ int main(int argc, char** argv) {
             if (!(v >= 0 && v <= 1)) return "Value " + s + " not in range 0 to 1";
             return std::string();
           },
-          "FLOAT in [0 - 1]"));
+          "[0, 1]"));
   prepare->add_option("--shard-tokens", prep.shard_tokens, "most tokens per shard")
       ->capture_default_str()
       ->check(kiln::cli::whole(1, INT32_MAX));

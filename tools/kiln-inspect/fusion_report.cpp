@@ -1,5 +1,6 @@
 #include "tools/kiln-inspect/fusion_report.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <string>
@@ -21,7 +22,7 @@ void add_fusion_report(const Module& m, nlohmann::ordered_json& j) {
   const fb::Module& f = m.fb();
   const auto* kernels = f.kernels();
   j["fusion"] = f.fusion();
-  int64_t ops = 0, step = 0, opt = 0;
+  int64_t ops = 0, step = 0, opt = 0, builtin = 0;
   // Launches of each generated kernel per program.
   std::map<uint32_t, std::map<std::string, int>> uses;
   for (const char* name : {"micro_step", "optimizer_step"}) {
@@ -37,12 +38,13 @@ void add_fusion_report(const Module& m, nlohmann::ordered_json& j) {
         if (step_program) ops += kernels->Get(k)->ops()->size();
       } else {
         (step_program ? step : opt)++;
-        if (step_program) ops += 1;
+        if (step_program) ops += 1, builtin += 1;
       }
     }
   }
   j["ops_before_fusion"] = ops;
   j["kernels_per_micro_step"] = step;
+  j["builtin_kernels_per_micro_step"] = builtin;  // of them, the runtime's own (BLAS, layer norm, ...)
   j["optimizer_kernels"] = opt;
   const int layers = f.model()->n_layer();
   j["kernels_per_layer"] = layers > 0 ? double(step) / layers : 0.0;
@@ -60,10 +62,11 @@ void add_fusion_report(const Module& m, nlohmann::ordered_json& j) {
 }
 
 void print_fusion_report(const nlohmann::ordered_json& j) {
-  std::printf("\nfusion     %s: %lld kernels per micro-step (%.1f per layer) for %lld graph ops (%.2fx); "
-              "optimizer step %lld kernels\n",
+  const int64_t builtin = j.value("builtin_kernels_per_micro_step", int64_t(0));
+  std::printf("\nfusion     %s: %lld kernels per micro-step (%.1f per layer; %lld of them the runtime's built-in ones) "
+              "for %lld graph ops (%.2fx); optimizer step %lld kernels\n",
               j["fusion"].get<bool>() ? "on" : "off (--no-fusion)", (long long)j["kernels_per_micro_step"].get<int64_t>(),
-              j["kernels_per_layer"].get<double>(), (long long)j["ops_before_fusion"].get<int64_t>(),
+              j["kernels_per_layer"].get<double>(), (long long)builtin, (long long)j["ops_before_fusion"].get<int64_t>(),
               j["kernels_per_micro_step"].get<double>() / std::max(1.0, j["ops_before_fusion"].get<double>()),
               (long long)j["optimizer_kernels"].get<int64_t>());
   if (j["kernels"].empty()) return;
@@ -80,10 +83,13 @@ void print_fusion_report(const nlohmann::ordered_json& j) {
   }
   // (Launches count one training step: a micro-step and the optimizer step. The sampler's
   // kernels, for prefill and decode, launch 0 times in it.)
-  std::printf("  %-16s %-44s %7s %8s  fused ops (one kernel)\n", "kind", "generated kernel", "kernels", "per step");
+  // in module: the kernels of that name the module holds; launches: theirs in one training step.
+  int width = 16;
+  for (const auto& [name, r] : rows) width = std::max(width, int(name.size()));
+  std::printf("  %-16s %-*s %9s %8s  fused ops (one kernel)\n", "kind", width, "generated kernel", "in module", "launches");
   for (const auto& [name, r] : rows) {
     std::string ops = r.ops.size() > 70 ? r.ops.substr(0, 67) + "..." : r.ops;
-    std::printf("  %-16s %-44s %7d %8d  %s\n", r.kind.c_str(), name.c_str(), r.kernels, r.launches, ops.c_str());
+    std::printf("  %-16s %-*s %9d %8d  %s\n", r.kind.c_str(), width, name.c_str(), r.kernels, r.launches, ops.c_str());
   }
 }
 

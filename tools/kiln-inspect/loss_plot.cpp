@@ -226,7 +226,7 @@ std::string loss_plot_svg(const std::vector<std::string>& logs) {
     add("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">", px(t.value), H - Bm + 18);
     svg += t.label + "</text>\n";
   }
-  add("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">step</text>\n", (L + W - R) / 2, H - 12);
+  add("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">step (from 0, as logged)</text>\n", (L + W - R) / 2, H - 12);
   // Ten colours, then the same dashed (a series keeps its own look up to 20).
   const char* colours[] = {"#4e79a7", "#e15759", "#59a14f", "#f28e2b", "#b07aa1",
                            "#76b7b2", "#edc948", "#ff9da7", "#9c755f", "#bab0ac"};

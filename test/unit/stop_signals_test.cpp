@@ -1,0 +1,75 @@
+// StopSignals: the first SIGINT/SIGTERM asks the run to stop, the same signal sent twice at once
+// (as `timeout` does) counts once, a later one ends the process and says so; a closed pipe is an
+// EPIPE the caller sees instead of a SIGPIPE that ends the process.
+#include "runtime/stop_signals.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <thread>
+
+namespace {
+
+TEST(StopSignals, FirstSignalIsRequestedAndTheSameOneAtOnceCountsOnce) {
+  kiln::StopSignals signals(0, 1, {"stopping"});
+  EXPECT_EQ(signals.requested(), 0);
+  ::raise(SIGTERM);
+  EXPECT_EQ(signals.requested(), SIGTERM);
+  ::raise(SIGTERM);  // timeout's second copy: the process goes on
+  EXPECT_EQ(signals.requested(), SIGTERM);
+}
+
+TEST(StopSignals, RequestStopsAsASignalWouldUnlessOneCameFirst) {
+  {
+    kiln::StopSignals signals(0, 1, {"stopping"});
+    EXPECT_TRUE(signals.request(SIGPIPE));
+    EXPECT_EQ(signals.requested(), SIGPIPE);
+    EXPECT_FALSE(signals.request(SIGTERM));
+    EXPECT_EQ(signals.requested(), SIGPIPE);
+  }
+  kiln::StopSignals again(0, 1, {"stopping"});  // a new run starts with none
+  EXPECT_EQ(again.requested(), 0);
+  EXPECT_STREQ(kiln::signal_name(SIGPIPE), "SIGPIPE");
+}
+
+TEST(StopSignalsDeathTest, ASecondSignalLaterEndsTheProcessAndSaysSo) {
+  EXPECT_EXIT(
+      {
+        kiln::StopSignals signals(1, 2, {"stopping after this step"});
+        ::raise(SIGTERM);
+        std::this_thread::sleep_for(std::chrono::milliseconds(400));  // past the 0.3 s of one signal sent twice
+        ::raise(SIGTERM);
+        std::this_thread::sleep_for(std::chrono::seconds(5));
+        std::_Exit(0);  // not reached
+      },
+      testing::KilledBySignal(SIGTERM),
+      "kiln: rank 1: SIGTERM: stopping after this step \\(again to stop now\\)\n\n"
+      "kiln: rank 1: SIGTERM again: stopping now, without a checkpoint or --save");
+}
+
+TEST(StopSignalsDeathTest, AClosedPipeIsAnErrorNotASignalWhileKeptOn) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  ::close(fds[0]);  // the reader is gone
+  {
+    kiln::StopSignals signals(0, 1, {"stopping"}, /*keep_on_broken_pipe=*/true);
+    errno = 0;
+    EXPECT_EQ(::write(fds[1], "x", 1), -1);
+    EXPECT_EQ(errno, EPIPE);
+  }
+  // Afterwards SIGPIPE's own action is back (here: still the default, so a write would end the
+  // process; checked in a child).
+  EXPECT_EXIT(
+      {
+        ssize_t n = ::write(fds[1], "x", 1);
+        (void)n;
+        std::_Exit(0);
+      },
+      testing::KilledBySignal(SIGPIPE), "");
+  ::close(fds[1]);
+}
+
+}  // namespace
