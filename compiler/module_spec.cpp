@@ -5,6 +5,7 @@
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "llvm/ADT/StringExtras.h"
 
+#include <map>
 #include <set>
 
 using namespace mlir;
@@ -279,6 +280,54 @@ LogicalResult verifyEntryPoints(ModuleOp module) {
       return WalkResult::interrupt();
     });
     if (twice.wasInterrupted()) return failure();
+    // Which program writes which state: the gradients (and their exchange) @micro_step, the
+    // parameters and moments @optimizer_step. Evaluation and sampling run the others between
+    // training steps, and must leave the training state as they found it.
+    WalkResult misplaced = f.walk([&](Operation* op) -> WalkResult {
+      const char* home = isa<AccumulateGradOp, ReduceGradientsOp>(op) ? "micro_step"
+                         : isa<AdamWOp, WaitGradientsOp>(op)          ? "optimizer_step"
+                                                                      : nullptr;
+      if (!home || name == home) return WalkResult::advance();
+      return op->emitError() << "'" << op->getName() << "' in @" << name << ": only @" << home
+                              << " may write the " << (home == StringRef("micro_step") ? "gradients" : "parameters and their AdamW moments")
+                              << " (the other programs run between training steps and leave the training state as it was)";
+    });
+    if (misplaced.wasInterrupted()) return failure();
+  }
+  // The programs the runtime runs together: a training step is both, the sampler's prefill fills
+  // the caches @decode reads.
+  auto has = [&](StringRef name) { return bool(module.lookupSymbol<func::FuncOp>(name)); };
+  for (auto [one, other] : {std::pair<StringRef, StringRef>{"micro_step", "optimizer_step"}, {"optimizer_step", "micro_step"},
+                            {"prefill", "decode"}, {"prefill_short", "decode"}})
+    if (has(one) && !has(other))
+      return module.lookupSymbol<func::FuncOp>(one).emitError() << "@" << one << " needs @" << other << " beside it ("
+                                                                << (other == "decode" ? "@decode reads the caches it fills)"
+                                                                                      : "a training step runs both)");
+  // The gradient buckets (kiln-bucket-gradients): numbered 0, 1, ... in the order they start, each
+  // parameter in one, and each started after the last accumulation of its gradients (the runtime
+  // sends a bucket as soon as it is reached on the last micro-step).
+  if (auto f = module.lookupSymbol<func::FuncOp>("micro_step")) {
+    int64_t next = 0;
+    std::map<std::string, int64_t> bucketOf;
+    WalkResult buckets = f.walk([&](Operation* op) -> WalkResult {  // (post-order: a fusion's body before it)
+      if (auto r = dyn_cast<ReduceGradientsOp>(op)) {
+        if (int64_t(r.getBucket()) != next)
+          return r.emitError() << "kiln.reduce_gradients has bucket = " << int64_t(r.getBucket()) << " but is bucket "
+                               << next << " in program order (buckets are numbered 0, 1, ... as they start)";
+        for (Attribute a : r.getParams()) {
+          const std::string param = cast<SymbolRefAttr>(a).getRootReference().str();
+          if (auto [it, fresh] = bucketOf.emplace(param, next); !fresh)
+            return r.emitError() << "@" << param << " is in bucket " << it->second << " already (one bucket per parameter)";
+        }
+        ++next;
+      } else if (auto acc = dyn_cast<AccumulateGradOp>(op)) {
+        if (auto it = bucketOf.find(acc.getName().str()); it != bucketOf.end())
+          return acc.emitError() << "accumulates @" << acc.getName() << "'s gradient after kiln.reduce_gradients (bucket "
+                                 << it->second << ") started averaging it";
+      }
+      return WalkResult::advance();
+    });
+    if (buckets.wasInterrupted()) return failure();
   }
   // The trainer fills idx and targets before each micro-step: a @micro_step that reads neither
   // would train on nothing at all.

@@ -94,9 +94,18 @@ class Writer {
       std::vector<Ins> code;
       uint32_t result = 0;
       if (failed(lowerFunction(f, code, result))) return failure();
-      uint64_t sum = 0;
+      uint64_t sum = 0, end = 0;
       for (size_t i = firstBuffer; i < bufs_.size(); ++i)
-        if (bufs_[i].kind == fb::BufferKind::Activation) sum += alignUp(bufs_[i].size);
+        if (bufs_[i].kind == fb::BufferKind::Activation) {
+          sum += alignUp(bufs_[i].size);
+          end = std::max(end, bufs_[i].offset + alignUp(bufs_[i].size));
+        }
+      // kiln-plan-buffers sets the size to where its buffers end: an edited one either leaves
+      // buffers outside the arena or asks for memory no buffer uses.
+      if (planned.getInt() < 0 || uint64_t(planned.getInt()) != end)
+        return f.emitError() << "kilnc: @" << name << " has kiln.arena_size = " << planned.getInt()
+                             << " but its planned buffers (kiln.offsets) end at " << end
+                             << " bytes (kiln-plan-buffers sets it to that)";
       naive = std::max(naive, sum);
       programs.emplace_back(name.str(), std::move(code));
       results.push_back(result);
@@ -215,6 +224,9 @@ class Writer {
         const unsigned i = cast<OpResult>(r).getResultNumber();
         std::string name = valueName(&op);
         if (op.getNumResults() > 1) name += "#" + std::to_string(i);
+        if (offsets[i] < 0)
+          return op.emitError() << "kilnc: kiln.offsets[" << i << "] = " << offsets[i]
+                                << " is negative (the result's place in the arena; run kiln-plan-buffers)";
         uint32_t b = addBuffer(name, fb::BufferKind::Activation, r.getType(), uint64_t(offsets[i]));
         buf[r] = b;
         ins.out.push_back(b);
