@@ -328,6 +328,17 @@ LogicalResult verifyEntryPoints(ModuleOp module) {
       return WalkResult::advance();
     });
     if (buckets.wasInterrupted()) return failure();
+    // A gradient no update reads would be computed every step for nothing: its parameter never
+    // trains (a deleted kiln.adamw).
+    std::set<std::string> updated;
+    if (auto opt = module.lookupSymbol<func::FuncOp>("optimizer_step"))
+      opt.walk([&](AdamWOp a) { updated.insert(a.getName().str()); });
+    WalkResult frozen = f.walk([&](AccumulateGradOp acc) -> WalkResult {
+      if (updated.count(acc.getName().str())) return WalkResult::advance();
+      return acc.emitError() << "accumulates @" << acc.getName()
+                             << "'s gradient, but @optimizer_step has no kiln.adamw that updates it";
+    });
+    if (frozen.wasInterrupted()) return failure();
   }
   // The trainer fills idx and targets before each micro-step: a @micro_step that reads neither
   // would train on nothing at all.
