@@ -121,11 +121,18 @@ void verify_plan(const Module& m) {
       };
       return in_place_kernel(m, ins) && has(ins.inputs(), spans[i].buffer) && has(ins.outputs(), spans[j].buffer);
     };
+    // A buffer's live instructions, and where the first of them came from (an IR file's line,
+    // when the module was compiled from one).
+    auto lived = [&](size_t i) {
+      std::string text = " (instrs " + std::to_string(spans[i].first) + ".." + std::to_string(spans[i].last);
+      const int64_t k = spans[i].first;
+      if (k >= 0 && k < n && prog->instrs()->Get(k)->loc() && prog->instrs()->Get(k)->loc()->size())
+        text += ", the first at " + prog->instrs()->Get(k)->loc()->str();
+      return text + ")";
+    };
     auto fail = [&](size_t i, size_t j) {
-      throw Error(where + "program " + pname + ": " + describe(m, spans[i].buffer) + " (instrs " +
-                  std::to_string(spans[i].first) + ".." + std::to_string(spans[i].last) + ") and " +
-                  describe(m, spans[j].buffer) + " (instrs " + std::to_string(spans[j].first) + ".." +
-                  std::to_string(spans[j].last) + ") overlap while both are live");
+      throw Error(where + "program " + pname + ": " + describe(m, spans[i].buffer) + lived(i) + " and " +
+                  describe(m, spans[j].buffer) + lived(j) + " overlap while both are live");
     };
     for (size_t j = 0; j < spans.size(); ++j) {
       const int64_t k = spans[j].first;
