@@ -214,7 +214,7 @@ TEST(PlanVerifier, CatchesAnOverlapBesideAnInPlaceOutput) {
     FAIL() << "expected an overlap";
   } catch (const Error& e) {
     std::string msg = e.what();
-    EXPECT_NE(msg.find("buffer 1 'v0' [256, 768) (instrs 0..2) and buffer 3 'v2' [512, 768)"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("buffer 1 'v0' [256, 768) (instrs 0..2, the first at t) and buffer 3 'v2' [512, 768) (instrs 2..3, the first at t)"), std::string::npos) << msg;
   }
 }
 
