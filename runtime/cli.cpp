@@ -373,6 +373,9 @@ int run_sample(const Module& module, SampleCommand& c) {
     line += "; " + std::to_string(p.positions) + " prompt positions read by @" + p.name + " in " + std::to_string(p.calls) +
             (p.calls == 1 ? " call" : " calls") + " (" + std::to_string(p.per_call) + " a call, costed as " +
             std::to_string(p.cost) + " @decode calls)";
+  if (times.decode_prompt_positions > 0)
+    line += "; " + std::to_string(times.decode_prompt_positions) + " prompt position" +
+            (times.decode_prompt_positions == 1 ? "" : "s") + " read by @decode, one a call";
   std::fprintf(stderr, "%s\n", line.c_str());
   return 0;
 }

@@ -236,6 +236,7 @@ std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t
           if (o.times) ++o.times->prefill[call].calls, o.times->prefill[call].positions += n;
           cached += n;
         }
+        if (o.times && step == 0) o.times->decode_prompt_positions += len - cached;
         for (; cached < len; ++cached) {
           std::fill(token, token + B, 0);
           for (int64_t r = 0; r < rows; ++r) token[r] = out[size_t(first + r)][size_t(cached)];

@@ -25,6 +25,7 @@ struct SampleOptions {
     int64_t first_steps = 0;                     // one per round of rows
     int64_t other_steps = 0, other_tokens = 0;  // tokens: one per row of a step
     int64_t decode_steps = 0, logits_steps = 0;  // which program gave each step's logits
+    int64_t decode_prompt_positions = 0;  // prompt positions @decode read, one a call (the last, and those no prefill took)
     struct Prefill {  // one per prefill program loaded
       std::string name;
       int64_t per_call = 0, cost = 0;    // its M, and prefill_cost's count
