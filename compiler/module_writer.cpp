@@ -203,6 +203,9 @@ class Writer {
       if (auto kv = dyn_cast<KvCacheOp>(op)) {
         auto offsets = op.getAttrOfType<DenseI64ArrayAttr>("kiln.offsets");
         if (!offsets || offsets.size() != 1) return op.emitError() << "kilnc: no planned offsets ('kiln.offsets') on this op";
+        if (offsets[0] < 0)
+          return op.emitError() << "kilnc: kiln.offsets[0] = " << offsets[0]
+                                << " is negative (the cache's place in the arena; run kiln-plan-buffers)";
         buf[kv] = addBuffer(kv.getCacheName().str() + "/kv_cache", fb::BufferKind::Activation, kv.getType(),
                             uint64_t(offsets[0]));
         continue;

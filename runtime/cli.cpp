@@ -596,7 +596,7 @@ int run_main(int argc, char** argv) {
       } catch (const Interrupted& stop) {
         interrupted = stop.signal;
       }
-      if (interrupted != SIGPIPE) flush_stdout();  // the progress lines went there (unless it was closed)
+      if (!std::ferror(stdout)) flush_stdout();  // the progress lines went there (unless it failed: said then)
     }
     if (!interrupted) return 0;
   } catch (const std::exception& e) {

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -24,6 +25,7 @@ std::atomic<int64_t> g_first_ns{0};
 // `timeout` sends its signal to the command and then to its process group, so the command may
 // get it twice within microseconds; a person pressing Ctrl-C again takes longer than this.
 constexpr int64_t kSameSignalNs = 300'000'000;
+static_assert(std::atomic<int64_t>::is_always_lock_free, "the signal handler reads it");
 const int kStopSignals[] = {SIGINT, SIGTERM};
 struct sigaction g_previous[2];
 bool g_installed[2];
@@ -50,11 +52,22 @@ void say(const char* msg) {
 // action and raises itself, which ends the process as if no handler were there; the same signal
 // again within kSameSignalNs is the first one sent twice, and is ignored.
 void on_signal(int sig) {
+  const int saved_errno = errno;  // (the interrupted code may be about to read it)
   const int64_t now = monotonic_ns();
   // (Compare-and-swap: of two signals arriving at once on two threads, one is the first.)
-  if (int first = 0; !g_requested.compare_exchange_strong(first, sig)) {
+  int first = 0;
+  bool is_first = g_requested.compare_exchange_strong(first, sig);
+  // A stop the run asked for itself (request(): its stdout closed) is no signal: the first real
+  // one is still the first.
+  if (!is_first && first == SIGPIPE) is_first = g_requested.compare_exchange_strong(first, sig);
+  if (!is_first) {
+    // A signal within kSameSignalNs of the first is the same request sent twice (timeout's two
+    // copies, or a launcher's SIGTERM beside the terminal's SIGINT).
     const int64_t then = g_first_ns.load();
-    if (first == sig && (then == 0 || now - then < kSameSignalNs)) return;
+    if (then == 0 || now - then < kSameSignalNs) {
+      errno = saved_errno;
+      return;
+    }
     say(g_again[sig == SIGINT ? 0 : 1]);
     remove_pending_temporary();  // a checkpoint or --save half written
     ::signal(sig, SIG_DFL);
@@ -63,6 +76,7 @@ void on_signal(int sig) {
   }
   g_first_ns.store(now);
   say(g_message[g_phase.load()][sig == SIGINT ? 0 : 1]);
+  errno = saved_errno;
 }
 
 }  // namespace
@@ -81,7 +95,7 @@ StopSignals::StopSignals(int rank, int world, std::initializer_list<const char*>
                     i == 0 ? "SIGINT" : "SIGTERM", what);
   }
   for (int i = 0; i < 2; ++i)
-    std::snprintf(g_again[i], sizeof g_again[i], "\nkiln: %s%s again: stopping now, without a checkpoint or --save\n",
+    std::snprintf(g_again[i], sizeof g_again[i], "\nkiln: %s%s, a second signal: stopping now, without a checkpoint or --save\n",
                   who, i == 0 ? "SIGINT" : "SIGTERM");
   // A closed stdout (`train ... | head`) then fails a write with EPIPE, which the caller sees,
   // instead of ending the process with SIGPIPE in the middle of a step.

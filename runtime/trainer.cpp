@@ -76,10 +76,10 @@ double significant(double v, int digits) {
   return std::strtod(text, nullptr);
 }
 
-// A signal as a number the ranks add up (1 for a SIGINT, 1024 for a SIGTERM), and the signal a
-// sum stands for: any SIGTERM wins.
-double signal_code(int sig) { return sig == SIGINT ? 1.0 : sig ? 1024.0 : 0.0; }
-int signal_of_sum(double sum) { return sum >= 1024 ? SIGTERM : sum > 0 ? SIGINT : 0; }
+// A signal as a number the ranks add up (1 for a SIGINT, 2^16 for rank 0's closed stdout, 2^32
+// for a SIGTERM), and the signal a sum stands for: any SIGTERM wins, then SIGPIPE.
+double signal_code(int sig) { return sig == SIGINT ? 1.0 : sig == SIGPIPE ? 0x1p16 : sig ? 0x1p32 : 0.0; }
+int signal_of_sum(double sum) { return sum >= 0x1p32 ? SIGTERM : sum >= 0x1p16 ? SIGPIPE : sum > 0 ? SIGINT : 0; }
 
 // What differs, when a run resumes, from the run that wrote the checkpoint (its extra_json holds
 // that run's --steps and shard sizes), and checkpoints past the one resumed from: said, not
@@ -411,6 +411,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   // process) or the next (ranks agree on it in that step's reduction).
   std::string log_failure;
   bool stdout_failed = false;  // rank 0: its progress lines could not be written
+  int stdout_error = 0;        // why (EPIPE: the reader is gone)
   auto pending_text = [&] {
     std::string lines;
     for (const std::string& line : log_pending) lines += (lines.empty() ? "" : "\n") + line;
@@ -743,10 +744,11 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       // stops the run as a signal would: after this step, with its checkpoint and --save.
       if ((std::fflush(stdout) != 0 || std::ferror(stdout)) && !stdout_failed) {
         stdout_failed = true;
-        const int error = errno;
+        stdout_error = errno;
         if (signals.request(SIGPIPE)) {
-          std::fprintf(stderr, "kiln: stdout: %s: stopping after this step%s\n",
-                       error == EPIPE ? "closed (the reader is gone)" : std::strerror(error),
+          std::fprintf(stderr, "kiln: stdout: %s: stopping after %s%s\n",
+                       stdout_error == EPIPE ? "closed (the reader is gone)" : std::strerror(stdout_error),
+                       last ? "this step, the last" : world == 1 ? "this step" : "the next step (the ranks agree on it there)",
                        o.checkpoint_dir.empty() && o.save.empty() ? ""
                        : o.checkpoint_dir.empty()                  ? ", with --save"
                        : o.save.empty()                            ? ", with a checkpoint"
@@ -779,7 +781,8 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     if (stop && !last) {
       interrupted = stop;
       if (root)
-        std::fprintf(stderr, "%s: stopped after step %lld of %lld%s\n", signal_name(stop), (long long)step + 1,
+        std::fprintf(stderr, "%s: stopped after step %lld of %lld%s\n",
+                     stop == SIGPIPE && stdout_failed && stdout_error != EPIPE ? "stdout" : signal_name(stop), (long long)step + 1,
                      (long long)o.steps, where_stopped().c_str());
       break;
     }
@@ -801,6 +804,13 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     std::fprintf(stderr, "saved %s%s\n", o.save.c_str(), interrupted || !log_failure.empty() ? " (the weights of the interrupted run)" : "");
   }
   if (!log_failure.empty()) throw Error(log_failure);
+  // A stdout that failed at the last step ends the run as one that failed before it: a closed
+  // pipe by SIGPIPE (the shell's way), another failure (a full disk) as an error.
+  if (stdout_failed && (!interrupted || interrupted == SIGPIPE)) {
+    if (stdout_error != EPIPE)
+      throw Error("stdout: " + std::string(std::strerror(stdout_error)) + ": the progress lines could not be written");
+    interrupted = SIGPIPE;
+  }
   if (interrupted) throw Interrupted{interrupted};
   return loss;
 }

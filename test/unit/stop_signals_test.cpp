@@ -35,6 +35,16 @@ TEST(StopSignals, RequestStopsAsASignalWouldUnlessOneCameFirst) {
   EXPECT_STREQ(kiln::signal_name(SIGPIPE), "SIGPIPE");
 }
 
+TEST(StopSignals, ARealSignalAfterARequestIsTheFirstSignal) {
+  kiln::StopSignals signals(0, 1, {"stopping"});
+  EXPECT_TRUE(signals.request(SIGPIPE));
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  ::raise(SIGINT);  // no "second signal": the process goes on, and stops by SIGINT
+  EXPECT_EQ(signals.requested(), SIGINT);
+  ::raise(SIGTERM);  // another signal at once: still one request
+  EXPECT_EQ(signals.requested(), SIGINT);
+}
+
 TEST(StopSignalsDeathTest, ASecondSignalLaterEndsTheProcessAndSaysSo) {
   EXPECT_EXIT(
       {
@@ -47,7 +57,7 @@ TEST(StopSignalsDeathTest, ASecondSignalLaterEndsTheProcessAndSaysSo) {
       },
       testing::KilledBySignal(SIGTERM),
       "kiln: rank 1: SIGTERM: stopping after this step \\(again to stop now\\)\n\n"
-      "kiln: rank 1: SIGTERM again: stopping now, without a checkpoint or --save");
+      "kiln: rank 1: SIGTERM, a second signal: stopping now, without a checkpoint or --save");
 }
 
 TEST(StopSignalsDeathTest, AClosedPipeIsAnErrorNotASignalWhileKeptOn) {
