@@ -255,6 +255,7 @@ LogicalResult verifyEntryPoints(ModuleOp module) {
     return WalkResult::advance();
   });
   if (shapes.wasInterrupted()) return failure();
+  std::set<std::string> optimized;  // the parameters @optimizer_step updates
   for (StringRef name : kProgramNames) {
     auto f = module.lookupSymbol<func::FuncOp>(name);
     if (!f) continue;
@@ -280,6 +281,7 @@ LogicalResult verifyEntryPoints(ModuleOp module) {
       return WalkResult::interrupt();
     });
     if (twice.wasInterrupted()) return failure();
+    if (name == "optimizer_step") optimized = std::move(updated);
     // Which program writes which state: the gradients (and their exchange) @micro_step, the
     // parameters and moments @optimizer_step. Evaluation and sampling run the others between
     // training steps, and must leave the training state as they found it.
@@ -330,11 +332,8 @@ LogicalResult verifyEntryPoints(ModuleOp module) {
     if (buckets.wasInterrupted()) return failure();
     // A gradient no update reads would be computed every step for nothing: its parameter never
     // trains (a deleted kiln.adamw).
-    std::set<std::string> updated;
-    if (auto opt = module.lookupSymbol<func::FuncOp>("optimizer_step"))
-      opt.walk([&](AdamWOp a) { updated.insert(a.getName().str()); });
     WalkResult frozen = f.walk([&](AccumulateGradOp acc) -> WalkResult {
-      if (updated.count(acc.getName().str())) return WalkResult::advance();
+      if (optimized.count(acc.getName().str())) return WalkResult::advance();
       return acc.emitError() << "accumulates @" << acc.getName()
                              << "'s gradient, but @optimizer_step has no kiln.adamw that updates it";
     });

@@ -126,8 +126,8 @@ void verify_plan(const Module& m) {
     auto lived = [&](size_t i) {
       std::string text = " (instrs " + std::to_string(spans[i].first) + ".." + std::to_string(spans[i].last);
       const int64_t k = spans[i].first;
-      if (k >= 0 && k < n && prog->instrs()->Get(k)->loc() && prog->instrs()->Get(k)->loc()->size())
-        text += ", the first at " + prog->instrs()->Get(k)->loc()->str();
+      if (const auto* loc = k >= 0 && k < n ? prog->instrs()->Get(k)->loc() : nullptr; loc && loc->size())
+        text += ", the first at " + loc->str();
       return text + ")";
     };
     auto fail = [&](size_t i, size_t j) {

@@ -220,13 +220,15 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   // Installed before any folder is made: one that comes before the first step ends the run there,
   // and the folders it made go with it.
   const bool cut_steps = accum > 1;
+  // What a stopped run still writes (also said when its stdout fails).
+  const std::string what_is_kept = !o.checkpoint_dir.empty() && !o.save.empty() ? ", with a checkpoint and --save"
+                                   : !o.checkpoint_dir.empty()                 ? ", with a checkpoint"
+                                   : !o.save.empty()                           ? ", with --save"
+                                                                               : "";
   const std::string what_stops =
       std::string(cut_steps ? "stopping at the end of this micro-step (a step cut short is left undone)"
                             : "stopping after this step") +
-      (!o.checkpoint_dir.empty() && !o.save.empty() ? ", with a checkpoint and --save"
-       : !o.checkpoint_dir.empty()                 ? ", with a checkpoint"
-       : !o.save.empty()                           ? ", with --save"
-                                                   : "");
+      what_is_kept;
   // What the handler says: before the first step (where one process stops at once; ranks go on
   // to the first step's end, or its first micro-step's), during the first step, and after.
   const char* in_first_step = cut_steps ? "stopping at the end of this micro-step: the first step is left undone, and "
@@ -749,10 +751,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
           std::fprintf(stderr, "kiln: stdout: %s: stopping after %s%s\n",
                        stdout_error == EPIPE ? "closed (the reader is gone)" : std::strerror(stdout_error),
                        last ? "this step, the last" : world == 1 ? "this step" : "the next step (the ranks agree on it there)",
-                       o.checkpoint_dir.empty() && o.save.empty() ? ""
-                       : o.checkpoint_dir.empty()                  ? ", with --save"
-                       : o.save.empty()                            ? ", with a checkpoint"
-                                                                   : ", with a checkpoint and --save");
+                       what_is_kept.c_str());
           if (world == 1) stop = SIGPIPE;
         }
       }
