@@ -208,9 +208,9 @@ std::string file_kind(const std::string& path) {
   // A checkpoint cut short within its magic is one still (its reader says it is truncated): 4 or
   // more of the magic's bytes, or fewer under a checkpoint's name.
   if ((got >= 4 || has_checkpoint_name(path)) && std::memcmp(b, "KILNCKPT", std::min<size_t>(got, 8)) == 0) return kCheckpointKind;
-  if (got >= 8 && std::memcmp(b + 4, "KILN", 4) == 0) return "a Kiln module (kiln-run's first argument)";
+  if (got >= 8 && std::memcmp(b + 4, "KILN", 4) == 0) return kModuleKind;
   if (got >= 4 && std::memcmp(b, "\x7f" "ELF", 4) == 0)
-    return read_tail(path, 8) == std::string(kEmbeddedMagic, 8) ? "a Kiln training executable" : "a program";
+    return read_tail(path, 8) == std::string(kEmbeddedMagic, 8) ? kExecutableKind : "a program";
   if (starts_like_token_shard(path)) return "an llm.c token shard (training data)";
   if (got >= 4 && magic == kLlmcModelMagic) return "an llm.c model";
   // safetensors: the header's length (little-endian u64, within the file), then its JSON.

@@ -29,6 +29,9 @@ void load_parameters(Executor& ex, const std::string& path);
 // program", "an llm.c token shard
 // (...)"; "" for anything else (or a file that is no regular file).
 std::string file_kind(const std::string& path);
+// Two of file_kind's answers, for callers that test for them.
+inline constexpr const char* kModuleKind = "a Kiln module (kiln-run's first argument)";
+inline constexpr const char* kExecutableKind = "a Kiln training executable";
 // What load_parameters checks before it reads: the file is there, no device, and not another kind
 // of file Kiln knows (kiln::Error naming it); its kind as file_kind says.
 std::string check_weights_file(const std::string& path);

@@ -45,9 +45,9 @@ bool is_kind(const std::string& path, const std::string& head, Writes writes) {
   const bool text = head.find('\0') == std::string::npos;
   switch (writes) {
     case Writes::KilnExecutable:
-      return file_kind(path) == "a Kiln training executable";
+      return file_kind(path) == kExecutableKind;
     case Writes::KilnModule:
-      return file_kind(path) == "a Kiln module (kiln-run's first argument)";
+      return file_kind(path) == kModuleKind;
     case Writes::MlirText:
       return head.compare(0, 4, "ML\xefR") == 0 ||  // MLIR bytecode (kiln-opt --emit-bytecode)
              (text && starts_with(significant(head), kMlir));
