@@ -166,6 +166,16 @@ class Writer {
     return table[name] = addBuffer(name, kind, type);
   }
 
+  // A planned offset is the buffer's place in the arena: kiln-plan-buffers gives multiples of
+  // kAlign (cuBLASLt operands and 16-byte vector accesses need them), never negative ones.
+  static LogicalResult checkOffset(Operation* op, DenseI64ArrayAttr offsets, unsigned i, const char* whose) {
+    const int64_t o = offsets[i];
+    if (o >= 0 && o % int64_t(kAlign) == 0) return success();
+    return op->emitError() << "kilnc: kiln.offsets[" << i << "] = " << o << " is "
+                           << (o < 0 ? "negative" : "not a multiple of " + std::to_string(kAlign))
+                           << " (" << whose << " place in the arena; run kiln-plan-buffers)";
+  }
+
   LogicalResult lowerFunction(func::FuncOp f, std::vector<Ins>& code, uint32_t& result) {
     llvm::DenseMap<Value, uint32_t> buf;
     auto of = [&](Value v) { return buf.lookup(v); };
@@ -203,9 +213,7 @@ class Writer {
       if (auto kv = dyn_cast<KvCacheOp>(op)) {
         auto offsets = op.getAttrOfType<DenseI64ArrayAttr>("kiln.offsets");
         if (!offsets || offsets.size() != 1) return op.emitError() << "kilnc: no planned offsets ('kiln.offsets') on this op";
-        if (offsets[0] < 0)
-          return op.emitError() << "kilnc: kiln.offsets[0] = " << offsets[0]
-                                << " is negative (the cache's place in the arena; run kiln-plan-buffers)";
+        if (failed(checkOffset(&op, offsets, 0, "the cache's"))) return failure();
         buf[kv] = addBuffer(kv.getCacheName().str() + "/kv_cache", fb::BufferKind::Activation, kv.getType(),
                             uint64_t(offsets[0]));
         continue;
@@ -227,9 +235,7 @@ class Writer {
         const unsigned i = cast<OpResult>(r).getResultNumber();
         std::string name = valueName(&op);
         if (op.getNumResults() > 1) name += "#" + std::to_string(i);
-        if (offsets[i] < 0)
-          return op.emitError() << "kilnc: kiln.offsets[" << i << "] = " << offsets[i]
-                                << " is negative (the result's place in the arena; run kiln-plan-buffers)";
+        if (failed(checkOffset(&op, offsets, i, "the result's"))) return failure();
         uint32_t b = addBuffer(name, fb::BufferKind::Activation, r.getType(), uint64_t(offsets[i]));
         buf[r] = b;
         ins.out.push_back(b);
