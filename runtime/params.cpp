@@ -212,13 +212,13 @@ std::string file_kind(const std::string& path) {
   if (got >= 4 && std::memcmp(b, "\x7f" "ELF", 4) == 0)
     return read_tail(path, 8) == std::string(kEmbeddedMagic, 8) ? kExecutableKind : "a program";
   if (starts_like_token_shard(path)) return "an llm.c token shard (training data)";
-  if (got >= 4 && magic == kLlmcModelMagic) return "an llm.c model";
+  if (got >= 4 && magic == kLlmcModelMagic) return kLlmcModelKind;
   // safetensors: the header's length (little-endian u64, within the file), then its JSON.
   uint64_t header = 0;
   if (got >= 9) std::memcpy(&header, b, 8);
   std::error_code ec;
   const uintmax_t size = std::filesystem::file_size(path, ec);
-  if (got >= 9 && b[8] == '{' && header >= 2 && !ec && header <= size - 8) return "safetensors";
+  if (got >= 9 && b[8] == '{' && header >= 2 && !ec && header <= size - 8) return kSafetensorsKind;
   return "";
 }
 
@@ -230,7 +230,7 @@ std::string check_weights_file(const std::string& path) {
                 "(safetensors, an llm.c model .bin), a checkpoint, or a folder of checkpoints");
   RegularFile(path, "weights' file");  // opens it, refusing a folder, a pipe or a FIFO
   const std::string kind = file_kind(path);
-  if (!kind.empty() && kind != "safetensors" && kind != "an llm.c model" && kind != kCheckpointKind)
+  if (!kind.empty() && kind != kSafetensorsKind && kind != kLlmcModelKind && kind != kCheckpointKind)
     throw Error(path + ": is " + kind + ", not weights (safetensors, an llm.c model .bin or a Kiln checkpoint)");
   return kind;
 }
@@ -261,7 +261,7 @@ void load_parameters(Executor& ex, const std::string& path) {
     load_checkpoint(path, ex, true);
     return;
   }
-  if (kind == "an llm.c model" || (kind.empty() && path.size() > 4 && path.compare(path.size() - 4, 4, ".bin") == 0))
+  if (kind == kLlmcModelKind || (kind.empty() && path.size() > 4 && path.compare(path.size() - 4, 4, ".bin") == 0))
     return load_llmc_bin(ex, path);
   // Hugging Face's causal-mask buffers (h.N.attn.bias, h.N.attn.masked_bias) are not weights;
   // some transformers versions store them as BOOL or U8.

@@ -24,12 +24,14 @@ void clear_parameters(Executor& ex);
 // llm.c's); a module, program or token shard is refused by name.
 void load_parameters(Executor& ex, const std::string& path);
 
-// What a file is by its first bytes, among those Kiln reads and writes: "safetensors", "an llm.c
-// model", "a Kiln checkpoint (...)", "a Kiln module (...)", "a Kiln training executable", "a
-// program", "an llm.c token shard
-// (...)"; "" for anything else (or a file that is no regular file).
+// What a file is by its first bytes, among those Kiln reads and writes, as a phrase that follows
+// "is": "a safetensors file (weights)", "an llm.c model (weights)", "a Kiln checkpoint (...)", "a
+// Kiln module (...)", "a Kiln training executable", "a program", "an llm.c token shard (...)"; ""
+// for anything else (or a file that is no regular file).
 std::string file_kind(const std::string& path);
-// Two of file_kind's answers, for callers that test for them.
+// file_kind's answers that callers test for.
+inline constexpr const char* kSafetensorsKind = "a safetensors file (weights)";
+inline constexpr const char* kLlmcModelKind = "an llm.c model (weights)";
 inline constexpr const char* kModuleKind = "a Kiln module (kiln-run's first argument)";
 inline constexpr const char* kExecutableKind = "a Kiln training executable";
 // What load_parameters checks before it reads: the file is there, no device, and not another kind

@@ -62,7 +62,7 @@ bool is_kind(const std::string& path, const std::string& head, Writes writes) {
       return text && std::count(first.begin(), first.end(), '\t') == 2;
     }
     case Writes::Safetensors:
-      return file_kind(path) == "safetensors";
+      return file_kind(path) == kSafetensorsKind;
     case Writes::NumPy:
       return head.compare(0, 6, "\x93NUMPY") == 0;
   }
