@@ -223,6 +223,18 @@ std::string temporaryRoot() {
 
 }  // namespace
 
+// A 64-bit ELF file as long as its header says: its section headers, which the linker writes
+// last, lie within it (a file cut short loses them, and would fault when loaded).
+static bool isWholeElf(const std::vector<uint8_t>& f) {
+  if (f.size() < 64 || std::memcmp(f.data(), "\x7f" "ELF", 4) != 0 || f[4] != 2) return false;
+  uint64_t shoff = 0;
+  uint16_t shentsize = 0, shnum = 0;
+  std::memcpy(&shoff, f.data() + 0x28, 8);
+  std::memcpy(&shentsize, f.data() + 0x3A, 2);
+  std::memcpy(&shnum, f.data() + 0x3C, 2);
+  return shoff <= f.size() && uint64_t(shentsize) * shnum <= f.size() - shoff;
+}
+
 std::optional<std::vector<uint8_t>> compileCpuKernels(const std::string& source, std::string& error,
                                                       const std::function<void()>& beforeCompiling) {
   const std::string cxx = hostCompiler(), compileFlags = cpuCompileFlags(), linkFlags = cpuLinkFlags();
@@ -232,7 +244,7 @@ std::optional<std::vector<uint8_t>> compileCpuKernels(const std::string& source,
   const std::string cached = dir.empty() ? "" : dir + "/" + key + ".so";
   // A cache entry that is no shared library (emptied, cut short, another file) is built again.
   if (!cached.empty())
-    if (auto hit = readAll(cached); hit && hit->size() > 64 && std::memcmp(hit->data(), "\x7f" "ELF", 4) == 0) return hit;
+    if (auto hit = readAll(cached); hit && isWholeElf(*hit)) return hit;
   if (beforeCompiling) beforeCompiling();
 
   BuildSignalGuard guard;
@@ -249,6 +261,12 @@ std::optional<std::vector<uint8_t>> compileCpuKernels(const std::string& source,
     for (int i = 0; i < 4; ++i) std::snprintf(g_work[i], sizeof g_work[i], "%s", paths[i]->c_str());
     std::ofstream out(src);  // not beside a handler deleting the folder
     out << source;
+    out.close();
+    if (!out) {  // (a full disk: the compiler would report the cut-short source's syntax)
+      error = "cannot write the generated kernel source to " + src + ": " + std::strerror(errno);
+      removeWork();
+      return std::nullopt;
+    }
   }
   std::vector<std::string> args{cxx};
   std::istringstream flags(compileFlags), links(linkFlags);

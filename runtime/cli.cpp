@@ -99,7 +99,7 @@ void add_train_options(CLI::App& train, TrainOptions& o, TrainSampling& sampling
       ->check(cli::whole(0));  // (0 needs no --val-data: the trainer checks N > 0)
   train.add_option("--val-steps", o.val_steps, "batches per evaluation")->capture_default_str()->check(cli::whole(1))->needs(val_data);
   CLI::Option* checkpoint_dir =
-      train.add_option("--checkpoint-dir", o.checkpoint_dir, "directory for checkpoints (weights, AdamW state, step, data position); Ctrl-C or SIGTERM checkpoints the step it stops after")
+      train.add_option("--checkpoint-dir", o.checkpoint_dir, "directory for checkpoints (weights, AdamW state, step, data position); Ctrl-C, SIGTERM or SIGHUP checkpoints the step it stops after")
           ->check(cli::non_empty());
   train.add_option("--checkpoint-every", o.checkpoint_every,
                    "write a checkpoint every N steps (and at the end; default 0: only at the end)")
@@ -317,7 +317,7 @@ int run_sample(const Module& module, SampleCommand& c) {
   ex.refresh_compute_copies();
   SampleOptions::Times times;
   c.options.times = &times;
-  // Ctrl-C or SIGTERM ends the sampling at the next step: the samples so far are printed (a
+  // Ctrl-C, SIGTERM or SIGHUP ends the sampling at the next step: the samples so far are printed (a
   // second signal ends the process at once).
   StopSignals signals(0, 1, {"stopping: the samples so far follow"});
   bool stopped = false;
@@ -519,7 +519,7 @@ const char kRuntimeMarker[] = "KILN-RUNTIME:run_main";
 
 int run_main(int argc, char** argv) {
   (void)*static_cast<const volatile char*>(kRuntimeMarker);  // kept by the linker
-  remove_temporaries_on_signals();  // Ctrl-C while writing leaves no temporary (train has its own)
+  start_process();  // Ctrl-C or a full disk while writing leaves no temporary (train has its own handlers)
   // An executable's own module is read first, so that --help can say which model it trains.
   std::optional<Module> embedded;
   std::string self;  // the file the user ran

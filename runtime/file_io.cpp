@@ -163,6 +163,36 @@ void untrack_staging_folder() {
   g_staging_set.store(false);
 }
 
+namespace {
+// The process's umask, read once (umask() can only be read by setting it).
+mode_t process_umask() {
+  static const mode_t mask = [] {
+    const mode_t m = ::umask(022);
+    ::umask(m);
+    return m;
+  }();
+  return mask;
+}
+}  // namespace
+
+void start_process() {
+  // A descriptor among 0-2 that the process was started without would be the next file opened
+  // (a log, weights), and stdout's or stderr's lines would be written into it.
+  for (int fd = 0; fd <= 2; ++fd)
+    if (::fcntl(fd, F_GETFD) < 0 && errno == EBADF) {
+      const int null = ::open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+      if (null >= 0 && null != fd) {
+        ::dup2(null, fd);
+        ::close(null);
+      }
+    }
+  // A file-size limit (ulimit -f) then fails the write with EFBIG, which is reported and its
+  // temporary removed, instead of ending the process with SIGXFSZ.
+  ::signal(SIGXFSZ, SIG_IGN);
+  (void)process_umask();  // read before any thread could create a file meanwhile
+  remove_temporaries_on_signals();
+}
+
 void remove_temporaries_on_signals() {
   struct sigaction sa{};
   sa.sa_handler = remove_temporary_and_end;
@@ -174,6 +204,7 @@ void remove_temporaries_on_signals() {
     sigaction(sig, &sa, nullptr);
   }
 }
+
 
 std::string temporary_path(const std::string& path) {
   const std::string suffix = ".tmp." + host_name() + "." + std::to_string(::getpid());
@@ -253,6 +284,13 @@ void check_output_file(const std::string& flag, const std::string& given, bool a
     if (append || !fs::is_regular_file(given, ec)) return;
   }
   const std::string path = check_output_folder(flag, given);
+  // The final name too must fit the file system's limit (the probe below has a shortened name):
+  // else the run would end, its work done, unable to rename its temporary onto it.
+  const fs::path dir = fs::path(path).parent_path();
+  const long name_max = ::pathconf(dir.empty() ? "." : dir.c_str(), _PC_NAME_MAX);
+  if (const size_t name = fs::path(path).filename().string().size(); name_max > 0 && name > size_t(name_max))
+    throw Error(flag + ": " + given + ": its file name is " + std::to_string(name) + " bytes, more than the " +
+                std::to_string(name_max) + " its file system takes");
   // The temporary is created beside the file and renamed over it.
   const std::string probe = temporary_path(path + ".probe");  // (within the name limit too)
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
@@ -421,7 +459,9 @@ void write_file_atomic(const std::string& given,
   try {
     for (const auto& [data, size] : pieces) write_all(fd, data, size, path);
     // fsync before rename: otherwise a crash can leave `path` naming an empty file.
-    ::fchmod(fd, mode);  // the umask filtered open()'s mode
+    // A file replaced keeps its permissions (private weights stay private); a new one gets
+    // `mode` less the umask, as open() gives a file it creates (the temporary may be older).
+    ::fchmod(fd, exists ? (st.st_mode & 07777) : (mode_t(mode) & ~process_umask()));
     if (::fsync(fd) != 0) throw Error(path + ": fsync: " + std::strerror(errno));
     const int rc = ::close(fd);
     fd = -1;

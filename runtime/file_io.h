@@ -97,11 +97,16 @@ void write_file_atomic(const std::string& path,
 // The temporary being written is kept where a handler can reach it: remove_pending_temporary()
 // (async-signal-safe) unlinks it. remove_temporaries_on_signals() installs handlers for SIGINT,
 // SIGTERM, SIGHUP and SIGQUIT (not over one the process was started ignoring) that do so and then
-// end the process by the signal, as it would have ended; a tool's main() calls it first.
+// end the process by the signal, as it would have ended; a tool's main() calls it first (start_process).
 // Handlers of one's own (the training loop's, kilnc's compiler guard) call remove_pending_temporary
 // when they end the process, and only then: sections started afterwards never finish.
 void remove_pending_temporary();
 void remove_temporaries_on_signals();
+// What a tool's main() does first: descriptors 0-2 that the process was started without are
+// opened on /dev/null (else the next file opened takes one, and messages land in it); SIGXFSZ is
+// ignored (a file-size limit fails the write with EFBIG, reported, and the temporary removed);
+// remove_temporaries_on_signals().
+void start_process();
 
 // A staging folder a command fills with files (no subfolders) before it moves them into place:
 // remove_pending_temporary() also unlinks its files and removes it, and `created_parent` too

@@ -68,9 +68,9 @@ void check_output_paths(const TrainOptions& o, bool root, MadeFolders& made) {
     for (fs::path p = dir; !p.empty() && !fs::exists(p, ec); p = p.parent_path()) made.top = p;
     if (!made.top.empty()) made.deepest = dir;
     fs::create_directories(o.checkpoint_dir, ec);
-    if (!fs::is_directory(o.checkpoint_dir))
+    if (std::error_code is; !fs::is_directory(o.checkpoint_dir, is))
       throw Error("--checkpoint-dir: " + o.checkpoint_dir + ": is not a folder and cannot be made one" +
-                  (ec ? ": " + ec.message() : ""));
+                  (ec ? ": " + ec.message() : is ? ": " + is.message() : ""));
     check_output_file("--checkpoint-dir", (fs::path(o.checkpoint_dir) / "latest").string());
     // Two runs writing one folder would prune each other's checkpoints and swap `latest`: the
     // folder is locked for the run (the kernel lets go when the process ends, however it ends).

@@ -26,13 +26,16 @@ std::atomic<int64_t> g_first_ns{0};
 // get it twice within microseconds; a person pressing Ctrl-C again takes longer than this.
 constexpr int64_t kSameSignalNs = 300'000'000;
 static_assert(std::atomic<int64_t>::is_always_lock_free, "the signal handler reads it");
-const int kStopSignals[] = {SIGINT, SIGTERM};
-struct sigaction g_previous[2];
-bool g_installed[2];
-// The handler's lines (for each phase; for SIGINT, SIGTERM), composed before it can run: it may
-// only write(2). g_phase picks the row.
-char g_message[StopSignals::kMaxPhases][2][256];
-char g_again[2][128];  // the second signal's line
+// SIGHUP: the terminal (or ssh session) the run was started from is gone; a run that was not
+// started under nohup keeps its work as for the others.
+const int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP};
+constexpr int kNumStop = 3;
+struct sigaction g_previous[kNumStop];
+bool g_installed[kNumStop];
+// The handler's lines (for each phase; for each of kStopSignals), composed before it can run: it
+// may only write(2). g_phase picks the row.
+char g_message[StopSignals::kMaxPhases][kNumStop][256];
+char g_again[kNumStop][128];  // the second signal's line
 std::atomic<int> g_phase{0};
 bool g_pipe_ignored = false;
 struct sigaction g_previous_pipe;
@@ -42,6 +45,8 @@ int64_t monotonic_ns() {
   clock_gettime(CLOCK_MONOTONIC, &t);  // async-signal-safe
   return int64_t(t.tv_sec) * 1'000'000'000 + t.tv_nsec;
 }
+
+int index_of(int sig) { return sig == SIGINT ? 0 : sig == SIGTERM ? 1 : 2; }
 
 void say(const char* msg) {
   ssize_t ignored = ::write(2, msg, std::strlen(msg));
@@ -68,14 +73,14 @@ void on_signal(int sig) {
       errno = saved_errno;
       return;
     }
-    say(g_again[sig == SIGINT ? 0 : 1]);
+    say(g_again[index_of(sig)]);
     remove_pending_temporary();  // a checkpoint or --save half written
     ::signal(sig, SIG_DFL);
     ::raise(sig);
     return;
   }
   g_first_ns.store(now);
-  say(g_message[g_phase.load()][sig == SIGINT ? 0 : 1]);
+  say(g_message[g_phase.load()][index_of(sig)]);
   errno = saved_errno;
 }
 
@@ -90,13 +95,13 @@ StopSignals::StopSignals(int rank, int world, std::initializer_list<const char*>
   const char* what = "stopping";
   for (int phase = 0; phase < kMaxPhases; ++phase) {
     if (phase < int(phases.size())) what = phases.begin()[phase];  // (the last one given stays)
-    for (int i = 0; i < 2; ++i)
+    for (int i = 0; i < kNumStop; ++i)
       std::snprintf(g_message[phase][i], sizeof g_message[phase][i], "\nkiln: %s%s: %s (again to stop now)\n", who,
-                    i == 0 ? "SIGINT" : "SIGTERM", what);
+                    signal_name(kStopSignals[i]), what);
   }
-  for (int i = 0; i < 2; ++i)
+  for (int i = 0; i < kNumStop; ++i)
     std::snprintf(g_again[i], sizeof g_again[i], "\nkiln: %s%s, a second signal: stopping now, without a checkpoint or --save\n",
-                  who, i == 0 ? "SIGINT" : "SIGTERM");
+                  who, signal_name(kStopSignals[i]));
   // A closed stdout (`train ... | head`) then fails a write with EPIPE, which the caller sees,
   // instead of ending the process with SIGPIPE in the middle of a step.
   g_pipe_ignored = keep_on_broken_pipe;
@@ -111,7 +116,7 @@ StopSignals::StopSignals(int rank, int world, std::initializer_list<const char*>
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;  // reads, writes and sockets carry on where they were
   // A signal the run was started ignoring (nohup, a script's background job) stays ignored.
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 0; i < kNumStop; ++i) {
     sigaction(kStopSignals[i], nullptr, &g_previous[i]);
     g_installed[i] = g_previous[i].sa_handler != SIG_IGN;
     if (g_installed[i]) sigaction(kStopSignals[i], &sa, nullptr);
@@ -119,7 +124,7 @@ StopSignals::StopSignals(int rank, int world, std::initializer_list<const char*>
 }
 
 StopSignals::~StopSignals() {
-  for (int i = 0; i < 2; ++i)
+  for (int i = 0; i < kNumStop; ++i)
     if (g_installed[i]) sigaction(kStopSignals[i], &g_previous[i], nullptr);
   if (g_pipe_ignored) sigaction(SIGPIPE, &g_previous_pipe, nullptr);
   g_pipe_ignored = false;
@@ -151,6 +156,7 @@ const char* signal_name(int sig) {
   switch (sig) {
     case SIGINT: return "SIGINT";
     case SIGTERM: return "SIGTERM";
+    case SIGHUP: return "SIGHUP";
     case SIGPIPE: return "SIGPIPE";
     default: return "a signal";
   }

@@ -1,4 +1,5 @@
-// Ctrl-C (SIGINT) and SIGTERM (a scheduler's preemption, `kill`) during training: the run
+// Ctrl-C (SIGINT), SIGTERM (a scheduler's preemption, `kill`) and SIGHUP (the terminal closed)
+// during training: the run
 // finishes the step it is in (or the micro-step, leaving a step cut short undone), writes a
 // checkpoint and --save, and exits 128 + the signal, so that --resume goes on from there. A
 // second signal ends the process at once (one within 0.3 s of the first counts as the first:
@@ -21,7 +22,7 @@ class StopSignals {
   ~StopSignals();
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
-  // The first signal that arrived (SIGINT or SIGTERM), or 0.
+  // The first signal that arrived (SIGINT, SIGTERM or SIGHUP), or 0.
   int requested() const;
   // Asks to stop as `sig` would, without its line; false if a signal came first.
   bool request(int sig);
@@ -29,7 +30,7 @@ class StopSignals {
   void phase(int i);
 };
 
-// "SIGINT", "SIGTERM", "SIGPIPE".
+// "SIGINT", "SIGTERM", "SIGHUP", "SIGPIPE".
 const char* signal_name(int sig);
 
 // Thrown by train() after an interrupted run has saved what it has: not an error; the CLI shuts

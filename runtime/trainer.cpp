@@ -76,10 +76,15 @@ double significant(double v, int digits) {
   return std::strtod(text, nullptr);
 }
 
-// A signal as a number the ranks add up (1 for a SIGINT, 2^16 for rank 0's closed stdout, 2^32
-// for a SIGTERM), and the signal a sum stands for: any SIGTERM wins, then SIGPIPE.
-double signal_code(int sig) { return sig == SIGINT ? 1.0 : sig == SIGPIPE ? 0x1p16 : sig ? 0x1p32 : 0.0; }
-int signal_of_sum(double sum) { return sum >= 0x1p32 ? SIGTERM : sum >= 0x1p16 ? SIGPIPE : sum > 0 ? SIGINT : 0; }
+// A signal as a number the ranks add up (1 for a SIGINT, 2^17 for rank 0's closed stdout, 2^34
+// for a SIGHUP, 2^51 for a SIGTERM: each above what all 65536 ranks' signals below it sum to),
+// and the signal a sum stands for: any SIGTERM wins, then SIGHUP, then SIGPIPE.
+double signal_code(int sig) {
+  return sig == SIGINT ? 1.0 : sig == SIGPIPE ? 0x1p17 : sig == SIGHUP ? 0x1p34 : sig ? 0x1p51 : 0.0;
+}
+int signal_of_sum(double sum) {
+  return sum >= 0x1p51 ? SIGTERM : sum >= 0x1p34 ? SIGHUP : sum >= 0x1p17 ? SIGPIPE : sum > 0 ? SIGINT : 0;
+}
 
 // What differs, when a run resumes, from the run that wrote the checkpoint (its extra_json holds
 // that run's --steps and shard sizes), and checkpoints past the one resumed from: said, not
@@ -213,7 +218,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   for (const auto& [flag, beta] : {std::pair{"--beta1", o.beta1}, {"--beta2", o.beta2}})
     if (!(float(beta) >= 0 && float(beta) < 1))
       throw Error(std::string(flag) + ": must be in [0, 1) as a 32-bit float (AdamW divides by 1 - beta^t)");
-  // Ctrl-C or SIGTERM: finish the step, checkpoint, save, and exit 128 + signal (stop_signals.h).
+  // Ctrl-C, SIGTERM or SIGHUP: finish the step, checkpoint, save, and exit 128 + signal (stop_signals.h).
   // A step of several micro-steps stops at the end of the micro-step instead (the ranks agree
   // after each), and is left undone (the weights and moments are those of the step before;
   // --resume redoes it): a scheduler's grace period may be shorter than a step.

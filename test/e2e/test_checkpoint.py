@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Checkpoints: a run killed with SIGKILL and resumed gives bitwise the losses and final weights
-of an uninterrupted run, and so does one stopped by SIGTERM (or, with two ranks, SIGINT to one
+of an uninterrupted run, and so does one stopped by SIGTERM or SIGHUP (or, with two ranks, SIGINT to one
 of them, or SIGINT while it samples), which checkpoints the step it stopped after (or, within a
 step of many micro-steps, the step before, leaving the step it cut short undone); corrupt or mismatched checkpoints (another model, another rank count)
 are refused; a diverged run stops without touching the last good checkpoint.
@@ -224,6 +224,15 @@ def main():
     same = [s for s in want if got.get(s) == want[s]]
     check(r.returncode == 0 and len(same) == STEPS, f"resumed after SIGTERM: losses bitwise equal on {len(same)}/{STEPS} steps")
     check(open(f"{w}/term.safetensors", "rb").read() == a1, "resumed after SIGTERM: final weights bitwise equal")
+
+    # SIGHUP (the terminal or ssh session closed) stops the run in the same way.
+    ck_hup = os.path.join(w, "ck_hup")
+    hup = common + ["--save", f"{w}/hup.safetensors", "--checkpoint-dir", ck_hup, "--checkpoint-every", "100"]
+    stopped, (err,) = stop_with_signal([exe] + hup, {}, signal.SIGHUP, after=5)
+    saved = open(os.path.join(ck_hup, "latest")).read().strip() if os.path.exists(os.path.join(ck_hup, "latest")) else ""
+    check(stopped == [-signal.SIGHUP] and "kiln: SIGHUP: stopping" in err and
+          saved.startswith("ckpt_") and os.path.exists(f"{w}/hup.safetensors"),
+          f"SIGHUP: exit {stopped}, checkpoint {saved!r}: " + last_line(err))
 
     # SIGTERM within a step of many micro-steps (here 400, about half a second): one process
     # stops at the end of the micro-step and leaves the step undone, so the checkpoint is the

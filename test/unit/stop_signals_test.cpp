@@ -1,4 +1,4 @@
-// StopSignals: the first SIGINT/SIGTERM asks the run to stop, the same signal sent twice at once
+// StopSignals: the first SIGINT/SIGTERM/SIGHUP asks the run to stop, the same signal sent twice at once
 // (as `timeout` does) counts once, a later one ends the process and says so; a closed pipe is an
 // EPIPE the caller sees instead of a SIGPIPE that ends the process.
 #include "runtime/stop_signals.h"
@@ -20,6 +20,18 @@ TEST(StopSignals, FirstSignalIsRequestedAndTheSameOneAtOnceCountsOnce) {
   EXPECT_EQ(signals.requested(), SIGTERM);
   ::raise(SIGTERM);  // timeout's second copy: the process goes on
   EXPECT_EQ(signals.requested(), SIGTERM);
+}
+
+// A closed terminal (SIGHUP) stops the run as the others do, and says so.
+TEST(StopSignals, AClosedTerminalAsksToStop) {
+  testing::internal::CaptureStderr();
+  {
+    kiln::StopSignals signals(0, 1, {"stopping after this step"});
+    ::raise(SIGHUP);
+    EXPECT_EQ(signals.requested(), SIGHUP);
+  }
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "\nkiln: SIGHUP: stopping after this step (again to stop now)\n");
+  EXPECT_STREQ(kiln::signal_name(SIGHUP), "SIGHUP");
 }
 
 TEST(StopSignals, RequestStopsAsASignalWouldUnlessOneCameFirst) {

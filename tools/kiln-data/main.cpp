@@ -444,7 +444,7 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  kiln::remove_temporaries_on_signals();  // Ctrl-C while writing leaves no temporary
+  kiln::start_process();  // Ctrl-C or a full disk while writing leaves no temporary
   CLI::App app{"kiln-data: the GPT-2 tokenizer, and llm.c token shards for training."};
   app.require_subcommand(1);
   app.fallthrough();  // --tokenizer may also follow the subcommand

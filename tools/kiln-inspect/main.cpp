@@ -229,7 +229,7 @@ int plot_main(int argc, char** argv) {
 }
 
 int main(int argc, char** argv) {
-  kiln::remove_temporaries_on_signals();  // Ctrl-C while writing leaves no temporary
+  kiln::start_process();  // Ctrl-C or a full disk while writing leaves no temporary
   if (argc > 1 && std::string(argv[1]) == "plot") return plot_main(argc - 1, argv + 1);
   // A misspelt "plot" would be taken for the module's name, and the rest for surplus words.
   if (std::error_code ec; argc > 1 && argv[1][0] != '-' && !std::filesystem::exists(argv[1], ec) &&

@@ -5,18 +5,42 @@
 #include "mlir/IR/DialectRegistry.h"
 #include "mlir/Tools/mlir-opt/MlirOptMain.h"
 #include "mlir/Transforms/Passes.h"
+#include "llvm/Support/ErrorHandling.h"
 #include "passes/Passes.h"
 #include "runtime/error.h"
 #include "runtime/file_io.h"
 #include "runtime/params.h"
 #include "runtime/replaceable_output.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <string>
 #include <vector>
 
+namespace {
+// -o as given and the temporary written for it, for the fatal-error handler.
+std::string g_output, g_temporary;
+
+// LLVM ends the process on an output stream's failure (a full disk, a file-size limit): one line
+// naming the file, and the temporary removed, instead of LLVM's own report.
+void on_fatal_error(void*, const char* reason, bool) {
+  static const char kIo[] = "IO failure on output stream: ";
+  if (!g_temporary.empty()) ::unlink(g_temporary.c_str());
+  if (std::strncmp(reason, kIo, sizeof kIo - 1) == 0)
+    std::fprintf(stderr, "error: -o: %s: %s\n", g_output.c_str(), reason + sizeof kIo - 1);
+  else
+    std::fprintf(stderr, "error: %s\n", reason);
+  std::fflush(stderr);
+  ::_exit(1);
+}
+}  // namespace
+
 int main(int argc, char** argv) {
+  kiln::start_process();
+  llvm::install_fatal_error_handler(on_fatal_error);
   mlir::DialectRegistry registry;
   registry.insert<kiln::KilnDialect, mlir::func::FuncDialect>();
   mlir::registerTransformsPasses();
@@ -66,6 +90,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   const std::string tmp = kiln::temporary_path(target);
+  g_output = output, g_temporary = tmp;
   const bool ok = mlir::succeeded(mlir::MlirOptMain(int(args.size()), args.data(), input, tmp, registry));
   // Some runs write nothing (--show-dialects, --help of a pass pipeline): then neither does -o.
   if (ok && !std::filesystem::exists(tmp, ec)) return 0;

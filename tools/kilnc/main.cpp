@@ -100,7 +100,7 @@ LogicalResult printOneLine(Diagnostic& d) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  kiln::remove_temporaries_on_signals();  // Ctrl-C while writing leaves no temporary
+  kiln::start_process();  // Ctrl-C or a full disk while writing leaves no temporary
   CLI::App app{"kilnc: compile a GPT-2 spec into a Kiln training executable"};
   std::string input, output, emit = "exe", runtime, recompute = "none";
   double bucketMB = 25.0;
