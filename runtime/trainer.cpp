@@ -560,9 +560,27 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
                                     : "; checkpoint " + latest_checkpoint(o.checkpoint_dir).value_or("?") +
                                           " written: the same command with --resume goes on from there";
   };
+  // The data failed in step + 1, which began at (shard, position): the finished steps' checkpoint
+  // and --save are written, then the error says where the run stopped.
+  auto stop_for_data = [&](int64_t step, size_t shard, int64_t position, const std::string& error) {
+    std::string what = error + "; stopped in step " + std::to_string(step + 1) + " of " + std::to_string(o.steps);
+    if (step == first_step) throw Error(what + (resumed_from.empty() ? " (nothing was trained)" : ""));
+    if (!o.checkpoint_dir.empty() && checkpointed != step) write_checkpoint(step, shard, position);
+    if (!o.checkpoint_dir.empty())
+      what += "; checkpoint " + latest_checkpoint(o.checkpoint_dir).value_or("?") +
+              " written (--resume goes on from there once the data is back)";
+    if (!o.save.empty()) {
+      save_parameters(ex, o.save);
+      what += "; saved " + o.save + " (the weights after step " + std::to_string(step) + ")";
+    }
+    throw Error(what);
+  };
   int interrupted = 0;
   for (int64_t step = first_step; step < o.steps; ++step) {
-    if (scan && !scan->error().empty()) throw Error(scan->error());
+    if (scan && !scan->error().empty()) {
+      if (world > 1) throw Error(scan->error());
+      stop_for_data(step, loader.shard(), loader.position(), scan->error());
+    }
     auto t0 = std::chrono::steady_clock::now();
     ex.zero_grads();
     loss = 0;
@@ -575,7 +593,14 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     int64_t cut = 0;  // the micro-steps done when a signal cut the step short
     for (int64_t micro = 0; micro < accum; ++micro) {
       if (micro + 1 == accum) signals.phase(2);  // the step's last micro-step: the step will be finished
-      next_batch(ex, loader, B * T, model.vocab_size());
+      try {
+        next_batch(ex, loader, B * T, model.vocab_size());
+      } catch (const Error& e) {
+        // A shard gone or cut short mid-run (one process; ranks would wait on this one): the
+        // steps done are kept as a signal keeps them, then the error.
+        if (world > 1) throw;
+        stop_for_data(step, step_shard, step_position, e.what());
+      }
       dp.arm(micro + 1 == accum);  // the last backward starts the gradient buckets
       loss += ex.run("micro_step");
       if (root && within.on() && std::chrono::steady_clock::now() - t0 > std::chrono::seconds(3))

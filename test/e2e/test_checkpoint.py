@@ -3,7 +3,8 @@
 of an uninterrupted run, and so does one stopped by SIGTERM or SIGHUP (or, with two ranks, SIGINT to one
 of them, or SIGINT while it samples), which checkpoints the step it stopped after (or, within a
 step of many micro-steps, the step before, leaving the step it cut short undone); corrupt or mismatched checkpoints (another model, another rank count)
-are refused; a diverged run stops without touching the last good checkpoint.
+are refused; a diverged run stops without touching the last good checkpoint; a shard removed
+mid-run stops it with the steps done checkpointed.
 
   test_checkpoint.py --kilnc build/bin/kilnc --spec test/e2e/configs/tiny.toml --workdir DIR
 """
@@ -147,6 +148,34 @@ def main():
     a1 = open(f"{w}/ref.safetensors", "rb").read()
     a2 = open(f"{w}/run.safetensors", "rb").read()
     check(a1 == a2, "final weights bitwise equal")
+
+    # A shard removed mid-run (the second, once step 1 is done): the run stops where it reads it,
+    # in step 19 (its second micro-step), keeping the steps done as a signal keeps them (a
+    # checkpoint of step 18, --save), then the error; with the shard back, --resume is the
+    # uninterrupted run bitwise.
+    gone = os.path.join(w, "gone")
+    os.makedirs(gone)
+    for i in range(2):
+        shutil.copy(os.path.join(w, f"data_{i}.bin"), gone)
+    ck_gone = os.path.join(w, "ck_gone")
+    lost = [c if c != os.path.join(w, "data_*.bin") else os.path.join(gone, "data_*.bin") for c in common]
+    lost += ["--log", f"{w}/gone.jsonl", "--save", f"{w}/gone.safetensors", "--checkpoint-dir", ck_gone]
+    p = subprocess.Popen([exe] + lost, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in p.stdout:
+        if line.startswith("step"):
+            os.rename(os.path.join(gone, "data_1.bin"), os.path.join(w, "data_1.away"))
+            break
+    err = p.communicate(timeout=300)[1]
+    saved = open(os.path.join(ck_gone, "latest")).read().strip() if os.path.exists(os.path.join(ck_gone, "latest")) else None
+    check(p.returncode == 1 and saved == "ckpt_00000018.kiln-ckpt" and os.path.exists(f"{w}/gone.safetensors") and
+          "cannot open: No such file or directory; stopped in step 19 of 60; checkpoint " in err and "ckpt_00000018.kiln-ckpt written" in err,
+          f"a shard gone mid-run: exit {p.returncode}, checkpoint {saved}: " + last_line(err))
+    os.rename(os.path.join(w, "data_1.away"), os.path.join(gone, "data_1.bin"))
+    r = subprocess.run([exe] + lost + ["--resume"], capture_output=True, text=True)
+    got = losses(f"{w}/gone.jsonl")
+    same = [s for s in want if got.get(s) == want[s]]
+    check(r.returncode == 0 and len(same) == STEPS and open(f"{w}/gone.safetensors", "rb").read() == a1,
+          f"resumed with the shard back: losses bitwise equal on {len(same)}/{STEPS} steps, and the final weights")
 
     # A closed stdout (`train ... | head` once head is done; here closed from the start): the run
     # stops after the step it is in as a signal stops it, with its checkpoint and --save, says so,
