@@ -16,6 +16,7 @@ keeps the logits every token was drawn from (--logits-out). Then, for every samp
   * `sample` says how many steps took their logits from @decode (the first T - T/2 + 1 of each
     round) and how many from @logits (the rest; with --no-kv-cache, all);
   * --no-kv-cache (@logits at every step) gives the same within the same tolerance;
+  * at --temperature 1e-6 over all tokens (--top-k 0) every draw is its row's largest logit;
   * the prompt goes into the caches through @prefill (min(T, 64) positions per call) and
     @prefill_short (16, when T > 16), as `sample` reports: the calls it reports read every
     position before the last that @decode does not, at the least cost of any mix of calls at the
@@ -189,6 +190,19 @@ def main():
         ok = diff <= tol
         failures += not ok
         print(f"{'ok  ' if ok else 'FAIL'} kv cache against {other}: worst relative difference {diff:.2e} over {rows} rows")
+    # Temperature divides the logits: at 1e-6, over all tokens, every draw is its row's largest
+    # logit (or one within 1e-3 of it, which at this temperature has no chance either: e^-1000).
+    cold = base[:]
+    cold[cold.index("--top-k") + 1] = "0"
+    npy = os.path.join(a.workdir, "cold.npy")
+    seqs = samples(run(cold + ["--temperature", "1e-6", "--logits-out", npy])[0])
+    logits = np.load(npy).astype(np.float64)
+    gaps = [float(logits[i, step].max() - logits[i, step][seqs[i][len(prompt) + step]])
+            for i in range(n) for step in range(new)]
+    ok = max(gaps) <= 1e-3
+    failures += not ok
+    print(f"{'ok  ' if ok else 'FAIL'} --temperature 1e-6 --top-k 0: every one of {len(gaps)} draws within "
+          f"{max(gaps):.1e} of its row's largest logit (at most 1e-3)")
     sys.exit(1 if failures else 0)
 
 
