@@ -221,11 +221,9 @@ std::string temporaryRoot() {
   return tmp && *tmp ? tmp : "/tmp";
 }
 
-}  // namespace
-
 // A 64-bit ELF file as long as its header says: its section headers, which the linker writes
 // last, lie within it (a file cut short loses them, and would fault when loaded).
-static bool isWholeElf(const std::vector<uint8_t>& f) {
+bool isWholeElf(const std::vector<uint8_t>& f) {
   if (f.size() < 64 || std::memcmp(f.data(), "\x7f" "ELF", 4) != 0 || f[4] != 2) return false;
   uint64_t shoff = 0;
   uint16_t shentsize = 0, shnum = 0;
@@ -234,6 +232,8 @@ static bool isWholeElf(const std::vector<uint8_t>& f) {
   std::memcpy(&shnum, f.data() + 0x3C, 2);
   return shoff <= f.size() && uint64_t(shentsize) * shnum <= f.size() - shoff;
 }
+
+}  // namespace
 
 std::optional<std::vector<uint8_t>> compileCpuKernels(const std::string& source, std::string& error,
                                                       const std::function<void()>& beforeCompiling) {

@@ -205,7 +205,6 @@ void remove_temporaries_on_signals() {
   }
 }
 
-
 std::string temporary_path(const std::string& path) {
   const std::string suffix = ".tmp." + host_name() + "." + std::to_string(::getpid());
   // A name near the file system's limit (255 bytes) would leave no room for the suffix: such a

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <iterator>
 
 #include "runtime/file_io.h"
 
@@ -28,8 +29,8 @@ constexpr int64_t kSameSignalNs = 300'000'000;
 static_assert(std::atomic<int64_t>::is_always_lock_free, "the signal handler reads it");
 // SIGHUP: the terminal (or ssh session) the run was started from is gone; a run that was not
 // started under nohup keeps its work as for the others.
-const int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP};
-constexpr int kNumStop = 3;
+constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP};
+constexpr int kNumStop = int(std::size(kStopSignals));
 struct sigaction g_previous[kNumStop];
 bool g_installed[kNumStop];
 // The handler's lines (for each phase; for each of kStopSignals), composed before it can run: it
@@ -46,7 +47,12 @@ int64_t monotonic_ns() {
   return int64_t(t.tv_sec) * 1'000'000'000 + t.tv_nsec;
 }
 
-int index_of(int sig) { return sig == SIGINT ? 0 : sig == SIGTERM ? 1 : 2; }
+// Its place in kStopSignals (the handler is installed for those alone).
+int index_of(int sig) {
+  int i = 0;
+  while (i + 1 < kNumStop && kStopSignals[i] != sig) ++i;
+  return i;
+}
 
 void say(const char* msg) {
   ssize_t ignored = ::write(2, msg, std::strlen(msg));

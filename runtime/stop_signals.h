@@ -1,8 +1,7 @@
 // Ctrl-C (SIGINT), SIGTERM (a scheduler's preemption, `kill`) and SIGHUP (the terminal closed)
-// during training: the run
-// finishes the step it is in (or the micro-step, leaving a step cut short undone), writes a
-// checkpoint and --save, and exits 128 + the signal, so that --resume goes on from there. A
-// second signal ends the process at once (one within 0.3 s of the first counts as the first:
+// during training: the run finishes the step it is in (or the micro-step, leaving a step cut
+// short undone), writes a checkpoint and --save, and exits 128 + the signal, so that --resume
+// goes on from there. A second signal ends the process at once (one within 0.3 s of the first counts as the first:
 // `timeout` sends its signal twice). The process then ends by that signal (as a shell expects of a
 // Ctrl-C'd command), after the communicator is shut.
 #pragma once

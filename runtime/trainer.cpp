@@ -565,10 +565,11 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   auto stop_for_data = [&](int64_t step, size_t shard, int64_t position, const std::string& error) {
     std::string what = error + "; stopped in step " + std::to_string(step + 1) + " of " + std::to_string(o.steps);
     if (step == first_step) throw Error(what + (resumed_from.empty() ? " (nothing was trained)" : ""));
-    if (!o.checkpoint_dir.empty() && checkpointed != step) write_checkpoint(step, shard, position);
-    if (!o.checkpoint_dir.empty())
+    if (!o.checkpoint_dir.empty()) {
+      if (checkpointed != step) write_checkpoint(step, shard, position);
       what += "; checkpoint " + latest_checkpoint(o.checkpoint_dir).value_or("?") +
               " written (--resume goes on from there once the data is back)";
+    }
     if (!o.save.empty()) {
       save_parameters(ex, o.save);
       what += "; saved " + o.save + " (the weights after step " + std::to_string(step) + ")";

@@ -25,7 +25,8 @@ namespace {
 std::string g_output, g_temporary;
 
 // LLVM ends the process on an output stream's failure (a full disk, a file-size limit): one line
-// naming the file, and the temporary removed, instead of LLVM's own report.
+// naming the file, and the temporary removed, instead of LLVM's "LLVM ERROR" line. (Under a
+// file-size limit LLVM's own SIGXFSZ handler, installed with the output, prints a stack first.)
 void on_fatal_error(void*, const char* reason, bool) {
   static const char kIo[] = "IO failure on output stream: ";
   if (!g_temporary.empty()) ::unlink(g_temporary.c_str());
