@@ -9,7 +9,9 @@
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <sstream>
 #include <string>
@@ -100,6 +102,16 @@ inline size_t edit_distance(const std::string& a, const std::string& b) {
   return d[a.size()][b.size()];
 }
 
+// The exit code after --help or --version: 1 when stdout could not take the text (a full disk, a
+// closed pipe), which a script checking the status would otherwise take for printed help.
+inline int help_printed(const CLI::App& app, int code) {
+  if (std::fflush(stdout) == 0 && !std::ferror(stdout)) return code;
+  const int err = errno;
+  std::fprintf(stderr, "error: %s: stdout: writing the help failed: %s\n",
+               std::filesystem::path(app.get_name()).filename().string().c_str(), std::strerror(err));
+  return 1;
+}
+
 // Parses the command line. Returns -1 to go on, or the exit code: 0 after --help, 2 after a bad
 // command line, reported as one line naming the tool ("error: --steps: ... (see kilnc --help)").
 inline int parse(CLI::App& app, int argc, char** argv) {
@@ -107,11 +119,11 @@ inline int parse(CLI::App& app, int argc, char** argv) {
     app.parse(argc, argv);
     return -1;
   } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
+    return help_printed(app, app.exit(e));
   } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
+    return help_printed(app, app.exit(e));
   } catch (const CLI::CallForVersion& e) {
-    return app.exit(e);
+    return help_printed(app, app.exit(e));
   } catch (const CLI::ParseError& e) {
     std::string tool = std::filesystem::path(app.get_name()).filename().string();  // argv[0] when unnamed
     // The help that lists the option: the subcommand's ("see gpt2 train --help").

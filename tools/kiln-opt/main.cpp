@@ -6,12 +6,14 @@
 #include "mlir/Tools/mlir-opt/MlirOptMain.h"
 #include "mlir/Transforms/Passes.h"
 #include "llvm/Support/ErrorHandling.h"
+#include "llvm/Support/Signals.h"
 #include "passes/Passes.h"
 #include "runtime/error.h"
 #include "runtime/file_io.h"
 #include "runtime/params.h"
 #include "runtime/replaceable_output.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -25,13 +27,14 @@ namespace {
 std::string g_output, g_temporary;
 
 // LLVM ends the process on an output stream's failure (a full disk, a file-size limit): one line
-// naming the file, and the temporary removed, instead of LLVM's "LLVM ERROR" line. (Under a
-// file-size limit LLVM's own SIGXFSZ handler, installed with the output, prints a stack first.)
+// naming the file (-o, or stdout for -o - and --help), and the temporary removed, instead of
+// LLVM's "LLVM ERROR" line.
 void on_fatal_error(void*, const char* reason, bool) {
   static const char kIo[] = "IO failure on output stream: ";
   if (!g_temporary.empty()) ::unlink(g_temporary.c_str());
   if (std::strncmp(reason, kIo, sizeof kIo - 1) == 0)
-    std::fprintf(stderr, "error: -o: %s: %s\n", g_output.c_str(), reason + sizeof kIo - 1);
+    std::fprintf(stderr, "error: %s%s: %s\n", g_output.empty() ? "" : "-o: ",
+                 g_output.empty() ? "stdout" : g_output.c_str(), reason + sizeof kIo - 1);
   else
     std::fprintf(stderr, "error: %s\n", reason);
   std::fflush(stderr);
@@ -41,6 +44,12 @@ void on_fatal_error(void*, const char* reason, bool) {
 
 int main(int argc, char** argv) {
   kiln::start_process();
+  // LLVM's signal handlers (a stack trace on a crash; on SIGINT the output's temporary removed,
+  // then ours) are installed here, once, rather than inside MlirOptMain, so that SIGXFSZ can be
+  // ignored again after them: a file-size limit then fails the write with EFBIG, reported in one
+  // line by on_fatal_error, where LLVM's handler would print a stack trace for it.
+  llvm::sys::PrintStackTraceOnErrorSignal(argv[0]);
+  ::signal(SIGXFSZ, SIG_IGN);
   llvm::install_fatal_error_handler(on_fatal_error);
   mlir::DialectRegistry registry;
   registry.insert<kiln::KilnDialect, mlir::func::FuncDialect>();
