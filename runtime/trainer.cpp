@@ -794,6 +794,12 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     if (!o.checkpoint_dir.empty() &&
         ((o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0) || last || stop || log_stops))
       write_checkpoint(step + 1, loader.shard(), loader.position());
+    // One process: a signal that came since stop was read (while the log, the progress line or
+    // the checkpoint was written) stops the run after this step, with its checkpoint, not after
+    // one more. (Ranks agree on it in the next step's reduction.)
+    if (world == 1 && !stop && !log_stops && (stop = signals.requested()) && !last && !o.checkpoint_dir.empty() &&
+        checkpointed != step + 1)
+      write_checkpoint(step + 1, loader.shard(), loader.position());
     if (log_stops) {
       // This step's checkpoint is written (above) and --save (below); then the error.
       const std::string at = "; stopped after step " + std::to_string(step + 1) + " of " + std::to_string(o.steps);
