@@ -539,6 +539,32 @@ std::optional<std::string> latest_checkpoint(const std::string& dir) {
   return (d / all.front().second).string();
 }
 
+bool is_whole_checkpoint(const std::string& path) {
+  try {
+    const MappedFile bytes(path);
+    (void)parse(path, bytes);
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+std::optional<std::string> newest_whole_checkpoint(const std::string& dir, const std::string& except) {
+  const fs::path d = dir_path(dir);
+  std::vector<std::pair<int64_t, std::string>> all;
+  try {
+    all = list_checkpoints(d.string());
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+  for (const auto& [step, name] : all) {
+    std::error_code ec;
+    if (fs::equivalent(d / name, except, ec)) continue;
+    if (is_whole_checkpoint((d / name).string())) return (d / name).string();
+  }
+  return std::nullopt;
+}
+
 TrainingState load_checkpoint(const std::string& path, Executor& ex, bool weights_only) {
   const MappedFile bytes(path);
   const Parsed p = parse(path, bytes);

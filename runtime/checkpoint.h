@@ -83,6 +83,15 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
 // when `latest` exists but is unreadable or names a missing file.
 std::optional<std::string> latest_checkpoint(const std::string& dir);
 
+// Whether the file is a checkpoint whose frame, checksum and header are whole (it reads it all);
+// not whether it fits a module.
+bool is_whole_checkpoint(const std::string& path);
+
+// The newest whole checkpoint in DIR other than `except` (a path as latest_checkpoint gives it):
+// where a resume can go on when the latest is damaged. nullopt when there is none, or DIR cannot
+// be listed.
+std::optional<std::string> newest_whole_checkpoint(const std::string& dir, const std::string& except);
+
 // Reads and validates the whole file (magic, checksum, version, length, header, fingerprint
 // against ex's module, every parameter present with its shape) before copying anything, so on
 // any kiln::Error the executor is untouched. Then refreshes the bf16 compute copies and returns

@@ -251,7 +251,21 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   if (!(o.bucket_mb > 0)) throw Error("--bucket-mb: must be positive");
   // Resume: the latest checkpoint, when there is one, gives the weights (--init is not read then).
   if (o.resume && o.checkpoint_dir.empty()) throw Error("--resume: needs --checkpoint-dir");
-  const std::optional<std::string> latest = o.resume ? latest_checkpoint(o.checkpoint_dir) : std::nullopt;
+  // A damaged latest checkpoint (or `latest` itself) is refused; the error says which older one
+  // is whole, and how to go on from it.
+  auto or_older = [&](const Error& e, const std::string& damaged) -> Error {
+    const auto older = newest_whole_checkpoint(o.checkpoint_dir, damaged);
+    if (!older) return e;
+    const std::string name = std::filesystem::path(*older).filename().string();
+    return Error(std::string(e.what()) + "; " + *older + " is whole: to go on from it, write " + name + " into " +
+                 (std::filesystem::path(o.checkpoint_dir) / "latest").string());
+  };
+  std::optional<std::string> latest;
+  try {
+    if (o.resume) latest = latest_checkpoint(o.checkpoint_dir);
+  } catch (const Error& e) {
+    throw or_older(e, "");
+  }
   const bool initializing = !o.init.empty() && !latest;
   if (initializing) check_weights_file(o.init);  // before the executor starts a cuda module's GPU
   DataLoader loader(o.data, B, T, rank, int(world));
@@ -296,7 +310,13 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   std::vector<std::string> log_pending;
   if (o.resume) {
     if (latest) {
-      TrainingState st = load_checkpoint(*latest, ex);
+      TrainingState st;
+      try {
+        st = load_checkpoint(*latest, ex);
+      } catch (const Error& e) {
+        if (is_whole_checkpoint(*latest)) throw;  // (another model's: the older ones are too)
+        throw or_older(e, *latest);
+      }
       // The rank count decides which tokens each step reads; --zero does not change the file
       // (a ZeRO-1 run gathers its moments before it saves), so either may resume the other's.
       if (st.world_size != int(world))
