@@ -50,6 +50,8 @@ and (group tcp, the environment rendezvous RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PO
   nccl_refused   --comm nccl on a cpu module is an error naming the target
   tcp_eval       eval on 2 ranks (a whole pass, and --batches 3) against 1 process reading the same
                  tokens (a whole pass, --batches 6): the same loss within 1e-6 relative; rank 0 prints
+  tcp_val        --val-data while training on 2 ranks (--val-steps 2): the logged val_loss equals
+                 1 process's with --val-steps 4 within 1e-5
   tcp_eval_disagree  ranks given other --batches, weights or shard order: both fail, naming it
   tcp_sample     sample on 2 ranks: rank 0 alone samples, printing what 1 process prints
   tcp_threads    2 ranks without OMP_NUM_THREADS: each takes half the machine's CPUs (rank 0 says
@@ -910,6 +912,24 @@ def case_tcp_eval(c: Ctx):
     return "; ".join(msgs)
 
 
+def case_tcp_val(c: Ctx):
+    """--val-data while training on 2 TCP ranks: each rank evaluates its B x T of --val-steps
+    batches, and the logged val_loss is their mean, so it equals 1 process's over twice the
+    batches (the same tokens), within 1e-5 (the trained weights differ by as much)."""
+    val = ["--val-data", os.path.join(c.workdir, "train_001.bin"), "--val-every", "3"]
+    c.run(c.train_args("val_one", val + ["--val-steps", "4"], save=False), "1 process with --val-data")
+    procs, _ = start_tcp(c, "tcp_val", val + ["--val-steps", "2"], save=False)
+    finish_ok(procs, "tcp_val")
+    one = {r["step"]: r["val_loss"] for r in c.log("val_one") if "val_loss" in r}
+    two = {r["step"]: r["val_loss"] for r in c.log("tcp_val") if "val_loss" in r}
+    if not one or sorted(one) != sorted(two):
+        raise TestFailure(f"tcp_val: val_loss logged at steps {sorted(two)}, 1 process at {sorted(one)}")
+    worst = max(abs(one[s] - two[s]) for s in one)
+    if not worst <= 1e-5:
+        raise TestFailure(f"tcp_val: val_loss {two} vs 1 process's {one} (|diff| {worst:.2e} > 1e-5)")
+    return f"val_loss at steps {sorted(one)}: max |diff| {worst:.1e} from 1 process over twice the batches"
+
+
 def case_tcp_eval_disagree(c: Ctx):
     """Ranks given other --batches, other weights or the shards in another order all fail, each saying
     what differs (rank 1 adding that it is among them), rather than averaging unlike means."""
@@ -1078,7 +1098,8 @@ GROUPS = {
     "mpi": [case_mpi, case_mpi_zero1, case_mpi_accum, case_mpi_kill, case_mpi_hang, case_mpi_eval, case_mpi_sample],
     "tcp": [case_tcp, case_single_zero1, case_tcp_zero1_resume, case_tcp_three, case_tcp_kill_1, case_tcp_kill_0, case_tcp_hang, case_tcp_rank_error,
             case_tcp_no_root, case_tcp_other_data, case_tcp_other_checkpoints, case_tcp_save_one_rank, case_tcp_log_full, case_tcp_checkpoint_full, case_tcp_cut_step, case_tcp_cut_step_zero1, case_tcp_idle_peer, case_tcp_ipv6,
-            case_nccl_refused, case_tcp_threads, case_tcp_eval, case_tcp_eval_disagree, case_tcp_sample],
+            case_nccl_refused, case_tcp_threads, case_tcp_eval, case_tcp_eval_disagree, case_tcp_sample,
+            case_tcp_val],
 }
 
 
