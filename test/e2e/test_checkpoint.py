@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import tomllib
 
@@ -64,9 +65,9 @@ def run_ranks(exe, args):
     return [p.returncode for p in procs], errs
 
 
-def stop_with_signal(cmd, env, sig, after, signalled_rank=0, timing=None):
-    """Runs cmd (env None: as two ranks) and sends sig to one process once rank 0 has printed
-    step `after`; the exit codes and each rank's stderr (rank 0's first). `timing` (a dict), when
+def stop_with_signal(cmd, env, sig, after, signalled_rank=0, timing=None, delay=0.0):
+    """Runs cmd (env None: as two ranks) and sends sig to one process `delay` seconds after rank 0
+    has printed step `after`; the exit codes and each rank's stderr (rank 0's first). `timing` (a dict), when
     given, gets rank 0's stdout and the seconds from the start to the signal ("before") and from
     the signal to the exits ("ended")."""
     began = time.monotonic()
@@ -78,10 +79,17 @@ def stop_with_signal(cmd, env, sig, after, signalled_rank=0, timing=None):
         procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)]
     for line in procs[0].stdout:
         if line.startswith("step") and int(line.split()[1].split("/")[0]) >= after:
-            procs[signalled_rank].send_signal(sig)
-            signalled = time.monotonic()
             break
-    rest = procs[0].stdout.read()
+    # The rest is read meanwhile: a step's output longer than the pipe holds (samples) would
+    # otherwise keep the run in that step until the signal.
+    rest = []
+    drain = threading.Thread(target=lambda: rest.append(procs[0].stdout.read()))
+    drain.start()
+    time.sleep(delay)
+    procs[signalled_rank].send_signal(sig)
+    signalled = time.monotonic()
+    drain.join()
+    rest = rest[0]
     errs = [p.communicate(timeout=120)[1] for p in procs]
     if timing is not None:
         timing.update(before=signalled - began, ended=time.monotonic() - signalled, stdout=line + rest)
@@ -272,7 +280,7 @@ def main():
                    check=True, capture_output=True)
     ck_cut = os.path.join(w, "ck_cut")
     cut = long + ["--log", f"{w}/cut.jsonl", "--save", f"{w}/cut.safetensors", "--checkpoint-dir", ck_cut]
-    stopped, (err,) = stop_with_signal([exe] + cut, {}, signal.SIGTERM, after=1)
+    stopped, (err,) = stop_with_signal([exe] + cut, {}, signal.SIGTERM, after=1, delay=0.1)
     saved = open(os.path.join(ck_cut, "latest")).read().strip()
     check(stopped == [-signal.SIGTERM] and "SIGTERM: stopped after step 1 of 3 (step 2 was cut short after micro-step" in err
           and saved == "ckpt_00000001.kiln-ckpt" and sorted(losses(f"{w}/cut.jsonl")) == [0] and
@@ -298,13 +306,14 @@ def main():
 
     # SIGINT while the run samples (here, every step's samples take seconds): the sampling ends at
     # once and the run stops after the step it sampled for, with its checkpoint. (One micro-step a
-    # step: the signal, sent once step 1's samples are out, cannot cut step 2 short instead.)
+    # step: the signal, sent 0.3 s after step 1's samples are out, finds step 2 sampling, not
+    # training, and not between step 1's line and its end, where it would stop the run there.)
     ck_sample = os.path.join(w, "ck_sample")
     one_micro = [{str(2 * B * T): str(B * T)}.get(x, x) for x in common]
     sampling = one_micro + ["--log", f"{w}/sample.jsonl", "--checkpoint-dir", ck_sample, "--sample-every", "1",
                          "--sample-tokens", "6000", "--sample-count", str(B)]
     timing = {}
-    stopped, (err,) = stop_with_signal([exe] + sampling, {}, signal.SIGINT, after=1, timing=timing)
+    stopped, (err,) = stop_with_signal([exe] + sampling, {}, signal.SIGINT, after=1, timing=timing, delay=0.3)
     out = timing["stdout"]
     at = max(losses(f"{w}/sample.jsonl")) + 1
     cut = [json.loads(l).get("samples_stopped") for l in open(f"{w}/sample.jsonl")]
