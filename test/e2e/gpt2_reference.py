@@ -502,11 +502,15 @@ class Trainer:
 
 
 def run_reference(cfg: GPTConfig, params: dict, data_files, B: int, T: int, accum: int,
-                  hp: Hyper, steps: int):
-    """Convenience: a full run; returns the list of per-step dicts."""
+                  hp: Hyper, steps: int, final: dict | None = None):
+    """Convenience: a full run; returns the list of per-step dicts, and puts the weights after
+    the last step in `final` when given."""
     tr = Trainer(cfg, params, hp)
     loader = DataLoader(data_files, B, T)
-    return [tr.train_step(loader, accum) for _ in range(steps)]
+    recs = [tr.train_step(loader, accum) for _ in range(steps)]
+    if final is not None:
+        final.update(tr.params)
+    return recs
 
 
 # ----------------------------------------------------------------------------------------------
