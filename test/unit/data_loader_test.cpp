@@ -187,6 +187,25 @@ TEST_F(DataLoaderTest, RanksSplitEachStep) {
   }
 }
 
+// A step of all ranks' tokens must fit whole: at position 16 of a 21-token shard the ranks need
+// 16 + 2 * 4 + 1 = 25 tokens, so both go on to the next shard (one rank's 16 + 4 + 1 = 21 would
+// fit, and rank 1 would read past the end).
+TEST_F(DataLoaderTest, RanksAdvanceWhenTheWholeStepDoesNotFit) {
+  shard("w_0.bin", iota(0, 21));
+  shard("w_1.bin", iota(50, 10));
+  kiln::DataLoader r0(path("w_*.bin"), /*B=*/1, /*T=*/4, /*rank=*/0, /*world_size=*/2);
+  kiln::DataLoader r1(path("w_*.bin"), 1, 4, 1, 2);
+  const int32_t starts[][2] = {{0, 4}, {8, 12}, {50, 54}, {0, 4}};
+  for (const auto& s : starts) {
+    SCOPED_TRACE(s[0]);
+    auto [x0, y0] = step(r0, 4);
+    auto [x1, y1] = step(r1, 4);
+    EXPECT_EQ(x0, iota32(s[0], 4));
+    EXPECT_EQ(x1, iota32(s[1], 4));
+    EXPECT_EQ(y1, iota32(s[1] + 1, 4));
+  }
+}
+
 TEST_F(DataLoaderTest, SeekResumesExactly) {
   shard("d_0.bin", iota(0, 30));
   shard("d_1.bin", iota(100, 30));
