@@ -29,6 +29,17 @@ namespace {
 // longer than that holds samples; one cut short was a killed run's.) An empty file, a device or
 // a FIFO passes.
 void check_appendable_log(const std::string& path) {
+  // Another run appending to it holds its lock (LogFile takes it with the first line): the two
+  // runs' steps would interleave in one log, which plot would draw as one run.
+  if (const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC); fd >= 0) {
+    struct stat st {};
+    const bool held = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && ::flock(fd, LOCK_SH | LOCK_NB) != 0 &&
+                      errno == EWOULDBLOCK;
+    ::close(fd);
+    if (held)
+      throw Error("--log: " + path + ": another run is appending to it (it holds the log's lock); give another file, "
+                  "or wait for that run to end");
+  }
   const std::string head = read_head(path, 64 << 10);
   if (head.empty()) return;
   const size_t end = head.find('\n');
@@ -153,6 +164,10 @@ int LogFile::append(const std::string& line) {
     }
     const std::string last = read_tail(path_, 1);  // "" for an empty file, a FIFO or a device
     newline_first_ = !last.empty() && last != "\n";
+    // Held while the run appends, so that another run given the same log refuses to start
+    // (check_appendable_log). Not waited for: two runs that start together both append.
+    struct stat st {};
+    if (::fstat(fd_, &st) == 0 && S_ISREG(st.st_mode)) (void)::flock(fd_, LOCK_EX | LOCK_NB);
   }
   const std::string text = (newline_first_ ? "\n" : "") + line + "\n";
   struct stat st {};
