@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <iterator>
 #include <nlohmann/json.hpp>
@@ -156,12 +157,20 @@ LogFile::~LogFile() {
 }
 
 int LogFile::append(const std::string& line) {
+  // A log removed or moved away (rotated) while the run appends: its lines would go on into a
+  // file no name reaches. A new file at the name takes them from here on, and the run says so.
+  if (struct stat at_fd {}; fd_ >= 0 && ::fstat(fd_, &at_fd) == 0 && S_ISREG(at_fd.st_mode)) {
+    struct stat at_name {};
+    if (::stat(path_.c_str(), &at_name) != 0 || at_name.st_ino != at_fd.st_ino || at_name.st_dev != at_fd.st_dev) {
+      ::close(fd_);
+      fd_ = -1;
+      std::fprintf(stderr, "kiln: warning: --log %s was removed or moved while the run appended to it; a new %s "
+                   "takes the lines from here on\n", path_.c_str(), path_.c_str());
+    }
+  }
   if (fd_ < 0) {
     fd_ = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-    if (fd_ < 0) {
-      const int error = errno;
-      throw Error("--log: " + path_ + ": cannot open for appending: " + std::strerror(error));
-    }
+    if (fd_ < 0) return errno;  // (its folder removed): the run stops as for a failed write
     const std::string last = read_tail(path_, 1);  // "" for an empty file, a FIFO or a device
     newline_first_ = !last.empty() && last != "\n";
     // Held while the run appends, so that another run given the same log refuses to start

@@ -52,6 +52,7 @@ class LogFile {
   LogFile& operator=(const LogFile&) = delete;
 
   // 0, or the error (errno) that kept the line from being written; the file is then as it was.
+  // A log removed or moved away since the last line is started anew at its name (with a warning).
   int append(const std::string& line);
 
  private:
