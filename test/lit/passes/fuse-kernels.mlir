@@ -340,3 +340,19 @@ func.func @unread(%x: tensor<8x16xf32>, %w: tensor<16x16xf32>, %b: tensor<16xf32
   %3 = kiln.gelu %2 : tensor<8x16xf32>
   return %0 : tensor<8x16xf32>
 }
+
+// -----
+
+// Must not fuse: a member that reads a parameter's value moving past the AdamW that updates it.
+// CHECK-LABEL: func.func @param_read_order
+// CHECK: kiln.add
+// CHECK-NEXT: kiln.adamw @a
+// CHECK-NEXT: kiln.mul
+kiln.parameter @a : tensor<16xf32> {init = "zeros"}
+func.func @param_read_order(%x: tensor<16xf32>, %g: tensor<16xf32>, %h: tensor<f32>) -> tensor<16xf32> {
+  %p = kiln.param @a : tensor<16xf32>
+  %s = kiln.add %p, %x : tensor<16xf32>
+  kiln.adamw @a, %g scale %h lr %h betas(%h, %h) eps %h weight_decay %h step %h : tensor<16xf32>
+  %t = kiln.mul %s, %x : tensor<16xf32>
+  return %t : tensor<16xf32>
+}

@@ -68,3 +68,26 @@ func.func @decode() -> tensor<2x8xf32> {
   %y = kiln.decode_attention %qkv, %kv, %p {num_heads = 2 : i64} : tensor<2x24xf32>, tensor<2x2x2x8x4xf32>, tensor<1xi32> -> tensor<2x8xf32>
   return %y : tensor<2x8xf32>
 }
+
+// -----
+
+// A layer norm read by a matmul and by something else (a residual add) keeps an fp32 result;
+// only the matmul's operand is narrowed (a cast in front of it).
+// CHECK-LABEL: func.func @forward
+// CHECK: %[[LN:.*]], %{{.*}}, %{{.*}} = kiln.layer_norm {{.*}} -> tensor<4x8xf32>, tensor<4xf32>, tensor<4xf32>
+// CHECK: kiln.cast %[[LN]] : tensor<4x8xf32> -> tensor<4x8xbf16>
+kiln.parameter @x : tensor<4x8xf32> {init = "zeros"}
+kiln.parameter @g : tensor<8xf32> {init = "ones"}
+kiln.parameter @b : tensor<8xf32> {init = "zeros"}
+kiln.parameter @w : tensor<8x8xf32> {init = "zeros"}
+func.func @forward() -> tensor<f32> {
+  %x = kiln.param @x : tensor<4x8xf32>
+  %g = kiln.param @g : tensor<8xf32>
+  %b = kiln.param @b : tensor<8xf32>
+  %w = kiln.param @w : tensor<8x8xf32>
+  %a, %m, %r = kiln.layer_norm %x, %g, %b : tensor<4x8xf32>, tensor<8xf32>, tensor<8xf32> -> tensor<4x8xf32>, tensor<4xf32>, tensor<4xf32>
+  %h = kiln.matmul %a, %w : tensor<4x8xf32>, tensor<8x8xf32> -> tensor<4x8xf32>
+  %s = kiln.add %a, %h : tensor<4x8xf32>
+  %l = kiln.reduce_sum %s : tensor<4x8xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}

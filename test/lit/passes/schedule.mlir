@@ -39,3 +39,27 @@ func.func @optimizer_step() -> tensor<f32> {
   kiln.adamw @v, %gv scale %h lr %h betas(%h, %h) eps %h weight_decay %h step %h : tensor<64xf32>
   return %n : tensor<f32>
 }
+
+// -----
+
+// A read of a gradient buffer stays after the accumulation that writes it, even when the
+// scheduler reorders the rest (breadth-first broadcasts) and the read would price 0 earlier.
+// CHECK-LABEL: func.func @state_order
+// CHECK: kiln.accumulate_grad @w
+// CHECK: kiln.grad @w
+kiln.parameter @w : tensor<64xf32> {init = "zeros"}
+kiln.parameter @p : tensor<64xf32> {init = "zeros"}
+kiln.parameter @q : tensor<64xf32> {init = "zeros"}
+func.func @state_order() -> tensor<f32> {
+  %p = kiln.param @p : tensor<64xf32>
+  %a = kiln.broadcast %p : tensor<64xf32> -> tensor<256x64xf32>
+  %q = kiln.param @q : tensor<64xf32>
+  %c = kiln.broadcast %q : tensor<64xf32> -> tensor<256x64xf32>
+  %ra = kiln.reduce_sum %a : tensor<256x64xf32> -> tensor<64xf32>
+  %rc = kiln.reduce_sum %c : tensor<256x64xf32> -> tensor<64xf32>
+  kiln.accumulate_grad @w, %ra : tensor<64xf32>
+  %g = kiln.grad @w : tensor<64xf32>
+  %s = kiln.add %g, %rc : tensor<64xf32>
+  %l = kiln.reduce_sum %s : tensor<64xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}
