@@ -11,6 +11,7 @@
 #include "llvm/ADT/STLExtras.h"
 
 #include <cmath>
+#include <iterator>
 
 using namespace mlir;
 using namespace kiln;
@@ -560,9 +561,38 @@ LogicalResult FusionOp::verify() {
       return emitOpError() << "of kind 'reduce_sum' must begin with its kiln.reduce_sum";
     return success();
   }
-  if (kind == "embedding_grad") return exactlyOne(embGrads, "kiln.embedding_grad");
+  if (kind == "embedding_grad") {
+    // The kernel scatters the rows straight into the gradient accumulator, or into the zeroed
+    // result: the region holds the embedding_grad and at most the accumulate_grad of its rows.
+    if (failed(exactlyOne(embGrads, "kiln.embedding_grad"))) return failure();
+    for (Operation& op : getFusedOps()) {
+      if (isa<EmbeddingGradOp>(op)) continue;
+      auto acc = dyn_cast<AccumulateGradOp>(op);
+      if (!acc || !isa_and_nonnull<EmbeddingGradOp>(acc.getGradient().getDefiningOp()) ||
+          !acc.getGradient().hasOneUse())
+        return op.emitOpError() << "in a fusion of kind 'embedding_grad': only the kiln.accumulate_grad of the "
+                                   "kiln.embedding_grad's result, its one use, may join it";
+    }
+    return success();
+  }
   if (kind == "optimizer") {
     if (adams == 0) return emitOpError() << "of kind 'optimizer' needs at least one kiln.adamw";
+    // One kernel updates every tensor with one set of hyperparameters (scale, lr, betas, eps,
+    // weight decay, step); only the parameter and its gradient differ.
+    AdamWOp first;
+    for (Operation& op : getFusedOps()) {
+      auto adam = dyn_cast<AdamWOp>(op);
+      if (!adam) continue;
+      if (!first) {
+        first = adam;
+        continue;
+      }
+      static const char* const kNames[] = {"grad", "scale", "lr", "beta1", "beta2", "eps", "weight_decay", "step"};
+      for (unsigned k = 1; k < adam->getNumOperands() && k < std::size(kNames); ++k)
+        if (adam->getOperand(k) != first->getOperand(k))
+          return adam.emitOpError() << "in a fusion of kind 'optimizer' must take the same hyperparameters as @"
+                                    << first.getName() << "'s kiln.adamw (its " << kNames[k] << " differs)";
+    }
     return success();
   }
   return emitOpError() << "unknown kind '" << kind

@@ -237,3 +237,118 @@ func.func @adamw_of_computed(%g: tensor<4xf32>, %c: tensor<f32>) {
   }
   return
 }
+
+// -----
+
+// An embedding backward's fusion is the kiln.embedding_grad and at most the kiln.accumulate_grad
+// of its rows: the kernel scatters the rows straight into the accumulator, so an op between
+// them would be dropped.
+kiln.parameter @w : tensor<8x4xf32> {init = "zeros"}
+func.func @embedding_grad_then_add(%d: tensor<2x4xf32>, %ids: tensor<2xi32>) {
+  kiln.fusion "embedding_grad" "embedding_grad_add_accumulate_grad"(%d, %ids) : (tensor<2x4xf32>, tensor<2xi32>) -> () {
+  ^bb0(%a: tensor<2x4xf32>, %b: tensor<2xi32>):
+    %e = kiln.embedding_grad %a, %b : tensor<2x4xf32>, tensor<2xi32> -> tensor<8x4xf32>
+    // expected-error @+1 {{'kiln.add' op in a fusion of kind 'embedding_grad': only the kiln.accumulate_grad of the kiln.embedding_grad's result, its one use, may join it}}
+    %s = kiln.add %e, %e : tensor<8x4xf32>
+    kiln.accumulate_grad @w, %s : tensor<8x4xf32>
+    kiln.yield
+  }
+  return
+}
+
+// -----
+
+// The rows accumulated and yielded too: the kernel writes only the accumulator.
+kiln.parameter @w : tensor<8x4xf32> {init = "zeros"}
+func.func @embedding_grad_accumulated_and_yielded(%d: tensor<2x4xf32>, %ids: tensor<2xi32>) -> tensor<8x4xf32> {
+  %r = kiln.fusion "embedding_grad" "embedding_grad_accumulate_grad"(%d, %ids) : (tensor<2x4xf32>, tensor<2xi32>) -> tensor<8x4xf32> {
+  ^bb0(%a: tensor<2x4xf32>, %b: tensor<2xi32>):
+    %e = kiln.embedding_grad %a, %b : tensor<2x4xf32>, tensor<2xi32> -> tensor<8x4xf32>
+    // expected-error @+1 {{'kiln.accumulate_grad' op in a fusion of kind 'embedding_grad': only the kiln.accumulate_grad of the kiln.embedding_grad's result, its one use, may join it}}
+    kiln.accumulate_grad @w, %e : tensor<8x4xf32>
+    kiln.yield %e : tensor<8x4xf32>
+  }
+  return %r : tensor<8x4xf32>
+}
+
+// -----
+
+// One optimizer kernel updates every tensor with one set of hyperparameters.
+kiln.parameter @a : tensor<4xf32> {init = "zeros"}
+kiln.parameter @b : tensor<4xf32> {init = "zeros"}
+func.func @optimizer_two_lrs(%ga: tensor<4xf32>, %gb: tensor<4xf32>, %h: tensor<f32>, %lr2: tensor<f32>) {
+  kiln.fusion "optimizer" "adamw"(%ga, %gb, %h, %lr2) : (tensor<4xf32>, tensor<4xf32>, tensor<f32>, tensor<f32>) -> () {
+  ^bb0(%x: tensor<4xf32>, %y: tensor<4xf32>, %s: tensor<f32>, %l: tensor<f32>):
+    kiln.adamw @a, %x scale %s lr %s betas(%s, %s) eps %s weight_decay %s step %s : tensor<4xf32>
+    // expected-error @+1 {{'kiln.adamw' op in a fusion of kind 'optimizer' must take the same hyperparameters as @a's kiln.adamw (its lr differs)}}
+    kiln.adamw @b, %y scale %s lr %l betas(%s, %s) eps %s weight_decay %s step %s : tensor<4xf32>
+    kiln.yield
+  }
+  return
+}
+
+// -----
+
+// exactlyOne for kind 'layer_norm' (only 'matmul' was tested): no kiln.layer_norm.
+func.func @layer_norm_without_norm(%x: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error @+1 {{'kiln.fusion' op of kind 'layer_norm' needs exactly one kiln.layer_norm, has 0}}
+  %0 = kiln.fusion "layer_norm" "add"(%x) : (tensor<4xf32>) -> tensor<4xf32> {
+  ^bb0(%a: tensor<4xf32>):
+    %s = kiln.add %a, %a : tensor<4xf32>
+    kiln.yield %s : tensor<4xf32>
+  }
+  return %0 : tensor<4xf32>
+}
+
+// -----
+
+// Checks exactlyOne for kind 'layer_norm_grad': no kiln.layer_norm_grad.
+func.func @layer_norm_grad_without_grad(%x: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error @+1 {{'kiln.fusion' op of kind 'layer_norm_grad' needs exactly one kiln.layer_norm_grad, has 0}}
+  %0 = kiln.fusion "layer_norm_grad" "add"(%x) : (tensor<4xf32>) -> tensor<4xf32> {
+  ^bb0(%a: tensor<4xf32>):
+    %s = kiln.add %a, %a : tensor<4xf32>
+    kiln.yield %s : tensor<4xf32>
+  }
+  return %0 : tensor<4xf32>
+}
+
+// -----
+
+// Checks exactlyOne for kind 'classifier': a region without its kiln.cross_entropy.
+func.func @classifier_without_loss(%x: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error @+1 {{'kiln.fusion' op of kind 'classifier' needs exactly one kiln.cross_entropy, has 0}}
+  %0 = kiln.fusion "classifier" "add"(%x) : (tensor<4xf32>) -> tensor<4xf32> {
+  ^bb0(%a: tensor<4xf32>):
+    %s = kiln.add %a, %a : tensor<4xf32>
+    kiln.yield %s : tensor<4xf32>
+  }
+  return %0 : tensor<4xf32>
+}
+
+// -----
+
+// Checks exactlyOne for kind 'reduce_sum': no kiln.reduce_sum.
+func.func @reduce_sum_without_sum(%x: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error @+1 {{'kiln.fusion' op of kind 'reduce_sum' needs exactly one kiln.reduce_sum, has 0}}
+  %0 = kiln.fusion "reduce_sum" "add"(%x) : (tensor<4xf32>) -> tensor<4xf32> {
+  ^bb0(%a: tensor<4xf32>):
+    %s = kiln.add %a, %a : tensor<4xf32>
+    kiln.yield %s : tensor<4xf32>
+  }
+  return %0 : tensor<4xf32>
+}
+
+// -----
+
+// Checks exactlyOne for kind 'embedding_grad': two kiln.embedding_grad in one region.
+func.func @two_embedding_grads(%g: tensor<4x8xf32>, %i: tensor<4xi32>) -> (tensor<16x8xf32>, tensor<16x8xf32>) {
+  // expected-error @+1 {{'kiln.fusion' op of kind 'embedding_grad' needs exactly one kiln.embedding_grad, has 2}}
+  %0:2 = kiln.fusion "embedding_grad" "eg"(%g, %i) : (tensor<4x8xf32>, tensor<4xi32>) -> (tensor<16x8xf32>, tensor<16x8xf32>) {
+  ^bb0(%a: tensor<4x8xf32>, %b: tensor<4xi32>):
+    %e = kiln.embedding_grad %a, %b : tensor<4x8xf32>, tensor<4xi32> -> tensor<16x8xf32>
+    %f = kiln.embedding_grad %a, %b : tensor<4x8xf32>, tensor<4xi32> -> tensor<16x8xf32>
+    kiln.yield %e, %f : tensor<16x8xf32>, tensor<16x8xf32>
+  }
+  return %0#0, %0#1 : tensor<16x8xf32>, tensor<16x8xf32>
+}
