@@ -21,8 +21,14 @@ def Kiln_Dialect : Dialect {
 
     Inputs (`kiln.input`) and hyperparameters (`kiln.hyper`) are filled by the runtime before
     each call, so one compiled module serves many runs.
+
+    The buffer plan (`kiln-plan-buffers`) is kept in two discardable attributes, which the
+    dialect verifies: `kiln.offsets` on an op, one byte offset into the arena per result, each a
+    multiple of 256 (or -1 for state kept outside the arena: parameters, gradients, moments);
+    and `kiln.arena_size` on a function, the bytes its call needs.
   }];
   let cppNamespace = "::kiln";
+  let hasOperationAttrVerify = 1;
 }
 
 class Kiln_Op<string mnemonic, list<Trait> traits = []> :

@@ -1184,3 +1184,44 @@ func.func @f() {
   %0 = kiln.input "idx" : tensor<4xf32>
   return
 }
+
+// -----
+
+// The buffer plan's attributes: one arena offset per result, each a multiple of 256 (or -1 for
+// state kept outside the arena), and a non-negative arena size.
+func.func @offsets_per_result(%x: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error @+1 {{'kiln.offsets' holds 2 offset(s) for 1 result(s); the plan gives one per result (run kiln-plan-buffers)}}
+  %0 = kiln.add %x, %x {kiln.offsets = array<i64: 0, 256>} : tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+
+// -----
+
+func.func @offset_misaligned(%x: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error @+1 {{'kiln.offsets'[0] = 100 is not a multiple of 256 (the result's place in the arena; run kiln-plan-buffers)}}
+  %0 = kiln.add %x, %x {kiln.offsets = array<i64: 100>} : tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+
+// -----
+
+func.func @offset_negative(%x: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error @+1 {{'kiln.offsets'[0] = -256 is negative (the result's place in the arena; -1 alone marks state kept outside it; run kiln-plan-buffers)}}
+  %0 = kiln.add %x, %x {kiln.offsets = array<i64: -256>} : tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+
+// -----
+
+func.func @offsets_not_an_array(%x: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error @+1 {{'kiln.offsets' must be an array<i64: ...> of byte offsets}}
+  %0 = kiln.add %x, %x {kiln.offsets = 0 : i64} : tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+
+// -----
+
+// expected-error @+1 {{'kiln.arena_size' must be a non-negative i64 (the bytes the function's buffers need)}}
+func.func @arena_size_negative() attributes {kiln.arena_size = -1 : i64} {
+  return
+}
