@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -168,12 +169,11 @@ TEST_F(DataLoaderTest, SingleShardWrapsOntoItself) {
   EXPECT_EQ(step(dl, 4).first, iota32(0, 4));
 }
 
-TEST_F(DataLoaderTest, RanksSplitEachStep) {
-  shard("s_0.bin", iota(0, 20));   // B*T*world_size + 1 = 9: two steps fit
-  shard("s_1.bin", iota(50, 10));  // one step fits
-  kiln::DataLoader r0(path("s_*.bin"), /*B=*/1, /*T=*/4, /*rank=*/0, /*world_size=*/2);
-  kiln::DataLoader r1(path("s_*.bin"), 1, 4, 1, 2);
-  const int32_t starts[][2] = {{0, 4}, {8, 12}, {50, 54}, {0, 4}};
+// Two ranks of B=1, T=4 over the shards named by `pattern`: each step's first tokens for rank 0
+// and rank 1 are `starts`, and the ranks stay at one place.
+void expect_two_ranks(const std::string& pattern, const std::vector<std::array<int32_t, 2>>& starts) {
+  kiln::DataLoader r0(pattern, /*B=*/1, /*T=*/4, /*rank=*/0, /*world_size=*/2);
+  kiln::DataLoader r1(pattern, 1, 4, 1, 2);
   for (const auto& s : starts) {
     SCOPED_TRACE(s[0]);
     auto [x0, y0] = step(r0, 4);
@@ -187,23 +187,19 @@ TEST_F(DataLoaderTest, RanksSplitEachStep) {
   }
 }
 
+TEST_F(DataLoaderTest, RanksSplitEachStep) {
+  shard("s_0.bin", iota(0, 20));   // B*T*world_size + 1 = 9: two steps fit
+  shard("s_1.bin", iota(50, 10));  // one step fits
+  expect_two_ranks(path("s_*.bin"), {{0, 4}, {8, 12}, {50, 54}, {0, 4}});
+}
+
 // A step of all ranks' tokens must fit whole: at position 16 of a 21-token shard the ranks need
 // 16 + 2 * 4 + 1 = 25 tokens, so both go on to the next shard (one rank's 16 + 4 + 1 = 21 would
 // fit, and rank 1 would read past the end).
 TEST_F(DataLoaderTest, RanksAdvanceWhenTheWholeStepDoesNotFit) {
   shard("w_0.bin", iota(0, 21));
   shard("w_1.bin", iota(50, 10));
-  kiln::DataLoader r0(path("w_*.bin"), /*B=*/1, /*T=*/4, /*rank=*/0, /*world_size=*/2);
-  kiln::DataLoader r1(path("w_*.bin"), 1, 4, 1, 2);
-  const int32_t starts[][2] = {{0, 4}, {8, 12}, {50, 54}, {0, 4}};
-  for (const auto& s : starts) {
-    SCOPED_TRACE(s[0]);
-    auto [x0, y0] = step(r0, 4);
-    auto [x1, y1] = step(r1, 4);
-    EXPECT_EQ(x0, iota32(s[0], 4));
-    EXPECT_EQ(x1, iota32(s[1], 4));
-    EXPECT_EQ(y1, iota32(s[1] + 1, 4));
-  }
+  expect_two_ranks(path("w_*.bin"), {{0, 4}, {8, 12}, {50, 54}, {0, 4}});
 }
 
 TEST_F(DataLoaderTest, SeekResumesExactly) {
