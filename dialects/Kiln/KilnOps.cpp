@@ -112,7 +112,7 @@ LogicalResult ReduceGradientsOp::verify() {
 LogicalResult ReduceGradientsOp::verifySymbolUses(SymbolTableCollection &symbols) {
   for (Attribute a : getParams()) {
     auto ref = dyn_cast<FlatSymbolRefAttr>(a);
-    if (!ref) return emitOpError() << "expects flat references to parameters";
+    if (!ref) return emitOpError() << "expects flat references to parameters, got " << a;
     if (failed(verifyParameterUse(*this, symbols, ref, Type()))) return failure();
   }
   return success();
@@ -152,7 +152,8 @@ LogicalResult EmbeddingOp::verify() {
     return emitOpError() << "result shape " << shapeStr(out.getShape()) << " should be "
                          << shapeStr(expected) << " (indices shape, then the table's width)";
   if (out.getElementType() != table.getElementType())
-    return emitOpError() << "result element type differs from the table's";
+    return emitOpError() << "result element type differs from the table's: " << out.getElementType() << ", not "
+                         << table.getElementType();
   return success();
 }
 
@@ -225,7 +226,8 @@ LogicalResult MatmulOp::verify() {
 
 LogicalResult ScaleOp::verify() {
   if (getInput().getType() != getResult().getType())
-    return emitOpError() << "result type must equal the input type";
+    return emitOpError() << "result type must equal the input type " << getInput().getType() << ", got "
+                         << getResult().getType();
   return success();
 }
 
@@ -321,7 +323,8 @@ LogicalResult LayerNormOp::verify() {
   if (failed(verifyLayerNormShapes(*this, in, {getWeight(), getBias()}, "weight and bias", getMean(), getRstd())))
     return failure();
   if (tensorType(getResult()).getShape() != in.getShape())
-    return emitOpError() << "result shape must equal the input shape";
+    return emitOpError() << "result shape must equal the input shape " << shapeStr(in.getShape()) << ", got "
+                         << shapeStr(tensorType(getResult()).getShape());
   const float eps = getEpsilon().convertToFloat();
   if (!(eps > 0.0f && std::isfinite(eps))) return emitOpError() << "epsilon must be > 0 (and finite)";
   return success();
@@ -334,7 +337,8 @@ LogicalResult LayerNormGradOp::verify() {
     return failure();
   for (Value v : {getGrad(), getInputGrad()})
     if (tensorType(v).getShape() != in.getShape())
-      return emitOpError() << "grad and input_grad must have the input's shape " << shapeStr(in.getShape());
+      return emitOpError() << "grad and input_grad must have the input's shape " << shapeStr(in.getShape())
+                           << ", got " << shapeStr(tensorType(v).getShape());
   return success();
 }
 
@@ -357,12 +361,13 @@ LogicalResult AttentionOp::verify() {
   if (failed(verifyPackedQkv(*this, tensorType(getQkv()), h, btc))) return failure();
   const int64_t b = btc[0], t = btc[1];
   if (out.getShape() != ArrayRef<int64_t>(btc))
-    return emitOpError() << "result must be " << shapeStr(btc);
+    return emitOpError() << "result must be " << shapeStr(btc) << ", got " << shapeStr(out.getShape());
   if (lse.getShape() != ArrayRef<int64_t>{b, h, t})
-    return emitOpError() << "lse must be " << shapeStr({b, h, t}) << " [B, H, T]";
+    return emitOpError() << "lse must be " << shapeStr({b, h, t}) << " [B, H, T], got " << shapeStr(lse.getShape());
   // The kernels read and write every tensor but lse in qkv's element type.
   if (out.getElementType() != tensorType(getQkv()).getElementType() || !lse.getElementType().isF32())
-    return emitOpError() << "result must have qkv's element type, and lse must be f32";
+    return emitOpError() << "result must have qkv's element type, and lse must be f32; got " << out.getElementType()
+                         << " (qkv " << tensorType(getQkv()).getElementType() << ") and " << lse.getElementType();
   return success();
 }
 
@@ -428,15 +433,20 @@ LogicalResult AttentionGradOp::verify() {
   const int64_t b = btc[0], t = btc[1];
   for (auto [name, v] : {std::pair<const char *, Value>{"grad", getGrad()}, {"result", getResult()}})
     if (tensorType(v).getShape() != ArrayRef<int64_t>(btc))
-      return emitOpError() << name << " must be " << shapeStr(btc) << " [B, T, C]";
+      return emitOpError() << name << " must be " << shapeStr(btc) << " [B, T, C], got "
+                           << shapeStr(tensorType(v).getShape());
   if (tensorType(getLse()).getShape() != ArrayRef<int64_t>{b, h, t})
-    return emitOpError() << "lse must be " << shapeStr({b, h, t}) << " [B, H, T]";
+    return emitOpError() << "lse must be " << shapeStr({b, h, t}) << " [B, H, T], got "
+                         << shapeStr(tensorType(getLse()).getShape());
   if (tensorType(getQkvGrad()).getShape() != qkv.getShape())
-    return emitOpError() << "qkv_grad must have qkv's shape " << shapeStr(qkv.getShape());
+    return emitOpError() << "qkv_grad must have qkv's shape " << shapeStr(qkv.getShape()) << ", got "
+                         << shapeStr(tensorType(getQkvGrad()).getShape());
   for (Value v : {getGrad(), getResult(), getQkvGrad()})
     if (tensorType(v).getElementType() != qkv.getElementType())
-      return emitOpError() << "grad, result and qkv_grad must have qkv's element type";
-  if (!tensorType(getLse()).getElementType().isF32()) return emitOpError() << "lse must be f32";
+      return emitOpError() << "grad, result and qkv_grad must have qkv's element type " << qkv.getElementType()
+                           << ", got " << tensorType(v).getElementType();
+  if (!tensorType(getLse()).getElementType().isF32())
+    return emitOpError() << "lse must be f32, got " << tensorType(getLse()).getElementType();
   return success();
 }
 
@@ -450,7 +460,7 @@ static LogicalResult verifyCrossEntropy(Operation *op, RankedTensorType logits,
   if (targets.getShape() != ArrayRef<int64_t>{n})
     return op->emitOpError() << "targets must be [" << n << "], got " << shapeStr(targets.getShape());
   if (lse.getShape() != ArrayRef<int64_t>{n})
-    return op->emitOpError() << "lse must be [" << n << "]";
+    return op->emitOpError() << "lse must be [" << n << "], got " << shapeStr(lse.getShape());
   if (numClasses) {
     int64_t k = static_cast<int64_t>(*numClasses);
     if (k <= 0 || k > v)
@@ -471,8 +481,8 @@ LogicalResult CrossEntropyGradOp::verify() {
                                 getNumClasses())))
     return failure();
   if (tensorType(getLogitsGrad()).getShape() != logits.getShape())
-    return emitOpError() << "logits_grad must have the logits' shape "
-                         << shapeStr(logits.getShape());
+    return emitOpError() << "logits_grad must have the logits' shape " << shapeStr(logits.getShape()) << ", got "
+                         << shapeStr(tensorType(getLogitsGrad()).getShape());
   return success();
 }
 
@@ -504,6 +514,7 @@ LogicalResult FusionOp::verify() {
 
   // How many ops of each anchor kind the body holds.
   int matmuls = 0, norms = 0, normGrads = 0, ces = 0, ceGrads = 0, embGrads = 0, adams = 0, sums = 0, others = 0;
+  Operation* unfusable = nullptr;
   for (Operation& op : getFusedOps()) {
     if (isa<FusionOp>(op)) return emitOpError() << "fusion regions do not nest";
     if (isa<MatmulOp>(op)) ++matmuls;
@@ -515,11 +526,14 @@ LogicalResult FusionOp::verify() {
     else if (isa<CrossEntropyOp>(op)) ++ces;
     else if (isa<ReduceSumOp>(op)) ++sums;
     else if (!isa<AddOp, MulOp, ScaleOp, GeluOp, GeluGradOp, BroadcastOp, CastOp, EmbeddingOp, IotaOp,
-                   AccumulateGradOp, ClipCoefOp, ZerosOp>(op))
+                   AccumulateGradOp, ClipCoefOp, ZerosOp>(op)) {
       ++others;
+      if (!unfusable) unfusable = &op;
+    }
   }
   if (others)
-    return emitOpError() << "holds an op no kernel template fuses";
+    return emitOpError() << "holds an op no kernel template fuses: " << unfusable->getName()
+                         << (others > 1 ? " (and " + std::to_string(others - 1) + " more)" : std::string());
   // An op none of whose results is used would be a kernel's wasted work (and canonicalization
   // would drop it, leaving a region its kind no longer describes). A layer norm's statistics
   // may go unread where nothing differentiates it.

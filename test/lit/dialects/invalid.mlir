@@ -262,7 +262,7 @@ func.func @f(%t: tensor<16x8xf32>, %i: tensor<2x3xi32>) {
 
 // The result has the table's element type.
 func.func @f(%t: tensor<16x8xf32>, %i: tensor<3xi32>) {
-  // expected-error@+1 {{'kiln.embedding' op result element type differs from the table's}}
+  // expected-error@+1 {{'kiln.embedding' op result element type differs from the table's: 'bf16', not 'f32'}}
   %0 = kiln.embedding %t[%i] : tensor<16x8xf32>, tensor<3xi32> -> tensor<3x8xbf16>
   return
 }
@@ -396,7 +396,7 @@ func.func @f(%a: tensor<4xf32>, %b: tensor<4xbf16>) {
 
 // scale keeps the input type.
 func.func @f(%x: tensor<4x8xf32>, %s: tensor<f32>) {
-  // expected-error@+1 {{'kiln.scale' op result type must equal the input type}}
+  // expected-error@+1 {{'kiln.scale' op result type must equal the input type 'tensor<4x8xf32>', got 'tensor<8x4xf32>'}}
   %0 = kiln.scale %x, %s : tensor<4x8xf32>, tensor<f32> -> tensor<8x4xf32>
   return
 }
@@ -588,7 +588,7 @@ func.func @f(%x: tensor<4x8xf32>, %w: tensor<8xf32>, %b: tensor<1x8xf32>) {
 
 // The result has the input's shape (its element type may differ: a bf16 output).
 func.func @f(%x: tensor<4x8xf32>, %w: tensor<8xf32>) {
-  // expected-error@+1 {{'kiln.layer_norm' op result shape must equal the input shape}}
+  // expected-error@+1 {{'kiln.layer_norm' op result shape must equal the input shape [4, 8], got [32]}}
   %0:3 = kiln.layer_norm %x, %w, %w : tensor<4x8xf32>, tensor<8xf32>, tensor<8xf32> -> tensor<32xf32>, tensor<4xf32>, tensor<4xf32>
   return
 }
@@ -740,7 +740,7 @@ func.func @f(%qkv: tensor<2x4x24xf32>) {
 
 // lse is [B, H, T].
 func.func @f(%qkv: tensor<2x4x24xf32>) {
-  // expected-error@+1 {{'kiln.attention' op lse must be [2, 2, 4] [B, H, T]}}
+  // expected-error@+1 {{'kiln.attention' op lse must be [2, 2, 4] [B, H, T], got [2, 4, 2]}}
   %0:2 = kiln.attention %qkv {num_heads = 2 : i64} : tensor<2x4x24xf32> -> tensor<2x4x8xf32>, tensor<2x4x2xf32>
   return
 }
@@ -749,7 +749,7 @@ func.func @f(%qkv: tensor<2x4x24xf32>) {
 
 // The kernel writes the result in qkv's element type.
 func.func @f(%qkv: tensor<2x4x24xbf16>) {
-  // expected-error@+1 {{'kiln.attention' op result must have qkv's element type, and lse must be f32}}
+  // expected-error@+1 {{'kiln.attention' op result must have qkv's element type, and lse must be f32; got 'f32' (qkv 'bf16') and 'f32'}}
   %0:2 = kiln.attention %qkv {num_heads = 2 : i64} : tensor<2x4x24xbf16> -> tensor<2x4x8xf32>, tensor<2x2x4xf32>
   return
 }
@@ -954,7 +954,7 @@ func.func @f(%g: tensor<2x4x8xf32>, %qkv: tensor<2x4x24xf32>, %r: tensor<4x2x8xf
 
 // lse is [B, H, T].
 func.func @f(%g: tensor<2x4x8xf32>, %qkv: tensor<2x4x24xf32>, %lse: tensor<2x4x2xf32>) {
-  // expected-error@+1 {{'kiln.attention_grad' op lse must be [2, 2, 4] [B, H, T]}}
+  // expected-error@+1 {{'kiln.attention_grad' op lse must be [2, 2, 4] [B, H, T], got [2, 4, 2]}}
   %0 = kiln.attention_grad %g, %qkv, %g, %lse {num_heads = 2 : i64} : tensor<2x4x8xf32>, tensor<2x4x24xf32>, tensor<2x4x8xf32>, tensor<2x4x2xf32> -> tensor<2x4x24xf32>
   return
 }
@@ -963,7 +963,7 @@ func.func @f(%g: tensor<2x4x8xf32>, %qkv: tensor<2x4x24xf32>, %lse: tensor<2x4x2
 
 // The gradient has qkv's shape.
 func.func @f(%g: tensor<2x4x8xf32>, %qkv: tensor<2x4x24xf32>, %lse: tensor<2x2x4xf32>) {
-  // expected-error@+1 {{'kiln.attention_grad' op qkv_grad must have qkv's shape [2, 4, 24]}}
+  // expected-error@+1 {{'kiln.attention_grad' op qkv_grad must have qkv's shape [2, 4, 24], got [8, 24]}}
   %0 = kiln.attention_grad %g, %qkv, %g, %lse {num_heads = 2 : i64} : tensor<2x4x8xf32>, tensor<2x4x24xf32>, tensor<2x4x8xf32>, tensor<2x2x4xf32> -> tensor<8x24xf32>
   return
 }
@@ -972,7 +972,7 @@ func.func @f(%g: tensor<2x4x8xf32>, %qkv: tensor<2x4x24xf32>, %lse: tensor<2x2x4
 
 // A bf16 gradient for fp32 qkv would be read as fp32, past its end.
 func.func @f(%g: tensor<2x4x8xbf16>, %qkv: tensor<2x4x24xf32>, %r: tensor<2x4x8xf32>, %lse: tensor<2x2x4xf32>) {
-  // expected-error@+1 {{'kiln.attention_grad' op grad, result and qkv_grad must have qkv's element type}}
+  // expected-error@+1 {{'kiln.attention_grad' op grad, result and qkv_grad must have qkv's element type 'f32', got 'bf16'}}
   %0 = kiln.attention_grad %g, %qkv, %r, %lse {num_heads = 2 : i64} : tensor<2x4x8xbf16>, tensor<2x4x24xf32>, tensor<2x4x8xf32>, tensor<2x2x4xf32> -> tensor<2x4x24xf32>
   return
 }
@@ -981,7 +981,7 @@ func.func @f(%g: tensor<2x4x8xbf16>, %qkv: tensor<2x4x24xf32>, %r: tensor<2x4x8x
 
 // lse is kept in fp32.
 func.func @f(%g: tensor<2x4x8xbf16>, %qkv: tensor<2x4x24xbf16>, %lse: tensor<2x2x4xbf16>) {
-  // expected-error@+1 {{'kiln.attention_grad' op lse must be f32}}
+  // expected-error@+1 {{'kiln.attention_grad' op lse must be f32, got 'bf16'}}
   %0 = kiln.attention_grad %g, %qkv, %g, %lse {num_heads = 2 : i64} : tensor<2x4x8xbf16>, tensor<2x4x24xbf16>, tensor<2x4x8xbf16>, tensor<2x2x4xbf16> -> tensor<2x4x24xbf16>
   return
 }
@@ -1012,7 +1012,7 @@ func.func @f(%l: tensor<8x16xf32>, %t: tensor<2x4xi32>) {
 
 // lse is [N].
 func.func @f(%l: tensor<8x16xf32>, %t: tensor<8xi32>) {
-  // expected-error@+1 {{'kiln.cross_entropy' op lse must be [8]}}
+  // expected-error@+1 {{'kiln.cross_entropy' op lse must be [8], got [16]}}
   %0:2 = kiln.cross_entropy %l, %t : tensor<8x16xf32>, tensor<8xi32> -> tensor<f32>, tensor<16xf32>
   return
 }
@@ -1088,7 +1088,7 @@ func.func @f(%g: tensor<f32>, %l: tensor<8x16xf32>, %lse: tensor<8xf32>, %t: ten
 
 // The gradient has the logits' shape.
 func.func @f(%g: tensor<f32>, %l: tensor<8x16xf32>, %lse: tensor<8xf32>, %t: tensor<8xi32>) {
-  // expected-error@+1 {{'kiln.cross_entropy_grad' op logits_grad must have the logits' shape [8, 16]}}
+  // expected-error@+1 {{'kiln.cross_entropy_grad' op logits_grad must have the logits' shape [8, 16], got [8, 12]}}
   %0 = kiln.cross_entropy_grad %g, %l, %lse, %t : tensor<8x16xf32>, tensor<8xf32>, tensor<8xi32> -> tensor<8x12xf32>
   return
 }
@@ -1097,7 +1097,7 @@ func.func @f(%g: tensor<f32>, %l: tensor<8x16xf32>, %lse: tensor<8xf32>, %t: ten
 
 // Its lse is [N].
 func.func @f(%g: tensor<f32>, %l: tensor<8x16xf32>, %lse: tensor<16xf32>, %t: tensor<8xi32>) {
-  // expected-error@+1 {{'kiln.cross_entropy_grad' op lse must be [8]}}
+  // expected-error@+1 {{'kiln.cross_entropy_grad' op lse must be [8], got [16]}}
   %0 = kiln.cross_entropy_grad %g, %l, %lse, %t : tensor<8x16xf32>, tensor<16xf32>, tensor<8xi32> -> tensor<8x16xf32>
   return
 }
@@ -1155,7 +1155,7 @@ func.func @f() {
 // A bucket names top-level parameters, not symbols nested in them.
 kiln.parameter @w : tensor<4xf32> {init = "zeros"}
 func.func @nested_ref() {
-  // expected-error@+1 {{'kiln.reduce_gradients' op expects flat references to parameters}}
+  // expected-error@+1 {{'kiln.reduce_gradients' op expects flat references to parameters, got @w::@x}}
   kiln.reduce_gradients [@w::@x] {bucket = 0 : i64}
   return
 }
