@@ -419,7 +419,8 @@ LogicalResult DecodeAttentionOp::verify() {
   if (tensorType(getPosition()).getShape() != ArrayRef<int64_t>{1})
     return emitOpError() << "position must be [1], got " << shapeStr(tensorType(getPosition()).getShape());
   if (out.getShape() != ArrayRef<int64_t>{rows, c} || out.getElementType() != qkv.getElementType())
-    return emitOpError() << "result must be " << shapeStr({rows, c}) << " [B * M, C] in qkv's element type";
+    return emitOpError() << "result must be " << shapeStr({rows, c}) << " [B * M, C] in qkv's element type, got "
+                         << out;
   if (!getCache().getDefiningOp<KvCacheOp>()) return emitOpError() << "cache must be a kiln.kv_cache";
   return success();
 }

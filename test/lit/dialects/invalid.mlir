@@ -878,7 +878,7 @@ func.func @f(%qkv: tensor<2x24xf32>, %p: tensor<2xi32>) {
 // The result is [B * M, C] in qkv's element type.
 func.func @f(%qkv: tensor<2x24xbf16>, %p: tensor<1xi32>) {
   %kv = kiln.kv_cache "h.0.attn" : tensor<2x2x2x8x4xf32>
-  // expected-error@+1 {{'kiln.decode_attention' op result must be [2, 8] [B * M, C] in qkv's element type}}
+  // expected-error@+1 {{'kiln.decode_attention' op result must be [2, 8] [B * M, C] in qkv's element type, got 'tensor<2x8xf32>'}}
   %0 = kiln.decode_attention %qkv, %kv, %p {num_heads = 2 : i64} : tensor<2x24xbf16>, tensor<2x2x2x8x4xf32>, tensor<1xi32> -> tensor<2x8xf32>
   return
 }
