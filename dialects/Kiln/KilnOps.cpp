@@ -11,7 +11,7 @@
 #include "llvm/ADT/STLExtras.h"
 
 #include <cmath>
-#include <iterator>
+#include <utility>
 
 using namespace mlir;
 using namespace kiln;
@@ -602,11 +602,15 @@ LogicalResult FusionOp::verify() {
         first = adam;
         continue;
       }
-      static const char* const kNames[] = {"grad", "scale", "lr", "beta1", "beta2", "eps", "weight_decay", "step"};
-      for (unsigned k = 1; k < adam->getNumOperands() && k < std::size(kNames); ++k)
-        if (adam->getOperand(k) != first->getOperand(k))
+      const std::pair<const char*, bool> same[] = {
+          {"scale", adam.getScale() == first.getScale()}, {"lr", adam.getLr() == first.getLr()},
+          {"beta1", adam.getBeta1() == first.getBeta1()}, {"beta2", adam.getBeta2() == first.getBeta2()},
+          {"eps", adam.getEps() == first.getEps()},       {"weight_decay", adam.getWeightDecay() == first.getWeightDecay()},
+          {"step", adam.getStep() == first.getStep()}};
+      for (const auto& [name, equal] : same)
+        if (!equal)
           return adam.emitOpError() << "in a fusion of kind 'optimizer' must take the same hyperparameters as @"
-                                    << first.getName() << "'s kiln.adamw (its " << kNames[k] << " differs)";
+                                    << first.getName() << "'s kiln.adamw (its " << name << " differs)";
     }
     return success();
   }
