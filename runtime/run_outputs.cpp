@@ -174,9 +174,14 @@ int LogFile::append(const std::string& line) {
     const std::string last = read_tail(path_, 1);  // "" for an empty file, a FIFO or a device
     newline_first_ = !last.empty() && last != "\n";
     // Held while the run appends, so that another run given the same log refuses to start
-    // (check_appendable_log). Not waited for: two runs that start together both append.
+    // (check_appendable_log). Two runs that passed that check together race here: the one that
+    // locks first appends, the other writes nothing and stops (LogFile::describe says why).
     struct stat st {};
-    if (::fstat(fd_, &st) == 0 && S_ISREG(st.st_mode)) (void)::flock(fd_, LOCK_EX | LOCK_NB);
+    if (::fstat(fd_, &st) == 0 && S_ISREG(st.st_mode) && ::flock(fd_, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
+      ::close(fd_);
+      fd_ = -1;
+      return EWOULDBLOCK;
+    }
   }
   const std::string text = (newline_first_ ? "\n" : "") + line + "\n";
   struct stat st {};
@@ -194,6 +199,13 @@ int LogFile::append(const std::string& line) {
   }
   newline_first_ = false;
   return 0;
+}
+
+std::string LogFile::describe(int error) {
+  if (error == EWOULDBLOCK)
+    return "another run started appending to it (it took the log's lock first); give another file, or wait for that "
+           "run to end";
+  return std::strerror(error);
 }
 
 }  // namespace kiln

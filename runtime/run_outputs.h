@@ -52,8 +52,11 @@ class LogFile {
   LogFile& operator=(const LogFile&) = delete;
 
   // 0, or the error (errno) that kept the line from being written; the file is then as it was.
+  // EWOULDBLOCK: another run locked the log between this run's check and its first line.
   // A log removed or moved away since the last line is started anew at its name (with a warning).
   int append(const std::string& line);
+  // What append's error means for the user: EWOULDBLOCK is another run holding the log's lock.
+  static std::string describe(int error);
 
  private:
   std::string path_;

@@ -448,7 +448,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   if (logging && first_step == o.steps && !log_pending.empty()) {
     if (const int error = log.append(pending_text()))
       throw Error("--log: " + o.log + ": writing the " + std::to_string(log_pending.size()) + " line(s) " + resumed_from +
-                  " kept failed: " + std::strerror(error));
+                  " kept failed: " + LogFile::describe(error));
     std::fprintf(stderr, "wrote the %zu log line(s) %s kept\n", log_pending.size(), resumed_from.c_str());
     log_pending.clear();
   }
@@ -771,7 +771,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       if (const int error = log.append(pending_text())) {
         if (log_failure.empty())
           log_failure = "--log: " + o.log + ": writing step " + std::to_string(step + 1) + "'s line failed: " +
-                        std::strerror(error);
+                        LogFile::describe(error);
       } else {
         log_pending.clear();
       }
