@@ -266,6 +266,9 @@ void check_output_file(const std::string& flag, const std::string& given, bool a
   namespace fs = std::filesystem;
   std::error_code ec;
   if (given.empty()) throw Error(flag + ": needs a file name");
+  // Links that lead back to themselves reach no file: writing would replace one of the links.
+  if (struct stat st {}; ::stat(given.c_str(), &st) != 0 && errno == ELOOP)
+    throw Error(flag + ": " + given + ": its symbolic links lead in a loop (or too many deep); name a file");
   // What the name reaches through its links (the kernel follows /dev/stdout to a pipe too).
   if (fs::is_directory(given, ec)) throw Error(flag + ": " + given + ": is a folder");
   // A FIFO is not opened: its reader would take the open and close for the whole output, and the
