@@ -104,7 +104,7 @@ void add_train_options(CLI::App& train, TrainOptions& o, TrainSampling& sampling
   train.add_option("--checkpoint-every", o.checkpoint_every,
                    "write a checkpoint every N steps (and at the end; default 0: only at the end)")
       ->check(cli::whole(0));  // (as --val-every)
-  train.add_option("--keep", o.keep, "checkpoints to keep (0 = all)")->capture_default_str()->check(cli::whole(0, INT32_MAX))->needs(checkpoint_dir);
+  train.add_option("--keep", o.keep, "checkpoints to keep (0 = all; default 3, or with --resume the number the checkpoint's run kept)")->check(cli::whole(0, INT32_MAX))->needs(checkpoint_dir);
   train.add_flag("--resume", o.resume, "continue from the latest checkpoint in --checkpoint-dir (if any)")->needs(checkpoint_dir);
   CLI::Option* sample_every = train.add_option("--sample-every", o.sample_every,
                    "print (and log) samples every N steps and at the end (top-k 50, --seed's stream each time; default 0: none)")

@@ -305,6 +305,9 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   // Resume: weights, AdamW state, the step and the data position from the latest checkpoint.
   int64_t first_step = 0;
   std::string resumed_from;  // the checkpoint, when one was loaded
+  // Checkpoints kept: --keep, else the number the resumed run kept (a resume must not prune
+  // those a `--keep 0` run was told to keep), else 3.
+  int keep = o.keep >= 0 ? o.keep : 3;
   // Log lines not written yet (the checkpoint's, or this run's after a write failed): written
   // before the next line, and kept in the checkpoint when the run stops.
   std::vector<std::string> log_pending;
@@ -373,6 +376,16 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       if (root && !o.init.empty())
         std::fprintf(stderr, "note: --init %s is not used: the weights are the checkpoint's\n", o.init.c_str());
       if (root) note_resume_changes(*latest, extra, o, loader, first_step, settings);
+      if (const auto had = extra.is_object() ? extra.find("keep") : extra.end();
+          had != extra.end() && had->is_number_integer() && had->get<int64_t>() >= 0 && had->get<int64_t>() <= INT32_MAX) {
+        const int before = int(had->get<int64_t>());
+        auto count = [](int k) { return k == 0 ? std::string("0 (all)") : std::to_string(k); };
+        if (o.keep < 0) keep = before;
+        else if (root && o.keep != before && first_step < o.steps)
+          std::fprintf(stderr, "note: --keep %s, where the run that wrote %s kept %s: %s\n", count(o.keep).c_str(),
+                       latest->c_str(), count(before).c_str(),
+                       o.keep == 0 ? "this run deletes none" : "older checkpoints past the newest ones are deleted as it saves");
+      }
       // Log lines the run that wrote it could not write (a full disk): this run writes them first.
       if (const auto lines = extra.find("log_pending"); root && lines != extra.end() && lines->is_array()) {
         for (const auto& line : *lines)
@@ -538,13 +551,14 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       // What a resumed run compares with its own (note_resume_changes), and the log lines it owes.
       nlohmann::json extra = {{"steps", o.steps},
                               {"settings", settings},
+                              {"keep", keep},
                               {"shard_tokens", loader.shard_tokens()},
                               {"data_file", loader.file_index(shard)},
                               {"all_shard_tokens", loader.all_shard_tokens()}};
       if (!gpu) extra["cpu_threads"] = omp_get_max_threads();
       if (!log_pending.empty()) extra["log_pending"] = log_pending;
       st.extra_json = extra.dump();
-      const std::string path = save_checkpoint(o.checkpoint_dir, ex, st, o.keep, moments);
+      const std::string path = save_checkpoint(o.checkpoint_dir, ex, st, keep, moments);
       std::fprintf(stderr, "saved checkpoint %s (step %lld)\n", path.c_str(), (long long)steps);
     } catch (const std::exception& failed) {  // (kiln::Error: a full disk; or memory ran out)
       tell_ranks(false);

@@ -37,7 +37,7 @@ struct TrainOptions {
   // keeping the newest `keep`; resume continues from the latest one there.
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
-  int keep = 3;
+  int keep = -1;  // -1: not given: the resumed checkpoint's run's (else 3)
   bool resume = false;
   // Samples while training: after the update of every step s with s % sample_every == 0, and of
   // the last, rank 0 draws sample.num_samples continuations of sample_prompt (the sampler's

@@ -568,7 +568,26 @@ LogicalResult FusionOp::verify() {
   if (kind == "layer_norm_grad") return exactlyOne(normGrads, "kiln.layer_norm_grad");
   if (kind == "classifier") {
     if (ceGrads > 1) return emitOpError() << "of kind 'classifier' holds " << ceGrads << " kiln.cross_entropy_grad";
-    return exactlyOne(ces, "kiln.cross_entropy");
+    if (failed(exactlyOne(ces, "kiln.cross_entropy"))) return failure();
+    // The kernel computes the loss (and the logits' gradient) from the logits and targets in one
+    // pass per row, and writes them to the region's results: another op would be left out of it.
+    CrossEntropyOp ce;
+    for (Operation& op : getFusedOps()) {
+      if (auto c = dyn_cast<CrossEntropyOp>(op)) ce = c;
+      else if (!isa<CrossEntropyGradOp>(op))
+        return op.emitOpError() << "in a fusion of kind 'classifier': only a kiln.cross_entropy and the "
+                                   "kiln.cross_entropy_grad of its lse may join it";
+    }
+    for (Operation& op : getFusedOps()) {
+      auto g = dyn_cast<CrossEntropyGradOp>(op);
+      if (!g) continue;
+      if (g.getLse() != ce.getLse() || g.getLogits() != ce.getLogits() || g.getTargets() != ce.getTargets() ||
+          g.getNumClassesAttr() != ce.getNumClassesAttr())
+        return g.emitOpError() << "in a fusion of kind 'classifier' must read the kiln.cross_entropy's logits, "
+                                  "targets and lse, with its num_classes (the kernel computes both from one pass)";
+      if (failed(fromInput(g.getGrad(), "a kiln.cross_entropy_grad's incoming gradient"))) return failure();
+    }
+    return success();
   }
   if (kind == "reduce_sum") {  // the column sums first, then what consumes them
     if (failed(exactlyOne(sums, "kiln.reduce_sum"))) return failure();

@@ -328,6 +328,48 @@ func.func @classifier_without_loss(%x: tensor<4xf32>) -> tensor<4xf32> {
 
 // -----
 
+// The classifier kernel writes the loss and the logits' gradient: another op would be dropped.
+func.func @classifier_with_add(%logits: tensor<4x16xf32>, %t: tensor<4xi32>) -> tensor<f32> {
+  %0 = kiln.fusion "classifier" "cross_entropy_add"(%logits, %t) : (tensor<4x16xf32>, tensor<4xi32>) -> tensor<f32> {
+  ^bb0(%l: tensor<4x16xf32>, %tt: tensor<4xi32>):
+    %loss, %lse = kiln.cross_entropy %l, %tt : tensor<4x16xf32>, tensor<4xi32> -> tensor<f32>, tensor<4xf32>
+    // expected-error @+1 {{'kiln.add' op in a fusion of kind 'classifier': only a kiln.cross_entropy and the kiln.cross_entropy_grad of its lse may join it}}
+    %twice = kiln.add %loss, %loss : tensor<f32>
+    kiln.yield %twice : tensor<f32>
+  }
+  return %0 : tensor<f32>
+}
+
+// -----
+
+// The gradient is computed in the same pass as the loss: from the same logits.
+func.func @classifier_other_logits(%logits: tensor<4x16xf32>, %other: tensor<4x16xf32>, %t: tensor<4xi32>, %d: tensor<f32>) -> (tensor<f32>, tensor<4x16xf32>) {
+  %0:2 = kiln.fusion "classifier" "cross_entropy_cross_entropy_grad"(%logits, %other, %t, %d) : (tensor<4x16xf32>, tensor<4x16xf32>, tensor<4xi32>, tensor<f32>) -> (tensor<f32>, tensor<4x16xf32>) {
+  ^bb0(%l: tensor<4x16xf32>, %o: tensor<4x16xf32>, %tt: tensor<4xi32>, %dd: tensor<f32>):
+    %loss, %lse = kiln.cross_entropy %l, %tt : tensor<4x16xf32>, tensor<4xi32> -> tensor<f32>, tensor<4xf32>
+    // expected-error @+1 {{'kiln.cross_entropy_grad' op in a fusion of kind 'classifier' must read the kiln.cross_entropy's logits, targets and lse, with its num_classes}}
+    %g = kiln.cross_entropy_grad %dd, %o, %lse, %tt : tensor<4x16xf32>, tensor<4xf32>, tensor<4xi32> -> tensor<4x16xf32>
+    kiln.yield %loss, %g : tensor<f32>, tensor<4x16xf32>
+  }
+  return %0#0, %0#1 : tensor<f32>, tensor<4x16xf32>
+}
+
+// -----
+
+// The incoming gradient is read from memory (the kernel reads it before the rows' pass).
+func.func @classifier_grad_of_own_loss(%logits: tensor<4x16xf32>, %t: tensor<4xi32>) -> (tensor<f32>, tensor<4x16xf32>) {
+  // expected-error @+1 {{'kiln.fusion' op reads a kiln.cross_entropy_grad's incoming gradient from a value computed in the region; it must be an input}}
+  %0:2 = kiln.fusion "classifier" "cross_entropy_cross_entropy_grad"(%logits, %t) : (tensor<4x16xf32>, tensor<4xi32>) -> (tensor<f32>, tensor<4x16xf32>) {
+  ^bb0(%l: tensor<4x16xf32>, %tt: tensor<4xi32>):
+    %loss, %lse = kiln.cross_entropy %l, %tt : tensor<4x16xf32>, tensor<4xi32> -> tensor<f32>, tensor<4xf32>
+    %g = kiln.cross_entropy_grad %loss, %l, %lse, %tt : tensor<4x16xf32>, tensor<4xf32>, tensor<4xi32> -> tensor<4x16xf32>
+    kiln.yield %loss, %g : tensor<f32>, tensor<4x16xf32>
+  }
+  return %0#0, %0#1 : tensor<f32>, tensor<4x16xf32>
+}
+
+// -----
+
 // Checks exactlyOne for kind 'reduce_sum': no kiln.reduce_sum.
 func.func @reduce_sum_without_sum(%x: tensor<4xf32>) -> tensor<4xf32> {
   // expected-error @+1 {{'kiln.fusion' op of kind 'reduce_sum' needs exactly one kiln.reduce_sum, has 0}}
