@@ -9,6 +9,7 @@
 
 #include "runtime/error.h"
 #include "runtime/file_io.h"
+#include "runtime/params.h"
 
 // Shards are little-endian and read as-is.
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "kiln assumes a little-endian host");
@@ -38,9 +39,14 @@ int64_t open_shard(const std::string& path, const StepNeed& need, std::vector<ui
 
   int32_t header[kHeaderInts];
   file.read_at(header, sizeof(header), 0, "header");
-  if (header[0] != kMagic)
+  if (header[0] != kMagic) {
+    // A file Kiln wrote (a checkpoint or weights in a folder the data's glob reaches): say so.
+    if (const std::string kind = file_kind(path); !kind.empty())
+      throw Error(path + ": is " + kind + ", not an llm.c token shard (does a --data or --val-data pattern reach "
+                  "further than the shards?)");
     throw Error(path + ": header: magic " + std::to_string(header[0]) + " is not " +
                 std::to_string(kMagic) + " (not an llm.c token shard)");
+  }
   if (header[1] != kVersion)
     throw Error(path + ": header: version " + std::to_string(header[1]) + " is not " +
                 std::to_string(kVersion) + " (unsupported llm.c shard version)");

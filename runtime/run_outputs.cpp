@@ -2,6 +2,7 @@
 #include "runtime/run_outputs.h"
 
 #include <fcntl.h>
+#include <fnmatch.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -60,6 +61,47 @@ void check_appendable_log(const std::string& path) {
   if (!kind.empty()) throw Error("--log: " + path + ": is " + kind + ", and the log is appended to: name another file");
   throw Error("--log: " + path + ": holds something other than a training log (its first line is no JSON record "
               "with \"step\"), and the log is appended to: name another file");
+}
+
+// Whether `pattern` (a --data glob) matches the file `path` will be: compared as written where
+// both are relative or both absolute, else both made absolute (the working folder's own glob
+// characters escaped).
+bool pattern_reaches(const std::string& pattern, const std::string& path) {
+  namespace fs = std::filesystem;
+  if (pattern.find_first_of("*?[") == std::string::npos) return false;  // a file's name: same_place's
+  std::string p = fs::path(pattern).lexically_normal().string(), f = fs::path(path).lexically_normal().string();
+  if (fs::path(pattern).is_absolute() != fs::path(path).is_absolute()) {
+    std::error_code ec;
+    std::string cwd = fs::current_path(ec).string(), escaped;
+    if (ec) return false;
+    for (char c : cwd) {
+      if (c == '*' || c == '?' || c == '[' || c == '\\') escaped += '\\';
+      escaped += c;
+    }
+    if (!fs::path(pattern).is_absolute()) p = (fs::path(escaped) / p).lexically_normal().string();
+    if (!fs::path(path).is_absolute()) f = (fs::path(cwd) / f).lexically_normal().string();
+  }
+  return ::fnmatch(p.c_str(), f.c_str(), FNM_PATHNAME | FNM_PERIOD) == 0;
+}
+
+// An output a --data or --val-data glob matches would be read as a shard by the next run with
+// the same command (which then stops at its header): refused before the first step.
+void check_outputs_outside_data(const TrainOptions& o) {
+  std::vector<std::pair<std::string, std::string>> outputs = {{"--save", o.save}, {"--dump-grads", o.dump_grads}, {"--log", o.log}};
+  if (!o.checkpoint_dir.empty())
+    for (const char* name : {"ckpt_00000001.kiln-ckpt", "latest"})
+      outputs.push_back({"--checkpoint-dir", (std::filesystem::path(o.checkpoint_dir) / name).string()});
+  for (const auto& [flag, path] : outputs) {
+    if (path.empty() || path == "-") continue;
+    for (const auto& [what, patterns] : {std::pair{"--data", &o.data}, {"--val-data", &o.val_data}})
+      for (const std::string& pattern : *patterns)
+        if (pattern_reaches(pattern, path))
+          throw Error(flag + ": " + (flag == "--checkpoint-dir" ? o.checkpoint_dir + ": its checkpoints (" + path + ")"
+                                                                  : path) +
+                      (flag == "--checkpoint-dir" ? " match " : " matches ") + what + "'s pattern '" + pattern +
+                      "': a later run with it would read " + (flag == "--checkpoint-dir" ? "them as token shards" : "the file as a token shard") +
+                      "; " + (flag == "--checkpoint-dir" ? "give another folder" : "name it otherwise") + ", or narrow the pattern");
+  }
 }
 
 }  // namespace
@@ -139,6 +181,7 @@ void check_outputs_spare_inputs(const TrainOptions& o, const DataLoader& data, c
     for (size_t k = 0; k < i; ++k) others.push_back({outputs[k].first + "'s file", outputs[k].second});
     refuse_overwriting(outputs[i].first, outputs[i].second, others);
   }
+  check_outputs_outside_data(o);
   // Then what an existing output holds (after the inputs, whose names say more).
   if (!o.log.empty()) check_appendable_log(o.log);
   for (const auto& [flag, path] : {std::pair{"--save", o.save}, {"--dump-grads", o.dump_grads}})
