@@ -267,10 +267,14 @@ void Executor::load_kernels() {
   size_t left = lib->size();
   while (left > 0) {
     ssize_t w = ::write(fd, p, left);
+    if (w < 0 && errno == EINTR) continue;
     if (w <= 0) {
+      const int error = w < 0 ? errno : ENOSPC;
       ::close(fd);
       if (on_disk) ::unlink(path.c_str());
-      throw Error(module_.source() + ": cannot write its kernel library to " + path);
+      throw Error(module_.source() + ": cannot write its kernel library (" + std::to_string(lib->size()) +
+                  " bytes) to " + (on_disk ? path : "an in-memory file") + ": " + std::strerror(error) +
+                  (error == EFBIG ? " (the file-size limit, ulimit -f, is below that)" : ""));
     }
     p += w, left -= size_t(w);
   }
