@@ -355,8 +355,14 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       try {
         loader.seek(shard, position);
       } catch (const Error& e) {
+        // What the writing run read, where the checkpoint says: the way on is its --data again.
+        std::string had;
+        if (const auto all = extra.is_object() ? extra.find("all_shard_tokens") : extra.end();
+            all != extra.end() && all->is_array())
+          had = "; give the --data of the run that wrote it (" + std::to_string(all->size()) + " shard" +
+                (all->size() == 1 ? "" : "s") + ")";
         throw Error(*latest + ": its data position (shard " + std::to_string(st.data_shard) + ", token " +
-                    std::to_string(st.data_position) + ") is not in this run's --data: " + e.what());
+                    std::to_string(st.data_position) + ") is not in this run's --data: " + e.what() + had);
       }
       first_step = st.step;
       resumed_from = *latest;
