@@ -12,6 +12,7 @@
 #include "compiler/kernel_codegen.h"
 
 #include <cassert>
+#include <cctype>
 #include <map>
 
 #include "compiler/source_template.h"
@@ -78,6 +79,7 @@ class Emitter {
     if (unreadable_)
       return unreadable_->emitError() << "kilnc: the " << kind << " kernel '" << f_.getKernel()
                                       << "' would read this op's result at one element, which its template cannot";
+    if (failed(checkEverythingWritten(kind))) return failure();
     GeneratedKernel k;
     std::vector<std::string> names;
     for (Operation& op : f_.getFusedOps()) names.push_back(op.getName().stripDialect().str());
@@ -103,6 +105,40 @@ class Emitter {
   }
 
  private:
+  // Each kind's template computes the ops it knows: one it leaves out would leave a result (or
+  // a gradient accumulation) unwritten, a wrong number rather than an error. Every yielded value
+  // and accumulator must be written by the generated function or by the library call.
+  LogicalResult checkEverythingWritten(StringRef kind) {
+    const std::string code = preamble_ + body_;
+    auto mentioned = [&](const std::string& name) {
+      for (size_t at = code.find(name); at != std::string::npos; at = code.find(name, at + 1)) {
+        const bool startsWord = at == 0 || !(std::isalnum((unsigned char)code[at - 1]) || code[at - 1] == '_');
+        const size_t end = at + name.size();
+        const bool endsWord = end == code.size() || !(std::isalnum((unsigned char)code[end]) || code[end] == '_');
+        if (startsWord && endsWord) return true;
+      }
+      return false;
+    };
+    auto byCall = [&](const std::string& name) {
+      const auto it = index_.find(name);
+      return call_ && it != index_.end() && (call_->d == it->second || call_->aux == it->second || call_->c == it->second);
+    };
+    auto yield = cast<YieldOp>(f_.getBlock().getTerminator());
+    for (auto [i, v] : llvm::enumerate(yield.getValues())) {
+      const std::string name = "out" + num(i);
+      if (mentioned(name) || byCall(name)) continue;
+      Operation* op = v.getDefiningOp();
+      return (op ? op->emitError() : f_.emitError())
+             << "kilnc: the " << kind << " kernel '" << f_.getKernel() << "' does not compute this value (its template "
+             << "leaves the op out), so the region's result #" << i << " would never be written";
+    }
+    for (Operation& op : f_.getFusedOps())
+      if (isa<AccumulateGradOp>(op) && !mentioned(state_[&op][0]) && !byCall(state_[&op][0]))
+        return op.emitError() << "kilnc: the " << kind << " kernel '" << f_.getKernel()
+                              << "' does not compute this accumulation (its template leaves the op out)";
+    return success();
+  }
+
   std::string location() {
     std::string s;
     llvm::raw_string_ostream os(s);

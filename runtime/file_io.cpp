@@ -415,7 +415,11 @@ std::vector<uint8_t> read_file(const std::string& path) {
 }
 
 void flush_stdout() {
-  if (std::fflush(stdout) != 0 || std::ferror(stdout)) throw Error("stdout: write failed");
+  errno = 0;
+  const bool flushed = std::fflush(stdout) == 0;
+  const int error = errno;  // (the flush's; a lost earlier line leaves only the stream's error flag)
+  if (!flushed || std::ferror(stdout))
+    throw Error(std::string("stdout: write failed") + (!flushed && error ? std::string(": ") + std::strerror(error) : ""));
 }
 
 void write_file_atomic(const std::string& given,

@@ -54,8 +54,9 @@ void writeText(const std::string& out, const std::string& text) {
   llvm::outs() << text;
   llvm::outs().flush();
   if (llvm::outs().has_error()) {  // (a full disk, a closed pipe): said here, not as LLVM's fatal error at exit
+    const std::string why = llvm::outs().error().message();
     llvm::outs().clear_error();
-    throw kiln::Error("stdout: write failed");
+    throw kiln::Error("stdout: write failed: " + why);
   }
 }
 
