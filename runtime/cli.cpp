@@ -281,9 +281,7 @@ int run_sample(const Module& module, SampleCommand& c) {
   }
   std::vector<int32_t> prompt;
   if (unconditional) {
-    prompt = {tok ? 50256 : 0};  // as train --sample-every without a prompt
-    std::fprintf(stderr, "note: sample: no --prompt or --prompt-ids: the samples continue %s alone\n",
-                 tok ? "<|endoftext|>" : "token 0");
+    prompt = {tok ? 50256 : 0};  // as train --sample-every without a prompt (said once the weights load)
   } else if (c.prompt_opt->count()) {
     if (!tok) throw Error("--prompt: this model's vocabulary has " + std::to_string(V) +
                           " tokens, not GPT-2's 50257; give --prompt-ids instead");
@@ -315,6 +313,9 @@ int run_sample(const Module& module, SampleCommand& c) {
   clear_parameters(ex);  // every value is loaded next
   load_finite_parameters(ex, c.init, "its logits would be NaN");
   ex.refresh_compute_copies();
+  if (unconditional)
+    std::fprintf(stderr, "note: sample: no --prompt or --prompt-ids: the samples continue %s alone\n",
+                 tok ? "<|endoftext|>" : "token 0");
   SampleOptions::Times times;
   c.options.times = &times;
   // Ctrl-C, SIGTERM or SIGHUP ends the sampling at the next step: the samples so far are printed (a
