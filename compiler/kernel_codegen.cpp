@@ -12,7 +12,6 @@
 #include "compiler/kernel_codegen.h"
 
 #include <cassert>
-#include <cctype>
 #include <map>
 
 #include "compiler/source_template.h"
@@ -20,6 +19,7 @@
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/TypeSwitch.h"
 
 using namespace mlir;
@@ -110,12 +110,11 @@ class Emitter {
   // and accumulator must be written by the generated function or by the library call.
   LogicalResult checkEverythingWritten(StringRef kind) {
     const std::string code = preamble_ + body_;
-    auto mentioned = [&](const std::string& name) {
+    auto identChar = [](char c) { return llvm::isAlnum(c) || c == '_'; };
+    auto mentioned = [&](const std::string& name) {  // as a whole identifier ("out1", not "out10")
       for (size_t at = code.find(name); at != std::string::npos; at = code.find(name, at + 1)) {
-        const bool startsWord = at == 0 || !(std::isalnum((unsigned char)code[at - 1]) || code[at - 1] == '_');
         const size_t end = at + name.size();
-        const bool endsWord = end == code.size() || !(std::isalnum((unsigned char)code[end]) || code[end] == '_');
-        if (startsWord && endsWord) return true;
+        if ((at == 0 || !identChar(code[at - 1])) && (end == code.size() || !identChar(code[end]))) return true;
       }
       return false;
     };

@@ -93,14 +93,14 @@ void check_outputs_outside_data(const TrainOptions& o) {
       outputs.push_back({"--checkpoint-dir", (std::filesystem::path(o.checkpoint_dir) / name).string()});
   for (const auto& [flag, path] : outputs) {
     if (path.empty() || path == "-") continue;
+    const bool folder = flag == "--checkpoint-dir";
     for (const auto& [what, patterns] : {std::pair{"--data", &o.data}, {"--val-data", &o.val_data}})
       for (const std::string& pattern : *patterns)
         if (pattern_reaches(pattern, path))
-          throw Error(flag + ": " + (flag == "--checkpoint-dir" ? o.checkpoint_dir + ": its checkpoints (" + path + ")"
-                                                                  : path) +
-                      (flag == "--checkpoint-dir" ? " match " : " matches ") + what + "'s pattern '" + pattern +
-                      "': a later run with it would read " + (flag == "--checkpoint-dir" ? "them as token shards" : "the file as a token shard") +
-                      "; " + (flag == "--checkpoint-dir" ? "give another folder" : "name it otherwise") + ", or narrow the pattern");
+          throw Error(flag + ": " + (folder ? o.checkpoint_dir + ": its checkpoints (" + path + ") match " : path + " matches ") +
+                      what + "'s pattern '" + pattern + "': a later run with it would read " +
+                      (folder ? "them as token shards; give another folder" : "the file as a token shard; name it otherwise") +
+                      ", or narrow the pattern");
   }
 }
 
