@@ -6,6 +6,8 @@
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/OpImplementation.h"
 #include "mlir/IR/PatternMatch.h"
+#include "llvm/ADT/DenseSet.h"
+#include "llvm/ADT/SmallPtrSet.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringMap.h"
 #include "llvm/ADT/STLExtras.h"
@@ -494,6 +496,102 @@ LogicalResult GlobalNormOp::verify() {
 
 // A fusion region's interface (block arguments, yield) matches its operands and results, and its
 // body holds what its kind's kernel template can generate.
+static int64_t numElements(Value v) { return cast<RankedTensorType>(v.getType()).getNumElements(); }
+
+// The elementwise, matmul-epilogue and column-sum templates run one loop over n elements and
+// store each yielded value and each accumulated gradient at every index of it, so those must
+// have exactly n elements (a smaller tensor is only read, through a broadcast). `inLoop` says
+// which ops the loop computes (a matmul's bias-gradient sums have a loop of their own).
+static LogicalResult verifyStoredPerElement(FusionOp fusion, int64_t n, StringRef loop,
+                                            llvm::function_ref<bool(Operation*)> inLoop) {
+  for (Operation& op : fusion.getFusedOps())
+    if (auto acc = dyn_cast<AccumulateGradOp>(op); acc && inLoop(&op) && numElements(acc.getGradient()) != n)
+      return op.emitOpError() << "in a fusion of kind '" << fusion.getKind() << "' accumulates "
+                              << numElements(acc.getGradient()) << " elements, but its kernel loops over the " << n
+                              << " elements of " << loop;
+  auto yield = cast<YieldOp>(fusion.getBlock().getTerminator());
+  for (auto [i, v] : llvm::enumerate(yield.getValues())) {
+    Operation* def = v.getDefiningOp();
+    if (def && inLoop(def) && numElements(v) != n)
+      return fusion.emitOpError() << "of kind '" << fusion.getKind() << "' yields (as result #" << i << ") "
+                                  << numElements(v) << " elements, but its kernel stores them in its loop over the "
+                                  << n << " elements of " << loop;
+  }
+  return success();
+}
+
+// The layer_norm template computes its input at each element of a row (the ops before it, such
+// as the residual add, evaluated in place; only the input itself is stored), then writes the
+// output, the casts of it and the row statistics. Any other op would be left out of the kernel.
+static LogicalResult verifyLayerNormRegion(FusionOp fusion) {
+  LayerNormOp ln;
+  for (Operation& op : fusion.getFusedOps())
+    if (auto l = dyn_cast<LayerNormOp>(op)) ln = l;
+  llvm::SmallPtrSet<Operation*, 8> before;  // the ops the layer norm's input is computed from
+  SmallVector<Value> work{ln.getInput()};
+  while (!work.empty()) {
+    Operation* def = work.pop_back_val().getDefiningOp();
+    if (def && before.insert(def).second) work.append(def->operand_begin(), def->operand_end());
+  }
+  for (Operation& op : fusion.getFusedOps()) {
+    if (&op == ln.getOperation() || (isa<CastOp>(op) && op.getOperand(0) == ln.getResult())) continue;
+    if (!before.contains(&op))
+      return op.emitOpError() << "in a fusion of kind 'layer_norm': only the ops that compute the kiln.layer_norm's "
+                                 "input and the kiln.cast of its output may join it";
+    if (!isa<AddOp, MulOp, ScaleOp, GeluOp, GeluGradOp, CastOp, BroadcastOp, EmbeddingOp, IotaOp, ZerosOp>(op))
+      return op.emitOpError() << "in a fusion of kind 'layer_norm' computes the kiln.layer_norm's input, which the "
+                                 "kernel evaluates element by element: only elementwise ops, broadcasts and gathers may";
+  }
+  auto yield = cast<YieldOp>(fusion.getBlock().getTerminator());
+  for (auto [i, v] : llvm::enumerate(yield.getValues()))
+    if (v != ln.getInput() && v.getDefiningOp() && before.contains(v.getDefiningOp()))
+      return fusion.emitOpError() << "of kind 'layer_norm' yields (as result #" << i << ") a value the kiln.layer_norm's "
+                                     "input is computed from: the kernel stores only the input itself";
+  return success();
+}
+
+// The layer_norm_grad template writes, per element of a row, the input gradient and the adds and
+// casts that follow it (the residual gradient); per column, the weight and bias gradients (stored
+// or accumulated) and the column sums of those row values (bias gradients: each sum cast and
+// accumulated along a chain of single uses). Any other op would be left out of the kernel.
+static LogicalResult verifyLayerNormGradRegion(FusionOp fusion) {
+  LayerNormGradOp lg;
+  for (Operation& op : fusion.getFusedOps())
+    if (auto l = dyn_cast<LayerNormGradOp>(op)) lg = l;
+  llvm::DenseSet<Value> rows{lg.getInputGrad()}, columns;
+  for (Operation& op : fusion.getFusedOps()) {
+    if (&op == lg.getOperation()) continue;
+    auto fromRows = llvm::any_of(op.getOperands(), [&](Value v) { return rows.contains(v); });
+    auto fromColumns = llvm::any_of(op.getOperands(), [&](Value v) { return columns.contains(v); });
+    if (auto acc = dyn_cast<AccumulateGradOp>(op)) {
+      Value g = acc.getGradient();
+      if (g == lg.getWeightGrad() || g == lg.getBiasGrad() || columns.contains(g)) continue;
+      return op.emitOpError() << "in a fusion of kind 'layer_norm_grad' may accumulate only the kiln.layer_norm_grad's "
+                                 "weight and bias gradients and the column sums of its input gradient";
+    }
+    if (isa<ReduceSumOp>(op) && fromRows) {
+      columns.insert(op.getResult(0));
+      continue;
+    }
+    if (isa<CastOp>(op) && fromColumns) {
+      columns.insert(op.getResult(0));
+      continue;
+    }
+    if (isa<AddOp, CastOp>(op) && fromRows && !fromColumns) {
+      rows.insert(op.getResult(0));
+      continue;
+    }
+    return op.emitOpError() << "in a fusion of kind 'layer_norm_grad': only adds and casts of the input gradient, "
+                               "column sums of those (cast and accumulated), and the accumulation of the weight and "
+                               "bias gradients may join it";
+  }
+  for (Operation& op : fusion.getFusedOps())
+    if (op.getNumResults() == 1 && columns.contains(op.getResult(0)) && !op.getResult(0).hasOneUse())
+      return op.emitOpError() << "in a fusion of kind 'layer_norm_grad' is a column sum (or its cast) "
+                                                 "read more than once: the kernel carries each along one chain of uses";
+  return success();
+}
+
 LogicalResult FusionOp::verify() {
   Block& block = getBlock();
   if (block.getNumArguments() != getInputs().size())
@@ -561,11 +659,37 @@ LogicalResult FusionOp::verify() {
   if (kind == "elementwise") {
     if (matmuls + norms + normGrads + ces + ceGrads + embGrads + adams + sums)
       return emitOpError() << "of kind 'elementwise' holds a non-elementwise op";
-    return success();
+    int64_t n = 0;  // the loop runs over the largest value's elements
+    for (Operation& op : getFusedOps()) {
+      for (Value r : op.getResults()) n = std::max(n, numElements(r));
+      if (auto acc = dyn_cast<AccumulateGradOp>(op)) n = std::max(n, numElements(acc.getGradient()));
+    }
+    return verifyStoredPerElement(*this, n, "its largest value", [](Operation*) { return true; });
   }
-  if (kind == "matmul") return exactlyOne(matmuls, "kiln.matmul");
-  if (kind == "layer_norm") return exactlyOne(norms, "kiln.layer_norm");
-  if (kind == "layer_norm_grad") return exactlyOne(normGrads, "kiln.layer_norm_grad");
+  if (kind == "matmul") {
+    if (failed(exactlyOne(matmuls, "kiln.matmul"))) return failure();
+    // The bias gradient (column sums, and the casts and accumulation of them) has a loop of its own.
+    llvm::SmallPtrSet<Operation*, 4> columns;
+    MatmulOp mm;
+    for (Operation& op : getFusedOps()) {
+      if (auto m = dyn_cast<MatmulOp>(op)) mm = m;
+      if (isa<ReduceSumOp>(op) ||
+          (isa<CastOp, AccumulateGradOp>(op) && llvm::any_of(op.getOperands(), [&](Value v) {
+             return v.getDefiningOp() && columns.contains(v.getDefiningOp());
+           })))
+        columns.insert(&op);
+    }
+    return verifyStoredPerElement(*this, numElements(mm.getResult()), "the kiln.matmul's result",
+                                  [&](Operation* op) { return !columns.contains(op); });
+  }
+  if (kind == "layer_norm") {
+    if (failed(exactlyOne(norms, "kiln.layer_norm"))) return failure();
+    return verifyLayerNormRegion(*this);
+  }
+  if (kind == "layer_norm_grad") {
+    if (failed(exactlyOne(normGrads, "kiln.layer_norm_grad"))) return failure();
+    return verifyLayerNormGradRegion(*this);
+  }
   if (kind == "classifier") {
     if (ceGrads > 1) return emitOpError() << "of kind 'classifier' holds " << ceGrads << " kiln.cross_entropy_grad";
     if (failed(exactlyOne(ces, "kiln.cross_entropy"))) return failure();
@@ -591,9 +715,10 @@ LogicalResult FusionOp::verify() {
   }
   if (kind == "reduce_sum") {  // the column sums first, then what consumes them
     if (failed(exactlyOne(sums, "kiln.reduce_sum"))) return failure();
-    if (!isa<ReduceSumOp>(*getFusedOps().begin()))
-      return emitOpError() << "of kind 'reduce_sum' must begin with its kiln.reduce_sum";
-    return success();
+    auto sum = dyn_cast<ReduceSumOp>(*getFusedOps().begin());
+    if (!sum) return emitOpError() << "of kind 'reduce_sum' must begin with its kiln.reduce_sum";
+    return verifyStoredPerElement(*this, numElements(sum.getResult()), "the column sums",
+                                  [](Operation*) { return true; });
   }
   if (kind == "embedding_grad") {
     // The kernel scatters the rows straight into the gradient accumulator, or into the zeroed

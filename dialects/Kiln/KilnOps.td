@@ -553,20 +553,24 @@ def Kiln_FusionOp : Kiln_Op<"fusion", [IsolatedFromAbove, RecursiveMemoryEffects
 
     `kind` says which kernel template the code generators use:
     - `elementwise`: elementwise ops, broadcasts, casts, gathers (`kiln.embedding`) and gradient
-      accumulation, over the elements of the root's result;
+      accumulation, in one loop over the elements of the largest value;
     - `matmul`: one `kiln.matmul` of two region inputs with its epilogue (elementwise ops on its
       result: bias, GELU, residual add, GELU backward, casts, gradient accumulation) and the bias
       gradient (`kiln.reduce_sum` of the right operand over rows, accumulated);
-    - `layer_norm`: one `kiln.layer_norm` with the residual add that produces its input and the
-      casts of its output;
-    - `layer_norm_grad`: one `kiln.layer_norm_grad` with the residual-gradient add, casts and the
-      accumulation of its weight and bias gradients;
+    - `layer_norm`: one `kiln.layer_norm`, the elementwise ops that compute its input (the
+      residual add; only the input itself is yielded) and the casts of its output;
+    - `layer_norm_grad`: one `kiln.layer_norm_grad`, the adds and casts that follow its input
+      gradient (the residual gradient), column sums of those (cast and accumulated along one chain
+      of uses) and the accumulation of its weight and bias gradients;
     - `classifier`: `kiln.cross_entropy` and its `kiln.cross_entropy_grad` (the probabilities are
       never stored), or the loss alone;
     - `reduce_sum`: one `kiln.reduce_sum` (column sums), first, then what consumes the sums;
     - `embedding_grad`: `kiln.embedding_grad` scattered straight into the gradient accumulator;
     - `optimizer`: `kiln.clip_coef` and every `kiln.adamw` of the optimizer step, each reading its
       gradient from a region input.
+
+    Where a template runs one loop (elementwise, a matmul's epilogue, the column sums of
+    `reduce_sum`), every value it yields or accumulates has the loop's element count.
 
     `kernel` names the kernel after the ops it fuses (`matmul_add_gelu`): letters, digits and `_`
     only, as it becomes part of a C function's name in the generated source.

@@ -394,3 +394,153 @@ func.func @two_embedding_grads(%g: tensor<4x8xf32>, %i: tensor<4xi32>) -> (tenso
   }
   return %0#0, %0#1 : tensor<16x8xf32>, tensor<16x8xf32>
 }
+
+// -----
+
+// The layer_norm kernel writes the norm, its casts and its statistics: a GELU of the output would
+// be left out of it.
+func.func @layer_norm_then_gelu(%x: tensor<4x8xf32>, %w: tensor<8xf32>, %b: tensor<8xf32>) -> tensor<4x8xf32> {
+  %0 = kiln.fusion "layer_norm" "layer_norm_gelu"(%x, %w, %b) : (tensor<4x8xf32>, tensor<8xf32>, tensor<8xf32>) -> tensor<4x8xf32> {
+  ^bb0(%a: tensor<4x8xf32>, %aw: tensor<8xf32>, %ab: tensor<8xf32>):
+    %y, %m, %r = kiln.layer_norm %a, %aw, %ab : tensor<4x8xf32>, tensor<8xf32>, tensor<8xf32> -> tensor<4x8xf32>, tensor<4xf32>, tensor<4xf32>
+    // expected-error @+1 {{'kiln.gelu' op in a fusion of kind 'layer_norm': only the ops that compute the kiln.layer_norm's input and the kiln.cast of its output may join it}}
+    %g = kiln.gelu %y : tensor<4x8xf32>
+    kiln.yield %g : tensor<4x8xf32>
+  }
+  return %0 : tensor<4x8xf32>
+}
+
+// -----
+
+// The layer_norm kernel evaluates its input at each element of a row: a matrix product cannot be.
+func.func @layer_norm_of_matmul(%x: tensor<4x2xf32>, %v: tensor<2x8xf32>, %w: tensor<8xf32>, %b: tensor<8xf32>) -> tensor<4x8xf32> {
+  %0 = kiln.fusion "layer_norm" "matmul_layer_norm"(%x, %v, %w, %b) : (tensor<4x2xf32>, tensor<2x8xf32>, tensor<8xf32>, tensor<8xf32>) -> tensor<4x8xf32> {
+  ^bb0(%a: tensor<4x2xf32>, %av: tensor<2x8xf32>, %aw: tensor<8xf32>, %ab: tensor<8xf32>):
+    // expected-error @+1 {{'kiln.matmul' op in a fusion of kind 'layer_norm' computes the kiln.layer_norm's input, which the kernel evaluates element by element: only elementwise ops, broadcasts and gathers may}}
+    %p = kiln.matmul %a, %av : tensor<4x2xf32>, tensor<2x8xf32> -> tensor<4x8xf32>
+    %y, %m, %r = kiln.layer_norm %p, %aw, %ab : tensor<4x8xf32>, tensor<8xf32>, tensor<8xf32> -> tensor<4x8xf32>, tensor<4xf32>, tensor<4xf32>
+    kiln.yield %y : tensor<4x8xf32>
+  }
+  return %0 : tensor<4x8xf32>
+}
+
+// -----
+
+// Of the ops before the norm, the kernel stores only the value the norm reads (the residual sum).
+func.func @layer_norm_yields_before(%x: tensor<4x8xf32>, %w: tensor<8xf32>, %b: tensor<8xf32>) -> (tensor<4x8xf32>, tensor<4x8xf32>) {
+  // expected-error @+1 {{'kiln.fusion' op of kind 'layer_norm' yields (as result #0) a value the kiln.layer_norm's input is computed from: the kernel stores only the input itself}}
+  %0:2 = kiln.fusion "layer_norm" "gelu_add_layer_norm"(%x, %w, %b) : (tensor<4x8xf32>, tensor<8xf32>, tensor<8xf32>) -> (tensor<4x8xf32>, tensor<4x8xf32>) {
+  ^bb0(%a: tensor<4x8xf32>, %aw: tensor<8xf32>, %ab: tensor<8xf32>):
+    %g = kiln.gelu %a : tensor<4x8xf32>
+    %s = kiln.add %g, %a : tensor<4x8xf32>
+    %y, %m, %r = kiln.layer_norm %s, %aw, %ab : tensor<4x8xf32>, tensor<8xf32>, tensor<8xf32> -> tensor<4x8xf32>, tensor<4xf32>, tensor<4xf32>
+    kiln.yield %g, %y : tensor<4x8xf32>, tensor<4x8xf32>
+  }
+  return %0#0, %0#1 : tensor<4x8xf32>, tensor<4x8xf32>
+}
+
+// -----
+
+// The layer_norm_grad kernel writes the input gradient and the adds and casts that follow it: a
+// GELU backward after it would be left out.
+func.func @layer_norm_grad_then_gelu_grad(%dy: tensor<4x8xf32>, %x: tensor<4x8xf32>, %w: tensor<8xf32>, %m: tensor<4xf32>, %r: tensor<4xf32>) -> tensor<4x8xf32> {
+  %0 = kiln.fusion "layer_norm_grad" "layer_norm_grad_gelu_grad"(%dy, %x, %w, %m, %r) : (tensor<4x8xf32>, tensor<4x8xf32>, tensor<8xf32>, tensor<4xf32>, tensor<4xf32>) -> tensor<4x8xf32> {
+  ^bb0(%a: tensor<4x8xf32>, %ax: tensor<4x8xf32>, %aw: tensor<8xf32>, %am: tensor<4xf32>, %ar: tensor<4xf32>):
+    %dx, %dw, %db = kiln.layer_norm_grad %a, %ax, %aw, %am, %ar : tensor<4x8xf32>, tensor<4x8xf32>, tensor<8xf32>, tensor<4xf32>, tensor<4xf32> -> tensor<4x8xf32>, tensor<8xf32>, tensor<8xf32>
+    // expected-error @+1 {{'kiln.gelu_grad' op in a fusion of kind 'layer_norm_grad': only adds and casts of the input gradient, column sums of those (cast and accumulated), and the accumulation of the weight and bias gradients may join it}}
+    %g = kiln.gelu_grad %dx, %ax : tensor<4x8xf32>
+    kiln.yield %g : tensor<4x8xf32>
+  }
+  return %0 : tensor<4x8xf32>
+}
+
+// -----
+
+// Accumulation in a layer_norm_grad region is of its weight and bias gradients (or the column sums).
+kiln.parameter @w : tensor<4x8xf32> {init = "zeros"}
+func.func @layer_norm_grad_accumulates_input(%dy: tensor<4x8xf32>, %x: tensor<4x8xf32>, %w: tensor<8xf32>, %m: tensor<4xf32>, %r: tensor<4xf32>) -> tensor<4x8xf32> {
+  %0 = kiln.fusion "layer_norm_grad" "layer_norm_grad_accumulate_grad"(%dy, %x, %w, %m, %r) : (tensor<4x8xf32>, tensor<4x8xf32>, tensor<8xf32>, tensor<4xf32>, tensor<4xf32>) -> tensor<4x8xf32> {
+  ^bb0(%a: tensor<4x8xf32>, %ax: tensor<4x8xf32>, %aw: tensor<8xf32>, %am: tensor<4xf32>, %ar: tensor<4xf32>):
+    %dx, %dw, %db = kiln.layer_norm_grad %a, %ax, %aw, %am, %ar : tensor<4x8xf32>, tensor<4x8xf32>, tensor<8xf32>, tensor<4xf32>, tensor<4xf32> -> tensor<4x8xf32>, tensor<8xf32>, tensor<8xf32>
+    // expected-error @+1 {{'kiln.accumulate_grad' op in a fusion of kind 'layer_norm_grad' may accumulate only the kiln.layer_norm_grad's weight and bias gradients and the column sums of its input gradient}}
+    kiln.accumulate_grad @w, %ax : tensor<4x8xf32>
+    kiln.yield %dx : tensor<4x8xf32>
+  }
+  return %0 : tensor<4x8xf32>
+}
+
+// -----
+
+// A column sum is carried along one chain of uses (its cast, then its accumulation).
+kiln.parameter @bias : tensor<8xf32> {init = "zeros"}
+func.func @layer_norm_grad_sum_read_twice(%dy: tensor<4x8xf32>, %x: tensor<4x8xf32>, %w: tensor<8xf32>, %m: tensor<4xf32>, %r: tensor<4xf32>) -> (tensor<4x8xf32>, tensor<8xf32>, tensor<8xf32>, tensor<8xf32>) {
+  %0:4 = kiln.fusion "layer_norm_grad" "layer_norm_grad_reduce_sum"(%dy, %x, %w, %m, %r) : (tensor<4x8xf32>, tensor<4x8xf32>, tensor<8xf32>, tensor<4xf32>, tensor<4xf32>) -> (tensor<4x8xf32>, tensor<8xf32>, tensor<8xf32>, tensor<8xf32>) {
+  ^bb0(%a: tensor<4x8xf32>, %ax: tensor<4x8xf32>, %aw: tensor<8xf32>, %am: tensor<4xf32>, %ar: tensor<4xf32>):
+    %dx, %dw, %db = kiln.layer_norm_grad %a, %ax, %aw, %am, %ar : tensor<4x8xf32>, tensor<4x8xf32>, tensor<8xf32>, tensor<4xf32>, tensor<4xf32> -> tensor<4x8xf32>, tensor<8xf32>, tensor<8xf32>
+    // expected-error @+1 {{'kiln.reduce_sum' op in a fusion of kind 'layer_norm_grad' is a column sum (or its cast) read more than once: the kernel carries each along one chain of uses}}
+    %s = kiln.reduce_sum %dx : tensor<4x8xf32> -> tensor<8xf32>
+    kiln.accumulate_grad @bias, %s : tensor<8xf32>
+    kiln.yield %dx, %dw, %db, %s : tensor<4x8xf32>, tensor<8xf32>, tensor<8xf32>, tensor<8xf32>
+  }
+  return %0#0, %0#1, %0#2, %0#3 : tensor<4x8xf32>, tensor<8xf32>, tensor<8xf32>, tensor<8xf32>
+}
+
+// -----
+
+// An elementwise kernel loops over its largest value: accumulating a smaller tensor in it would
+// write past that tensor's end.
+kiln.parameter @b : tensor<8xf32> {init = "zeros"}
+func.func @elementwise_accumulates_smaller(%x: tensor<4x8xf32>, %b: tensor<8xf32>) -> tensor<4x8xf32> {
+  %0 = kiln.fusion "elementwise" "gelu_accumulate_grad"(%x, %b) : (tensor<4x8xf32>, tensor<8xf32>) -> tensor<4x8xf32> {
+  ^bb0(%a: tensor<4x8xf32>, %ab: tensor<8xf32>):
+    %g = kiln.gelu %a : tensor<4x8xf32>
+    // expected-error @+1 {{'kiln.accumulate_grad' op in a fusion of kind 'elementwise' accumulates 8 elements, but its kernel loops over the 32 elements of its largest value}}
+    kiln.accumulate_grad @b, %ab : tensor<8xf32>
+    kiln.yield %g : tensor<4x8xf32>
+  }
+  return %0 : tensor<4x8xf32>
+}
+
+// -----
+
+// Nor can it store a smaller result.
+func.func @elementwise_yields_smaller(%x: tensor<4x8xf32>, %b: tensor<8xf32>) -> (tensor<4x8xf32>, tensor<8xf32>) {
+  // expected-error @+1 {{'kiln.fusion' op of kind 'elementwise' yields (as result #1) 8 elements, but its kernel stores them in its loop over the 32 elements of its largest value}}
+  %0:2 = kiln.fusion "elementwise" "gelu_gelu"(%x, %b) : (tensor<4x8xf32>, tensor<8xf32>) -> (tensor<4x8xf32>, tensor<8xf32>) {
+  ^bb0(%a: tensor<4x8xf32>, %ab: tensor<8xf32>):
+    %g = kiln.gelu %a : tensor<4x8xf32>
+    %h = kiln.gelu %ab : tensor<8xf32>
+    kiln.yield %g, %h : tensor<4x8xf32>, tensor<8xf32>
+  }
+  return %0#0, %0#1 : tensor<4x8xf32>, tensor<8xf32>
+}
+
+// -----
+
+// A matmul's epilogue loops over the product: the bias accumulated there would be written 4 times
+// past its end (its gradient is a column sum, kiln.reduce_sum, with a loop of its own).
+kiln.parameter @b : tensor<8xf32> {init = "zeros"}
+func.func @matmul_accumulates_bias(%x: tensor<4x2xf32>, %v: tensor<2x8xf32>, %b: tensor<8xf32>) -> tensor<4x8xf32> {
+  %0 = kiln.fusion "matmul" "matmul_accumulate_grad"(%x, %v, %b) : (tensor<4x2xf32>, tensor<2x8xf32>, tensor<8xf32>) -> tensor<4x8xf32> {
+  ^bb0(%a: tensor<4x2xf32>, %av: tensor<2x8xf32>, %ab: tensor<8xf32>):
+    %p = kiln.matmul %a, %av : tensor<4x2xf32>, tensor<2x8xf32> -> tensor<4x8xf32>
+    // expected-error @+1 {{'kiln.accumulate_grad' op in a fusion of kind 'matmul' accumulates 8 elements, but its kernel loops over the 32 elements of the kiln.matmul's result}}
+    kiln.accumulate_grad @b, %ab : tensor<8xf32>
+    kiln.yield %p : tensor<4x8xf32>
+  }
+  return %0 : tensor<4x8xf32>
+}
+
+// -----
+
+// A reduce_sum kernel loops over the column sums: a value as large as its input cannot be stored there.
+func.func @reduce_sum_yields_broadcast(%x: tensor<4x8xf32>) -> tensor<4x8xf32> {
+  // expected-error @+1 {{'kiln.fusion' op of kind 'reduce_sum' yields (as result #0) 32 elements, but its kernel stores them in its loop over the 8 elements of the column sums}}
+  %0 = kiln.fusion "reduce_sum" "reduce_sum_broadcast"(%x) : (tensor<4x8xf32>) -> tensor<4x8xf32> {
+  ^bb0(%a: tensor<4x8xf32>):
+    %s = kiln.reduce_sum %a : tensor<4x8xf32> -> tensor<8xf32>
+    %b = kiln.broadcast %s : tensor<8xf32> -> tensor<4x8xf32>
+    kiln.yield %b : tensor<4x8xf32>
+  }
+  return %0 : tensor<4x8xf32>
+}
