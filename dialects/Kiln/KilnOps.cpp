@@ -494,8 +494,6 @@ LogicalResult GlobalNormOp::verify() {
   return success();
 }
 
-// A fusion region's interface (block arguments, yield) matches its operands and results, and its
-// body holds what its kind's kernel template can generate.
 static int64_t numElements(Value v) { return cast<RankedTensorType>(v.getType()).getNumElements(); }
 
 // The elementwise, matmul-epilogue and column-sum templates run one loop over n elements and
@@ -587,11 +585,13 @@ static LogicalResult verifyLayerNormGradRegion(FusionOp fusion) {
   }
   for (Operation& op : fusion.getFusedOps())
     if (op.getNumResults() == 1 && columns.contains(op.getResult(0)) && !op.getResult(0).hasOneUse())
-      return op.emitOpError() << "in a fusion of kind 'layer_norm_grad' is a column sum (or its cast) "
-                                                 "read more than once: the kernel carries each along one chain of uses";
+      return op.emitOpError() << "in a fusion of kind 'layer_norm_grad' is a column sum (or its cast) read more "
+                                 "than once: the kernel carries each along one chain of uses";
   return success();
 }
 
+// A fusion region's interface (block arguments, yield) matches its operands and results, and its
+// body holds what its kind's kernel template can generate.
 LogicalResult FusionOp::verify() {
   Block& block = getBlock();
   if (block.getNumArguments() != getInputs().size())
