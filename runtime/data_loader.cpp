@@ -197,7 +197,8 @@ std::string DataLoader::skipped_note() const {
                   std::to_string(world_size_) + (world_size_ == 1 ? " rank" : " ranks") + ", plus 1 target: " +
                   std::to_string(step_ + 1) + " tokens) left out:";
   for (size_t i = 0; i < skipped_.size() && i < 3; ++i)
-    s += (i ? ", " : " ") + skipped_[i].first + " (" + std::to_string(skipped_[i].second) + " tokens)";
+    s += (i ? ", " : " ") + skipped_[i].first + " (" + std::to_string(skipped_[i].second) +
+         (skipped_[i].second == 1 ? " token)" : " tokens)");
   if (skipped_.size() > 3) s += " and " + std::to_string(skipped_.size() - 3) + " more";
   return s;
 }

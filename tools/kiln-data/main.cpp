@@ -307,6 +307,7 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
   Split train, val;
   train.name = "train";
   val.name = "val";
+  std::vector<std::string> lone;  // shards of one token: no (input, next token) pair fits in them
   auto write_shard = [&](Split& s, size_t count) {
     if (s.shards.size() >= 1000)
       throw Error("prepare: more than 1000 " + s.name + " shards; use a larger --shard-tokens");
@@ -316,6 +317,7 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
     s.pending.erase(s.pending.begin(), s.pending.begin() + static_cast<std::ptrdiff_t>(count));
     write_token_shard((tmp / name).string(), shard);
     s.shards.push_back(name);
+    if (count == 1) lone.push_back(name);
   };
 
   try {
@@ -428,6 +430,10 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
         std::printf("%zu shards: %s .. %s\n", s->shards.size(), (out / s->shards.front()).string().c_str(),
                     (out / s->shards.back()).string().c_str());
     }
+    for (const std::string& name : lone)
+      std::fprintf(stderr, "note: %s holds 1 token: too short for any batch (one needs B*T+1 tokens), so train "
+                   "skips it as data and refuses it as --val-data; another --shard-tokens or --val-fraction avoids it\n",
+                   (out / name).string().c_str());
     // Shards of an earlier data set are gone: said, since other data may have been there.
     if (replaced) std::printf("replaced %zu older shard%s in %s\n", replaced, replaced == 1 ? "" : "s", o.out.c_str());
     if (removed) std::printf("removed %zu older shard%s from %s\n", removed, removed == 1 ? "" : "s", o.out.c_str());
