@@ -37,11 +37,21 @@ inline llvm::SmallVector<std::pair<unsigned, unsigned>> inPlacePairs(mlir::Opera
     return pairs;
   }
   if (fusion.getKind() != "elementwise") return pairs;
-  // Inputs read only by elementwise ops (not gathered or broadcast) are read at the same element.
+  // The kernel loops over the elements of the region's largest value. An input of that size read
+  // only by elementwise ops (not gathered, broadcast or taken as a scale factor) is read at the
+  // same element; a smaller one is read again at later elements (through a broadcast).
+  int64_t n = 0;
+  for (mlir::Operation& op : fusion.getFusedOps()) {
+    for (mlir::Value r : op.getResults()) n = std::max(n, mlir::cast<mlir::RankedTensorType>(r.getType()).getNumElements());
+    if (auto acc = mlir::dyn_cast<AccumulateGradOp>(op))
+      n = std::max(n, mlir::cast<mlir::RankedTensorType>(acc.getGradient().getType()).getNumElements());
+  }
   for (auto [i, arg] : llvm::enumerate(fusion.getBlock().getArguments())) {
-    bool sameElement = llvm::all_of(arg.getUsers(), [](mlir::Operation* u) {
+    if (mlir::cast<mlir::RankedTensorType>(arg.getType()).getNumElements() != n) continue;
+    mlir::Value in = arg;
+    bool sameElement = llvm::all_of(in.getUsers(), [&](mlir::Operation* u) {
       return mlir::isa<AddOp, MulOp, ScaleOp, GeluOp, GeluGradOp, CastOp>(u) &&
-             !(mlir::isa<ScaleOp>(u) && u->getOperand(1) == u->getOperand(0));
+             !(mlir::isa<ScaleOp>(u) && u->getOperand(1) == in);
     });
     if (!sameElement) continue;
     for (unsigned r = 0; r < fusion.getNumResults(); ++r) pairs.push_back({r, unsigned(i)});

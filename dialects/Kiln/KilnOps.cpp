@@ -568,6 +568,11 @@ static LogicalResult verifyLayerNormGradRegion(FusionOp fusion) {
                                  "weight and bias gradients and the column sums of its input gradient";
     }
     if (isa<ReduceSumOp>(op) && fromRows) {
+      // The kernel sums each of the row's C columns (a sum to [T, C] would be left unwritten).
+      if (numElements(op.getResult(0)) != numElements(lg.getWeightGrad()))
+        return op.emitOpError() << "in a fusion of kind 'layer_norm_grad' must sum the rows into "
+                                << numElements(lg.getWeightGrad()) << " columns (the kernel's), not "
+                                << numElements(op.getResult(0));
       columns.insert(op.getResult(0));
       continue;
     }
@@ -666,8 +671,18 @@ LogicalResult FusionOp::verify() {
     }
     return verifyStoredPerElement(*this, n, "its largest value", [](Operation*) { return true; });
   }
+  // The other anchors (a layer norm, the loss, an optimizer update...) have templates of their own.
+  auto onlyAnchor = [&](StringRef what, int allowed) -> LogicalResult {
+    if (norms + normGrads + ces + ceGrads + embGrads + adams + matmuls + sums > allowed)
+      return emitOpError() << "of kind '" << kind << "' holds an op its kernel template leaves out: only " << what
+                           << " and the elementwise ops on it may join it";
+    return success();
+  };
   if (kind == "matmul") {
     if (failed(exactlyOne(matmuls, "kiln.matmul"))) return failure();
+    if (sums > 1)
+      return emitOpError() << "of kind 'matmul' holds " << sums << " kiln.reduce_sum (a bias gradient's column sums; one at most)";
+    if (failed(onlyAnchor("its kiln.matmul (with a bias gradient's kiln.reduce_sum)", 1 + sums))) return failure();
     // The bias gradient (column sums, and the casts and accumulation of them) has a loop of its own.
     llvm::SmallPtrSet<Operation*, 4> columns;
     MatmulOp mm;
@@ -715,6 +730,7 @@ LogicalResult FusionOp::verify() {
   }
   if (kind == "reduce_sum") {  // the column sums first, then what consumes them
     if (failed(exactlyOne(sums, "kiln.reduce_sum"))) return failure();
+    if (failed(onlyAnchor("its kiln.reduce_sum", 1))) return failure();
     auto sum = dyn_cast<ReduceSumOp>(*getFusedOps().begin());
     if (!sum) return emitOpError() << "of kind 'reduce_sum' must begin with its kiln.reduce_sum";
     return verifyStoredPerElement(*this, numElements(sum.getResult()), "the column sums",
@@ -736,6 +752,14 @@ LogicalResult FusionOp::verify() {
   }
   if (kind == "optimizer") {
     if (adams == 0) return emitOpError() << "of kind 'optimizer' needs at least one kiln.adamw";
+    // The kernel computes the clipping coefficient once, then updates each tensor.
+    int clips = 0;
+    for (Operation& op : getFusedOps()) {
+      clips += isa<ClipCoefOp>(op);
+      if (!isa<AdamWOp, ClipCoefOp>(op) || clips > 1)
+        return op.emitOpError() << "in a fusion of kind 'optimizer': only kiln.adamw updates and one kiln.clip_coef "
+                                   "may join it";
+    }
     // One kernel updates every tensor with one set of hyperparameters (scale, lr, betas, eps,
     // weight decay, step); only the parameter and its gradient differ.
     AdamWOp first;

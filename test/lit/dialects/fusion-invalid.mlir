@@ -544,3 +544,80 @@ func.func @reduce_sum_yields_broadcast(%x: tensor<4x8xf32>) -> tensor<4x8xf32> {
   }
   return %0 : tensor<4x8xf32>
 }
+
+// -----
+
+// The layer_norm_grad kernel sums the rows into the norm's C columns: a sum to [T, C] would be
+// written only in its first C elements.
+kiln.parameter @wpe : tensor<2x8xf32> {init = "zeros"}
+func.func @layer_norm_grad_sum_to_rows(%dy: tensor<2x2x8xf32>, %x: tensor<2x2x8xf32>, %w: tensor<8xf32>, %m: tensor<4xf32>, %r: tensor<4xf32>) -> tensor<2x2x8xf32> {
+  %0 = kiln.fusion "layer_norm_grad" "layer_norm_grad_reduce_sum"(%dy, %x, %w, %m, %r) : (tensor<2x2x8xf32>, tensor<2x2x8xf32>, tensor<8xf32>, tensor<4xf32>, tensor<4xf32>) -> tensor<2x2x8xf32> {
+  ^bb0(%a: tensor<2x2x8xf32>, %ax: tensor<2x2x8xf32>, %aw: tensor<8xf32>, %am: tensor<4xf32>, %ar: tensor<4xf32>):
+    %dx, %dw, %db = kiln.layer_norm_grad %a, %ax, %aw, %am, %ar : tensor<2x2x8xf32>, tensor<2x2x8xf32>, tensor<8xf32>, tensor<4xf32>, tensor<4xf32> -> tensor<2x2x8xf32>, tensor<8xf32>, tensor<8xf32>
+    // expected-error @+1 {{'kiln.reduce_sum' op in a fusion of kind 'layer_norm_grad' must sum the rows into 8 columns (the kernel's), not 16}}
+    %s = kiln.reduce_sum %dx : tensor<2x2x8xf32> -> tensor<2x8xf32>
+    kiln.accumulate_grad @wpe, %s : tensor<2x8xf32>
+    kiln.yield %dx : tensor<2x2x8xf32>
+  }
+  return %0 : tensor<2x2x8xf32>
+}
+
+// -----
+
+// A matmul kernel is the product and its epilogue: an optimizer update in it would be left out.
+kiln.parameter @w : tensor<4xf32> {init = "zeros"}
+func.func @matmul_with_adamw(%x: tensor<4x2xf32>, %v: tensor<2x8xf32>, %g: tensor<4xf32>, %h: tensor<f32>) -> tensor<4x8xf32> {
+  // expected-error @+1 {{'kiln.fusion' op of kind 'matmul' holds an op its kernel template leaves out: only its kiln.matmul (with a bias gradient's kiln.reduce_sum) and the elementwise ops on it may join it}}
+  %0 = kiln.fusion "matmul" "matmul_adamw"(%x, %v, %g, %h) : (tensor<4x2xf32>, tensor<2x8xf32>, tensor<4xf32>, tensor<f32>) -> tensor<4x8xf32> {
+  ^bb0(%a: tensor<4x2xf32>, %av: tensor<2x8xf32>, %ag: tensor<4xf32>, %s: tensor<f32>):
+    %p = kiln.matmul %a, %av : tensor<4x2xf32>, tensor<2x8xf32> -> tensor<4x8xf32>
+    kiln.adamw @w, %ag scale %s lr %s betas(%s, %s) eps %s weight_decay %s step %s : tensor<4xf32>
+    kiln.yield %p : tensor<4x8xf32>
+  }
+  return %0 : tensor<4x8xf32>
+}
+
+// -----
+
+// One bias gradient per matmul kernel (its column-sum loop).
+func.func @matmul_two_sums(%x: tensor<4x2xf32>, %v: tensor<2x8xf32>, %y: tensor<4x8xf32>) -> (tensor<4x8xf32>, tensor<8xf32>, tensor<8xf32>) {
+  // expected-error @+1 {{'kiln.fusion' op of kind 'matmul' holds 2 kiln.reduce_sum (a bias gradient's column sums; one at most)}}
+  %0:3 = kiln.fusion "matmul" "reduce_sum_reduce_sum_matmul"(%x, %v, %y) : (tensor<4x2xf32>, tensor<2x8xf32>, tensor<4x8xf32>) -> (tensor<4x8xf32>, tensor<8xf32>, tensor<8xf32>) {
+  ^bb0(%a: tensor<4x2xf32>, %av: tensor<2x8xf32>, %ay: tensor<4x8xf32>):
+    %s1 = kiln.reduce_sum %ay : tensor<4x8xf32> -> tensor<8xf32>
+    %s2 = kiln.reduce_sum %ay : tensor<4x8xf32> -> tensor<8xf32>
+    %p = kiln.matmul %a, %av : tensor<4x2xf32>, tensor<2x8xf32> -> tensor<4x8xf32>
+    kiln.yield %p, %s1, %s2 : tensor<4x8xf32>, tensor<8xf32>, tensor<8xf32>
+  }
+  return %0#0, %0#1, %0#2 : tensor<4x8xf32>, tensor<8xf32>, tensor<8xf32>
+}
+
+// -----
+
+// Nor does a reduce_sum kernel update parameters.
+kiln.parameter @w : tensor<4xf32> {init = "zeros"}
+func.func @reduce_sum_with_adamw(%x: tensor<4x8xf32>, %g: tensor<4xf32>, %h: tensor<f32>) -> tensor<8xf32> {
+  // expected-error @+1 {{'kiln.fusion' op of kind 'reduce_sum' holds an op its kernel template leaves out: only its kiln.reduce_sum and the elementwise ops on it may join it}}
+  %0 = kiln.fusion "reduce_sum" "reduce_sum_adamw"(%x, %g, %h) : (tensor<4x8xf32>, tensor<4xf32>, tensor<f32>) -> tensor<8xf32> {
+  ^bb0(%a: tensor<4x8xf32>, %ag: tensor<4xf32>, %s: tensor<f32>):
+    %r = kiln.reduce_sum %a : tensor<4x8xf32> -> tensor<8xf32>
+    kiln.adamw @w, %ag scale %s lr %s betas(%s, %s) eps %s weight_decay %s step %s : tensor<4xf32>
+    kiln.yield %r : tensor<8xf32>
+  }
+  return %0 : tensor<8xf32>
+}
+
+// -----
+
+// The optimizer kernel computes the clipping coefficient, then the updates: nothing else.
+kiln.parameter @w : tensor<4xf32> {init = "zeros"}
+func.func @optimizer_with_gelu(%g: tensor<4xf32>, %h: tensor<f32>) -> tensor<4xf32> {
+  %0 = kiln.fusion "optimizer" "gelu_adamw"(%g, %h) : (tensor<4xf32>, tensor<f32>) -> tensor<4xf32> {
+  ^bb0(%ag: tensor<4xf32>, %s: tensor<f32>):
+    kiln.adamw @w, %ag scale %s lr %s betas(%s, %s) eps %s weight_decay %s step %s : tensor<4xf32>
+    // expected-error @+1 {{'kiln.gelu' op in a fusion of kind 'optimizer': only kiln.adamw updates and one kiln.clip_coef may join it}}
+    %q = kiln.gelu %ag : tensor<4xf32>
+    kiln.yield %q : tensor<4xf32>
+  }
+  return %0 : tensor<4xf32>
+}

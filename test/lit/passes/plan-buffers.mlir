@@ -97,3 +97,28 @@ func.func @prefill() -> tensor<4x8xf32> {
   %s = kiln.add %y0, %y1 : tensor<4x8xf32>
   return %s : tensor<4x8xf32>
 }
+
+// -----
+
+// An elementwise region loops over its largest value: an input smaller than that (here read
+// through a broadcast, at i % 64 for every i of 128) is read again after the loop has passed its
+// elements, so the result never takes its storage, even with the same byte size.
+// CHECK-LABEL: func.func @forward
+// CHECK: kiln.gelu %{{.*}} {kiln.offsets = array<i64: 0>}
+// CHECK: kiln.fusion "elementwise" "gelu_cast_broadcast"(%{{.*}}) {kiln.offsets = array<i64: 256>}
+kiln.parameter @w : tensor<64xf32> {init = "zeros"}
+func.func @forward() -> tensor<f32> {
+  %w = kiln.param @w : tensor<64xf32>
+  %a = kiln.gelu %w : tensor<64xf32>
+  %r = kiln.fusion "elementwise" "gelu_cast_broadcast"(%a) : (tensor<64xf32>) -> tensor<2x64xbf16> {
+  ^bb0(%x: tensor<64xf32>):
+    %g = kiln.gelu %x : tensor<64xf32>
+    %c = kiln.cast %g : tensor<64xf32> -> tensor<64xbf16>
+    %b = kiln.broadcast %c : tensor<64xbf16> -> tensor<2x64xbf16>
+    kiln.yield %b : tensor<2x64xbf16>
+  }
+  %s = kiln.reduce_sum %r : tensor<2x64xbf16> -> tensor<64xbf16>
+  %f = kiln.cast %s : tensor<64xbf16> -> tensor<64xf32>
+  %l = kiln.reduce_sum %f : tensor<64xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}
