@@ -376,9 +376,18 @@ class Emitter {
     std::string name = "v" + num(next_++);
     body_ += "    const float " + name + " = " + (isBF16(sum.getResult()) ? "rb((float)acc)" : "(float)acc") + ";\n";
     local_[sum.getResult()] = name;
-    locals(ops.drop_front(), "    ");
+    locals(columnsWide(ops.drop_front(), K), "    ");
     stores(ops, "    ");
     body_ += "  }\n";
+  }
+
+  // The ops over the K columns, which become locals of the column loop; smaller values (a scalar
+  // factor) are read where they are used, at their own index.
+  static SmallVector<Operation*> columnsWide(ArrayRef<Operation*> ops, int64_t K) {
+    SmallVector<Operation*> wide;
+    for (Operation* op : ops)
+      if (op->getNumResults() && numel(op->getResult(0)) == K) wide.push_back(op);
+    return wide;
   }
 
   // CUDA: the product and the epilogues cuBLASLt has (bias, GELU with its pre-activation as the
@@ -920,7 +929,7 @@ class Emitter {
     std::string name = "v" + num(next_++);
     body_ += "  const float " + name + " = " + (isBF16(sum.getResult()) ? "rb(acc)" : "acc") + ";\n";
     local_[sum.getResult()] = name;
-    locals(ArrayRef<Operation*>(ops).drop_front(), "  ");
+    locals(columnsWide(ArrayRef<Operation*>(ops).drop_front(), K), "  ");
     stores(ops, "  ");
     return success();
   }
