@@ -396,8 +396,12 @@ class Emitter {
   // accumulated terms, the bias gradient's column sums).
   LogicalResult cudaMatmulNote(MatmulOp mm, ArrayRef<Operation*> epilogue, ArrayRef<Operation*> columns, int64_t M,
                                int64_t N, int64_t K) {
+    // cuBLASLt computes D = act(A B + beta C + bias): C and the bias are added before the
+    // activation (GELU, or DGELU: the GELU backward) and everything after it is added to D by the
+    // generated function.
     std::string epi = "DEFAULT";
-    bool bias = false, gelu = false, beta = false;
+    bool bias = false, gelu = false, beta = false, termBeforeAct = false;
+    auto activated = [&] { return gelu || epi == "DGELU"; };
     Value cur = mm.getResult();
     std::string c = "none", aux = "none", biasIn = "none", d;
     SmallVector<Value> extraTerms;
@@ -409,14 +413,15 @@ class Emitter {
       if (isa<BroadcastOp>(op) || !llvm::is_contained(op->getOperands(), cur)) continue;
       if (auto add = dyn_cast<AddOp>(op)) {
         Value other = add.getLhs() == cur ? add.getRhs() : add.getLhs();
-        if (auto b = other.getDefiningOp<BroadcastOp>(); b && !bias && !gelu && !beta) {
+        // The bias is one value per column of D: a broadcast of N elements.
+        if (auto b = other.getDefiningOp<BroadcastOp>(); b && numel(b.getInput()) == N && !bias && !activated() && !beta) {
           bias = true;
           biasValue = b.getInput();
           if (!isa<BlockArgument>(biasValue))
             return f_.emitError() << "kilnc: CUDA: cuBLASLt reads the bias from memory; this one is computed "
                                      "in the region";
           biasIn = ptr_[cast<BlockArgument>(biasValue)];
-        } else if (!beta && !gelu) {
+        } else if (!beta && !activated()) {
           beta = true;
           residual = other;
           if (!isa<BlockArgument>(other))
@@ -424,13 +429,16 @@ class Emitter {
                                      "computed in the region";
           c = ptr_[cast<BlockArgument>(other)];
         } else {
+          termBeforeAct |= !activated();
           extraTerms.push_back(other);
         }
-      } else if (isa<GeluOp>(op) && !gelu) {
+      } else if (isa<GeluOp>(op) && !activated()) {
+        if (termBeforeAct)
+          return op->emitError() << "kilnc: CUDA: cuBLASLt adds one term and a bias before its GELU; this product has more";
         gelu = true;
         if (!outs_.lookup(cur).empty()) aux = outs_.lookup(cur).front();
-      } else if (auto gg = dyn_cast<GeluGradOp>(op); gg && epi == "DEFAULT" && !bias && gg->getOperand(0) == cur &&
-                                                     isa<BlockArgument>(gg->getOperand(1))) {
+      } else if (auto gg = dyn_cast<GeluGradOp>(op); gg && !activated() && !bias && !beta && !termBeforeAct &&
+                                                     gg->getOperand(0) == cur && isa<BlockArgument>(gg->getOperand(1))) {
         epi = "DGELU";
         aux = ptr_[cast<BlockArgument>(gg->getOperand(1))];
       } else if (auto a = dyn_cast<AccumulateGradOp>(op)) {
@@ -454,7 +462,12 @@ class Emitter {
     else if (bias) epi = "BIAS";
     else if (gelu) epi = aux == "none" ? "GELU" : "GELU_AUX";
     if (acc) {
-      // C is the accumulator; a residual term is added by the generated function instead.
+      // C is the accumulator, added before the activation: only a plain product (and bias) adds
+      // to a gradient in the same call.
+      if (activated())
+        return acc->emitError() << "kilnc: CUDA: cuBLASLt would add the accumulator before its "
+                                << (gelu ? "GELU" : "GELU backward") << "; accumulate the result in a region of its own";
+      // A residual term is added by the generated function instead.
       if (residual) extraTerms.insert(extraTerms.begin(), residual);
       d = state_[acc.getOperation()][0];
       c = d;
@@ -463,6 +476,15 @@ class Emitter {
       auto o = outs_.lookup(cur);
       if (o.empty()) return f_.emitError() << "kilnc: CUDA: the matmul region must yield its last value (cuBLASLt writes D there) or accumulate it";
       d = o.front();
+      // cuBLASLt's C has D's type; a term of the other type is added by the generated function.
+      if (residual && isBF16(residual) != isBF16(cur)) {
+        if (activated())
+          return f_.emitError() << "kilnc: CUDA: a term added before a GELU must have the product's output type "
+                                   "(cuBLASLt adds it as C, in D's type)";
+        extraTerms.insert(extraTerms.begin(), residual);
+        c = "none";
+        beta = false;
+      }
     }
     // cuBLASLt gives D and the auxiliary output only: every other result must be one of them.
     for (auto& [v, names] : outs_)
