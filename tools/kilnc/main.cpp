@@ -346,8 +346,15 @@ int main(int argc, char** argv) {
     if (emit == "plan") return print(*module);
 
     kiln::WriteOptions options;
-    options.recompute = recompute;
-    // Planned IR says itself whether it was fused.
+    // Planned IR says itself whether it recomputes (kiln-recompute's clones are marked; "cheap"
+    // is the one mode that makes them) and whether it was fused.
+    options.recompute =
+        planned ? (module->walk([](Operation* op) {
+                    return op->hasAttr("kiln.recomputed") ? WalkResult::interrupt() : WalkResult::advance();
+                  }).wasInterrupted()
+                       ? "cheap"
+                       : "none")
+                : recompute;
     options.fusion = planned ? module->walk([](kiln::FusionOp) { return WalkResult::interrupt(); }).wasInterrupted()
                              : !noFusion;
     options.dumpKernelsDir = dumpKernels;
