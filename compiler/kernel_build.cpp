@@ -20,6 +20,8 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <string>
+#include <string_view>
 #include <thread>
 
 #include "runtime/file_io.h"
@@ -233,6 +235,26 @@ bool isWholeElf(const std::vector<uint8_t>& f) {
   return shoff <= f.size() && uint64_t(shentsize) * shnum <= f.size() - shoff;
 }
 
+// The source without its whole-line comments: where in the model a kernel comes from (`// at
+// loc(...)`, which moves with the spec's path and lines) changes no instruction, so the cache key
+// leaves it out. (A comment line ending in a backslash would continue onto the next: it stays.)
+std::string withoutCommentLines(const std::string& source) {
+  std::string code;
+  code.reserve(source.size());
+  for (size_t at = 0; at < source.size();) {
+    size_t end = source.find('\n', at);
+    end = end == std::string::npos ? source.size() : end + 1;
+    const std::string_view line(source.data() + at, end - at);
+    const size_t first = line.find_first_not_of(" \t");
+    const bool comment = first != std::string_view::npos && line.substr(first, 2) == "//" &&
+                         line.find_last_not_of("\r\n") != std::string_view::npos &&
+                         line[line.find_last_not_of("\r\n")] != '\\';
+    if (!comment) code.append(line);
+    at = end;
+  }
+  return code;
+}
+
 }  // namespace
 
 std::optional<std::vector<uint8_t>> compileCpuKernels(const std::string& source, std::string& error,
@@ -240,7 +262,7 @@ std::optional<std::vector<uint8_t>> compileCpuKernels(const std::string& source,
   const std::string cxx = hostCompiler(), compileFlags = cpuCompileFlags(), linkFlags = cpuLinkFlags();
   const std::string dir = cacheDir();
   char key[32];
-  std::snprintf(key, sizeof key, "%016llx", (unsigned long long)fnv1a(cxx + "\n" + compileFlags + " " + linkFlags + "\n" + cpuFlags() + "\n" + source));
+  std::snprintf(key, sizeof key, "%016llx", (unsigned long long)fnv1a(cxx + "\n" + compileFlags + " " + linkFlags + "\n" + cpuFlags() + "\n" + withoutCommentLines(source)));
   const std::string cached = dir.empty() ? "" : dir + "/" + key + ".so";
   // A cache entry that is no shared library (emptied, cut short, another file) is built again.
   if (!cached.empty())
