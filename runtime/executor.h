@@ -67,6 +67,7 @@ class Executor {
 
   // Per-opcode wall time of every instruction run since profiling was enabled.
   void enable_profiling(bool on) { profile_ = on; }
+  void reset_profile() { profile_by_op_.clear(); }
   void print_profile() const;
 
   const Module& module() const { return module_; }

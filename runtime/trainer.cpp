@@ -617,7 +617,15 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     throw Error(what);
   };
   int interrupted = 0;
+  int64_t profiled_from = first_step + 1, last_started = first_step;  // 1-based steps
   for (int64_t step = first_step; step < o.steps; ++step) {
+    last_started = step + 1;
+    // The run's first step warms up (first touch of the arena, threads, library heuristics, graph
+    // capture): --profile's table is of the steps after it, where there are any.
+    if (o.profile && step == first_step + 1 && o.steps > first_step + 1) {
+      ex.reset_profile();
+      profiled_from = step + 1;
+    }
     if (scan && !scan->error().empty()) {
       if (world > 1) throw Error(scan->error());
       stop_for_data(step, loader.shard(), loader.position(), scan->error());
@@ -873,7 +881,16 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   if (root && ex.device_bytes())
     std::fprintf(stderr, "device memory: %.1f MiB held by Kiln (the arena %.1f MiB, the rest workspaces and tables)\n",
                  double(ex.device_bytes()) / double(1 << 20), double(ex.arena_bytes()) / double(1 << 20));
-  if (o.profile && root) ex.print_profile();
+  if (o.profile && root) {
+    if (profiled_from > first_step + 1)
+      std::fprintf(stderr, "profile of step%s %lld%s%s (step %lld, the first, warms up; it is left out)\n",
+                   last_started > profiled_from ? "s" : "", (long long)profiled_from,
+                   last_started > profiled_from ? "-" : "",
+                   last_started > profiled_from ? std::to_string(last_started).c_str() : "", (long long)first_step + 1);
+    else
+      std::fprintf(stderr, "profile of step %lld (the run's only step: it includes the warm-up)\n", (long long)last_started);
+    ex.print_profile();
+  }
   // An interrupted run saves the weights it has too (its log says how far it got).
   if (!o.save.empty() && root) {
     save_parameters(ex, o.save);
