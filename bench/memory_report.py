@@ -45,7 +45,7 @@ def main() -> int:
             d = json.load(f)
         kiln[key] = OrderedDict(
             report=path, precision=d["model"]["precision"], recompute=d["recompute"]["mode"],
-            arena_bytes=d["arena_bytes"], naive_bytes=d["naive_bytes"],
+            activation_bytes=d["activation_bytes"], naive_bytes=d["naive_bytes"],
             param_bytes=d["param_bytes"], accounting=d["accounting"], flops=d["flops"],
             recompute_report=d["recompute"],
             peak=OrderedDict(program=d["peak"]["program"], live_bytes=d["peak"]["live_bytes"],
@@ -79,30 +79,30 @@ def main() -> int:
     say("Kiln: planned activation arena (kilnc --emit=module [--recompute=cheap]; kiln-inspect --json)")
     rows = []
     for key, k in kiln.items():
-        rows.append([f"{k['precision']} recompute={k['recompute']}", f"{k['arena_bytes']:,}",
-                     gib(k["arena_bytes"]), f"{k['naive_bytes']:,}", gib(k["naive_bytes"]),
-                     f"{k['arena_bytes'] / k['naive_bytes']:.3f}", gib(k["param_bytes"])])
-    say(table(rows, ["kiln config", "arena_bytes", "", "naive_bytes", "",
+        rows.append([f"{k['precision']} recompute={k['recompute']}", f"{k['activation_bytes']:,}",
+                     gib(k["activation_bytes"]), f"{k['naive_bytes']:,}", gib(k["naive_bytes"]),
+                     f"{k['activation_bytes'] / k['naive_bytes']:.3f}", gib(k["param_bytes"])])
+    say(table(rows, ["kiln config", "activation_bytes", "", "naive_bytes", "",
                      "arena/naive", "param_bytes"]))
     say("")
 
     # 2. Recompute.
-    say("Kiln --recompute=cheap vs none (saved = arena_bytes(none) - arena_bytes(cheap); "
+    say("Kiln --recompute=cheap vs none (saved = activation_bytes(none) - activation_bytes(cheap); "
         "extra = kiln-inspect recompute.flops)")
     rows, recompute = [], OrderedDict()
     for prec in ("fp32", "bf16"):
         a, b = kiln.get(f"{prec}:none"), kiln.get(f"{prec}:cheap")
         if not a or not b:
             continue
-        saved = a["arena_bytes"] - b["arena_bytes"]
+        saved = a["activation_bytes"] - b["activation_bytes"]
         extra = b["recompute_report"]["flops"]
         step = b["flops"]["forward"] + b["flops"]["backward"]
-        recompute[prec] = OrderedDict(bytes_saved=saved, fraction_saved=saved / a["arena_bytes"],
+        recompute[prec] = OrderedDict(bytes_saved=saved, fraction_saved=saved / a["activation_bytes"],
                                       extra_flops=extra, step_flops=step,
                                       extra_fraction=extra / step,
                                       kernels=b["recompute_report"]["kernels"])
-        rows.append([prec, gib(a["arena_bytes"]), gib(b["arena_bytes"]),
-                     f"{saved:,} ({gib(saved)}, {100 * saved / a['arena_bytes']:.1f}%)",
+        rows.append([prec, gib(a["activation_bytes"]), gib(b["activation_bytes"]),
+                     f"{saved:,} ({gib(saved)}, {100 * saved / a['activation_bytes']:.1f}%)",
                      f"{extra:.4g} ({100 * extra / step:.3f}% of fwd+bwd {step:.4g})",
                      str(b["recompute_report"]["kernels"])])
     say(table(rows, ["precision", "arena none", "arena cheap", "bytes saved",
@@ -150,18 +150,18 @@ def main() -> int:
         cols.append((f"{v}:saved", f"{v} saved"))
         if v == "eager":
             cols.append(("eager:saved-minus-TT", "eager saved - [B,H,T,T]"))
-    say(f"Kiln arena_bytes / PyTorch (B={Bt}); like for like is the PEAK columns (both are the "
+    say(f"Kiln activation_bytes / PyTorch (B={Bt}); like for like is the PEAK columns (both are the "
         "peak of live activation bytes over forward+backward, activation gradients included); "
         "'saved' (what autograd keeps for backward) is a lower bound for PyTorch")
     rows, ratios = [], OrderedDict()
     for key, k in kiln.items():
         prec = k["precision"]
-        row = [f"{prec} recompute={k['recompute']}", gib(k["arena_bytes"])]
+        row = [f"{prec} recompute={k['recompute']}", gib(k["activation_bytes"])]
         for c, _ in cols:
             v = pyt.get(f"{prec}:{c}")
             if v:
-                ratios[f"{key} / pytorch {prec}:{c}"] = k["arena_bytes"] / v
-                row.append(f"{k['arena_bytes'] / v:.3f} (of {gib(v)})")
+                ratios[f"{key} / pytorch {prec}:{c}"] = k["activation_bytes"] / v
+                row.append(f"{k['activation_bytes'] / v:.3f} (of {gib(v)})")
             else:
                 row.append("-")
         rows.append(row)

@@ -15,7 +15,7 @@ that is the reference's bf16 policy, the one Kiln's bf16 implements).  Two figur
            torch.profiler's memory events (profile_memory=True); parameters, their .grad (allocated
            before the step, so backward accumulates into them in place) and the inputs are
            allocated before the measured region and are not counted.  This is the figure to set
-           beside Kiln's arena_bytes, which is the peak of planned live activation bytes of the
+           beside Kiln's activation_bytes (kiln-inspect --json), which is the peak of planned live activation bytes of the
            same forward + backward (activation gradients and weight-gradient temporaries included).
            (The live bytes at the end of the forward equal `saved` exactly: nothing else is held.)
 

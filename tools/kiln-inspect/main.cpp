@@ -142,8 +142,8 @@ void print_text(const ordered_json& j) {
   const auto& a = j["accounting"];
   std::printf("memory     %s in one arena: state %s + activations %s (planned: %.2fx the %s they take without reuse)\n",
               human(j["total_arena_bytes"].get<double>()).c_str(), human(j["state_bytes"].get<double>()).c_str(),
-              human(j["arena_bytes"].get<double>()).c_str(),
-              j["arena_bytes"].get<double>() / std::max(1.0, j["naive_bytes"].get<double>()),
+              human(j["activation_bytes"].get<double>()).c_str(),
+              j["activation_bytes"].get<double>() / std::max(1.0, j["naive_bytes"].get<double>()),
               human(j["naive_bytes"].get<double>()).c_str());
   std::string dtypes;
   for (const auto& [d, b] : j["buffers"]["bytes_by_dtype"].items()) dtypes += " " + d + " " + human(b.get<double>());

@@ -100,7 +100,7 @@ void add_memory_report(const Module& m, nlohmann::ordered_json& j) {
   const fb::Module& f = m.fb();
   std::map<fb::BufferKind, uint64_t> by_kind;
   for (const fb::Buffer* b : *f.buffers()) by_kind[b->kind()] += b->size();
-  j["arena_bytes"] = f.activation_size();
+  j["activation_bytes"] = f.activation_size();
   j["naive_bytes"] = f.naive_activation_size();
   j["state_bytes"] = f.state_size();
   j["total_arena_bytes"] = f.arena_size();
