@@ -83,15 +83,19 @@ def Schedule : Pass<"kiln-schedule", "::mlir::ModuleOp"> {
 def BucketGradients : Pass<"kiln-bucket-gradients", "::mlir::ModuleOp"> {
   let summary = "Place the cross-rank gradient reductions in the step program";
   let description = [{
-    Groups the parameters into buckets of at most `bucket-mb` megabytes of fp32 gradients, in
+    Groups the parameters into buckets of about `bucket-mb` megabytes of fp32 gradients, in
     the order the (scheduled) backward pass of `@micro_step` finishes their gradients, and puts
     a `kiln.reduce_gradients` right after the last `kiln.accumulate_grad` of each bucket, so
     that averaging a finished bucket across ranks overlaps the backward work that follows it.
     `@optimizer_step` starts with a `kiln.wait_gradients`. In a single process these do nothing.
+    A bucket closes when the next gradient would take it past `bucket-mb`, except where one fused
+    kernel finishes several gradients: they stay in one bucket (it may then be larger), since its
+    reduction can start only after that kernel. A parameter larger than `bucket-mb` is a bucket
+    alone.
   }];
   let options = [
     Option<"bucketMB", "bucket-mb", "double", /*default=*/"25.0",
-           "largest bucket, in MB of fp32 gradients (a larger parameter is a bucket alone; default 25)">
+           "bucket size, in MB of fp32 gradients (the gradients one fused kernel finishes stay together, and a larger parameter is a bucket alone; default 25)">
   ];
   let dependentDialects = ["::kiln::KilnDialect"];
 }
