@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <set>
 #include <nlohmann/json.hpp>
@@ -318,7 +319,19 @@ int main(int argc, char** argv) {
                                      : std::string(flag) == "--svg" ? Writes::Svg
                                                                     : Writes::KernelSource);
       }
-    Module m = Module::load(path);  // loading verifies the module and its memory plan
+    // Loading verifies the module and its memory plan. A training log given instead is named.
+    Module m = [&] {
+      try {
+        return Module::load(path);
+      } catch (const Error& e) {
+        std::ifstream in(path);
+        char first = 0;
+        if (std::string_view(e.what()).find("not a Kiln module") != std::string_view::npos && in.get(first) &&
+            first == '{')
+          throw Error(path + ": is a JSON log (kiln-inspect plot " + path + " -o loss.svg draws it), not a Kiln module");
+        throw;
+      }
+    }();
     if (verify) {
       std::printf("plan verified: %s, %u buffers, no two live buffers overlap\n", path.c_str(),
                   m.fb().buffers()->size());
