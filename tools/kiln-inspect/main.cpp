@@ -138,8 +138,19 @@ void print_text(const ordered_json& j) {
               m["vocab_size"].get<int>(), m["block_size"].get<int>());
   std::printf("compiled   B=%d T=%d %s %s\n", m["batch_size"].get<int>(), m["seq_len"].get<int>(),
               m["precision"].get<std::string>().c_str(), m["target"].get<std::string>().c_str());
-  std::printf("parameters %zu tensors, %lld values\n", j["parameters"].size(),
-              (long long)j["parameter_count"].get<int64_t>());
+  // The token embedding's rows past V pad the vocabulary (to a multiple of 64: GPT-2's 50304);
+  // they get no gradient, and are left out of the model's usual count.
+  int64_t padded = 0;
+  for (const auto& p : j["parameters"])
+    if (p["name"] == "wte.weight" && p["shape"].size() == 2)
+      padded = (p["shape"][0].get<int64_t>() - m["vocab_size"].get<int64_t>()) * p["shape"][1].get<int64_t>();
+  const int64_t count = j["parameter_count"].get<int64_t>();
+  if (padded > 0)
+    std::printf("parameters %zu tensors, %lld values (%lld without the %lld padding rows of wte)\n",
+                j["parameters"].size(), (long long)count, (long long)(count - padded),
+                (long long)(padded / m["n_embd"].get<int64_t>()));
+  else
+    std::printf("parameters %zu tensors, %lld values\n", j["parameters"].size(), (long long)count);
   const auto& a = j["accounting"];
   std::printf("memory     %s in one arena: state %s + activations %s (planned: %.2fx the %s they take without reuse)\n",
               human(j["total_arena_bytes"].get<double>()).c_str(), human(j["state_bytes"].get<double>()).c_str(),
