@@ -3,6 +3,7 @@
 #pragma once
 
 #include "Kiln/KilnDialect.h"
+#include "llvm/ADT/SmallPtrSet.h"
 
 namespace kiln {
 
@@ -19,7 +20,8 @@ inline uint64_t byteSize(mlir::Value v) {
 
 // (result, operand) pairs whose storage a kernel may share: the result is written element by
 // element over an operand that the kernel reads only at the same element (or, for the fused
-// classifier, a row it has finished reading).
+// classifier, a row it has finished reading). The planner also makes sure that no other operand
+// of the op shares that storage.
 inline llvm::SmallVector<std::pair<unsigned, unsigned>> inPlacePairs(mlir::Operation* op) {
   llvm::SmallVector<std::pair<unsigned, unsigned>> pairs;
   if (mlir::isa<AddOp, MulOp, ScaleOp, GeluOp, GeluGradOp>(op)) {
@@ -48,11 +50,23 @@ inline llvm::SmallVector<std::pair<unsigned, unsigned>> inPlacePairs(mlir::Opera
   }
   for (auto [i, arg] : llvm::enumerate(fusion.getBlock().getArguments())) {
     if (mlir::cast<mlir::RankedTensorType>(arg.getType()).getNumElements() != n) continue;
-    mlir::Value in = arg;
-    bool sameElement = llvm::all_of(in.getUsers(), [&](mlir::Operation* u) {
-      return mlir::isa<AddOp, MulOp, ScaleOp, GeluOp, GeluGradOp, CastOp>(u) &&
-             !(mlir::isa<ScaleOp>(u) && u->getOperand(1) == in);
-    });
+    // Everything computed from the input must be read at the same element too: a GELU of it
+    // gathered as an embedding table reads other elements, after the loop has written them.
+    bool sameElement = true;
+    llvm::SmallVector<mlir::Value> work{arg};
+    llvm::SmallPtrSet<mlir::Operation*, 8> seen;
+    while (sameElement && !work.empty()) {
+      mlir::Value v = work.pop_back_val();
+      for (mlir::Operation* u : v.getUsers()) {
+        if (mlir::isa<YieldOp, AccumulateGradOp>(u)) continue;  // stored at the same element
+        if (!mlir::isa<AddOp, MulOp, ScaleOp, GeluOp, GeluGradOp, CastOp>(u) ||
+            (mlir::isa<ScaleOp>(u) && u->getOperand(1) == v)) {
+          sameElement = false;
+          break;
+        }
+        if (seen.insert(u).second) work.append(u->result_begin(), u->result_end());
+      }
+    }
     if (!sameElement) continue;
     for (unsigned r = 0; r < fusion.getNumResults(); ++r) pairs.push_back({r, unsigned(i)});
   }

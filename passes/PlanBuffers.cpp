@@ -60,15 +60,24 @@ class FunctionPlanner {
       if (auto kv = dyn_cast<KvCacheOp>(op)) note(kv.getResult(), 0), note(kv.getResult(), end);
     }
 
-    // 3. In place: a result takes over an operand group that ends at this op.
+    // 3. In place: a result takes over an operand group that ends at this op, unless another
+    // operand in that group (the same value, or a reshape of it) is read at other elements.
     for (Operation& op : body_) {
       llvm::DenseSet<unsigned> placed;
-      for (auto [r, i] : inPlacePairs(&op)) {
+      const auto pairs = inPlacePairs(&op);
+      for (auto [r, i] : pairs) {
         if (placed.count(r)) continue;
         Value out = op.getResult(r), in = op.getOperand(i);
         if (persistent_.count(in) || byteSize(in) != byteSize(out)) continue;
         Value g = leader(in), o = leader(out);
         if (g == o || groups_[g].last != position_[&op]) continue;
+        const bool sharedElsewhere = llvm::any_of(llvm::enumerate(op.getOperands()), [&](auto operand) {
+          const unsigned j = unsigned(operand.index());
+          Value v = operand.value();
+          return j != i && !persistent_.count(v) && parent_.count(v) && leader(v) == g &&
+                 !llvm::is_contained(pairs, std::pair<unsigned, unsigned>{r, j});
+        });
+        if (sharedElsewhere) continue;
         Interval merged = groups_[g];
         merged.last = std::max(merged.last, groups_[o].last);
         merged.size = std::max(merged.size, groups_[o].size);

@@ -122,3 +122,53 @@ func.func @forward() -> tensor<f32> {
   %l = kiln.reduce_sum %f : tensor<64xf32> -> tensor<f32>
   return %l : tensor<f32>
 }
+
+// -----
+
+// What is computed from an input must be read at the same element too: a GELU of it gathered as
+// an embedding table (rows 0..3, read again for each of the 2 copies the broadcast makes) reads
+// elements the loop has written, so the result does not take the input's storage.
+// CHECK-LABEL: func.func @forward
+// CHECK: kiln.gelu %{{.*}} {kiln.offsets = array<i64: 0>}
+// CHECK: kiln.fusion "elementwise" "gelu_iota_embedding_broadcast"(%{{.*}}) {kiln.offsets = array<i64: 256>}
+kiln.parameter @w : tensor<8x8xf32> {init = "zeros"}
+func.func @forward() -> tensor<f32> {
+  %w = kiln.param @w : tensor<8x8xf32>
+  %a = kiln.gelu %w : tensor<8x8xf32>
+  %r = kiln.fusion "elementwise" "gelu_iota_embedding_broadcast"(%a) : (tensor<8x8xf32>) -> tensor<2x4x8xf32> {
+  ^bb0(%x: tensor<8x8xf32>):
+    %g = kiln.gelu %x : tensor<8x8xf32>
+    %i = kiln.iota : tensor<4xi32>
+    %e = kiln.embedding %g[%i] : tensor<8x8xf32>, tensor<4xi32> -> tensor<4x8xf32>
+    %b = kiln.broadcast %e : tensor<4x8xf32> -> tensor<2x4x8xf32>
+    kiln.yield %b : tensor<2x4x8xf32>
+  }
+  %f = kiln.reshape %r : tensor<2x4x8xf32> -> tensor<64xf32>
+  %l = kiln.reduce_sum %f : tensor<64xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}
+
+// -----
+
+// One storage passed twice: as %x, read at the same element, and (through a reshape) as %t, a
+// gathered table. The result would overwrite rows of %t before they are read again.
+// CHECK-LABEL: func.func @forward
+// CHECK: kiln.gelu %{{.*}} {kiln.offsets = array<i64: 0>}
+// CHECK: kiln.fusion "elementwise" "iota_embedding_broadcast_add"(%{{.*}}, %{{.*}}) {kiln.offsets = array<i64: 256>}
+kiln.parameter @w : tensor<8x8xf32> {init = "zeros"}
+func.func @forward() -> tensor<f32> {
+  %w = kiln.param @w : tensor<8x8xf32>
+  %a = kiln.gelu %w : tensor<8x8xf32>
+  %ar = kiln.reshape %a : tensor<8x8xf32> -> tensor<2x4x8xf32>
+  %r = kiln.fusion "elementwise" "iota_embedding_broadcast_add"(%ar, %a) : (tensor<2x4x8xf32>, tensor<8x8xf32>) -> tensor<2x4x8xf32> {
+  ^bb0(%x: tensor<2x4x8xf32>, %t: tensor<8x8xf32>):
+    %i = kiln.iota : tensor<4xi32>
+    %e = kiln.embedding %t[%i] : tensor<8x8xf32>, tensor<4xi32> -> tensor<4x8xf32>
+    %b = kiln.broadcast %e : tensor<4x8xf32> -> tensor<2x4x8xf32>
+    %y = kiln.add %x, %b : tensor<2x4x8xf32>
+    kiln.yield %y : tensor<2x4x8xf32>
+  }
+  %f = kiln.reshape %r : tensor<2x4x8xf32> -> tensor<64xf32>
+  %l = kiln.reduce_sum %f : tensor<64xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}
