@@ -22,7 +22,7 @@ void add_fusion_report(const Module& m, nlohmann::ordered_json& j) {
   const fb::Module& f = m.fb();
   const auto* kernels = f.kernels();
   j["fusion"] = f.fusion();
-  int64_t ops = 0, step = 0, opt = 0, builtin = 0;
+  int64_t ops = 0, step = 0, opt = 0, builtin = 0, instrs = 0;
   // Launches of each generated kernel per program.
   std::map<uint32_t, std::map<std::string, int>> uses;
   for (const char* name : {"micro_step", "optimizer_step"}) {
@@ -35,19 +35,21 @@ void add_fusion_report(const Module& m, nlohmann::ordered_json& j) {
         const uint32_t k = uint32_t(ins->ints()->Get(0));
         uses[k][name]++;
         (step_program ? step : opt) += kernels->Get(k)->launches();  // a cuBLASLt call and a function
+        instrs += step_program;
         if (step_program) ops += kernels->Get(k)->ops()->size();
       } else {
         (step_program ? step : opt)++;
-        if (step_program) ops += 1, builtin += 1;
+        if (step_program) ops += 1, builtin += 1, instrs += 1;
       }
     }
   }
   j["ops_before_fusion"] = ops;
-  j["kernels_per_micro_step"] = step;
+  j["kernels_per_micro_step"] = step;  // launches: a cuda kernel may be a cuBLASLt call and a function
   j["builtin_kernels_per_micro_step"] = builtin;  // of them, the runtime's own (BLAS, layer norm, ...)
   j["optimizer_kernels"] = opt;
   const int layers = f.model()->n_layer();
   j["kernels_per_layer"] = layers > 0 ? double(step) / layers : 0.0;
+  j["kernel_instructions_per_micro_step"] = instrs;
   nlohmann::ordered_json list = nlohmann::ordered_json::array();
   if (kernels)
     for (uint32_t k = 0; k < kernels->size(); ++k) {
@@ -63,10 +65,16 @@ void add_fusion_report(const Module& m, nlohmann::ordered_json& j) {
 
 void print_fusion_report(const nlohmann::ordered_json& j) {
   const int64_t builtin = j.value("builtin_kernels_per_micro_step", int64_t(0));
-  std::printf("\nfusion     %s: %lld kernels per micro-step (%.1f per layer; %lld of them the runtime's built-in ones) "
-              "for %lld graph ops (%.2fx); optimizer step %lld kernels\n",
-              j["fusion"].get<bool>() ? "on" : "off (--no-fusion)", (long long)j["kernels_per_micro_step"].get<int64_t>(),
-              j["kernels_per_layer"].get<double>(), (long long)builtin, (long long)j["ops_before_fusion"].get<int64_t>(),
+  // On cuda a kernel may launch twice (its cuBLASLt call, then its function): both counts are given.
+  const int64_t instrs = j.value("kernel_instructions_per_micro_step", j["kernels_per_micro_step"].get<int64_t>());
+  const std::string count =
+      instrs == j["kernels_per_micro_step"].get<int64_t>()
+          ? std::to_string(instrs) + " kernels per micro-step ("
+          : j["kernels_per_micro_step"].dump() + " kernel launches per micro-step (" + std::to_string(instrs) + " kernels; ";
+  std::printf("\nfusion     %s: %s%.1f per layer, with the embedding and head; %lld of them the runtime's "
+              "built-in ones) for %lld graph ops (%.2fx); optimizer step %lld kernels\n",
+              j["fusion"].get<bool>() ? "on" : "off (--no-fusion)", count.c_str(), j["kernels_per_layer"].get<double>(),
+              (long long)builtin, (long long)j["ops_before_fusion"].get<int64_t>(),
               j["kernels_per_micro_step"].get<double>() / std::max(1.0, j["ops_before_fusion"].get<double>()),
               (long long)j["optimizer_kernels"].get<int64_t>());
   if (j["kernels"].empty()) return;
