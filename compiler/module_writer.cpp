@@ -234,6 +234,10 @@ class Writer {
       for (Value r : op.getResults()) {
         const unsigned i = cast<OpResult>(r).getResultNumber();
         std::string name = valueName(&op);
+        // A backward op keeps its forward op's location: its buffers are named as the backward's
+        // ("head/backward/matmul", the gradient of the head's input, beside "head/matmul").
+        if (ins.phase == fb::Phase::Backward)
+          name.insert(name.rfind('/') == std::string::npos ? 0 : name.rfind('/') + 1, "backward/");
         if (op.getNumResults() > 1) name += "#" + std::to_string(i);
         if (failed(checkOffset(&op, offsets, i, "the result's"))) return failure();
         uint32_t b = addBuffer(name, fb::BufferKind::Activation, r.getType(), uint64_t(offsets[i]));
