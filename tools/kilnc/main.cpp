@@ -109,7 +109,7 @@ int main(int argc, char** argv) {
        timing = false;
   int attentionRows = 0;
   std::string dumpKernels;
-  app.add_option("input", input, "model spec (.toml) or kiln IR (.mlir)")->required()->check(kiln::cli::non_empty());
+  app.add_option("input", input, "model spec (.toml) or kiln IR (.mlir, or - to read it from standard input)")->required()->check(kiln::cli::non_empty());
   app.add_option("-o,--output", output, "output file (default: stdout for IR)")->check(kiln::cli::non_empty());
   app.add_option("--emit", emit, "what to produce: graph, step, plan (IR), module, exe")
       ->capture_default_str()->check(CLI::IsMember({"graph", "step", "plan", "module", "exe"}));
@@ -145,7 +145,8 @@ int main(int argc, char** argv) {
   if (const int rc = kiln::cli::parse(app, argc, argv); rc >= 0) return rc;
 
   // A missing input first: any other complaint about the command line would hide it.
-  if (std::error_code ec; !std::filesystem::exists(input, ec)) {
+  const bool fromStdin = input == "-";  // kiln IR, as kiln-opt prints it
+  if (std::error_code ec; !fromStdin && !std::filesystem::exists(input, ec)) {
     std::fprintf(stderr, "error: %s: no such file\n", kiln::one_line(input).c_str());
     return 1;
   }
@@ -218,7 +219,7 @@ int main(int argc, char** argv) {
   // Writing over the input would lose the spec (or the IR) it was compiled from. Another name
   // for the same file (a link, ./x) counts too.
   std::error_code sameError;
-  if (!output.empty() && output != "-" &&
+  if (!output.empty() && output != "-" && !fromStdin &&
       (output == input || (std::filesystem::exists(output, sameError) &&
                            std::filesystem::equivalent(input, output, sameError)))) {
     std::fprintf(stderr, "error: -o %s names the input file; it would be overwritten\n",
@@ -249,10 +250,10 @@ int main(int argc, char** argv) {
   try {
     OwningOpRef<ModuleOp> module;
     kiln::ModelSpec spec;
-    const bool fromIR = llvm::StringRef(input).ends_with(".mlir");
+    const bool fromIR = fromStdin || llvm::StringRef(input).ends_with(".mlir");
     TimingScope reading = total.nest(fromIR ? "parse the IR" : "read the spec and build the graph IR");
     if (fromIR) {
-      kiln::check_not_a_device(input);
+      if (!fromStdin) kiln::check_not_a_device(input);
       {
         llvm::SourceMgr sm;
         InputDiagnostics handler(sm, &ctx);
