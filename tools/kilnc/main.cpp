@@ -226,6 +226,17 @@ int main(int argc, char** argv) {
                  kiln::one_line(output).c_str());
     return 1;
   }
+  // A name that says another kind of file than this writes is likely a slip: said, not refused.
+  {
+    const llvm::StringRef out(output);
+    const bool binary = emit == "exe" || emit == "module";
+    if (binary && (out.ends_with(".mlir") || out.ends_with(".toml")))
+      std::fprintf(stderr, "kilnc: warning: -o %s: --emit=%s writes a binary %s, not text (--emit=plan writes IR)\n",
+                   kiln::one_line(output).c_str(), emit.c_str(), emit == "exe" ? "executable" : "Kiln module");
+    else if (!binary && out.ends_with(".kiln"))
+      std::fprintf(stderr, "kilnc: warning: -o %s: --emit=%s writes MLIR text, not a Kiln module (--emit=module writes one)\n",
+                   kiln::one_line(output).c_str(), emit.c_str());
+  }
   // Nor another kind of file than it writes (a mistyped name: a program, data, notes).
   try {
     kiln::check_replaceable("-o", output, emit == "exe"      ? kiln::Writes::KilnExecutable
