@@ -189,8 +189,9 @@ void print_text(const ordered_json& j) {
     const auto& d = j["data_parallel"];
     double most = 0;
     for (const auto& b : d["arena_bytes_per_rank"]) most = std::max(most, b.get<double>());
-    std::printf("%s%d ranks%s: an arena of %s per rank (the largest; rank 0's %s), %s in one process\n",
-                c["buckets"].empty() ? "ranks      " : "  ", d["ranks"].get<int>(), d["zero"].get<int>() ? " with --zero 1" : "", human(most).c_str(),
+    std::printf("%s%d rank%s%s: an arena of %s per rank (the largest; rank 0's %s), %s in one process\n",
+                c["buckets"].empty() ? "ranks      " : "  ", d["ranks"].get<int>(), d["ranks"].get<int>() == 1 ? "" : "s",
+                d["zero"].get<int>() ? " with --zero 1" : "", human(most).c_str(),
                 human(d["arena_bytes_per_rank"][0].get<double>()).c_str(),
                 human(d["arena_bytes_one_process"].get<double>()).c_str());
   }
@@ -370,7 +371,7 @@ int main(int argc, char** argv) {
       emit(source, text->string_view(), " (" + std::to_string(text->size()) + " bytes)");
     } else {
       ordered_json j = report(m, rates);
-      if (ranks > 1) j["data_parallel"] = data_parallel_report(m, ranks, zero, bucket_mb);
+      if (app.count("--ranks")) j["data_parallel"] = data_parallel_report(m, ranks, zero, bucket_mb);
       // Names from the module (a spec path, a buffer name) need not be UTF-8: shown as U+FFFD.
       if (json) std::printf("%s\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
       else if (buffers) print_buffers(j);
