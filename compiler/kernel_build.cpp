@@ -245,10 +245,8 @@ std::string withoutCommentLines(const std::string& source) {
     size_t end = source.find('\n', at);
     end = end == std::string::npos ? source.size() : end + 1;
     const std::string_view line(source.data() + at, end - at);
-    const size_t first = line.find_first_not_of(" \t");
-    const bool comment = first != std::string_view::npos && line.substr(first, 2) == "//" &&
-                         line.find_last_not_of("\r\n") != std::string_view::npos &&
-                         line[line.find_last_not_of("\r\n")] != '\\';
+    const size_t first = line.find_first_not_of(" \t"), last = line.find_last_not_of("\r\n");
+    const bool comment = first != std::string_view::npos && line.substr(first, 2) == "//" && line[last] != '\\';
     if (!comment) code.append(line);
     at = end;
   }

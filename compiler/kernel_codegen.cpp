@@ -254,13 +254,9 @@ class Emitter {
   // --- Kinds -------------------------------------------------------------------------------
   // A flat loop over the root's elements.
   LogicalResult elementwise() {
-    int64_t n = 0;
+    const int64_t n = f_.getLoopSize();
     SmallVector<Operation*> ops;
-    for (Operation& op : f_.getFusedOps()) {
-      ops.push_back(&op);
-      for (Value r : op.getResults()) n = std::max(n, numel(r));
-      if (auto acc = dyn_cast<AccumulateGradOp>(op)) n = std::max(n, numel(acc.getGradient()));
-    }
+    for (Operation& op : f_.getFusedOps()) ops.push_back(&op);
     // Only values over all n elements become locals; smaller ones (broadcast or gathered
     // inputs) are read where they are used.
     SmallVector<Operation*> full;

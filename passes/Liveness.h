@@ -42,12 +42,7 @@ inline llvm::SmallVector<std::pair<unsigned, unsigned>> inPlacePairs(mlir::Opera
   // The kernel loops over the elements of the region's largest value. An input of that size read
   // only by elementwise ops (not gathered, broadcast or taken as a scale factor) is read at the
   // same element; a smaller one is read again at later elements (through a broadcast).
-  int64_t n = 0;
-  for (mlir::Operation& op : fusion.getFusedOps()) {
-    for (mlir::Value r : op.getResults()) n = std::max(n, mlir::cast<mlir::RankedTensorType>(r.getType()).getNumElements());
-    if (auto acc = mlir::dyn_cast<AccumulateGradOp>(op))
-      n = std::max(n, mlir::cast<mlir::RankedTensorType>(acc.getGradient().getType()).getNumElements());
-  }
+  const int64_t n = fusion.getLoopSize();
   for (auto [i, arg] : llvm::enumerate(fusion.getBlock().getArguments())) {
     if (mlir::cast<mlir::RankedTensorType>(arg.getType()).getNumElements() != n) continue;
     // Everything computed from the input must be read at the same element too: a GELU of it

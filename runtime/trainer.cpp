@@ -882,11 +882,12 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     std::fprintf(stderr, "device memory: %.1f MiB held by Kiln (the arena %.1f MiB, the rest workspaces and tables)\n",
                  double(ex.device_bytes()) / double(1 << 20), double(ex.arena_bytes()) / double(1 << 20));
   if (o.profile && root) {
+    const std::string steps = last_started > profiled_from
+                                  ? "steps " + std::to_string(profiled_from) + "-" + std::to_string(last_started)
+                                  : "step " + std::to_string(profiled_from);
     if (profiled_from > first_step + 1)
-      std::fprintf(stderr, "profile of step%s %lld%s%s (step %lld, the first, warms up; it is left out)\n",
-                   last_started > profiled_from ? "s" : "", (long long)profiled_from,
-                   last_started > profiled_from ? "-" : "",
-                   last_started > profiled_from ? std::to_string(last_started).c_str() : "", (long long)first_step + 1);
+      std::fprintf(stderr, "profile of %s (step %lld, the first, warms up; it is left out)\n", steps.c_str(),
+                   (long long)first_step + 1);
     else
       std::fprintf(stderr, "profile of step %lld (the run's only step: it includes the warm-up)\n", (long long)last_started);
     ex.print_profile();

@@ -494,7 +494,16 @@ LogicalResult GlobalNormOp::verify() {
   return success();
 }
 
-static int64_t numElements(Value v) { return cast<RankedTensorType>(v.getType()).getNumElements(); }
+static int64_t numElements(Value v) { return tensorType(v).getNumElements(); }
+
+int64_t FusionOp::getLoopSize() {
+  int64_t n = 0;
+  for (Operation& op : getFusedOps()) {
+    for (Value r : op.getResults()) n = std::max(n, numElements(r));
+    if (auto acc = dyn_cast<AccumulateGradOp>(op)) n = std::max(n, numElements(acc.getGradient()));
+  }
+  return n;
+}
 
 // The elementwise, matmul-epilogue and column-sum templates run one loop over n elements and
 // store each yielded value and each accumulated gradient at every index of it, so those must
@@ -664,12 +673,7 @@ LogicalResult FusionOp::verify() {
   if (kind == "elementwise") {
     if (matmuls + norms + normGrads + ces + ceGrads + embGrads + adams + sums)
       return emitOpError() << "of kind 'elementwise' holds a non-elementwise op";
-    int64_t n = 0;  // the loop runs over the largest value's elements
-    for (Operation& op : getFusedOps()) {
-      for (Value r : op.getResults()) n = std::max(n, numElements(r));
-      if (auto acc = dyn_cast<AccumulateGradOp>(op)) n = std::max(n, numElements(acc.getGradient()));
-    }
-    return verifyStoredPerElement(*this, n, "its largest value", [](Operation*) { return true; });
+    return verifyStoredPerElement(*this, getLoopSize(), "its largest value", [](Operation*) { return true; });
   }
   // The other anchors (a layer norm, the loss, an optimizer update...) have templates of their own.
   auto onlyAnchor = [&](StringRef what, int allowed) -> LogicalResult {

@@ -598,6 +598,9 @@ def Kiln_FusionOp : Kiln_Op<"fusion", [IsolatedFromAbove, RecursiveMemoryEffects
     ::mlir::Block &getBlock() { return getBody().front(); }
     // The ops the region fuses, in program order (without the terminator).
     auto getFusedOps() { return getBlock().without_terminator(); }
+    // The elements an elementwise kernel loops over: those of the largest value the region
+    // computes or accumulates.
+    int64_t getLoopSize();
   }];
 }
 

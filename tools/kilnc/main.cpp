@@ -360,13 +360,10 @@ int main(int argc, char** argv) {
     kiln::WriteOptions options;
     // Planned IR says itself whether it recomputes (kiln-recompute's clones are marked; "cheap"
     // is the one mode that makes them) and whether it was fused.
-    options.recompute =
-        planned ? (module->walk([](Operation* op) {
-                    return op->hasAttr("kiln.recomputed") ? WalkResult::interrupt() : WalkResult::advance();
-                  }).wasInterrupted()
-                       ? "cheap"
-                       : "none")
-                : recompute;
+    const bool recomputes = planned && module->walk([](Operation* op) {
+      return op->hasAttr("kiln.recomputed") ? WalkResult::interrupt() : WalkResult::advance();
+    }).wasInterrupted();
+    options.recompute = planned ? (recomputes ? "cheap" : "none") : recompute;
     options.fusion = planned ? module->walk([](kiln::FusionOp) { return WalkResult::interrupt(); }).wasInterrupted()
                              : !noFusion;
     options.dumpKernelsDir = dumpKernels;
