@@ -5,6 +5,7 @@
 #include "mlir/IR/DialectRegistry.h"
 #include "mlir/Tools/mlir-opt/MlirOptMain.h"
 #include "mlir/Transforms/Passes.h"
+#include "llvm/Support/CommandLine.h"
 #include "llvm/Support/ErrorHandling.h"
 #include "llvm/Support/Signals.h"
 #include "passes/Passes.h"
@@ -63,6 +64,12 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) asked |= std::strstr(argv[i], "mlir-print-op-on-diagnostic") != nullptr;
   static char quiet[] = "--mlir-print-op-on-diagnostic=false";
   if (!asked) args.insert(args.begin() + 1, quiet);
+  // The options registered by now are LLVM's own, most of them its code generators' (libLLVM is
+  // linked whole): 400 lines of --help that do nothing to a pass. They are hidden, so --help lists
+  // MLIR's options and the passes; --help-hidden still shows them.
+  for (auto& entry : llvm::cl::getRegisteredOptions())
+    if (entry.getKey() != "color" && entry.getKey() != "version")
+      entry.getValue()->setHiddenFlag(llvm::cl::Hidden);
   auto [input, output] = mlir::registerAndParseCLIOptions(int(args.size()), args.data(), "Kiln optimizer driver\n", registry);
   try {
     // LLVM's options keep the last of two -o; the other tools refuse the second.
