@@ -225,12 +225,12 @@ std::string memory_timeline_svg(const Module& m) {
   const char* colour[] = {"#4e79a7", "#f28e2b", "#59a14f", "#b07aa1"};  // by phase
   for (const Span& s : spans) {
     const fb::Buffer& b = m.buffer(s.buffer);
-    add("<rect x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%.2f\" fill=\"%s\" fill-opacity=\"0.75\" stroke=\"#333\" stroke-width=\"0.2\"><title>%s: %llu bytes, kernels %lld..%lld</title></rect>\n",
+    add("<rect x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%.2f\" fill=\"%s\" fill-opacity=\"0.75\" stroke=\"#333\" stroke-width=\"0.2\"><title>%s: %llu bytes, live at instrs %lld..%lld</title></rect>\n",
         left + s.first * sx, top + (double(b.offset()) - base) * sy, std::max(1.0, (s.last - s.first + 1) * sx),
         std::max(0.5, double(b.size()) * sy), colour[int(s.producer->phase()) & 3], xml_escaped(b.name()->str()).c_str(),
         (unsigned long long)b.size(), (long long)s.first, (long long)s.last);
   }
-  add("<text x=\"%.0f\" y=\"%.0f\">kernel index (time) &#8594;</text>\n", left, H - 12);
+  add("<text x=\"%.0f\" y=\"%.0f\">instruction index (time: kernels and built-in ops) &#8594;</text>\n", left, H - 12);
   add("<text x=\"14\" y=\"%.0f\" transform=\"rotate(-90 14 %.0f)\">arena offset &#8595;</text>\n", top + 200, top + 200);
   const char* names[] = {"forward", "backward", "recompute", "optimizer"};
   for (int i = 0; i < 4; ++i)
