@@ -33,6 +33,10 @@ constexpr size_t kCudaConstantTableBytes = 62 * 1024;
 
 RankedTensorType tensorOf(Value v) { return cast<RankedTensorType>(v.getType()); }
 int64_t numel(Value v) { return tensorOf(v).getNumElements(); }
+
+// FLOPs an elementwise op does per element: GELU's tanh form about 8 (the convention kiln-inspect
+// counts a built-in GELU by), anything else 1.
+double flopsPerElement(Operation* op) { return isa<GeluOp>(op) ? 8.0 : 1.0; }
 bool isBF16(Value v) { return tensorOf(v).getElementType().isBF16(); }
 bool isI32(Value v) { return tensorOf(v).getElementType().isInteger(32); }
 std::string ctype(Value v) { return isI32(v) ? "int32_t" : isBF16(v) ? "bf16" : "float"; }
@@ -108,6 +112,8 @@ class Emitter {
   // Each kind's template computes the ops it knows: one it leaves out would leave a result (or
   // a gradient accumulation) unwritten, a wrong number rather than an error. Every yielded value
   // and accumulator must be written by the generated function or by the library call.
+  // FusionOp::verify admits only regions the templates compute, so this guards against the two
+  // drifting apart: its errors are the compiler's, not the input's.
   LogicalResult checkEverythingWritten(StringRef kind) {
     const std::string code = preamble_ + body_;
     auto identChar = [](char c) { return llvm::isAlnum(c) || c == '_'; };
@@ -128,13 +134,15 @@ class Emitter {
       if (mentioned(name) || byCall(name)) continue;
       Operation* op = v.getDefiningOp();
       return (op ? op->emitError() : f_.emitError())
-             << "kilnc: the " << kind << " kernel '" << f_.getKernel() << "' does not compute this value (its template "
-             << "leaves the op out), so the region's result #" << i << " would never be written";
+             << "kilnc internal error: the " << kind << " kernel '" << f_.getKernel()
+             << "' does not compute this value (its template leaves the op out, which the fusion verifier should "
+             << "have refused), so the region's result #" << i << " would never be written";
     }
     for (Operation& op : f_.getFusedOps())
       if (isa<AccumulateGradOp>(op) && !mentioned(state_[&op][0]) && !byCall(state_[&op][0]))
-        return op.emitError() << "kilnc: the " << kind << " kernel '" << f_.getKernel()
-                              << "' does not compute this accumulation (its template leaves the op out)";
+        return op.emitError() << "kilnc internal error: the " << kind << " kernel '" << f_.getKernel()
+                              << "' does not compute this accumulation (its template leaves the op out, which the "
+                              << "fusion verifier should have refused)";
     return success();
   }
 
@@ -262,7 +270,7 @@ class Emitter {
     SmallVector<Operation*> full;
     for (Operation* op : ops)
       if (op->getNumResults() && numel(op->getResult(0)) == n && !isa<IotaOp>(op)) full.push_back(op);
-    flops_ = double(n) * double(full.size());
+    for (Operation* op : full) flops_ += double(n) * flopsPerElement(op);
     loop(n, [&](const std::string& ind) {
       locals(full, ind);
       stores(ops, ind);
@@ -304,7 +312,8 @@ class Emitter {
     const double product = 2.0 * double(M) * double(N) * double(K);
     // bf16 products run on tensor cores; fp32 ones (compute 32F, no TF32) on the CUDA cores.
     tensorFlops_ = tensorOf(mm.getLhs()).getElementType().isBF16() ? product : 0.0;
-    flops_ = product + double(M * N) * double(epilogue.size());
+    flops_ = product;
+    for (Operation* op : epilogue) flops_ += double(M * N) * flopsPerElement(op);
     if (t_ == Target::Cuda) return cudaMatmulNote(mm, epilogue, columns, M, N, K);
 
     auto operandF32 = [&](Value v, const char* name) {
