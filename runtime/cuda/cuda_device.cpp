@@ -441,7 +441,13 @@ void CudaDevice::load_kernels(const Module& m) {
   CUresult r = module_load_data_(&module_, image.data());
   if (r != CUDA_SUCCESS) {
     module_ = nullptr;
-    throw Error(module_name_ + ": cuModuleLoadData on " + prop_.name + ": " + cu_error(r));
+    // A driver older than the NVRTC that compiled the kernels cannot read their PTX (nor, for
+    // another architecture, their ELF): the two versions say whether that is the cause.
+    int driver = 0;
+    (void)cudaDriverGetVersion(&driver);
+    throw Error(module_name_ + ": cuModuleLoadData on " + prop_.name + ": " + cu_error(r) +
+                " (the driver supports CUDA " + std::to_string(driver / 1000) + "." +
+                std::to_string(driver % 1000 / 10) + "; kernels NVRTC compiled for a later CUDA need a later driver)");
   }
 }
 
