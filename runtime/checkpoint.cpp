@@ -498,9 +498,10 @@ std::string save_checkpoint(const std::string& dir, Executor& ex, const Training
   // Order matters for a crash at any point: the new file is complete before `latest` names it,
   // and old files go only once `latest` no longer can.
   const std::string name = checkpoint_name(st.step);
-  write_file_atomic((d / name).string(), pieces, 0644);
+  // The folder's names are Kiln's: a link among them is replaced, never written through.
+  write_file_atomic((d / name).string(), pieces, 0644, Links::Replace);
   const std::string latest = name + "\n";
-  write_file_atomic((d / "latest").string(), {{latest.data(), latest.size()}}, 0644);
+  write_file_atomic((d / "latest").string(), {{latest.data(), latest.size()}}, 0644, Links::Replace);
 
   const std::string written = (d / name).string();
   if (keep <= 0) return written;

@@ -423,14 +423,17 @@ void flush_stdout() {
 }
 
 void write_file_atomic(const std::string& given,
-                       const std::vector<std::pair<const void*, size_t>>& pieces, int mode) {
+                       const std::vector<std::pair<const void*, size_t>>& pieces, int mode, Links links) {
   if (given.empty()) throw Error("an output needs a file name, got \"\"");
+  struct stat st {};
+  const bool replace = links == Links::Replace && ::lstat(given.c_str(), &st) == 0 && S_ISLNK(st.st_mode);
   // A name the kernel resolves to a pipe or a device (/dev/stdout into a pipe: its link names
   // "pipe:[N]", no path) is written in place, as below.
-  struct stat st {};
-  const bool special = ::stat(given.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode);
-  const std::string path = special ? given : link_target(given);
-  const bool exists = ::stat(path.c_str(), &st) == 0;
+  const bool special =
+      !replace && ::stat(given.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode);
+  const std::string path = special || replace ? given : link_target(given);
+  // (A link to be replaced counts as no file: the new one gets `mode`, not the target's.)
+  const bool exists = !replace && ::stat(path.c_str(), &st) == 0;
   if (exists && S_ISDIR(st.st_mode)) throw Error(given + ": cannot write: a directory");
   if (exists && !S_ISREG(st.st_mode)) {
     const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);

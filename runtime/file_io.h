@@ -90,8 +90,12 @@ std::string check_output_folder(const std::string& flag, const std::string& path
 // removed and `path` is left as it was. A symbolic link is followed (the file it names is
 // replaced, the link stays); an existing path that is not a regular file or a folder (a device
 // such as /dev/null, a FIFO) is written in place, since a rename would replace it with a file.
+// Links::Replace is for the files Kiln keeps in a folder of its own (a checkpoint folder's): a
+// link there, dangling or not, is replaced by the file, so nothing outside the folder is written.
+enum class Links { Follow, Replace };
 void write_file_atomic(const std::string& path,
-                       const std::vector<std::pair<const void*, size_t>>& pieces, int mode = 0644);
+                       const std::vector<std::pair<const void*, size_t>>& pieces, int mode = 0644,
+                       Links links = Links::Follow);
 
 // A process that a signal ends while write_file_atomic writes would leave its temporary behind.
 // The temporary being written is kept where a handler can reach it: remove_pending_temporary()
