@@ -49,9 +49,10 @@
 # Environment: OUT (default ./device-out; created), PYTHON (default: the first of python3,
 #   /usr/bin/python3 that imports torch), KILN_RUN, KILN_BUILD_DIR (default build-dev),
 #   KILN_DEPS_DIR (default /tmp/kiln-deps).
-# Writes only four files to $OUT (the device tool returns at most 8): summary.md, results.json,
-# check.log (everything printed) and work.tar.gz (every log and raw result: the build logs, the
-# PyTorch JSON lines, Kiln's JSONL, the parity outputs). Exit status 0 unless the script itself
+# Writes only five files to $OUT (the device tool returns at most 8): summary.md, results.json,
+# check.log (everything printed), work.tar.gz (every log and raw result: the build logs, the
+# PyTorch JSON lines, Kiln's JSONL, the parity outputs) and steps.tsv (the steps' results, kept
+# as they come: what is left if the script is killed before its table). Exit status 0 unless the script itself
 # breaks: what failed is in the summary.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -101,7 +102,7 @@ if [ -z "${OUT:-}" ]; then
 fi
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
-rm -f "$OUT/summary.md" "$OUT/results.json" "$OUT/check.log" "$OUT/work.tar.gz"
+rm -f "$OUT/summary.md" "$OUT/results.json" "$OUT/check.log" "$OUT/work.tar.gz" "$OUT/steps.tsv"
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/kiln-device.XXXXXX")
 exec > >(tee -a "$OUT/check.log") 2>&1
 TEE_PID=$!
@@ -116,6 +117,8 @@ log() { printf '[%4ds] %s\n' "$SECONDS" "$*"; }
 oneline() { tr '\t\n' '  ' | sed "s|$ROOT/||g; s/  */ /g; s/^ //; s/ \$//" | cut -c1-400; }
 record() {  # record STEP STATUS SECONDS NOTE
   printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$(printf '%s' "${4-}" | oneline)" >> "$STEPS_TSV"
+  # Kept in $OUT as it grows: a kill that leaves finish() no time still returns the steps.
+  cp -f "$STEPS_TSV" "$OUT/steps.tsv" 2> /dev/null || true
   log "$1: $2${4:+ - $(printf '%s' "$4" | oneline)}"
 }
 left() { echo $((BUDGET - SECONDS - RESERVE)); }
@@ -156,10 +159,17 @@ boxed() {
   log "$step (time box ${lim} s; log ${logf#"$WORK"/})"
   printf '$ %s\n' "$*" > "$logf"
   t0=$SECONDS
-  timeout -k 10 "$lim" "$@" >> "$logf" 2>&1 || rc=$?
+  # In the background and waited for: bash runs a signal's trap (and so finish()) at once, not
+  # after the step. timeout puts itself and CMD in a process group of their own, so a kill of
+  # this script's group does not reach them: finish() ends that group (BOX_PID).
+  timeout -k 10 "$lim" "$@" >> "$logf" 2>&1 < /dev/null &
+  BOX_PID=$!
+  wait "$BOX_PID" || rc=$?
+  BOX_PID=""
   LAST_DT=$((SECONDS - t0))
   return "$rc"
 }
+BOX_PID=""
 timed_out() { [ "$1" = 124 ] || [ "$1" = 137 ]; }
 jget() {  # jget FILE KEY: a top-level field of a one-line JSON file ("" when absent)
   [ -s "$1" ] || return 0
@@ -174,6 +184,15 @@ finish() {
   local rc=$?
   trap - EXIT
   set +e
+  # A kill of the whole process group (the device tool's time limit) also ends tee: writing to
+  # its pipe would then end this shell by SIGPIPE before the table is written. The table goes to
+  # check.log directly when tee is gone, and a step still running is stopped.
+  trap '' PIPE
+  kill -0 "$TEE_PID" 2> /dev/null || exec >> "$OUT/check.log" 2>&1
+  if [ -n "${BOX_PID:-}" ]; then
+    kill -TERM -- "-$BOX_PID" 2> /dev/null || kill -TERM "$BOX_PID" 2> /dev/null
+    log "stopped: the step running when the script was signalled"
+  fi
   log "f) the table"
   if [ -n "${PY_ANY:-}" ]; then
     "$PY_ANY" - "$WORK" "$OUT" "$DRY" "$BUDGET" "$SECONDS" "$KILN_WARMUP" "$BENCH" <<'EOF'
@@ -493,6 +512,10 @@ EOF
   exit "$rc"
 }
 trap finish EXIT
+# A signal ends the script through finish(): the table and the archive are still written.
+trap 'exit 143' TERM
+trap 'exit 130' INT
+trap 'exit 129' HUP
 export KILN_DEV_DIR=$DEV
 
 # --- a) the machine ------------------------------------------------------------------------------
