@@ -184,11 +184,12 @@ finish() {
   local rc=$?
   trap - EXIT
   set +e
-  # A kill of the whole process group (the device tool's time limit) also ends tee: writing to
-  # its pipe would then end this shell by SIGPIPE before the table is written. The table goes to
-  # check.log directly when tee is gone, and a step still running is stopped.
+  # A kill of the whole process group (the device tool's time limit) also ends tee, perhaps a
+  # moment later: writing to its pipe would then end this shell by SIGPIPE before the table is
+  # written. After a signal (status 128 + N) the rest goes to check.log directly, and a step still
+  # running is stopped.
   trap '' PIPE
-  kill -0 "$TEE_PID" 2> /dev/null || exec >> "$OUT/check.log" 2>&1
+  [ "$rc" -lt 128 ] || exec >> "$OUT/check.log" 2>&1
   if [ -n "${BOX_PID:-}" ]; then
     kill -TERM -- "-$BOX_PID" 2> /dev/null || kill -TERM "$BOX_PID" 2> /dev/null
     log "stopped: the step running when the script was signalled"
