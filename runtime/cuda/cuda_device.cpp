@@ -186,8 +186,8 @@ class CudaDevice final : public Device {
   }
   void upload(DevicePtr dst, const void* src, size_t bytes) override {
     if (bytes == 0) return;
-    // From pageable memory the runtime stages the bytes before returning, so `src` may change
-    // once this returns, while the copy itself stays in stream order.
+    // In stream order. From pageable memory the driver stages the bytes before it returns, in
+    // practice; the documentation says only "may", so callers keep `src` until the next upload.
     check_cuda(cudaMemcpyAsync(ptr(dst), src, bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync (upload)");
   }
   void download(void* dst, DevicePtr src, size_t bytes) override {

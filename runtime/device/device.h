@@ -61,7 +61,8 @@ class Device {
   virtual void free(DevicePtr p) = 0;
   // Bytes of device memory held now: alloc's blocks and the device's own (library workspaces).
   virtual size_t allocated_bytes() const = 0;
-  // Host to device, in stream order (the host buffer may change once this returns).
+  // Host to device, in stream order. The host buffer may change once this returns (CUDA stages
+  // pageable bytes before it returns), though the executor keeps its sources alive regardless.
   virtual void upload(DevicePtr dst, const void* src, size_t bytes) = 0;
   // Device to host: waits for the stream's work before it, and for the copy.
   virtual void download(void* dst, DevicePtr src, size_t bytes) = 0;

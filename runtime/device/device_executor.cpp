@@ -329,9 +329,9 @@ void DeviceExecutor::issue(const Step& s) {
       double sum = 0;
       device_->download(&sum, scratch_, sizeof sum);  // waits for kiln_sum_squares
       in_hook_ = true;
-      sum = norm_hook_(sum);
+      norm_sum_ = norm_hook_(sum);
       in_hook_ = false;
-      device_->upload(scratch_, &sum, sizeof sum);  // before kiln_norm_finish, in stream order
+      device_->upload(scratch_, &norm_sum_, sizeof norm_sum_);  // before kiln_norm_finish, in stream order
       break;
     }
     case Step::Reduce:
@@ -469,11 +469,11 @@ void DeviceExecutor::round_other_compute_copies() {
       }
     }
     if (ranges[0] == 0) return;  // fp32 weights, or this rank owns every element: nothing to round
-    std::vector<uint64_t> words = operands;
-    words.insert(words.end(), ranges.begin(), ranges.end());
+    round_words_ = operands;
+    round_words_.insert(round_words_.end(), ranges.begin(), ranges.end());
     if (round_tables_) device_->free(round_tables_);
-    round_tables_ = device_->alloc(words.size() * 8, "the compute copies' table of ZeRO-1");
-    device_->upload(round_tables_, words.data(), words.size() * 8);
+    round_tables_ = device_->alloc(round_words_.size() * 8, "the compute copies' table of ZeRO-1");
+    device_->upload(round_tables_, round_words_.data(), round_words_.size() * 8);
     Step s{Step::Launch, "round_compute_copies"};
     s.fn = round_fn_ ? round_fn_ : device_->function("kiln_round_copies");
     s.grid = unsigned(kNormMaxGrid), s.block = kNormBlock;

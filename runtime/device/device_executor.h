@@ -128,6 +128,10 @@ class DeviceExecutor {
   Program round_copies_;  // round_other_compute_copies(), planned at its first call
   bool round_planned_ = false;
   DevicePtr round_tables_ = 0;
+  // Host sources of uploads made after load, kept until the next: cudaMemcpyAsync from pageable
+  // memory is documented only as "may" stage the bytes before it returns.
+  std::vector<uint64_t> round_words_;
+  double norm_sum_ = 0;
   Device::Function round_fn_ = nullptr;  // kiln_round_copies, looked up with the first slice
   bool in_hook_ = false;  // an error thrown by a hook passes through run() as it is
   int unfused_epilogues_ = 0;  // products whose epilogue cuBLASLt refused to fuse
