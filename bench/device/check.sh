@@ -599,6 +599,16 @@ existing_kiln_run() {
     [ -n "$c" ] && [ -x "$c" ] && { echo "$c"; return; }
   done
 }
+# NCCL is not part of the CUDA toolkit. Where the machine has it only inside PyTorch's wheels
+# (nvidia/nccl: include/nccl.h and lib/libnccl.so.2, no unversioned libnccl.so for find_library),
+# CMake is pointed there; the runtime opens the library by that path.
+if [ -n "${PY:-}" ] && ! ls /usr/local/cuda/include/nccl.h /usr/include/nccl.h > /dev/null 2>&1; then
+  nccl_dir=$(timeout 30 "$PY" -c 'import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])' 2> /dev/null || true)
+  if [ -n "$nccl_dir" ] && [ -f "$nccl_dir/include/nccl.h" ] && [ -f "$nccl_dir/lib/libnccl.so.2" ]; then
+    CONFIGURE+=("-DNCCL_INCLUDE_DIR=$nccl_dir/include" "-DNCCL_LIBRARY=$nccl_dir/lib/libnccl.so.2")
+    log "NCCL: PyTorch's, in $nccl_dir"
+  fi
+fi
 KILN_RUN_BIN=""
 if [ "$DRY" = 1 ] || [ "$DO_BUILD" = 0 ]; then
   KILN_RUN_BIN=$(existing_kiln_run || true)
@@ -1006,6 +1016,8 @@ if [ "$GPU_STEPS" = 0 ] || [ -z "$KILN_RUN_BIN" ] || [ -n "$CPU_ONLY_RUNTIME" ];
   record nccl-one-rank skipped 0 "no kiln-run that runs cuda modules on a GPU here"
 elif [ ! -f "$nccl_mod" ] || [ ! -f "$DEV/specs/tiny-bf16-cuda.toml" ] || [ -z "$PY_ANY" ]; then
   record nccl-one-rank skipped 0 "no tiny-bf16-cuda module and spec (run prepare.sh), or no python3"
+elif grep -a -q 'NCCL not found' "$WORK"/build-configure*.log 2> /dev/null; then
+  record nccl-one-rank skipped 0 "the runtime was built without NCCL: CMake found no nccl.h and libnccl (not in the CUDA toolkit, nor in PyTorch's nvidia/nccl)"
 else
   "$PY_ANY" scripts/make_synthetic_shard.py --out "$WORK/nccl/data" --tokens 20000 --seed 1 \
     --vocab-size "$(spec_int "$DEV/specs/tiny-bf16-cuda.toml" vocab_size)" > /dev/null 2>&1 || true
