@@ -316,6 +316,11 @@ for B, suffix in ((16, ""), (32, "-b32"), (64, "-b64")):
                 row["note"] = "CPU smoke test (--tiny), not a measurement"
             elif label == "torch.compile" and x.get("first_step_s"):
                 row["note"] = f"first step {x['first_step_s']:.0f} s (compilation)"
+            # The events time the GPU alone, steps queued back to back; Kiln's dt_ms is the host's
+            # clock around a step that ends reading its loss. The wall figure is PyTorch's alike.
+            if x.get("device") != "cpu" and x.get("mean_ms_wall"):
+                wall = f"wall clock {x['mean_ms_wall']:.1f} ms/step on average"
+                row["note"] = f"{row['note']}; {wall}" if row.get("note") else wall
         elif x:
             row["note"] = x.get("skipped") or x.get("error") or "no result"
         else:
