@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <set>
 
@@ -175,13 +176,13 @@ DataLoader::DataLoader(const std::vector<std::string>& files_or_globs, int64_t B
       skipped_.push_back({std::move(f), count});
       continue;
     }
+    ids_.push_back(file_id(f));  // (before the header read: a change after it is seen at load)
     files_.push_back(std::move(f));
     counts_.push_back(count);
     index_.push_back(all_counts_.size() - 1);
   }
   if (files_.empty()) open_shard(skipped_.front().first, need, nullptr);  // throws: too short
   load(0);  // checks shard 0 as it reads it
-  counts_[0] = int64_t(tokens_.size());
 }
 
 std::pair<size_t, bool> DataLoader::shard_from_file(size_t file_index) const {
@@ -209,9 +210,30 @@ int64_t DataLoader::batches_per_pass() const {
   return n;
 }
 
+DataLoader::FileId DataLoader::file_id(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return {};  // (open_shard then says why it cannot be read)
+  return {uint64_t(st.st_dev), uint64_t(st.st_ino), uint64_t(st.st_size),
+          int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
+}
+
 void DataLoader::load(size_t shard) {
+  const FileId id = file_id(files_[shard]);
   std::vector<uint16_t> tokens;
   open_shard(files_[shard], {B_, T_, world_size_}, &tokens);
+  // A shard rewritten since it was last read (a data pipeline replacing it while the run goes
+  // on) is read as it is now, and said: the run no longer trains on what it started with. Its
+  // count follows, for the positions checkpoints record.
+  if (id != ids_[shard] && rank_ == 0) {
+    const int64_t before = counts_[shard], now = int64_t(tokens.size());
+    const std::string counts = now == before ? std::to_string(now) + " tokens, as before"
+                                             : std::to_string(now) + " tokens, " + std::to_string(before) + " before";
+    std::fprintf(stderr, "kiln: warning: %s was replaced or rewritten while the run read its shards (%s); it is "
+                 "read as it is now\n", files_[shard].c_str(), counts.c_str());
+  }
+  ids_[shard] = id;
+  counts_[shard] = int64_t(tokens.size());
+  all_counts_[index_[shard]] = counts_[shard];
   tokens_ = std::move(tokens);  // only now: a failed load leaves the loader as it was
   shard_ = shard;
 }

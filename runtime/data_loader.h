@@ -103,6 +103,17 @@ class DataLoader {
   std::vector<size_t> index_;        // each shard's index among every file matched
   std::vector<int64_t> all_counts_;  // the token counts of every file matched
   std::vector<std::pair<std::string, int64_t>> skipped_;
+  // Each shard's file as it was when last read (device, inode, size, modification time): one
+  // replaced or rewritten while the run goes on is noticed when it is read again.
+  struct FileId {
+    uint64_t dev = 0, ino = 0, size = 0;
+    int64_t mtime_ns = 0;
+    bool operator!=(const FileId& o) const {
+      return dev != o.dev || ino != o.ino || size != o.size || mtime_ns != o.mtime_ns;
+    }
+  };
+  static FileId file_id(const std::string& path);
+  std::vector<FileId> ids_;
 };
 
 }  // namespace kiln
