@@ -339,8 +339,28 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       // rank count (a recompiled module) leaves other short files out. Where the rest of the file
       // holds no step of this size, the run goes on at the next shard's start.
       const auto file = extra.is_object() ? extra.find("data_file") : extra.end();
-      if (file != extra.end() && file->is_number_unsigned() && extra.contains("all_shard_tokens") &&
-          extra["all_shard_tokens"] == nlohmann::json(loader.all_shard_tokens())) {
+      const auto file_name = extra.is_object() ? extra.find("data_file_name") : extra.end();
+      std::string data_note;  // said once the position is found in this --data
+      const bool same_data = file != extra.end() && file->is_number_unsigned() && extra.contains("all_shard_tokens") &&
+                             extra["all_shard_tokens"] == nlohmann::json(loader.all_shard_tokens());
+      if (!same_data && file_name != extra.end() && file_name->is_string()) {
+        // Other files (shards added, removed or rewritten): the run goes on in the shard it was
+        // reading, found by its name (an index would now name another file), else by the index.
+        const std::string name = file_name->get<std::string>();
+        const auto& files = loader.files();
+        const auto it = std::find(files.begin(), files.end(), name);
+        if (it != files.end()) {
+          shard = size_t(it - files.begin());
+          if (position > loader.shard_tokens()[shard] - loader.tokens_per_call() - 1) position = 0;
+        }
+        const std::string where =
+            it != files.end() ? "it goes on in " + name + ", the shard it was reading, at token " + std::to_string(position)
+                              : name + ", the shard it was reading, is not among them: it goes on at shard " +
+                                    std::to_string(shard) + (shard < files.size() ? " (" + files[shard] + ")" : "");
+        if (root && st.step < o.steps)
+          data_note = "note: " + *latest + ": --data matches other shards than the run that wrote it read; " + where;
+      }
+      if (same_data) {
         const auto [found, same_file] = loader.shard_from_file(file->get<size_t>());
         shard = found;
         if (!same_file || position > loader.shard_tokens()[shard] - loader.tokens_per_call() - 1) {
@@ -364,6 +384,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
         throw Error(*latest + ": its data position (shard " + std::to_string(st.data_shard) + ", token " +
                     std::to_string(st.data_position) + ") is not in this run's --data: " + e.what() + had);
       }
+      if (!data_note.empty()) std::fprintf(stderr, "%s\n", data_note.c_str());
       first_step = st.step;
       resumed_from = *latest;
       // The BLAS (fp32) and oneDNN (bf16) split a product's work among the threads they have,
@@ -560,6 +581,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
                               {"keep", keep},
                               {"shard_tokens", loader.shard_tokens()},
                               {"data_file", loader.file_index(shard)},
+                              {"data_file_name", loader.files()[shard]},
                               {"all_shard_tokens", loader.all_shard_tokens()}};
       if (!gpu) extra["cpu_threads"] = omp_get_max_threads();
       if (!log_pending.empty()) extra["log_pending"] = log_pending;
