@@ -91,7 +91,7 @@ struct MixedPrecisionPass : kiln::impl::MixedPrecisionBase<MixedPrecisionPass> {
         setResult(reshape.getResult(), cast<RankedTensorType>(reshape.getInput().getType()).getElementType());
       } else if (auto ret = dyn_cast<func::ReturnOp>(op)) {
         // The function returns what it computes (the fp32 loss; bf16 logits).
-        forward.setFunctionType(FunctionType::get(&getContext(), {}, ret.getOperandTypes()));
+        forward.setFunctionType(FunctionType::get(&getContext(), forward.getArgumentTypes(), ret.getOperandTypes()));
       }
       // Everything else (embeddings, broadcasts of fp32 values, cross-entropy, reductions)
       // keeps fp32 results; cross-entropy reads bf16 logits as they are.

@@ -37,4 +37,27 @@ inline mlir::LogicalResult requireOneBlock(mlir::ModuleOp module, llvm::StringRe
   return mlir::success();
 }
 
+// Passes that size values (the scheduler's live bytes, the planner's offsets) take every value a
+// function computes as a tensor of static shape, as the kiln ops' types are. A value of another
+// dialect's op (a func.call's i32, a dynamic tensor) has no size in the arena: refused here.
+inline mlir::LogicalResult requireStaticTensors(mlir::ModuleOp module, llvm::StringRef pass) {
+  auto sized = [](mlir::Type t) {
+    auto r = mlir::dyn_cast<mlir::RankedTensorType>(t);
+    return r && r.hasStaticShape() && r.getElementType().isIntOrFloat();
+  };
+  for (auto f : module.getOps<mlir::func::FuncOp>()) {
+    if (f.isExternal()) continue;
+    for (mlir::BlockArgument a : f.getArguments())
+      if (!sized(a.getType()))
+        return f.emitError() << pass << ": @" << f.getName() << "'s argument #" << a.getArgNumber() << " has type "
+                             << a.getType() << ", not a tensor of static shape: it has no size in the arena";
+    for (mlir::Operation& op : f.getBody().front())
+      for (mlir::Value r : op.getResults())
+        if (!sized(r.getType()))
+          return op.emitError() << pass << ": a result of type " << r.getType()
+                                << ", not a tensor of static shape: it has no size in the arena";
+  }
+  return mlir::success();
+}
+
 }  // namespace kiln

@@ -139,6 +139,7 @@ class FunctionPlanner {
 struct PlanBuffersPass : kiln::impl::PlanBuffersBase<PlanBuffersPass> {
   void runOnOperation() override {
     if (failed(requireOneBlock(getOperation(), "kiln-plan-buffers"))) return signalPassFailure();
+    if (failed(requireStaticTensors(getOperation(), "kiln-plan-buffers"))) return signalPassFailure();
     for (auto f : getOperation().getOps<func::FuncOp>()) {
       if (f.isExternal()) continue;
       // Every value a function computes gets an arena offset; an argument would be a value no op

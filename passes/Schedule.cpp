@@ -137,6 +137,7 @@ struct SchedulePass : kiln::impl::ScheduleBase<SchedulePass> {
   void runOnOperation() override {
     if (failed(refusePlanned(getOperation(), "kiln-schedule"))) return signalPassFailure();
     if (failed(requireOneBlock(getOperation(), "kiln-schedule"))) return signalPassFailure();
+    if (failed(requireStaticTensors(getOperation(), "kiln-schedule"))) return signalPassFailure();
     for (auto f : getOperation().getOps<func::FuncOp>()) {
       if (f.isExternal()) continue;
       Block& body = f.getBody().front();

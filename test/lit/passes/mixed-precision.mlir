@@ -91,3 +91,21 @@ func.func @forward() -> tensor<f32> {
   %l = kiln.reduce_sum %s : tensor<4x8xf32> -> tensor<f32>
   return %l : tensor<f32>
 }
+
+// -----
+
+// A function's arguments stay as they are (its results follow what it returns).
+// CHECK-LABEL: func.func @with_argument
+// CHECK-SAME: (%[[X:.*]]: tensor<2x4xf32>) -> tensor<2x4xbf16>
+// CHECK: kiln.cast %[[X]] : tensor<2x4xf32> -> tensor<2x4xbf16>
+kiln.parameter @w : tensor<4x4xf32> {init = "zeros"}
+func.func @forward() -> tensor<f32> {
+  %w = kiln.param @w : tensor<4x4xf32>
+  %l = kiln.reduce_sum %w : tensor<4x4xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}
+func.func @with_argument(%x: tensor<2x4xf32>) -> tensor<2x4xf32> {
+  %w = kiln.param @w : tensor<4x4xf32>
+  %0 = kiln.matmul %x, %w : tensor<2x4xf32>, tensor<4x4xf32> -> tensor<2x4xf32>
+  return %0 : tensor<2x4xf32>
+}

@@ -23,3 +23,15 @@ func.func @forward() -> tensor<f32> {
   %z = kiln.zeros : tensor<f32>
   return %z : tensor<f32>
 }
+
+// -----
+
+// Every value is sized as a tensor of static shape: another dialect's i32 (here a call's) has no
+// size in the arena.
+func.func private @ext() -> i32
+func.func @forward() -> tensor<f32> {
+  // expected-error@below {{kiln-plan-buffers: a result of type 'i32', not a tensor of static shape: it has no size in the arena}}
+  %c = func.call @ext() : () -> i32
+  %h = kiln.hyper "lr" : tensor<f32>
+  return %h : tensor<f32>
+}
