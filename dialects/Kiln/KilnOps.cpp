@@ -235,26 +235,35 @@ LogicalResult ScaleOp::verify() {
 
 LogicalResult BroadcastOp::verify() {
   auto in = tensorType(getInput()), out = tensorType(getResult());
-  if (!isSuffix(in.getShape(), out.getShape()) || in.getElementType() != out.getElementType())
+  if (!isSuffix(in.getShape(), out.getShape()))
     return emitOpError() << "input shape " << shapeStr(in.getShape())
                          << " must be a suffix of the result shape " << shapeStr(out.getShape());
+  if (in.getElementType() != out.getElementType())
+    return emitOpError() << "result element type " << out.getElementType() << " must be the input's, "
+                         << in.getElementType();
   return success();
 }
 
 LogicalResult ReduceSumOp::verify() {
   auto in = tensorType(getInput()), out = tensorType(getResult());
-  if (!isSuffix(out.getShape(), in.getShape()) || in.getElementType() != out.getElementType())
+  if (!isSuffix(out.getShape(), in.getShape()))
     return emitOpError() << "result shape " << shapeStr(out.getShape())
                          << " must be a suffix of the input shape " << shapeStr(in.getShape());
+  if (in.getElementType() != out.getElementType())
+    return emitOpError() << "result element type " << out.getElementType() << " must be the input's, "
+                         << in.getElementType();
   return success();
 }
 
 LogicalResult ReshapeOp::verify() {
   auto in = tensorType(getInput()), out = tensorType(getResult());
-  if (in.getNumElements() != out.getNumElements() || in.getElementType() != out.getElementType())
+  if (in.getNumElements() != out.getNumElements())
     return emitOpError() << "cannot reshape " << shapeStr(in.getShape()) << " ("
                          << in.getNumElements() << " elements) to " << shapeStr(out.getShape())
                          << " (" << out.getNumElements() << " elements)";
+  if (in.getElementType() != out.getElementType())
+    return emitOpError() << "result element type " << out.getElementType() << " must be the input's, "
+                         << in.getElementType() << " (a reshape moves no data; kiln.cast converts)";
   return success();
 }
 

@@ -17,6 +17,7 @@ class Kiln_ArenaTensorOf<list<Type> types, string what> : Type<
     "statically shaped tensor of " # what # " of 1 to 2^48 elements", "::mlir::TensorType">;
 def Kiln_FloatTensor : Kiln_ArenaTensorOf<[F32, BF16], "f32 or bf16">;
 def Kiln_IndexTensor : Kiln_ArenaTensorOf<[I32], "i32">;
+def Kiln_AnyTensor : Kiln_ArenaTensorOf<[F32, BF16, I32], "f32, bf16 or i32">;  // what moves data as is
 def Kiln_Scalar : 0DTensorOf<[F32]>,
     BuildableType<"::mlir::RankedTensorType::get({}, $_builder.getF32Type())">;
 
@@ -274,8 +275,8 @@ def Kiln_ReduceSumOp : Kiln_DiffOp<"reduce_sum", [Pure]> {
 def Kiln_ReshapeOp : Kiln_DiffOp<"reshape", [Pure]> {
   let summary = "reinterprets a tensor with another shape of the same size";
   let description = [{ Row-major order is kept; no data moves. }];
-  let arguments = (ins AnyRankedTensor:$input);
-  let results = (outs AnyRankedTensor:$result);
+  let arguments = (ins Kiln_AnyTensor:$input);
+  let results = (outs Kiln_AnyTensor:$result);
   let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
   let hasVerifier = 1;
   let hasFolder = 1;
@@ -587,8 +588,8 @@ def Kiln_FusionOp : Kiln_Op<"fusion", [IsolatedFromAbove, RecursiveMemoryEffects
     }
     ```
   }];
-  let arguments = (ins StrAttr:$kind, StrAttr:$kernel, Variadic<AnyRankedTensor>:$inputs);
-  let results = (outs Variadic<AnyRankedTensor>:$results);
+  let arguments = (ins StrAttr:$kind, StrAttr:$kernel, Variadic<Kiln_AnyTensor>:$inputs);
+  let results = (outs Variadic<Kiln_AnyTensor>:$results);
   let regions = (region SizedRegion<1>:$body);
   let assemblyFormat = [{
     $kind $kernel `(` $inputs `)` attr-dict `:` functional-type($inputs, $results) $body
@@ -609,7 +610,7 @@ def Kiln_YieldOp : Kiln_Op<"yield", [Pure, Terminator, HasParent<"FusionOp">]> {
   let description = [{
     Terminates a `kiln.fusion` body; its operands become the region's results, in order.
   }];
-  let arguments = (ins Variadic<AnyRankedTensor>:$values);
+  let arguments = (ins Variadic<Kiln_AnyTensor>:$values);
   let assemblyFormat = "($values^ `:` type($values))? attr-dict";
 }
 

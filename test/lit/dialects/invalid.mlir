@@ -427,7 +427,7 @@ func.func @f(%x: tensor<4x8xf32>) {
 
 // broadcast keeps the element type.
 func.func @f(%x: tensor<8xf32>) {
-  // expected-error@+1 {{'kiln.broadcast' op input shape [8] must be a suffix of the result shape [4, 8]}}
+  // expected-error@+1 {{'kiln.broadcast' op result element type 'bf16' must be the input's, 'f32'}}
   %0 = kiln.broadcast %x : tensor<8xf32> -> tensor<4x8xbf16>
   return
 }
@@ -445,7 +445,7 @@ func.func @f(%x: tensor<4x8xf32>) {
 
 // reduce_sum keeps the element type.
 func.func @f(%x: tensor<4x8xf32>) {
-  // expected-error@+1 {{'kiln.reduce_sum' op result shape [8] must be a suffix of the input shape [4, 8]}}
+  // expected-error@+1 {{'kiln.reduce_sum' op result element type 'bf16' must be the input's, 'f32'}}
   %0 = kiln.reduce_sum %x : tensor<4x8xf32> -> tensor<8xbf16>
   return
 }
@@ -463,8 +463,17 @@ func.func @f(%x: tensor<4x8xf32>) {
 
 // reshape keeps the element type.
 func.func @f(%x: tensor<4x8xi32>) {
-  // expected-error@+1 {{'kiln.reshape' op cannot reshape [4, 8] (32 elements) to [32] (32 elements)}}
+  // expected-error@+1 {{'kiln.reshape' op result element type 'f32' must be the input's, 'i32' (a reshape moves no data; kiln.cast converts)}}
   %0 = kiln.reshape %x : tensor<4x8xi32> -> tensor<32xf32>
+  return
+}
+
+// -----
+
+// reshape takes the arena's tensors: static shapes (a dynamic one has no element count).
+func.func @f(%x: tensor<?xf32>) {
+  // expected-error@+1 {{'kiln.reshape' op operand #0 must be statically shaped tensor of f32, bf16 or i32 of 1 to 2^48 elements}}
+  %0 = kiln.reshape %x : tensor<?xf32> -> tensor<4xf32>
   return
 }
 
