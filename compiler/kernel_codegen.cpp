@@ -1099,7 +1099,8 @@ class Emitter {
       } else {
         auto outs = outs_.lookup(eg.getResult());
         if (outs.empty() || isBF16(eg.getResult()))
-          return f_.emitError() << "kilnc: CUDA: the embedding backward must be accumulated or yielded as an fp32 result";
+          return f_.emitError() << "kilnc internal error: the embedding backward must be accumulated or yielded as an "
+                                   "f32 result (the fusion verifier should have refused it)";
         g = outs.front();
         zero_.push_back(unsigned(index_[g]));  // cleared by the runtime, then scattered into
       }
@@ -1117,7 +1118,9 @@ class Emitter {
       target = state_[acc.getOperation()][0];
     } else {
       auto outs = outs_.lookup(eg.getResult());
-      if (outs.empty() || isBF16(eg.getResult())) return f_.emitError() << "kilnc: unsupported embedding_grad region";
+      if (outs.empty() || isBF16(eg.getResult()))
+        return f_.emitError() << "kilnc internal error: the embedding backward must be accumulated or yielded as an "
+                                 "f32 result (the fusion verifier should have refused it)";
       target = outs.front();
       body_ += "  for (int64_t i = 0; i < " + num(V * C) + "; ++i) " + target + "[i] = 0.0f;\n";
     }

@@ -16,6 +16,14 @@ void KilnDialect::initialize() {
       >();
 }
 
+// State the module keeps outside the arena (parameters, gradients, inputs, hyperparameters), seen
+// through reshapes: the values whose planned offset is -1.
+static bool isOutsideArena(Value v) {
+  while (auto r = v.getDefiningOp<ReshapeOp>()) v = r.getInput();
+  Operation* def = v.getDefiningOp();
+  return def && isa<ParamOp, GradOp, InputOp, HyperOp>(def);
+}
+
 // The buffer plan's attributes. The alignment is the module format's (runtime/arena_layout.cpp):
 // cuBLASLt operands and 16-byte vector accesses need it.
 LogicalResult KilnDialect::verifyOperationAttribute(Operation* op, NamedAttribute attr) {
@@ -33,6 +41,9 @@ LogicalResult KilnDialect::verifyOperationAttribute(Operation* op, NamedAttribut
                                << " (the result's place in the arena"
                                << (offsets[i] < 0 ? "; -1 alone marks state kept outside it" : "")
                                << "; run kiln-plan-buffers)";
+      else if (offsets[i] == -1 && !isOutsideArena(op->getResult(i)))
+        return op->emitError() << "'kiln.offsets'[" << i << "] = -1 marks state kept outside the arena, but this "
+                               << "result is computed here: it needs its place in the arena (run kiln-plan-buffers)";
     return success();
   }
   if (attr.getName() == "kiln.arena_size") {

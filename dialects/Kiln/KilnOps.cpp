@@ -761,6 +761,15 @@ LogicalResult FusionOp::verify() {
         return op.emitOpError() << "in a fusion of kind 'embedding_grad': only the kiln.accumulate_grad of the "
                                    "kiln.embedding_grad's result, its one use, may join it";
     }
+    // Not accumulated, the rows are added into the region's yielded result, cleared first: in fp32.
+    if (llvm::none_of(getFusedOps(), [](Operation& op) { return isa<AccumulateGradOp>(op); })) {
+      Operation* eg = &*llvm::find_if(getFusedOps(), [](Operation& op) { return isa<EmbeddingGradOp>(op); });
+      Value g = eg->getResult(0);
+      if (!tensorType(g).getElementType().isF32())
+        return eg->emitOpError() << "in a fusion of kind 'embedding_grad': a yielded result must be f32 (its rows are "
+                                    "added into it), got "
+                                 << g.getType();
+    }
     return success();
   }
   if (kind == "optimizer") {

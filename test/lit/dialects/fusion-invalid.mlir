@@ -273,6 +273,19 @@ func.func @embedding_grad_accumulated_and_yielded(%d: tensor<2x4xf32>, %ids: ten
 
 // -----
 
+// Not accumulated, the rows are added into the region's yielded result: in f32.
+func.func @embedding_grad_bf16(%d: tensor<2x4xf32>, %ids: tensor<2xi32>) -> tensor<8x4xbf16> {
+  %r = kiln.fusion "embedding_grad" "embedding_grad"(%d, %ids) : (tensor<2x4xf32>, tensor<2xi32>) -> tensor<8x4xbf16> {
+  ^bb0(%a: tensor<2x4xf32>, %b: tensor<2xi32>):
+    // expected-error @+1 {{'kiln.embedding_grad' op in a fusion of kind 'embedding_grad': a yielded result must be f32 (its rows are added into it), got 'tensor<8x4xbf16>'}}
+    %e = kiln.embedding_grad %a, %b : tensor<2x4xf32>, tensor<2xi32> -> tensor<8x4xbf16>
+    kiln.yield %e : tensor<8x4xbf16>
+  }
+  return %r : tensor<8x4xbf16>
+}
+
+// -----
+
 // One optimizer kernel updates every tensor with one set of hyperparameters.
 kiln.parameter @a : tensor<4xf32> {init = "zeros"}
 kiln.parameter @b : tensor<4xf32> {init = "zeros"}

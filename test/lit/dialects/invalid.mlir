@@ -1222,6 +1222,14 @@ func.func @offset_negative(%x: tensor<4xf32>) -> tensor<4xf32> {
 
 // -----
 
+func.func @offset_outside_for_computed(%x: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error @+1 {{'kiln.offsets'[0] = -1 marks state kept outside the arena, but this result is computed here: it needs its place in the arena (run kiln-plan-buffers)}}
+  %0 = kiln.add %x, %x {kiln.offsets = array<i64: -1>} : tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+
+// -----
+
 func.func @offsets_not_an_array(%x: tensor<4xf32>) -> tensor<4xf32> {
   // expected-error @+1 {{'kiln.offsets' must be an array<i64: ...> of byte offsets}}
   %0 = kiln.add %x, %x {kiln.offsets = 0 : i64} : tensor<4xf32>
