@@ -170,13 +170,14 @@ DataLoader::DataLoader(const std::vector<std::string>& files_or_globs, int64_t B
   // no shard is long enough.
   const StepNeed need{B_, T_, world_size_};
   for (std::string& f : expand_data_patterns(files_or_globs)) {
+    const FileId id = file_id(f);  // (before the header read: a change after it is seen at load)
     const int64_t count = open_shard(f, {}, nullptr);
     all_counts_.push_back(count);
     if (count < need.tokens()) {
       skipped_.push_back({std::move(f), count});
       continue;
     }
-    ids_.push_back(file_id(f));  // (before the header read: a change after it is seen at load)
+    ids_.push_back(id);
     files_.push_back(std::move(f));
     counts_.push_back(count);
     index_.push_back(all_counts_.size() - 1);
@@ -285,6 +286,7 @@ void DataLoader::seek(size_t shard, int64_t position) {
                 std::to_string(files_.size()) + " shards)");
   // Check everything before touching the state, so a bad seek leaves the loader usable.
   std::vector<uint16_t> tokens;
+  const FileId id = shard == shard_ ? ids_[shard] : file_id(files_[shard]);
   const int64_t count = shard == shard_ ? tokens_in_current_shard()
                                         : open_shard(files_[shard], {B_, T_, world_size_}, &tokens);
   if (position < 0 || position > count - step_ - 1)  // (not position + step_ + 1: it may overflow)
@@ -294,6 +296,9 @@ void DataLoader::seek(size_t shard, int64_t position) {
   if (shard != shard_) {
     tokens_ = std::move(tokens);
     shard_ = shard;
+    ids_[shard] = id;  // (the file as read now: a resume's own read is no change to warn of)
+    counts_[shard] = count;
+    all_counts_[index_[shard]] = count;
   }
   pos_ = position;
   advance_ = false;

@@ -262,10 +262,31 @@ std::string check_output_folder(const std::string& flag, const std::string& give
   return path;
 }
 
-void check_output_file(const std::string& flag, const std::string& given, bool append) {
+// That a file can be created at `path` (`given`, resolved) and renamed onto its name: the name
+// within the file system's limit, and a probe created and removed beside it.
+static void check_can_create(const std::string& flag, const std::string& given, const std::string& path) {
+  namespace fs = std::filesystem;
+  // The final name too must fit the file system's limit (the probe below has a shortened name):
+  // else the run would end, its work done, unable to rename its temporary onto it.
+  const fs::path dir = fs::path(path).parent_path();
+  const long name_max = ::pathconf(dir.empty() ? "." : dir.c_str(), _PC_NAME_MAX);
+  if (const size_t name = fs::path(path).filename().string().size(); name_max > 0 && name > size_t(name_max))
+    throw Error(flag + ": " + given + ": its file name is " + std::to_string(name) + " bytes, more than the " +
+                std::to_string(name_max) + " its file system takes");
+  // The temporary is created beside the file and renamed over it.
+  const std::string probe = temporary_path(path + ".probe");  // (within the name limit too)
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) throw Error(flag + ": " + given + ": cannot create a file there: " + std::strerror(errno));
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
+void check_output_file(const std::string& flag, const std::string& given, bool append, Links links) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (given.empty()) throw Error(flag + ": needs a file name");
+  if (struct stat st {}; links == Links::Replace && ::lstat(given.c_str(), &st) == 0 && S_ISLNK(st.st_mode))
+    return check_can_create(flag, given, given);  // (its folder exists: the link lies in it)
   // Links that lead back to themselves reach no file: writing would replace one of the links.
   if (struct stat st {}; ::stat(given.c_str(), &st) != 0 && errno == ELOOP)
     throw Error(flag + ": " + given + ": its symbolic links lead in a loop (or too many deep); name a file");
@@ -285,20 +306,7 @@ void check_output_file(const std::string& flag, const std::string& given, bool a
     ::close(fd);
     if (append || !fs::is_regular_file(given, ec)) return;
   }
-  const std::string path = check_output_folder(flag, given);
-  // The final name too must fit the file system's limit (the probe below has a shortened name):
-  // else the run would end, its work done, unable to rename its temporary onto it.
-  const fs::path dir = fs::path(path).parent_path();
-  const long name_max = ::pathconf(dir.empty() ? "." : dir.c_str(), _PC_NAME_MAX);
-  if (const size_t name = fs::path(path).filename().string().size(); name_max > 0 && name > size_t(name_max))
-    throw Error(flag + ": " + given + ": its file name is " + std::to_string(name) + " bytes, more than the " +
-                std::to_string(name_max) + " its file system takes");
-  // The temporary is created beside the file and renamed over it.
-  const std::string probe = temporary_path(path + ".probe");  // (within the name limit too)
-  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) throw Error(flag + ": " + given + ": cannot create a file there: " + std::strerror(errno));
-  ::close(fd);
-  ::unlink(probe.c_str());
+  check_can_create(flag, given, check_output_folder(flag, given));
 }
 
 bool temporary_is_orphaned(const std::string& suffix) {

@@ -75,12 +75,19 @@ void refuse_overwriting(const std::string& flag, const std::string& output,
 // whether or not it exists yet; `path` itself when it is no link.
 std::string link_target(const std::string& path);
 
+// How an output's symbolic link is taken. Follow: the file it names is written. Replace: the link
+// itself is replaced by the file, dangling or not; for the files Kiln keeps in a folder of its own
+// (a checkpoint folder's), so that nothing outside the folder is written.
+enum class Links { Follow, Replace };
+
 // Before any long work: an output file can be written where it is named (through links). Not a
 // folder; an existing file opens for writing; and unless `append` (a log opened to append), a
 // file can be created beside it for write_file_atomic's rename (a probe, removed at once). A
 // device or pipe only has to open, and a FIFO is not opened (its reader would take that for the
 // whole output). kiln::Error "FLAG: PATH: ..." otherwise.
-void check_output_file(const std::string& flag, const std::string& path, bool append = false);
+// With Links::Replace, a link at `path` counts as no file: the folder it lies in is checked.
+void check_output_file(const std::string& flag, const std::string& path, bool append = false,
+                       Links links = Links::Follow);
 // Its first check alone, for an output that must not be opened beforehand (a FIFO would hand its
 // reader an end of file): the folder the name (through links) lies in exists. Returns that name.
 std::string check_output_folder(const std::string& flag, const std::string& path);
@@ -90,9 +97,7 @@ std::string check_output_folder(const std::string& flag, const std::string& path
 // removed and `path` is left as it was. A symbolic link is followed (the file it names is
 // replaced, the link stays); an existing path that is not a regular file or a folder (a device
 // such as /dev/null, a FIFO) is written in place, since a rename would replace it with a file.
-// Links::Replace is for the files Kiln keeps in a folder of its own (a checkpoint folder's): a
-// link there, dangling or not, is replaced by the file, so nothing outside the folder is written.
-enum class Links { Follow, Replace };
+// Links::Replace: see Links.
 void write_file_atomic(const std::string& path,
                        const std::vector<std::pair<const void*, size_t>>& pieces, int mode = 0644,
                        Links links = Links::Follow);

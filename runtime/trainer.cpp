@@ -341,24 +341,39 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       const auto file = extra.is_object() ? extra.find("data_file") : extra.end();
       const auto file_name = extra.is_object() ? extra.find("data_file_name") : extra.end();
       std::string data_note;  // said once the position is found in this --data
-      const bool same_data = file != extra.end() && file->is_number_unsigned() && extra.contains("all_shard_tokens") &&
-                             extra["all_shard_tokens"] == nlohmann::json(loader.all_shard_tokens());
-      if (!same_data && file_name != extra.end() && file_name->is_string()) {
-        // Other files (shards added, removed or rewritten): the run goes on in the shard it was
-        // reading, found by its name (an index would now name another file), else by the index.
+      bool same_data = file != extra.end() && file->is_number_unsigned() && extra.contains("all_shard_tokens") &&
+                       extra["all_shard_tokens"] == nlohmann::json(loader.all_shard_tokens());
+      if (file_name != extra.end() && file_name->is_string()) {
+        // The shard the checkpoint was reading, by its name (the same file however spelled): the
+        // files may have changed with the same token counts, and an index would name another.
         const std::string name = file_name->get<std::string>();
         const auto& files = loader.files();
-        const auto it = std::find(files.begin(), files.end(), name);
-        if (it != files.end()) {
-          shard = size_t(it - files.begin());
-          if (position > loader.shard_tokens()[shard] - loader.tokens_per_call() - 1) position = 0;
+        std::optional<size_t> named;
+        for (size_t s = 0; s < files.size() && !named; ++s) {
+          std::error_code ec;
+          if (files[s] == name || std::filesystem::equivalent(files[s], name, ec)) named = s;
         }
-        const std::string where =
-            it != files.end() ? "it goes on in " + name + ", the shard it was reading, at token " + std::to_string(position)
-                              : name + ", the shard it was reading, is not among them: it goes on at shard " +
-                                    std::to_string(shard) + (shard < files.size() ? " (" + files[shard] + ")" : "");
-        if (root && st.step < o.steps)
-          data_note = "note: " + *latest + ": --data matches other shards than the run that wrote it read; " + where;
+        if (same_data) same_data = named && loader.shard_from_file(file->get<size_t>()) == std::pair{*named, true};
+        if (!same_data) {
+          std::string where;
+          if (named) {
+            shard = *named;
+            where = "it goes on in " + files[shard] + ", the shard it was reading";
+            if (position > loader.shard_tokens()[shard] - loader.tokens_per_call() - 1) {
+              // (as below: the rest of the file holds no step any more)
+              shard = (shard + 1) % files.size();
+              position = 0;
+              where += ", at the start of " + files[shard] + " (the rest of it holds no step)";
+            } else {
+              where += ", at token " + std::to_string(position);
+            }
+          } else {
+            where = name + ", the shard it was reading, is not among them: it goes on at shard " +
+                    std::to_string(shard) + (shard < files.size() ? " (" + files[shard] + ")" : "");
+          }
+          if (root && st.step < o.steps)
+            data_note = "note: " + *latest + ": --data matches other shards than the run that wrote it read; " + where;
+        }
       }
       if (same_data) {
         const auto [found, same_file] = loader.shard_from_file(file->get<size_t>());

@@ -162,6 +162,7 @@ boxed() {
   # In the background and waited for: bash runs a signal's trap (and so finish()) at once, not
   # after the step. timeout puts itself and CMD in a process group of their own, so a kill of
   # this script's group does not reach them: finish() ends that group (BOX_PID).
+  BOX_STEP=$step BOX_T0=$t0
   timeout -k 10 "$lim" "$@" >> "$logf" 2>&1 < /dev/null &
   BOX_PID=$!
   wait "$BOX_PID" || rc=$?
@@ -169,7 +170,7 @@ boxed() {
   LAST_DT=$((SECONDS - t0))
   return "$rc"
 }
-BOX_PID=""
+BOX_PID="" BOX_STEP="" BOX_T0=0
 timed_out() { [ "$1" = 124 ] || [ "$1" = 137 ]; }
 jget() {  # jget FILE KEY: a top-level field of a one-line JSON file ("" when absent)
   [ -s "$1" ] || return 0
@@ -188,11 +189,11 @@ finish() {
   # moment later: writing to its pipe would then end this shell by SIGPIPE before the table is
   # written. After a signal (status 128 + N) the rest goes to check.log directly, and a step still
   # running is stopped.
-  trap '' PIPE
+  trap '' PIPE TERM INT HUP  # (a second signal, or the group's while the table is written)
   [ "$rc" -lt 128 ] || exec >> "$OUT/check.log" 2>&1
   if [ -n "${BOX_PID:-}" ]; then
     kill -TERM -- "-$BOX_PID" 2> /dev/null || kill -TERM "$BOX_PID" 2> /dev/null
-    log "stopped: the step running when the script was signalled"
+    record "${BOX_STEP:-step}" stopped "$((SECONDS - BOX_T0))" "the script was signalled (status $rc) while it ran"
   fi
   log "f) the table"
   if [ -n "${PY_ANY:-}" ]; then
@@ -607,7 +608,7 @@ existing_kiln_run() {
 # NCCL is not part of the CUDA toolkit. Where the machine has it only inside PyTorch's wheels
 # (nvidia/nccl: include/nccl.h and lib/libnccl.so.2, no unversioned libnccl.so for find_library),
 # CMake is pointed there; the runtime opens the library by that path.
-if [ -n "${PY:-}" ] && ! ls /usr/local/cuda/include/nccl.h /usr/include/nccl.h > /dev/null 2>&1; then
+if [ -n "${PY:-}" ] && [ ! -f /usr/local/cuda/include/nccl.h ] && [ ! -f /usr/include/nccl.h ]; then
   nccl_dir=$(timeout 30 "$PY" -c 'import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])' 2> /dev/null || true)
   if [ -n "$nccl_dir" ] && [ -f "$nccl_dir/include/nccl.h" ] && [ -f "$nccl_dir/lib/libnccl.so.2" ]; then
     CONFIGURE+=("-DNCCL_INCLUDE_DIR=$nccl_dir/include" "-DNCCL_LIBRARY=$nccl_dir/lib/libnccl.so.2")

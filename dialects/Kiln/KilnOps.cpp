@@ -765,6 +765,9 @@ LogicalResult FusionOp::verify() {
     if (llvm::none_of(getFusedOps(), [](Operation& op) { return isa<AccumulateGradOp>(op); })) {
       Operation* eg = &*llvm::find_if(getFusedOps(), [](Operation& op) { return isa<EmbeddingGradOp>(op); });
       Value g = eg->getResult(0);
+      if (llvm::count(getBlock().getTerminator()->getOperands(), g) > 1)
+        return eg->emitOpError() << "in a fusion of kind 'embedding_grad': its result is yielded more than once (the "
+                                    "kernel adds the rows into one result)";
       if (!tensorType(g).getElementType().isF32())
         return eg->emitOpError() << "in a fusion of kind 'embedding_grad': a yielded result must be f32 (its rows are "
                                     "added into it), got "

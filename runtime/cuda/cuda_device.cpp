@@ -442,12 +442,14 @@ void CudaDevice::load_kernels(const Module& m) {
   if (r != CUDA_SUCCESS) {
     module_ = nullptr;
     // A driver older than the NVRTC that compiled the kernels cannot read their PTX (nor, for
-    // another architecture, their ELF): the two versions say whether that is the cause.
+    // another architecture, their ELF): its version says whether that may be the cause.
     int driver = 0;
-    (void)cudaDriverGetVersion(&driver);
-    throw Error(module_name_ + ": cuModuleLoadData on " + prop_.name + ": " + cu_error(r) +
-                " (the driver supports CUDA " + std::to_string(driver / 1000) + "." +
-                std::to_string(driver % 1000 / 10) + "; kernels NVRTC compiled for a later CUDA need a later driver)");
+    const std::string supports = cudaDriverGetVersion(&driver) == cudaSuccess && driver > 0
+                                     ? "the driver supports CUDA " + std::to_string(driver / 1000) + "." +
+                                           std::to_string(driver % 1000 / 10)
+                                     : "the driver's CUDA version is unknown";
+    throw Error(module_name_ + ": cuModuleLoadData on " + prop_.name + ": " + cu_error(r) + " (" + supports +
+                "; kernels NVRTC compiled for a later CUDA need a later driver)");
   }
 }
 

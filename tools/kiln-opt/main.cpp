@@ -68,7 +68,7 @@ int main(int argc, char** argv) {
   // linked whole): 400 lines of --help that do nothing to a pass. They are hidden, so --help lists
   // MLIR's options and the passes; --help-hidden still shows them.
   for (auto& entry : llvm::cl::getRegisteredOptions())
-    if (entry.getKey() != "color" && entry.getKey() != "version")
+    if (!llvm::is_contained({"color", "help", "help-list", "version"}, entry.getKey()))
       entry.getValue()->setHiddenFlag(llvm::cl::Hidden);
   auto [input, output] = mlir::registerAndParseCLIOptions(int(args.size()), args.data(), "Kiln optimizer driver\n", registry);
   try {

@@ -286,6 +286,19 @@ func.func @embedding_grad_bf16(%d: tensor<2x4xf32>, %ids: tensor<2xi32>) -> tens
 
 // -----
 
+// The rows go into one result: yielded twice, the second would never be written.
+func.func @embedding_grad_yielded_twice(%d: tensor<2x4xf32>, %ids: tensor<2xi32>) -> tensor<8x4xf32> {
+  %r:2 = kiln.fusion "embedding_grad" "embedding_grad"(%d, %ids) : (tensor<2x4xf32>, tensor<2xi32>) -> (tensor<8x4xf32>, tensor<8x4xf32>) {
+  ^bb0(%a: tensor<2x4xf32>, %b: tensor<2xi32>):
+    // expected-error @+1 {{'kiln.embedding_grad' op in a fusion of kind 'embedding_grad': its result is yielded more than once (the kernel adds the rows into one result)}}
+    %e = kiln.embedding_grad %a, %b : tensor<2x4xf32>, tensor<2xi32> -> tensor<8x4xf32>
+    kiln.yield %e, %e : tensor<8x4xf32>, tensor<8x4xf32>
+  }
+  return %r#0 : tensor<8x4xf32>
+}
+
+// -----
+
 // One optimizer kernel updates every tensor with one set of hyperparameters.
 kiln.parameter @a : tensor<4xf32> {init = "zeros"}
 kiln.parameter @b : tensor<4xf32> {init = "zeros"}
