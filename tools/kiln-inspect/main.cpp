@@ -70,11 +70,19 @@ ordered_json report(const Module& m, const RooflineRates& rates) {
     const auto kept = m.kept_buffers(*p);  // (key/value caches: live from one run to the next)
     std::set<uint32_t> uses;
     uint64_t sum = 0;
-    for (const Span& s : spans_of(m, *p)) {
+    const std::vector<Span> spans = spans_of(m, *p);
+    // A buffer at the offset of one whose last instruction is its first is written in place of
+    // it, by that instruction (the planner otherwise gives an offset only once it is free).
+    std::map<std::pair<uint64_t, int64_t>, uint32_t> ending;  // (offset, last instr) -> buffer
+    for (const Span& s : spans) ending[{m.buffer(s.buffer).offset(), s.last}] = s.buffer;
+    for (const Span& s : spans) {
       uses.insert(s.buffer);
       sum += m.buffer(s.buffer).size();
-      live[s.buffer].push_back({{"program", p->name()->str()}, {"first_instr", s.first}, {"last_instr", s.last},
-                                {"kept_between_runs", std::find(kept.begin(), kept.end(), s.buffer) != kept.end()}});
+      ordered_json l = {{"program", p->name()->str()}, {"first_instr", s.first}, {"last_instr", s.last},
+                        {"kept_between_runs", std::find(kept.begin(), kept.end(), s.buffer) != kept.end()}};
+      if (auto it = ending.find({m.buffer(s.buffer).offset(), s.first}); it != ending.end() && it->second != s.buffer)
+        l["in_place_of"] = it->second;
+      live[s.buffer].push_back(std::move(l));
     }
     if (!most || sum > most_bytes) most = p, most_uses = std::move(uses), most_bytes = sum;
   }
@@ -120,7 +128,8 @@ void print_buffers(const ordered_json& j) {
       live += (live.empty() ? "" : ", ") + l["program"].get<std::string>() + ": " +
               (l["kept_between_runs"].get<bool>() ? "every instr, kept between runs (used at " : "") +
               std::to_string(l["first_instr"].get<int64_t>()) + ".." + std::to_string(l["last_instr"].get<int64_t>()) +
-              (l["kept_between_runs"].get<bool>() ? ")" : "");
+              (l["kept_between_runs"].get<bool>() ? ")" : "") +
+              (l.contains("in_place_of") ? " (in place of " + l["in_place_of"].dump() + ")" : "");
     if (b["kind"] != "Activation") live = "whole run (state)";
     std::printf("%-6d %-44s %-12s %-5s %14llu %12llu  %-14s  %s\n", i++, b["name"].get<std::string>().c_str(),
                 b["kind"].get<std::string>().c_str(), b["dtype"].get<std::string>().c_str(),
