@@ -1092,18 +1092,19 @@ class Emitter {
     const int64_t V = tensorOf(eg.getResult()).getShape()[0], C = tensorOf(eg.getResult()).getShape()[1];
     const int64_t n = numel(ids);
     flops_ = double(n * C);
+    // The rows go into the gradient accumulator, or into the yielded result, cleared first.
+    std::string g;
+    if (acc) {
+      g = state_[acc.getOperation()][0];
+    } else {
+      auto outs = outs_.lookup(eg.getResult());
+      if (outs.empty() || isBF16(eg.getResult()))
+        return f_.emitError() << "kilnc internal error: the embedding backward must be accumulated or yielded as an "
+                                 "f32 result (the fusion verifier should have refused it)";
+      g = outs.front();
+    }
     if (t_ == Target::Cuda) {
-      std::string g;
-      if (acc) {
-        g = state_[acc.getOperation()][0];
-      } else {
-        auto outs = outs_.lookup(eg.getResult());
-        if (outs.empty() || isBF16(eg.getResult()))
-          return f_.emitError() << "kilnc internal error: the embedding backward must be accumulated or yielded as an "
-                                   "f32 result (the fusion verifier should have refused it)";
-        g = outs.front();
-        zero_.push_back(unsigned(index_[g]));  // cleared by the runtime, then scattered into
-      }
+      if (!acc) zero_.push_back(unsigned(index_[g]));  // cleared by the runtime, then scattered into
       block_ = 256;
       grid_ = unsigned(std::min<int64_t>((n * C + 255) / 256, 2112));
       body_ += "  // " + g + "[ids[n], c] += dout[n, c] (atomics: rows may repeat).\n";
@@ -1113,17 +1114,8 @@ class Emitter {
       body_ += "    atomicAdd(&" + g + "[(long long)" + at(ids, "n") + " * " + num(C) + " + c], " + at(dout, "e") + ");\n  }\n";
       return success();
     }
-    std::string target;
-    if (acc) {
-      target = state_[acc.getOperation()][0];
-    } else {
-      auto outs = outs_.lookup(eg.getResult());
-      if (outs.empty() || isBF16(eg.getResult()))
-        return f_.emitError() << "kilnc internal error: the embedding backward must be accumulated or yielded as an "
-                                 "f32 result (the fusion verifier should have refused it)";
-      target = outs.front();
-      body_ += "  for (int64_t i = 0; i < " + num(V * C) + "; ++i) " + target + "[i] = 0.0f;\n";
-    }
+    const std::string& target = g;
+    if (!acc) body_ += "  for (int64_t i = 0; i < " + num(V * C) + "; ++i) " + target + "[i] = 0.0f;\n";
     body_ += "  // " + target + "[ids[n], c] += dout[n, c], rows in order; columns split across threads.\n";
     body_ += "#pragma omp parallel for schedule(static)\n";
     body_ += "  for (int64_t c = 0; c < " + num(C) + "; ++c)\n";

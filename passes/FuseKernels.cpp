@@ -71,7 +71,7 @@ class Fuser {
 
   // Ops that write model state (gradient accumulation, AdamW, the gradient exchange).
   static bool writesState(Operation* op) {
-    return !isMemoryEffectFree(op) && !isa<ParamOp, GradOp, InputOp, HyperOp>(op);
+    return !isMemoryEffectFree(op) && !isStateOp(op);
   }
   // Whether `writer` (an op that writes state) changes state that `reader` reads through its
   // operands: kiln.param and kiln.grad values are the parameter and gradient buffers themselves.

@@ -10,7 +10,7 @@ namespace kiln {
 // Values that live outside the arena: parameter values and gradients, inputs, hyperparameters.
 inline bool isPersistent(mlir::Value v) {
   mlir::Operation* def = v.getDefiningOp();
-  return def && mlir::isa<ParamOp, GradOp, InputOp, HyperOp>(def);
+  return def && isStateOp(def);
 }
 
 inline uint64_t byteSize(mlir::Value v) {

@@ -232,10 +232,14 @@ void DataLoader::load(size_t shard) {
     std::fprintf(stderr, "kiln: warning: %s was replaced or rewritten while the run read its shards (%s); it is "
                  "read as it is now\n", files_[shard].c_str(), counts.c_str());
   }
+  adopt(shard, id, std::move(tokens));  // only now: a failed load leaves the loader as it was
+}
+
+void DataLoader::adopt(size_t shard, const FileId& id, std::vector<uint16_t> tokens) {
   ids_[shard] = id;
   counts_[shard] = int64_t(tokens.size());
   all_counts_[index_[shard]] = counts_[shard];
-  tokens_ = std::move(tokens);  // only now: a failed load leaves the loader as it was
+  tokens_ = std::move(tokens);
   shard_ = shard;
 }
 
@@ -286,20 +290,14 @@ void DataLoader::seek(size_t shard, int64_t position) {
                 std::to_string(files_.size()) + " shards)");
   // Check everything before touching the state, so a bad seek leaves the loader usable.
   std::vector<uint16_t> tokens;
-  const FileId id = shard == shard_ ? ids_[shard] : file_id(files_[shard]);
+  const FileId id = file_id(files_[shard]);  // (before the read, as in load())
   const int64_t count = shard == shard_ ? tokens_in_current_shard()
                                         : open_shard(files_[shard], {B_, T_, world_size_}, &tokens);
   if (position < 0 || position > count - step_ - 1)  // (not position + step_ + 1: it may overflow)
     throw Error(files_[shard] + ": seek: position " + std::to_string(position) +
                 " leaves no room for one step of " + std::to_string(step_ + 1) + " tokens in " +
                 std::to_string(count) + " tokens");
-  if (shard != shard_) {
-    tokens_ = std::move(tokens);
-    shard_ = shard;
-    ids_[shard] = id;  // (the file as read now: a resume's own read is no change to warn of)
-    counts_[shard] = count;
-    all_counts_[index_[shard]] = count;
-  }
+  if (shard != shard_) adopt(shard, id, std::move(tokens));  // (a resume's own read: no change to warn of)
   pos_ = position;
   advance_ = false;
 }

@@ -89,6 +89,9 @@ class DataLoader {
 
  private:
   void load(size_t shard);  // reads and validates the whole shard; the only one resident
+  struct FileId;
+  // Makes `tokens`, read from the shard's file as `id` says it was, the resident shard.
+  void adopt(size_t shard, const FileId& id, std::vector<uint16_t> tokens);
 
   std::string pattern_;  // the patterns as given, for messages
   std::vector<std::string> files_;

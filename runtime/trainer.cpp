@@ -341,6 +341,10 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       const auto file = extra.is_object() ? extra.find("data_file") : extra.end();
       const auto file_name = extra.is_object() ? extra.find("data_file_name") : extra.end();
       std::string data_note;  // said once the position is found in this --data
+      // Whether the rest of a shard from `pos` holds no step of this module's size any more.
+      const auto holds_no_step = [&](size_t s, int64_t pos) {
+        return pos > loader.shard_tokens()[s] - loader.tokens_per_call() - 1;
+      };
       bool same_data = file != extra.end() && file->is_number_unsigned() && extra.contains("all_shard_tokens") &&
                        extra["all_shard_tokens"] == nlohmann::json(loader.all_shard_tokens());
       if (file_name != extra.end() && file_name->is_string()) {
@@ -359,8 +363,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
           if (named) {
             shard = *named;
             where = "it goes on in " + files[shard] + ", the shard it was reading";
-            if (position > loader.shard_tokens()[shard] - loader.tokens_per_call() - 1) {
-              // (as below: the rest of the file holds no step any more)
+            if (holds_no_step(shard, position)) {  // (as below)
               shard = (shard + 1) % files.size();
               position = 0;
               where += ", at the start of " + files[shard] + " (the rest of it holds no step)";
@@ -378,7 +381,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       if (same_data) {
         const auto [found, same_file] = loader.shard_from_file(file->get<size_t>());
         shard = found;
-        if (!same_file || position > loader.shard_tokens()[shard] - loader.tokens_per_call() - 1) {
+        if (!same_file || holds_no_step(shard, position)) {
           if (same_file) shard = (shard + 1) % loader.files().size();
           if (root && st.step < o.steps)
             std::fprintf(stderr, "note: %s: %s holds no step of %lld tokens for this module; the run goes on at the "

@@ -21,7 +21,7 @@ void KilnDialect::initialize() {
 static bool isOutsideArena(Value v) {
   while (auto r = v.getDefiningOp<ReshapeOp>()) v = r.getInput();
   Operation* def = v.getDefiningOp();
-  return def && isa<ParamOp, GradOp, InputOp, HyperOp>(def);
+  return def && isStateOp(def);
 }
 
 // The buffer plan's attributes. The alignment is the module format's (runtime/arena_layout.cpp):

@@ -20,3 +20,9 @@ bool fitsArena(mlir::Type type);
 
 #define GET_OP_CLASSES
 #include "Kiln/KilnOps.h.inc"
+
+namespace kiln {
+// The ops that stand for state the module keeps outside the arena (parameters, gradients, inputs,
+// hyperparameters): their values are the state's own buffers, planned at offset -1.
+inline bool isStateOp(mlir::Operation* op) { return mlir::isa<ParamOp, GradOp, InputOp, HyperOp>(op); }
+}  // namespace kiln
