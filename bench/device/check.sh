@@ -104,7 +104,9 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 rm -f "$OUT/summary.md" "$OUT/results.json" "$OUT/check.log" "$OUT/work.tar.gz" "$OUT/steps.tsv"
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/kiln-device.XXXXXX")
-exec > >(tee -a "$OUT/check.log") 2>&1
+# tee ignores the signals that stop the script (a time limit's TERM reaches the whole process
+# group): it outlives the script's last lines, so these never meet a closed pipe (SIGPIPE).
+exec > >(trap '' TERM INT HUP; exec tee -a "$OUT/check.log") 2>&1
 TEE_PID=$!
 STEPS_TSV=$WORK/steps.tsv
 PARITY_TSV=$WORK/parity.tsv
@@ -185,12 +187,11 @@ finish() {
   local rc=$?
   trap - EXIT
   set +e
-  # A kill of the whole process group (the device tool's time limit) also ends tee, perhaps a
-  # moment later: writing to its pipe would then end this shell by SIGPIPE before the table is
-  # written. After a signal (status 128 + N) the rest goes to check.log directly, and a step still
-  # running is stopped.
+  # tee ignores TERM; were it gone anyway (killed outright), the rest goes to check.log directly
+  # rather than ending this shell by SIGPIPE before the table is written. A step still running
+  # is stopped.
   trap '' PIPE TERM INT HUP  # (a second signal, or the group's while the table is written)
-  [ "$rc" -lt 128 ] || exec >> "$OUT/check.log" 2>&1
+  kill -0 "$TEE_PID" 2> /dev/null || exec >> "$OUT/check.log" 2>&1
   if [ -n "${BOX_PID:-}" ]; then
     kill -TERM -- "-$BOX_PID" 2> /dev/null || kill -TERM "$BOX_PID" 2> /dev/null
     record "${BOX_STEP:-step}" stopped "$((SECONDS - BOX_T0))" "the script was signalled (status $rc) while it ran"
@@ -515,7 +516,9 @@ EOF
   log "done: $OUT/{summary.md,results.json,check.log,work.tar.gz} ($(du -sh "$OUT" | cut -f1))"
   rm -rf "$WORK"
   exec >&- 2>&-
-  wait "$TEE_PID" 2>/dev/null
+  # tee ends at the pipe's end of file; a copy of the pipe that bash saved around a redirected
+  # command (when a signal ended one) keeps it open until this shell exits: wait 5 s at most.
+  for _ in $(seq 50); do kill -0 "$TEE_PID" 2> /dev/null || break; sleep 0.1; done
   exit "$rc"
 }
 trap finish EXIT
