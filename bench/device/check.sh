@@ -163,16 +163,15 @@ boxed() {
   t0=$SECONDS
   # In the background and waited for: bash runs a signal's trap (and so finish()) at once, not
   # after the step. timeout puts itself and CMD in a process group of their own, so a kill of
-  # this script's group does not reach them: finish() ends that group (BOX_PID).
+  # this script's group does not reach them: finish() ends that group (the step's job).
   BOX_STEP=$step BOX_T0=$t0
   timeout -k 10 "$lim" "$@" >> "$logf" 2>&1 < /dev/null &
-  BOX_PID=$!
-  wait "$BOX_PID" || rc=$?
-  BOX_PID=""
+  wait "$!" || rc=$?
+  BOX_STEP=""
   LAST_DT=$((SECONDS - t0))
   return "$rc"
 }
-BOX_PID="" BOX_STEP="" BOX_T0=0
+BOX_STEP="" BOX_T0=0
 timed_out() { [ "$1" = 124 ] || [ "$1" = 137 ]; }
 jget() {  # jget FILE KEY: a top-level field of a one-line JSON file ("" when absent)
   [ -s "$1" ] || return 0
@@ -192,8 +191,11 @@ finish() {
   # is stopped.
   trap '' PIPE TERM INT HUP  # (a second signal, or the group's while the table is written)
   kill -0 "$TEE_PID" 2> /dev/null || exec >> "$OUT/check.log" 2>&1
-  if [ -n "${BOX_PID:-}" ]; then
-    kill -TERM -- "-$BOX_PID" 2> /dev/null || kill -TERM "$BOX_PID" 2> /dev/null
+  # The job from jobs -p, not a pid kept in a variable: a signal between the '&' and that
+  # assignment would leave the step running after the script.
+  local job
+  for job in $(jobs -p); do kill -TERM -- "-$job" 2> /dev/null || kill -TERM "$job" 2> /dev/null; done
+  if [ -n "$BOX_STEP" ]; then
     record "${BOX_STEP:-step}" stopped "$((SECONDS - BOX_T0))" "the script was signalled (status $rc) while it ran"
   fi
   log "f) the table"
