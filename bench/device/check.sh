@@ -524,7 +524,11 @@ EOF
   exit "$rc"
 }
 trap finish EXIT
-# A signal ends the script through finish(): the table and the archive are still written.
+# A signal ends the script through finish(): the table and the archive are still written. Its
+# status is 128 + the signal's number, or 2 when the signal lands while bash 5.2 parses a command
+# substitution inside a word ("a $(b)"): it then parses the trap's text as part of that
+# substitution, reports "unexpected EOF while looking for matching `)'", and exits with 2 (still
+# through finish()).
 trap 'exit 143' TERM
 trap 'exit 130' INT
 trap 'exit 129' HUP
