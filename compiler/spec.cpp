@@ -5,11 +5,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <set>
 #include <sstream>
 
@@ -163,15 +159,11 @@ ModelSpec parse_spec(const std::string& path) {
   // toml++ reads a folder as an empty file, which would be reported as a spec without tables.
   if (std::filesystem::is_directory(path)) throw Error(path + ": is a folder, not a spec file");
   check_not_a_device(path);
-  // Read here rather than by toml++, whose message for a file it cannot open gives no reason.
-  errno = 0;
-  std::ifstream file(path, std::ios::binary);
-  if (!file) {
-    if (!std::filesystem::exists(path)) throw Error(path + ": no such file");
-    throw Error(path + ": cannot open: " + (errno ? std::strerror(errno) : "unreadable"));
-  }
-  const std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-  if (file.bad()) throw Error(path + ": read failed");
+  // Read here rather than by toml++, whose message for a file it cannot open gives no reason
+  // (and by read_file, which refuses a FIFO no one writes to instead of waiting for ever).
+  if (!std::filesystem::exists(path)) throw Error(path + ": no such file");
+  const std::vector<uint8_t> bytes = read_file(path);
+  const std::string text(bytes.begin(), bytes.end());
   toml::table root;
   try {
     root = toml::parse(text, path);

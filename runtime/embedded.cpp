@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "runtime/error.h"
@@ -32,6 +33,10 @@ uint64_t elf_extent(std::ifstream& in) {
 
 std::optional<std::vector<uint8_t>> read_embedded_module(const std::string& path, const std::string& shown_as) {
   const std::string shown = shown_as.empty() ? path : shown_as;
+  // A module is found at a regular file's end; a pipe has none (and opening a FIFO that no one
+  // writes to would wait for a writer).
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return std::nullopt;
   std::ifstream in(path, std::ios::binary);
   if (!in) return std::nullopt;
   in.seekg(0, std::ios::end);

@@ -390,7 +390,8 @@ void check_not_a_device(const std::string& path) {
 // Read to the end rather than by the size stat reports: pipes (/dev/stdin, <(...)) and /proc
 // files have none, or report 0.
 std::vector<uint8_t> read_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // Opened O_NONBLOCK: a named FIFO that no one writes to would block the open itself.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw Error(path + ": cannot open: " + std::strerror(errno));
   std::vector<uint8_t> bytes;
   try {
@@ -401,6 +402,19 @@ std::vector<uint8_t> read_file(const std::string& path) {
     // One byte past a regular file's size, so that its end is found without growing the buffer.
     bytes.resize(S_ISREG(st.st_mode) && st.st_size > 0 ? static_cast<size_t>(st.st_size) + 1 : size_t(1) << 20);
     size_t n = 0;
+    const std::string empty_pipe = path + ": a pipe with nothing to read (no writer, or one that wrote nothing)";
+    if (S_ISFIFO(st.st_mode)) {
+      // Without a writer a pipe reads as empty at once; with one (a shell's | or <(...)) it has
+      // bytes or would block. Only the first would wait for ever, for a writer that may not come.
+      ssize_t got;
+      while ((got = ::read(fd, bytes.data(), bytes.size())) < 0 && errno == EINTR) {
+      }
+      if (got == 0) throw Error(empty_pipe);
+      if (got < 0 && errno != EAGAIN) throw Error(path + ": read: " + std::strerror(errno));
+      n = got > 0 ? size_t(got) : 0;
+    }
+    // The rest is read blocking: a terminal, or a pipe's writer that is slow to write.
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
     for (;;) {
       if (n == bytes.size()) bytes.resize(2 * bytes.size());
       const ssize_t got = ::read(fd, bytes.data() + n, bytes.size() - n);
@@ -409,6 +423,7 @@ std::vector<uint8_t> read_file(const std::string& path) {
       if (got == 0) break;
       n += static_cast<size_t>(got);
     }
+    if (n == 0 && S_ISFIFO(st.st_mode)) throw Error(empty_pipe);  // (as above, whichever came first)
     bytes.resize(n);
   } catch (const std::bad_alloc&) {
     ::close(fd);

@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
+#include <sstream>
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -102,8 +102,8 @@ std::string loss_plot_svg(const std::vector<std::string>& logs) {
     check_not_a_device(path);  // /dev/zero would be one endless line
     if (std::error_code ec; std::filesystem::is_directory(path, ec)) throw Error(path + ": is a folder; give a --log file");
     if (::access(path.c_str(), R_OK) != 0) throw Error(path + ": cannot open: " + std::strerror(errno));
-    std::ifstream in(path);
-    if (!in) throw Error(path + ": cannot open");
+    const std::vector<uint8_t> bytes = read_file(path);  // (refuses a FIFO no one writes to)
+    std::istringstream in(std::string(bytes.begin(), bytes.end()));
     // A fresh run appended to a log (its first line has "start": "fresh") is a run of its own.
     // A resumed one ("start": "resume", at the step after its checkpoint's) continues the latest
     // run that got that far, and the last record of a step wins.

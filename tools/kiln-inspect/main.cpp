@@ -5,7 +5,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <set>
 #include <nlohmann/json.hpp>
@@ -346,8 +345,8 @@ int main(int argc, char** argv) {
         return Module::load(path);
       } catch (const Error&) {
         // A module starts with its root offset or an ELF header, never with '{'.
-        std::ifstream in(path);
-        if (char first = 0; in.get(first) && first == '{')
+        // (read_head reads regular files only: reopening a pipe would wait for a writer)
+        if (read_head(path, 1) == "{")
           throw Error(path + ": is a JSON log (kiln-inspect plot " + path + " -o loss.svg draws it), not a Kiln module");
         throw;
       }

@@ -264,11 +264,19 @@ int main(int argc, char** argv) {
     const bool fromIR = fromStdin || llvm::StringRef(input).ends_with(".mlir");
     TimingScope reading = total.nest(fromIR ? "parse the IR" : "read the spec and build the graph IR");
     if (fromIR) {
-      if (!fromStdin) kiln::check_not_a_device(input);
       {
         llvm::SourceMgr sm;
+        if (!fromStdin) {
+          // Read by read_file, which refuses a device or a FIFO no one writes to (LLVM's reader
+          // would read /dev/zero until memory runs out, or wait for a writer for ever).
+          const std::vector<uint8_t> bytes = kiln::read_file(input);
+          sm.AddNewSourceBuffer(llvm::MemoryBuffer::getMemBufferCopy(
+                                    llvm::StringRef(reinterpret_cast<const char*>(bytes.data()), bytes.size()), input),
+                                llvm::SMLoc());
+        }
         InputDiagnostics handler(sm, &ctx);
-        module = parseSourceFile<ModuleOp>(input, sm, ParserConfig(&ctx));
+        module = fromStdin ? parseSourceFile<ModuleOp>(input, sm, ParserConfig(&ctx))
+                           : parseSourceFile<ModuleOp>(sm, ParserConfig(&ctx));
       }
       if (!module) return 1;
       // Outside the handler's scope: one line each, like the errors of the passes.

@@ -3,8 +3,8 @@
   interrupt_prepare.py KILN_DATA WORKDIR SIGNAL(INT|TERM|HUP|QUIT) [--existing-out]
 
 The inputs are a text file of several shards' worth of tokens (--shard-tokens 64), then a FIFO
-that no one writes: prepare has staged those shards when it blocks opening the FIFO, and the
-signal comes then. The output folder is WORKDIR/out: made by prepare, or with --existing-out
+that this script holds open and never writes to: prepare has staged those shards when it blocks
+reading the FIFO, and the signal comes then. (A FIFO with no writer at all is refused at once.) The output folder is WORKDIR/out: made by prepare, or with --existing-out
 there before (holding an older data set, which must stay as it was).
 """
 import os
@@ -23,6 +23,7 @@ with open(text, "w") as f:
 fifo = os.path.join(work, "never-written")
 if not os.path.exists(fifo):
     os.mkfifo(fifo)
+held = os.open(fifo, os.O_RDWR)  # a writer that never writes (O_RDWR: Linux opens it at once)
 out = os.path.join(work, "out")
 if existing:
     os.makedirs(out, exist_ok=True)
