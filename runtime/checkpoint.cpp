@@ -281,6 +281,7 @@ Parsed parse(const std::string& path, const MappedFile& bytes) {
                          " its name says (a renamed copy? name it by its step, or other than ckpt_N.kiln-ckpt)");
   st.data_shard = as_uint64(member(h, "data_shard", path), path, "data_shard");
   st.data_position = as_int64(member(h, "data_position", path), path, "data_position");
+  if (st.data_position < 0) bad_header(path, "data_position " + std::to_string(st.data_position) + " is negative");
   // rng_state is a hex string: JSON readers that use doubles (jq, JavaScript) would round a number.
   const Json& rng = member(h, "rng_state", path);
   const std::string rng_text = rng.is_string() ? rng.get<std::string>() : "";
@@ -288,6 +289,7 @@ Parsed parse(const std::string& path, const MappedFile& bytes) {
     bad_header(path, "rng_state " + rng.dump() + " is not 16 lowercase hex digits");
   st.rng_state = std::stoull(rng_text, nullptr, 16);
   st.world_size = as_int(member(h, "world_size", path), path, "world_size");
+  if (st.world_size < 1) bad_header(path, "world_size " + std::to_string(st.world_size) + " is not a rank count (1 or more)");
   st.zero_stage = as_int(member(h, "zero_stage", path), path, "zero_stage");
   if (st.zero_stage != 0 && st.zero_stage != 1)
     bad_header(path, "zero_stage " + std::to_string(st.zero_stage) + " is not 0 or 1 (--zero)");
@@ -531,8 +533,10 @@ std::optional<std::string> latest_checkpoint(const std::string& dir) {
     // Only a bare checkpoint name: `latest` must not lead a resume outside DIR.
     if (!step_of(name))  // (clipped and escaped: the file may hold anything)
       throw Error(latest.string() + ": '" + one_line(clipped(name)) + "' is not a checkpoint file name");
-    if (!fs::is_regular_file(d / name, ec))
+    if (!fs::exists(d / name, ec))
       throw Error(latest.string() + ": names " + name + ", which does not exist");
+    if (!fs::is_regular_file(d / name, ec))
+      throw Error(latest.string() + ": names " + name + ", which is not a regular file (a folder, a pipe or a device)");
     return (d / name).string();
   }
   const auto all = list_checkpoints(d);

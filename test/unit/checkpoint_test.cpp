@@ -247,6 +247,13 @@ TEST_F(Checkpoint, LatestFallsBackToTheHighestNumberedAndIsNulloptWithoutCheckpo
   write_bytes(dir_ / "latest", {'c', 'k', 'p', 't', '_', '1', '.', 'k', 'i', 'l', 'n', '-', 'c', 'k', 'p', 't'});
   EXPECT_NE(error_of([&] { latest_checkpoint(dir_.string()); }).find("latest: names ckpt_1.kiln-ckpt, which does not exist"),
             std::string::npos);
+  // ...and one naming a folder or a pipe is not called missing.
+  fs::create_directory(dir_ / "ckpt_2.kiln-ckpt");
+  write_bytes(dir_ / "latest", {'c', 'k', 'p', 't', '_', '2', '.', 'k', 'i', 'l', 'n', '-', 'c', 'k', 'p', 't'});
+  EXPECT_NE(error_of([&] { latest_checkpoint(dir_.string()); })
+                .find("latest: names ckpt_2.kiln-ckpt, which is not a regular file (a folder, a pipe or a device)"),
+            std::string::npos);
+  fs::remove(dir_ / "ckpt_2.kiln-ckpt");
   write_bytes(dir_ / "latest", {'.', '.', '/', 'x'});
   EXPECT_NE(error_of([&] { latest_checkpoint(dir_.string()); }).find("is not a checkpoint file name"), std::string::npos);
 }
@@ -460,6 +467,14 @@ TEST_F(Checkpoint, ValidatesAForgedHeaderThatPassesTheChecksum) {
   h = header;
   h["zero_stage"] = 7;
   expect_error(h, "header: zero_stage 7 is not 0 or 1 (--zero)");
+  // Read as a rank count and a token offset, a 0 or a -1 once gave "written by 0 rank(s)" and a
+  // seek to token 2^63 - 1.
+  h = header;
+  h["world_size"] = 0;
+  expect_error(h, "header: world_size 0 is not a rank count (1 or more)");
+  h = header;
+  h["data_position"] = -1;
+  expect_error(h, "header: data_position -1 is negative");
   h = header;
   h["parameters"][1]["adam_m"][0] = uint64_t(header["parameters"][1]["adam_m"][0]) + 2;
   expect_error(h, "] does not start at a multiple of 4 bytes (fp32)");
