@@ -179,6 +179,11 @@ TEST_F(SafetensorsTest, CorruptFilesNameFileAndTensor) {
        R"({"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})",
        8,
        {"'w'"}},
+      // Zero elements need zero bytes, however large the other dimensions: not "more than 2^64".
+      {"empty tensor with a huge dimension",
+       R"({"w":{"dtype":"F32","shape":[4611686018427387904,8,0],"data_offsets":[0,8]}})",
+       8,
+       {"'w'", "needs 0"}},
       {"overlap",
        "{\"a\":{" + ok + R"(},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
        12,
