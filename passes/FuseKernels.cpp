@@ -36,6 +36,8 @@ class Fuser {
     for (Operation* op : ops)
       if (auto g = dyn_cast<CrossEntropyGradOp>(op)) fuseClassifier(g);
     for (Operation* op : ops)
+      if (auto ce = dyn_cast<CrossEntropyOp>(op)) fuseLoss(ce);
+    for (Operation* op : ops)
       if (auto l = dyn_cast<LayerNormGradOp>(op)) fuseLayerNormGrad(l);
     for (Operation* op : ops)
       if (auto m = dyn_cast<MatmulOp>(op)) fuseMatmul(m);
@@ -48,8 +50,7 @@ class Fuser {
     if (singleOps_)
       for (Operation* op : ops) {
         if (claimed(op)) continue;
-        if (isa<CrossEntropyOp>(op)) claim("classifier", {op});  // the loss alone (evaluation)
-        else if (isa<ReduceSumOp>(op)) claim("reduce_sum", {op});
+        if (isa<ReduceSumOp>(op)) claim("reduce_sum", {op});
         else if (isa<IotaOp, BroadcastOp, EmbeddingOp, ZerosOp>(op)) claim("elementwise", {op});
       }
 
@@ -152,6 +153,14 @@ class Fuser {
       return;
     SmallVector<Operation*> group{ce};
     if (grow(group, {g})) claim("classifier", group);
+  }
+
+  // 1. The loss alone (evaluation's forward), even without single-ops: the generated row pass
+  // vectorises its exponentials, which the built-in kernel (libm's expf, a double sum) does not.
+  void fuseLoss(CrossEntropyOp ce) {
+    if (claimed(ce)) return;
+    claimed_.insert(ce);
+    groups_.push_back({"classifier", SmallVector<Operation*>{ce}});
   }
 
   // 3. Matmul epilogues, and the bias gradient of a weight-gradient matmul.

@@ -160,6 +160,21 @@ func.func @classifier(%logits: tensor<8x128xf32>, %t: tensor<8xi32>, %w: tensor<
 
 // -----
 
+// The loss alone (evaluation's forward) is a classifier region even without single-ops, and
+// gives out the log-sum-exp that is read after it.
+// CHECK-LABEL: func.func @loss_alone
+// CHECK: %[[R:.*]]:2 = kiln.fusion "classifier" "cross_entropy"(%arg0, %arg1)
+// CHECK-NEXT: ^bb0
+// CHECK-NEXT: kiln.cross_entropy
+// CHECK-NEXT: kiln.yield %{{.*}}, %{{.*}} : tensor<f32>, tensor<8xf32>
+// CHECK: return %[[R]]#0, %[[R]]#1
+func.func @loss_alone(%logits: tensor<8x128xf32>, %t: tensor<8xi32>) -> (tensor<f32>, tensor<8xf32>) {
+  %loss, %lse = kiln.cross_entropy %logits, %t : tensor<8x128xf32>, tensor<8xi32> -> tensor<f32>, tensor<8xf32>
+  return %loss, %lse : tensor<f32>, tensor<8xf32>
+}
+
+// -----
+
 // The encoder: two gathers, a broadcast and an add in one elementwise kernel.
 // CHECK-LABEL: func.func @encoder
 // CHECK: kiln.fusion "elementwise" "embedding_iota_broadcast_add"(%{{.*}}, %{{.*}}, %{{.*}})
