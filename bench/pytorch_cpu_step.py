@@ -27,8 +27,12 @@ Prints one JSON line on stdout (and writes it to --json if given): median_ms ove
 --warmup, every step's time, tokens/s, the first and last loss, threads, the torch version, the
 attention implementation and which BLAS / oneDNN this torch uses.
 
+With --eval, the peer of Kiln's `eval` (bench/eval_cpu.sh) instead: each step is one batch's
+forward pass and mean loss under torch.no_grad() (model.eval(); autocast as above for bf16), as
+Kiln's `forward` program computes it; no backward, no update.
+
 Usage: bench/pytorch_cpu_step.py --spec SPEC.toml --data 'DIR/train_*.bin' [--steps 12]
-         [--warmup 2] [--threads N] [--seed 1337] [--json OUT]
+         [--warmup 2] [--threads N] [--seed 1337] [--eval] [--json OUT]
 """
 from __future__ import annotations
 
@@ -131,6 +135,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count(),
                     help="torch.set_num_threads (default os.cpu_count(): what Kiln uses)")
     ap.add_argument("--seed", type=int, default=1337)
+    ap.add_argument("--eval", action="store_true",
+                    help="time the forward pass and loss alone, under torch.no_grad() (Kiln's eval)")
     ap.add_argument("--json", help="also write the JSON line to this file")
     a = ap.parse_args()
     if a.steps < 1 or a.warmup < 0 or a.threads < 1:
@@ -149,18 +155,25 @@ def main() -> None:
     loader = Loader(a.data, B, T)
     bf16 = cfg["precision"] == "bf16"
 
+    if a.eval:
+        model.eval()
     times, losses = [], []
     for step in range(a.warmup + a.steps):
         t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
         x, y = loader.next()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            loss = model(x, y)
-        loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        if a.eval:
+            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                loss = model(x, y)
+            norm = 0.0
+        else:
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                loss = model(x, y)
+            loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+        losses.append(loss.item())  # (waits for the step's work, as Kiln reads its loss)
         dt = time.perf_counter() - t0
-        losses.append(loss.item())
         if not (math.isfinite(losses[-1]) and math.isfinite(float(norm))):
             sys.exit(f"pytorch_cpu_step.py: step {step}: loss {losses[-1]}, grad norm {float(norm)}")
         if step >= a.warmup:
@@ -168,7 +181,7 @@ def main() -> None:
 
     med = statistics.median(times)
     out = {
-        "config": "pytorch-eager",
+        "config": "pytorch-eager-eval" if a.eval else "pytorch-eager",
         "precision": ("bf16 autocast, fp32 master weights (CPU autocast: softmax and GELU in bf16)"
                       if bf16 else "fp32"),
         "median_ms": med,
@@ -186,7 +199,7 @@ def main() -> None:
         "torch": torch.__version__,
         "attention": "F.scaled_dot_product_attention" if HAVE_SDPA else
                      "eager softmax(q k^T / sqrt(d) + causal mask) @ v (this torch has no SDPA)",
-        "optimizer": "torch.optim.AdamW(foreach=True)",
+        "optimizer": None if a.eval else "torch.optim.AdamW(foreach=True)",
         "parameters": sum(p.numel() for p in model.parameters()),
         "model": cfg,
         "blas": blas_info(),
