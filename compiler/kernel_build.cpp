@@ -24,6 +24,7 @@
 #include <string_view>
 #include <thread>
 
+#include "runtime/error.h"
 #include "runtime/file_io.h"
 
 #ifdef KILN_HAVE_NVRTC
@@ -305,12 +306,22 @@ std::optional<std::vector<uint8_t>> compileCpuKernels(const std::string& source,
                    : status == 0           ? " exited with status 0 but wrote no " + lib
                                            : " exited with status " + std::to_string(WEXITSTATUS(status))) + first;
     bytes.reset();
-  } else if (!cached.empty() && makeDirs(dir)) {
-    try {
-      write_file_atomic(cached, {{bytes->data(), bytes->size()}});
-    } catch (...) {
-      // A cache that cannot be written only costs time.
+  } else if (!cached.empty()) {
+    // A cache that cannot be written only costs time; but then every run compiles again, which
+    // the user should know of (a KILN_KERNEL_CACHE that names a file, say).
+    std::string why;
+    if (!makeDirs(dir)) {
+      why = dir + ": cannot make the folder: " + std::strerror(errno);
+    } else {
+      try {
+        write_file_atomic(cached, {{bytes->data(), bytes->size()}});
+      } catch (const std::exception& e) {
+        why = e.what();
+      }
     }
+    if (!why.empty())
+      std::fprintf(stderr, "kilnc: warning: the kernel cache%s is not written (%s): the kernels are compiled again on every run\n",
+                   std::getenv("KILN_KERNEL_CACHE") ? " (KILN_KERNEL_CACHE)" : "", one_line(why).c_str());
   }
   removeWork();
   return bytes;
