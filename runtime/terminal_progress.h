@@ -8,6 +8,15 @@
 
 namespace kiln {
 
+// Seconds left after `done` of `done + left` steps that took `elapsed` seconds, the first of them
+// `first`: from the steps after the first when there are any, since the first also warms up
+// (caches, pages, kernels) and would inflate every later estimate.
+inline double eta_seconds(double elapsed, double first, int64_t done, int64_t left) {
+  if (done <= 0) return 0;
+  const double per = done > 1 ? (elapsed - first) / double(done - 1) : elapsed / double(done);
+  return per * double(left);
+}
+
 // How far long work is, on a terminal only: "\rWHAT: done/total UNIT, s, about s left", at most
 // ten times a second and at the end. end_line() before an error, clear() before the result.
 class TerminalProgress {

@@ -563,7 +563,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   const double peak = double(world) * (o.peak_tflops > 0 ? o.peak_tflops * 1e12
                                        : gpu             ? (gpu_peak ? gpu_peak->flops : 989e12)
                                                          : cpu_peak.flops);
-  double loss = 0, elapsed = 0;
+  double loss = 0, elapsed = 0, first_dt = 0;  // (first_dt: this run's first step, for the ETA)
   // The checkpoint of `steps` done, whose next batch is at `shard`, `position` (rank 0 writes it;
   // every rank gathers a ZeRO-1 run's moments).
   int64_t checkpointed = resumed_from.empty() ? -1 : first_step;
@@ -762,6 +762,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     const double tok_s = double(total) / dt;
     const double mfu = step_flops / dt / peak;
     elapsed += dt;
+    if (step == first_step) first_dt = dt;
 
     // A diverged step stops the run before anything is logged or checkpointed from it.
     if (!std::isfinite(loss) || !std::isfinite(norm)) {
@@ -847,7 +848,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     // The first step's line, then every N-th (printed N, 2N, ...) and the last.
     if (root && (step == 0 || (step + 1) % every == 0 || last || !std::isnan(val_loss) || !samples.empty() ||
                  samples_stopped)) {
-      const double eta = elapsed / double(step + 1 - first_step) * double(o.steps - step - 1);
+      const double eta = eta_seconds(elapsed, first_dt, step + 1 - first_step, o.steps - step - 1);
       std::printf("step %5lld/%lld | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | MFU %.1f%% | ETA %s",
                   (long long)step + 1, (long long)o.steps, loss, lr, norm, dt * 1e3, tok_s, 100 * mfu,
                   duration(eta).c_str());

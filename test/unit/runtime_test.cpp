@@ -14,6 +14,7 @@
 #include "runtime/file_io.h"
 #include "runtime/lr_schedule.h"
 #include "runtime/module.h"
+#include "runtime/terminal_progress.h"
 
 namespace kiln {
 namespace {
@@ -281,6 +282,14 @@ TEST(OneLine, EscapesControlsAndBytesThatAreNotUtf8) {
   EXPECT_EQ(one_line("\xED\xA0\x80"), "\\xED\\xA0\\x80");       // a surrogate
   EXPECT_EQ(one_line("\xF4\x90\x80\x80"), "\\xF4\\x90\\x80\\x80");  // past U+10FFFF
   EXPECT_EQ(one_line("\xF4\x8F\xBF\xBF"), "\xF4\x8F\xBF\xBF");  // U+10FFFF itself
+}
+
+// The ETA of train's progress lines: the first step, which also warms up, is left out of the
+// rate once later steps exist (a 3x slower first step made the first ETAs 3x too long).
+TEST(TrainProgress, EtaLeavesTheWarmingFirstStepOut) {
+  EXPECT_DOUBLE_EQ(eta_seconds(5.0, 3.0, 3, 10), 10.0);  // 3 s, then 1 s a step
+  EXPECT_DOUBLE_EQ(eta_seconds(3.0, 3.0, 1, 10), 30.0);  // the first alone: all there is
+  EXPECT_DOUBLE_EQ(eta_seconds(0.0, 0.0, 0, 10), 0.0);
 }
 
 }  // namespace
