@@ -3,6 +3,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -405,12 +406,26 @@ std::vector<uint8_t> read_file(const std::string& path) {
     const std::string empty_pipe = path + ": a pipe with nothing to read (no writer, or one that wrote nothing)";
     if (S_ISFIFO(st.st_mode)) {
       // Without a writer a pipe reads as empty at once; with one (a shell's | or <(...)) it has
-      // bytes or would block. Only the first would wait for ever, for a writer that may not come.
-      ssize_t got;
-      while ((got = ::read(fd, bytes.data(), bytes.size())) < 0 && errno == EINTR) {
+      // bytes or would block. Only the first would wait for ever, for a writer that may not come:
+      // one that opens the FIFO within kFifoWaitMs is waited for (poll wakes when it writes or
+      // closes; Linux reports no hang-up before a writer has come), then the pipe is refused.
+      constexpr int kFifoWaitMs = 5000;
+      auto probe = [&] {
+        ssize_t got;
+        while ((got = ::read(fd, bytes.data(), bytes.size())) < 0 && errno == EINTR) {
+        }
+        if (got < 0 && errno != EAGAIN) throw Error(path + ": read: " + std::strerror(errno));
+        return got;  // > 0: bytes; 0: no writer now; < 0: a writer, slow to write
+      };
+      ssize_t got = probe();
+      if (got == 0) {
+        // Woken or timed out, a second look tells. (A pipe whose writer left before it was
+        // opened here reports no hang-up either: it is waited out alike.)
+        pollfd p{fd, POLLIN, 0};
+        while (::poll(&p, 1, kFifoWaitMs) < 0 && errno == EINTR) {
+        }
+        if ((got = probe()) == 0) throw Error(empty_pipe);
       }
-      if (got == 0) throw Error(empty_pipe);
-      if (got < 0 && errno != EAGAIN) throw Error(path + ": read: " + std::strerror(errno));
       n = got > 0 ? size_t(got) : 0;
     }
     // The rest is read blocking: a terminal, or a pipe's writer that is slow to write.
