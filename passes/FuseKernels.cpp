@@ -139,8 +139,10 @@ class Fuser {
     return true;
   }
 
-  void claim(StringRef kind, ArrayRef<Operation*> group) {
-    if (group.size() < 2 && !singleOps_) return;  // a lone op is already one (built-in) kernel
+  // alone: a lone op's region even without single-ops (where the generated kernel beats the
+  // built-in one).
+  void claim(StringRef kind, ArrayRef<Operation*> group, bool alone = false) {
+    if (group.size() < 2 && !singleOps_ && !alone) return;  // a lone op is already one (built-in) kernel
     for (Operation* op : group) claimed_.insert(op);
     groups_.push_back({kind.str(), SmallVector<Operation*>(group)});
   }
@@ -155,12 +157,12 @@ class Fuser {
     if (grow(group, {g})) claim("classifier", group);
   }
 
-  // 1. The loss alone (evaluation's forward), even without single-ops: the generated row pass
-  // vectorises its exponentials, which the built-in kernel (libm's expf, a double sum) does not.
+  // 1, the rest. A cross_entropy no classifier took (evaluation's loss; a training loss whose
+  // log-sum-exp other ops read) is a region of its own even without single-ops: the generated
+  // row pass vectorises its exponentials, which the built-in kernel (libm's expf into a double
+  // sum) does not.
   void fuseLoss(CrossEntropyOp ce) {
-    if (claimed(ce)) return;
-    claimed_.insert(ce);
-    groups_.push_back({"classifier", SmallVector<Operation*>{ce}});
+    if (!claimed(ce)) claim("classifier", {ce}, /*alone=*/true);
   }
 
   // 3. Matmul epilogues, and the bias gradient of a weight-gradient matmul.

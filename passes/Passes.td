@@ -123,8 +123,9 @@ def FuseKernels : Pass<"kiln-fuse-kernels", "::mlir::ModuleOp"> {
     can compute into a `kiln.fusion` region. The rules, in the order they claim ops:
     1. classifier: `kiln.cross_entropy` with the `kiln.cross_entropy_grad` that reads its
        log-sum-exp (and nothing else does): loss and logits gradient in one pass over the logits;
-       a `kiln.cross_entropy` without one (evaluation's loss) gets a region of its own, single
-       op as it is: its generated row pass vectorises the exponentials;
+       a `kiln.cross_entropy` no classifier took (evaluation's loss, or a loss whose log-sum-exp
+       other ops read) gets a region of its own, single op as it is: its generated row pass
+       vectorises the exponentials;
     2. layer-norm backward: `kiln.layer_norm_grad` with the cast of its incoming gradient, the add of
        the residual gradient, the accumulation of its weight and bias gradients, the cast of the
        gradient that leaves, and the bias gradient of the layer before (the accumulated row sum of
