@@ -320,7 +320,7 @@ std::optional<std::vector<uint8_t>> compileCpuKernels(const std::string& source,
       }
     }
     if (!why.empty())
-      std::fprintf(stderr, "kilnc: warning: the kernel cache%s is not written (%s): the kernels are compiled again on every run\n",
+      std::fprintf(stderr, "kilnc: warning: the kernel cache%s is not written (%s): the kernels are compiled again on every run (KILN_KERNEL_CACHE=off: no cache, no warning)\n",
                    std::getenv("KILN_KERNEL_CACHE") ? " (KILN_KERNEL_CACHE)" : "", one_line(why).c_str());
   }
   removeWork();
