@@ -290,9 +290,14 @@ void DataLoader::seek(size_t shard, int64_t position) {
                 std::to_string(files_.size()) + " shards)");
   // Check everything before touching the state, so a bad seek leaves the loader usable.
   std::vector<uint16_t> tokens;
-  const FileId id = file_id(files_[shard]);  // (before the read, as in load())
-  const int64_t count = shard == shard_ ? tokens_in_current_shard()
-                                        : open_shard(files_[shard], {B_, T_, world_size_}, &tokens);
+  FileId id{};
+  int64_t count = 0;
+  if (shard == shard_) {
+    count = tokens_in_current_shard();
+  } else {
+    id = file_id(files_[shard]);  // (before the read, as in load())
+    count = open_shard(files_[shard], {B_, T_, world_size_}, &tokens);
+  }
   if (position < 0 || position > count - step_ - 1)  // (not position + step_ + 1: it may overflow)
     throw Error(files_[shard] + ": seek: position " + std::to_string(position) +
                 " leaves no room for one step of " + std::to_string(step_ + 1) + " tokens in " +
