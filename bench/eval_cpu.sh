@@ -53,6 +53,9 @@ while [ $# -gt 0 ]; do
     --threads) need_int "$1" "${2-}" 1; THREADS=$2; shift 2 ;;
     --exe) [[ "${2-}" =~ ^[A-Za-z0-9_.-]+=.+ ]] && [ -x "${2#*=}" ] \
              || { echo "eval_cpu.sh: --exe needs NAME=PATH of an executable, got '${2-}'" >&2; exit 2; }
+           case "${2%%=*}" in kiln|kiln-unfused|pytorch|data|w.safetensors|weights.log|shard.log|gpt2-eval-bench.toml)
+             echo "eval_cpu.sh: --exe: the name '${2%%=*}' is taken (kiln, kiln-unfused, pytorch and the run's files)" >&2
+             exit 2 ;; esac
            EXTRA+=("$2"); shift 2 ;;
     --out) [ -n "${2-}" ] || { echo "eval_cpu.sh: --out needs a file" >&2; exit 2; }
            OUT_JSON=$2; shift 2 ;;
