@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <chrono>
@@ -550,6 +551,24 @@ int run_main(int argc, char** argv) {
   EvalCommand eval_opts;
   CLI::App* eval = app.add_subcommand("eval", "the mean loss (and perplexity) of weights over token shards");
   add_eval_options(*eval, eval_opts);
+  // The module is the first word: one that is missing is said before any option's complaint
+  // (else "--steps is required" came first), and a subcommand given in its place is named as
+  // such (else "train" was taken for the module, and the next word for a subcommand). --help
+  // goes first.
+  const bool help = std::any_of(argv + 1, argv + argc, [](const char* a) {
+    return std::strcmp(a, "-h") == 0 || std::strcmp(a, "--help") == 0 || std::strcmp(a, "--help-all") == 0;
+  });
+  if (!embedded && argc > 1 && argv[1][0] != '-' && !help && ::access(argv[1], F_OK) != 0) {
+    const std::string first = argv[1];
+    const int error = errno;
+    if (first == "train" || first == "sample" || first == "eval") {
+      std::fprintf(stderr, "error: kiln-run needs the module before '%s': kiln-run MODULE.kiln %s ... (see kiln-run --help)\n",
+                   first.c_str(), first.c_str());
+      return 2;  // a usage error, as CLI11's
+    }
+    std::fprintf(stderr, "error: %s: cannot open: %s (the module to run)\n", one_line(first).c_str(), std::strerror(error));
+    return 1;  // as when loading it fails
+  }
   if (const int rc = cli::parse(app, argc, argv); rc >= 0) return rc;
 
   std::unique_ptr<Communicator> comm;  // outlives the module: MPI_Finalize last
