@@ -1114,12 +1114,11 @@ class Emitter {
       body_ += "    atomicAdd(&" + g + "[(long long)" + at(ids, "n") + " * " + num(C) + " + c], " + at(dout, "e") + ");\n  }\n";
       return success();
     }
-    const std::string& target = g;
-    if (!acc) body_ += "  for (int64_t i = 0; i < " + num(V * C) + "; ++i) " + target + "[i] = 0.0f;\n";
-    body_ += "  // " + target + "[ids[n], c] += dout[n, c], rows in order; columns split across threads.\n";
+    if (!acc) body_ += "  for (int64_t i = 0; i < " + num(V * C) + "; ++i) " + g + "[i] = 0.0f;\n";
+    body_ += "  // " + g + "[ids[n], c] += dout[n, c], rows in order; columns split across threads.\n";
     body_ += "#pragma omp parallel for schedule(static)\n";
     body_ += "  for (int64_t c = 0; c < " + num(C) + "; ++c)\n";
-    body_ += "    for (int64_t n = 0; n < " + num(n) + "; ++n) " + target + "[(int64_t)" + at(ids, "n") + " * " + num(C) +
+    body_ += "    for (int64_t n = 0; n < " + num(n) + "; ++n) " + g + "[(int64_t)" + at(ids, "n") + " * " + num(C) +
              " + c] += " + at(dout, "n * " + num(C) + " + c") + ";\n";
     return success();
   }

@@ -158,9 +158,9 @@ std::optional<std::pair<std::string, std::string>> spec_relation_error(
 ModelSpec parse_spec(const std::string& path) {
   // toml++ reads a folder as an empty file, which would be reported as a spec without tables.
   if (std::filesystem::is_directory(path)) throw Error(path + ": is a folder, not a spec file");
-  check_not_a_device(path);
   // Read here rather than by toml++, whose message for a file it cannot open gives no reason
-  // (and by read_file, which refuses a FIFO no one writes to instead of waiting for ever).
+  // (and by read_file, which refuses a device, or a FIFO no one writes to, instead of reading
+  // for ever).
   if (!std::filesystem::exists(path)) throw Error(path + ": no such file");
   const std::vector<uint8_t> bytes = read_file(path);
   const std::string text(bytes.begin(), bytes.end());

@@ -1,16 +1,13 @@
 #include "tools/kiln-inspect/loss_plot.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
-#include <sstream>
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "runtime/error.h"
 #include "runtime/file_io.h"
@@ -99,10 +96,9 @@ std::vector<Tick> round_ticks(double lo, double hi, bool whole) {
 std::string loss_plot_svg(const std::vector<std::string>& logs) {
   std::vector<Series> series;
   for (const std::string& path : logs) {
-    check_not_a_device(path);  // /dev/zero would be one endless line
     if (std::error_code ec; std::filesystem::is_directory(path, ec)) throw Error(path + ": is a folder; give a --log file");
-    if (::access(path.c_str(), R_OK) != 0) throw Error(path + ": cannot open: " + std::strerror(errno));
-    const std::vector<uint8_t> bytes = read_file(path);  // (refuses a FIFO no one writes to)
+    // (read_file refuses a device such as /dev/zero, one endless line, and a FIFO no one writes to)
+    const std::vector<uint8_t> bytes = read_file(path);
     std::istringstream in(std::string(bytes.begin(), bytes.end()));
     // A fresh run appended to a log (its first line has "start": "fresh") is a run of its own.
     // A resumed one ("start": "resume", at the step after its checkpoint's) continues the latest
