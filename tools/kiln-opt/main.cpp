@@ -3,11 +3,14 @@
 #include "compiler/pipeline.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/DialectRegistry.h"
+#include "mlir/Support/FileUtilities.h"
 #include "mlir/Tools/mlir-opt/MlirOptMain.h"
 #include "mlir/Transforms/Passes.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/ErrorHandling.h"
+#include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Signals.h"
+#include "llvm/Support/ToolOutputFile.h"
 #include "passes/Passes.h"
 #include "runtime/error.h"
 #include "runtime/file_io.h"
@@ -43,6 +46,23 @@ void on_fatal_error(void*, const char* reason, bool) {
 }
 }  // namespace
 
+// MlirOptMain on the input file, or on the bytes of a pipe already read (as MLIR's own driver
+// does with the file it opens: the output kept only when the passes succeed).
+mlir::LogicalResult run_opt(std::vector<char*>& args, const std::string& input, const std::string& output,
+                            mlir::DialectRegistry& registry, std::unique_ptr<llvm::MemoryBuffer> piped) {
+  if (!piped) return mlir::MlirOptMain(int(args.size()), args.data(), input, output, registry);
+  std::string error;
+  std::unique_ptr<llvm::ToolOutputFile> out = mlir::openOutputFile(output, &error);
+  if (!out) {
+    std::fprintf(stderr, "error: %s\n", error.c_str());
+    return mlir::failure();
+  }
+  if (mlir::failed(mlir::MlirOptMain(out->os(), std::move(piped), registry, mlir::MlirOptMainConfig::createFromCLOptions())))
+    return mlir::failure();
+  out->keep();
+  return mlir::success();
+}
+
 int main(int argc, char** argv) {
   kiln::start_process();
   // LLVM's signal handlers (a stack trace on a crash; on SIGINT the output's temporary removed,
@@ -71,6 +91,9 @@ int main(int argc, char** argv) {
     if (!llvm::is_contained({"color", "help", "help-list", "version"}, entry.getKey()))
       entry.getValue()->setHiddenFlag(llvm::cl::Hidden);
   auto [input, output] = mlir::registerAndParseCLIOptions(int(args.size()), args.data(), "Kiln optimizer driver\n", registry);
+  // A named pipe is read here, by read_file, which refuses one no one writes to (LLVM's reader
+  // would wait for a writer for ever); MLIR then parses the bytes read.
+  std::unique_ptr<llvm::MemoryBuffer> piped;
   try {
     // LLVM's options keep the last of two -o; the other tools refuse the second.
     int outputs = 0;
@@ -86,6 +109,12 @@ int main(int argc, char** argv) {
       // terminal as the parser's error context.
       if (const std::string kind = kiln::file_kind(input); !kind.empty())
         throw kiln::Error(input + ": is " + kind + ", not MLIR text (kiln-inspect reads modules and executables)");
+      std::error_code ec;
+      if (std::filesystem::is_fifo(input, ec)) {
+        const std::vector<uint8_t> bytes = kiln::read_file(input);
+        piped = llvm::MemoryBuffer::getMemBufferCopy(
+            llvm::StringRef(reinterpret_cast<const char*>(bytes.data()), bytes.size()), input);
+      }
     }
   } catch (const kiln::Error& e) {
     std::fprintf(stderr, "error: %s\n", kiln::one_line(e.what()).c_str());
@@ -97,7 +126,7 @@ int main(int argc, char** argv) {
   std::error_code ec;
   const std::string target = kiln::link_target(output);
   if (output == "-" || (std::filesystem::exists(output, ec) && !std::filesystem::is_regular_file(output, ec)))
-    return mlir::asMainReturnCode(mlir::MlirOptMain(int(args.size()), args.data(), input, output, registry));
+    return mlir::asMainReturnCode(run_opt(args, input, output, registry, std::move(piped)));
   try {
     kiln::refuse_overwriting("-o", output, {{"the input file", input}});
     kiln::check_output_file("-o", output);
@@ -108,7 +137,7 @@ int main(int argc, char** argv) {
   }
   const std::string tmp = kiln::temporary_path(target);
   g_output = output, g_temporary = tmp;
-  const bool ok = mlir::succeeded(mlir::MlirOptMain(int(args.size()), args.data(), input, tmp, registry));
+  const bool ok = mlir::succeeded(run_opt(args, input, tmp, registry, std::move(piped)));
   // Some runs write nothing (--show-dialects, --help of a pass pipeline): then neither does -o.
   if (ok && !std::filesystem::exists(tmp, ec)) return 0;
   if (ok) std::filesystem::rename(tmp, target, ec);

@@ -279,6 +279,12 @@ int main(int argc, char** argv) {
                            : parseSourceFile<ModuleOp>(sm, ParserConfig(&ctx));
       }
       if (!module) return 1;
+      // An empty file parses as an empty module; say that, not that its spec is missing.
+      if (module->getBody()->empty() && (*module)->getAttrs().empty()) {
+        std::fprintf(stderr, "error: %s: holds no IR (expected what kilnc --emit=graph or --emit=step writes)\n",
+                     fromStdin ? "<stdin>" : input.c_str());
+        return 1;
+      }
       // Outside the handler's scope: one line each, like the errors of the passes.
       auto s = kiln::getModuleSpec(*module);
       if (failed(s) || failed(kiln::verifyEntryPoints(*module))) return 1;
