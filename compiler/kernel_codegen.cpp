@@ -347,7 +347,7 @@ class Emitter {
       body_ += "  // Epilogue, element by element over C.\n";
       loop(M * N, [&](const std::string& ind) {
         std::string mv = "v" + num(next_++);
-        body_ += ind + "const float " + mv + " = " + (isBF16(mm.getResult()) ? "rb(C[i])" : "C[i]") + ";\n";
+        body_ += ind + "const float " + mv + " = " + (isBF16(mm.getResult()) && !biasBeforeRounding(mm, N) ? "rb(C[i])" : "C[i]") + ";\n";
         local_[mm.getResult()] = mv;
         SmallVector<Operation*> full;
         for (Operation* op : epilogue)
@@ -360,6 +360,19 @@ class Emitter {
     }
     if (!columns.empty()) columnSums(columns);
     return success();
+  }
+
+  // A bf16 product whose one use is the add of a bias (one value per column) in this kernel: the
+  // bias is added to the fp32 product and the sum rounded to bf16 once, as PyTorch's addmm under
+  // autocast and cuBLASLt's bias epilogue do (rounding the product first would round twice).
+  bool biasBeforeRounding(MatmulOp mm, int64_t N) {
+    Value product = mm.getResult();
+    if (!product.hasOneUse() || !outs_.lookup(product).empty()) return false;
+    auto add = dyn_cast<AddOp>(*product.getUsers().begin());
+    if (!add || add->getBlock() != mm->getBlock()) return false;
+    Value other = add.getLhs() == product ? add.getRhs() : add.getLhs();
+    auto b = other.getDefiningOp<BroadcastOp>();
+    return b && numel(b.getInput()) == N;
   }
 
   static bool dependsOnColumns(Operation* op, ArrayRef<Operation*> columns) {
