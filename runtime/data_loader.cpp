@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <set>
 
 #include "runtime/error.h"
@@ -71,6 +72,25 @@ int64_t open_shard(const std::string& path, const StepNeed& need, std::vector<ui
   return count;
 }
 
+// When the folder of a pattern that matches nothing holds the staging folder of a kiln-data
+// prepare killed while it swapped its shards in (with older shards moved aside into old/), the
+// shards are there: says how to get them back. Else "".
+std::string interrupted_prepare(const std::string& pattern) {
+  namespace fs = std::filesystem;
+  const fs::path folder = fs::path(pattern).parent_path();
+  const std::string dir = folder.empty() ? "." : folder.string();
+  if (dir.find_first_of("*?[") != std::string::npos) return "";
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    std::error_code old;
+    if (name.rfind(".kiln-data-prepare.", 0) == 0 && fs::is_directory(it->path() / "old", old))
+      return "; but " + it->path().string() + " holds the shards of a kiln-data prepare killed while it swapped "
+             "them in: run it again with --out " + dir + " (it first finishes or undoes that swap)";
+  }
+  return "";
+}
+
 }  // namespace
 
 std::vector<std::string> expand_data_pattern(const std::string& file_or_glob) {
@@ -96,7 +116,7 @@ std::vector<std::string> expand_data_pattern(const std::string& file_or_glob) {
   if (rc != 0 && rc != GLOB_NOMATCH)
     throw Error(file_or_glob + ": glob failed (" +
                 (rc == GLOB_NOSPACE ? "out of memory" : "read error") + ")");
-  if (files.empty()) throw Error(file_or_glob + ": no file matches this path or pattern");
+  if (files.empty()) throw Error(file_or_glob + ": no file matches this path or pattern" + interrupted_prepare(file_or_glob));
   // Byte order, not glob's locale-dependent order: every rank and run sees the same sequence.
   std::sort(files.begin(), files.end());
   return files;

@@ -15,13 +15,14 @@
 // encoded, so a failed run leaves DIR as it was; a successful run then removes older
 // train_NNN.bin and val_NNN.bin shards in DIR that it did not write, so DIR holds exactly this
 // data set. SIGINT, SIGTERM, SIGHUP or SIGQUIT while documents are encoded removes that folder
-// (and DIR, when the run created it); during the swap they wait for it to finish. (SIGKILL can
-// leave the folder behind; the next run into DIR on this machine removes it, unless the run was
-// killed while swapping the shards in: then its old/ holds older shards moved aside, and it is
-// left for a person to look at.) An input given twice, one that is an llm.c shard (a glob
+// (and DIR, when the run created it); during the swap they wait for it to finish, and for the
+// summary. (SIGKILL can leave the folder behind; the next run into DIR on this machine removes
+// it, after finishing the swap of a run killed while it moved its new shards in, or undoing that
+// of one killed while it moved the older ones aside, so that DIR holds one whole data set.) An input given twice, one that is an llm.c shard (a glob
 // over DIR), or UTF-16/32 text (a byte-order mark; by encode too) is refused; one that is not UTF-8 text
 // (Latin-1, NUL bytes) is tokenized byte by byte, and a note says so; so is an empty document
 // (it adds only <|endoftext|>).
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -203,6 +204,55 @@ struct Split {
   std::vector<std::string> shards;   // file names, in order
 };
 
+// In a staging folder: "every older shard is aside; the new ones are being moved in".
+constexpr const char* kMovingIn = "moving-in";
+
+// Made durable (fsync of the file and its folder) before the first new shard moves in, so that
+// after a power cut the next run does not undo a swap whose new shards are half in place.
+void write_swap_marker(const fs::path& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0 || ::fsync(fd) != 0) {
+    const int error = errno;
+    if (fd >= 0) ::close(fd);
+    throw Error(path.string() + ": cannot write: " + std::strerror(error));
+  }
+  ::close(fd);
+  if (const int dir = ::open(path.parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dir >= 0) {
+    ::fsync(dir);  // (best effort: some filesystems refuse fsync on a folder)
+    ::close(dir);
+  }
+}
+
+// The staging folder of a run killed while it swapped its shards into `out`: with the marker in
+// it, every older shard was aside, so the swap is finished (the new shards still in the folder
+// move in); without, the older shards moved aside are put back. Said in a note; true when the
+// folder may go (false: a rename failed, and it is left as it is, named).
+bool finish_interrupted_swap(const fs::path& out, const fs::path& staging, const std::regex& shard_name) {
+  std::error_code ec;
+  const bool forward = fs::exists(staging / kMovingIn, ec);
+  const fs::path from = forward ? staging : staging / "old";
+  size_t moved = 0;
+  for (fs::directory_iterator it(from, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (!std::regex_match(name, shard_name) || !it->is_regular_file(ec)) continue;
+    fs::rename(it->path(), out / name, ec);
+    if (ec) {
+      std::fprintf(stderr, "note: %s: left by a kiln-data prepare killed while it swapped shards in; moving %s "
+                   "into %s failed (%s): look at it\n", staging.c_str(), name.c_str(), out.c_str(), ec.message().c_str());
+      return false;
+    }
+    ++moved;
+  }
+  if (ec) return false;
+  if (forward)
+    std::fprintf(stderr, "note: %s: finished the swap of a kiln-data prepare killed while it moved its shards in "
+                 "(%zu more moved in)\n", out.c_str(), moved);
+  else if (moved > 0)
+    std::fprintf(stderr, "note: %s: put back %zu older shard%s that a kiln-data prepare killed while it swapped "
+                 "shards in had moved aside\n", out.c_str(), moved, moved == 1 ? "" : "s");
+  return true;
+}
+
 int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
   const auto start = Clock::now();
   if (o.files.empty()) throw Error("prepare: no input files");
@@ -282,16 +332,20 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
   const bool created_out = !fs::exists(out, ec);
   fs::create_directories(out, ec);
   if (ec || !fs::is_directory(out)) throw Error(o.out + ": cannot create directory: " + ec.message());
-  // Staging folders of runs killed before they swapped their shards in: their writer ran on this
-  // machine and is gone, and no old/ (older shards moved aside) is in them.
+  // Staging folders of killed runs (their writer ran on this machine and is gone): one killed
+  // while it swapped its shards in is first finished or undone, so DIR holds one whole data set.
+  std::vector<fs::path> orphans;
   for (fs::directory_iterator it(out, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     const std::string prefix = ".kiln-data-prepare.";
     if (name.rfind(prefix, 0) != 0 || !it->is_directory(ec)) continue;
     std::string suffix = name.substr(prefix.size());
     if (suffix.rfind("tmp.", 0) == 0) suffix = suffix.substr(4);  // (without "tmp.": before the host was named)
+    if (temporary_is_orphaned(suffix)) orphans.push_back(it->path());
+  }
+  for (const fs::path& staging : orphans) {
     std::error_code rm;
-    if (temporary_is_orphaned(suffix) && !fs::exists(it->path() / "old", rm)) fs::remove_all(it->path(), rm);
+    if (!fs::exists(staging / "old", rm) || finish_interrupted_swap(out, staging, shard_name)) fs::remove_all(staging, rm);
   }
   ec.clear();
   const fs::path tmp = temporary_path((out / ".kiln-data-prepare").string());  // this host and process's
@@ -383,6 +437,9 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
         if (ec) throw Error((out / name).string() + ": moving the older shard aside: " + ec.message());
         moved_aside.push_back(name);
       }
+      // Every older shard is aside: from here a run killed (SIGKILL, a power cut) is finished by
+      // the next one into DIR, which moves the rest of the new shards in; before, it is undone.
+      write_swap_marker(tmp / kMovingIn);
       for (const std::string& name : written) {
         fs::rename(tmp / name, out / name, ec);
         if (ec) throw Error((out / name).string() + ": moving the new shard into place: " + ec.message());
@@ -399,8 +456,10 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
         if (ec) lost += " " + *n;
       }
       if (lost.empty()) throw;
-      // The older shards still in tmp/old are the only copy: tmp is kept, and said.
+      // The older shards still in tmp/old are the only copy: tmp is kept, and said (and a later
+      // run puts them back rather than finish this swap).
       keep_tmp = true;
+      fs::remove(tmp / kMovingIn, ec);
       throw Error(std::string(e.what()) + "; then could not restore" + lost + " (the older shards are in " +
                   aside.string() + ")");
     }
@@ -408,7 +467,6 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
     for (const std::string& name : older) (written.count(name) ? replaced : removed) += 1;
     fs::remove_all(tmp, ec);
     untrack_staging_folder();
-    held.reset();  // DIR holds the whole data set: a signal may end the process now
 
     for (size_t k = 0; k < not_text.size() && k < 5; ++k)
       std::fprintf(stderr, "note: %s: its bytes were tokenized as they are\n", one_line(not_text[k]).c_str());
@@ -438,6 +496,9 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
     if (replaced) std::printf("replaced %zu older shard%s in %s\n", replaced, replaced == 1 ? "" : "s", o.out.c_str());
     if (removed) std::printf("removed %zu older shard%s from %s\n", removed, removed == 1 ? "" : "s", o.out.c_str());
     flush_stdout();  // (the shards are in place; a lost summary still fails the command)
+    // A signal that came during the swap ends the process only now, after the summary of the
+    // data set it left in DIR.
+    held.reset();
     return 0;
   } catch (...) {
     if (!keep_tmp) fs::remove_all(tmp, ec);
