@@ -33,6 +33,29 @@ void write_all(int fd, const void* src, size_t n, const std::string& path) {
   }
 }
 
+}  // namespace
+
+int open_in_place(const std::string& path, int flags, mode_t mode) {
+  // O_NONBLOCK: the open of a FIFO no one reads fails (ENXIO) instead of waiting, in a call that
+  // a signal does not end. A reader that opens it within 5 s (a shell's <(...) may be late) is
+  // waited for, by opening again.
+  int fd;
+  for (int waited_ms = 0;; waited_ms += 50) {
+    while ((fd = ::open(path.c_str(), flags | O_NONBLOCK | O_CLOEXEC, mode)) < 0 && errno == EINTR) {
+    }
+    if (fd >= 0 || errno != ENXIO || waited_ms >= 5000) break;
+    ::usleep(50 * 1000);
+  }
+  if (fd >= 0) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);  // writes may wait for the reader
+  return fd;
+}
+
+std::string open_error(int error) {
+  return error == ENXIO ? "a pipe that nothing reads (no reader came within 5 s)" : std::strerror(error);
+}
+
+namespace {
+
 // gethostname() as a file-name part: letters, digits, '-' and '_' kept, anything else '_'
 // (a dot would blur where the pid starts). "host" when it is unknown.
 const std::string& host_name() {
@@ -474,8 +497,8 @@ void write_file_atomic(const std::string& given,
   const bool exists = !replace && ::stat(path.c_str(), &st) == 0;
   if (exists && S_ISDIR(st.st_mode)) throw Error(given + ": cannot write: a directory");
   if (exists && !S_ISREG(st.st_mode)) {
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
-    if (fd < 0) throw Error(given + ": cannot open for writing: " + std::strerror(errno));
+    const int fd = open_in_place(path, O_WRONLY);
+    if (fd < 0) throw Error(given + ": cannot open for writing: " + open_error(errno));
     try {
       for (const auto& [data, size] : pieces) write_all(fd, data, size, given);
     } catch (...) {

@@ -1,6 +1,7 @@
 // Whole-file reads and crash-safe writes.
 #pragma once
 #include <signal.h>
+#include <sys/types.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -19,6 +20,12 @@ std::vector<uint8_t> read_file(const std::string& path);
 std::string read_head(const std::string& path, size_t n);
 // The last n bytes of the regular file at `path` (all of it when shorter; "" when it cannot be read).
 std::string read_tail(const std::string& path, size_t n);
+
+// open(path, flags) for an output written in place (a FIFO, a device, a log appended to): a
+// FIFO that nothing reads is waited on for 5 s at most, then fails with ENXIO. O_CLOEXEC added.
+int open_in_place(const std::string& path, int flags, mode_t mode = 0644);
+// strerror, but a FIFO without a reader (ENXIO from open_in_place) said as such.
+std::string open_error(int error);
 
 // A regular file open for reading at offsets (shards, weights, checkpoints: read by their size,
 // seeked in or mapped). Opened O_NONBLOCK, so that a FIFO is refused at once instead of waiting

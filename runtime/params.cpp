@@ -335,11 +335,11 @@ void load_finite_parameters(Executor& ex, const std::string& path, const std::st
     throw Error(path + ": " + bad + " holds a NaN or an infinity (" + consequence + ")");
 }
 
-void save_parameters(Executor& ex, const std::string& path, ParamField field) {
+void save_parameters(Executor& ex, const std::string& flag, const std::string& path, ParamField field) {
   ex.sync_to_host();
   if (field == ParamField::Value)
     if (const std::string bad = first_non_finite(ex, false); !bad.empty())
-      throw Error(path + ": not written: " + bad + " holds a NaN or an infinity (the update diverged; lower --lr)");
+      throw Error(flag + ": " + path + ": not written: " + bad + " holds a NaN or an infinity (the update diverged; lower --lr)");
   std::vector<SafeTensor> out;
   for (const fb::Parameter* p : *ex.module().fb().parameters()) {
     uint32_t b = field == ParamField::Value ? p->value() : p->grad();
@@ -350,7 +350,11 @@ void save_parameters(Executor& ex, const std::string& path, ParamField field) {
     t.bytes.assign(src, src + bytes);
     out.push_back(std::move(t));
   }
-  write_safetensors(path, out, {{"format", "pt"}});
+  try {
+    write_safetensors(path, out, {{"format", "pt"}});
+  } catch (const Error& e) {
+    throw Error(flag + ": " + e.what());
+  }
 }
 
 }  // namespace kiln

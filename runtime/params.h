@@ -48,9 +48,10 @@ void load_finite_parameters(Executor& ex, const std::string& path, const std::st
 // "transformer."-prefixed names, in the shapes of a Hugging Face GPT-2 file: wte.weight [V, C]
 // without the padded rows.
 // Values are checked first: a diverged update (NaN or infinite weights) is refused rather than
-// written over a file of good ones.
+// written over a file of good ones. Errors start with `flag` (the option that named the file).
 enum class ParamField { Value, Grad };
-void save_parameters(Executor& ex, const std::string& path, ParamField field = ParamField::Value);
+void save_parameters(Executor& ex, const std::string& flag, const std::string& path,
+                     ParamField field = ParamField::Value);
 
 // "parameter 'h.0.mlp.c_fc.weight' (value)": the first parameter whose value (and with
 // `moments`, AdamW m or v: the elements the executor holds) holds a NaN or an infinity, in the

@@ -212,7 +212,7 @@ int LogFile::append(const std::string& line) {
     }
   }
   if (fd_ < 0) {
-    fd_ = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    fd_ = open_in_place(path_, O_WRONLY | O_APPEND | O_CREAT);
     if (fd_ < 0) return errno;  // (its folder removed): the run stops as for a failed write
     const std::string last = read_tail(path_, 1);  // "" for an empty file, a FIFO or a device
     newline_first_ = !last.empty() && last != "\n";
@@ -248,7 +248,7 @@ std::string LogFile::describe(int error) {
   if (error == EWOULDBLOCK)
     return "another run started appending to it (it took the log's lock first); give another file, or wait for that "
            "run to end";
-  return std::strerror(error);
+  return open_error(error);
 }
 
 }  // namespace kiln

@@ -622,10 +622,10 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
                                : std::string("no checkpoint was written"));
       if (!o.save.empty()) {
         try {
-          save_parameters(ex, o.save);
+          save_parameters(ex, "--save", o.save);
           what += "; saved " + o.save + " (the weights after step " + std::to_string(steps) + ")";
         } catch (const Error& s) {
-          what += "; --save failed too: " + std::string(s.what());
+          what += "; and " + std::string(s.what());  // ("--save: FILE: ...")
         }
       }
       if (!log_failure.empty()) what += "; and before it " + log_failure;  // (the log's, which stopped the run)
@@ -651,7 +651,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
               " written (--resume goes on from there once the data is back)";
     }
     if (!o.save.empty()) {
-      save_parameters(ex, o.save);
+      save_parameters(ex, "--save", o.save);
       what += "; saved " + o.save + " (the weights after step " + std::to_string(step) + ")";
     }
     throw Error(what);
@@ -748,7 +748,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     if (step == 0 && !o.dump_grads.empty()) {
       dp.gather_gradients();  // ZeRO-1: each rank holds only its pieces
       if (root) {
-        save_parameters(ex, o.dump_grads, ParamField::Grad);
+        save_parameters(ex, "--dump-grads", o.dump_grads, ParamField::Grad);
         std::fprintf(stderr, "saved step 0's gradients to %s\n", o.dump_grads.c_str());
       }
     }
@@ -935,7 +935,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   }
   // An interrupted run saves the weights it has too (its log says how far it got).
   if (!o.save.empty() && root) {
-    save_parameters(ex, o.save);
+    save_parameters(ex, "--save", o.save);
     std::fprintf(stderr, "saved %s%s\n", o.save.c_str(), interrupted || !log_failure.empty() ? " (the weights of the interrupted run)" : "");
   }
   if (!log_failure.empty()) throw Error(log_failure);
