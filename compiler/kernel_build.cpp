@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -403,18 +404,35 @@ std::optional<std::vector<CudaImageBuild>> compileCudaKernels(const std::string&
 
 bool dumpKernelSource(const std::string& dir, Target target, const std::string& source,
                       const std::string& manifest, std::string& error) {
+  namespace fs = std::filesystem;
+  // The folders this call makes (from the highest one missing) go again if nothing is written.
+  std::error_code ec;
+  fs::path made;
+  for (fs::path p = fs::path(dir).lexically_normal(); !p.empty() && !fs::exists(p, ec); p = p.parent_path()) made = p;
   if (!makeDirs(dir)) {
     error = dir + ": cannot make the folder: " + std::strerror(errno);
     return false;
   }
+  const std::string name = dir + (target == Target::Cpu ? "/kernels.cpp" : "/kernels.cu");
+  // The source and its manifest are replaced together: signals wait, and if the manifest cannot
+  // be replaced the older source (kept by a hard link) is put back, so that a source is never
+  // left beside another's manifest.
+  SignalsHeld held;
+  const std::string real = link_target(name);
+  const std::string kept = temporary_path(real + ".old");
+  const bool backup = ::link(real.c_str(), kept.c_str()) == 0;
   try {
-    const std::string name = dir + (target == Target::Cpu ? "/kernels.cpp" : "/kernels.cu");
     write_file_atomic(name, {{reinterpret_cast<const uint8_t*>(source.data()), source.size()}});
     write_file_atomic(dir + "/kernels.tsv", {{reinterpret_cast<const uint8_t*>(manifest.data()), manifest.size()}});
   } catch (const std::exception& e) {
+    if (backup) ::rename(kept.c_str(), real.c_str());
+    else ::unlink(real.c_str());  // (a new source: none was there before)
     error = e.what();
+    for (fs::path p = fs::path(dir).lexically_normal(); !made.empty() && !p.empty(); p = p.parent_path())
+      if (!fs::remove(p, ec) || p == made) break;  // (only empty folders, up to the highest made)
     return false;
   }
+  if (backup) ::unlink(kept.c_str());
   return true;
 }
 
