@@ -50,6 +50,23 @@ int open_in_place(const std::string& path, int flags, mode_t mode) {
   return fd;
 }
 
+// The temporaries of `path` ("PATH.tmp.HOST.PID") that writers killed on this machine left
+// (SIGKILL, a power cut: up to a model's weights each) go when `path` is written again.
+static void remove_orphaned_temporaries(const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path file(path);
+  const std::string prefix = file.filename().string() + ".tmp.";
+  std::error_code ec;
+  const fs::path dir = file.parent_path().empty() ? fs::path(".") : file.parent_path();
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    std::error_code rm;
+    if (name.size() > prefix.size() && name.compare(0, prefix.size(), prefix) == 0 &&
+        it->symlink_status(rm).type() == fs::file_type::regular && temporary_is_orphaned(name.substr(prefix.size())))
+      fs::remove(it->path(), rm);
+  }
+}
+
 std::string open_error(int error) {
   return error == ENXIO ? "a pipe that nothing reads (no reader came within 5 s)" : std::strerror(error);
 }
@@ -545,6 +562,7 @@ void write_file_atomic(const std::string& given,
     throw;
   }
   untrack_temporary(tracked);
+  remove_orphaned_temporaries(path);
   // Make the rename itself durable. Best effort: some filesystems refuse fsync on directories.
   std::string dir = std::filesystem::path(path).parent_path().string();
   int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);

@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <thread>
@@ -106,6 +107,24 @@ TEST_F(FileIo, NothingPendingAfterAWrite) {
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(listing(), std::vector<std::string>{"small.txt"});
   EXPECT_EQ(read_file(out).size(), 4u);
+}
+
+// Temporaries of the same file that a killed writer on this machine left go when it is written
+// again; a live writer's, another machine's and another file's stay.
+TEST_F(FileIo, AWriteRemovesItsFilesOrphanedTemporaries) {
+  const std::string out = path("w.safetensors");
+  // (The parent process's: this one's is the name the write below uses for its own temporary.)
+  const std::string host = temporary_path("x").substr(6, temporary_path("x").rfind('.') - 6);
+  const std::string live = out + ".tmp." + host + "." + std::to_string(::getppid());
+  for (const std::string& name : {out + ".tmp.999999999", live, out + ".tmp.elsewhere.999999999",
+                                   path("other.safetensors.tmp.999999999")}) {
+    write_file_atomic(name, {{"x", 1}});  // (a file by that name, whatever the writer)
+  }
+  write_file_atomic(out, {{"kept", 4}});
+  std::vector<std::string> left{"other.safetensors.tmp.999999999", "w.safetensors",
+                                "w.safetensors.tmp.elsewhere.999999999", live.substr(live.rfind('/') + 1)};
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(listing(), left);
 }
 
 // A handler on one thread waits for another thread's section (SignalsHeld) to end before it
