@@ -369,7 +369,16 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
     std::snprintf(name, sizeof name, "%s_%03zu.bin", s.name.c_str(), s.shards.size());
     std::vector<uint16_t> shard(s.pending.begin(), s.pending.begin() + static_cast<std::ptrdiff_t>(count));
     s.pending.erase(s.pending.begin(), s.pending.begin() + static_cast<std::ptrdiff_t>(count));
-    write_token_shard((tmp / name).string(), shard);
+    try {
+      write_token_shard((tmp / name).string(), shard);
+    } catch (const Error& e) {
+      // Named as the shard it was to become (the staging folder is gone with this run), and said
+      // that nothing in DIR changed.
+      std::string what = e.what();
+      const std::string staged = (tmp / name).string();
+      if (what.rfind(staged, 0) == 0) what = (out / name).string() + what.substr(staged.size());
+      throw Error(what + " (while it was written aside: " + o.out + " is left as it was)");
+    }
     s.shards.push_back(name);
     if (count == 1) lone.push_back(name);
   };
