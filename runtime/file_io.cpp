@@ -299,7 +299,9 @@ std::string check_output_folder(const std::string& flag, const std::string& give
   const std::string path = link_target(given);  // where write_file_atomic creates its temporary
   const fs::path dir = fs::path(path).parent_path();
   if (!dir.empty() && !fs::is_directory(dir, ec))
-    throw Error(flag + ": " + given + ": " + (fs::exists(dir, ec) ? dir.string() + " is not a folder" : "the folder " + dir.string() + " does not exist"));
+    throw Error(flag + ": " + given + ": " + (path != given ? "a symbolic link to " + path + ", whose " : "") +
+                (fs::exists(dir, ec) ? dir.string() + " is not a folder"
+                                     : (path != given ? "folder " : "the folder ") + dir.string() + " does not exist"));
   return path;
 }
 
