@@ -20,10 +20,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
 #include <thread>
+#include <vector>
 
 #include "runtime/error.h"
 #include "runtime/file_io.h"
@@ -405,34 +407,56 @@ std::optional<std::vector<CudaImageBuild>> compileCudaKernels(const std::string&
 bool dumpKernelSource(const std::string& dir, Target target, const std::string& source,
                       const std::string& manifest, std::string& error) {
   namespace fs = std::filesystem;
-  // The folders this call makes (from the highest one missing) go again if nothing is written.
+  // The folders this call makes (the highest one missing and those below it) go again if
+  // nothing is written. A link counts as there (a dangling one is not the call's to remove).
   std::error_code ec;
+  fs::path folder(dir);
+  if (!folder.has_filename()) folder = folder.parent_path();  // "kd/"
   fs::path made;
-  for (fs::path p = fs::path(dir).lexically_normal(); !p.empty() && !fs::exists(p, ec); p = p.parent_path()) made = p;
-  if (!makeDirs(dir)) {
+  for (fs::path p = folder; !p.empty() && fs::symlink_status(p, ec).type() == fs::file_type::not_found;
+       p = p.parent_path())
+    made = p;
+  auto removeMade = [&] {
+    for (fs::path p = folder; !made.empty() && !p.empty(); p = p.parent_path())
+      if (!fs::remove(p, ec) || p == made) break;  // (only empty folders, up to the highest made)
+  };
+  if (!makeDirs(folder.string())) {
     error = dir + ": cannot make the folder: " + std::strerror(errno);
+    removeMade();
     return false;
   }
-  const std::string name = dir + (target == Target::Cpu ? "/kernels.cpp" : "/kernels.cu");
   // The source and its manifest are replaced together: signals wait, and if the manifest cannot
-  // be replaced the older source (kept by a hard link) is put back, so that a source is never
-  // left beside another's manifest.
+  // be replaced the older source is written back (or the new one removed, when there was
+  // none), so that a source is never left beside another's manifest.
+  const std::string name = folder.string() + (target == Target::Cpu ? "/kernels.cpp" : "/kernels.cu");
   SignalsHeld held;
-  const std::string real = link_target(name);
-  const std::string kept = temporary_path(real + ".old");
-  const bool backup = ::link(real.c_str(), kept.c_str()) == 0;
+  std::optional<std::vector<uint8_t>> older;
+  if (fs::is_regular_file(name, ec)) {
+    try {
+      older = read_file(name);
+    } catch (const std::exception& e) {
+      error = e.what();
+      return false;
+    }
+  }
+  bool sourceWritten = false;
   try {
     write_file_atomic(name, {{reinterpret_cast<const uint8_t*>(source.data()), source.size()}});
-    write_file_atomic(dir + "/kernels.tsv", {{reinterpret_cast<const uint8_t*>(manifest.data()), manifest.size()}});
+    sourceWritten = true;
+    write_file_atomic(folder.string() + "/kernels.tsv", {{reinterpret_cast<const uint8_t*>(manifest.data()), manifest.size()}});
   } catch (const std::exception& e) {
-    if (backup) ::rename(kept.c_str(), real.c_str());
-    else ::unlink(real.c_str());  // (a new source: none was there before)
     error = e.what();
-    for (fs::path p = fs::path(dir).lexically_normal(); !made.empty() && !p.empty(); p = p.parent_path())
-      if (!fs::remove(p, ec) || p == made) break;  // (only empty folders, up to the highest made)
+    if (sourceWritten) {
+      try {
+        if (older) write_file_atomic(name, {{older->data(), older->size()}});
+        else fs::remove(name, ec);
+      } catch (const std::exception& restore) {
+        error += std::string("; and the older source could not be written back: ") + restore.what();
+      }
+    }
+    removeMade();
     return false;
   }
-  if (backup) ::unlink(kept.c_str());
   return true;
 }
 

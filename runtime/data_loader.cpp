@@ -72,23 +72,37 @@ int64_t open_shard(const std::string& path, const StepNeed& need, std::vector<ui
   return count;
 }
 
-// When the folder of a pattern that matches nothing holds the staging folder of a kiln-data
-// prepare killed while it swapped its shards in (with older shards moved aside into old/), the
-// shards are there: says how to get them back. Else "".
-std::string interrupted_prepare(const std::string& pattern) {
+// The staging folder that a kiln-data prepare killed (on this machine) while it swapped its
+// shards into `dir` left there, with older shards moved aside into old/; "" when there is none.
+// Its shards are then part of one data set and part of another, or missing.
+std::string interrupted_prepare(const std::string& dir) {
   namespace fs = std::filesystem;
-  const fs::path folder = fs::path(pattern).parent_path();
-  const std::string dir = folder.empty() ? "." : folder.string();
-  if (dir.find_first_of("*?[") != std::string::npos) return "";
   std::error_code ec;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+  for (fs::directory_iterator it(dir.empty() ? "." : dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
+    const std::string prefix = ".kiln-data-prepare.";
+    if (name.rfind(prefix, 0) != 0) continue;
+    std::string suffix = name.substr(prefix.size());
+    if (suffix.rfind("tmp.", 0) == 0) suffix = suffix.substr(4);
     std::error_code old;
-    if (name.rfind(".kiln-data-prepare.", 0) == 0 && fs::is_directory(it->path() / "old", old))
-      return "; but " + it->path().string() + " holds the shards of a kiln-data prepare killed while it swapped "
-             "them in: run it again with --out " + dir + " (it first finishes or undoes that swap)";
+    if (fs::is_directory(it->path() / "old", old) && temporary_is_orphaned(suffix)) return it->path().string();
   }
   return "";
+}
+
+std::string rerun_prepare(const std::string& dir) {
+  return "run that prepare again with --out " + (dir.empty() ? std::string(".") : dir) +
+         " (it first finishes or undoes that swap)";
+}
+
+// Shards beside such a folder are not one data set: refused rather than trained on.
+void refuse_half_swapped(const std::string& given, const std::vector<std::string>& files) {
+  std::set<std::string> dirs;
+  for (const std::string& f : files) dirs.insert(std::filesystem::path(f).parent_path().string());
+  for (const std::string& dir : dirs)
+    if (const std::string staging = interrupted_prepare(dir); !staging.empty())
+      throw Error(given + ": " + staging + " was left by a kiln-data prepare killed while it swapped shards in, so "
+                  "the shards beside it are not one data set: " + rerun_prepare(dir));
 }
 
 }  // namespace
@@ -101,6 +115,7 @@ std::vector<std::string> expand_data_pattern(const std::string& file_or_glob) {
     if (S_ISDIR(st.st_mode))
       throw Error(file_or_glob + ": is a folder; give its shard files, or a glob such as '" + file_or_glob +
                   (file_or_glob.back() == '/' ? "" : "/") + "train_*.bin'");
+    refuse_half_swapped(file_or_glob, {file_or_glob});
     return {file_or_glob};
   }
   glob_t g;
@@ -116,7 +131,14 @@ std::vector<std::string> expand_data_pattern(const std::string& file_or_glob) {
   if (rc != 0 && rc != GLOB_NOMATCH)
     throw Error(file_or_glob + ": glob failed (" +
                 (rc == GLOB_NOSPACE ? "out of memory" : "read error") + ")");
-  if (files.empty()) throw Error(file_or_glob + ": no file matches this path or pattern" + interrupted_prepare(file_or_glob));
+  if (files.empty()) {
+    const std::string dir = std::filesystem::path(file_or_glob).parent_path().string();
+    const std::string staging = dir.find_first_of("*?[") == std::string::npos ? interrupted_prepare(dir) : "";
+    throw Error(file_or_glob + ": no file matches this path or pattern" +
+                (staging.empty() ? "" : "; but " + staging + " holds the shards of a kiln-data prepare killed while it "
+                                        "swapped them in: " + rerun_prepare(dir)));
+  }
+  refuse_half_swapped(file_or_glob, files);
   // Byte order, not glob's locale-dependent order: every rank and run sees the same sequence.
   std::sort(files.begin(), files.end());
   return files;

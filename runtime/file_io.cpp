@@ -35,40 +35,49 @@ void write_all(int fd, const void* src, size_t n, const std::string& path) {
 
 }  // namespace
 
+static bool is_fifo(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISFIFO(st.st_mode);
+}
+
 int open_in_place(const std::string& path, int flags, mode_t mode) {
   // O_NONBLOCK: the open of a FIFO no one reads fails (ENXIO) instead of waiting, in a call that
-  // a signal does not end. A reader that opens it within 5 s (a shell's <(...) may be late) is
-  // waited for, by opening again.
+  // a signal does not end. A reader that opens it within 5 s (one started after the writer) is
+  // waited for, by opening again. (Another ENXIO, a socket's or a device's, is not waited on.)
   int fd;
   for (int waited_ms = 0;; waited_ms += 50) {
     while ((fd = ::open(path.c_str(), flags | O_NONBLOCK | O_CLOEXEC, mode)) < 0 && errno == EINTR) {
     }
-    if (fd >= 0 || errno != ENXIO || waited_ms >= 5000) break;
+    if (fd >= 0 || errno != ENXIO || waited_ms >= 5000 || !is_fifo(path)) break;
     ::usleep(50 * 1000);
   }
   if (fd >= 0) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);  // writes may wait for the reader
   return fd;
 }
 
-// The temporaries of `path` ("PATH.tmp.HOST.PID") that writers killed on this machine left
+// The temporaries of `path` ("PATH.tmp.HOST.PID") that writers killed on this host left
 // (SIGKILL, a power cut: up to a model's weights each) go when `path` is written again.
 static void remove_orphaned_temporaries(const std::string& path) {
   namespace fs = std::filesystem;
-  const fs::path file(path);
-  const std::string prefix = file.filename().string() + ".tmp.";
+  // Names as temporary_path makes them on this host ("NAME.tmp.HOST.", then a pid), shortened
+  // names too; never a name without the host, which could be a file of the user's.
+  const std::string mine = fs::path(temporary_path(path)).filename().string();
+  const std::string prefix = mine.substr(0, mine.rfind('.') + 1);
+  const std::string host = prefix.substr(prefix.rfind(".tmp.") + 5);  // "HOST."
   std::error_code ec;
-  const fs::path dir = file.parent_path().empty() ? fs::path(".") : file.parent_path();
+  const fs::path dir = fs::path(path).parent_path().empty() ? fs::path(".") : fs::path(path).parent_path();
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     std::error_code rm;
     if (name.size() > prefix.size() && name.compare(0, prefix.size(), prefix) == 0 &&
-        it->symlink_status(rm).type() == fs::file_type::regular && temporary_is_orphaned(name.substr(prefix.size())))
+        it->symlink_status(rm).type() == fs::file_type::regular &&
+        temporary_is_orphaned(host + name.substr(prefix.size())))
       fs::remove(it->path(), rm);
   }
 }
 
-std::string open_error(int error) {
-  return error == ENXIO ? "a pipe that nothing reads (no reader came within 5 s)" : std::strerror(error);
+std::string open_error(const std::string& path, int error) {
+  return error == ENXIO && is_fifo(path) ? "a pipe that nothing reads (no reader came within 5 s)" : std::strerror(error);
 }
 
 namespace {
@@ -299,7 +308,7 @@ std::string check_output_folder(const std::string& flag, const std::string& give
   const std::string path = link_target(given);  // where write_file_atomic creates its temporary
   const fs::path dir = fs::path(path).parent_path();
   if (!dir.empty() && !fs::is_directory(dir, ec))
-    throw Error(flag + ": " + given + ": " + (path != given ? "a symbolic link to " + path + ", whose " : "") +
+    throw Error(flag + ": " + given + ": " + (path != given ? "is a symbolic link to " + path + ", whose " : "") +
                 (fs::exists(dir, ec) ? dir.string() + " is not a folder"
                                      : (path != given ? "folder " : "the folder ") + dir.string() + " does not exist"));
   return path;
@@ -517,7 +526,7 @@ void write_file_atomic(const std::string& given,
   if (exists && S_ISDIR(st.st_mode)) throw Error(given + ": cannot write: a directory");
   if (exists && !S_ISREG(st.st_mode)) {
     const int fd = open_in_place(path, O_WRONLY);
-    if (fd < 0) throw Error(given + ": cannot open for writing: " + open_error(errno));
+    if (fd < 0) throw Error(given + ": cannot open for writing: " + open_error(path, errno));
     try {
       for (const auto& [data, size] : pieces) write_all(fd, data, size, given);
     } catch (...) {

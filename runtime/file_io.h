@@ -25,7 +25,7 @@ std::string read_tail(const std::string& path, size_t n);
 // FIFO that nothing reads is waited on for 5 s at most, then fails with ENXIO. O_CLOEXEC added.
 int open_in_place(const std::string& path, int flags, mode_t mode = 0644);
 // strerror, but a FIFO without a reader (ENXIO from open_in_place) said as such.
-std::string open_error(int error);
+std::string open_error(const std::string& path, int error);
 
 // A regular file open for reading at offsets (shards, weights, checkpoints: read by their size,
 // seeked in or mapped). Opened O_NONBLOCK, so that a FIFO is refused at once instead of waiting

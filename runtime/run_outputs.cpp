@@ -247,11 +247,11 @@ int LogFile::append(const std::string& line) {
   return 0;
 }
 
-std::string LogFile::describe(int error) {
+std::string LogFile::describe(int error) const {
   if (error == EWOULDBLOCK)
     return "another run started appending to it (it took the log's lock first); give another file, or wait for that "
            "run to end";
-  return open_error(error);
+  return open_error(path_, error);
 }
 
 }  // namespace kiln

@@ -56,7 +56,7 @@ class LogFile {
   // A log removed or moved away since the last line is started anew at its name (with a warning).
   int append(const std::string& line);
   // What append's error means for the user: EWOULDBLOCK is another run holding the log's lock.
-  static std::string describe(int error);
+  std::string describe(int error) const;
 
  private:
   std::string path_;

@@ -506,7 +506,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   if (logging && first_step == o.steps && !log_pending.empty()) {
     if (const int error = log.append(pending_text()))
       throw Error("--log: " + o.log + ": writing the " + std::to_string(log_pending.size()) + " line(s) " + resumed_from +
-                  " kept failed: " + LogFile::describe(error));
+                  " kept failed: " + log.describe(error));
     std::fprintf(stderr, "wrote the %zu log line(s) %s kept\n", log_pending.size(), resumed_from.c_str());
     log_pending.clear();
   }
@@ -625,7 +625,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
           save_parameters(ex, "--save", o.save);
           what += "; saved " + o.save + " (the weights after step " + std::to_string(steps) + ")";
         } catch (const Error& s) {
-          what += "; and " + std::string(s.what());  // ("--save: FILE: ...")
+          what += "; saving failed too: " + std::string(s.what());  // ("--save: FILE: ...")
         }
       }
       if (!log_failure.empty()) what += "; and before it " + log_failure;  // (the log's, which stopped the run)
@@ -840,7 +840,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       if (const int error = log.append(pending_text())) {
         if (log_failure.empty())
           log_failure = "--log: " + o.log + ": writing step " + std::to_string(step + 1) + "'s line failed: " +
-                        LogFile::describe(error);
+                        log.describe(error);
       } else {
         log_pending.clear();
       }

@@ -109,19 +109,20 @@ TEST_F(FileIo, NothingPendingAfterAWrite) {
   EXPECT_EQ(read_file(out).size(), 4u);
 }
 
-// Temporaries of the same file that a killed writer on this machine left go when it is written
-// again; a live writer's, another machine's and another file's stay.
+// Temporaries of the same file that a killed writer on this host left go when it is written
+// again; a live writer's, another host's, a name without a host (a user's file, perhaps) and
+// another file's stay.
 TEST_F(FileIo, AWriteRemovesItsFilesOrphanedTemporaries) {
   const std::string out = path("w.safetensors");
-  // (The parent process's: this one's is the name the write below uses for its own temporary.)
-  const std::string host = temporary_path("x").substr(6, temporary_path("x").rfind('.') - 6);
-  const std::string live = out + ".tmp." + host + "." + std::to_string(::getppid());
-  for (const std::string& name : {out + ".tmp.999999999", live, out + ".tmp.elsewhere.999999999",
-                                   path("other.safetensors.tmp.999999999")}) {
+  const std::string mine = temporary_path(out);                  // "...w.safetensors.tmp.HOST.PID"
+  const std::string host = mine.substr(0, mine.rfind('.') + 1);  // "...w.safetensors.tmp.HOST."
+  const std::string dead = host + "999999999";
+  const std::string live = host + std::to_string(::getppid());  // (this process's is the write's own)
+  for (const std::string& name : {dead, live, out + ".tmp.elsewhere.999999999", out + ".tmp.999999999",
+                                   path("other.safetensors.tmp.999999999")})
     write_file_atomic(name, {{"x", 1}});  // (a file by that name, whatever the writer)
-  }
   write_file_atomic(out, {{"kept", 4}});
-  std::vector<std::string> left{"other.safetensors.tmp.999999999", "w.safetensors",
+  std::vector<std::string> left{"other.safetensors.tmp.999999999", "w.safetensors", "w.safetensors.tmp.999999999",
                                 "w.safetensors.tmp.elsewhere.999999999", live.substr(live.rfind('/') + 1)};
   std::sort(left.begin(), left.end());
   EXPECT_EQ(listing(), left);

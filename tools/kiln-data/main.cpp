@@ -207,6 +207,15 @@ struct Split {
 // In a staging folder: "every older shard is aside; the new ones are being moved in".
 constexpr const char* kMovingIn = "moving-in";
 
+// fsync of a folder, so that the names made or removed in it last through a power cut (best
+// effort: some file systems refuse it).
+void sync_folder(const fs::path& folder) {
+  if (const int dir = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dir >= 0) {
+    ::fsync(dir);
+    ::close(dir);
+  }
+}
+
 // Made durable (fsync of the file and its folder) before the first new shard moves in, so that
 // after a power cut the next run does not undo a swap whose new shards are half in place.
 void write_swap_marker(const fs::path& path) {
@@ -217,10 +226,7 @@ void write_swap_marker(const fs::path& path) {
     throw Error(path.string() + ": cannot write: " + std::strerror(error));
   }
   ::close(fd);
-  if (const int dir = ::open(path.parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dir >= 0) {
-    ::fsync(dir);  // (best effort: some filesystems refuse fsync on a folder)
-    ::close(dir);
-  }
+  sync_folder(path.parent_path());
 }
 
 // The staging folder of a run killed while it swapped its shards into `out`: with the marker in
@@ -231,19 +237,27 @@ bool finish_interrupted_swap(const fs::path& out, const fs::path& staging, const
   std::error_code ec;
   const bool forward = fs::exists(staging / kMovingIn, ec);
   const fs::path from = forward ? staging : staging / "old";
-  size_t moved = 0;
+  auto leave = [&](const std::string& what) {
+    std::fprintf(stderr, "note: %s: left by a kiln-data prepare killed while it swapped shards in; %s: look at it\n",
+                 staging.c_str(), what.c_str());
+    return false;
+  };
+  // (What the swap moved: files and links named like shards.)
+  std::vector<std::string> names;
   for (fs::directory_iterator it(from, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
-    if (!std::regex_match(name, shard_name) || !it->is_regular_file(ec)) continue;
-    fs::rename(it->path(), out / name, ec);
-    if (ec) {
-      std::fprintf(stderr, "note: %s: left by a kiln-data prepare killed while it swapped shards in; moving %s "
-                   "into %s failed (%s): look at it\n", staging.c_str(), name.c_str(), out.c_str(), ec.message().c_str());
-      return false;
-    }
+    std::error_code type;
+    const fs::file_type t = it->symlink_status(type).type();
+    if (std::regex_match(name, shard_name) && (t == fs::file_type::regular || t == fs::file_type::symlink))
+      names.push_back(name);
+  }
+  if (ec) return leave("listing " + from.string() + " failed (" + ec.message() + ")");
+  size_t moved = 0;
+  for (const std::string& name : names) {
+    fs::rename(from / name, out / name, ec);
+    if (ec) return leave("moving " + name + " into " + out.string() + " failed (" + ec.message() + ")");
     ++moved;
   }
-  if (ec) return false;
   if (forward)
     std::fprintf(stderr, "note: %s: finished the swap of a kiln-data prepare killed while it moved its shards in "
                  "(%zu more moved in)\n", out.c_str(), moved);
@@ -375,8 +389,11 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
       // Named as the shard it was to become (the staging folder is gone with this run), and said
       // that nothing in DIR changed.
       std::string what = e.what();
-      const std::string staged = (tmp / name).string();
-      if (what.rfind(staged, 0) == 0) what = (out / name).string() + what.substr(staged.size());
+      auto replace_all = [&](const std::string& from, const std::string& to) {
+        for (size_t at = 0; (at = what.find(from, at)) != std::string::npos; at += to.size()) what.replace(at, from.size(), to);
+      };
+      replace_all((tmp / name).string(), (out / name).string());
+      replace_all(tmp.string(), o.out);
       throw Error(what + " (while it was written aside: " + o.out + " is left as it was)");
     }
     s.shards.push_back(name);
@@ -455,20 +472,33 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
         moved_in.push_back(name);
       }
     } catch (const std::exception& e) {
-      std::string lost;
+      // Undone in the reverse order: the new shards out of DIR, then (once all are out, and the
+      // marker gone, so that a run killed from here on is undone by the next) the older ones back.
+      std::string stuck;
       for (auto n = moved_in.rbegin(); n != moved_in.rend(); ++n) {
         fs::rename(out / *n, tmp / *n, ec);
-        if (ec) lost += " " + *n;  // a new shard left in DIR
+        if (ec) stuck += " " + *n;  // a new shard left in DIR
       }
+      if (!stuck.empty()) {
+        // DIR holds part of the new set: the swap is left to be finished (the marker stays).
+        keep_tmp = true;
+        throw Error(std::string(e.what()) + "; then could not move" + stuck + " back out of " + o.out +
+                    ": the next kiln-data prepare into " + o.out + " finishes this swap first (the rest is in " +
+                    tmp.string() + ")");
+      }
+      if (fs::exists(tmp / kMovingIn, ec)) {
+        fs::remove(tmp / kMovingIn, ec);
+        sync_folder(tmp);
+      }
+      std::string lost;
       for (auto n = moved_aside.rbegin(); n != moved_aside.rend(); ++n) {
         fs::rename(aside / *n, out / *n, ec);
         if (ec) lost += " " + *n;
       }
       if (lost.empty()) throw;
-      // The older shards still in tmp/old are the only copy: tmp is kept, and said (and a later
-      // run puts them back rather than finish this swap).
+      // The older shards still in tmp/old are the only copy: tmp is kept, and said (the next run
+      // into DIR puts them back).
       keep_tmp = true;
-      fs::remove(tmp / kMovingIn, ec);
       throw Error(std::string(e.what()) + "; then could not restore" + lost + " (the older shards are in " +
                   aside.string() + ")");
     }

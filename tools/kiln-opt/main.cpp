@@ -17,6 +17,7 @@
 #include "runtime/params.h"
 #include "runtime/replaceable_output.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -50,8 +51,26 @@ void on_fatal_error(void*, const char* reason, bool) {
 // does with the file it opens: the output kept only when the passes succeed).
 mlir::LogicalResult run_opt(std::vector<char*>& args, const std::string& input, const std::string& output,
                             mlir::DialectRegistry& registry, std::unique_ptr<llvm::MemoryBuffer> piped) {
-  if (!piped) return mlir::MlirOptMain(int(args.size()), args.data(), input, output, registry);
+  std::error_code ec;
+  const bool toFifo = output != "-" && std::filesystem::is_fifo(output, ec);
+  if (!piped && !toFifo) return mlir::MlirOptMain(int(args.size()), args.data(), input, output, registry);
   std::string error;
+  if (!piped && !(piped = mlir::openInputFile(input, &error))) {
+    std::fprintf(stderr, "error: %s\n", error.c_str());
+    return mlir::failure();
+  }
+  if (toFifo) {
+    // -o FIFO: opened without blocking, so that one nothing reads is refused after 5 s rather
+    // than waited on for ever (as LLVM's open would).
+    const int fd = kiln::open_in_place(output, O_WRONLY);
+    if (fd < 0) {
+      std::fprintf(stderr, "error: -o: %s: cannot open for writing: %s\n", output.c_str(),
+                   kiln::open_error(output, errno).c_str());
+      return mlir::failure();
+    }
+    llvm::raw_fd_ostream os(fd, /*shouldClose=*/true);
+    return mlir::MlirOptMain(os, std::move(piped), registry, mlir::MlirOptMainConfig::createFromCLOptions());
+  }
   std::unique_ptr<llvm::ToolOutputFile> out = mlir::openOutputFile(output, &error);
   if (!out) {
     std::fprintf(stderr, "error: %s\n", error.c_str());
