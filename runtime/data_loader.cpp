@@ -79,13 +79,9 @@ std::string interrupted_prepare(const std::string& dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
   for (fs::directory_iterator it(dir.empty() ? "." : dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    const std::string prefix = ".kiln-data-prepare.";
-    if (name.rfind(prefix, 0) != 0) continue;
-    std::string suffix = name.substr(prefix.size());
-    if (suffix.rfind("tmp.", 0) == 0) suffix = suffix.substr(4);
     std::error_code old;
-    if (fs::is_directory(it->path() / "old", old) && temporary_is_orphaned(suffix)) return it->path().string();
+    if (is_orphaned_prepare_staging(it->path().filename().string()) && fs::is_directory(it->path() / "old", old))
+      return it->path().string();
   }
   return "";
 }
@@ -106,6 +102,14 @@ void refuse_half_swapped(const std::string& given, const std::vector<std::string
 }
 
 }  // namespace
+
+bool is_orphaned_prepare_staging(const std::string& name) {
+  const std::string prefix = ".kiln-data-prepare.";
+  if (name.rfind(prefix, 0) != 0) return false;
+  std::string suffix = name.substr(prefix.size());
+  if (suffix.rfind("tmp.", 0) == 0) suffix = suffix.substr(4);  // (without "tmp.": before the host was named)
+  return temporary_is_orphaned(suffix);
+}
 
 std::vector<std::string> expand_data_pattern(const std::string& file_or_glob) {
   if (file_or_glob.empty()) throw Error("an empty path names no shard file");

@@ -16,6 +16,10 @@ namespace kiln {
 // A path that names a file is that file (glob characters in it or not); anything else is glob(3)'s
 // pattern, its matches sorted by path. kiln::Error when nothing matches, or the path is a folder.
 std::vector<std::string> expand_data_pattern(const std::string& file_or_glob);
+
+// True for the name of a staging folder (".kiln-data-prepare.tmp.HOST.PID") that a kiln-data
+// prepare on this machine left when it was killed (its process is gone).
+bool is_orphaned_prepare_staging(const std::string& name);
 // Several patterns (a shell's expansion of an unquoted glob, or files named one by one): the
 // union of their files, sorted by path, each file once (whatever its names); kiln::Error naming
 // a pattern that matches nothing.

@@ -76,6 +76,13 @@ static void remove_orphaned_temporaries(const std::string& path) {
   }
 }
 
+void sync_folder(const std::string& folder) {
+  if (const int dir = ::open(folder.empty() ? "." : folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dir >= 0) {
+    ::fsync(dir);
+    ::close(dir);
+  }
+}
+
 std::string open_error(const std::string& path, int error) {
   return error == ENXIO && is_fifo(path) ? "a pipe that nothing reads (no reader came within 5 s)" : std::strerror(error);
 }
@@ -574,13 +581,7 @@ void write_file_atomic(const std::string& given,
   }
   untrack_temporary(tracked);
   remove_orphaned_temporaries(path);
-  // Make the rename itself durable. Best effort: some filesystems refuse fsync on directories.
-  std::string dir = std::filesystem::path(path).parent_path().string();
-  int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  sync_folder(std::filesystem::path(path).parent_path().string());  // the rename itself made durable
 }
 
 }  // namespace kiln

@@ -24,6 +24,9 @@ std::string read_tail(const std::string& path, size_t n);
 // open(path, flags) for an output written in place (a FIFO, a device, a log appended to): a
 // FIFO that nothing reads is waited on for 5 s at most, then fails with ENXIO. O_CLOEXEC added.
 int open_in_place(const std::string& path, int flags, mode_t mode = 0644);
+// fsync of a folder, so that the names made or removed in it last through a power cut. Best
+// effort: some file systems refuse it. "" is the working folder.
+void sync_folder(const std::string& folder);
 // strerror, but a FIFO without a reader (ENXIO from open_in_place) said as such.
 std::string open_error(const std::string& path, int error);
 

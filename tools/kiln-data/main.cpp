@@ -22,7 +22,6 @@
 // over DIR), or UTF-16/32 text (a byte-order mark; by encode too) is refused; one that is not UTF-8 text
 // (Latin-1, NUL bytes) is tokenized byte by byte, and a note says so; so is an empty document
 // (it adds only <|endoftext|>).
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -207,28 +206,6 @@ struct Split {
 // In a staging folder: "every older shard is aside; the new ones are being moved in".
 constexpr const char* kMovingIn = "moving-in";
 
-// fsync of a folder, so that the names made or removed in it last through a power cut (best
-// effort: some file systems refuse it).
-void sync_folder(const fs::path& folder) {
-  if (const int dir = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dir >= 0) {
-    ::fsync(dir);
-    ::close(dir);
-  }
-}
-
-// Made durable (fsync of the file and its folder) before the first new shard moves in, so that
-// after a power cut the next run does not undo a swap whose new shards are half in place.
-void write_swap_marker(const fs::path& path) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0 || ::fsync(fd) != 0) {
-    const int error = errno;
-    if (fd >= 0) ::close(fd);
-    throw Error(path.string() + ": cannot write: " + std::strerror(error));
-  }
-  ::close(fd);
-  sync_folder(path.parent_path());
-}
-
 // The staging folder of a run killed while it swapped its shards into `out`: with the marker in
 // it, every older shard was aside, so the swap is finished (the new shards still in the folder
 // move in); without, the older shards moved aside are put back. Said in a note; true when the
@@ -350,12 +327,8 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
   // while it swapped its shards in is first finished or undone, so DIR holds one whole data set.
   std::vector<fs::path> orphans;
   for (fs::directory_iterator it(out, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    const std::string prefix = ".kiln-data-prepare.";
-    if (name.rfind(prefix, 0) != 0 || !it->is_directory(ec)) continue;
-    std::string suffix = name.substr(prefix.size());
-    if (suffix.rfind("tmp.", 0) == 0) suffix = suffix.substr(4);  // (without "tmp.": before the host was named)
-    if (temporary_is_orphaned(suffix)) orphans.push_back(it->path());
+    if (is_orphaned_prepare_staging(it->path().filename().string()) && it->is_directory(ec))
+      orphans.push_back(it->path());
   }
   for (const fs::path& staging : orphans) {
     std::error_code rm;
@@ -465,7 +438,9 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
       }
       // Every older shard is aside: from here a run killed (SIGKILL, a power cut) is finished by
       // the next one into DIR, which moves the rest of the new shards in; before, it is undone.
-      write_swap_marker(tmp / kMovingIn);
+      // (Written durably, file and folder fsynced, so that after a power cut the next run does
+      // not undo a swap whose new shards are half in place.)
+      write_file_atomic((tmp / kMovingIn).string(), {});
       for (const std::string& name : written) {
         fs::rename(tmp / name, out / name, ec);
         if (ec) throw Error((out / name).string() + ": moving the new shard into place: " + ec.message());
@@ -488,7 +463,7 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
       }
       if (fs::exists(tmp / kMovingIn, ec)) {
         fs::remove(tmp / kMovingIn, ec);
-        sync_folder(tmp);
+        sync_folder(tmp.string());
       }
       std::string lost;
       for (auto n = moved_aside.rbegin(); n != moved_aside.rend(); ++n) {
