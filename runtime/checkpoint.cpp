@@ -402,6 +402,13 @@ std::string module_fingerprint(const Module& m) {
   return hex64(fnv1a64(text));
 }
 
+uint64_t checkpoint_data_bytes(const Module& m) {
+  uint64_t bytes = 0;
+  for (const fb::Parameter* p : *m.fb().parameters())
+    for (uint32_t b : {p->value(), p->adam_m(), p->adam_v()}) bytes += m.buffer(b).size();
+  return bytes;
+}
+
 std::string save_checkpoint(const std::string& dir, Executor& ex, const TrainingState& st, int keep,
                      const WholeMoments& moments) {
   const fs::path d = dir_path(dir);

@@ -70,6 +70,10 @@ std::string module_fingerprint(const Module& module);
 std::string save_checkpoint(const std::string& dir, Executor& ex, const TrainingState& state, int keep,
                      const WholeMoments& moments = {});
 
+// The tensor bytes one checkpoint of the module holds: each parameter's value and AdamW moments
+// (the file is a header and a checksum longer).
+uint64_t checkpoint_data_bytes(const Module& m);
+
 // Whether a file name in a checkpoint folder is one the checkpoints use: "latest", or
 // ckpt_<digits>.kiln-ckpt (which a later save may replace or prune).
 bool is_checkpoint_file_name(const std::string& name);

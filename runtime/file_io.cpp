@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <signal.h>
@@ -281,6 +282,16 @@ std::string link_target(const std::string& given) {
     path = (target.is_absolute() ? target : std::filesystem::path(path).parent_path() / target).string();
   }
   return path;
+}
+
+std::optional<FreeSpace> free_space_for(const std::string& path) {
+  const std::filesystem::path target = link_target(path);
+  struct stat st {};
+  if (::stat(target.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) return std::nullopt;  // FIFO, device
+  const std::string folder = target.has_parent_path() ? target.parent_path().string() : ".";
+  struct statvfs fs {};
+  if (::stat(folder.c_str(), &st) != 0 || ::statvfs(folder.c_str(), &fs) != 0 || fs.f_blocks == 0) return std::nullopt;
+  return FreeSpace{uint64_t(st.st_dev), uint64_t(fs.f_bavail) * uint64_t(fs.f_frsize)};
 }
 
 bool same_place(const std::string& a, const std::string& b) {

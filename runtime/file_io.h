@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -84,6 +85,15 @@ void refuse_overwriting(const std::string& flag, const std::string& output,
 // The file a symbolic link names (relative to the link's folder; through a few links at most),
 // whether or not it exists yet; `path` itself when it is no link.
 std::string link_target(const std::string& path);
+
+// Where an output file will take disk space: the file system (st_dev) of the folder its name
+// (through links) lies in, and the bytes free there to an unprivileged writer. Nothing (nullopt)
+// where that cannot be told: the folder is missing, the name is a FIFO or device (written in
+// place, no space taken), or the file system reports no size (some network and FUSE ones).
+struct FreeSpace {
+  uint64_t device = 0, bytes = 0;
+};
+std::optional<FreeSpace> free_space_for(const std::string& path);
 
 // How an output's symbolic link is taken. Follow: the file it names is written. Replace: the link
 // itself is replaced by the file, dangling or not; for the files Kiln keeps in a folder of its own

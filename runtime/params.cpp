@@ -335,6 +335,12 @@ void load_finite_parameters(Executor& ex, const std::string& path, const std::st
     throw Error(path + ": " + bad + " holds a NaN or an infinity (" + consequence + ")");
 }
 
+uint64_t saved_parameter_bytes(const Module& m) {
+  uint64_t bytes = 0;
+  for (const fb::Parameter* p : *m.fb().parameters()) bytes += uint64_t(stored_rows(m, *p) * row_size(*p)) * sizeof(float);
+  return bytes;
+}
+
 void save_parameters(Executor& ex, const std::string& flag, const std::string& path, ParamField field) {
   ex.sync_to_host();
   if (field == ParamField::Value)

@@ -53,6 +53,9 @@ enum class ParamField { Value, Grad };
 void save_parameters(Executor& ex, const std::string& flag, const std::string& path,
                      ParamField field = ParamField::Value);
 
+// The tensor bytes save_parameters writes for the module (the file is a header longer).
+uint64_t saved_parameter_bytes(const Module& m);
+
 // "parameter 'h.0.mlp.c_fc.weight' (value)": the first parameter whose value (and with
 // `moments`, AdamW m or v: the elements the executor holds) holds a NaN or an infinity, in the
 // host copy; "" when all are finite.

@@ -191,6 +191,77 @@ void check_outputs_spare_inputs(const TrainOptions& o, const DataLoader& data, c
     if (!path.empty()) check_replaceable(flag, path, Writes::Safetensors);
 }
 
+namespace {
+
+// "1.5 GiB", "3.2 MiB", "12.0 KiB", "512 bytes".
+std::string bytes_text(uint64_t n) {
+  char text[32];
+  if (n < 1024) std::snprintf(text, sizeof text, "%llu bytes", (unsigned long long)n);
+  else if (n < (1ull << 20)) std::snprintf(text, sizeof text, "%.1f KiB", double(n) / 1024.0);
+  else if (n < (1ull << 30)) std::snprintf(text, sizeof text, "%.1f MiB", double(n) / double(1 << 20));
+  else std::snprintf(text, sizeof text, "%.1f GiB", double(n) / double(1ull << 30));
+  return text;
+}
+
+}  // namespace
+
+void check_output_space(const TrainOptions& o, const Module& m, int64_t first_step, int keep) {
+  namespace fs = std::filesystem;
+  // What each output takes: `first` before the run can go on (a checkpoint's temporary sits
+  // beside the older ones until it is renamed), `all` by the run's end (the checkpoints written,
+  // less those pruned, and one temporary).
+  struct Need {
+    std::string flag, path, what;
+    uint64_t first, all;
+  };
+  std::vector<Need> needs;
+  // (with its JSON header: a line of about 100 bytes a tensor)
+  const uint64_t tensors = m.fb().parameters()->size(), weights = saved_parameter_bytes(m) + 1024 + 192 * tensors;
+  if (!o.checkpoint_dir.empty() && first_step < o.steps) {
+    const uint64_t one = checkpoint_data_bytes(m) + 4096 + 320 * tensors;
+    // Written every --checkpoint-every steps and after the last.
+    const int64_t every = o.checkpoint_every;
+    const int64_t written = every > 0 ? o.steps / every - first_step / every + (o.steps % every != 0 ? 1 : 0) : 1;
+    const int64_t held = int64_t(list_checkpoints(o.checkpoint_dir).size());
+    const int64_t peak = keep > 0 ? std::min<int64_t>(keep, held + written - 1) + 1 : held + written;
+    const uint64_t more = uint64_t(std::max<int64_t>(1, peak - held));
+    needs.push_back({"--checkpoint-dir", o.checkpoint_dir,
+                     more > 1 ? "its checkpoints, " + bytes_text(one) + " each" : "a checkpoint", one, one * more});
+  }
+  if (!o.save.empty()) needs.push_back({"--save", o.save, "the weights", weights, weights});
+  if (!o.dump_grads.empty()) needs.push_back({"--dump-grads", o.dump_grads, "the gradients", weights, weights});
+  // Outputs on one file system share its free space.
+  std::vector<std::pair<FreeSpace, std::vector<const Need*>>> places;
+  for (const Need& n : needs) {
+    const auto space = free_space_for(n.flag == "--checkpoint-dir" ? (fs::path(n.path) / "latest").string() : n.path);
+    if (!space) continue;
+    auto at = std::find_if(places.begin(), places.end(), [&](const auto& p) { return p.first.device == space->device; });
+    if (at == places.end()) places.push_back({*space, {&n}});
+    else at->second.push_back(&n);
+  }
+  for (const auto& [space, group] : places) {
+    // "needs 1.6 MiB (the weights)", or each output's share where several share the file system.
+    auto need = [&](bool by_end) {
+      uint64_t sum = 0;
+      std::string each;
+      for (const Need* n : group) {
+        const uint64_t b = by_end ? n->all : n->first;
+        sum += b;
+        each += std::string(each.empty() ? "" : ", ") + (group.size() > 1 ? n->flag + " " : "") + bytes_text(b) +
+                " (" + (by_end ? n->what : n->first == n->all ? n->what : "a checkpoint") + ")";
+      }
+      return std::pair{sum, group.size() == 1 ? "needs " + each : "the outputs on its file system need " + bytes_text(sum) + ": " + each};
+    };
+    const std::string head = group[0]->flag + ": " + group[0]->path + ": ";  // (the largest output first)
+    if (const auto [first, text] = need(false); space.bytes < first)
+      throw Error(head + text + ", but " + bytes_text(space.bytes) + " are free there (the run could not keep what it "
+                  "trains); free some space, or name a place on another file system");
+    if (const auto [all, text] = need(true); space.bytes < all)
+      std::fprintf(stderr, "kiln: warning: %sby the run's end, %s, but %s are free there: a full disk will stop the run "
+                   "at a checkpoint (the latest whole one is kept)\n", head.c_str(), text.c_str(), bytes_text(space.bytes).c_str());
+  }
+}
+
 MadeFolders::~MadeFolders() {
   if (lock >= 0) ::close(lock);
   std::error_code ec;

@@ -12,6 +12,7 @@
 namespace kiln {
 
 class DataLoader;
+class Module;
 
 // The folders a run made for --checkpoint-dir: when it ends, those still empty go (it failed
 // before its first checkpoint), from the checkpoint folder up to the first one it made.
@@ -39,6 +40,12 @@ void drop_logged_lines(const std::string& path, std::vector<std::string>& lines)
 // The outputs must not overwrite the run's inputs (the data, --init; the executable and module
 // were refused by check_output_paths) or one another.
 void check_outputs_spare_inputs(const TrainOptions& o, const DataLoader& data, const DataLoader* val);
+
+// The free space each output's file system has, checked against what the run will write there
+// (weights, gradients, checkpoints; outputs sharing a file system add up): kiln::Error where not
+// even the first write would fit, so that no run trains for hours and then cannot save; a
+// warning where the checkpoints kept by the end (with --keep, from `first_step`) would not.
+void check_output_space(const TrainOptions& o, const Module& m, int64_t first_step, int keep);
 
 // The --log file, opened at its first line (a run that fails before its first step leaves no
 // empty log) and appended to a line at a time. A line is written whole or not at all: a write

@@ -486,6 +486,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     scan = std::make_unique<TokenScan>(shards_to_scan(loader, first_step, o.steps, accum, val.get(), val_steps),
                                        model.vocab_size());
   if (root) check_outputs_spare_inputs(o, loader, val.get());
+  if (root) check_output_space(o, module, first_step, keep);
   if (world > 1) check_ranks_agree(comm, module, o, total, first_step, ex, loader, val.get(), val_steps);
 
   // The log opens at its first line (checked writable at the start): a run that fails before

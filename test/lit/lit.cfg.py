@@ -35,3 +35,13 @@ if config.kiln_dnnl.upper() in ("1", "ON", "TRUE", "YES"):
 # Graphviz's dot draws kiln-inspect --dot graphs (scripts/setup.sh installs it).
 if shutil.which("dot", path=config.environment["PATH"]):
     config.available_features.add("graphviz")
+
+# A small tmpfs mounted in a private mount namespace (unshare -rm: no root needed where user
+# namespaces are allowed) gives a real file system to fill, for the free-space tests.
+import subprocess
+try:
+    if subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /tmp"],
+                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=20).returncode == 0:
+        config.available_features.add("tmpfs-mount")
+except (OSError, subprocess.TimeoutExpired):
+    pass
