@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 
 #include "runtime/error.h"
 
@@ -36,7 +37,7 @@ void write_all(int fd, const void* src, size_t n, const std::string& path) {
 
 }  // namespace
 
-static bool is_fifo(const std::string& path) {
+bool is_fifo(const std::string& path) {
   struct stat st {};
   return ::stat(path.c_str(), &st) == 0 && S_ISFIFO(st.st_mode);
 }
@@ -53,6 +54,19 @@ int open_in_place(const std::string& path, int flags, mode_t mode) {
     ::usleep(50 * 1000);
   }
   if (fd >= 0) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);  // writes may wait for the reader
+  return fd;
+}
+
+int wait_for_reader(const std::string& path, const std::function<bool()>& give_up) {
+  if (!is_fifo(path)) return -1;
+  int fd = -1;
+  for (bool told = false; (fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC)) < 0 && !give_up();) {
+    if (errno != ENXIO && errno != EINTR) break;
+    if (!told && errno == ENXIO)
+      std::fprintf(stderr, "kiln: %s is a pipe that nothing reads yet: waiting for a reader (Ctrl-C gives up)\n",
+                   path.c_str()), told = true;
+    ::usleep(100 * 1000);
+  }
   return fd;
 }
 

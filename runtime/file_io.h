@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -30,6 +31,14 @@ int open_in_place(const std::string& path, int flags, mode_t mode = 0644);
 void sync_folder(const std::string& folder);
 // strerror, but a FIFO without a reader (ENXIO from open_in_place) said as such.
 std::string open_error(const std::string& path, int error);
+
+// For an output named by a FIFO that must not be refused for want of a reader within
+// open_in_place's 5 s (a run's weights at its end): opens the FIFO for writing once a reader has
+// it open, waiting (with a line on stderr) until then or until give_up() says to stop. The open
+// descriptor (-1 if none, or if `path` is no FIFO) keeps the reader from seeing an end of file
+// before the output is written through another; close it after.
+int wait_for_reader(const std::string& path, const std::function<bool()>& give_up);
+bool is_fifo(const std::string& path);  // (through links)
 
 // A regular file open for reading at offsets (shards, weights, checkpoints: read by their size,
 // seeked in or mapped). Opened O_NONBLOCK, so that a FIFO is refused at once instead of waiting

@@ -568,6 +568,24 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   // The checkpoint of `steps` done, whose next batch is at `shard`, `position` (rank 0 writes it;
   // every rank gathers a ZeRO-1 run's moments).
   int64_t checkpointed = resumed_from.empty() ? -1 : first_step;
+  // The weights to --save. A FIFO is written once its reader comes, however late (a `cat`
+  // started after the run's end gets the weights); a signal meanwhile gives up waiting.
+  auto save_weights = [&] {
+    const int before = signals.requested();
+    const int reader = wait_for_reader(o.save, [&] { return signals.requested() != before; });
+    const int error = errno;
+    if (reader < 0 && is_fifo(o.save))
+      throw Error("--save: " + o.save + ": not written: " +
+                  (signals.requested() != before ? std::string(signal_name(signals.requested())) + " came before a reader of the pipe"
+                                                 : "cannot open for writing: " + std::string(std::strerror(error))));
+    try {
+      save_parameters(ex, "--save", o.save);
+    } catch (...) {
+      if (reader >= 0) ::close(reader);
+      throw;
+    }
+    if (reader >= 0) ::close(reader);
+  };
   auto write_checkpoint = [&](int64_t steps, size_t shard, int64_t position) {
     WholeMoments moments = dp.gather_optimizer_state();  // ZeRO-1: gathered to rank 0 for the checkpoint only
     // Rank 0 tells the others whether its write worked, so that a failed one stops every rank at
@@ -623,7 +641,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
                                : std::string("no checkpoint was written"));
       if (!o.save.empty()) {
         try {
-          save_parameters(ex, "--save", o.save);
+          save_weights();
           what += "; saved " + o.save + " (the weights after step " + std::to_string(steps) + ")";
         } catch (const Error& s) {
           what += "; saving failed too: " + std::string(s.what());  // ("--save: FILE: ...")
@@ -652,7 +670,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
               " written (--resume goes on from there once the data is back)";
     }
     if (!o.save.empty()) {
-      save_parameters(ex, "--save", o.save);
+      save_weights();
       what += "; saved " + o.save + " (the weights after step " + std::to_string(step) + ")";
     }
     throw Error(what);
@@ -936,7 +954,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   }
   // An interrupted run saves the weights it has too (its log says how far it got).
   if (!o.save.empty() && root) {
-    save_parameters(ex, "--save", o.save);
+    save_weights();
     std::fprintf(stderr, "saved %s%s\n", o.save.c_str(), interrupted || !log_failure.empty() ? " (the weights of the interrupted run)" : "");
   }
   if (!log_failure.empty()) throw Error(log_failure);

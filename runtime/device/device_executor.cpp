@@ -78,6 +78,9 @@ DeviceExecutor::DeviceExecutor(const Module& module, const ArenaLayout& layout, 
     for (const fb::Kernel* k : *kernels) workspace = std::max<uint64_t>(workspace, k->cuda_scratch_bytes());
   if (workspace) workspace_ = device_->alloc(workspace, "the kernels' workspace");
   device_->load_kernels(module);
+  // Planning times cuBLASLt's candidate algorithms on the arena's buffers: zeros rather than
+  // whatever cudaMalloc left (NaNs and denormals would skew which one wins).
+  device_->zero(arena_, bytes);
 
   for (const std::string& name : programs) {
     Program& p = programs_[name];
