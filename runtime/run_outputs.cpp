@@ -121,7 +121,8 @@ void check_output_paths(const TrainOptions& o, bool root, MadeFolders& made) {
     if (!dir.has_filename()) dir = dir.parent_path();  // "ck/"
     if (std::error_code link; fs::is_symlink(dir, link) && !fs::exists(dir, ec))
       throw Error("--checkpoint-dir: " + o.checkpoint_dir + ": is a symbolic link to " + fs::read_symlink(dir, link).string() +
-                  ", which does not exist: make that folder, or give another");
+                  (ec.value() == ELOOP ? ", one of a loop of links that reach no folder: give another"
+                                       : ", which does not exist: make that folder, or give another"));
     for (fs::path p = dir; !p.empty() && !fs::exists(p, ec); p = p.parent_path()) made.top = p;
     if (!made.top.empty()) made.deepest = dir;
     fs::create_directories(o.checkpoint_dir, ec);

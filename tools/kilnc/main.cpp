@@ -264,6 +264,7 @@ int main(int argc, char** argv) {
     const bool fromIR = fromStdin || llvm::StringRef(input).ends_with(".mlir");
     TimingScope reading = total.nest(fromIR ? "parse the IR" : "read the spec and build the graph IR");
     if (fromIR) {
+      bool blank = true;  // the text holds nothing but white space and comments
       {
         llvm::SourceMgr sm;
         if (!fromStdin) {
@@ -277,12 +278,18 @@ int main(int argc, char** argv) {
         InputDiagnostics handler(sm, &ctx);
         module = fromStdin ? parseSourceFile<ModuleOp>(input, sm, ParserConfig(&ctx))
                            : parseSourceFile<ModuleOp>(sm, ParserConfig(&ctx));
+        if (sm.getNumBuffers()) {
+          llvm::SmallVector<llvm::StringRef> lines;
+          sm.getMemoryBuffer(sm.getMainFileID())->getBuffer().split(lines, '\n');
+          for (llvm::StringRef line : lines)
+            if (llvm::StringRef code = line.trim(); !code.empty() && !code.starts_with("//")) blank = false;
+        }
       }
       if (!module) return 1;
       // An empty file parses as an empty module; say that, not that its spec is missing.
       if (module->getBody()->empty() && (*module)->getAttrs().empty()) {
-        std::fprintf(stderr, "error: %s: holds no IR (expected what kilnc --emit=graph or --emit=step writes)\n",
-                     fromStdin ? "<stdin>" : input.c_str());
+        std::fprintf(stderr, "error: %s: holds %s (expected what kilnc --emit=graph or --emit=step writes)\n",
+                     fromStdin ? "<stdin>" : input.c_str(), blank ? "no IR" : "an empty module");
         return 1;
       }
       // Outside the handler's scope: one line each, like the errors of the passes.
