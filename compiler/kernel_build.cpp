@@ -407,19 +407,13 @@ std::optional<std::vector<CudaImageBuild>> compileCudaKernels(const std::string&
 bool dumpKernelSource(const std::string& dir, Target target, const std::string& source,
                       const std::string& manifest, std::string& error) {
   namespace fs = std::filesystem;
-  // The folders this call makes (the highest one missing and those below it) go again if
-  // nothing is written. A link counts as there (a dangling one is not the call's to remove).
-  std::error_code ec;
+  // The folders this call makes go again if nothing is written. A link counts as there (a
+  // dangling one is not the call's to remove).
   fs::path folder(dir);
   if (!folder.has_filename()) folder = folder.parent_path();  // "kd/"
-  fs::path made;
-  for (fs::path p = folder; !p.empty() && fs::symlink_status(p, ec).type() == fs::file_type::not_found;
-       p = p.parent_path())
-    made = p;
-  auto removeMade = [&] {
-    for (fs::path p = folder; !made.empty() && !p.empty(); p = p.parent_path())
-      if (!fs::remove(p, ec) || p == made) break;  // (only empty folders, up to the highest made)
-  };
+  const std::vector<std::string> made = missing_folders(folder.string());
+  auto removeMade = [&] { remove_empty_folders(made); };
+  std::error_code ec;
   if (!makeDirs(folder.string())) {
     error = dir + ": cannot make the folder: " + std::strerror(errno);
     removeMade();

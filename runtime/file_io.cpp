@@ -308,6 +308,23 @@ std::optional<FreeSpace> free_space_for(const std::string& path) {
   return FreeSpace{uint64_t(st.st_dev), uint64_t(fs.f_bavail) * uint64_t(fs.f_frsize)};
 }
 
+std::vector<std::string> missing_folders(const std::string& folder) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> missing;
+  fs::path prefix;
+  for (const fs::path& part : fs::path(folder)) {
+    prefix /= part;
+    std::error_code ec;
+    if (part != "." && part != ".." && !part.empty() && fs::symlink_status(prefix, ec).type() == fs::file_type::not_found)
+      missing.push_back(prefix.string());
+  }
+  return missing;
+}
+
+void remove_empty_folders(const std::vector<std::string>& folders) {
+  for (auto it = folders.rbegin(); it != folders.rend(); ++it) ::rmdir(it->c_str());  // (fails unless empty)
+}
+
 bool same_place(const std::string& a, const std::string& b) {
   namespace fs = std::filesystem;
   if (a == b) return true;

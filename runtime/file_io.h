@@ -104,6 +104,13 @@ struct FreeSpace {
 };
 std::optional<FreeSpace> free_space_for(const std::string& path);
 
+// The folders on the way to `folder` (itself included) that do not exist yet, outermost first:
+// what making it creates ("a/../b" makes a and b). A link, dangling or not, counts as there.
+std::vector<std::string> missing_folders(const std::string& folder);
+// Removes those of `folders` that are (still) empty, innermost first: a failed command's
+// folders go again, and one that has since taken a file stays.
+void remove_empty_folders(const std::vector<std::string>& folders);
+
 // How an output's symbolic link is taken. Follow: the file it names is written. Replace: the link
 // itself is replaced by the file, dangling or not; for the files Kiln keeps in a folder of its own
 // (a checkpoint folder's), so that nothing outside the folder is written.

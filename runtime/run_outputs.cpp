@@ -123,8 +123,7 @@ void check_output_paths(const TrainOptions& o, bool root, MadeFolders& made) {
       throw Error("--checkpoint-dir: " + o.checkpoint_dir + ": is a symbolic link to " + fs::read_symlink(dir, link).string() +
                   (ec.value() == ELOOP ? ", one of a loop of links that reach no folder: give another"
                                        : ", which does not exist: make that folder, or give another"));
-    for (fs::path p = dir; !p.empty() && !fs::exists(p, ec); p = p.parent_path()) made.top = p;
-    if (!made.top.empty()) made.deepest = dir;
+    made.folders = missing_folders(dir.string());
     fs::create_directories(o.checkpoint_dir, ec);
     if (std::error_code is; !fs::is_directory(o.checkpoint_dir, is))
       throw Error("--checkpoint-dir: " + o.checkpoint_dir + ": is not a folder and cannot be made one" +
@@ -134,7 +133,7 @@ void check_output_paths(const TrainOptions& o, bool root, MadeFolders& made) {
     // folder is locked for the run (the kernel lets go when the process ends, however it ends).
     made.lock = ::open(o.checkpoint_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (made.lock >= 0 && ::flock(made.lock, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
-      made.top.clear(), made.deepest.clear();  // (the other run's folder now, though this one made it)
+      made.folders.clear();  // (the other run's folder now, though this one made it)
       throw Error("--checkpoint-dir: " + o.checkpoint_dir + ": another run is writing checkpoints there (it holds the "
                   "folder's lock); wait for it to end, or give another folder");
     }
@@ -265,9 +264,7 @@ void check_output_space(const TrainOptions& o, const Module& m, int64_t first_st
 
 MadeFolders::~MadeFolders() {
   if (lock >= 0) ::close(lock);
-  std::error_code ec;
-  for (std::filesystem::path p = deepest; !top.empty() && !p.empty(); p = p.parent_path())
-    if (!std::filesystem::remove(p, ec) || p == top) break;  // not empty (or gone), or the last
+  remove_empty_folders(folders);
 }
 
 LogFile::~LogFile() {

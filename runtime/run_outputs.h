@@ -15,9 +15,9 @@ class DataLoader;
 class Module;
 
 // The folders a run made for --checkpoint-dir: when it ends, those still empty go (it failed
-// before its first checkpoint), from the checkpoint folder up to the first one it made.
+// before its first checkpoint).
 struct MadeFolders {
-  std::filesystem::path deepest, top;  // empty: none made
+  std::vector<std::string> folders;  // outermost first (missing_folders)
   int lock = -1;  // the checkpoint folder, opened and locked (flock) while this run writes there
   MadeFolders() = default;
   MadeFolders(const MadeFolders&) = delete;

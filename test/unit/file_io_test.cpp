@@ -130,6 +130,22 @@ TEST_F(FileIo, AWriteRemovesItsFilesOrphanedTemporaries) {
 
 // A handler on one thread waits for another thread's section (SignalsHeld) to end before it
 // ends the process: the section's last act (a file) is there although the signal came first.
+// The folders making a path creates, "." and ".." aside, and only those removed again (empty).
+TEST_F(FileIo, MissingFoldersAreThoseMakingAPathCreates) {
+  std::filesystem::create_directories(path("there"));
+  std::filesystem::create_symlink("nowhere", path("dangling"));
+  EXPECT_EQ(missing_folders(path("there/a/b")), (std::vector<std::string>{path("there/a"), path("there/a/b")}));
+  EXPECT_EQ(missing_folders(path("up/../down/")), (std::vector<std::string>{path("up"), path("up/../down")}));
+  EXPECT_EQ(missing_folders(path("dangling/x")), (std::vector<std::string>{path("dangling/x")}));
+  EXPECT_TRUE(missing_folders(path("there/.")).empty());
+  const auto made = missing_folders(path("up/../down/deeper"));
+  std::filesystem::create_directories(path("up/../down/deeper"));
+  write_file_atomic(path("down/kept"), {});  // (a file taken since: its folder stays)
+  remove_empty_folders(made);
+  EXPECT_EQ(listing(), (std::vector<std::string>{"dangling", "down", "there"}));
+  EXPECT_FALSE(std::filesystem::exists(path("down/deeper")));
+}
+
 TEST_F(FileIo, AHandlerWaitsForAnotherThreadsSection) {
   const std::string done = path("section-done");
   const int status = in_child([&] {
