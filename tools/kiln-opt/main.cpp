@@ -129,11 +129,18 @@ int main(int argc, char** argv) {
       if (const std::string kind = kiln::file_kind(input); !kind.empty())
         throw kiln::Error(input + ": is " + kind + ", not MLIR text (kiln-inspect reads modules and executables)");
       std::error_code ec;
+      std::string head;
       if (std::filesystem::is_fifo(input, ec)) {
         const std::vector<uint8_t> bytes = kiln::read_file(input);
         piped = llvm::MemoryBuffer::getMemBufferCopy(
             llvm::StringRef(reinterpret_cast<const char*>(bytes.data()), bytes.size()), input);
+        head = piped->getBuffer().take_front(4096).str();
+      } else {
+        head = kiln::read_head(input, 4096);
       }
+      // Any other binary file (or a known one through a pipe): text holds no NUL byte.
+      if (const size_t nul = head.find('\0'); nul != std::string::npos)
+        throw kiln::Error(input + ": holds binary data (a NUL byte at offset " + std::to_string(nul) + "), not MLIR text");
     }
   } catch (const kiln::Error& e) {
     std::fprintf(stderr, "error: %s\n", kiln::one_line(e.what()).c_str());
