@@ -622,7 +622,10 @@ void write_file_atomic(const std::string& given,
     throw;
   }
   untrack_temporary(tracked);
-  remove_orphaned_temporaries(path);
+  // (Not in a staging folder this process made: none are there, and prepare writes many files
+  // into one, each sweep listing the folder again.)
+  if (const std::string dir = std::filesystem::path(path).parent_path().string(); !g_staging_set.load() || dir != g_staging)
+    remove_orphaned_temporaries(path);
   sync_folder(std::filesystem::path(path).parent_path().string());  // the rename itself made durable
 }
 
