@@ -63,7 +63,7 @@ int wait_for_reader(const std::string& path, const std::function<bool()>& give_u
   for (bool told = false; (fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC)) < 0 && !give_up();) {
     if (errno != ENXIO && errno != EINTR) break;
     if (!told && errno == ENXIO)
-      std::fprintf(stderr, "kiln: %s is a pipe that nothing reads yet: waiting for a reader (Ctrl-C gives up)\n",
+      std::fprintf(stderr, "kiln: %s is a pipe that nothing reads yet: waiting for a reader (Ctrl-C or SIGTERM gives up)\n",
                    path.c_str()), told = true;
     ::usleep(100 * 1000);
   }
@@ -302,7 +302,11 @@ std::optional<FreeSpace> free_space_for(const std::string& path) {
   const std::filesystem::path target = link_target(path);
   struct stat st {};
   if (::stat(target.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) return std::nullopt;  // FIFO, device
-  const std::string folder = target.has_parent_path() ? target.parent_path().string() : ".";
+  return free_space_in(target.has_parent_path() ? target.parent_path().string() : ".");
+}
+
+std::optional<FreeSpace> free_space_in(const std::string& folder) {
+  struct stat st {};
   struct statvfs fs {};
   if (::stat(folder.c_str(), &st) != 0 || ::statvfs(folder.c_str(), &fs) != 0 || fs.f_blocks == 0) return std::nullopt;
   return FreeSpace{uint64_t(st.st_dev), uint64_t(fs.f_bavail) * uint64_t(fs.f_frsize)};
@@ -313,10 +317,16 @@ std::vector<std::string> missing_folders(const std::string& folder) {
   std::vector<std::string> missing;
   fs::path prefix;
   for (const fs::path& part : fs::path(folder)) {
+    if (part.empty() || part == ".") continue;
+    // A folder this makes is a real one: its ".." is the folder it lies in ("new/../E" is E, which
+    // may be there already and is not this one's to remove).
+    if (part == ".." && !missing.empty() && prefix == missing.back()) {
+      prefix = prefix.parent_path();
+      continue;
+    }
     prefix /= part;
     std::error_code ec;
-    if (part != "." && part != ".." && !part.empty() && fs::symlink_status(prefix, ec).type() == fs::file_type::not_found)
-      missing.push_back(prefix.string());
+    if (part != ".." && fs::symlink_status(prefix, ec).type() == fs::file_type::not_found) missing.push_back(prefix.string());
   }
   return missing;
 }

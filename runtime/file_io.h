@@ -103,6 +103,8 @@ struct FreeSpace {
   uint64_t device = 0, bytes = 0;
 };
 std::optional<FreeSpace> free_space_for(const std::string& path);
+// The same for files written into `folder` itself (a checkpoint folder's, whatever links in it name).
+std::optional<FreeSpace> free_space_in(const std::string& folder);
 
 // The folders on the way to `folder` (itself included) that do not exist yet, outermost first:
 // what making it creates ("a/../b" makes a and b). A link, dangling or not, counts as there.

@@ -233,7 +233,7 @@ void check_output_space(const TrainOptions& o, const Module& m, int64_t first_st
   // Outputs on one file system share its free space.
   std::vector<std::pair<FreeSpace, std::vector<const Need*>>> places;
   for (const Need& n : needs) {
-    const auto space = free_space_for(n.flag == "--checkpoint-dir" ? (fs::path(n.path) / "latest").string() : n.path);
+    const auto space = n.flag == "--checkpoint-dir" ? free_space_in(n.path) : free_space_for(n.path);
     if (!space) continue;
     auto at = std::find_if(places.begin(), places.end(), [&](const auto& p) { return p.first.device == space->device; });
     if (at == places.end()) places.push_back({*space, {&n}});

@@ -145,7 +145,7 @@ bool StopSignals::request(int sig) {
   return true;
 }
 
-void StopSignals::phase(int i) { g_phase.store(i < 0 ? 0 : i < kMaxPhases ? i : kMaxPhases - 1); }
+int StopSignals::phase(int i) { return g_phase.exchange(i < 0 ? 0 : i < kMaxPhases ? i : kMaxPhases - 1); }
 
 void end_by_signal(int sig) {
   std::fflush(nullptr);

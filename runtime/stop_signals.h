@@ -16,7 +16,7 @@ namespace kiln {
 // EPIPE instead of ending the process (the trainer then stops as if signalled, see request()).
 class StopSignals {
  public:
-  static constexpr int kMaxPhases = 3;
+  static constexpr int kMaxPhases = 4;
   StopSignals(int rank, int world, std::initializer_list<const char*> phases, bool keep_on_broken_pipe = false);
   ~StopSignals();
   StopSignals(const StopSignals&) = delete;
@@ -25,8 +25,8 @@ class StopSignals {
   int requested() const;
   // Asks to stop as `sig` would, without its line; false if a signal came first.
   bool request(int sig);
-  // From now on a signal's line says phases[i].
-  void phase(int i);
+  // From now on a signal's line says phases[i]; returns the phase before.
+  int phase(int i);
 };
 
 // "SIGINT", "SIGTERM", "SIGHUP", "SIGPIPE".

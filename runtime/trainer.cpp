@@ -239,8 +239,10 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   const char* in_first_step = cut_steps ? "stopping at the end of this micro-step: the first step is left undone, and "
                                           "nothing is written"
                                         : what_stops.c_str();
+  // (and the last: while --save waits for a FIFO's reader, after training)
   StopSignals signals(rank, int(world),
-                      {world == 1 ? "stopping before the first step" : in_first_step, in_first_step, what_stops.c_str()},
+                      {world == 1 ? "stopping before the first step" : in_first_step, in_first_step, what_stops.c_str(),
+                       "no longer waiting for a reader of --save's pipe: the weights are not written"},
                       /*keep_on_broken_pipe=*/true);
   MadeFolders made;
   check_output_paths(o, root, made);
@@ -569,15 +571,24 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   // every rank gathers a ZeRO-1 run's moments).
   int64_t checkpointed = resumed_from.empty() ? -1 : first_step;
   // The weights to --save. A FIFO is written once its reader comes, however late (a `cat`
-  // started after the run's end gets the weights); a signal meanwhile gives up waiting.
-  auto save_weights = [&] {
+  // started after the run's end gets the weights); a signal meanwhile gives up waiting, and at
+  // the run's end (`last`) ends the run as that signal (elsewhere the error says it).
+  auto save_weights = [&](bool last) {
     const int before = signals.requested();
-    const int reader = wait_for_reader(o.save, [&] { return signals.requested() != before; });
+    const bool fifo = is_fifo(o.save);
+    const int was = fifo ? signals.phase(3) : 0;
+    const int reader = fifo ? wait_for_reader(o.save, [&] { return signals.requested() != before; }) : -1;
     const int error = errno;
-    if (reader < 0 && is_fifo(o.save))
-      throw Error("--save: " + o.save + ": not written: " +
-                  (signals.requested() != before ? std::string(signal_name(signals.requested())) + " came before a reader of the pipe"
-                                                 : "cannot open for writing: " + std::string(std::strerror(error))));
+    if (fifo) signals.phase(was);
+    if (fifo && reader < 0) {
+      if (signals.requested() == before)
+        throw Error("--save: " + o.save + ": not written: cannot open for writing: " + std::strerror(error));
+      const std::string why = "--save: " + o.save + ": not written: " + signal_name(signals.requested()) +
+                              " came before a reader of the pipe";
+      if (!last) throw Error(why);
+      std::fprintf(stderr, "kiln: %s\n", why.c_str());
+      throw Interrupted{signals.requested()};
+    }
     try {
       save_parameters(ex, "--save", o.save);
     } catch (...) {
@@ -641,7 +652,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
                                : std::string("no checkpoint was written"));
       if (!o.save.empty()) {
         try {
-          save_weights();
+          save_weights(false);
           what += "; saved " + o.save + " (the weights after step " + std::to_string(steps) + ")";
         } catch (const Error& s) {
           what += "; saving failed too: " + std::string(s.what());  // ("--save: FILE: ...")
@@ -670,7 +681,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
               " written (--resume goes on from there once the data is back)";
     }
     if (!o.save.empty()) {
-      save_weights();
+      save_weights(false);
       what += "; saved " + o.save + " (the weights after step " + std::to_string(step) + ")";
     }
     throw Error(what);
@@ -954,7 +965,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   }
   // An interrupted run saves the weights it has too (its log says how far it got).
   if (!o.save.empty() && root) {
-    save_weights();
+    save_weights(true);
     std::fprintf(stderr, "saved %s%s\n", o.save.c_str(), interrupted || !log_failure.empty() ? " (the weights of the interrupted run)" : "");
   }
   if (!log_failure.empty()) throw Error(log_failure);

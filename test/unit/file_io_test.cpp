@@ -135,7 +135,10 @@ TEST_F(FileIo, MissingFoldersAreThoseMakingAPathCreates) {
   std::filesystem::create_directories(path("there"));
   std::filesystem::create_symlink("nowhere", path("dangling"));
   EXPECT_EQ(missing_folders(path("there/a/b")), (std::vector<std::string>{path("there/a"), path("there/a/b")}));
-  EXPECT_EQ(missing_folders(path("up/../down/")), (std::vector<std::string>{path("up"), path("up/../down")}));
+  EXPECT_EQ(missing_folders(path("up/../down/")), (std::vector<std::string>{path("up"), path("down")}));
+  // An existing folder reached through one yet to be made is not among them.
+  EXPECT_EQ(missing_folders(path("new/../there/x")), (std::vector<std::string>{path("new"), path("there/x")}));
+  EXPECT_EQ(missing_folders(path("a/b/../c")), (std::vector<std::string>{path("a"), path("a/b"), path("a/c")}));
   EXPECT_EQ(missing_folders(path("dangling/x")), (std::vector<std::string>{path("dangling/x")}));
   EXPECT_TRUE(missing_folders(path("there/.")).empty());
   const auto made = missing_folders(path("up/../down/deeper"));

@@ -122,7 +122,14 @@ int main(int argc, char** argv) {
     }
     if (outputs > 1) throw kiln::Error("-o: given " + std::to_string(outputs) + " times; give it once");
     if (output.empty()) throw kiln::Error("-o: needs a file name");
-    if (input != "-") {
+    if (input == "-") {
+      // Read here too, for the NUL check below.
+      auto in = llvm::MemoryBuffer::getSTDIN();
+      if (!in) throw kiln::Error("<stdin>: cannot read: " + in.getError().message());
+      piped = std::move(*in);
+      if (const size_t nul = piped->getBuffer().find('\0'); nul != llvm::StringRef::npos)
+        throw kiln::Error("<stdin>: holds binary data (a NUL byte at offset " + std::to_string(nul) + "), not MLIR text");
+    } else {
       kiln::check_not_a_device(input);  // /dev/zero would be read until memory runs out
       // A binary file Kiln knows (a module, an executable, data, weights) would be printed to the
       // terminal as the parser's error context.
@@ -134,9 +141,9 @@ int main(int argc, char** argv) {
         const std::vector<uint8_t> bytes = kiln::read_file(input);
         piped = llvm::MemoryBuffer::getMemBufferCopy(
             llvm::StringRef(reinterpret_cast<const char*>(bytes.data()), bytes.size()), input);
-        head = piped->getBuffer().take_front(4096).str();
+        head = piped->getBuffer().str();
       } else {
-        head = kiln::read_head(input, 4096);
+        head = kiln::read_head(input, size_t(1) << 20);  // (the first MiB: the parser reads the rest)
       }
       // Any other binary file (or a known one through a pipe): text holds no NUL byte.
       if (const size_t nul = head.find('\0'); nul != std::string::npos)

@@ -267,25 +267,28 @@ int main(int argc, char** argv) {
       bool blank = true;  // the text holds nothing but white space and comments
       {
         llvm::SourceMgr sm;
-        if (!fromStdin) {
+        std::unique_ptr<llvm::MemoryBuffer> text;
+        if (fromStdin) {
+          auto in = llvm::MemoryBuffer::getSTDIN();
+          if (!in) throw kiln::Error("<stdin>: cannot read: " + in.getError().message());
+          text = std::move(*in);
+        } else {
           // Read by read_file, which refuses a device or a FIFO no one writes to (LLVM's reader
           // would read /dev/zero until memory runs out, or wait for a writer for ever).
           if (const std::string kind = kiln::file_kind(input); !kind.empty())
             throw kiln::Error(input + ": is " + kind + ", not kiln IR (.mlir)");
           const std::vector<uint8_t> bytes = kiln::read_file(input);
-          // A binary file (named .mlir, or through a pipe) would be printed as the parser's
-          // context: text holds no NUL byte.
-          if (const auto nul = std::find(bytes.begin(), bytes.begin() + std::min<size_t>(bytes.size(), 4096), 0);
-              nul != bytes.begin() + std::min<size_t>(bytes.size(), 4096))
-            throw kiln::Error(input + ": holds binary data (a NUL byte at offset " + std::to_string(nul - bytes.begin()) +
-                              "), not MLIR text");
-          sm.AddNewSourceBuffer(llvm::MemoryBuffer::getMemBufferCopy(
-                                    llvm::StringRef(reinterpret_cast<const char*>(bytes.data()), bytes.size()), input),
-                                llvm::SMLoc());
+          text = llvm::MemoryBuffer::getMemBufferCopy(
+              llvm::StringRef(reinterpret_cast<const char*>(bytes.data()), bytes.size()), input);
         }
+        // A binary file (named .mlir, or through a pipe) would be printed as the parser's
+        // context: text holds no NUL byte.
+        if (const size_t nul = text->getBuffer().find('\0'); nul != llvm::StringRef::npos)
+          throw kiln::Error((fromStdin ? std::string("<stdin>") : input) + ": holds binary data (a NUL byte at offset " +
+                            std::to_string(nul) + "), not MLIR text");
+        sm.AddNewSourceBuffer(std::move(text), llvm::SMLoc());
         InputDiagnostics handler(sm, &ctx);
-        module = fromStdin ? parseSourceFile<ModuleOp>(input, sm, ParserConfig(&ctx))
-                           : parseSourceFile<ModuleOp>(sm, ParserConfig(&ctx));
+        module = parseSourceFile<ModuleOp>(sm, ParserConfig(&ctx));
         if (sm.getNumBuffers()) {
           llvm::SmallVector<llvm::StringRef> lines;
           sm.getMemoryBuffer(sm.getMainFileID())->getBuffer().split(lines, '\n');
