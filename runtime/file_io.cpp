@@ -309,7 +309,8 @@ std::optional<FreeSpace> free_space_in(const std::string& folder) {
   struct stat st {};
   struct statvfs fs {};
   if (::stat(folder.c_str(), &st) != 0 || ::statvfs(folder.c_str(), &fs) != 0 || fs.f_blocks == 0) return std::nullopt;
-  return FreeSpace{uint64_t(st.st_dev), uint64_t(fs.f_bavail) * uint64_t(fs.f_frsize)};
+  // (root may use the blocks a file system reserves for it; others may not)
+  return FreeSpace{uint64_t(st.st_dev), uint64_t(::geteuid() == 0 ? fs.f_bfree : fs.f_bavail) * uint64_t(fs.f_frsize)};
 }
 
 std::vector<std::string> missing_folders(const std::string& folder) {

@@ -96,7 +96,7 @@ void refuse_overwriting(const std::string& flag, const std::string& output,
 std::string link_target(const std::string& path);
 
 // Where an output file will take disk space: the file system (st_dev) of the folder its name
-// (through links) lies in, and the bytes free there to an unprivileged writer. Nothing (nullopt)
+// (through links) lies in, and the bytes free there to this process (root's reserve counts for root). Nothing (nullopt)
 // where that cannot be told: the folder is missing, the name is a FIFO or device (written in
 // place, no space taken), or the file system reports no size (some network and FUSE ones).
 struct FreeSpace {
