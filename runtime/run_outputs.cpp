@@ -262,6 +262,28 @@ void check_output_space(const TrainOptions& o, const Module& m, int64_t first_st
   }
 }
 
+void MadeFolders::keep_lock(const std::string& dir) {
+  if (lock < 0) return;  // (not the root rank, or the folder could not be opened at the start)
+  struct stat held {}, now {};
+  std::error_code ec;
+  if (::stat(dir.c_str(), &now) != 0) {
+    std::filesystem::create_directories(dir, ec);  // (save_checkpoint would make it too, unlocked)
+    if (::stat(dir.c_str(), &now) != 0) return;     // (its error is save_checkpoint's to report)
+  }
+  if (::fstat(lock, &held) == 0 && held.st_ino == now.st_ino && held.st_dev == now.st_dev) return;
+  const int fresh = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fresh < 0) return;
+  if (::flock(fresh, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
+    ::close(fresh);
+    throw Error("--checkpoint-dir: " + dir + ": the folder was removed or replaced while the run trained, and "
+                "another run now writes checkpoints there (it holds the new folder's lock)");
+  }
+  ::close(lock);
+  lock = fresh;
+  std::fprintf(stderr, "kiln: warning: --checkpoint-dir %s was removed or replaced while the run trained; its "
+               "checkpoints go on into the folder there now\n", dir.c_str());
+}
+
 MadeFolders::~MadeFolders() {
   if (lock >= 0) ::close(lock);
   remove_empty_folders(folders);

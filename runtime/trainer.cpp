@@ -634,6 +634,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       if (!gpu) extra["cpu_threads"] = omp_get_max_threads();
       if (!log_pending.empty()) extra["log_pending"] = log_pending;
       st.extra_json = extra.dump();
+      made.keep_lock(o.checkpoint_dir);
       const std::string path = save_checkpoint(o.checkpoint_dir, ex, st, keep, moments);
       std::fprintf(stderr, "saved checkpoint %s (step %lld)\n", path.c_str(), (long long)steps);
     } catch (const std::exception& failed) {  // (kiln::Error: a full disk; or memory ran out)
