@@ -633,11 +633,11 @@ void write_file_atomic(const std::string& given,
     throw;
   }
   untrack_temporary(tracked);
+  const std::string dir = std::filesystem::path(path).parent_path().string();
   // (Not in a staging folder this process made: none are there, and prepare writes many files
   // into one, each sweep listing the folder again.)
-  if (const std::string dir = std::filesystem::path(path).parent_path().string(); !g_staging_set.load() || dir != g_staging)
-    remove_orphaned_temporaries(path);
-  sync_folder(std::filesystem::path(path).parent_path().string());  // the rename itself made durable
+  if (!g_staging_set.load() || dir != g_staging) remove_orphaned_temporaries(path);
+  sync_folder(dir);  // the rename itself made durable
 }
 
 }  // namespace kiln

@@ -104,6 +104,19 @@ void check_outputs_outside_data(const TrainOptions& o) {
   }
 }
 
+// The checkpoint folder opened and locked (flock) for this run: its descriptor, or -1 with errno
+// EWOULDBLOCK when another run holds the lock (other failures give a descriptor without a lock,
+// or -1: the checkpoint's own writes report those).
+int lock_folder(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
+    ::close(fd);
+    errno = EWOULDBLOCK;
+    return -1;
+  }
+  return fd;
+}
+
 }  // namespace
 
 // Where the run will write, checked before the first step rather than found unusable after the
@@ -131,8 +144,8 @@ void check_output_paths(const TrainOptions& o, bool root, MadeFolders& made) {
     check_output_file("--checkpoint-dir", (fs::path(o.checkpoint_dir) / "latest").string(), false, Links::Replace);
     // Two runs writing one folder would prune each other's checkpoints and swap `latest`: the
     // folder is locked for the run (the kernel lets go when the process ends, however it ends).
-    made.lock = ::open(o.checkpoint_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (made.lock >= 0 && ::flock(made.lock, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
+    made.lock = lock_folder(o.checkpoint_dir);
+    if (made.lock < 0 && errno == EWOULDBLOCK) {
       made.folders.clear();  // (the other run's folder now, though this one made it)
       throw Error("--checkpoint-dir: " + o.checkpoint_dir + ": another run is writing checkpoints there (it holds the "
                   "folder's lock); wait for it to end, or give another folder");
@@ -271,13 +284,11 @@ void MadeFolders::keep_lock(const std::string& dir) {
     if (::stat(dir.c_str(), &now) != 0) return;     // (its error is save_checkpoint's to report)
   }
   if (::fstat(lock, &held) == 0 && held.st_ino == now.st_ino && held.st_dev == now.st_dev) return;
-  const int fresh = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fresh < 0) return;
-  if (::flock(fresh, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
-    ::close(fresh);
+  const int fresh = lock_folder(dir);
+  if (fresh < 0 && errno == EWOULDBLOCK)
     throw Error("--checkpoint-dir: " + dir + ": the folder was removed or replaced while the run trained, and "
                 "another run now writes checkpoints there (it holds the new folder's lock)");
-  }
+  if (fresh < 0) return;
   ::close(lock);
   lock = fresh;
   std::fprintf(stderr, "kiln: warning: --checkpoint-dir %s was removed or replaced while the run trained; its "
