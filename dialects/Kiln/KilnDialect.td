@@ -25,7 +25,9 @@ def Kiln_Dialect : Dialect {
     The buffer plan (`kiln-plan-buffers`) is kept in two discardable attributes, which the
     dialect verifies: `kiln.offsets` on an op, one byte offset into the arena per result, each a
     multiple of 256 (or -1 for state kept outside the arena: parameters, gradients, moments);
-    and `kiln.arena_size` on a function, the bytes its call needs.
+    and `kiln.arena_size` on a function, the bytes of the buffers planned for its call (the
+    activation region: the state is not counted; the runtime's arena puts that region after the
+    state, as `kiln-inspect` reports).
   }];
   let cppNamespace = "::kiln";
   let hasOperationAttrVerify = 1;
