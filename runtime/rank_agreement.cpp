@@ -89,7 +89,9 @@ void check_ranks_agree(Communicator& comm, const Module& module, const TrainOpti
                       {"the module (a different executable?)",
                        "the training options (--steps, --total-batch, --zero, --bucket-mb, the schedule, AdamW, "
                        "evaluation, checkpoints, or --resume and the step of the checkpoint it resumes from)",
-                       "the initial weights (a different --seed, or --init files that differ)",
+                       first_step > 0 ? "the weights resumed (checkpoints that differ: a --checkpoint-dir that is not "
+                                  "the same folder on every rank?)"
+                                : "the initial weights (a different --seed, or --init files that differ)",
                        "the training data (--data: other shards, or shards of other sizes)",
                        "the validation data (--val-data: other shards, or shards of other sizes)",
                        "the outputs (--save, --log or --sample-every, which rank 0 alone writes or prints, given to "

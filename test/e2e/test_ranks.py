@@ -34,7 +34,8 @@ and (group tcp, the environment rendezvous RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PO
   tcp_no_root    rank 1 without rank 0: exits non-zero after KILN_COMM_TIMEOUT=3 s, saying so
   tcp_other_data rank 1 reads other shards of the same sizes, as training or as validation data
                  (--val-data): both ranks refuse to start
-  tcp_other_checkpoints  only rank 0 has --checkpoint-dir (--zero 1): both ranks refuse to start
+  tcp_other_checkpoints  only rank 0 has --checkpoint-dir (--zero 1): both ranks refuse to start;
+                 each rank resumes from its own folder, holding other weights: both refuse, naming them
   tcp_save_one_rank      only rank 1 has --save or --sample-every (rank 0 alone writes or prints
                  them): both ranks refuse to start
   tcp_log_full   rank 0's --log cannot be written: both ranks stop after the next step with its
@@ -697,6 +698,19 @@ def case_tcp_other_checkpoints(c: Ctx):
     said = both_refuse(c, "tcp_other_checkpoints", "the training options", ["--zero", "1"], per_rank=rank0_checkpoints)
     if os.path.exists(ck) and os.listdir(ck):
         raise TestFailure(f"tcp_other_checkpoints: {ck} holds {os.listdir(ck)}")
+
+    # Each rank resumes from a folder of its own (a --checkpoint-dir not shared between machines)
+    # holding step 2 of runs with other seeds: both refuse, naming the checkpoints, not --seed.
+    for tag, seed in (("a", "7"), ("b", "8")):
+        def seeded(r, args, seed=seed, tag=tag):
+            args[args.index("--seed") + 1] = seed
+            return args + ["--checkpoint-dir", os.path.join(c.workdir, f"own_ck_{tag}"), "--checkpoint-every", "2"]
+        finish_ok(start_tcp(c, f"tcp_own_ck_{tag}", save=False, steps=2, per_rank=seeded)[0], f"tcp_own_ck_{tag}")
+
+    def own_folder(r, args):
+        return args + ["--checkpoint-dir", os.path.join(c.workdir, "own_ck_a" if r == 0 else "own_ck_b"), "--resume"]
+    said += "; resumed from other folders: " + both_refuse(c, "tcp_resume_own_folders", "the weights resumed",
+                                                           per_rank=own_folder)
     return said
 
 
