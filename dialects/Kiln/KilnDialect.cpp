@@ -1,6 +1,7 @@
 #include "Kiln/KilnDialect.h"
 
 #include "mlir/IR/BuiltinAttributes.h"
+#include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/Operation.h"
 
 using namespace mlir;
@@ -44,6 +45,11 @@ LogicalResult KilnDialect::verifyOperationAttribute(Operation* op, NamedAttribut
       else if (offsets[i] == -1 && !isOutsideArena(op->getResult(i)))
         return op->emitError() << "'kiln.offsets'[" << i << "] = -1 marks state kept outside the arena, but this "
                                << "result is computed here: it needs its place in the arena (run kiln-plan-buffers)";
+    return success();
+  }
+  if (attr.getName() == "kiln.spec") {  // its keys and values: getModuleSpec (module_spec.cpp)
+    if (!isa<DictionaryAttr>(attr.getValue()) || !isa<ModuleOp>(op))
+      return op->emitError() << "'kiln.spec' must be a dictionary on the module (the spec kilnc built it from)";
     return success();
   }
   if (attr.getName() == "kiln.arena_size") {

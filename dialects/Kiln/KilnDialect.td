@@ -22,6 +22,10 @@ def Kiln_Dialect : Dialect {
     Inputs (`kiln.input`) and hyperparameters (`kiln.hyper`) are filled by the runtime before
     each call, so one compiled module serves many runs.
 
+    `kiln.spec`, a dictionary on the module, is the spec kilnc built it from (sizes, precision,
+    target); the dialect verifies its place and kind, and the passes and kilnc that read it
+    check its keys.
+
     The buffer plan (`kiln-plan-buffers`) is kept in two discardable attributes, which the
     dialect verifies: `kiln.offsets` on an op, one byte offset into the arena per result, each a
     multiple of 256 (or -1 for state kept outside the arena: parameters, gradients, moments);

@@ -1,5 +1,6 @@
 // Internal to runtime/comm: the backends' factories and the timeout watchdog they share.
 #pragma once
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <memory>
@@ -10,6 +11,34 @@
 #include "runtime/comm/communicator.h"
 
 namespace kiln::comm {
+
+// A deadline that leaves out the time this process spent stopped (Ctrl-Z of a whole job, or
+// SIGSTOP then SIGCONT): the ranks of a job paused together would otherwise each find their
+// deadline passed on waking, and end a job that nothing is wrong with. Whoever checks it does
+// so at least every kTick; a gap of more than kStopped between two checks is taken for a stop,
+// and moves the deadline on by that gap. (A system suspend stops steady_clock itself.)
+class PauseAwareDeadline {
+ public:
+  using clock = std::chrono::steady_clock;
+  static constexpr std::chrono::milliseconds kTick{250}, kStopped{2000};
+
+  explicit PauseAwareDeadline(double seconds = 0) { reset(seconds); }
+  void reset(double seconds) {
+    last_ = clock::now();
+    deadline_ = last_ + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(seconds));
+  }
+  bool passed() {
+    const clock::time_point now = clock::now();
+    if (now - last_ > kStopped) deadline_ += now - last_;
+    last_ = now;
+    return now >= deadline_;
+  }
+  // When to check next: the deadline, or a tick from the last check if that comes first.
+  clock::time_point next_check() const { return std::min(deadline_, last_ + kTick); }
+
+ private:
+  clock::time_point last_, deadline_;
+};
 
 // Ends the process when a blocking wait outlives its deadline: MPI and NCCL calls cannot be
 // interrupted, so a thread watches them. It prints one line and calls _exit(1); the launcher
@@ -39,7 +68,7 @@ class Watchdog {
   std::mutex mu_;
   std::condition_variable cv_;
   bool armed_ = false, stop_ = false;
-  std::chrono::steady_clock::time_point deadline_;
+  PauseAwareDeadline deadline_;
   double seconds_ = 0;
   std::string what_, name_ = "this rank";
   std::thread thread_;

@@ -262,8 +262,7 @@ void Watchdog::arm(std::string what, double seconds) {
     armed_ = true;
     what_ = std::move(what);
     seconds_ = seconds;
-    deadline_ = std::chrono::steady_clock::now() +
-                std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(seconds));
+    deadline_.reset(seconds);
   }
   cv_.notify_all();
 }
@@ -280,8 +279,8 @@ void Watchdog::loop() {
       cv_.wait(lock);
       continue;
     }
-    if (std::chrono::steady_clock::now() < deadline_) {
-      cv_.wait_until(lock, deadline_);
+    if (!deadline_.passed()) {
+      cv_.wait_until(lock, deadline_.next_check());
       continue;
     }
     std::fprintf(stderr,

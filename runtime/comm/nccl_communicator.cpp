@@ -174,7 +174,7 @@ class NcclCommunicator final : public Communicator {
     return std::make_unique<Request>(*this, ev, std::move(what));
   }
   void wait_event(cudaEvent_t ev, const std::string& what) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_);
+    PauseAwareDeadline deadline(timeout_);
     for (int spins = 0;; ++spins) {
       cudaError_t q = cudaEventQuery(ev);
       if (q == cudaSuccess) break;
@@ -190,7 +190,7 @@ class NcclCommunicator final : public Communicator {
         comm_ = nullptr;
         throw Error(who() + ": " + what + ": " + nccl_api().ncclGetErrorString(async) + " (a peer rank failed or left)");
       }
-      if (std::chrono::steady_clock::now() > deadline) {
+      if (deadline.passed()) {
         cudaEventDestroy(ev);
         nccl_api().ncclCommAbort(comm_);
         comm_ = nullptr;

@@ -16,6 +16,8 @@ reference with --total-batch 2*B*T (2 micro-steps per step), then checks (group 
   mpi_kill   SIGKILL rank 1 after the first step: mpirun, and with it rank 0, ends non-zero
              within 60 s
   mpi_hang   SIGSTOP rank 1 with KILN_COMM_TIMEOUT=4: rank 0's watchdog ends it, and mpirun the job
+  mpi_pause  the whole job stopped for 5 s with KILN_COMM_TIMEOUT=3, then resumed: it trains on
+             (both ranks alive and stepping 4 s later)
   mpi_eval   `mpirun -np 2 ... eval --batches 3` against 1 process with --batches 6 (as tcp_eval)
   mpi_sample `mpirun -np 2 ... sample`: rank 0 alone samples, as 1 process; no collective's timeout
              (KILN_COMM_TIMEOUT=1) can end it
@@ -30,6 +32,7 @@ and (group tcp, the environment rendezvous RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PO
   tcp_kill_1     SIGKILL rank 1 after the first step: rank 0 exits non-zero within 60 s, naming it
   tcp_kill_0     the same for rank 0 (the hub)
   tcp_hang       SIGSTOP rank 1 with KILN_COMM_TIMEOUT=4: rank 0 gives up on it after 4 s
+  tcp_pause      both ranks stopped for 5 s with KILN_COMM_TIMEOUT=3, then resumed: they train on
   tcp_rank_error rank 1 fails at start (missing data): rank 0 exits non-zero too
   tcp_no_root    rank 1 without rank 0: exits non-zero after KILN_COMM_TIMEOUT=3 s, saying so
   tcp_other_data rank 1 reads other shards of the same sizes, as training or as validation data
@@ -358,6 +361,62 @@ def case_mpi_hang(c: Ctx):
     return mpi_fail(c, "mpi_hang", signal.SIGSTOP, {"KILN_COMM_TIMEOUT": "4"}, "did not complete within 4 s")
 
 
+def survives_pause(tag, pid, logp, running, errors):
+    """Pauses a 2-rank job training for KILN_COMM_TIMEOUT=3 s longer than its limit, and requires
+    it to train on. Rank 0 is stopped first, so that rank 1 waits in a collective (its timeout
+    running) when it is stopped too; time stopped is not time waited, so rank 1, resumed 1 s
+    before rank 0 (as for a rank still in a long step), waits for it. running(): the job runs;
+    errors(): what it printed."""
+    def logged_steps():
+        with open(logp) as f:
+            return sum(1 for line in f if line.strip())
+    os.kill(pid[0], signal.SIGSTOP)
+    time.sleep(0.5)
+    os.kill(pid[1], signal.SIGSTOP)
+    time.sleep(5)  # past the 3 s limit
+    before = logged_steps()
+    os.kill(pid[1], signal.SIGCONT)
+    time.sleep(1)
+    os.kill(pid[0], signal.SIGCONT)
+    time.sleep(4)  # past the limit again: a timeout that counted the pause has fired by now
+    after = logged_steps()
+    if not running() or after < before + 3:
+        raise TestFailure(f"{tag}: 4 s after a 5 s pause (KILN_COMM_TIMEOUT=3) the job "
+                          f"{'runs' if running() else 'has ended'}, {after - before} more steps logged:\n"
+                          f"{errors()[-2000:]}")
+    return f"paused 5 s with KILN_COMM_TIMEOUT=3, resumed: {after - before} steps in the next 4 s"
+
+
+def case_mpi_pause(c: Ctx):
+    # The whole job paused (Ctrl-Z, or SIGSTOP to every rank) for longer than KILN_COMM_TIMEOUT,
+    # then resumed: it trains on (the watchdog leaves the pause out).
+    tag = "mpi_pause"
+    piddir = os.path.join(c.workdir, "pids")
+    shutil.rmtree(piddir, ignore_errors=True)
+    os.makedirs(piddir)
+    logp = os.path.join(c.workdir, f"{tag}.jsonl")
+    wrap = ["sh", "-c", f'echo $$ > {piddir}/rank_$OMPI_COMM_WORLD_RANK; exec "$@"', "sh"]
+    cmd = c.mpirun_cmd() + ["-x", "KILN_COMM_TIMEOUT"] + wrap + c.train_args(tag, steps=10**6, save=False)
+    errp = os.path.join(c.workdir, f"{tag}.stderr")
+    with open(errp, "w") as errf:
+        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=errf, text=True, cwd=c.workdir,
+                             env=child_env({"KILN_COMM_TIMEOUT": "3"}), start_new_session=True)
+    pid = {}
+    try:
+        wait_for(lambda: log_has_a_step(logp) and len(os.listdir(piddir)) == 2, 60, "the first step under mpirun")
+        time.sleep(0.2)  # the pid files are written before exec
+        pid = {r: int(open(os.path.join(piddir, f"rank_{r}")).read()) for r in (0, 1)}
+        return survives_pause(tag, pid, logp, lambda: p.poll() is None and alive(pid[0]) and alive(pid[1]),
+                              lambda: open(errp).read())
+    finally:
+        for q in pid.values():
+            if alive(q):
+                os.kill(q, signal.SIGCONT)
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
 # ---------------------------------------------------------------------------------------------
 # TCP rendezvous
 # ---------------------------------------------------------------------------------------------
@@ -648,6 +707,29 @@ def both_refuse(c: Ctx, tag, about, extra=(), per_rank=None):
         if rc == 0 or want not in e:
             raise TestFailure(f"{tag}: rank {r} exit {rc}:\n{e[-2000:]}")
     return f"rank 1: {res[1][2].strip().splitlines()[-1]}; rank 0: {res[0][2].strip().splitlines()[-1]}"
+
+
+def case_tcp_pause(c: Ctx):
+    # As mpi_pause: the TCP collectives' socket timeouts start again when a stopped rank resumes.
+    tag = "tcp_pause"
+    procs, _ = start_tcp(c, tag, save=False, steps=10**6, env_extra={"KILN_COMM_TIMEOUT": "3"},
+                         stdout=subprocess.DEVNULL)
+    logp = os.path.join(c.workdir, f"{tag}.jsonl")
+    try:
+        wait_for(lambda: log_has_a_step(logp), 60, "the first step over TCP")
+        def stderr_at_end():  # (only on failure: ends the ranks to read what they printed)
+            for q in procs:
+                os.kill(q.pid, signal.SIGCONT)
+                q.kill()
+            return "".join(f"rank {r}: {q.communicate()[1]}" for r, q in enumerate(procs))
+        return survives_pause(tag, {0: procs[0].pid, 1: procs[1].pid}, logp,
+                              lambda: all(q.poll() is None for q in procs), stderr_at_end)
+    finally:
+        for q in procs:
+            if q.poll() is None:
+                os.kill(q.pid, signal.SIGCONT)
+                q.kill()
+            q.communicate()
 
 
 def case_tcp_other_data(c: Ctx):
@@ -1109,8 +1191,8 @@ def case_tcp_zero1_cuda(c: Ctx):
 GROUPS = {
     "cuda": [case_tcp_plain, case_tcp_accum, case_tcp_hang_cuda, case_tcp_zero1_cuda],
     "cuda-zero1": [case_tcp_zero1_cuda],
-    "mpi": [case_mpi, case_mpi_zero1, case_mpi_accum, case_mpi_kill, case_mpi_hang, case_mpi_eval, case_mpi_sample],
-    "tcp": [case_tcp, case_single_zero1, case_tcp_zero1_resume, case_tcp_three, case_tcp_kill_1, case_tcp_kill_0, case_tcp_hang, case_tcp_rank_error,
+    "mpi": [case_mpi, case_mpi_zero1, case_mpi_accum, case_mpi_kill, case_mpi_hang, case_mpi_pause, case_mpi_eval, case_mpi_sample],
+    "tcp": [case_tcp, case_single_zero1, case_tcp_zero1_resume, case_tcp_three, case_tcp_kill_1, case_tcp_kill_0, case_tcp_hang, case_tcp_pause, case_tcp_rank_error,
             case_tcp_no_root, case_tcp_other_data, case_tcp_other_checkpoints, case_tcp_save_one_rank, case_tcp_log_full, case_tcp_checkpoint_full, case_tcp_cut_step, case_tcp_cut_step_zero1, case_tcp_idle_peer, case_tcp_ipv6,
             case_nccl_refused, case_tcp_threads, case_tcp_eval, case_tcp_eval_disagree, case_tcp_sample,
             case_tcp_val],

@@ -1238,6 +1238,19 @@ func.func @offsets_not_an_array(%x: tensor<4xf32>) -> tensor<4xf32> {
 
 // -----
 
+// expected-error @+1 {{'kiln.spec' must be a dictionary on the module (the spec kilnc built it from)}}
+module attributes {kiln.spec = 5} {
+}
+
+// -----
+
+// expected-error @+1 {{'kiln.spec' must be a dictionary on the module (the spec kilnc built it from)}}
+func.func @spec_on_a_function() attributes {kiln.spec = {n_layer = 1}} {
+  return
+}
+
+// -----
+
 // expected-error @+1 {{'kiln.arena_size' must be a non-negative i64 (the bytes the function's buffers need)}}
 func.func @arena_size_negative() attributes {kiln.arena_size = -1 : i64} {
   return
