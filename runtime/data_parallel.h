@@ -103,6 +103,8 @@ class DataParallel {
   int zero() const { return zero_; }
   // "3 gradient bucket(s) placed by the compiler in the backward pass, reduced in place, ZeRO-1 (...)"
   std::string describe() const;
+  // Whether the module placed the buckets (kilnc --bucket-mb), not --bucket-mb at run time.
+  bool compiled_buckets() const { return compiled_; }
 
  private:
   enum class Field { Value, Grad, AdamM, AdamV };  // which of a parameter's buffers

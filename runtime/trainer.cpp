@@ -545,6 +545,8 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   if (root && world > 1)
     std::fprintf(stderr, "data parallel: rank %d of %lld over %s; %s\n", rank, (long long)world,
                  comm.describe().c_str(), dp.describe().c_str());
+  if (root && world > 1 && o.bucket_mb_given && dp.compiled_buckets())
+    std::fprintf(stderr, "note: --bucket-mb is not used: this executable's buckets were placed by kilnc (kilnc --bucket-mb sets them)\n");
   int64_t data_tokens = 0;
   for (int64_t n : loader.shard_tokens()) data_tokens += n;
   const std::string data = std::to_string(loader.files().size()) + (loader.files().size() == 1 ? " shard, " : " shards, ") +

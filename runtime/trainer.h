@@ -52,6 +52,7 @@ struct TrainOptions {
   // RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT); total_batch then counts the tokens of all ranks.
   int zero = 0;                 // 1: ZeRO-1, the optimizer step sharded across ranks
   double bucket_mb = 25;        // gradient all-reduce bucket size (MB)
+  bool bucket_mb_given = false; // --bucket-mb on the command line (a module with compiled buckets ignores it)
   std::string comm = "auto";    // communicator: auto, single, mpi, tcp, nccl
   // The files this process runs, (what, path): the outputs must not overwrite them.
   std::vector<std::pair<std::string, std::string>> self;

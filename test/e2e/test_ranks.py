@@ -22,7 +22,8 @@ reference with --total-batch 2*B*T (2 micro-steps per step), then checks (group 
   mpi_sample `mpirun -np 2 ... sample`: rank 0 alone samples, as 1 process; no collective's timeout
              (KILN_COMM_TIMEOUT=1) can end it
 and (group tcp, the environment rendezvous RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT):
-  tcp            2 processes started here: same checks as mpi (with --zero 1 on small buckets);
+  tcp            2 processes started here: same checks as mpi (with --zero 1 on small buckets,
+                 compiled in: a --bucket-mb at run time is noted as unused);
                  rank 0's arena is smaller by half the AdamW moments (less alignment)
   single_zero1   one process with --zero 1 is the reference
   tcp_three      3 ranks, --zero 1, small compiled buckets, against 1 process with 3 micro-steps
@@ -206,6 +207,19 @@ class Ctx:
                      "--dump-grads", os.path.join(self.workdir, f"{tag}.grads.safetensors")]
         return args + list(extra)
 
+    def small_buckets(self, mb="0.03"):
+        """SPEC compiled with mb-MB gradient buckets (several; uneven ZeRO-1 pieces): the buckets
+        are the module's, so a run's --bucket-mb cannot make them (it only notes so)."""
+        small = os.path.join(self.workdir, f"gpt2-buckets-{mb}")
+        if not os.path.exists(small):
+            subprocess.run([self.a.kilnc, self.a.spec, "-o", small, "--bucket-mb", mb, *self.a.kilnc_arg],
+                           check=True, cwd=self.workdir, capture_output=True)
+        return small
+
+    def with_exe(self, exe):
+        """A per_rank function (start_tcp) that runs `exe` instead of the spec's executable."""
+        return lambda r, args: [exe if a == self.exe else a for a in args]
+
     def mpirun_cmd(self, n=2):
         return [self.mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(n), "--bind-to", "none",
                 "--mca", "btl_vader_single_copy_mechanism", "none",
@@ -261,8 +275,11 @@ def case_mpi(c: Ctx):
 
 def case_mpi_zero1(c: Ctx):
     sampling = ["--sample-every", "3", "--sample-count", "2", "--sample-tokens", "4", "--sample-prompt-ids", "1 2"]
-    p = c.run(c.mpirun_cmd() + c.train_args("mpi_zero1", ["--zero", "1", "--bucket-mb", "0.03"] + sampling),
+    p = c.run(c.mpirun_cmd() + c.with_exe(c.small_buckets())(0, c.train_args("mpi_zero1", ["--zero", "1"] + sampling)),
               "mpirun --zero 1 --sample-every 3")
+    buckets = re.search(r"; (\d+) gradient bucket\(s\) placed by the compiler", p.stderr)
+    if not buckets or int(buckets.group(1)) < 2:
+        raise TestFailure(f"mpi --zero 1: not run on the module's several buckets:\n{p.stderr}")
     # Samples after steps 3, 6, 9, ... and the last, each printed once (by rank 0).
     want = sorted({s for s in range(1, c.steps + 1) if s % 3 == 0} | {c.steps})
     for s in want:
@@ -465,9 +482,9 @@ def logged(c: Ctx, tag):
     return [(r["step"], r["loss"], r["grad_norm"], r["lr"]) for r in rows]
 
 
-def run_tcp_pair(c: Ctx, tag, extra):
+def run_tcp_pair(c: Ctx, tag, extra, per_rank=None):
     """Two TCP ranks to the end: both exit 0, rank 0 announces the rendezvous, rank 1 prints nothing."""
-    procs, port = start_tcp(c, tag, extra)
+    procs, port = start_tcp(c, tag, extra, per_rank=per_rank)
     res = finish_ok(procs, tag)
     if f"data parallel: rank 0 of 2 over TCP (rendezvous at 127.0.0.1:{port})" not in res[0][2]:
         raise TestFailure(f"{tag}: rank 0 did not announce the TCP rendezvous:\n{res[0][2]}")
@@ -502,11 +519,19 @@ def check_zero1_arena(c: Ctx, tag: str, stderr: str, world: int, module=None):
 
 
 def case_tcp(c: Ctx):
-    res = run_tcp_pair(c, "tcp", ["--zero", "1", "--bucket-mb", "0.03"])
+    # On small compiled buckets; a --bucket-mb given at run time is noted as unused.
+    small = c.small_buckets()
+    res = run_tcp_pair(c, "tcp", ["--zero", "1", "--bucket-mb", "1"], per_rank=c.with_exe(small))
     if "ranks share this machine" in res[0][2]:  # OMP_NUM_THREADS=1 chose
         raise TestFailure(f"tcp: rank 0 shared the CPUs out although OMP_NUM_THREADS is set:\n{res[0][2]}")
-    arena = check_zero1_arena(c, "tcp", res[0][2], 2)
-    return compare_runs("tcp --zero 1 vs 1 process", c.ref, c.log("tcp"), c.ref_w, c.weights("tcp")) + "; " + arena
+    buckets = re.search(r"; (\d+) gradient bucket\(s\) placed by the compiler", res[0][2])
+    if not buckets or int(buckets.group(1)) < 2:
+        raise TestFailure(f"tcp: not run on the module's several buckets:\n{res[0][2]}")
+    if "note: --bucket-mb is not used: this executable's buckets were placed by kilnc" not in res[0][2]:
+        raise TestFailure(f"tcp: --bucket-mb 1 not noted as unused:\n{res[0][2]}")
+    arena = check_zero1_arena(c, "tcp", res[0][2], 2, module=small)
+    return (compare_runs("tcp --zero 1 vs 1 process", c.ref, c.log("tcp"), c.ref_w, c.weights("tcp")) +
+            f"; {buckets.group(1)} compiled buckets; " + arena)
 
 
 def read_checkpoint(path: str):
@@ -549,13 +574,13 @@ def case_tcp_zero1_resume(c: Ctx):
     # --zero 1 checkpoints hold the whole AdamW state (each rank's pieces gathered): the same
     # tensors as a plain 2-rank run's checkpoint, and a run resumed from one is bitwise the
     # uninterrupted run. Rewinding `latest` stands in for a kill (test_checkpoint.py kills).
-    steps, zero = 40, ["--zero", "1", "--bucket-mb", "0.03"]
+    steps, zero, small = 40, ["--zero", "1"], c.with_exe(c.small_buckets())
     ck, plain_ck = os.path.join(c.workdir, "zero1_ck"), os.path.join(c.workdir, "plain_ck")
     for d in (ck, plain_ck):
         shutil.rmtree(d, ignore_errors=True)
 
     def pair(tag, extra):
-        procs, _ = start_tcp(c, tag, extra, steps=steps, save=False)
+        procs, _ = start_tcp(c, tag, extra, steps=steps, save=False, per_rank=small)
         finish_ok(procs, tag)
         return logged(c, tag)
 
@@ -605,11 +630,8 @@ def case_tcp_three(c: Ctx):
     # 3 ranks, --zero 1, against 1 process with 3 micro-steps (the same tokens), compiled with
     # small buckets: uneven pieces, and parameters of which some ranks own no element.
     c.run(c.train_args("ref3", micro=3), "reference (1 process, 3 micro-steps)")
-    small = os.path.join(c.workdir, "gpt2-small-buckets")
-    subprocess.run([c.a.kilnc, c.a.spec, "-o", small, "--bucket-mb", "0.01", *c.a.kilnc_arg], check=True,
-                   cwd=c.workdir, capture_output=True)
-    swap = lambda r, args: [small if a == c.exe else a for a in args]  # noqa: E731
-    procs, _ = start_tcp(c, "tcp_three", ["--zero", "1"], micro=3, world=3, per_rank=swap)
+    small = c.small_buckets("0.01")
+    procs, _ = start_tcp(c, "tcp_three", ["--zero", "1"], micro=3, world=3, per_rank=c.with_exe(small))
     res = finish_ok(procs, "tcp_three")
     for r, (rc, o, e) in enumerate(res):
         if r > 0 and o.strip():
