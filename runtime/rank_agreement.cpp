@@ -53,14 +53,15 @@ void require_ranks_agree(Communicator& comm, const std::vector<bool>& this_one, 
 // learns the outcome, so they all stop together.
 void check_ranks_agree(Communicator& comm, const Module& module, const TrainOptions& o, int64_t total,
                        int64_t first_step, Executor& ex, const DataLoader& data, const DataLoader* val,
-                       int64_t val_steps) {
+                       int64_t val_steps, bool compiled_buckets) {
   const uint8_t* bytes = flatbuffers::GetBufferStartFromRootPointer(&module.fb());
   // Everything that decides which collectives run (evaluation, gradient dumps, checkpoints: a
   // ZeRO-1 run gathers its moments for each) is compared too.
   // So are --resume and the step it resumes at (a difference would show only as other weights).
+  // --bucket-mb only where it places the buckets (not in a module with compiled ones).
   std::string opts = o.schedule.kind + (o.val_data.empty() ? " no-val" : " val") + (o.dump_grads.empty() ? " no-dump" : " dump") +
                      (o.checkpoint_dir.empty() ? " no-ckpt" : " ckpt") + (o.resume ? " resume" : " fresh");
-  for (double x : {double(o.steps), double(first_step), double(total), double(o.zero), o.bucket_mb, double(o.schedule.lr),
+  for (double x : {double(o.steps), double(first_step), double(total), double(o.zero), compiled_buckets ? 0.0 : o.bucket_mb, double(o.schedule.lr),
                    double(o.schedule.warmup_steps), double(o.schedule.min_lr_ratio), o.weight_decay, o.beta1, o.beta2,
                    o.eps, o.grad_clip, double(o.val_every), double(o.val_steps), double(o.checkpoint_every)}) {
     char buf[40];

@@ -30,6 +30,6 @@ void require_ranks_agree(Communicator& comm, const std::vector<bool>& this_one, 
 // Training: the module, options, weights, data and outputs of every rank against rank 0's.
 void check_ranks_agree(Communicator& comm, const Module& module, const TrainOptions& o, int64_t total,
                        int64_t first_step, Executor& ex, const DataLoader& data, const DataLoader* val,
-                       int64_t val_steps);
+                       int64_t val_steps, bool compiled_buckets);
 
 }  // namespace kiln

@@ -489,7 +489,8 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
                                        model.vocab_size());
   if (root) check_outputs_spare_inputs(o, loader, val.get());
   if (root) check_output_space(o, module, first_step, keep);
-  if (world > 1) check_ranks_agree(comm, module, o, total, first_step, ex, loader, val.get(), val_steps);
+  if (world > 1) check_ranks_agree(comm, module, o, total, first_step, ex, loader, val.get(), val_steps,
+                                   dp.compiled_buckets());
 
   // The log opens at its first line (checked writable at the start): a run that fails before
   // its first step leaves no empty log behind.
@@ -546,7 +547,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     std::fprintf(stderr, "data parallel: rank %d of %lld over %s; %s\n", rank, (long long)world,
                  comm.describe().c_str(), dp.describe().c_str());
   if (root && world > 1 && o.bucket_mb_given && dp.compiled_buckets())
-    std::fprintf(stderr, "note: --bucket-mb is not used: this executable's buckets were placed by kilnc (kilnc --bucket-mb sets them)\n");
+    std::fprintf(stderr, "note: --bucket-mb is not used: this module's buckets were placed by kilnc (kilnc --bucket-mb sets them)\n");
   int64_t data_tokens = 0;
   for (int64_t n : loader.shard_tokens()) data_tokens += n;
   const std::string data = std::to_string(loader.files().size()) + (loader.files().size() == 1 ? " shard, " : " shards, ") +

@@ -192,6 +192,7 @@ class Ctx:
         self.exe = os.path.join(self.workdir, "gpt2")
         self.steps = a.steps
         self.mpirun = shutil.which(a.mpirun) or a.mpirun
+        self.compiled = set()
 
     def train_args(self, tag, extra=(), steps=None, log=True, save=True, micro=2):
         args = [self.exe, "train", "--data", os.path.join(self.workdir, "train_*.bin"),
@@ -211,7 +212,8 @@ class Ctx:
         """SPEC compiled with mb-MB gradient buckets (several; uneven ZeRO-1 pieces): the buckets
         are the module's, so a run's --bucket-mb cannot make them (it only notes so)."""
         small = os.path.join(self.workdir, f"gpt2-buckets-{mb}")
-        if not os.path.exists(small):
+        if small not in self.compiled:  # once a run, by this kilnc (the workdir is kept)
+            self.compiled.add(small)
             subprocess.run([self.a.kilnc, self.a.spec, "-o", small, "--bucket-mb", mb, *self.a.kilnc_arg],
                            check=True, cwd=self.workdir, capture_output=True)
         return small
@@ -387,6 +389,8 @@ def survives_pause(tag, pid, logp, running, errors):
     def logged_steps():
         with open(logp) as f:
             return sum(1 for line in f if line.strip())
+    if not running():
+        raise TestFailure(f"{tag}: the job ended before its pause:\n{errors()[-2000:]}")
     os.kill(pid[0], signal.SIGSTOP)
     time.sleep(0.5)
     os.kill(pid[1], signal.SIGSTOP)
@@ -527,7 +531,7 @@ def case_tcp(c: Ctx):
     buckets = re.search(r"; (\d+) gradient bucket\(s\) placed by the compiler", res[0][2])
     if not buckets or int(buckets.group(1)) < 2:
         raise TestFailure(f"tcp: not run on the module's several buckets:\n{res[0][2]}")
-    if "note: --bucket-mb is not used: this executable's buckets were placed by kilnc" not in res[0][2]:
+    if "note: --bucket-mb is not used: this module's buckets were placed by kilnc" not in res[0][2]:
         raise TestFailure(f"tcp: --bucket-mb 1 not noted as unused:\n{res[0][2]}")
     arena = check_zero1_arena(c, "tcp", res[0][2], 2, module=small)
     return (compare_runs("tcp --zero 1 vs 1 process", c.ref, c.log("tcp"), c.ref_w, c.weights("tcp")) +
@@ -737,21 +741,20 @@ def case_tcp_pause(c: Ctx):
     procs, _ = start_tcp(c, tag, save=False, steps=10**6, env_extra={"KILN_COMM_TIMEOUT": "3"},
                          stdout=subprocess.DEVNULL)
     logp = os.path.join(c.workdir, f"{tag}.jsonl")
-    try:
-        wait_for(lambda: log_has_a_step(logp), 60, "the first step over TCP")
-        def stderr_at_end():  # (only on failure: ends the ranks to read what they printed)
-            for q in procs:
-                os.kill(q.pid, signal.SIGCONT)
-                q.kill()
-            return "".join(f"rank {r}: {q.communicate()[1]}" for r, q in enumerate(procs))
-        return survives_pause(tag, {0: procs[0].pid, 1: procs[1].pid}, logp,
-                              lambda: all(q.poll() is None for q in procs), stderr_at_end)
-    finally:
+
+    def end_all():  # the ranks' stderr, once they are ended
         for q in procs:
             if q.poll() is None:
-                os.kill(q.pid, signal.SIGCONT)
+                q.send_signal(signal.SIGCONT)
                 q.kill()
-            q.communicate()
+        return [q.communicate()[1] if q.stderr and not q.stderr.closed else "" for q in procs]
+    try:
+        wait_for(lambda: log_has_a_step(logp), 60, "the first step over TCP")
+        return survives_pause(tag, {0: procs[0].pid, 1: procs[1].pid}, logp,
+                              lambda: all(q.poll() is None for q in procs),
+                              lambda: "".join(f"rank {r}: {e}" for r, e in enumerate(end_all())))
+    finally:
+        end_all()
 
 
 def case_tcp_other_data(c: Ctx):
@@ -806,6 +809,8 @@ def case_tcp_other_checkpoints(c: Ctx):
     # Each rank resumes from a folder of its own (a --checkpoint-dir not shared between machines)
     # holding step 2 of runs with other seeds: both refuse, naming the checkpoints, not --seed.
     for tag, seed in (("a", "7"), ("b", "8")):
+        shutil.rmtree(os.path.join(c.workdir, f"own_ck_{tag}"), ignore_errors=True)
+
         def seeded(r, args, seed=seed, tag=tag):
             args[args.index("--seed") + 1] = seed
             return args + ["--checkpoint-dir", os.path.join(c.workdir, f"own_ck_{tag}"), "--checkpoint-every", "2"]
