@@ -360,6 +360,9 @@ for q in ratios:
     md.append(f"- B={q['B']} tok/s ratios: kiln / torch.compile = {f(q['kiln/torch.compile'], '.3f')}, "
               f"kiln / torch eager = {f(q['kiln/torch eager'], '.3f')}, "
               f"torch.compile / torch eager = {f(q['torch.compile/torch eager'], '.3f')}")
+md.append("- FLOPs per token, for Kiln and torch alike: 6 x every parameter (the tied wte once) + 12 L C T "
+          "(full attention: PaLM's and nanoGPT's rule; against the causal 6 L C T, as llm.c counts, "
+          "these MFUs read about 8% high at GPT-2 124M, T=1024)")
 pk = torch_runs.get("torch-peak")
 if pk and pk.get("peak_tflops"):
     md.append(f"- MFU = achieved / measured peak: bf16 torch.matmul {pk['n']}^3, best of {pk['repeats']} "
