@@ -18,7 +18,8 @@
 // Every rank must issue the same collectives in the same order. A collective that does not
 // complete within the timeout (KILN_COMM_TIMEOUT seconds, default 600) ends the process with a
 // message naming the rank and the operation, so that a dead or hung peer never hangs the others
-// forever. Errors are kiln::Error; abort() ends the whole job.
+// forever; time the process spends stopped (SIGSTOP, Ctrl-Z; comm/backends.h's
+// PauseAwareDeadline) is not counted. Errors are kiln::Error; abort() ends the whole job.
 #pragma once
 #include <cstddef>
 #include <cstdint>
