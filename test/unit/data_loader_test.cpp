@@ -272,6 +272,15 @@ TEST_F(DataLoaderTest, ShardsTooShortForAStepAreLeftOut) {
   EXPECT_KILN_ERROR(kiln::DataLoader(path("w_1.bin"), 2, 2), "w_1.bin: holds 4 tokens, but one batch");
 }
 
+// A shard of exactly k batches' tokens holds k - 1: the last batch's targets would need one token
+// more (what caps --val-steps and eval's whole pass; an over-count reads past the shard's end).
+TEST_F(DataLoaderTest, AShardOfExactlyKBatchesHoldsKMinusOne) {
+  shard("x_0.bin", iota(0, 8));  // B*T = 4: a batch at 0 (targets 1..4); at 4 the targets need token 8
+  shard("x_1.bin", iota(0, 9));  // batches at 0 and 4
+  EXPECT_EQ(kiln::DataLoader(path("x_0.bin"), 2, 2).batches_per_pass(), 1);
+  EXPECT_EQ(kiln::DataLoader(path("x_*.bin"), 2, 2).batches_per_pass(), 3);
+}
+
 // Several patterns (a shell's expansion of an unquoted glob): their union, by path, each file once.
 TEST_F(DataLoaderTest, ExpandPatternsTakesTheUnionInPathOrder) {
   for (const char* n : {"u_2.bin", "u_0.bin", "u_1.bin"}) shard(n, iota(0, 9));
