@@ -323,9 +323,9 @@ def log_has_a_step(path):
     return os.path.exists(path) and os.path.getsize(path) > 0
 
 
-def mpi_fail(c: Ctx, tag, sig, env_extra=None, expect=None):
-    """Starts 2 ranks under mpirun, sends `sig` to rank 1 after the first step, and requires
-    mpirun to exit non-zero and rank 0 to end within KILL_LIMIT_S."""
+def start_mpi_job(c: Ctx, tag, env_extra=None):
+    """Starts 2 ranks under mpirun training for good (until they are ended), and waits for the
+    first step. Returns mpirun's Popen, {rank: pid}, the log's path and the stderr file's path."""
     piddir = os.path.join(c.workdir, "pids")
     shutil.rmtree(piddir, ignore_errors=True)
     os.makedirs(piddir)
@@ -339,11 +339,22 @@ def mpi_fail(c: Ctx, tag, sig, env_extra=None, expect=None):
     with open(errp, "w") as errf:
         p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=errf, text=True, cwd=c.workdir,
                              env=child_env(env_extra), start_new_session=True)
-    pid = {}
     try:
         wait_for(lambda: log_has_a_step(logp) and len(os.listdir(piddir)) == 2, 60, "the first step under mpirun")
         time.sleep(0.2)  # the pid files are written before exec
         pid = {r: int(open(os.path.join(piddir, f"rank_{r}")).read()) for r in (0, 1)}
+    except BaseException:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+        raise
+    return p, pid, logp, errp
+
+
+def mpi_fail(c: Ctx, tag, sig, env_extra=None, expect=None):
+    """Starts 2 ranks under mpirun, sends `sig` to rank 1 after the first step, and requires
+    mpirun to exit non-zero and rank 0 to end within KILL_LIMIT_S."""
+    p, pid, _, errp = start_mpi_job(c, tag, env_extra)
+    try:
         os.kill(pid[1], sig)
         t0 = time.monotonic()
         try:
@@ -367,7 +378,7 @@ def mpi_fail(c: Ctx, tag, sig, env_extra=None, expect=None):
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
-        if pid and alive(pid[1]):
+        if alive(pid[1]):
             os.kill(pid[1], signal.SIGKILL)  # a stopped rank mpirun could not end
 
 
@@ -412,21 +423,8 @@ def case_mpi_pause(c: Ctx):
     # The whole job paused (Ctrl-Z, or SIGSTOP to every rank) for longer than KILN_COMM_TIMEOUT,
     # then resumed: it trains on (the watchdog leaves the pause out).
     tag = "mpi_pause"
-    piddir = os.path.join(c.workdir, "pids")
-    shutil.rmtree(piddir, ignore_errors=True)
-    os.makedirs(piddir)
-    logp = os.path.join(c.workdir, f"{tag}.jsonl")
-    wrap = ["sh", "-c", f'echo $$ > {piddir}/rank_$OMPI_COMM_WORLD_RANK; exec "$@"', "sh"]
-    cmd = c.mpirun_cmd() + ["-x", "KILN_COMM_TIMEOUT"] + wrap + c.train_args(tag, steps=10**6, save=False)
-    errp = os.path.join(c.workdir, f"{tag}.stderr")
-    with open(errp, "w") as errf:
-        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=errf, text=True, cwd=c.workdir,
-                             env=child_env({"KILN_COMM_TIMEOUT": "3"}), start_new_session=True)
-    pid = {}
+    p, pid, logp, errp = start_mpi_job(c, tag, {"KILN_COMM_TIMEOUT": "3"})
     try:
-        wait_for(lambda: log_has_a_step(logp) and len(os.listdir(piddir)) == 2, 60, "the first step under mpirun")
-        time.sleep(0.2)  # the pid files are written before exec
-        pid = {r: int(open(os.path.join(piddir, f"rank_{r}")).read()) for r in (0, 1)}
         return survives_pause(tag, pid, logp, lambda: p.poll() is None and alive(pid[0]) and alive(pid[1]),
                               lambda: open(errp).read())
     finally:
