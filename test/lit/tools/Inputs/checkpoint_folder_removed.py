@@ -1,6 +1,8 @@
-"""Starts a run that checkpoints into DIR every 5 steps; once it has saved step 5, removes DIR
-while the run is stopped (SIGSTOP, waited for: no checkpoint is being written then); once the run
-has made DIR again and saved step 10 there, stops it again and starts a second run with
+"""Starts a run that checkpoints into DIR every 200 steps; once it has saved step 200, removes
+DIR while the run is stopped (SIGSTOP, waited for: no checkpoint is being written then; the 200
+steps to the next one leave room for the signal to land well before it, where 5 steps of this
+small model once did not, and the removal hit the next checkpoint's write); once the run has
+made DIR again and saved step 400 there, stops it again and starts a second run with
 --resume into DIR; then ends the first with SIGTERM. Prints the second run's last line, the first
 run's exit status and its warnings. One thread each (two spinning OpenMP teams on loaded cores
 crawl). Never waits more than 120 s for anything: the run is killed and the script fails instead.
@@ -18,6 +20,8 @@ exe, shard, folder = sys.argv[1:4]
 def wait_until(done, what):
     deadline = time.monotonic() + 120
     while not done():
+        if run.poll() is not None:  # (its error, not a timeout)
+            raise RuntimeError("the run ended before the " + what + ":\n" + open("first.err").read())
         if time.monotonic() > deadline:
             raise TimeoutError("no " + what + " within 120 s")
         time.sleep(0.01)
@@ -33,15 +37,15 @@ def stopped(pid):  # SIGSTOP is delivered asynchronously: wait for the state to 
 
 env = dict(os.environ, OMP_NUM_THREADS="1")
 with open("first.err", "w") as err:
-    run = subprocess.Popen([exe, "train", "--data", shard, "--steps", "2000", "--checkpoint-every", "5",
+    run = subprocess.Popen([exe, "train", "--data", shard, "--steps", "2000", "--checkpoint-every", "200",
                             "--keep", "2", "--checkpoint-dir", folder], stdout=subprocess.DEVNULL, stderr=err, env=env)
     try:
-        wait_until(saved(5), "checkpoint of step 5")
+        wait_until(saved(200), "checkpoint of step 200")
         run.send_signal(signal.SIGSTOP)
         wait_until(stopped(run.pid), "stop")
         shutil.rmtree(folder)
         run.send_signal(signal.SIGCONT)
-        wait_until(saved(10), "checkpoint of step 10")
+        wait_until(saved(400), "checkpoint of step 400")
         run.send_signal(signal.SIGSTOP)
         wait_until(stopped(run.pid), "stop")
         second = subprocess.run([exe, "train", "--data", shard, "--steps", "1", "--checkpoint-dir", folder, "--resume"],
