@@ -90,6 +90,28 @@ std::vector<size_t> plan_prefill(int64_t n, const std::vector<std::pair<int64_t,
   return calls;
 }
 
+int32_t pick_token(const std::vector<float>& row, int64_t k, float temperature, Rng& rng,
+                   std::vector<int32_t>& order, std::vector<double>& weights) {
+  // Top-k by logit (ties to the lower id), then softmax over those k at the temperature.
+  order.resize(row.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+    return row[size_t(a)] > row[size_t(b)] || (row[size_t(a)] == row[size_t(b)] && a < b);
+  });
+  // exp(x - top) <= 1: no overflow, and the largest weight is exactly 1.
+  const double top = row[size_t(order[0])];
+  weights.resize(size_t(k));
+  double sum = 0;
+  for (int64_t i = 0; i < k; ++i)
+    sum += weights[size_t(i)] = std::exp((row[size_t(order[size_t(i)])] - top) / std::max(temperature, 1e-6f));
+  // Inverse CDF: the first candidate whose running sum passes u (the last if rounding leaves some).
+  double u = rng.uniform() * sum;
+  int64_t pick = k - 1;
+  for (int64_t i = 0; i < k; ++i)
+    if ((u -= weights[size_t(i)]) < 0) { pick = i; break; }
+  return order[size_t(pick)];
+}
+
 std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t>& prompt,
                                          const SampleOptions& o) {
   const fb::Model& model = *ex.module().fb().model();
@@ -152,6 +174,7 @@ std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t
     rng.push_back(s == 0 ? Rng{o.seed} : Rng{Rng{o.seed ^ (uint64_t(s) * 0xD1B54A32D192ED03ull)}.next()});
   std::vector<float> row(static_cast<size_t>(V));
   std::vector<int32_t> order(static_cast<size_t>(V));
+  std::vector<double> weights;
   const int64_t passes = (o.num_samples + B - 1) / B * o.max_new_tokens;
   int64_t passes_done = 0;
   // Samples the `step`th new token of sample `s` from the V logits at element `at` of `result`'s
@@ -169,21 +192,7 @@ std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t
       throw Error("sample: the logits of sample " + std::to_string(s + 1) + "'s new token " + std::to_string(step + 1) +
                   " hold a NaN or an infinity: the forward pass of these weights overflows");
     if (o.logits_out) std::copy(row.begin(), row.end(), o.logits_out->begin() + (s * o.max_new_tokens + step) * V);
-    // Top-k by logit (ties to the lower id), then softmax over those k at the temperature.
-    std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
-      return row[size_t(a)] > row[size_t(b)] || (row[size_t(a)] == row[size_t(b)] && a < b);
-    });
-    const double top = row[size_t(order[0])];
-    std::vector<double> p(static_cast<size_t>(k));
-    double sum = 0;
-    for (int64_t i = 0; i < k; ++i)
-      sum += p[size_t(i)] = std::exp((row[size_t(order[size_t(i)])] - top) / std::max(o.temperature, 1e-6f));
-    double u = rng[size_t(s)].uniform() * sum;
-    int64_t pick = k - 1;
-    for (int64_t i = 0; i < k; ++i)
-      if ((u -= p[size_t(i)]) < 0) { pick = i; break; }
-    return order[size_t(pick)];
+    return pick_token(row, k, o.temperature, rng[size_t(s)], order, weights);
   };
   int32_t* token = decode ? ex.input("token") : nullptr;
   int32_t* position = decode ? ex.input("position") : nullptr;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "runtime/executor.h"
+#include "runtime/rng.h"
 
 namespace kiln {
 
@@ -75,6 +76,12 @@ std::vector<size_t> plan_prefill(int64_t n, const std::vector<std::pair<int64_t,
 // else the ids separated by spaces.
 std::string sample_string(const std::vector<int32_t>& ids,
                           const std::function<std::string(const std::vector<int32_t>&)>& text);
+
+// One draw: the id of a token from the softmax of `row` (V logits, all finite or -infinity, not all
+// -infinity) at `temperature`, restricted to the k largest (1 <= k <= V; ties to the lower id).
+// `order` and `weights` are scratch, kept by the caller so that a draw allocates nothing.
+int32_t pick_token(const std::vector<float>& row, int64_t k, float temperature, Rng& rng,
+                   std::vector<int32_t>& order, std::vector<double>& weights);
 
 std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t>& prompt,
                                          const SampleOptions& options);

@@ -263,8 +263,15 @@ TEST(LrSchedule, WarmupCosineAndFloor) {
   EXPECT_DOUBLE_EQ(learning_rate(s, 21), 1e-4);           // past S
   EXPECT_NEAR(learning_rate(s, 12), 1e-4 + 0.5 * (1 + std::cos(M_PI * 7.0 / 15.0)) * 9e-4, 1e-18);
   LrSchedule c{"constant", 1e-3, 0.1, 2, 20};
-  EXPECT_DOUBLE_EQ(learning_rate(c, 0), 5e-4);
+  EXPECT_DOUBLE_EQ(learning_rate(c, 0), 5e-4);            // warm-up applies to a constant lr too
+  EXPECT_DOUBLE_EQ(learning_rate(c, 1), 1e-3);
   EXPECT_DOUBLE_EQ(learning_rate(c, 19), 1e-3);
+  EXPECT_DOUBLE_EQ(learning_rate(c, 25), 1e-3);           // no floor past S
+  LrSchedule flat{"constant", 3e-4, 0.1, 0, 20};
+  EXPECT_DOUBLE_EQ(learning_rate(flat, 0), 3e-4);         // no warm-up: the full lr from step 0
+  LrSchedule cold{"cosine", 1e-3, 0.1, 0, 10};
+  EXPECT_DOUBLE_EQ(learning_rate(cold, 0), 1e-3);
+  EXPECT_NEAR(learning_rate(cold, 5), 1e-4 + 0.5 * 9e-4, 1e-18);  // r = 1/2
 }
 
 // Messages keep UTF-8 text and escape what could break the line or drive a terminal.

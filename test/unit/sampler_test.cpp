@@ -1,5 +1,8 @@
-// plan_prefill: the calls that read a prompt into the key/value caches.
+// plan_prefill: the calls that read a prompt into the key/value caches. pick_token: one draw of
+// top-k sampling, whose frequencies must follow the softmax.
 #include <gtest/gtest.h>
+
+#include <cmath>
 
 #include "runtime/sampler.h"
 
@@ -51,5 +54,75 @@ TEST(PlanPrefill, OneProgramIsUsedOnceItsPriceIsMet) {
   EXPECT_EQ(kiln::plan_prefill(89, p), Plan{0});
   EXPECT_EQ(kiln::plan_prefill(90, p), (Plan{0, 0}));
   EXPECT_EQ(kiln::plan_prefill(1000, {}), Plan{});
+}
+
+// Draws n tokens from `row` and returns how often each id came up.
+std::vector<int64_t> draw_counts(const std::vector<float>& row, int64_t k, float temperature, int64_t n, uint64_t seed) {
+  kiln::Rng rng{seed};
+  std::vector<int32_t> order;
+  std::vector<double> weights;
+  std::vector<int64_t> counts(row.size(), 0);
+  for (int64_t i = 0; i < n; ++i) ++counts[size_t(kiln::pick_token(row, k, temperature, rng, order, weights))];
+  return counts;
+}
+
+// The top-k softmax at the temperature, as the sampler must draw from it (ids outside the k: 0).
+std::vector<double> expected_p(const std::vector<float>& row, const std::vector<int>& top, float temperature) {
+  std::vector<double> p(row.size(), 0.0);
+  double sum = 0;
+  for (int id : top) sum += p[size_t(id)] = std::exp(double(row[size_t(id)]) / temperature);
+  for (double& x : p) x /= sum;
+  return p;
+}
+
+// Each count within 5 standard deviations of n*p (a fixed seed: the test cannot flake; a wrong
+// temperature, k or running sum moves some count by far more than that), and the ids outside the
+// top k never drawn.
+void expect_follows(const std::vector<int64_t>& counts, const std::vector<double>& p, int64_t n) {
+  for (size_t id = 0; id < p.size(); ++id) {
+    if (p[id] == 0) {
+      EXPECT_EQ(counts[id], 0) << "id " << id << " is outside the top k";
+      continue;
+    }
+    const double mean = double(n) * p[id], sd = std::sqrt(double(n) * p[id] * (1 - p[id]));
+    EXPECT_NEAR(double(counts[id]), mean, 5 * sd) << "id " << id << " (p = " << p[id] << ")";
+  }
+}
+
+// Ids 1, 3, 4 and 0 are the top four; 3 and 4 tie; 2 (-infinity) can never come up.
+const std::vector<float> kRow = {1.0f, 3.0f, -INFINITY, 2.0f, 2.0f, 0.5f, -1.0f, 0.0f};
+
+TEST(PickToken, FollowsTheTopKSoftmaxAtTheTemperature) {
+  const int64_t n = 200000;
+  expect_follows(draw_counts(kRow, 4, 0.8f, n, 7), expected_p(kRow, {1, 3, 4, 0}, 0.8f), n);
+  expect_follows(draw_counts(kRow, 4, 2.5f, n, 8), expected_p(kRow, {1, 3, 4, 0}, 2.5f), n);
+  // k = V: every finite logit can come up (the sampler's top_k = 0).
+  expect_follows(draw_counts(kRow, 8, 1.0f, n, 9), expected_p(kRow, {0, 1, 3, 4, 5, 6, 7}, 1.0f), n);
+}
+
+TEST(PickToken, TheCutAtKKeepsTheLowerIdOfATie) {
+  // k = 2 takes 1 and, of the tied 3 and 4, 3.
+  const int64_t n = 100000;
+  expect_follows(draw_counts(kRow, 2, 1.0f, n, 10), expected_p(kRow, {1, 3}, 1.0f), n);
+  // k = 1 is greedy.
+  EXPECT_EQ(draw_counts(kRow, 1, 1.0f, 1000, 11)[1], 1000);
+}
+
+TEST(PickToken, AColdTemperatureSplitsOnlyBetweenTies) {
+  // At 0.01 the gap of 1 between logits is a factor of e^100: 1 alone comes up; with 1 removed
+  // from the top (k = 3 of a row where 3 and 4 lead), the tie splits evenly.
+  EXPECT_EQ(draw_counts(kRow, 4, 0.01f, 1000, 12)[1], 1000);
+  std::vector<float> row = kRow;
+  row[1] = -5.0f;
+  const int64_t n = 100000;
+  const std::vector<int64_t> counts = draw_counts(row, 3, 0.01f, n, 13);
+  EXPECT_EQ(counts[3] + counts[4], n);
+  EXPECT_NEAR(double(counts[3]), n / 2.0, 5 * std::sqrt(n / 4.0));
+}
+
+TEST(PickToken, DrawsAreTheSameForASeed) {
+  const std::vector<int64_t> a = draw_counts(kRow, 4, 1.0f, 1000, 99), b = draw_counts(kRow, 4, 1.0f, 1000, 99);
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, draw_counts(kRow, 4, 1.0f, 1000, 100));
 }
 }  // namespace
