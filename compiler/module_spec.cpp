@@ -338,6 +338,18 @@ LogicalResult verifyEntryPoints(ModuleOp module) {
                              << "'s gradient, but @optimizer_step has no kiln.adamw that updates it";
     });
     if (frozen.wasInterrupted()) return failure();
+    // And the converse: an update with no gradient steps on zeros (weight decay alone), so its
+    // parameter never learns from the data (a deleted kiln.accumulate_grad).
+    std::set<std::string> accumulated;
+    f.walk([&](AccumulateGradOp acc) { accumulated.insert(acc.getName().str()); });
+    if (auto opt = module.lookupSymbol<func::FuncOp>("optimizer_step")) {
+      WalkResult gradless = opt.walk([&](AdamWOp a) -> WalkResult {
+        if (accumulated.count(a.getName().str())) return WalkResult::advance();
+        return a.emitError() << "updates @" << a.getName()
+                             << ", but @micro_step accumulates no gradient for it (no kiln.accumulate_grad: it would never learn)";
+      });
+      if (gradless.wasInterrupted()) return failure();
+    }
   }
   // The trainer fills idx and targets before each micro-step: a @micro_step that reads neither
   // would train on nothing at all.

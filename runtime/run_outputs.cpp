@@ -184,6 +184,20 @@ void drop_logged_lines(const std::string& path, std::vector<std::string>& lines)
               lines.end());
 }
 
+int64_t last_logged_step(const std::string& path) {
+  const std::string tail = read_tail(path, size_t(1) << 20);
+  for (size_t end = tail.size(); end > 0;) {
+    const size_t start = tail.rfind('\n', end - 1);
+    const size_t first = start == std::string::npos ? 0 : start + 1;
+    // (the first line of a tail cut mid-line is no JSON, and is passed over)
+    const auto j = nlohmann::json::parse(tail.begin() + std::ptrdiff_t(first), tail.begin() + std::ptrdiff_t(end), nullptr, false);
+    if (j.is_object() && j.contains("step") && j["step"].is_number_integer()) return j["step"].get<int64_t>();
+    if (start == std::string::npos) break;
+    end = start;
+  }
+  return -1;
+}
+
 // The outputs must not overwrite the run's inputs (the data, --init; the executable and module
 // were refused by check_output_paths) or one another.
 void check_outputs_spare_inputs(const TrainOptions& o, const DataLoader& data, const DataLoader* val) {

@@ -41,6 +41,9 @@ void check_output_paths(const TrainOptions& o, bool root, MadeFolders& made);
 // checkpoint) are not written again.
 void drop_logged_lines(const std::string& path, std::vector<std::string>& lines);
 
+// The "step" of the last record in the log at `path` that has one (read from its last MiB), or -1.
+int64_t last_logged_step(const std::string& path);
+
 // The outputs must not overwrite the run's inputs (the data, --init; the executable and module
 // were refused by check_output_paths) or one another.
 void check_outputs_spare_inputs(const TrainOptions& o, const DataLoader& data, const DataLoader* val);

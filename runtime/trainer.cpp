@@ -521,6 +521,15 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       std::fprintf(stderr, "note: --log %s already holds an earlier run's lines; this run's follow them (kiln-inspect "
                    "plot draws each run apart)\n", o.log.c_str());
   }
+  // A run resumed from a checkpoint older than the log's last record (`latest` pointed back, or
+  // the newest one damaged) trains steps the log holds already: say so.
+  if (logging && !resumed_from.empty() && first_step < o.steps) {
+    if (const int64_t last = last_logged_step(o.log); last >= first_step)
+      std::fprintf(stderr, "note: --log %s already holds the records of %lld step(s) this run trains again (\"step\": "
+                   "%lld to %lld); the new ones follow them (kiln-inspect plot keeps each step's last)\n", o.log.c_str(),
+                   (long long)(std::min(last, o.steps - 1) - first_step + 1), (long long)first_step,
+                   (long long)std::min(last, o.steps - 1));
+  }
   LrSchedule schedule = o.schedule;
   schedule.total_steps = o.steps;
   if (root && schedule.warmup_steps > o.steps)
