@@ -115,7 +115,7 @@ void add_train_options(CLI::App& train, TrainOptions& o, TrainSampling& sampling
   train.add_option("--sample-count", o.sample.num_samples, "samples each time")->capture_default_str()
       ->check(cli::whole(1))->needs(sample_every);
   CLI::Option* sample_prompt = sampling.prompt_opt = train.add_option("--sample-prompt", sampling.prompt,
-                   "text the samples continue (GPT-2 BPE; default: <|endoftext|> alone, or token 0 in another vocabulary)")
+                   "text the samples continue (GPT-2 BPE; default: <|endoftext|> alone, or the last id in another vocabulary)")
       ->needs(sample_every);
   sampling.prompt_ids_opt = train.add_option("--sample-prompt-ids", sampling.prompt_ids, "token ids the samples continue, separated by spaces")
       ->needs(sample_every)->excludes(sample_prompt);
@@ -234,7 +234,7 @@ void prepare_train_samples(const Module& module, const TrainSampling& sampling, 
   } else if (sampling.prompt_ids_opt->count()) {
     o.sample_prompt = parse_prompt_ids(sampling.prompt_ids, V, "--sample-prompt-ids");
   } else {
-    o.sample_prompt = {tok ? 50256 : 0};  // <|endoftext|>: unconditional samples
+    o.sample_prompt = {V - 1};  // <|endoftext|> (50256 in GPT-2's): unconditional samples
   }
   const char* given = sampling.prompt_opt->count() ? "--sample-prompt" : "--sample-prompt-ids";
   if (o.sample_prompt.empty()) throw Error(std::string(given) + ": needs at least one token");
@@ -246,7 +246,7 @@ void add_sample_options(CLI::App& cmd, SampleCommand& c) {
   cmd.add_option("--init", c.init, "weights to sample from (safetensors, llm.c .bin, or a Kiln checkpoint)")->required()->check(cli::non_empty());
   c.prompt_opt = cmd.add_option("--prompt", c.prompt,
                                 "text to continue (GPT-2 BPE; needs the GPT-2 vocabulary; default: <|endoftext|> "
-                                "alone, or token 0 in another vocabulary: unconditional samples)");
+                                "alone, or the last id in another vocabulary: unconditional samples)");
   c.prompt_ids_opt = cmd.add_option("--prompt-ids", c.prompt_ids, "token ids to continue, separated by spaces")
                          ->excludes(c.prompt_opt);
   cmd.add_option("--max-new-tokens", c.options.max_new_tokens, "tokens to sample")->capture_default_str()->check(cli::whole(1));
@@ -290,7 +290,7 @@ int run_sample(const Module& module, SampleCommand& c) {
   }
   std::vector<int32_t> prompt;
   if (unconditional) {
-    prompt = {tok ? 50256 : 0};  // as train --sample-every without a prompt (said once the weights load)
+    prompt = {V - 1};  // as train --sample-every without a prompt (said once the weights load)
   } else if (c.prompt_opt->count()) {
     if (!tok) throw Error("--prompt: this model's vocabulary has " + std::to_string(V) +
                           " tokens, not GPT-2's 50257; give --prompt-ids instead");
@@ -324,7 +324,7 @@ int run_sample(const Module& module, SampleCommand& c) {
   ex.refresh_compute_copies();
   if (unconditional)
     std::fprintf(stderr, "note: sample: no --prompt or --prompt-ids: the samples continue %s alone\n",
-                 tok ? "<|endoftext|>" : "token 0");
+                 tok ? "<|endoftext|>" : ("token " + std::to_string(V - 1) + " (the vocabulary's last, where GPT-2 keeps <|endoftext|>)").c_str());
   SampleOptions::Times times;
   c.options.times = &times;
   // Ctrl-C, SIGTERM or SIGHUP ends the sampling at the next step: the samples so far are printed (a
