@@ -5,6 +5,7 @@
 //   kilnc SPEC.toml --emit=graph|step|plan  the IR after that stage (stdout, or -o FILE)
 //   kilnc edited.mlir -o gpt2               resume from IR a user dumped and edited
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -348,6 +349,10 @@ int main(int argc, char** argv) {
       m.print(os, flags);
       os << "\n";
       writeText(output, text);
+      // As --emit=module and exe say what they wrote (stdout needs no word).
+      if (!output.empty() && output != "-")
+        std::fprintf(stderr, "kilnc: wrote %s (%s IR, %zu lines)\n", output.c_str(), emit.c_str(),
+                     size_t(std::count(text.begin(), text.end(), '\n')));
       return 0;
     };
     if (emit == "graph") return print(*module);
