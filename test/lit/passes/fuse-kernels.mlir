@@ -371,3 +371,54 @@ func.func @param_read_order(%x: tensor<16xf32>, %g: tensor<16xf32>, %h: tensor<f
   %t = kiln.mul %s, %x : tensor<16xf32>
   return %t : tensor<16xf32>
 }
+
+// -----
+
+// The sum is read (by a GELU) between the add and the layer norm: moving the add down to the
+// layer norm would leave that read before its definition, so the add stays where it is.
+// CHECK-LABEL: func.func @read_in_between
+// CHECK: %[[S:.*]] = kiln.add %arg0, %arg1
+// CHECK-NEXT: kiln.gelu %[[S]]
+// CHECK-NOT: "add_layer_norm"
+kiln.parameter @g : tensor<16xf32> {init = "ones"}
+kiln.parameter @c : tensor<16xf32> {init = "zeros"}
+func.func @read_in_between(%a: tensor<8x16xf32>, %b: tensor<8x16xf32>) -> (tensor<8x16xf32>, tensor<8x16xf32>) {
+  %g = kiln.param @g : tensor<16xf32>
+  %c = kiln.param @c : tensor<16xf32>
+  %s = kiln.add %a, %b : tensor<8x16xf32>
+  %t = kiln.gelu %s : tensor<8x16xf32>
+  %o, %m, %r = kiln.layer_norm %s, %g, %c : tensor<8x16xf32>, tensor<16xf32>, tensor<16xf32> -> tensor<8x16xf32>, tensor<8xf32>, tensor<8xf32>
+  return %t, %o : tensor<8x16xf32>, tensor<8x16xf32>
+}
+
+// -----
+
+// A GELU backward that reads the product as both dy and x does not join the epilogue.
+// CHECK-LABEL: func.func @gelu_grad_of_itself
+// CHECK-NOT: kiln.fusion
+// CHECK: %[[M:.*]] = kiln.matmul
+// CHECK-NEXT: kiln.gelu_grad %[[M]], %[[M]]
+kiln.parameter @w : tensor<4x16xf32> {init = "zeros"}
+func.func @gelu_grad_of_itself(%x: tensor<8x4xf32>) -> tensor<8x16xf32> {
+  %w = kiln.param @w : tensor<4x16xf32>
+  %0 = kiln.matmul %x, %w : tensor<8x4xf32>, tensor<4x16xf32> -> tensor<8x16xf32>
+  %1 = kiln.gelu_grad %0, %0 : tensor<8x16xf32>
+  return %1 : tensor<8x16xf32>
+}
+
+// -----
+
+// A broadcast bias read again after the add stays outside the epilogue (only the add joins).
+// CHECK-LABEL: func.func @shared_bias
+// CHECK: kiln.broadcast
+// CHECK: kiln.fusion "matmul" "matmul_add"
+kiln.parameter @w : tensor<4x16xf32> {init = "zeros"}
+kiln.parameter @b : tensor<16xf32> {init = "zeros"}
+func.func @shared_bias(%x: tensor<8x4xf32>) -> (tensor<8x16xf32>, tensor<8x16xf32>) {
+  %w = kiln.param @w : tensor<4x16xf32>
+  %b = kiln.param @b : tensor<16xf32>
+  %0 = kiln.matmul %x, %w : tensor<8x4xf32>, tensor<4x16xf32> -> tensor<8x16xf32>
+  %1 = kiln.broadcast %b : tensor<16xf32> -> tensor<8x16xf32>
+  %2 = kiln.add %0, %1 : tensor<8x16xf32>
+  return %2, %1 : tensor<8x16xf32>, tensor<8x16xf32>
+}

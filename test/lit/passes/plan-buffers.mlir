@@ -172,3 +172,42 @@ func.func @forward() -> tensor<f32> {
   %l = kiln.reduce_sum %f : tensor<64xf32> -> tensor<f32>
   return %l : tensor<f32>
 }
+
+// -----
+
+// A region that widens bf16 to f32 writes 4 bytes per element over 2-byte inputs it has not read
+// yet: the result must not take the input's storage even though the input dies there.
+// CHECK-LABEL: func.func @forward
+// CHECK: kiln.cast %{{.*}} {kiln.offsets = array<i64: 256>}
+// CHECK: kiln.fusion "elementwise" "gelu_cast"(%{{.*}}) {kiln.offsets = array<i64: 0>}
+kiln.parameter @w : tensor<64xf32> {init = "zeros"}
+func.func @forward() -> tensor<f32> {
+  %w = kiln.param @w : tensor<64xf32>
+  %a = kiln.cast %w : tensor<64xf32> -> tensor<64xbf16>
+  %r = kiln.fusion "elementwise" "gelu_cast"(%a) : (tensor<64xbf16>) -> tensor<64xf32> {
+  ^bb0(%x: tensor<64xbf16>):
+    %g = kiln.gelu %x : tensor<64xbf16>
+    %c = kiln.cast %g : tensor<64xbf16> -> tensor<64xf32>
+    kiln.yield %c : tensor<64xf32>
+  }
+  %l = kiln.reduce_sum %r : tensor<64xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}
+
+// -----
+
+// Caches whose size is not a multiple of the arena alignment still start aligned.
+// CHECK-LABEL: func.func @decode
+// CHECK: kiln.kv_cache "h.0.attn" {kiln.offsets = array<i64: 0>}
+// CHECK: kiln.kv_cache "h.1.attn" {kiln.offsets = array<i64: 256>}
+kiln.parameter @w : tensor<1x9xf32> {init = "zeros"}
+func.func @decode() -> tensor<1x3xf32> {
+  %w = kiln.param @w : tensor<1x9xf32>
+  %p = kiln.input "position" : tensor<1xi32>
+  %kv0 = kiln.kv_cache "h.0.attn" : tensor<2x1x1x1x3xf32>
+  %y0 = kiln.decode_attention %w, %kv0, %p {num_heads = 1 : i64} : tensor<1x9xf32>, tensor<2x1x1x1x3xf32>, tensor<1xi32> -> tensor<1x3xf32>
+  %kv1 = kiln.kv_cache "h.1.attn" : tensor<2x1x1x1x3xf32>
+  %y1 = kiln.decode_attention %w, %kv1, %p {num_heads = 1 : i64} : tensor<1x9xf32>, tensor<2x1x1x1x3xf32>, tensor<1xi32> -> tensor<1x3xf32>
+  %s = kiln.add %y0, %y1 : tensor<1x3xf32>
+  return %s : tensor<1x3xf32>
+}
