@@ -63,3 +63,22 @@ func.func @state_order() -> tensor<f32> {
   %l = kiln.reduce_sum %s : tensor<64xf32> -> tensor<f32>
   return %l : tensor<f32>
 }
+
+// -----
+
+// The greedy order (the smaller GELU first) reaches the same peak as the order written (both
+// results are returned, so both stay live): the order written is kept.
+// CHECK-LABEL: func.func @tie
+// CHECK: %[[W:.*]] = kiln.param @w
+// CHECK-NEXT: %[[V:.*]] = kiln.param @v
+// CHECK-NEXT: kiln.gelu %[[W]]
+// CHECK-NEXT: kiln.gelu %[[V]]
+kiln.parameter @w : tensor<64xf32> {init = "zeros"}
+kiln.parameter @v : tensor<16xf32> {init = "zeros"}
+func.func @tie() -> (tensor<64xf32>, tensor<16xf32>) {
+  %w = kiln.param @w : tensor<64xf32>
+  %v = kiln.param @v : tensor<16xf32>
+  %a = kiln.gelu %w : tensor<64xf32>
+  %b = kiln.gelu %v : tensor<16xf32>
+  return %a, %b : tensor<64xf32>, tensor<16xf32>
+}
