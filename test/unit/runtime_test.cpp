@@ -52,6 +52,48 @@ std::vector<uint8_t> add_module(int64_t n, int64_t out_elems, uint32_t version =
   return bytes;
 }
 
+// A module of one ClipCoef: inputs norm and max_norm (scalars), output coef.
+std::vector<uint8_t> clip_module() {
+  flatbuffers::FlatBufferBuilder fbb;
+  std::vector<flatbuffers::Offset<fb::Buffer>> bufs;
+  const std::vector<int64_t> scalar = {};
+  const char* names[3] = {"norm", "max_norm", "coef"};
+  for (int i = 0; i < 3; ++i)
+    bufs.push_back(fb::CreateBufferDirect(fbb, names[i], i < 2 ? fb::BufferKind::Input : fb::BufferKind::Activation,
+                                          fb::DType::F32, &scalar, uint64_t(i) * 256, 4));
+  std::vector<uint32_t> in = {0, 1}, out = {2};
+  std::vector<int64_t> ints;
+  std::vector<flatbuffers::Offset<fb::Instr>> instrs = {
+      fb::CreateInstrDirect(fbb, fb::OpCode::ClipCoef, &in, &out, &ints, nullptr, "test")};
+  std::vector<flatbuffers::Offset<fb::Program>> progs = {fb::CreateProgramDirect(fbb, "optimizer_step", &instrs, 2, 256)};
+  std::vector<flatbuffers::Offset<fb::Parameter>> params;
+  auto model = fb::CreateModelDirect(fbb, 1, 1, 4, 16, 8, 1, 8, "fp32", "cpu", "test.toml");
+  fb::FinishModuleBuffer(fbb, fb::CreateModuleDirect(fbb, kModuleFormatVersion, "test", model, 768, &bufs, &params, &progs,
+                                                      512, 256, 256, "none", nullptr, nullptr, nullptr, nullptr, true, /*crc32=*/1));
+  std::vector<uint8_t> bytes(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
+  seal_module(bytes);
+  return bytes;
+}
+
+// coef = max_norm / (norm + 1e-6) when that is below 1 (training-semantics.md), else 1; a
+// max_norm of 0 disables clipping.
+TEST(Module, ClipCoefFollowsTheSemantics) {
+  Module m = Module::from_bytes(clip_module(), "clip.kiln");
+  Executor ex(m);
+  auto coef = [&](float norm, float max_norm) {
+    ex.f32(0)[0] = norm, ex.f32(1)[0] = max_norm;
+    ex.run("optimizer_step");
+    return ex.f32(2)[0];
+  };
+  EXPECT_FLOAT_EQ(coef(4.0f, 1.0f), 1.0f / (4.0f + 1e-6f));
+  EXPECT_FLOAT_EQ(coef(1e-3f, 1e-4f), 1e-4f / (1e-3f + 1e-6f));  // 0.0999001: the 1e-6 shows at small norms
+  EXPECT_NE(coef(1e-3f, 1e-4f), 1e-4f / 1e-3f);
+  EXPECT_EQ(coef(0.5f, 1.0f), 1.0f);    // below max_norm: unclipped
+  EXPECT_FLOAT_EQ(coef(1.0f, 1.0f), 1.0f / (1.0f + 1e-6f));  // at max_norm itself, shrunk by 1e-6 (as torch's clip_grad_norm_)
+  EXPECT_EQ(coef(0.0f, 1.0f), 1.0f);
+  EXPECT_EQ(coef(100.0f, 0.0f), 1.0f);  // --grad-clip 0
+}
+
 TEST(Module, RunsAVerifiedProgram) {
   Module m = Module::from_bytes(add_module(5, 5), "add.kiln");
   Executor ex(m);
