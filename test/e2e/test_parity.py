@@ -507,6 +507,8 @@ def main(argv=None) -> int:
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--grad-clip", type=float, default=None,
                     help="default: chosen from the reference's norms so that it clips on some steps only")
+    ap.add_argument("--random-norms", action="store_true",
+                    help="start layer-norm weights at 1 + N(0, 0.2) and every bias at N(0, 0.02), not 1 and 0")
     ap.add_argument("--data-layout", choices=("one", "two", "wrap"), default="two")
     ap.add_argument("--data-arg", choices=("glob", "files"), default="glob",
                     help="pass --data as one quoted glob pattern (llm.c style) or as the file list")
@@ -558,7 +560,16 @@ def run(a) -> int:
     # a) data and weights
     data = make_data(workdir, cfg, B, T, a.steps * a.accum, a.seed, a.data_layout)
     wpath = os.path.join(workdir, "W.safetensors")
-    R.write_safetensors(wpath, R.init_params(cfg, a.seed))
+    params = R.init_params(cfg, a.seed)
+    if a.random_norms:
+        # Layer-norm weights of 1 and biases of 0 hide a backward that confuses dy with dy * w, or
+        # drops a bias, at step 0: start from others (both sides read this file).
+        g = torch.Generator().manual_seed(a.seed + 1)
+        for name, t in params.items():
+            if t.dim() == 1:
+                noise = torch.randn(t.shape, generator=g, dtype=torch.float64)
+                params[name] = (t.double() + noise * (0.2 if name.endswith(".weight") else 0.02)).float()
+    R.write_safetensors(wpath, params)
     W = R.normalize_state(R.read_safetensors(wpath), cfg)      # exactly the float32 on disk
     print(f"wrote {', '.join(os.path.basename(p) + f' ({R.read_shard(p).size} tok)' for p in data)}, "
           f"W.safetensors ({sum(t.numel() for t in W.values())} params)")
