@@ -13,7 +13,22 @@
 
 namespace {
 
+// A signal's default disposition while in scope. A process started ignoring it (nohup ignores
+// SIGHUP; a shell's background job SIGINT) keeps ignoring it under StopSignals, by design: the
+// tests that raise one must not depend on how the test binary was started.
+struct DefaultDisposition {
+  int sig;
+  struct sigaction old {};
+  explicit DefaultDisposition(int s) : sig(s) {
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    ::sigaction(sig, &dfl, &old);
+  }
+  ~DefaultDisposition() { ::sigaction(sig, &old, nullptr); }
+};
+
 TEST(StopSignals, FirstSignalIsRequestedAndTheSameOneAtOnceCountsOnce) {
+  DefaultDisposition term(SIGTERM);
   kiln::StopSignals signals(0, 1, {"stopping"});
   EXPECT_EQ(signals.requested(), 0);
   ::raise(SIGTERM);
@@ -24,6 +39,7 @@ TEST(StopSignals, FirstSignalIsRequestedAndTheSameOneAtOnceCountsOnce) {
 
 // A closed terminal (SIGHUP) stops the run as the others do, and says so.
 TEST(StopSignals, AClosedTerminalAsksToStop) {
+  DefaultDisposition hup(SIGHUP);
   testing::internal::CaptureStderr();
   {
     kiln::StopSignals signals(0, 1, {"stopping after this step"});
@@ -47,7 +63,21 @@ TEST(StopSignals, RequestStopsAsASignalWouldUnlessOneCameFirst) {
   EXPECT_STREQ(kiln::signal_name(SIGPIPE), "SIGPIPE");
 }
 
+// A signal the process was started ignoring (nohup's SIGHUP) stays ignored: no request.
+TEST(StopSignals, ASignalIgnoredAtTheStartStaysIgnored) {
+  struct sigaction ignore {}, old {};
+  ignore.sa_handler = SIG_IGN;
+  ::sigaction(SIGHUP, &ignore, &old);
+  {
+    kiln::StopSignals signals(0, 1, {"stopping"});
+    ::raise(SIGHUP);
+    EXPECT_EQ(signals.requested(), 0);
+  }
+  ::sigaction(SIGHUP, &old, nullptr);
+}
+
 TEST(StopSignals, ARealSignalAfterARequestIsTheFirstSignal) {
+  DefaultDisposition intr(SIGINT), term(SIGTERM);
   kiln::StopSignals signals(0, 1, {"stopping"});
   EXPECT_TRUE(signals.request(SIGPIPE));
   std::this_thread::sleep_for(std::chrono::milliseconds(400));
