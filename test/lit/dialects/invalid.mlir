@@ -1255,3 +1255,48 @@ func.func @spec_on_a_function() attributes {kiln.spec = {n_layer = 1}} {
 func.func @arena_size_negative() attributes {kiln.arena_size = -1 : i64} {
   return
 }
+
+// -----
+
+// lse is fp32 even when qkv is (the kernels keep the log-sum-exp in fp32).
+func.func @f(%qkv: tensor<2x4x24xf32>) {
+  // expected-error@+1 {{'kiln.attention' op result must have qkv's element type, and lse must be f32; got 'f32' (qkv 'f32') and 'bf16'}}
+  %0:2 = kiln.attention %qkv {num_heads = 2 : i64} : tensor<2x4x24xf32> -> tensor<2x4x8xf32>, tensor<2x2x4xbf16>
+  return
+}
+
+// -----
+
+// epsilon must be finite: +inf is > 0 but not finite.
+func.func @f(%x: tensor<4x8xf32>, %w: tensor<8xf32>) {
+  // expected-error@+1 {{'kiln.layer_norm' op epsilon must be > 0 (and finite)}}
+  %0:3 = kiln.layer_norm %x, %w, %w {epsilon = 0x7F800000 : f32} : tensor<4x8xf32>, tensor<8xf32>, tensor<8xf32> -> tensor<4x8xf32>, tensor<4xf32>, tensor<4xf32>
+  return
+}
+
+// -----
+
+// The cache is fp32 whatever the model computes in.
+func.func @f() {
+  // expected-error@+1 {{'kiln.kv_cache' op result must be f32 [2, B, H, S, hs] (keys, then values), got 'tensor<2x2x2x8x4xbf16>'}}
+  %kv = kiln.kv_cache "h.0.attn" : tensor<2x2x2x8x4xbf16>
+  return
+}
+
+// -----
+
+// The cache's one use must be the cache operand, not qkv.
+func.func @f(%c: tensor<2x2x2x8x4xf32>, %p: tensor<1xi32>) {
+  // expected-error@+1 {{'kiln.kv_cache' op result must have one use: the cache operand of a kiln.decode_attention}}
+  %kv = kiln.kv_cache "h.0.attn" : tensor<2x2x2x8x4xf32>
+  %0 = kiln.decode_attention %kv, %c, %p {num_heads = 2 : i64} : tensor<2x2x2x8x4xf32>, tensor<2x2x2x8x4xf32>, tensor<1xi32> -> tensor<2x8xf32>
+  return
+}
+
+// -----
+
+// The arena size is an i64 of bytes: an i32 is refused, not just a negative i64.
+// expected-error @+1 {{'kiln.arena_size' must be a non-negative i64 (the bytes the function's buffers need)}}
+func.func @arena_size_i32() attributes {kiln.arena_size = 4096 : i32} {
+  return
+}
