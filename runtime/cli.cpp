@@ -234,7 +234,7 @@ void prepare_train_samples(const Module& module, const TrainSampling& sampling, 
   } else if (sampling.prompt_ids_opt->count()) {
     o.sample_prompt = parse_prompt_ids(sampling.prompt_ids, V, "--sample-prompt-ids");
   } else {
-    o.sample_prompt = {V - 1};  // <|endoftext|> (50256 in GPT-2's): unconditional samples
+    o.sample_prompt = {int32_t(V - 1)};  // <|endoftext|> (50256 in GPT-2's): unconditional samples
   }
   const char* given = sampling.prompt_opt->count() ? "--sample-prompt" : "--sample-prompt-ids";
   if (o.sample_prompt.empty()) throw Error(std::string(given) + ": needs at least one token");
