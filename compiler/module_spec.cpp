@@ -332,7 +332,9 @@ LogicalResult verifyEntryPoints(ModuleOp module) {
     if (buckets.wasInterrupted()) return failure();
     // A gradient no update reads would be computed every step for nothing: its parameter never
     // trains (a deleted kiln.adamw).
+    std::set<std::string> accumulated;
     WalkResult frozen = f.walk([&](AccumulateGradOp acc) -> WalkResult {
+      accumulated.insert(acc.getName().str());
       if (optimized.count(acc.getName().str())) return WalkResult::advance();
       return acc.emitError() << "accumulates @" << acc.getName()
                              << "'s gradient, but @optimizer_step has no kiln.adamw that updates it";
@@ -340,8 +342,6 @@ LogicalResult verifyEntryPoints(ModuleOp module) {
     if (frozen.wasInterrupted()) return failure();
     // And the converse: an update with no gradient steps on zeros (weight decay alone), so its
     // parameter never learns from the data (a deleted kiln.accumulate_grad).
-    std::set<std::string> accumulated;
-    f.walk([&](AccumulateGradOp acc) { accumulated.insert(acc.getName().str()); });
     if (auto opt = module.lookupSymbol<func::FuncOp>("optimizer_step")) {
       WalkResult gradless = opt.walk([&](AdamWOp a) -> WalkResult {
         if (accumulated.count(a.getName().str())) return WalkResult::advance();

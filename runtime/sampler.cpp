@@ -173,7 +173,7 @@ std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t
   for (int64_t s = 0; s < o.num_samples; ++s)
     rng.push_back(s == 0 ? Rng{o.seed} : Rng{Rng{o.seed ^ (uint64_t(s) * 0xD1B54A32D192ED03ull)}.next()});
   std::vector<float> row(static_cast<size_t>(V));
-  std::vector<int32_t> order(static_cast<size_t>(V));
+  std::vector<int32_t> order;  // pick_token's scratch
   std::vector<double> weights;
   const int64_t passes = (o.num_samples + B - 1) / B * o.max_new_tokens;
   int64_t passes_done = 0;

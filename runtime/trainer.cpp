@@ -524,11 +524,11 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   // A run resumed from a checkpoint older than the log's last record (`latest` pointed back, or
   // the newest one damaged) trains steps the log holds already: say so.
   if (logging && !resumed_from.empty() && first_step < o.steps) {
-    if (const int64_t last = last_logged_step(o.log); last >= first_step)
+    const int64_t redone = std::min(last_logged_step(o.log), o.steps - 1);  // the last step logged twice
+    if (redone >= first_step)
       std::fprintf(stderr, "note: --log %s already holds the records of %lld step(s) this run trains again (\"step\": "
                    "%lld to %lld); the new ones follow them (kiln-inspect plot keeps each step's last)\n", o.log.c_str(),
-                   (long long)(std::min(last, o.steps - 1) - first_step + 1), (long long)first_step,
-                   (long long)std::min(last, o.steps - 1));
+                   (long long)(redone - first_step + 1), (long long)first_step, (long long)redone);
   }
   LrSchedule schedule = o.schedule;
   schedule.total_steps = o.steps;
