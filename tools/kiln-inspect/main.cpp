@@ -26,6 +26,14 @@ using nlohmann::ordered_json;
 
 namespace {
 
+// The usage line names the plot subcommand too: it is parsed before this App (its own help is
+// `kiln-inspect plot --help`), so CLI11 does not know of it.
+struct UsageWithPlot : CLI::Formatter {
+  std::string make_usage(const CLI::App* app, std::string name) const override {
+    return CLI::Formatter::make_usage(app, name) + "   or: " + name + " plot [OPTIONS] logs...\n";
+  }
+};
+
 ordered_json report(const Module& m, const RooflineRates& rates) {
   const fb::Module& f = m.fb();
   const fb::Model& model = *f.model();
@@ -261,6 +269,7 @@ int main(int argc, char** argv) {
   }
   CLI::App app{"kiln-inspect: report on a Kiln module or training executable\n"
                "(kiln-inspect plot LOG.jsonl -o loss.svg draws loss curves)"};
+  app.formatter(std::make_shared<UsageWithPlot>());
   std::string path, svg, source, dot, program = "micro_step", dot_state = "all";
   int ranks = 1, zero = 0;
   double bucket_mb = 25;  // train's default
