@@ -24,6 +24,8 @@ TEST(GpuPeak, DatasheetRatesByName) {
   EXPECT_EQ(tflops("a CUDA emulation on the CPU", true), -1);
   EXPECT_EQ(kiln::nominal_gpu_peak("NVIDIA A100-PCIE-40GB (sm_80, 40 GiB)", true)->how,
             "the A100's datasheet dense bf16 tensor-core rate");
+  // A model is a whole word: "H200" is not in "GH200" (though the rates agree, the note names the part).
+  EXPECT_EQ(kiln::nominal_gpu_peak("NVIDIA GH200 480GB", true)->how, "the GH200's datasheet dense bf16 tensor-core rate");
 }
 
 }  // namespace

@@ -1,11 +1,14 @@
 // Module loading and verification, the executable trailer, the executor's operand checks and
 // the learning-rate schedule.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 #include <tuple>
 
 #include "runtime/embedded.h"
@@ -338,7 +341,40 @@ TEST(OneLine, EscapesControlsAndBytesThatAreNotUtf8) {
 TEST(TrainProgress, EtaLeavesTheWarmingFirstStepOut) {
   EXPECT_DOUBLE_EQ(eta_seconds(5.0, 3.0, 3, 10), 10.0);  // 3 s, then 1 s a step
   EXPECT_DOUBLE_EQ(eta_seconds(3.0, 3.0, 1, 10), 30.0);  // the first alone: all there is
+  EXPECT_DOUBLE_EQ(eta_seconds(4.0, 3.0, 2, 10), 10.0);  // one step after the first: its 1 s alone
   EXPECT_DOUBLE_EQ(eta_seconds(0.0, 0.0, 0, 10), 0.0);
+}
+
+// A terminal's progress line: done/total, the time so far and what is left at that rate (stderr
+// on a pseudo-terminal, so that the line is shown).
+TEST(TerminalProgressLine, SaysTheTimeLeftAtTheRateSoFar) {
+  const int master = ::posix_openpt(O_RDWR | O_NOCTTY);
+  ASSERT_GE(master, 0);
+  ASSERT_EQ(::grantpt(master), 0);
+  ASSERT_EQ(::unlockpt(master), 0);
+  const int slave = ::open(::ptsname(master), O_RDWR | O_NOCTTY);
+  ASSERT_GE(slave, 0);
+  std::fflush(stderr);
+  const int saved = ::dup(2);
+  ::dup2(slave, 2);
+  {
+    kiln::TerminalProgress progress("work", "items");
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    progress.update(1, 2);  // half done: as long again is left
+  }
+  std::fflush(stderr);
+  ::dup2(saved, 2);
+  ::close(saved);
+  ::close(slave);
+  char buf[256] = {};
+  ::fcntl(master, F_SETFL, O_NONBLOCK);  // nothing shown fails the test rather than hanging it
+  const ssize_t got = ::read(master, buf, sizeof buf - 1);
+  ::close(master);
+  ASSERT_GT(got, 0);
+  double spent = -1, left = -1;
+  ASSERT_EQ(std::sscanf(buf, "\rwork: 1/2 items, %lf s, about %lf s left", &spent, &left), 2) << buf;
+  EXPECT_GE(spent, 1.0) << buf;
+  EXPECT_EQ(left, spent) << buf;
 }
 
 }  // namespace

@@ -71,6 +71,7 @@ TEST(Utf8, FirstInvalidByte) {
   EXPECT_EQ(first_invalid_utf8("caf\xe9"), 3u);                           // Latin-1 e-acute
   EXPECT_EQ(first_invalid_utf8("a\x80"), 1u);                             // a stray continuation
   EXPECT_EQ(first_invalid_utf8("ab\xc0\xaf"), 2u);                        // overlong '/'
+  EXPECT_EQ(first_invalid_utf8("ab\xe0\x80\xaf"), 2u);                    // overlong '/' in three bytes
   EXPECT_EQ(first_invalid_utf8("\xed\xa0\x80"), 0u);                      // a surrogate
   EXPECT_EQ(first_invalid_utf8("x\xf4\x90\x80\x80"), 1u);                 // past U+10FFFF
   EXPECT_EQ(first_invalid_utf8("h\0i"sv), 3u);                            // NUL is valid

@@ -8,7 +8,8 @@
 // llm.c's data scripts do. Documents are assigned to train or val deterministically: with n
 // documents and v = round(F*n) clamped to [1, n-1] (0 when F = 0 or n < 2), document i (from 0,
 // in the order given) is val when floor((i+1)*v/n) > floor(i*v/n): v documents spread evenly,
-// the last of each run of about n/v. Each split is cut into shards of --shard-tokens tokens (the
+// the last of each run of about n/v. One document (F > 0) is split by tokens instead: of its c
+// tokens, the last round(F*c) clamped to [1, c-1] are val. Each split is cut into shards of --shard-tokens tokens (the
 // last one shorter; a document may continue into the next shard), written as DIR/train_000.bin,
 // DIR/train_001.bin, ..., DIR/val_000.bin, .... Shards are first written under
 // DIR/.kiln-data-prepare.tmp.<host>.<pid>/ and moved into DIR only when every document has been
@@ -159,7 +160,6 @@ struct PrepareOptions {
   std::vector<std::string> files;
   std::string out;
   double val_fraction = 0.05;
-  bool val_fraction_given = false;  // on the command line (not the default)
   int64_t shard_tokens = 100'000'000;
 };
 
@@ -288,12 +288,12 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
     n_val = static_cast<size_t>(std::clamp<long long>(std::llround(o.val_fraction * n), 1,
                                                       static_cast<long long>(n) - 1));
   auto is_val = [&](size_t i) { return (i + 1) * n_val / n > i * n_val / n; };
-  // Where the split cannot be what was asked, say so (the shards are still written); the
-  // default's one document is the common case, and only a given fraction is noted for it.
-  if (o.val_fraction > 0 && n == 1 && o.val_fraction_given)
-    std::fprintf(stderr, "note: --val-fraction %g: one document cannot be split; it all goes to train (no val shard)\n",
-                 o.val_fraction);
-  else if (o.val_fraction > 0 && n >= 2 && std::llround(o.val_fraction * double(n)) > static_cast<long long>(n_val))
+  // One document (nanoGPT's Shakespeare case) is split by tokens instead: its tail is val.
+  const bool split_one = o.val_fraction > 0 && n == 1;
+  // Where the split cannot be what was asked, say so (the shards are still written).
+  const bool rounded_note =
+      o.val_fraction > 0 && n >= 2 && std::llround(o.val_fraction * double(n)) > static_cast<long long>(n_val);
+  if (rounded_note)
     std::fprintf(stderr, "note: --val-fraction %g: %zu of the %zu documents go%s to val; one stays for train\n",
                  o.val_fraction, n_val, n, n_val == 1 ? "es" : "");
 
@@ -400,15 +400,27 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
         at = end;
         if (at < text.size()) progress.update(i, bytes_done + at, false);
       }
-      Split& s = is_val(i) ? val : train;
-      s.documents++;
-      s.tokens += ids.size() + 1;
-      s.pending.push_back(static_cast<uint16_t>(Gpt2Tokenizer::kEndOfText));
-      for (int32_t id : ids) s.pending.push_back(static_cast<uint16_t>(id));
-      while (s.pending.size() >= cap) write_shard(s, cap);
+      // The document's tokens, <|endoftext|> first; with split_one its last `to_val` go to val.
+      const size_t count = ids.size() + 1;
+      const size_t to_val = split_one && count >= 2
+          ? static_cast<size_t>(std::clamp<long long>(std::llround(o.val_fraction * double(count)), 1,
+                                                      static_cast<long long>(count) - 1))
+          : 0;
+      for (size_t k = 0; k < count; ++k) {
+        Split& s = is_val(i) || k >= count - to_val ? val : train;
+        if (k == 0 || k == count - to_val) s.documents++;
+        s.tokens++;
+        s.pending.push_back(static_cast<uint16_t>(k == 0 ? Gpt2Tokenizer::kEndOfText : ids[k - 1]));
+        if (s.pending.size() >= cap) write_shard(s, cap);
+      }
       bytes_done += bytes.size();
       progress.update(i + 1, bytes_done, i + 1 == n);
     }
+    // Documents with no text add only <|endoftext|>: with nothing else there is nothing to learn.
+    if (empty.size() == n)
+      throw Error(n == 1 ? one_line(o.files[0]) + ": is empty: there is no text to prepare"
+                         : "prepare: all " + std::to_string(n) + " documents are empty (" + one_line(o.files[0]) +
+                               ", ...): there is no text to prepare");
     for (Split* s : {&train, &val})
       if (!s->pending.empty()) write_shard(*s, s->pending.size());
 
@@ -492,8 +504,10 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
     std::printf("prepared %zu document%s (%.2f MB) in %.2f s, %.1f MB/s\n", n, n == 1 ? "" : "s", bytes_done / 1e6, t,
                 t > 0 ? bytes_done / 1e6 / t : 0.0);
     for (const Split* s : {&train, &val}) {
-      std::printf("%s: %zu document%s, %" PRIu64 " token%s, ", s->name.c_str(), s->documents,
-                  s->documents == 1 ? "" : "s", s->tokens, s->tokens == 1 ? "" : "s");
+      std::printf("%s: %zu document%s%s, %" PRIu64 " token%s, ", s->name.c_str(), s->documents,
+                  s->documents == 1 ? "" : "s",
+                  split_one && val.tokens ? (s == &val ? " (its tail)" : " (its head)") : "", s->tokens,
+                  s->tokens == 1 ? "" : "s");
       if (s->shards.empty())
         std::printf("no shards\n");
       else if (s->shards.size() == 1)
@@ -502,6 +516,13 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
         std::printf("%zu shards: %s .. %s\n", s->shards.size(), (out / s->shards.front()).string().c_str(),
                     (out / s->shards.back()).string().c_str());
     }
+    // Whole documents go to val: where their sizes differ, val's share of the tokens can be far
+    // from the fraction asked (a small file and a large one), which the counts above do not show.
+    if (const double share = double(val.tokens) / double(train.tokens + val.tokens);
+        n >= 2 && n_val >= 1 && !rounded_note && (share > 2 * o.val_fraction || share < o.val_fraction / 2))
+      std::fprintf(stderr, "note: --val-fraction %g splits by whole documents: val's %zu of the %zu hold %.1f%% of "
+                   "the tokens (train has %.1f%%); more documents, or ones of more even sizes, come closer\n",
+                   o.val_fraction, n_val, n, 100 * share, 100 * (1 - share));
     for (const std::string& name : lone)
       std::fprintf(stderr, "note: %s holds 1 token: too short for any batch (one needs B*T+1 tokens), so train "
                    "skips it as data and refuses it as --val-data; another --shard-tokens or --val-fraction avoids it\n",
@@ -548,7 +569,7 @@ int main(int argc, char** argv) {
   prepare->add_option("--out", prep.out, "output directory (created if missing)")->required();
   prepare->add_option("--val-fraction", prep.val_fraction,
                       "share of the documents for val, spread evenly (at least 1 when > 0 and there "
-                      "are 2 or more documents)")
+                      "are 2 or more documents); of one document's tokens, its last ones")
       ->capture_default_str()
       ->check(CLI::Validator(
           [](std::string& s) {
@@ -569,7 +590,6 @@ int main(int argc, char** argv) {
     const Gpt2Tokenizer tok = Gpt2Tokenizer::load(tokenizer_dir);
     if (encode->parsed()) return cmd_encode(tok);
     if (decode->parsed()) return cmd_decode(tok);
-    prep.val_fraction_given = prepare->count("--val-fraction") > 0;
     if (prepare->parsed()) return cmd_prepare(tok, prep);
     return 1;
   } catch (const Error& e) {
