@@ -78,7 +78,8 @@ void add_train_options(CLI::App& train, TrainOptions& o, TrainSampling& sampling
   train.add_option("--steps", o.steps, "optimizer steps to run")->required()->check(cli::whole(1));
   train.add_option("--init", o.init, "start from these weights (Hugging Face GPT-2 safetensors, an llm.c .bin, or a checkpoint's: not its AdamW state or step, which --resume takes)")
       ->check(cli::non_empty());
-  train.add_option("--seed", o.seed, "seed of the initialisation when --init is not given")->capture_default_str()->check(kSeed);
+  train.add_option("--seed", o.seed, "seed of the initialisation when --init is not given, and of --sample-every's samples")
+      ->capture_default_str()->check(kSeed);
   train.add_option("--lr", o.schedule.lr, "maximum learning rate")->capture_default_str()->check(cli::non_negative_finite());
   train.add_option("--lr-schedule", o.schedule.kind, "learning-rate schedule after warm-up")
       ->capture_default_str()->check(CLI::IsMember({"cosine", "constant"}));
