@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <cstring>
 #include <map>
@@ -281,16 +282,32 @@ void load_parameters(Executor& ex, const std::string& path) {
       throw Error(path + ": tensor '" + t.name + "' is " + t.dtype + "; weights are read as F32, BF16 or F16");
     file[name] = std::move(t);
   }
+  // A file of another depth fails on its first missing or extra layer: say both depths.
+  const int64_t model_layers = ex.module().fb().model()->n_layer();
+  auto depths = [&] {
+    int64_t layers = 0;
+    for (const auto& [name, t] : file)
+      if (name.rfind("h.", 0) == 0) layers = std::max<int64_t>(layers, std::atoll(name.c_str() + 2) + 1);
+    return layers == model_layers ? std::string()
+                                  : "; the file holds " + std::to_string(layers) + " layer" + (layers == 1 ? "" : "s") +
+                                        " (h.0 ..), the model " + std::to_string(model_layers);
+  };
   std::set<std::string> used;
   for (const fb::Parameter* p : *ex.module().fb().parameters()) {
     const std::string name = p->name()->str();
     auto it = file.find(name);
-    if (it == file.end()) throw Error(path + ": missing tensor '" + name + "' (or 'transformer." + name + "')");
+    if (it == file.end())
+      throw Error(path + ": missing tensor '" + name + "' (or 'transformer." + name + "')" + depths());
     const SafeTensor& t = it->second;
     const std::vector<int64_t> want = stored_shape(ex.module(), *p);  // wte: [V, C], not padded
     if (t.shape != want) {
+      // nanoGPT's nn.Linear keeps [out, in]; Hugging Face's GPT-2 (Conv1D), which Kiln reads, [in, out].
+      const bool transposed = t.shape.size() == 2 && want.size() == 2 && t.shape[0] == want[1] && t.shape[1] == want[0];
       throw Error(path + ": tensor '" + t.name + "' has shape " + shape_str(t.shape) + ", the model needs " +
-                  shape_str(want));
+                  shape_str(want) +
+                  (transposed ? " (transposed: Kiln reads Hugging Face's GPT-2 layout, [in, out]; nanoGPT's "
+                                "nn.Linear weights are [out, in])"
+                              : ""));
     }
     std::vector<float> values = to_f32(t);
     float* dst = ex.f32(p->value());
@@ -310,7 +327,7 @@ void load_parameters(Executor& ex, const std::string& path) {
         throw Error(path + ": lm_head.weight differs from wte.weight; Kiln's GPT-2 ties them");
       continue;
     }
-    throw Error(path + ": unexpected tensor '" + t.name + "' (not a parameter of this model)");
+    throw Error(path + ": unexpected tensor '" + t.name + "' (not a parameter of this model" + depths() + ")");
   }
 }
 

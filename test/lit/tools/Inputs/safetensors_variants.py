@@ -51,3 +51,12 @@ write(f"{out}/nan.safetensors", [(k, (d, s, struct.pack("<f", float("nan")) + b[
                                  for k, (d, s, b) in items])
 # A tensor name with a newline in it.
 write(f"{out}/newline.safetensors", items + [("bad\nname", ("F32", [1], b"\0" * 4))])
+# A linear weight transposed, as nanoGPT's nn.Linear keeps it.
+attn = "transformer.h.0.attn.c_attn.weight"
+write(f"{out}/linear-t.safetensors", [(k, (d, s[::-1], b) if k == attn else (d, s, b)) for k, (d, s, b) in items])
+# One layer fewer, and one more (a copy of the last), than the model has.
+last = max(int(k.split(".")[2]) for k in tensors if k.startswith("transformer.h."))
+layer = f"transformer.h.{last}."
+write(f"{out}/shallow.safetensors", [(k, v) for k, v in items if not k.startswith(layer)])
+write(f"{out}/deep.safetensors", items + [(k.replace(layer, f"transformer.h.{last + 1}."), v)
+                                          for k, v in items if k.startswith(layer)])
