@@ -183,6 +183,24 @@ int main(int argc, char** argv) {
         const bool value = b.kind() == fb::BufferKind::Parameter || b.kind() == fb::BufferKind::ComputeCopy;
         compare(r, std::string(fb::EnumNameBufferKind(b.kind())) + " " + b.name()->str(), View{gpu.f32(i), b.dtype()},
                 View{cpu.f32(uint32_t(j)), b.dtype()}, numel(b), tol, verbose, value ? 2.5 * lr : 0.0);
+        // A compute copy is its own master value rounded to nearest even, bit for bit (the tolerance
+        // above would let a truncating or stale copy through).
+        const std::string name = b.name()->str();
+        const int m = b.kind() == fb::BufferKind::ComputeCopy && name.size() > 5
+                          ? find(cuda_m, fb::BufferKind::Parameter, name.substr(0, name.size() - 5)) : -1;
+        if (m >= 0) {
+          const float* master = gpu.f32(uint32_t(m));
+          const uint16_t* copy = reinterpret_cast<const uint16_t*>(gpu.f32(i));
+          int64_t wrong = 0, first = -1;
+          for (int64_t k = 0; k < numel(b); k++)
+            if (copy[k] != cpu::to_bf16(master[k]) && wrong++ == 0) first = k;
+          r.checked++;
+          if (wrong) {
+            r.failed++;
+            std::printf("  FAIL %-44s %lld elements not their master rounded to bf16 (first at %lld)\n",
+                        ("ComputeCopy rounding " + name).c_str(), (long long)wrong, (long long)first);
+          }
+        }
       }
     };
     auto scalar = [&](Result& r, const std::string& what, float e, float c) {

@@ -13,7 +13,8 @@
 # for B T = 1); STEPS the optimizer steps (2);
 # CONFIGS_PLAIN those run again on a cuBLASLt without fused epilogues (default tiny-bf16 awkward),
 # CONFIGS_SIMT with SIMT attention (long-bf16), CONFIGS_RACE on the race-exposing schedules
-# (long-bf16 hs96-bf16 wide-bf16: two tile buffers and one; dq in the dk/dv kernel or its own).
+# (long-bf16 hs96-bf16 wide-bf16: two tile buffers and one; dq in the dk/dv kernel or its own;
+# long: the SIMT kernels over several key tiles).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../../.." && pwd)"
@@ -64,7 +65,7 @@ for cfg in $CONFIGS_SIMT; do
 done
 # Shared-memory races (shim.h): each warp runs as far as it can before the next starts, with the
 # asynchronous copies landing as late as the GPU may let them, then as early.
-if [ -z "${CONFIGS_RACE+x}" ]; then CONFIGS_RACE="long-bf16 hs96-bf16 wide-bf16"; fi
+if [ -z "${CONFIGS_RACE+x}" ]; then CONFIGS_RACE="long long-bf16 hs96-bf16 wide-bf16"; fi
 for cfg in $CONFIGS_RACE; do
   [ -f "$work/$cfg/cuda.kiln" ] || continue
   for copies in deferred eager; do

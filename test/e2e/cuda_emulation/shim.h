@@ -363,7 +363,7 @@ inline void cp_async_wait() {
   n_pending[cur] = kept;
 }
 
-// One launch of a generated function: grid x block threads (1-D), blocks in order.
+// One launch of a generated function: grid x block threads (1-D), blocks in order (or reversed).
 extern "C" void kemu_launch(kemu::KernelFn fn, const char* name, unsigned grid, unsigned block,
                             void* const* args, const long long* range) {
   using namespace kemu;
@@ -380,8 +380,14 @@ extern "C" void kemu_launch(kemu::KernelFn fn, const char* name, unsigned grid, 
   g_fn = fn, g_args = args, g_range = range;
   block_dim = {block, 1, 1};
   grid_dim = {grid, 1, 1};
+  // KEMU_BLOCKS=reverse runs the blocks last first: a block that reads what a lower block of the
+  // same launch writes (a race on a GPU, whose blocks run in any order) then reads it unwritten.
+  static const bool reverse = [] {
+    const char* v = getenv("KEMU_BLOCKS");
+    return v && strcmp(v, "reverse") == 0;
+  }();
   for (unsigned b = 0; b < grid; b++) {
-    block_idx = {b, 0, 0};
+    block_idx = {reverse ? grid - 1 - b : b, 0, 0};
     run_block(block);
     n_blocks++;
   }
