@@ -191,6 +191,18 @@ inline int parse(CLI::App& app, int argc, char** argv) {
             if (const size_t d = edit_distance(word, "--" + name); d < best_d) best = "--" + name, best_d = d;
       if (!best.empty()) what += "; did you mean " + best + "?";
     }
+    // A required option with a short name too is named by both ("-o,--output is required"), as the
+    // usage line shows the short one.
+    if (dynamic_cast<const CLI::RequiredError*>(&e))
+      for (const CLI::App* sub = &app; sub;) {
+        for (const CLI::Option* opt : sub->get_options())
+          if (what == opt->get_name() + " is required" && !opt->get_snames().empty())
+            what = opt->get_name(false, true) + " is required";
+        const CLI::App* next = nullptr;
+        for (const CLI::App* s : sub->get_subcommands())
+          if (s->parsed()) next = s;
+        sub = next;
+      }
     // CLI11's word for an option given twice.
     if (const size_t at = what.find("At Most 1 required but received "); at != std::string::npos)
       what = what.substr(0, at) + "given " + what.substr(at + 32) + " times; give it once";
