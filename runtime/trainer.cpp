@@ -203,7 +203,8 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
                                    {"--beta2", o.beta2},
                                    {"--eps", o.eps},
                                    {"--grad-clip", o.grad_clip},
-                                   {"--total-batch", o.total_batch ? nlohmann::json(o.total_batch) : "B*T*ranks"},
+                                   // (tokens per step however given: the default's grows with the ranks)
+                                   {"--total-batch", total},
                                    {"B*T (the module's)", B * T}};
   // The hyperparameters reach the step as 32-bit floats: one that overflows would become an infinity.
   for (const auto& [flag, v] : {std::pair{"--lr", o.schedule.lr}, {"--beta1", o.beta1}, {"--beta2", o.beta2},
