@@ -3,7 +3,10 @@
 #include "runtime/rank_agreement.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <iterator>
+#include <vector>
 
 #include "runtime/data_loader.h"
 #include "runtime/error.h"
@@ -86,10 +89,62 @@ void check_ranks_agree(Communicator& comm, const Module& module, const TrainOpti
   std::vector<bool> this_one(6);
   for (int i = 0; i < 5; ++i) this_one[i] = mine[i] != root[i];
   this_one[5] = (outputs & ~root[5]) != 0;
+  // Which options differ, each with rank 0's value and (where it differs) this rank's: every rank
+  // learns the same list, so that each one's message names them.
+  static const char* const given[] = {"not given", "given"};
+  static const char* const schedules[] = {"cosine", "constant"};
+  const struct {
+    const char* name;
+    double value;
+    const char* const* words;  // the values' words, for an option given or not, or a choice
+  } named[] = {{"--steps", double(o.steps), nullptr},
+               {"the step resumed at", double(first_step), nullptr},
+               {"--total-batch (tokens per step)", double(total), nullptr},
+               {"--zero", double(o.zero), nullptr},
+               {"--bucket-mb", compiled_buckets ? 0.0 : o.bucket_mb, nullptr},
+               {"--lr", o.schedule.lr, nullptr},
+               {"--lr-schedule", o.schedule.kind == "constant" ? 1.0 : 0.0, schedules},
+               {"--warmup-steps", double(o.schedule.warmup_steps), nullptr},
+               {"--min-lr-ratio", o.schedule.min_lr_ratio, nullptr},
+               {"--weight-decay", o.weight_decay, nullptr},
+               {"--beta1", o.beta1, nullptr},
+               {"--beta2", o.beta2, nullptr},
+               {"--eps", o.eps, nullptr},
+               {"--grad-clip", o.grad_clip, nullptr},
+               {"--val-data", o.val_data.empty() ? 0.0 : 1.0, given},
+               {"--val-every", double(o.val_every), nullptr},
+               {"--val-steps", double(o.val_steps), nullptr},
+               {"--dump-grads", o.dump_grads.empty() ? 0.0 : 1.0, given},
+               {"--checkpoint-dir", o.checkpoint_dir.empty() ? 0.0 : 1.0, given},
+               {"--checkpoint-every", double(o.checkpoint_every), nullptr},
+               {"--resume", o.resume ? 1.0 : 0.0, given}};
+  const size_t n = std::size(named);
+  std::vector<double> values(n), at_root(n), differ(n);
+  for (size_t i = 0; i < n; ++i) values[i] = named[i].value;
+  at_root = values;
+  comm.broadcast(at_root.data(), n * sizeof(double), 0);
+  for (size_t i = 0; i < n; ++i) differ[i] = std::memcmp(&values[i], &at_root[i], sizeof(double)) != 0;
+  comm.all_reduce_sum(differ.data(), int64_t(n));
+  auto shown = [&](size_t i, double v) {
+    if (named[i].words) return std::string(named[i].words[v != 0]);
+    char buf[40];
+    for (int digits = 6; digits <= 17; ++digits) {  // the fewest that read back as the value
+      std::snprintf(buf, sizeof buf, "%.*g", digits, v);
+      if (std::strtod(buf, nullptr) == v) break;
+    }
+    return std::string(buf);
+  };
+  std::string which;
+  for (size_t i = 0; i < n; ++i)
+    if (differ[i] > 0)
+      which += (which.empty() ? ": " : ", ") + std::string(named[i].name) + " (rank 0: " + shown(i, at_root[i]) +
+               (values[i] != at_root[i] ? ", this one: " + shown(i, values[i]) : "") + ")";
   require_ranks_agree(comm, this_one,
                       {"the module (a different executable?)",
-                       "the training options (--steps, --total-batch, --zero, --bucket-mb, the schedule, AdamW, "
-                       "evaluation, checkpoints, or --resume and the step of the checkpoint it resumes from)",
+                       which.empty() ? "the training options (--steps, --total-batch, --zero, --bucket-mb, the "
+                                       "schedule, AdamW, evaluation, checkpoints, or --resume and the step of the "
+                                       "checkpoint it resumes from)"
+                                     : "the training options" + which,
                        first_step > 0 ? "the weights resumed (checkpoints that differ: a --checkpoint-dir that is not "
                                   "the same folder on every rank?)"
                                 : "the initial weights (a different --seed, or --init files that differ)",

@@ -805,7 +805,8 @@ def case_tcp_other_checkpoints(c: Ctx):
 
     def rank0_checkpoints(r, args):
         return args + (["--checkpoint-dir", ck, "--checkpoint-every", "1"] if r == 0 else [])
-    said = both_refuse(c, "tcp_other_checkpoints", "the training options", ["--zero", "1"], per_rank=rank0_checkpoints)
+    said = both_refuse(c, "tcp_other_checkpoints", "the training options: --checkpoint-dir (rank 0: given",
+                       ["--zero", "1"], per_rank=rank0_checkpoints)
     if os.path.exists(ck) and os.listdir(ck):
         raise TestFailure(f"tcp_other_checkpoints: {ck} holds {os.listdir(ck)}")
 
