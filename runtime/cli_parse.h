@@ -192,7 +192,7 @@ inline int parse(CLI::App& app, int argc, char** argv) {
       if (!best.empty()) what += "; did you mean " + best + "?";
     }
     // A required option with a short name too is named by both ("-o,--output is required"), as the
-    // usage line shows the short one.
+    // help's option list shows it.
     if (dynamic_cast<const CLI::RequiredError*>(&e))
       for (const CLI::App* sub = &app; sub;) {
         for (const CLI::Option* opt : sub->get_options())

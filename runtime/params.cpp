@@ -293,7 +293,8 @@ void load_parameters(Executor& ex, const std::string& path) {
     int64_t layers = 0;
     for (const auto& [name, t] : file)
       if (name.rfind("h.", 0) == 0) layers = std::max<int64_t>(layers, std::atoll(name.c_str() + 2) + 1);
-    return layers == model_layers ? std::string()
+    // (none at all: another model's names, or a prefix other than transformer.; not said)
+    return layers == model_layers || layers == 0 ? std::string()
                                   : "; the file holds " + std::to_string(layers) + " layer" + (layers == 1 ? "" : "s") +
                                         " (h.0 ..), the model " + std::to_string(model_layers);
   };
@@ -307,7 +308,11 @@ void load_parameters(Executor& ex, const std::string& path) {
     const std::vector<int64_t> want = stored_shape(ex.module(), *p);  // wte: [V, C], not padded
     if (t.shape != want) {
       // nanoGPT's nn.Linear keeps [out, in]; Hugging Face's GPT-2 (Conv1D), which Kiln reads, [in, out].
-      const bool transposed = t.shape.size() == 2 && want.size() == 2 && t.shape[0] == want[1] && t.shape[1] == want[0];
+      // (The embeddings are [rows, C] in both.)
+      const bool linear = name.find(".c_attn.") != std::string::npos || name.find(".c_fc.") != std::string::npos ||
+                          name.find(".c_proj.") != std::string::npos;
+      const bool transposed = linear && t.shape.size() == 2 && want.size() == 2 && t.shape[0] == want[1] &&
+                              t.shape[1] == want[0];
       throw Error(path + ": tensor '" + t.name + "' has shape " + shape_str(t.shape) + ", the model needs " +
                   shape_str(want) +
                   (transposed ? " (transposed: Kiln reads Hugging Face's GPT-2 layout, [in, out]; nanoGPT's "

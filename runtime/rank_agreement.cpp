@@ -90,21 +90,24 @@ void check_ranks_agree(Communicator& comm, const Module& module, const TrainOpti
   for (int i = 0; i < 5; ++i) this_one[i] = mine[i] != root[i];
   this_one[5] = (outputs & ~root[5]) != 0;
   // Which options differ, each with rank 0's value and (where it differs) this rank's: every rank
-  // learns the same list, so that each one's message names them.
+  // learns the same list, so that each one's message names them. (These collectives run before
+  // the module is compared: ranks of runtimes that differ would fail here, or hang, rather than
+  // be told so; every rank runs the same executable.)
   static const char* const given[] = {"not given", "given"};
   static const char* const schedules[] = {"cosine", "constant"};
+  static const char* const whole[] = {nullptr};  // a count: printed as a whole number
   const struct {
     const char* name;
     double value;
     const char* const* words;  // the values' words, for an option given or not, or a choice
-  } named[] = {{"--steps", double(o.steps), nullptr},
-               {"the step resumed at", double(first_step), nullptr},
-               {"--total-batch (tokens per step)", double(total), nullptr},
-               {"--zero", double(o.zero), nullptr},
+  } named[] = {{"--steps", double(o.steps), whole},
+               {"the step resumed at", double(first_step), whole},
+               {"--total-batch (tokens per step)", double(total), whole},
+               {"--zero", double(o.zero), whole},
                {"--bucket-mb", compiled_buckets ? 0.0 : o.bucket_mb, nullptr},
                {"--lr", o.schedule.lr, nullptr},
                {"--lr-schedule", o.schedule.kind == "constant" ? 1.0 : 0.0, schedules},
-               {"--warmup-steps", double(o.schedule.warmup_steps), nullptr},
+               {"--warmup-steps", double(o.schedule.warmup_steps), whole},
                {"--min-lr-ratio", o.schedule.min_lr_ratio, nullptr},
                {"--weight-decay", o.weight_decay, nullptr},
                {"--beta1", o.beta1, nullptr},
@@ -112,11 +115,11 @@ void check_ranks_agree(Communicator& comm, const Module& module, const TrainOpti
                {"--eps", o.eps, nullptr},
                {"--grad-clip", o.grad_clip, nullptr},
                {"--val-data", o.val_data.empty() ? 0.0 : 1.0, given},
-               {"--val-every", double(o.val_every), nullptr},
-               {"--val-steps", double(o.val_steps), nullptr},
+               {"--val-every", double(o.val_every), whole},
+               {"--val-steps", double(o.val_steps), whole},
                {"--dump-grads", o.dump_grads.empty() ? 0.0 : 1.0, given},
                {"--checkpoint-dir", o.checkpoint_dir.empty() ? 0.0 : 1.0, given},
-               {"--checkpoint-every", double(o.checkpoint_every), nullptr},
+               {"--checkpoint-every", double(o.checkpoint_every), whole},
                {"--resume", o.resume ? 1.0 : 0.0, given}};
   const size_t n = std::size(named);
   std::vector<double> values(n), at_root(n), differ(n);
@@ -126,8 +129,12 @@ void check_ranks_agree(Communicator& comm, const Module& module, const TrainOpti
   for (size_t i = 0; i < n; ++i) differ[i] = std::memcmp(&values[i], &at_root[i], sizeof(double)) != 0;
   comm.all_reduce_sum(differ.data(), int64_t(n));
   auto shown = [&](size_t i, double v) {
-    if (named[i].words) return std::string(named[i].words[v != 0]);
     char buf[40];
+    if (named[i].words == whole) {
+      std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(v));
+      return std::string(buf);
+    }
+    if (named[i].words) return std::string(named[i].words[v != 0]);
     for (int digits = 6; digits <= 17; ++digits) {  // the fewest that read back as the value
       std::snprintf(buf, sizeof buf, "%.*g", digits, v);
       if (std::strtod(buf, nullptr) == v) break;

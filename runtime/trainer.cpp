@@ -97,7 +97,9 @@ void note_resume_changes(const std::string& checkpoint, const nlohmann::json& ex
     std::string changed;
     auto shown = [](const nlohmann::json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); };
     for (const auto& [flag, value] : settings.items())
-      if (const auto it = had->find(flag); it != had->end() && *it != value)
+      // (Checkpoints of earlier versions hold the default --total-batch as "B*T*ranks": at their
+      // rank count, unknown here, and not compared.)
+      if (const auto it = had->find(flag); it != had->end() && *it != value && *it != "B*T*ranks")
         changed += (changed.empty() ? "" : ", ") + flag + " " + shown(value) + " (it had " + shown(*it) + ")";
     if (!changed.empty())
       std::fprintf(stderr, "note: this run's settings differ from those of the run that wrote %s: %s\n",

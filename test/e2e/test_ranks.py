@@ -807,6 +807,9 @@ def case_tcp_other_checkpoints(c: Ctx):
         return args + (["--checkpoint-dir", ck, "--checkpoint-every", "1"] if r == 0 else [])
     said = both_refuse(c, "tcp_other_checkpoints", "the training options: --checkpoint-dir (rank 0: given",
                        ["--zero", "1"], per_rank=rank0_checkpoints)
+    # Rank 1 (the one that differs) says its own values too.
+    if "--checkpoint-dir (rank 0: given, this one: not given), --checkpoint-every (rank 0: 1, this one: 0)" not in said:
+        raise TestFailure(f"tcp_other_checkpoints: rank 1 does not name its own values: {said}")
     if os.path.exists(ck) and os.listdir(ck):
         raise TestFailure(f"tcp_other_checkpoints: {ck} holds {os.listdir(ck)}")
 

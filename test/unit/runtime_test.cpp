@@ -349,18 +349,19 @@ TEST(TrainProgress, EtaLeavesTheWarmingFirstStepOut) {
 // on a pseudo-terminal, so that the line is shown).
 TEST(TerminalProgressLine, SaysTheTimeLeftAtTheRateSoFar) {
   const int master = ::posix_openpt(O_RDWR | O_NOCTTY);
-  ASSERT_GE(master, 0);
-  ASSERT_EQ(::grantpt(master), 0);
-  ASSERT_EQ(::unlockpt(master), 0);
-  const int slave = ::open(::ptsname(master), O_RDWR | O_NOCTTY);
-  ASSERT_GE(slave, 0);
+  if (master < 0) GTEST_SKIP() << "no pseudo-terminals here";
+  const int slave = ::grantpt(master) == 0 && ::unlockpt(master) == 0 ? ::open(::ptsname(master), O_RDWR | O_NOCTTY) : -1;
+  if (slave < 0) {
+    ::close(master);
+    GTEST_SKIP() << "no pseudo-terminal could be opened here";
+  }
   std::fflush(stderr);
   const int saved = ::dup(2);
   ::dup2(slave, 2);
   {
     kiln::TerminalProgress progress("work", "items");
     std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-    progress.update(1, 2);  // half done: as long again is left
+    progress.update(1, 3);  // a third done: twice as long is left
   }
   std::fflush(stderr);
   ::dup2(saved, 2);
@@ -372,9 +373,9 @@ TEST(TerminalProgressLine, SaysTheTimeLeftAtTheRateSoFar) {
   ::close(master);
   ASSERT_GT(got, 0);
   double spent = -1, left = -1;
-  ASSERT_EQ(std::sscanf(buf, "\rwork: 1/2 items, %lf s, about %lf s left", &spent, &left), 2) << buf;
+  ASSERT_EQ(std::sscanf(buf, "\rwork: 1/3 items, %lf s, about %lf s left", &spent, &left), 2) << buf;
   EXPECT_GE(spent, 1.0) << buf;
-  EXPECT_EQ(left, spent) << buf;
+  EXPECT_NEAR(left, 2 * spent, 1) << buf;  // (both printed whole)
 }
 
 }  // namespace

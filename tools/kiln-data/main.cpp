@@ -516,13 +516,21 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
         std::printf("%zu shards: %s .. %s\n", s->shards.size(), (out / s->shards.front()).string().c_str(),
                     (out / s->shards.back()).string().c_str());
     }
-    // Whole documents go to val: where their sizes differ, val's share of the tokens can be far
-    // from the fraction asked (a small file and a large one), which the counts above do not show.
+    // Whole documents go to val: val's share of the tokens can be far from the fraction asked, as
+    // the one document val takes at least (of a few), or documents of other sizes (a small file
+    // and a large one) make it; the counts above do not show that.
     if (const double share = double(val.tokens) / double(train.tokens + val.tokens);
-        n >= 2 && n_val >= 1 && !rounded_note && (share > 2 * o.val_fraction || share < o.val_fraction / 2))
-      std::fprintf(stderr, "note: --val-fraction %g splits by whole documents: val's %zu of the %zu hold %.1f%% of "
-                   "the tokens (train has %.1f%%); more documents, or ones of more even sizes, come closer\n",
-                   o.val_fraction, n_val, n, 100 * share, 100 * (1 - share));
+        n >= 2 && n_val >= 1 && !rounded_note && (share > 2 * o.val_fraction || share < o.val_fraction / 2)) {
+      if (static_cast<long long>(n_val) > std::llround(o.val_fraction * double(n)))
+        std::fprintf(stderr, "note: --val-fraction %g: at least one of the %zu documents goes to val, and it holds "
+                     "%.1f%% of the tokens (train has %.1f%%); more documents come closer\n",
+                     o.val_fraction, n, 100 * share, 100 * (1 - share));
+      else
+        std::fprintf(stderr, "note: --val-fraction %g splits by whole documents: val's %zu document%s of the %zu "
+                     "hold%s %.1f%% of the tokens (train has %.1f%%); documents of more even sizes, or more of them, "
+                     "come closer\n", o.val_fraction, n_val, n_val == 1 ? "" : "s", n, n_val == 1 ? "s" : "",
+                     100 * share, 100 * (1 - share));
+    }
     for (const std::string& name : lone)
       std::fprintf(stderr, "note: %s holds 1 token: too short for any batch (one needs B*T+1 tokens), so train "
                    "skips it as data and refuses it as --val-data; another --shard-tokens or --val-fraction avoids it\n",
