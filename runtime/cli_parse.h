@@ -126,14 +126,19 @@ inline int parse(CLI::App& app, int argc, char** argv) {
     return help_printed(app, app.exit(e));
   } catch (const CLI::ParseError& e) {
     std::string tool = std::filesystem::path(app.get_name()).filename().string();  // argv[0] when unnamed
-    // The help that lists the option: the subcommand's ("see gpt2 train --help").
-    for (const CLI::App* sub = &app; sub;) {
-      const CLI::App* next = nullptr;
-      for (const CLI::App* s : sub->get_subcommands())
-        if (s->parsed()) next = s;
-      if (next) tool += " " + next->get_name();
-      sub = next;
+    // The command and the subcommands parsed under it, outermost first.
+    std::vector<const CLI::App*> chain{&app};
+    for (bool deeper = true; deeper;) {
+      deeper = false;
+      for (const CLI::App* s : chain.back()->get_subcommands())
+        if (s->parsed()) {
+          chain.push_back(s);
+          deeper = true;
+          break;
+        }
     }
+    // The help that lists the option: the subcommand's ("see gpt2 train --help").
+    for (size_t i = 1; i < chain.size(); ++i) tool += " " + chain[i]->get_name();
     std::string what = e.what();
     // A misspelt subcommand is left over as an extra word: name it, and the subcommands there are.
     if (what == "A subcommand is required")
@@ -173,16 +178,6 @@ inline int parse(CLI::App& app, int argc, char** argv) {
         }
       const size_t letters = word.size() - std::min<size_t>(word.find_first_not_of('-'), word.size());
       const size_t most = letters <= 3 ? 1 : 2;
-      std::vector<const CLI::App*> chain{&app};
-      for (bool deeper = true; deeper;) {
-        deeper = false;
-        for (const CLI::App* s : chain.back()->get_subcommands())
-          if (s->parsed()) {
-            chain.push_back(s);
-            deeper = true;
-            break;
-          }
-      }
       std::string best;
       size_t best_d = most + 1;
       for (auto it = chain.rbegin(); it != chain.rend() && !word.empty(); ++it)
@@ -194,15 +189,10 @@ inline int parse(CLI::App& app, int argc, char** argv) {
     // A required option with a short name too is named by both ("-o,--output is required"), as the
     // help's option list shows it.
     if (dynamic_cast<const CLI::RequiredError*>(&e))
-      for (const CLI::App* sub = &app; sub;) {
+      for (const CLI::App* sub : chain)
         for (const CLI::Option* opt : sub->get_options())
           if (what == opt->get_name() + " is required" && !opt->get_snames().empty())
             what = opt->get_name(false, true) + " is required";
-        const CLI::App* next = nullptr;
-        for (const CLI::App* s : sub->get_subcommands())
-          if (s->parsed()) next = s;
-        sub = next;
-      }
     // CLI11's word for an option given twice.
     if (const size_t at = what.find("At Most 1 required but received "); at != std::string::npos)
       what = what.substr(0, at) + "given " + what.substr(at + 32) + " times; give it once";

@@ -271,13 +271,15 @@ void load_parameters(Executor& ex, const std::string& path) {
       if (name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) return true;
     return false;
   };
+  std::map<std::string, std::string> meta;
+  std::vector<SafeTensor> tensors = read_safetensors(path, &meta);
   // Kiln's --save records n_head; Hugging Face's files have no such key, and are not checked.
   const int64_t n_head = ex.module().fb().model()->n_head();
-  if (const auto meta = read_safetensors_metadata(path); meta.count("n_head") && meta.at("n_head") != std::to_string(n_head))
+  if (meta.count("n_head") && meta.at("n_head") != std::to_string(n_head))
     throw Error(path + ": written for a model with n_head " + one_line(meta.at("n_head")) + " (its __metadata__), this "
                 "one has " + std::to_string(n_head) + ": the shapes agree, but the heads would split attention otherwise");
   std::map<std::string, SafeTensor> file;
-  for (SafeTensor& t : read_safetensors(path)) {
+  for (SafeTensor& t : tensors) {
     std::string name = t.name.rfind(kPrefix, 0) == 0 ? t.name.substr(kPrefix.size()) : t.name;
     if (mask_buffer(name)) continue;
     if (auto it = file.find(name); it != file.end())

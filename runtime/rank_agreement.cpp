@@ -58,19 +58,6 @@ void check_ranks_agree(Communicator& comm, const Module& module, const TrainOpti
                        int64_t first_step, Executor& ex, const DataLoader& data, const DataLoader* val,
                        int64_t val_steps, bool compiled_buckets) {
   const uint8_t* bytes = flatbuffers::GetBufferStartFromRootPointer(&module.fb());
-  // Everything that decides which collectives run (evaluation, gradient dumps, checkpoints: a
-  // ZeRO-1 run gathers its moments for each) is compared too.
-  // So are --resume and the step it resumes at (a difference would show only as other weights).
-  // --bucket-mb only where it places the buckets (not in a module with compiled ones).
-  std::string opts = o.schedule.kind + (o.val_data.empty() ? " no-val" : " val") + (o.dump_grads.empty() ? " no-dump" : " dump") +
-                     (o.checkpoint_dir.empty() ? " no-ckpt" : " ckpt") + (o.resume ? " resume" : " fresh");
-  for (double x : {double(o.steps), double(first_step), double(total), double(o.zero), compiled_buckets ? 0.0 : o.bucket_mb, double(o.schedule.lr),
-                   double(o.schedule.warmup_steps), double(o.schedule.min_lr_ratio), o.weight_decay, o.beta1, o.beta2,
-                   o.eps, o.grad_clip, double(o.val_every), double(o.val_steps), double(o.checkpoint_every)}) {
-    char buf[40];
-    std::snprintf(buf, sizeof buf, " %.17g", x);
-    opts += buf;
-  }
   const uint64_t weights = weights_fingerprint(module, ex);
   // The data: each rank reads its own windows of the same shards, so the shards' sizes and the
   // tokens of the one being read must agree (the paths may differ from machine to machine).
@@ -81,18 +68,18 @@ void check_ranks_agree(Communicator& comm, const Module& module, const TrainOpti
   // Rank 0 alone writes --save and --log and prints --sample-every's samples: one that another
   // rank has and rank 0 lacks would be dropped without a word (rank 0 may have them alone).
   const uint64_t outputs = (o.save.empty() ? 0 : 1) | (o.log.empty() ? 0 : 2) | (o.sample_every > 0 ? 4 : 0);
-  uint64_t mine[6] = {fingerprint(bytes, module.size_bytes()), fingerprint(opts.data(), opts.size()), weights, tokens,
-                      val_tokens, outputs};
-  uint64_t root[6];
+  uint64_t mine[5] = {fingerprint(bytes, module.size_bytes()), weights, tokens, val_tokens, outputs};
+  uint64_t root[5];
   std::memcpy(root, mine, sizeof root);
   comm.broadcast(root, sizeof root, 0);
-  std::vector<bool> this_one(6);
-  for (int i = 0; i < 5; ++i) this_one[i] = mine[i] != root[i];
-  this_one[5] = (outputs & ~root[5]) != 0;
-  // Which options differ, each with rank 0's value and (where it differs) this rank's: every rank
-  // learns the same list, so that each one's message names them. (These collectives run before
-  // the module is compared: ranks of runtimes that differ would fail here, or hang, rather than
-  // be told so; every rank runs the same executable.)
+  // The options, compared one by one: everything that decides which collectives run (evaluation,
+  // gradient dumps, checkpoints: a ZeRO-1 run gathers its moments for each), --resume and the step
+  // it resumes at (a difference would show only as other weights), and --bucket-mb only where it
+  // places the buckets (not in a module with compiled ones). Each one that differs is named, with
+  // rank 0's value and (where it differs) this rank's: every rank learns the same list, so that
+  // each one's message names them. (These collectives run before the module is compared: ranks
+  // of runtimes that differ would fail here, or hang, rather than be told so; every rank runs the
+  // same executable.)
   static const char* const given[] = {"not given", "given"};
   static const char* const schedules[] = {"cosine", "constant"};
   static const char* const whole[] = {nullptr};  // a count: printed as a whole number
@@ -126,7 +113,11 @@ void check_ranks_agree(Communicator& comm, const Module& module, const TrainOpti
   for (size_t i = 0; i < n; ++i) values[i] = named[i].value;
   at_root = values;
   comm.broadcast(at_root.data(), n * sizeof(double), 0);
-  for (size_t i = 0; i < n; ++i) differ[i] = std::memcmp(&values[i], &at_root[i], sizeof(double)) != 0;
+  bool options_differ = false;
+  for (size_t i = 0; i < n; ++i) {
+    differ[i] = std::memcmp(&values[i], &at_root[i], sizeof(double)) != 0;
+    options_differ = options_differ || differ[i] > 0;
+  }
   comm.all_reduce_sum(differ.data(), int64_t(n));
   auto shown = [&](size_t i, double v) {
     char buf[40];
@@ -146,12 +137,11 @@ void check_ranks_agree(Communicator& comm, const Module& module, const TrainOpti
     if (differ[i] > 0)
       which += (which.empty() ? ": " : ", ") + std::string(named[i].name) + " (rank 0: " + shown(i, at_root[i]) +
                (values[i] != at_root[i] ? ", this one: " + shown(i, values[i]) : "") + ")";
+  const std::vector<bool> this_one = {mine[0] != root[0], options_differ, mine[1] != root[1], mine[2] != root[2],
+                                      mine[3] != root[3], (outputs & ~root[4]) != 0};
+  // (`which` names an option wherever some rank's options differ, the only case its words are said.)
   require_ranks_agree(comm, this_one,
-                      {"the module (a different executable?)",
-                       which.empty() ? "the training options (--steps, --total-batch, --zero, --bucket-mb, the "
-                                       "schedule, AdamW, evaluation, checkpoints, or --resume and the step of the "
-                                       "checkpoint it resumes from)"
-                                     : "the training options" + which,
+                      {"the module (a different executable?)", "the training options" + which,
                        first_step > 0 ? "the weights resumed (checkpoints that differ: a --checkpoint-dir that is not "
                                   "the same folder on every rank?)"
                                 : "the initial weights (a different --seed, or --init files that differ)",

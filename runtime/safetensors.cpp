@@ -156,9 +156,10 @@ size_t dtype_size(const std::string& dtype) {
   return n;
 }
 
-std::vector<SafeTensor> read_safetensors(const std::string& path) {
+std::vector<SafeTensor> read_safetensors(const std::string& path, std::map<std::string, std::string>* metadata) {
   const RegularFile file(path, "weights' file");
   Header h = read_header(file, path);
+  if (metadata) *metadata = std::move(h.metadata);
   std::vector<SafeTensor> out;
   out.reserve(h.entries.size());
   for (Entry& e : h.entries) {

@@ -30,7 +30,9 @@ size_t dtype_size(const std::string& dtype);
 // write_safetensors was given). Throws kiln::Error naming the file (and tensor) on any defect:
 // file too short, header length beyond the file, bad JSON, missing or mistyped keys, unknown
 // dtype, offsets out of range, overlapping, leaving holes, or not matching dtype size * numel.
-std::vector<SafeTensor> read_safetensors(const std::string& path);
+// `metadata`, where given, receives the "__metadata__" map (empty when absent).
+std::vector<SafeTensor> read_safetensors(const std::string& path,
+                                         std::map<std::string, std::string>* metadata = nullptr);
 
 // The "__metadata__" map alone (empty when absent); reads only the header but validates it fully.
 std::map<std::string, std::string> read_safetensors_metadata(const std::string& path);

@@ -9,8 +9,9 @@
 // documents and v = round(F*n) clamped to [1, n-1] (0 when F = 0 or n < 2), document i (from 0,
 // in the order given) is val when floor((i+1)*v/n) > floor(i*v/n): v documents spread evenly,
 // the last of each run of about n/v. One document (F > 0) is split by tokens instead: of its c
-// tokens, the last round(F*c) clamped to [1, c-1] are val. Each split is cut into shards of --shard-tokens tokens (the
-// last one shorter; a document may continue into the next shard), written as DIR/train_000.bin,
+// tokens, the last round(F*c) clamped to [1, c-1] are val. Each split is cut into shards of
+// --shard-tokens tokens (the last one shorter; a document may continue into the next shard),
+// written as DIR/train_000.bin,
 // DIR/train_001.bin, ..., DIR/val_000.bin, .... Shards are first written under
 // DIR/.kiln-data-prepare.tmp.<host>.<pid>/ and moved into DIR only when every document has been
 // encoded, so a failed run leaves DIR as it was; a successful run then removes older
@@ -283,16 +284,14 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
   }
 
   const size_t n = o.files.size();
+  const long long asked = std::llround(o.val_fraction * double(n));  // documents for val, before clamping
   size_t n_val = 0;
-  if (o.val_fraction > 0 && n >= 2)
-    n_val = static_cast<size_t>(std::clamp<long long>(std::llround(o.val_fraction * n), 1,
-                                                      static_cast<long long>(n) - 1));
+  if (o.val_fraction > 0 && n >= 2) n_val = static_cast<size_t>(std::clamp<long long>(asked, 1, static_cast<long long>(n) - 1));
   auto is_val = [&](size_t i) { return (i + 1) * n_val / n > i * n_val / n; };
   // One document (nanoGPT's Shakespeare case) is split by tokens instead: its tail is val.
   const bool split_one = o.val_fraction > 0 && n == 1;
   // Where the split cannot be what was asked, say so (the shards are still written).
-  const bool rounded_note =
-      o.val_fraction > 0 && n >= 2 && std::llround(o.val_fraction * double(n)) > static_cast<long long>(n_val);
+  const bool rounded_note = o.val_fraction > 0 && n >= 2 && asked > static_cast<long long>(n_val);
   if (rounded_note)
     std::fprintf(stderr, "note: --val-fraction %g: %zu of the %zu documents go%s to val; one stays for train\n",
                  o.val_fraction, n_val, n, n_val == 1 ? "es" : "");
@@ -406,13 +405,16 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
           ? static_cast<size_t>(std::clamp<long long>(std::llround(o.val_fraction * double(count)), 1,
                                                       static_cast<long long>(count) - 1))
           : 0;
-      for (size_t k = 0; k < count; ++k) {
-        Split& s = is_val(i) || k >= count - to_val ? val : train;
-        if (k == 0 || k == count - to_val) s.documents++;
-        s.tokens++;
-        s.pending.push_back(static_cast<uint16_t>(k == 0 ? Gpt2Tokenizer::kEndOfText : ids[k - 1]));
-        if (s.pending.size() >= cap) write_shard(s, cap);
-      }
+      auto append = [&](Split& s, size_t from, size_t to) {  // the document's tokens [from, to)
+        s.documents++;
+        s.tokens += to - from;
+        for (size_t k = from; k < to; ++k) {
+          s.pending.push_back(static_cast<uint16_t>(k == 0 ? Gpt2Tokenizer::kEndOfText : ids[k - 1]));
+          if (s.pending.size() >= cap) write_shard(s, cap);
+        }
+      };
+      append(is_val(i) ? val : train, 0, count - to_val);
+      if (to_val > 0) append(val, count - to_val, count);
       bytes_done += bytes.size();
       progress.update(i + 1, bytes_done, i + 1 == n);
     }
@@ -521,7 +523,7 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
     // and a large one) make it; the counts above do not show that.
     if (const double share = double(val.tokens) / double(train.tokens + val.tokens);
         n >= 2 && n_val >= 1 && !rounded_note && (share > 2 * o.val_fraction || share < o.val_fraction / 2)) {
-      if (static_cast<long long>(n_val) > std::llround(o.val_fraction * double(n)))
+      if (static_cast<long long>(n_val) > asked)
         std::fprintf(stderr, "note: --val-fraction %g: at least one of the %zu documents goes to val, and it holds "
                      "%.1f%% of the tokens (train has %.1f%%); more documents come closer\n",
                      o.val_fraction, n, 100 * share, 100 * (1 - share));
