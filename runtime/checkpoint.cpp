@@ -105,7 +105,8 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
     const std::string name = it->path().filename().string();
     if (auto step = step_of(name); step && it->is_regular_file(ec)) found.emplace_back(*step, name);
   }
-  if (ec) throw Error(dir + ": listing checkpoints: " + ec.message());
+  // (A folder not there holds none: a signal before the first step removes the one the run made.)
+  if (ec && ec != std::errc::no_such_file_or_directory) throw Error(dir + ": listing checkpoints: " + ec.message());
   std::sort(found.begin(), found.end(), std::greater<>());
   return found;
 }

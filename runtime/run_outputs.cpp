@@ -309,6 +309,18 @@ void MadeFolders::keep_lock(const std::string& dir) {
                "checkpoints go on into the folder there now\n", dir.c_str());
 }
 
+void MadeFolders::make_again(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);  // (a failure is the checkpoint's to report)
+  if (lock >= 0) ::close(lock);
+  lock = lock_folder(dir);
+  if (lock < 0 && errno == EWOULDBLOCK) {
+    folders.clear();  // (the other run's now)
+    throw Error("--checkpoint-dir: " + dir + ": another run is writing checkpoints there (it holds the folder's "
+                "lock); wait for it to end, or give another folder");
+  }
+}
+
 MadeFolders::~MadeFolders() {
   if (lock >= 0) ::close(lock);
   remove_empty_folders(folders);

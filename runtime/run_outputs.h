@@ -23,6 +23,9 @@ struct MadeFolders {
   // again, and locked again, so that another run cannot take it meanwhile unseen. kiln::Error
   // when another run holds the folder now there.
   void keep_lock(const std::string& dir);
+  // The checkpoint folder made again, and locked, after a signal removed it before the first
+  // step (StopSignals::remove_on_signal) and the ranks go on to that step's checkpoint.
+  void make_again(const std::string& dir);
   MadeFolders() = default;
   MadeFolders(const MadeFolders&) = delete;
   MadeFolders& operator=(const MadeFolders&) = delete;

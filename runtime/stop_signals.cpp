@@ -2,6 +2,7 @@
 #include "runtime/stop_signals.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -39,6 +40,13 @@ char g_message[StopSignals::kMaxPhases][kNumStop][256];
 char g_again[kNumStop][128];  // the second signal's line
 std::atomic<int> g_phase{0};
 bool g_pipe_ignored = false;
+// remove_on_signal's folders: kFoldersArmed until the first signal (kFoldersRemoving while its
+// handler removes them, then kFoldersRemoved) or keep_folders() (kFoldersNone).
+enum { kFoldersNone, kFoldersArmed, kFoldersRemoving, kFoldersRemoved };
+std::atomic<int> g_folders_state{kFoldersNone};
+constexpr int kMaxFolders = 16;
+char g_folders[kMaxFolders][4096];
+int g_num_folders = 0;
 struct sigaction g_previous_pipe;
 
 int64_t monotonic_ns() {
@@ -87,6 +95,11 @@ void on_signal(int sig) {
   }
   g_first_ns.store(now);
   say(g_message[g_phase.load()][index_of(sig)]);
+  // (Compare-and-swap: keep_folders() on the training loop's thread may be disarming them now.)
+  if (int armed = kFoldersArmed; g_folders_state.compare_exchange_strong(armed, kFoldersRemoving)) {
+    for (int i = g_num_folders - 1; i >= 0; --i) ::rmdir(g_folders[i]);  // (async-signal-safe; only an empty one goes)
+    g_folders_state.store(kFoldersRemoved);
+  }
   errno = saved_errno;
 }
 
@@ -130,6 +143,7 @@ StopSignals::StopSignals(int rank, int world, std::initializer_list<const char*>
 }
 
 StopSignals::~StopSignals() {
+  g_folders_state.store(kFoldersNone);
   for (int i = 0; i < kNumStop; ++i)
     if (g_installed[i]) sigaction(kStopSignals[i], &g_previous[i], nullptr);
   if (g_pipe_ignored) sigaction(SIGPIPE, &g_previous_pipe, nullptr);
@@ -143,6 +157,25 @@ bool StopSignals::request(int sig) {
   if (!g_requested.compare_exchange_strong(none, sig)) return false;
   g_first_ns.store(monotonic_ns());
   return true;
+}
+
+void StopSignals::remove_on_signal(const std::vector<std::string>& folders) {
+  g_folders_state.store(kFoldersNone);
+  g_num_folders = 0;
+  if (folders.empty() || folders.size() > size_t(kMaxFolders)) return;  // (then the run's destructor alone removes them)
+  for (const std::string& f : folders)
+    if (f.size() >= sizeof g_folders[0]) return;
+  for (const std::string& f : folders) std::memcpy(g_folders[g_num_folders++], f.c_str(), f.size() + 1);
+  g_folders_state.store(kFoldersArmed);
+}
+
+bool StopSignals::keep_folders() {
+  int state = kFoldersArmed;
+  if (g_folders_state.compare_exchange_strong(state, kFoldersNone)) return false;
+  // A handler on another thread may be removing them still.
+  while ((state = g_folders_state.load()) == kFoldersRemoving) sched_yield();
+  g_folders_state.store(kFoldersNone);
+  return state == kFoldersRemoved;
 }
 
 int StopSignals::phase(int i) { return g_phase.exchange(i < 0 ? 0 : i < kMaxPhases ? i : kMaxPhases - 1); }

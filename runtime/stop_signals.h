@@ -6,6 +6,8 @@
 // Ctrl-C'd command), after the communicator is shut.
 #pragma once
 #include <initializer_list>
+#include <string>
+#include <vector>
 
 namespace kiln {
 
@@ -27,6 +29,13 @@ class StopSignals {
   bool request(int sig);
   // From now on a signal's line says phases[i]; returns the phase before.
   int phase(int i);
+  // Folders the run made for its outputs (outermost first), still empty before its first step:
+  // the first signal removes those still empty (rmdir), innermost first. Under mpirun a rank's
+  // failure reaches the others as SIGTERM and then SIGKILL, which no destructor outlives.
+  void remove_on_signal(const std::vector<std::string>& folders);
+  // Stops that (at the first step, which may write into them): true if a signal removed them,
+  // and the run, which goes on to the end of that step (ranks), must make them again.
+  bool keep_folders();
 };
 
 // "SIGINT", "SIGTERM", "SIGHUP", "SIGPIPE".

@@ -249,6 +249,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
                       /*keep_on_broken_pipe=*/true);
   MadeFolders made;
   check_output_paths(o, root, made);
+  signals.remove_on_signal(made.folders);
   for (const char* p : {"micro_step", "optimizer_step"})
     if (!module.program(p))
       throw Error(module.source() + ": has no '" + std::string(p) + "' program (not a training module)");
@@ -554,6 +555,8 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     throw Interrupted{signals.requested()};
   }
   signals.phase(1);
+  // (Ranks go on to the first step's end after a signal: its checkpoint needs the folder.)
+  if (signals.keep_folders()) made.make_again(o.checkpoint_dir);
   const int64_t every = o.print_every > 0 ? o.print_every : std::max<int64_t>(1, o.steps / 50);
   if (root && world > 1)
     std::fprintf(stderr, "data parallel: rank %d of %lld over %s; %s\n", rank, (long long)world,

@@ -21,6 +21,8 @@ reference with --total-batch 2*B*T (2 micro-steps per step), then checks (group 
   mpi_eval   `mpirun -np 2 ... eval --batches 3` against 1 process with --batches 6 (as tcp_eval)
   mpi_sample `mpirun -np 2 ... sample`: rank 0 alone samples, as 1 process; no collective's timeout
              (KILN_COMM_TIMEOUT=1) can end it
+  mpi_rank_error_folder  rank 1 fails at start (missing data) while rank 0 waits for it, having
+             made its --checkpoint-dir: mpirun's SIGTERM (then SIGKILL) to rank 0 leaves no folder
 and (group tcp, the environment rendezvous RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT):
   tcp            2 processes started here: same checks as mpi (with --zero 1 on small buckets,
                  compiled in: a --bucket-mb at run time is noted as unused);
@@ -35,6 +37,9 @@ and (group tcp, the environment rendezvous RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PO
   tcp_hang       SIGSTOP rank 1 with KILN_COMM_TIMEOUT=4: rank 0 gives up on it after 4 s
   tcp_pause      both ranks stopped for 5 s with KILN_COMM_TIMEOUT=3, then resumed: they train on
   tcp_rank_error rank 1 fails at start (missing data): rank 0 exits non-zero too
+  tcp_signal_at_start  SIGTERM to rank 0 before the first step (rank 1 paused meanwhile) removes the
+                 checkpoint folder it made; once rank 1 goes on, both stop after step 1, whose
+                 checkpoint and log lines are in that folder, made again
   tcp_no_root    rank 1 without rank 0: exits non-zero after KILN_COMM_TIMEOUT=3 s, saying so
   tcp_other_data rank 1 reads other shards of the same sizes, as training or as validation data
                  (--val-data): both ranks refuse to start
@@ -382,6 +387,26 @@ def mpi_fail(c: Ctx, tag, sig, env_extra=None, expect=None):
             os.kill(pid[1], signal.SIGKILL)  # a stopped rank mpirun could not end
 
 
+def case_mpi_rank_error_folder(c: Ctx):
+    # One app context a rank (mpirun's MPMD form): rank 1 reads shards that do not exist.
+    ck = os.path.join(c.workdir, "mpi_rank_error_ck")
+    shutil.rmtree(ck, ignore_errors=True)
+    extra = ["--checkpoint-dir", os.path.join(ck, "run")]
+    rank0 = c.train_args("mpi_rank_error", extra, save=False, log=False)
+    rank1 = list(rank0)
+    rank1[rank1.index("--data") + 1] = os.path.join(c.workdir, "missing_*.bin")
+    cmd = c.mpirun_cmd(1) + rank0 + [":", "-np", "1"] + rank1
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=KILL_LIMIT_S, cwd=c.workdir, env=child_env())
+    if p.returncode == 0:
+        raise TestFailure(f"mpi_rank_error_folder: mpirun exited 0:\n{p.stderr[-2000:]}")
+    if "no file matches" not in p.stderr:
+        raise TestFailure(f"mpi_rank_error_folder: rank 1 does not say why:\n{p.stderr[-2000:]}")
+    if os.path.exists(ck):
+        raise TestFailure(f"mpi_rank_error_folder: {ck} is left behind: {sorted(os.listdir(ck))}\n{p.stderr[-2000:]}")
+    said = "rank 0 got SIGTERM" if "rank 0: SIGTERM" in p.stderr else "rank 0 ended"
+    return f"mpirun exited {p.returncode}, {said}; no checkpoint folder left"
+
+
 def case_mpi_kill(c: Ctx):
     return mpi_fail(c, "mpi_kill", signal.SIGKILL)
 
@@ -712,6 +737,58 @@ def case_tcp_rank_error(c: Ctx):
     if "rank 1 (127.0.0.1:" not in res[0][2] or "disconnected" not in res[0][2]:
         raise TestFailure(f"tcp_rank_error: rank 0 does not name rank 1:\n{res[0][2]}")
     return f"both ranks failed within {dt:.2f} s: {res[1][2].strip().splitlines()[-1]}"
+
+
+def case_tcp_signal_at_start(c: Ctx):
+    ck = os.path.join(c.workdir, "tcp_signal_at_start_ck")
+    shutil.rmtree(ck, ignore_errors=True)
+    run = os.path.join(ck, "run")
+    logp = os.path.join(run, "run.jsonl")
+    # GPT-2's vocabulary: a start of tens of milliseconds (its embedding's AdamW state and initial
+    # values), within which rank 1 is paused.
+    spec = os.path.join(c.workdir, "wide_vocab.toml")
+    with open(c.a.spec) as f:
+        text = re.sub(r"(?m)^vocab_size = .*$", "vocab_size = 50257", f.read())
+    with open(spec, "w") as f:
+        f.write(text)
+    exe = os.path.join(c.workdir, "gpt2-wide-vocab")
+    subprocess.run([c.a.kilnc, spec, "-o", exe, *c.a.kilnc_arg], check=True, cwd=c.workdir, capture_output=True)
+
+    def log_in_folder(r, args):  # (its first line comes after the folder is made again)
+        args[args.index("--log") + 1] = logp
+        return [exe if a == c.exe else a for a in args]
+    procs, _ = start_tcp(c, "tcp_signal_at_start", ["--checkpoint-dir", run], steps=5, save=False,
+                         per_rank=log_in_folder)
+    # Rank 0 has made the folder; rank 1, paused, keeps it waiting for the ranks' agreement
+    # (unless rank 1 was through that already: then rank 0 trains its first step, the folder stays).
+    try:
+        wait_for(lambda: os.path.isdir(run) or procs[0].poll() is not None, 60, "rank 0's --checkpoint-dir")
+    except TestFailure:
+        finish([p for p in procs if not p.kill()], timeout=10)
+        raise
+    if procs[0].poll() is not None:
+        res = finish(procs, timeout=KILL_LIMIT_S)
+        raise TestFailure(f"tcp_signal_at_start: rank 0 ended (exit {res[0][0]}) before the signal:\n{res[0][2][-1500:]}")
+    os.kill(procs[1].pid, signal.SIGSTOP)
+    procs[0].send_signal(signal.SIGTERM)
+    time.sleep(1.0)
+    removed = not os.path.exists(ck)
+    os.kill(procs[1].pid, signal.SIGCONT)
+    res = finish(procs, timeout=KILL_LIMIT_S)
+    if res[0][0] != -signal.SIGTERM or res[1][0] != -signal.SIGTERM:
+        raise TestFailure(f"tcp_signal_at_start: exit codes {res[0][0]}, {res[1][0]} (both must end by SIGTERM):\n"
+                          f"{res[0][2][-1500:]}\n{res[1][2][-1500:]}")
+    if "stopped after step 1 of 5" not in res[0][2]:
+        raise TestFailure(f"tcp_signal_at_start: rank 0 did not stop after step 1:\n{res[0][2][-1500:]}")
+    have = sorted(os.listdir(run)) if os.path.isdir(run) else []
+    if have != ["ckpt_00000001.kiln-ckpt", "latest", "run.jsonl"]:
+        raise TestFailure(f"tcp_signal_at_start: {run} holds {have}, not step 1's checkpoint, latest and the log:\n"
+                          f"{res[0][2][-1500:]}")
+    steps = [json.loads(line)["step"] for line in open(logp)]
+    if steps != [0]:
+        raise TestFailure(f"tcp_signal_at_start: the log holds steps {steps}, not [0]")
+    return ("the folder was removed at the signal and made again for step 1's checkpoint" if removed else
+            "rank 1 was through the start already (the folder stayed); step 1's checkpoint written")
 
 
 def case_tcp_no_root(c: Ctx):
@@ -1225,8 +1302,10 @@ def case_tcp_zero1_cuda(c: Ctx):
 GROUPS = {
     "cuda": [case_tcp_plain, case_tcp_accum, case_tcp_hang_cuda, case_tcp_zero1_cuda],
     "cuda-zero1": [case_tcp_zero1_cuda],
-    "mpi": [case_mpi, case_mpi_zero1, case_mpi_accum, case_mpi_kill, case_mpi_hang, case_mpi_pause, case_mpi_eval, case_mpi_sample],
+    "mpi": [case_mpi, case_mpi_zero1, case_mpi_accum, case_mpi_kill, case_mpi_hang, case_mpi_pause, case_mpi_eval, case_mpi_sample,
+            case_mpi_rank_error_folder],
     "tcp": [case_tcp, case_single_zero1, case_tcp_zero1_resume, case_tcp_three, case_tcp_kill_1, case_tcp_kill_0, case_tcp_hang, case_tcp_pause, case_tcp_rank_error,
+            case_tcp_signal_at_start,
             case_tcp_no_root, case_tcp_other_data, case_tcp_other_checkpoints, case_tcp_save_one_rank, case_tcp_log_full, case_tcp_checkpoint_full, case_tcp_cut_step, case_tcp_cut_step_zero1, case_tcp_idle_peer, case_tcp_ipv6,
             case_nccl_refused, case_tcp_threads, case_tcp_eval, case_tcp_eval_disagree, case_tcp_sample,
             case_tcp_val],

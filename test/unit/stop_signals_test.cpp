@@ -9,7 +9,11 @@
 
 #include <cerrno>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <thread>
+
+#include "temp_dir_fixture.h"
 
 namespace {
 
@@ -122,6 +126,62 @@ TEST(StopSignalsDeathTest, AClosedPipeIsAnErrorNotASignalWhileKeptOn) {
       },
       testing::KilledBySignal(SIGPIPE), "");
   ::close(fds[1]);
+}
+
+}  // namespace
+
+namespace {
+
+// The folders a run made before its first step: the first signal removes those still empty
+// (under mpirun, SIGKILL follows a rank's SIGTERM before any destructor runs); once the first
+// step starts (keep_folders) a signal leaves them, and the run learns whether they went.
+class StopSignalsFolders : public kiln::testing::TempDirTest {};
+
+TEST_F(StopSignalsFolders, TheFirstSignalBeforeTheFirstStepRemovesTheEmptyFoldersMade) {
+  DefaultDisposition term(SIGTERM);
+  namespace fs = std::filesystem;
+  const std::string outer = path("ck"), inner = path("ck/run"), other = path("other");
+  fs::create_directories(inner);
+  fs::create_directories(other);
+  testing::internal::CaptureStderr();
+  kiln::StopSignals signals(0, 2, {"stopping"});
+  signals.remove_on_signal({outer, inner});
+  ::raise(SIGTERM);
+  testing::internal::GetCapturedStderr();
+  EXPECT_FALSE(fs::exists(outer));
+  EXPECT_TRUE(fs::exists(other));
+  EXPECT_TRUE(signals.keep_folders());  // removed: the run makes them again for the first step
+  EXPECT_FALSE(signals.keep_folders());  // (said once)
+}
+
+TEST_F(StopSignalsFolders, AFolderThatHoldsAFileStays) {
+  DefaultDisposition term(SIGTERM);
+  namespace fs = std::filesystem;
+  const std::string outer = path("ck"), inner = path("ck/run");
+  fs::create_directories(inner);
+  { std::ofstream(path("ck/notes.txt")) << "kept"; }
+  testing::internal::CaptureStderr();
+  kiln::StopSignals signals(0, 2, {"stopping"});
+  signals.remove_on_signal({outer, inner});
+  ::raise(SIGTERM);
+  testing::internal::GetCapturedStderr();
+  EXPECT_FALSE(fs::exists(inner));
+  EXPECT_TRUE(fs::exists(path("ck/notes.txt")));
+}
+
+TEST_F(StopSignalsFolders, FromTheFirstStepOnASignalLeavesThem) {
+  DefaultDisposition term(SIGTERM);
+  namespace fs = std::filesystem;
+  const std::string outer = path("ck");
+  fs::create_directories(outer);
+  testing::internal::CaptureStderr();
+  kiln::StopSignals signals(0, 2, {"stopping"});
+  signals.remove_on_signal({outer});
+  EXPECT_FALSE(signals.keep_folders());  // no signal yet: the folders stay from now on
+  ::raise(SIGTERM);
+  testing::internal::GetCapturedStderr();
+  EXPECT_EQ(signals.requested(), SIGTERM);
+  EXPECT_TRUE(fs::exists(outer));
 }
 
 }  // namespace
