@@ -275,6 +275,9 @@ class CudaDevice final : public Device {
   CuModuleGetFunction module_get_function_ = nullptr;
   CuLaunchKernel launch_kernel_ = nullptr;
   CUmodule module_ = nullptr;
+  // The loaded image, kept until the module is unloaded: with lazy loading (the default since
+  // CUDA 12.2) a kernel is loaded at cuModuleGetFunction, after cuModuleLoadData has returned.
+  std::vector<uint64_t> module_image_;
   std::string module_name_;  // "<source> (sm_90 image)", for messages
   std::unordered_map<std::string, CUfunction> functions_;
   std::unordered_map<CUfunction, std::string> symbols_;  // back, for launch errors
@@ -373,6 +376,7 @@ void CudaDevice::release() noexcept {
   allocations_.clear();
   if (module_ && module_unload_) (void)module_unload_(module_);
   module_ = nullptr;
+  module_image_.clear();
   functions_.clear();
   symbols_.clear();
   if (stream_) (void)cudaStreamDestroy(stream_);
@@ -435,12 +439,13 @@ void CudaDevice::load_kernels(const Module& m) {
   }
   // The flatbuffer's bytes carry no alignment guarantee; the driver parses the ELF in place.
   // The zero word at the end would also terminate a PTX image.
-  std::vector<uint64_t> image(cubin->size() / 8 + 1, 0);
-  std::memcpy(image.data(), cubin->data(), cubin->size());
+  module_image_.assign(cubin->size() / 8 + 1, 0);
+  std::memcpy(module_image_.data(), cubin->data(), cubin->size());
   module_name_ = m.source() + " (" + pick.image->arch()->str() + " kernels)";
-  CUresult r = module_load_data_(&module_, image.data());
+  CUresult r = module_load_data_(&module_, module_image_.data());
   if (r != CUDA_SUCCESS) {
     module_ = nullptr;
+    module_image_.clear();
     // A driver older than the NVRTC that compiled the kernels cannot read their PTX (nor, for
     // another architecture, their ELF): its version says whether that may be the cause.
     int driver = 0;
