@@ -304,7 +304,9 @@ LogicalResult verifyEntryPoints(ModuleOp module) {
     if (has(one) && !has(other))
       return module.lookupSymbol<func::FuncOp>(one).emitError() << "@" << one << " needs @" << other << " beside it ("
                                                                 << (other == "decode" ? "@decode reads the caches it fills)"
-                                                                                      : "a training step runs both)");
+                                                                    : other == "optimizer_step"
+                                                                        ? "a training step runs both; kiln-opt -kiln-build-optimizer-step adds it)"
+                                                                        : "a training step runs both; kiln-opt -kiln-autodiff derives it from @forward)");
   // The gradient buckets (kiln-bucket-gradients): numbered 0, 1, ... in the order they start, each
   // parameter in one, and each started after the last accumulation of its gradients (the runtime
   // sends a bucket as soon as it is reached on the last micro-step).

@@ -80,6 +80,14 @@ class SpecStage : public PassWrapper<SpecStage, OperationPass<ModuleOp>> {
       if (failed(s)) return signalPassFailure();
       spec = *s;
     }
+    // Planning graph IR (@forward, before kiln-autodiff) would leave fusion regions and offsets
+    // that the step pipeline cannot take, and kilnc refuses: the planning passes run on the step.
+    if (name_ == "kiln-plan-pipeline" && getOperation().lookupSymbol("forward") &&
+        !getOperation().lookupSymbol("micro_step")) {
+      getOperation().emitError("kiln-plan-pipeline: graph IR (no @micro_step); plan the training step: "
+                               "run -kiln-step-pipeline first (or kilnc --emit=step)");
+      return signalPassFailure();
+    }
     OpPassManager pm(ModuleOp::getOperationName());
     build_(pm, spec);
     if (failed(runPipeline(pm, getOperation()))) signalPassFailure();

@@ -24,6 +24,13 @@ struct BuildOptimizerStepPass : kiln::impl::BuildOptimizerStepBase<BuildOptimize
       module.emitError("kiln-build-optimizer-step: the module declares no kiln.parameter");
       return signalPassFailure();
     }
+    // @optimizer_step reads the gradients that @micro_step accumulates: without it the step
+    // has nothing to read (and kilnc refuses the module), so this is kiln-autodiff's output.
+    if (!module.lookupSymbol("micro_step")) {
+      module.emitError("kiln-build-optimizer-step: the module has no @micro_step, whose gradients "
+                       "@optimizer_step reads; run kiln-autodiff first");
+      return signalPassFailure();
+    }
 
     Location loc = NameLoc::get(StringAttr::get(&getContext(), "optimizer"));
     auto scalar = RankedTensorType::get({}, Float32Type::get(&getContext()));

@@ -26,8 +26,27 @@ struct RecomputePass : kiln::impl::RecomputeBase<RecomputePass> {
       return signalPassFailure();
     }
     auto step = getOperation().lookupSymbol<func::FuncOp>("micro_step");
+    // Graph IR: there is no backward pass to recompute in yet, and saying nothing would look
+    // like "nothing worth recomputing".
+    if (!step && getOperation().lookupSymbol("forward")) {
+      getOperation().emitError("kiln-recompute: no @micro_step (graph IR): the pass recomputes in the "
+                               "backward pass of the training step; run kiln-autodiff first");
+      return signalPassFailure();
+    }
     if (!step || step.isExternal()) return;
     if (failed(requireOneBlock(step, "kiln-recompute"))) return signalPassFailure();
+    // GELU and layer-norm outputs inside fusion regions are out of reach: after
+    // kiln-fuse-kernels the pass would recompute only the ops left unfused, and say nothing.
+    FusionOp fused;
+    step.walk([&](FusionOp f) {
+      fused = f;
+      return WalkResult::interrupt();
+    });
+    if (fused) {
+      fused.emitError("kiln-recompute: @micro_step is fused already (kiln.fusion), and the outputs "
+                      "inside regions cannot be recomputed; run kiln-recompute before kiln-fuse-kernels");
+      return signalPassFailure();
+    }
     Block& body = step.getBody().front();
     if (body.getTerminator()->getNumOperands() != 1) {
       step.emitError("kiln-recompute: @micro_step must return one value, the loss");

@@ -148,6 +148,10 @@ int main(int argc, char** argv) {
       // Any other binary file (or a known one through a pipe): text holds no NUL byte.
       if (const size_t nul = head.find('\0'); nul != std::string::npos)
         throw kiln::Error(input + ": holds binary data (a NUL byte at offset " + std::to_string(nul) + "), not MLIR text");
+      // A spec would fail in MLIR's parser on its first line ("invalid attribute name").
+      if (llvm::StringRef(input).ends_with(".toml"))
+        throw kiln::Error(input + ": is a model spec (TOML), not MLIR text; kiln-opt runs passes on IR: make it with "
+                          "kilnc " + input + " --emit=graph -o graph.mlir (or --emit=step)");
     }
   } catch (const kiln::Error& e) {
     std::fprintf(stderr, "error: %s\n", kiln::one_line(e.what()).c_str());

@@ -162,6 +162,11 @@ int main(int argc, char** argv) {
                  emit.c_str());
     return 1;
   }
+  if (singleOps && noFusion) {  // (the module would be --no-fusion's, the flag silently unused)
+    std::fprintf(stderr, "error: --fuse-single-ops: gives lone ops generated kernels, which --no-fusion "
+                 "leaves out; give one of the two\n");
+    return 1;
+  }
   if (!dumpKernels.empty() && noFusion) {
     std::fprintf(stderr, "error: --dump-kernels: --no-fusion generates no kernels\n");
     return 1;
@@ -371,6 +376,26 @@ int main(int argc, char** argv) {
       build(pm);
       return pm.run(*module);
     };
+    // Graph IR (no @micro_step yet) that went through a planning pass (kiln-opt
+    // --kiln-fuse-kernels or --kiln-plan-buffers on --emit=graph): autodiff would differentiate
+    // fusion regions and copy stale offsets into the step. The planning passes run on step IR.
+    if (!module->lookupSymbol("micro_step")) {
+      Operation* planned = nullptr;
+      module->walk([&](Operation* op) {
+        if (isa<kiln::FusionOp>(op) || op->hasAttr("kiln.offsets") || op->hasAttr("kiln.arena_size")) {
+          planned = op;
+          return WalkResult::interrupt();
+        }
+        return WalkResult::advance();
+      });
+      if (planned) {
+        planned->emitError() << "graph IR (no @micro_step) with "
+                             << (isa<kiln::FusionOp>(planned) ? "fusion regions ('kiln.fusion')" : "planned offsets")
+                             << ": the planning passes run after kiln-autodiff; run them on step IR "
+                                "(kilnc --emit=step, or kiln-opt -kiln-step-pipeline first)";
+        return 1;
+      }
+    }
     if (!module->lookupSymbol("micro_step") &&
         failed(runStage("step pipeline", [&](PassManager& pm) { kiln::buildStepPipeline(pm, spec.precision); })))
       return 1;
@@ -387,6 +412,13 @@ int main(int argc, char** argv) {
                        "nothing; give the spec or its step IR\n", input.c_str(), flag);
           return 1;
         }
+    // Step IR that kiln-opt -kiln-fuse-kernels fused: --no-fusion would keep its regions, and the
+    // module would say it was not fused.
+    if (!planned && noFusion && module->walk([](kiln::FusionOp) { return WalkResult::interrupt(); }).wasInterrupted()) {
+      std::fprintf(stderr, "error: %s: --no-fusion: the IR is fused already (kiln.fusion regions); give the step IR "
+                   "before kiln-fuse-kernels\n", input.c_str());
+      return 1;
+    }
     if (!planned &&
         failed(runStage("plan pipeline", [&](PassManager& pm) {
           kiln::buildPlanPipeline(pm, recompute, bucketMB, !noFusion, singleOps || spec.target == "cuda");
@@ -396,11 +428,12 @@ int main(int argc, char** argv) {
 
     kiln::WriteOptions options;
     // Planned IR says itself whether it recomputes (kiln-recompute's clones are marked; "cheap"
-    // is the one mode that makes them) and whether it was fused.
-    const bool recomputes = planned && module->walk([](Operation* op) {
+    // is the one mode that makes them) and whether it was fused; so does step IR that
+    // kiln-opt -kiln-recompute went over (the module would say "none" beside its recompute kernels).
+    const bool recomputes = module->walk([](Operation* op) {
       return op->hasAttr("kiln.recomputed") ? WalkResult::interrupt() : WalkResult::advance();
     }).wasInterrupted();
-    options.recompute = planned ? (recomputes ? "cheap" : "none") : recompute;
+    options.recompute = recomputes ? "cheap" : planned ? "none" : recompute;
     options.fusion = planned ? module->walk([](kiln::FusionOp) { return WalkResult::interrupt(); }).wasInterrupted()
                              : !noFusion;
     options.dumpKernelsDir = dumpKernels;

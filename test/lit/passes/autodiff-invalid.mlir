@@ -111,3 +111,17 @@ func.func @forward() -> tensor<f32> {
   %z = kiln.zeros : tensor<f32>
   return %z : tensor<f32>
 }
+
+// -----
+
+// A module whose kiln.spec says bf16 takes its types from kiln-mixed-precision first: a step
+// derived from fp32 types would be built in fp32 (and refused by kilnc).
+// expected-error@below {{kiln-autodiff: 'kiln.spec' has precision = "bf16" but @forward computes nothing in bf16; run kiln-mixed-precision first (kiln-step-pipeline does)}}
+module attributes {kiln.spec = {precision = "bf16"}} {
+  kiln.parameter @w : tensor<4xf32> {init = "zeros"}
+  func.func @forward() -> tensor<f32> {
+    %w = kiln.param @w : tensor<4xf32>
+    %l = kiln.reduce_sum %w : tensor<4xf32> -> tensor<f32>
+    return %l : tensor<f32>
+  }
+}

@@ -23,3 +23,17 @@ module {
     return %n : tensor<f32>
   }
 }
+
+// -----
+
+// Graph IR: the gradients come from @micro_step, which kiln-autodiff has not built yet
+// (kilnc would refuse the output: "@optimizer_step needs @micro_step beside it").
+// expected-error@below {{kiln-build-optimizer-step: the module has no @micro_step, whose gradients @optimizer_step reads; run kiln-autodiff first}}
+module {
+  kiln.parameter @w : tensor<4xf32> {init = "zeros"}
+  func.func @forward() -> tensor<f32> {
+    %w = kiln.param @w : tensor<4xf32>
+    %l = kiln.reduce_sum %w : tensor<4xf32> -> tensor<f32>
+    return %l : tensor<f32>
+  }
+}

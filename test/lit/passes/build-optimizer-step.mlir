@@ -14,7 +14,13 @@ func.func @forward() -> tensor<f32> {
   %l = kiln.reduce_sum %w : tensor<16x8xf32> -> tensor<f32>
   return %l : tensor<f32>
 }
-// The existing function is left alone.
+// The pass reads the gradients @micro_step accumulates (kiln-autodiff's output).
+func.func @micro_step() -> tensor<f32> {
+  %w = kiln.param @wte : tensor<16x8xf32>
+  %l = kiln.reduce_sum %w : tensor<16x8xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}
+// The existing functions are left alone.
 // CHECK-LABEL: func.func @forward() -> tensor<f32> {
 // CHECK-NEXT:    kiln.param @wte
 // CHECK-NEXT:    kiln.reduce_sum
@@ -40,9 +46,13 @@ func.func @forward() -> tensor<f32> {
 
 // -----
 
-// A module of parameters alone is enough (no other function is needed); a single
-// parameter gives a one-operand global_norm.
+// Beside @micro_step, nothing else is needed (no @forward); a single parameter gives a
+// one-operand global_norm.
 kiln.parameter @w : tensor<4x4xbf16> {decay, init = "normal", init_std = 1.0 : f32}
+func.func @micro_step() -> tensor<f32> {
+  %l = kiln.hyper "loss_weight" : tensor<f32>
+  return %l : tensor<f32>
+}
 // CHECK-LABEL: func.func @optimizer_step() -> tensor<f32> {
 // CHECK-NEXT:    %[[G:.*]] = kiln.grad @w : tensor<4x4xbf16>
 // CHECK-NEXT:    %[[N:.*]] = kiln.global_norm %[[G]] : tensor<4x4xbf16> -> tensor<f32>

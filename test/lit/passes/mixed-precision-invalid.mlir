@@ -18,3 +18,28 @@ func.func @micro_step() -> tensor<f32> {
   %l = kiln.reduce_sum %x : tensor<4xf32> -> tensor<f32>
   return %l : tensor<f32>
 }
+
+// -----
+
+// A module built from an fp32 spec: kilnc refuses bf16 types under precision = "fp32", so the
+// pass refuses to make them (kiln-step-pipeline runs it only for precision = "bf16").
+// expected-error@below {{kiln-mixed-precision: 'kiln.spec' has precision = "fp32"; the pass makes a bf16 module, which kilnc compiles only with precision = "bf16" (set it in the spec and emit the graph again)}}
+module attributes {kiln.spec = {precision = "fp32"}} {
+  func.func @forward() -> tensor<f32> {
+    %x = kiln.zeros : tensor<4xf32>
+    %l = kiln.reduce_sum %x : tensor<4xf32> -> tensor<f32>
+    return %l : tensor<f32>
+  }
+}
+
+// -----
+
+// Without the key, a kiln.spec means fp32 (as kilnc reads it).
+// expected-error@below {{kiln-mixed-precision: 'kiln.spec' has precision = "fp32"}}
+module attributes {kiln.spec = {target = "cpu"}} {
+  func.func @forward() -> tensor<f32> {
+    %x = kiln.zeros : tensor<4xf32>
+    %l = kiln.reduce_sum %x : tensor<4xf32> -> tensor<f32>
+    return %l : tensor<f32>
+  }
+}

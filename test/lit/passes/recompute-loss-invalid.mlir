@@ -24,3 +24,34 @@ func.func @micro_step() -> tensor<f32> {
   %z = kiln.zeros : tensor<f32>
   return %z : tensor<f32>
 }
+
+// -----
+
+// Graph IR (before kiln-autodiff) has no backward pass to recompute in: refused rather than
+// left as it is, which would read as "nothing to recompute".
+// expected-error@below {{kiln-recompute: no @micro_step (graph IR): the pass recomputes in the backward pass of the training step; run kiln-autodiff first}}
+module {
+  func.func @forward() -> tensor<f32> {
+    %x = kiln.zeros : tensor<4xf32>
+    %l = kiln.reduce_sum %x : tensor<4xf32> -> tensor<f32>
+    return %l : tensor<f32>
+  }
+}
+
+// -----
+
+// After kiln-fuse-kernels the GELU and layer-norm outputs sit inside regions, out of the pass's
+// reach: refused rather than recomputing only what was left unfused.
+kiln.parameter @w : tensor<4xf32> {init = "zeros"}
+func.func @micro_step() -> tensor<f32> {
+  %w = kiln.param @w : tensor<4xf32>
+  // expected-error@below {{kiln-recompute: @micro_step is fused already (kiln.fusion), and the outputs inside regions cannot be recomputed; run kiln-recompute before kiln-fuse-kernels}}
+  %g = kiln.fusion "elementwise" "gelu"(%w) : (tensor<4xf32>) -> tensor<4xf32> {
+  ^bb0(%a: tensor<4xf32>):
+    %0 = kiln.gelu %a : tensor<4xf32>
+    kiln.yield %0 : tensor<4xf32>
+  }
+  %l = kiln.reduce_sum %g : tensor<4xf32> -> tensor<f32>
+  kiln.accumulate_grad @w, %g : tensor<4xf32>
+  return %l : tensor<f32>
+}
