@@ -40,8 +40,10 @@ inline CLI::Validator whole(int64_t min, int64_t max = INT64_MAX) {
           return s[0] == '-' ? "Value " + s + " is too small (a whole number " + range + ")"
                              : "Value " + s + " is too large (a whole number " +
                                    (max == INT64_MAX ? "at most " + std::to_string(INT64_MAX) : range) + ")";
-        if (!digits || leading_zero || err != std::errc() || stop != end || v < min || v > max)
+        if (!digits || leading_zero || err != std::errc() || stop != end)
           return "Value " + s + " is not a whole number " + range + (leading_zero ? " (no leading zeros)" : "");
+        // (a whole number, but outside the range)
+        if (v < min || v > max) return "Value " + s + " is too " + (v < min ? "small" : "large") + " (a whole number " + range + ")";
         return std::string();
       },
       max >= INT32_MAX ? "" : "[" + std::to_string(min) + ", " + std::to_string(max) + "]");  // --help: INT:[0, 1]

@@ -47,6 +47,19 @@ void on_fatal_error(void*, const char* reason, bool) {
 }
 }  // namespace
 
+// IR that carries locations (kilnc --debug-info: the layer names kiln-inspect reports) keeps them
+// in the output: MLIR prints them only when given --mlir-print-debuginfo, and would drop them
+// without a word. An explicit --mlir-print-debuginfo=false still drops them.
+void keep_locations(int argc, char** argv, const std::string& input, const llvm::MemoryBuffer* piped) {
+  for (int i = 1; i < argc; ++i)
+    if (std::strstr(argv[i], "mlir-print-debuginfo")) return;
+  const std::string head = piped ? piped->getBuffer().take_front(size_t(1) << 20).str() : kiln::read_head(input, size_t(1) << 20);
+  if (head.find("#loc") == std::string::npos && head.find("loc(") == std::string::npos) return;
+  auto& options = llvm::cl::getRegisteredOptions();
+  if (auto it = options.find("mlir-print-debuginfo"); it != options.end())
+    if (auto* flag = static_cast<llvm::cl::opt<bool>*>(it->getValue())) flag->setValue(true);
+}
+
 // MlirOptMain on the input file, or on the bytes of a pipe already read (as MLIR's own driver
 // does with the file it opens: the output kept only when the passes succeed).
 mlir::LogicalResult run_opt(std::vector<char*>& args, const std::string& input, const std::string& output,
@@ -157,6 +170,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: %s\n", kiln::one_line(e.what()).c_str());
     return 1;
   }
+  keep_locations(argc, argv, input, piped.get());
   // -o FILE: written to a temporary beside it (beside the file a link names) and renamed on
   // success, so a failed run leaves an existing FILE as it was; naming the input would lose it.
   // A device, FIFO or pipe (/dev/null, /dev/stdout) is written to directly.
