@@ -330,7 +330,9 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       // (a ZeRO-1 run gathers its moments before it saves), so either may resume the other's.
       if (st.world_size != int(world))
         throw Error(*latest + ": written by " + std::to_string(st.world_size) + " rank(s); this run has " +
-                    std::to_string(world) + " rank(s)");
+                    std::to_string(world) + " rank(s) (which decide the tokens each step reads): run it with " +
+                    std::to_string(st.world_size) + ", or start afresh from its weights with --init " +
+                    (std::filesystem::path(o.checkpoint_dir) / "latest").string() + " and another --checkpoint-dir");
       // A finished run resumed with the same command (a requeued job) has nothing left to do;
       // one past --steps was asked for fewer steps than it already has.
       if (st.step > o.steps)
@@ -561,6 +563,11 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   if (root && world > 1)
     std::fprintf(stderr, "data parallel: rank %d of %lld over %s; %s\n", rank, (long long)world,
                  comm.describe().c_str(), dp.describe().c_str());
+  // Options of data parallelism, given to one process: said rather than silently unused.
+  if (world == 1 && o.zero == 1)
+    std::fprintf(stderr, "note: --zero 1 has no effect in one process: ZeRO-1 splits the AdamW moments between ranks\n");
+  if (world == 1 && o.bucket_mb_given)
+    std::fprintf(stderr, "note: --bucket-mb has no effect in one process: buckets are the pieces ranks average the gradients in\n");
   if (root && world > 1 && o.bucket_mb_given && dp.compiled_buckets())
     std::fprintf(stderr, "note: --bucket-mb is not used: this module's buckets were placed by kilnc (kilnc --bucket-mb sets them)\n");
   int64_t data_tokens = 0;

@@ -231,7 +231,10 @@ def main():
         procs.append(subprocess.Popen([exe] + run + ["--resume"], env=env, stdout=subprocess.DEVNULL,
                                       stderr=subprocess.PIPE, text=True))
     outs = [p.communicate(timeout=120)[1] for p in procs]
-    refused = all(p.returncode != 0 for p in procs) and any("written by 1 rank(s)" in o for o in outs)
+    refused = all(p.returncode != 0 for p in procs) and any(
+        "written by 1 rank(s); this run has 2 rank(s) (which decide the tokens each step reads): run it with 1, "
+        f"or start afresh from its weights with --init {os.path.join(ck, 'latest')} and another --checkpoint-dir" in o
+        for o in outs)
     check(refused, "other rank count refused: " + next((o.strip().splitlines()[-1] for o in outs if "written by" in o), outs[0].strip()))
 
     # Divergence (an absurd learning rate) stops the run before the next checkpoint; the last
