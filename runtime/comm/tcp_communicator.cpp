@@ -101,7 +101,8 @@ class TcpCommunicator final : public Communicator {
   int world_size() const override { return o_.world_size; }
   int local_rank() const override { return o_.local_rank; }
   std::string describe() const override {
-    return "TCP (rendezvous at " + o_.master_addr + ":" + std::to_string(o_.master_port) + ")";
+    return "TCP (rendezvous at " + o_.master_addr + ":" + std::to_string(o_.master_port) +
+           (o_.port_given ? ")" : ", MASTER_PORT unset: the default port)");
   }
 
   std::unique_ptr<CommRequest> iall_reduce_sum(float* data, int64_t n) override {
@@ -259,7 +260,8 @@ TcpCommunicator::~TcpCommunicator() {
 }
 
 void TcpCommunicator::rendezvous_root() {
-  const std::string at = who() + ": listening on port " + std::to_string(o_.master_port) + " (MASTER_PORT)";
+  const std::string at = who() + ": listening on port " + std::to_string(o_.master_port) +
+                         (o_.port_given ? " (MASTER_PORT)" : " (MASTER_PORT unset: the default)");
   // Dual-stack where the host has IPv6 (peers may name rank 0 by an IPv4 or an IPv6 address),
   // else IPv4 alone.
   int lfd = ::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -397,7 +399,8 @@ void TcpCommunicator::rendezvous_root() {
 
 void TcpCommunicator::rendezvous_peer() {
   const std::string target = o_.master_addr + ":" + std::to_string(o_.master_port);
-  const std::string at = who() + ": connecting to rank 0 at " + target + " (MASTER_ADDR:MASTER_PORT)";
+  const std::string at = who() + ": connecting to rank 0 at " + target +
+                         (o_.port_given ? " (MASTER_ADDR:MASTER_PORT)" : " (MASTER_ADDR; MASTER_PORT unset: the default port)");
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -643,6 +646,7 @@ std::unique_ptr<Communicator> make_tcp_communicator_from_env() {
   o.local_rank = env_or("LOCAL_RANK", o.rank);
   if (const char* a = std::getenv("MASTER_ADDR"); a && *a) o.master_addr = a;
   o.master_port = env_or("MASTER_PORT", 29500);
+  o.port_given = std::getenv("MASTER_PORT") != nullptr;
   o.timeout_s = comm_timeout_seconds();
   return make_tcp_communicator(o);
 }

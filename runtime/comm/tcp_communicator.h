@@ -25,6 +25,7 @@ struct TcpOptions {
   int rank = 0, world_size = 1, local_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
+  bool port_given = true;  // false: MASTER_PORT unset, the default (torchrun's) taken
   double timeout_s = 600;  // connecting, and any collective making no progress
 };
 
