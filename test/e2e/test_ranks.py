@@ -45,6 +45,9 @@ and (group tcp, the environment rendezvous RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PO
                  (--val-data): both ranks refuse to start
   tcp_other_checkpoints  only rank 0 has --checkpoint-dir (--zero 1): both ranks refuse to start;
                  each rank resumes from its own folder, holding other weights: both refuse, naming them
+  tcp_other_options      rank 1 is given other --steps, --zero, --lr, the schedule, AdamW and
+                 --grad-clip: both refuse, naming each with rank 0's value (and rank
+                 1's own); rank 1 without --total-batch (the default B*T*2 that rank 0 gives): both train
   tcp_save_one_rank      only rank 1 has --save or --sample-every (rank 0 alone writes or prints
                  them): both ranks refuse to start
   tcp_log_full   rank 0's --log cannot be written: both ranks stop after the next step with its
@@ -907,6 +910,40 @@ def case_tcp_other_checkpoints(c: Ctx):
     return said
 
 
+def case_tcp_other_options(c: Ctx):
+    # Rank 1 is given other values of most of the compared options: both ranks refuse, each naming
+    # every one that differs with rank 0's value, and rank 1 (alone) with its own; each value in
+    # its own words (a count whole, a float in the fewest digits that read back, the schedule by name).
+    def other(r, args):
+        if r == 1:
+            args[args.index("--lr") + 1] = "0.0003"
+            args[args.index("--warmup-steps") + 1] = "3"
+            args[args.index("--steps") + 1] = str(c.steps + 1)
+            args += ["--zero", "1", "--lr-schedule", "constant", "--min-lr-ratio", "0.25", "--weight-decay", "0.5",
+                     "--beta1", "0.8", "--beta2", "0.875", "--eps", "1e-07", "--grad-clip", "2.5"]
+        return args
+    procs, _ = start_tcp(c, "tcp_other_options", save=False, per_rank=other)
+    res = finish(procs, timeout=KILL_LIMIT_S)
+    theirs = (f"--steps (rank 0: {c.steps}, this one: {c.steps + 1}), --zero (rank 0: 0, this one: 1), "
+              "--lr (rank 0: 0.001, this one: 0.0003), --lr-schedule (rank 0: cosine, this one: constant), "
+              "--warmup-steps (rank 0: 2, this one: 3), --min-lr-ratio (rank 0: 0.1, this one: 0.25), "
+              "--weight-decay (rank 0: 0.1, this one: 0.5), --beta1 (rank 0: 0.9, this one: 0.8), "
+              "--beta2 (rank 0: 0.95, this one: 0.875), --eps (rank 0: 1e-08, this one: 1e-07), "
+              "--grad-clip (rank 0: 1, this one: 2.5)")
+    for r, (rc, o, e) in enumerate(res):
+        want = "about the training options: " + (theirs if r == 1 else re.sub(r", this one: [^)]*", "", theirs))
+        if rc == 0 or want not in e or (r == 0 and "this one" in e):
+            raise TestFailure(f"tcp_other_options: rank {r} exit {rc}, wanted ...{want}...:\n{e[-3000:]}")
+    # --total-batch is compared as the tokens per step: rank 0's given B*T*ranks is rank 1's default.
+    def default_total(r, args):
+        if r == 1:
+            i = args.index("--total-batch")
+            del args[i:i + 2]
+        return args
+    finish_ok(start_tcp(c, "tcp_total_default", save=False, steps=1, per_rank=default_total)[0], "tcp_total_default")
+    return f"rank 1: {res[1][2].strip().splitlines()[-1]}; --total-batch B*T*2 against the default: both train"
+
+
 def case_tcp_save_one_rank(c: Ctx):
     # Only rank 1 is given --save: rank 0 alone writes it, so it would be dropped without a word;
     # both ranks refuse to start instead, and nothing is written.
@@ -1306,7 +1343,7 @@ GROUPS = {
             case_mpi_rank_error_folder],
     "tcp": [case_tcp, case_single_zero1, case_tcp_zero1_resume, case_tcp_three, case_tcp_kill_1, case_tcp_kill_0, case_tcp_hang, case_tcp_pause, case_tcp_rank_error,
             case_tcp_signal_at_start,
-            case_tcp_no_root, case_tcp_other_data, case_tcp_other_checkpoints, case_tcp_save_one_rank, case_tcp_log_full, case_tcp_checkpoint_full, case_tcp_cut_step, case_tcp_cut_step_zero1, case_tcp_idle_peer, case_tcp_ipv6,
+            case_tcp_no_root, case_tcp_other_data, case_tcp_other_checkpoints, case_tcp_other_options, case_tcp_save_one_rank, case_tcp_log_full, case_tcp_checkpoint_full, case_tcp_cut_step, case_tcp_cut_step_zero1, case_tcp_idle_peer, case_tcp_ipv6,
             case_nccl_refused, case_tcp_threads, case_tcp_eval, case_tcp_eval_disagree, case_tcp_sample,
             case_tcp_val],
 }

@@ -54,6 +54,16 @@ write(f"{out}/newline.safetensors", items + [("bad\nname", ("F32", [1], b"\0" * 
 # A linear weight transposed, as nanoGPT's nn.Linear keeps it.
 attn = "transformer.h.0.attn.c_attn.weight"
 write(f"{out}/linear-t.safetensors", [(k, (d, s[::-1], b) if k == attn else (d, s, b)) for k, (d, s, b) in items])
+# The MLP's linear weights transposed too (attn.c_proj is square: transposed, its shape is the same).
+for short, key in (("fc", "transformer.h.0.mlp.c_fc.weight"), ("proj", "transformer.h.0.mlp.c_proj.weight")):
+    write(f"{out}/{short}-t.safetensors", [(k, (d, s[::-1], b) if k == key else (d, s, b)) for k, (d, s, b) in items])
+# An embedding transposed: no nanoGPT layout to blame (its embeddings are [rows, C] as Hugging Face's).
+write(f"{out}/wte-t.safetensors", [(k, (d, s[::-1], b) if k == "transformer.wte.weight" else (d, s, b)) for k, (d, s, b) in items])
+# A linear weight whose first dimension is the model's second but whose second is not its first: not transposed.
+write(f"{out}/linear-half.safetensors", [(k, (d, [s[1], s[0] // 2], b[:len(b) // 2]) if k == attn else (d, s, b))
+                                         for k, (d, s, b) in items])
+# Another model's names (no h.N layers at all): the depths are not said.
+write(f"{out}/other-names.safetensors", [("model." + k.split(".", 1)[1], v) for k, v in items])
 # One layer fewer, and one more (a copy of the last), than the model has.
 last = max(int(k.split(".")[2]) for k in tensors if k.startswith("transformer.h."))
 layer = f"transformer.h.{last}."
