@@ -162,8 +162,10 @@ std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t
     try {
       o.logits_out->assign(size_t(n), 0.0f);
     } catch (const std::bad_alloc&) {
+      char gib[32];  // (4 bytes a logit; one decimal, where a whole count would say 0 below 1 GiB)
+      std::snprintf(gib, sizeof gib, "%.1f", double(n) * 4 / double(1ull << 30));
       throw Error("--logits-out: " + std::to_string(o.num_samples) + " x " + std::to_string(o.max_new_tokens) + " x " +
-                  std::to_string(V) + " logits (" + std::to_string(n / (1 << 28)) + " GiB) do not fit in memory");
+                  std::to_string(V) + " logits (" + gib + " GiB) do not fit in memory");
     }
   }
   std::vector<std::vector<int32_t>> out(static_cast<size_t>(o.num_samples), prompt);

@@ -67,10 +67,12 @@ void print_fusion_report(const nlohmann::ordered_json& j) {
   const int64_t builtin = j.value("builtin_kernels_per_micro_step", int64_t(0));
   // On cuda a kernel may launch twice (its cuBLASLt call, then its function): both counts are given.
   const int64_t instrs = j.value("kernel_instructions_per_micro_step", j["kernels_per_micro_step"].get<int64_t>());
+  // (kernels_per_layer counts launches there: said so, not put after the count of kernels.)
+  const bool same = instrs == j["kernels_per_micro_step"].get<int64_t>();
   const std::string count =
-      instrs == j["kernels_per_micro_step"].get<int64_t>()
-          ? std::to_string(instrs) + " kernels per micro-step ("
-          : j["kernels_per_micro_step"].dump() + " kernel launches per micro-step (" + std::to_string(instrs) + " kernels; ";
+      same ? std::to_string(instrs) + " kernels per micro-step ("
+           : j["kernels_per_micro_step"].dump() + " kernel launches per micro-step (" + std::to_string(instrs) +
+                 " kernels; launches: ";
   std::printf("\nfusion     %s: %s%.1f per layer, with the embedding and head; %lld of them the runtime's "
               "built-in ones) for %lld graph ops (%.2fx); optimizer step %lld kernels\n",
               j["fusion"].get<bool>() ? "on" : "off (--no-fusion)", count.c_str(), j["kernels_per_layer"].get<double>(),

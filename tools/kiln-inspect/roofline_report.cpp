@@ -30,14 +30,26 @@ double operand_bytes(const fb::Kernel& k, uint32_t i) {
 // The kernel's own work: its tensor-core products at the tensor rate, the rest of its arithmetic
 // at the CUDA-core rate (tensor-core attention's softmax aside: its `flops` is the convention's
 // count of the products; SIMT attention runs all of `flops` on the CUDA cores), and every operand
-// (and its workspace) read or written once.
-Work kernel_work(const fb::Kernel& k) {
+// (and its workspace) read or written once; state the kernel updates in place (a gradient it
+// accumulates into; a parameter's value and AdamW moments) is read and written: twice. Its
+// operands are the instruction's inputs, then its outputs (runtime/device/device_executor.cpp).
+Work kernel_work(const Module& m, const fb::Kernel& k, const fb::Instr& ins) {
   Work w;
   w.tensor_flops = k.tensor_flops();
   const std::string kind = k.kind() ? k.kind()->str() : "";
   if (kind.rfind("attention", 0) != 0) w.vector_flops = std::max(0.0, k.flops() - k.tensor_flops());
   else if (w.tensor_flops == 0) w.vector_flops = k.flops();
-  for (uint32_t i = 0; i < k.operand_numel()->size(); ++i) w.bytes += operand_bytes(k, i);
+  const uint32_t n_in = ins.inputs()->size();
+  for (uint32_t i = 0; i < k.operand_numel()->size(); ++i) {
+    w.bytes += operand_bytes(k, i);
+    if (i < n_in || i - n_in >= ins.outputs()->size()) continue;
+    const uint32_t b = ins.outputs()->Get(i - n_in);
+    const fb::BufferKind bk = m.buffer(b).kind();
+    const bool updated = bk == fb::BufferKind::Gradient || bk == fb::BufferKind::Parameter ||
+                         bk == fb::BufferKind::AdamM || bk == fb::BufferKind::AdamV;
+    if (updated && std::find(ins.inputs()->begin(), ins.inputs()->end(), b) == ins.inputs()->end())
+      w.bytes += operand_bytes(k, i);
+  }
   w.bytes += double(k.cuda_scratch_bytes());
   return w;
 }
@@ -57,8 +69,11 @@ void add_roofline_report(const Module& m, const RooflineRates& rates, nlohmann::
 
   std::map<std::string, Row> rows;
   nlohmann::ordered_json programs = nlohmann::ordered_json::object();
-  for (const char* program : {"micro_step", "optimizer_step"}) {
-    const fb::Program* p = m.program(program);
+  // A step: the runtime clears the gradients (train's zero_grads, before the first micro-step,
+  // within the step's time), then micro_step and optimizer_step.
+  for (const char* program : {"zero_grads", "micro_step", "optimizer_step"}) {
+    const bool zero = std::string(program) == "zero_grads";
+    const fb::Program* p = m.program(zero ? "optimizer_step" : program);
     if (!p) continue;
     double tensor = 0, memory = 0, bound = 0, memory_bound = 0;  // this program's sums, seconds
     auto add = [&](const std::string& name, const std::string& kind, const Work& w, int64_t launches) {
@@ -76,7 +91,14 @@ void add_roofline_report(const Module& m, const RooflineRates& rates, nlohmann::
       tensor += t, memory += b, bound += least;
       if (b >= t && b >= v) memory_bound += least;
     };
+    if (zero) {  // every gradient written once
+      Work w;
+      for (const fb::Buffer* b : *f.buffers())
+        if (b->kind() == fb::BufferKind::Gradient) w.bytes += double(b->size());
+      add("zero_grads", "clear", w, 1);
+    }
     for (const fb::Instr* ins : *p->instrs()) {
+      if (zero) break;
       if (ins->op() == fb::OpCode::Kernel) {
         const fb::Kernel& k = *kernels->Get(uint32_t(ins->ints()->Get(0)));
         const std::string name = k.name() ? k.name()->str() : k.symbol()->str();
@@ -85,7 +107,7 @@ void add_roofline_report(const Module& m, const RooflineRates& rates, nlohmann::
           for (uint32_t z : *k.zero_operands()) clear.bytes += operand_bytes(k, z);
           add(name + " (clear)", "clear", clear, k.zero_operands()->size());
         }
-        add(name, k.kind() ? k.kind()->str() : "", kernel_work(k), k.launches());
+        add(name, k.kind() ? k.kind()->str() : "", kernel_work(m, k, *ins), k.launches());
       } else if (ins->op() == fb::OpCode::GlobalNorm) {  // the runtime's norm: reads every gradient
         Work w;
         for (uint32_t b : *ins->inputs()) {
@@ -156,7 +178,7 @@ void print_roofline(const nlohmann::ordered_json& j) {
               rates["tensor_tflops"].get<double>(), rates["vector_tflops"].get<double>(),
               rates["bandwidth_gbs"].get<double>(), rates["source"].get<std::string>().c_str());
   std::printf("           (the slowest of the three per kernel; memory: every operand read or written once from "
-              "HBM, which a kernel finding its input in L2 can beat)\n");
+              "HBM, state updated in place both, which a kernel finding its input in L2 can beat)\n");
   for (const auto& [name, p] : r["programs"].items()) {
     const double bound = p["bound_ms"].get<double>();
     std::printf("  %-15s %.4g ms: matrix products %.4g ms, memory-bound kernels %.4g ms (%.0f%%)\n", name.c_str(),
