@@ -204,7 +204,9 @@ int runCompiler(const std::vector<std::string>& args, const std::string& log, st
   posix_spawn_file_actions_destroy(&files);
   posix_spawnattr_destroy(&attr);
   if (rc != 0) {
-    error = args[0] + ": cannot run: " + std::strerror(rc);
+    const char* named = std::getenv("KILN_CXX");
+    error = args[0] + ": cannot run: " + std::strerror(rc) +
+            (named && *named && args[0] == named ? " (the host compiler KILN_CXX names)" : "");
     return -1;
   }
   // Waits for the end without reaping, then reaps and forgets the pid in one section: a handler
