@@ -145,6 +145,7 @@ void check_output_paths(const TrainOptions& o, bool root, MadeFolders& made) {
     // Two runs writing one folder would prune each other's checkpoints and swap `latest`: the
     // folder is locked for the run (the kernel lets go when the process ends, however it ends).
     made.lock = lock_folder(o.checkpoint_dir);
+    made.dir = o.checkpoint_dir;
     if (made.lock < 0 && errno == EWOULDBLOCK) {
       made.folders.clear();  // (the other run's folder now, though this one made it)
       throw Error("--checkpoint-dir: " + o.checkpoint_dir + ": another run is writing checkpoints there (it holds the "
@@ -322,8 +323,13 @@ void MadeFolders::make_again(const std::string& dir) {
 }
 
 MadeFolders::~MadeFolders() {
+  // A folder a signal removed (StopSignals::remove_on_signal) may have been made again by another
+  // run since: that one is not this run's to remove.
+  bool ours = true;
+  if (struct stat held {}, now {}; lock >= 0 && ::fstat(lock, &held) == 0 && ::stat(dir.c_str(), &now) == 0)
+    ours = held.st_ino == now.st_ino && held.st_dev == now.st_dev;
   if (lock >= 0) ::close(lock);
-  remove_empty_folders(folders);
+  if (ours) remove_empty_folders(folders);
 }
 
 LogFile::~LogFile() {

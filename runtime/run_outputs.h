@@ -19,6 +19,7 @@ class Module;
 struct MadeFolders {
   std::vector<std::string> folders;  // outermost first (missing_folders)
   int lock = -1;  // the checkpoint folder, opened and locked (flock) while this run writes there
+  std::string dir;  // (its path)
   // Before each checkpoint: a folder removed (rm -rf) or replaced while the run trains is made
   // again, and locked again, so that another run cannot take it meanwhile unseen. kiln::Error
   // when another run holds the folder now there.

@@ -49,6 +49,17 @@ char g_folders[kMaxFolders][4096];
 int g_num_folders = 0;
 struct sigaction g_previous_pipe;
 
+// The armed folders removed, innermost first (rmdir: async-signal-safe, and only an empty one
+// goes), by whichever comes first: the first signal's handler, or remove_on_signal after a
+// signal that came while they were made. (Compare-and-swap: keep_folders() on the training
+// loop's thread may be disarming them now.)
+void remove_folders() {
+  int armed = kFoldersArmed;
+  if (!g_folders_state.compare_exchange_strong(armed, kFoldersRemoving)) return;
+  for (int i = g_num_folders - 1; i >= 0; --i) ::rmdir(g_folders[i]);
+  g_folders_state.store(kFoldersRemoved);
+}
+
 int64_t monotonic_ns() {
   timespec t{};
   clock_gettime(CLOCK_MONOTONIC, &t);  // async-signal-safe
@@ -96,10 +107,7 @@ void on_signal(int sig) {
   g_first_ns.store(now);
   say(g_message[g_phase.load()][index_of(sig)]);
   // (Compare-and-swap: keep_folders() on the training loop's thread may be disarming them now.)
-  if (int armed = kFoldersArmed; g_folders_state.compare_exchange_strong(armed, kFoldersRemoving)) {
-    for (int i = g_num_folders - 1; i >= 0; --i) ::rmdir(g_folders[i]);  // (async-signal-safe; only an empty one goes)
-    g_folders_state.store(kFoldersRemoved);
-  }
+  remove_folders();
   errno = saved_errno;
 }
 
@@ -167,6 +175,8 @@ void StopSignals::remove_on_signal(const std::vector<std::string>& folders) {
     if (f.size() >= sizeof g_folders[0]) return;
   for (const std::string& f : folders) std::memcpy(g_folders[g_num_folders++], f.c_str(), f.size() + 1);
   g_folders_state.store(kFoldersArmed);
+  // A signal that came while they were made (its handler found none armed) removes them now.
+  if (const int came = g_requested.load(); came != 0 && came != SIGPIPE) remove_folders();
 }
 
 bool StopSignals::keep_folders() {

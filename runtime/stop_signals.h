@@ -33,8 +33,8 @@ class StopSignals {
   // the first signal removes those still empty (rmdir), innermost first. Under mpirun a rank's
   // failure reaches the others as SIGTERM and then SIGKILL, which no destructor outlives.
   void remove_on_signal(const std::vector<std::string>& folders);
-  // Stops that (at the first step, which may write into them): true if a signal removed them,
-  // and the run, which goes on to the end of that step (ranks), must make them again.
+  // Stops that (before the first write into them, at the first step's end): true if a signal
+  // removed them, and the run, which goes on to the end of that step (ranks), must make them again.
   bool keep_folders();
 };
 

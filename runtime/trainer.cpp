@@ -555,12 +555,11 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   // A signal during the start (loading, checks): nothing trained, nothing to save. One after
   // this, in the first step (whose start the next line announces), is the loop's.
   if (world == 1 && signals.requested()) {
+    if (signals.keep_folders()) made.folders.clear();  // (gone: a folder there now is another run's)
     std::fprintf(stderr, "%s: stopped before the first step\n", signal_name(signals.requested()));
     throw Interrupted{signals.requested()};
   }
   signals.phase(1);
-  // (Ranks go on to the first step's end after a signal: its checkpoint needs the folder.)
-  if (signals.keep_folders()) made.make_again(o.checkpoint_dir);
   const int64_t every = o.print_every > 0 ? o.print_every : std::max<int64_t>(1, o.steps / 50);
   if (root && world > 1)
     std::fprintf(stderr, "data parallel: rank %d of %lld over %s; %s\n", rank, (long long)world,
@@ -803,6 +802,10 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       log_stop = sums[2] > 0;
     }
     dp.finish_gradient_reduction();
+    // The step's results are written from here on (--dump-grads, the log, the checkpoint): the
+    // folders a signal removed before (under mpirun SIGKILL follows; ranks go on to this step's
+    // end) are made again, and a signal no longer removes them.
+    if (step == first_step && signals.keep_folders()) made.make_again(o.checkpoint_dir);
     if (step == 0 && !o.dump_grads.empty()) {
       dp.gather_gradients();  // ZeRO-1: each rank holds only its pieces
       if (root) {

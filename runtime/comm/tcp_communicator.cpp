@@ -646,7 +646,8 @@ std::unique_ptr<Communicator> make_tcp_communicator_from_env() {
   o.local_rank = env_or("LOCAL_RANK", o.rank);
   if (const char* a = std::getenv("MASTER_ADDR"); a && *a) o.master_addr = a;
   o.master_port = env_or("MASTER_PORT", 29500);
-  o.port_given = std::getenv("MASTER_PORT") != nullptr;
+  const char* port = std::getenv("MASTER_PORT");
+  o.port_given = port && *port;  // (env_or takes an empty value as unset)
   o.timeout_s = comm_timeout_seconds();
   return make_tcp_communicator(o);
 }

@@ -184,4 +184,69 @@ TEST_F(StopSignalsFolders, FromTheFirstStepOnASignalLeavesThem) {
   EXPECT_TRUE(fs::exists(outer));
 }
 
+TEST_F(StopSignalsFolders, ARunThatEndedLeavesItsFoldersToTheNextOneInTheProcess) {
+  DefaultDisposition term(SIGTERM);
+  namespace fs = std::filesystem;
+  const std::string outer = path("ck");
+  fs::create_directories(outer);
+  {
+    kiln::StopSignals first(0, 2, {"stopping"});
+    first.remove_on_signal({outer});  // ended (an error at start) before its first step
+  }
+  testing::internal::CaptureStderr();
+  kiln::StopSignals second(0, 2, {"stopping"});  // made no folders of its own
+  ::raise(SIGTERM);
+  testing::internal::GetCapturedStderr();
+  EXPECT_EQ(second.requested(), SIGTERM);
+  EXPECT_TRUE(fs::exists(outer));
+  EXPECT_FALSE(second.keep_folders());
+}
+
+// Up to 16 folders (a --checkpoint-dir 16 levels below any folder there was) are removed by the
+// signal; more are left to the run's destructor (the handler's fixed storage).
+TEST_F(StopSignalsFolders, SixteenFoldersAreRemovedSeventeenAreNot) {
+  DefaultDisposition term(SIGTERM);
+  namespace fs = std::filesystem;
+  for (const int n : {16, 17}) {
+    const std::string top = path("n" + std::to_string(n));
+    std::vector<std::string> folders;
+    std::string p = top;
+    for (int i = 0; i < n; ++i, p += "/d") folders.push_back(p);
+    fs::create_directories(folders.back());
+    testing::internal::CaptureStderr();
+    {
+      kiln::StopSignals signals(0, 2, {"stopping"});
+      signals.remove_on_signal(folders);
+      ::raise(SIGTERM);
+      EXPECT_EQ(signals.requested(), SIGTERM);
+    }
+    testing::internal::GetCapturedStderr();
+    EXPECT_EQ(fs::exists(top), n > 16) << n << " folders";
+  }
+}
+
+// A second run in the process arms its own folders only, not the first run's too.
+TEST_F(StopSignalsFolders, TheNextRunArmsItsOwnFoldersOnly) {
+  DefaultDisposition term(SIGTERM);
+  namespace fs = std::filesystem;
+  const std::string first = path("first"), second = path("second");
+  fs::create_directories(first);
+  fs::create_directories(second);
+  {
+    kiln::StopSignals signals(0, 2, {"stopping"});
+    signals.remove_on_signal({first});
+    EXPECT_FALSE(signals.keep_folders());  // its first step started: the folder stays
+  }
+  testing::internal::CaptureStderr();
+  {
+    kiln::StopSignals signals(0, 2, {"stopping"});
+    signals.remove_on_signal({second});
+    ::raise(SIGTERM);
+    EXPECT_EQ(signals.requested(), SIGTERM);
+  }
+  testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(fs::exists(first));
+  EXPECT_FALSE(fs::exists(second));
+}
+
 }  // namespace

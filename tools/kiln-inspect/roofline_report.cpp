@@ -91,11 +91,12 @@ void add_roofline_report(const Module& m, const RooflineRates& rates, nlohmann::
       tensor += t, memory += b, bound += least;
       if (b >= t && b >= v) memory_bound += least;
     };
-    if (zero) {  // every gradient written once
+    if (zero) {  // every gradient written once, a clear each
       Work w;
+      int64_t clears = 0;
       for (const fb::Buffer* b : *f.buffers())
-        if (b->kind() == fb::BufferKind::Gradient) w.bytes += double(b->size());
-      add("zero_grads", "clear", w, 1);
+        if (b->kind() == fb::BufferKind::Gradient) w.bytes += double(b->size()), ++clears;
+      add("zero_grads", "clear", w, clears);
     }
     for (const fb::Instr* ins : *p->instrs()) {
       if (zero) break;

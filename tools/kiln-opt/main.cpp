@@ -54,7 +54,15 @@ void keep_locations(int argc, char** argv, const std::string& input, const llvm:
   for (int i = 1; i < argc; ++i)
     if (std::strstr(argv[i], "mlir-print-debuginfo")) return;
   const std::string head = piped ? piped->getBuffer().take_front(size_t(1) << 20).str() : kiln::read_head(input, size_t(1) << 20);
-  if (head.find("#loc") == std::string::npos && head.find("loc(") == std::string::npos) return;
+  // A location alias (#loc3 = loc("h.0.attn"(...))) or an inline name, outside comments.
+  bool named = false;
+  for (llvm::StringRef rest = head; !rest.empty() && !named;) {
+    auto [line, next] = rest.split('\n');
+    rest = next;
+    line = line.ltrim();
+    named = !line.starts_with("//") && (line.starts_with("#loc") || line.contains("loc(\"") || line.contains("loc(#loc"));
+  }
+  if (!named) return;
   auto& options = llvm::cl::getRegisteredOptions();
   if (auto it = options.find("mlir-print-debuginfo"); it != options.end())
     if (auto* flag = static_cast<llvm::cl::opt<bool>*>(it->getValue())) flag->setValue(true);

@@ -14,6 +14,12 @@ module attributes {kiln.spec = {precision = 16 : i64, n_layer = 1 : i64}} {
 
 // -----
 
+// Neither @forward nor @micro_step: not graph IR, and nothing to plan (no error).
+module {
+}
+
+// -----
+
 // Graph IR: the planning passes run on the training step, after kiln-autodiff (planned graph IR
 // is refused by kilnc).
 // expected-error@+1 {{kiln-plan-pipeline: graph IR (no @micro_step); plan the training step: run -kiln-step-pipeline first (or kilnc --emit=step)}}

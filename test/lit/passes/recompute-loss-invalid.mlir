@@ -40,6 +40,17 @@ module {
 
 // -----
 
+// Neither @forward nor @micro_step (not a training module): nothing to recompute, and nothing said.
+module {
+  func.func @helper() -> tensor<f32> {
+    %x = kiln.zeros : tensor<4xf32>
+    %l = kiln.reduce_sum %x : tensor<4xf32> -> tensor<f32>
+    return %l : tensor<f32>
+  }
+}
+
+// -----
+
 // After kiln-fuse-kernels the GELU and layer-norm outputs sit inside regions, out of the pass's
 // reach: refused rather than recomputing only what was left unfused.
 kiln.parameter @w : tensor<4xf32> {init = "zeros"}
