@@ -385,6 +385,13 @@ int main(int argc, char** argv) {
       if (!text || text->size() == 0)
         throw Error(path + ": the module carries no generated kernels (compiled with --no-fusion?)");
       emit(source, text->string_view(), " (" + std::to_string(text->size()) + " bytes)");
+      // The source's language, where the name says another (editors and compilers go by it).
+      const fb::Model* model = m.fb().model();
+      const bool cuda = model && model->target() && model->target()->str() == "cuda";
+      const std::string ext = std::filesystem::path(source).extension().string();
+      if (cuda ? (ext == ".cpp" || ext == ".cc" || ext == ".cxx") : ext == ".cu")
+        std::fprintf(stderr, "note: %s: the kernels are %s (kilnc --dump-kernels names them %s)\n", source.c_str(),
+                     cuda ? "CUDA C++" : "C++ for the CPU", cuda ? "kernels.cu" : "kernels.cpp");
     } else {
       ordered_json j = report(m, rates);
       if (app.count("--ranks")) j["data_parallel"] = data_parallel_report(m, ranks, zero, bucket_mb);
