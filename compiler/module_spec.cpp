@@ -3,6 +3,7 @@
 
 #include "Kiln/KilnDialect.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "passes/Passes.h"
 #include "llvm/ADT/StringExtras.h"
 
 #include <map>
@@ -78,11 +79,7 @@ LogicalResult checkSpecAgainstIR(ModuleOp module, const ModelSpec& s) {
   std::set<int64_t> layers;  // of the parameters named h.N.*
   Operation* firstBf16 = nullptr;  // the first op with a bf16 result
   WalkResult walk = module.walk([&](Operation* op) -> WalkResult {
-    if (!firstBf16 && llvm::any_of(op->getResultTypes(), [](Type t) {
-          auto r = dyn_cast<RankedTensorType>(t);
-          return r && r.getElementType().isBF16();
-        }))
-      firstBf16 = op;
+    if (!firstBf16 && computesInBf16(op)) firstBf16 = op;
     if (auto in = dyn_cast<InputOp>(op)) {
       if ((in.getInputName() == "idx" || in.getInputName() == "targets") && in.getType() != ids)
         return in.emitError() << "kiln.input \"" << in.getInputName() << "\" is " << in.getType()

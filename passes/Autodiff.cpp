@@ -27,19 +27,12 @@ struct AutodiffPass : kiln::impl::AutodiffBase<AutodiffPass> {
     }
     // A bf16 module gets its types from kiln-mixed-precision, before the backward pass exists
     // (it follows them); without them the step is built in fp32 and kilnc refuses it.
-    if (auto spec = module->getAttrOfType<DictionaryAttr>("kiln.spec")) {
-      auto precision = spec.getAs<StringAttr>("precision");
-      const bool anyBf16 = module.walk([](Operation* op) {
-        return llvm::any_of(op->getResultTypes(), [](Type t) {
-                 auto r = dyn_cast<RankedTensorType>(t);
-                 return r && r.getElementType().isBF16();
-               }) ? WalkResult::interrupt() : WalkResult::advance();
-      }).wasInterrupted();
-      if (precision && precision.getValue() == "bf16" && !anyBf16) {
-        module.emitError("kiln-autodiff: 'kiln.spec' has precision = \"bf16\" but @forward computes nothing in "
-                         "bf16; run kiln-mixed-precision first (kiln-step-pipeline does)");
-        return signalPassFailure();
-      }
+    if (specPrecision(module) == "bf16" &&
+        !module.walk([](Operation* op) { return computesInBf16(op) ? WalkResult::interrupt() : WalkResult::advance(); })
+             .wasInterrupted()) {
+      module.emitError("kiln-autodiff: 'kiln.spec' has precision = \"bf16\" but @forward computes nothing in "
+                       "bf16; run kiln-mixed-precision first (kiln-step-pipeline does)");
+      return signalPassFailure();
     }
     if (failed(requireOneBlock(forward, "kiln-autodiff"))) return signalPassFailure();
     if (forward.isExternal() || forward.getNumArguments() != 0) {

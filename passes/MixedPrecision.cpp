@@ -34,16 +34,12 @@ struct MixedPrecisionPass : kiln::impl::MixedPrecisionBase<MixedPrecisionPass> {
     }
     // A module built from a spec records its precision in kiln.spec, and kilnc refuses bf16
     // types in a module that says fp32: refuse here, where the cause is, rather than there.
-    if (auto spec = getOperation()->getAttrOfType<DictionaryAttr>("kiln.spec")) {
-      auto precision = spec.getAs<StringAttr>("precision");
-      if (!precision || precision.getValue() != "bf16") {
-        getOperation().emitError()
-            << "kiln-mixed-precision: 'kiln.spec' has precision = \""
-            << (precision ? precision.getValue() : StringRef("fp32"))
-            << "\"; the pass makes a bf16 module, which kilnc compiles only with precision = \"bf16\" "
-               "(set it in the spec and emit the graph again)";
-        return signalPassFailure();
-      }
+    if (auto precision = specPrecision(getOperation()); precision && *precision != "bf16") {
+      getOperation().emitError()
+          << "kiln-mixed-precision: 'kiln.spec' has precision = \"" << *precision
+          << "\"; the pass makes a bf16 module, which kilnc compiles only with precision = \"bf16\" "
+             "(set it in the spec and emit the graph again)";
+      return signalPassFailure();
     }
     for (auto f : getOperation().getOps<func::FuncOp>())
       if (!f.isExternal()) assignTypes(f);

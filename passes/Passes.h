@@ -1,6 +1,8 @@
 // Kiln's compiler passes (declared in Passes.td; one file per pass).
 #pragma once
 
+#include <optional>
+
 #include "Kiln/KilnDialect.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Pass/Pass.h"
@@ -23,6 +25,23 @@ inline mlir::LogicalResult refusePlanned(mlir::ModuleOp module, llvm::StringRef 
                            << " already has a buffer plan (kiln.arena_size); run " << pass
                            << " before kiln-plan-buffers";
   return mlir::success();
+}
+
+// The precision a module built from a spec records (its kiln.spec's "precision"; fp32 where the
+// key is missing, as kilnc reads it), or none for a module without a kiln.spec.
+inline std::optional<llvm::StringRef> specPrecision(mlir::ModuleOp module) {
+  auto spec = module->getAttrOfType<mlir::DictionaryAttr>("kiln.spec");
+  if (!spec) return std::nullopt;
+  auto precision = spec.getAs<mlir::StringAttr>("precision");
+  return precision ? precision.getValue() : llvm::StringRef("fp32");
+}
+
+// An op that computes in bf16: one of its results is a bf16 tensor.
+inline bool computesInBf16(mlir::Operation* op) {
+  return llvm::any_of(op->getResultTypes(), [](mlir::Type t) {
+    auto r = mlir::dyn_cast<mlir::RankedTensorType>(t);
+    return r && r.getElementType().isBF16();
+  });
 }
 
 // The passes take a function as straight-line code: one block, its ops in order. A second block

@@ -290,7 +290,7 @@ void check_output_space(const TrainOptions& o, const Module& m, int64_t first_st
   }
 }
 
-void MadeFolders::keep_lock(const std::string& dir) {
+void MadeFolders::keep_lock(const std::string& dir, bool warn) {
   if (lock < 0) return;  // (not the root rank, or the folder could not be opened at the start)
   struct stat held {}, now {};
   std::error_code ec;
@@ -306,20 +306,9 @@ void MadeFolders::keep_lock(const std::string& dir) {
   if (fresh < 0) return;
   ::close(lock);
   lock = fresh;
-  std::fprintf(stderr, "kiln: warning: --checkpoint-dir %s was removed or replaced while the run trained; its "
-               "checkpoints go on into the folder there now\n", dir.c_str());
-}
-
-void MadeFolders::make_again(const std::string& dir) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);  // (a failure is the checkpoint's to report)
-  if (lock >= 0) ::close(lock);
-  lock = lock_folder(dir);
-  if (lock < 0 && errno == EWOULDBLOCK) {
-    folders.clear();  // (the other run's now)
-    throw Error("--checkpoint-dir: " + dir + ": another run is writing checkpoints there (it holds the folder's "
-                "lock); wait for it to end, or give another folder");
-  }
+  if (warn)
+    std::fprintf(stderr, "kiln: warning: --checkpoint-dir %s was removed or replaced while the run trained; its "
+                 "checkpoints go on into the folder there now\n", dir.c_str());
 }
 
 MadeFolders::~MadeFolders() {

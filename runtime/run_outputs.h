@@ -21,12 +21,10 @@ struct MadeFolders {
   int lock = -1;  // the checkpoint folder, opened and locked (flock) while this run writes there
   std::string dir;  // (its path)
   // Before each checkpoint: a folder removed (rm -rf) or replaced while the run trains is made
-  // again, and locked again, so that another run cannot take it meanwhile unseen. kiln::Error
-  // when another run holds the folder now there.
-  void keep_lock(const std::string& dir);
-  // The checkpoint folder made again, and locked, after a signal removed it before the first
-  // step (StopSignals::remove_on_signal) and the ranks go on to that step's checkpoint.
-  void make_again(const std::string& dir);
+  // again, and locked again, so that another run cannot take it meanwhile unseen (with a
+  // warning; without, where a signal removed it before the first step's end:
+  // StopSignals::remove_on_signal). kiln::Error when another run holds the folder now there.
+  void keep_lock(const std::string& dir, bool warn = true);
   MadeFolders() = default;
   MadeFolders(const MadeFolders&) = delete;
   MadeFolders& operator=(const MadeFolders&) = delete;

@@ -106,7 +106,6 @@ void on_signal(int sig) {
   }
   g_first_ns.store(now);
   say(g_message[g_phase.load()][index_of(sig)]);
-  // (Compare-and-swap: keep_folders() on the training loop's thread may be disarming them now.)
   remove_folders();
   errno = saved_errno;
 }

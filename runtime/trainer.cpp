@@ -805,7 +805,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     // The step's results are written from here on (--dump-grads, the log, the checkpoint): the
     // folders a signal removed before (under mpirun SIGKILL follows; ranks go on to this step's
     // end) are made again, and a signal no longer removes them.
-    if (step == first_step && signals.keep_folders()) made.make_again(o.checkpoint_dir);
+    if (step == first_step && signals.keep_folders()) made.keep_lock(o.checkpoint_dir, /*warn=*/false);
     if (step == 0 && !o.dump_grads.empty()) {
       dp.gather_gradients();  // ZeRO-1: each rank holds only its pieces
       if (root) {

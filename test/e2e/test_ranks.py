@@ -796,8 +796,9 @@ def case_tcp_signal_at_start(c: Ctx):
     if not m:
         raise TestFailure(f"tcp_signal_at_start: rank 0 did not say where it stopped:\n{res[0][2][-1500:]}")
     n = int(m.group(1))
-    # The folder made again is locked again at once (MadeFolders::make_again): at step 1's checkpoint
-    # the run finds its own folder, not one "removed or replaced" (which another run could have taken).
+    # The folder made again is locked again at once (MadeFolders::keep_lock, without its warning): at
+    # step 1's checkpoint the run finds its own folder, not one "removed or replaced" (which another
+    # run could have taken).
     if "was removed or replaced" in res[0][2]:
         raise TestFailure(f"tcp_signal_at_start: rank 0 did not lock the folder it made again:\n{res[0][2][-1500:]}")
     have = sorted(os.listdir(run)) if os.path.isdir(run) else []

@@ -403,6 +403,7 @@ int main(int argc, char** argv) {
 
     auto step = module->lookupSymbol<func::FuncOp>("micro_step");
     const bool planned = step && step->hasAttr("kiln.arena_size");
+    auto fused = [&] { return module->walk([](kiln::FusionOp) { return WalkResult::interrupt(); }).wasInterrupted(); };
     // Planned IR (--emit=plan) has its kernels, buckets and buffers: the planning options would
     // change nothing, and would be recorded in the module as if they had.
     if (planned)
@@ -414,7 +415,7 @@ int main(int argc, char** argv) {
         }
     // Step IR that kiln-opt -kiln-fuse-kernels fused: --no-fusion would keep its regions, and the
     // module would say it was not fused.
-    if (!planned && noFusion && module->walk([](kiln::FusionOp) { return WalkResult::interrupt(); }).wasInterrupted()) {
+    if (!planned && noFusion && fused()) {
       std::fprintf(stderr, "error: %s: --no-fusion: the IR is fused already (kiln.fusion regions); give the step IR "
                    "before kiln-fuse-kernels\n", input.c_str());
       return 1;
@@ -434,8 +435,7 @@ int main(int argc, char** argv) {
       return op->hasAttr("kiln.recomputed") ? WalkResult::interrupt() : WalkResult::advance();
     }).wasInterrupted();
     options.recompute = recomputes ? "cheap" : planned ? "none" : recompute;
-    options.fusion = planned ? module->walk([](kiln::FusionOp) { return WalkResult::interrupt(); }).wasInterrupted()
-                             : !noFusion;
+    options.fusion = planned ? fused() : !noFusion;
     options.dumpKernelsDir = dumpKernels;
     options.simtAttention = simtAttention;
     options.attentionRows = attentionRows;
