@@ -20,6 +20,12 @@ struct BucketGradientsPass : kiln::impl::BucketGradientsBase<BucketGradientsPass
   void runOnOperation() override {
     ModuleOp module = getOperation();
     auto step = module.lookupSymbol<func::FuncOp>("micro_step");
+    // Graph IR: no gradients yet, and saying nothing would look like "no buckets needed".
+    if (!step && module.lookupSymbol("forward")) {
+      module.emitError("kiln-bucket-gradients: no @micro_step (graph IR): the pass places the "
+                       "reductions of the training step's gradients; run kiln-autodiff first");
+      return signalPassFailure();
+    }
     if (!step || step.isExternal()) return;
     if (failed(refusePlanned(module, "kiln-bucket-gradients"))) return signalPassFailure();
     // A second run would add buckets numbered from 0 again, out of program order for the runtime.

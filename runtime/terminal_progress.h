@@ -17,6 +17,15 @@ inline double eta_seconds(double elapsed, double first, int64_t done, int64_t le
   return per * double(left);
 }
 
+// How many of the steps after `done` of `total` are followed by work done every `every` steps and
+// after the last (evaluation, samples, checkpoints): the multiples of `every` in (done, total],
+// and `total` when it is none of them; `every` <= 0: the last alone.
+inline int64_t periodic_left(int64_t done, int64_t total, int64_t every) {
+  if (done >= total) return 0;
+  if (every <= 0) return 1;
+  return total / every - done / every + (total % every != 0 ? 1 : 0);
+}
+
 // How far long work is, on a terminal only: "\rWHAT: done/total UNIT, s, about s left", at most
 // ten times a second and at the end. end_line() before an error, clear() before the result.
 class TerminalProgress {

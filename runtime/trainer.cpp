@@ -593,6 +593,17 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
                                        : gpu             ? (gpu_peak ? gpu_peak->flops : 989e12)
                                                          : cpu_peak.flops);
   double loss = 0, elapsed = 0, first_dt = 0;  // (first_dt: this run's first step, for the ETA)
+  // The time evaluations, samples and checkpoints took, and how many there were: the ETA counts
+  // those still to come at their mean (a --val-every 10 whose evaluation takes as long as 10
+  // steps would otherwise make every ETA half the time left).
+  struct Periodic {
+    double seconds = 0;
+    int64_t count = 0;
+    double left(int64_t n) const { return count > 0 ? seconds / double(count) * double(n) : 0; }
+  } evals, samplings, checkpoints;
+  auto seconds_since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
   // The checkpoint of `steps` done, whose next batch is at `shard`, `position` (rank 0 writes it;
   // every rank gathers a ZeRO-1 run's moments).
   int64_t checkpointed = resumed_from.empty() ? -1 : first_step;
@@ -851,10 +862,13 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     // step's.
     double val_loss = NAN;
     if (val && ((o.val_every > 0 && (step + 1) % o.val_every == 0) || last)) {
+      const auto t_eval = std::chrono::steady_clock::now();
       val->reset();  // the same batches every time, so evaluations compare
       ex.enable_profiling(false);  // --profile's table is the training step's
       val_loss = evaluate(ex, *val, val_steps, comm);
       ex.enable_profiling(o.profile);
+      evals.seconds += seconds_since(t_eval);
+      evals.count++;
     }
     // Rank 0 alone samples (every rank holds the whole weights); the others wait for it in the
     // next step's reduction (a long sampling counts against KILN_COMM_TIMEOUT there). The same
@@ -862,6 +876,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     std::vector<std::vector<int32_t>> samples;
     bool samples_stopped = false;
     if (sampling && ((step + 1) % o.sample_every == 0 || last)) {
+      const auto t_sample = std::chrono::steady_clock::now();
       ex.enable_profiling(false);  // --profile's table is the training step's
       // A signal during sampling ends it at once; one process stops after this step (ranks agree
       // on it in the next step's reduction).
@@ -876,6 +891,10 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       }
       if (samples_stopped) samples.clear();  // cut short: the log and the terminal say so instead
       ex.enable_profiling(o.profile);
+      if (!samples_stopped) {  // (one cut short says nothing of how long the others take)
+        samplings.seconds += seconds_since(t_sample);
+        samplings.count++;
+      }
     }
     if (world == 1) stop = signals.requested();  // read after evaluation and sampling: one during them counts
     if (logging) {
@@ -909,7 +928,12 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     // The first step's line, then every N-th (printed N, 2N, ...) and the last.
     if (root && (step == 0 || (step + 1) % every == 0 || last || !std::isnan(val_loss) || !samples.empty() ||
                  samples_stopped)) {
-      const double eta = eta_seconds(elapsed, first_dt, step + 1 - first_step, o.steps - step - 1);
+      // The steps left, and the evaluations, samples and checkpoints after them (this step's
+      // checkpoint is still to be written).
+      const double eta = eta_seconds(elapsed, first_dt, step + 1 - first_step, o.steps - step - 1) +
+                         (val ? evals.left(periodic_left(step + 1, o.steps, o.val_every)) : 0) +
+                         (sampling ? samplings.left(periodic_left(step + 1, o.steps, o.sample_every)) : 0) +
+                         (o.checkpoint_dir.empty() ? 0 : checkpoints.left(periodic_left(step, o.steps, o.checkpoint_every)));
       std::printf("step %5lld/%lld | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | MFU %.1f%% | ETA %s",
                   (long long)step + 1, (long long)o.steps, loss, lr, norm, dt * 1e3, tok_s, 100 * mfu,
                   duration(eta).c_str());
@@ -942,8 +966,12 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     const bool log_stops = world == 1 ? !log_failure.empty() : log_stop || ((last || stop) && !log_failure.empty());
     // A checkpoint folder alone means one checkpoint, at the end (or where a signal stops the run).
     if (!o.checkpoint_dir.empty() &&
-        ((o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0) || last || stop || log_stops))
+        ((o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0) || last || stop || log_stops)) {
+      const auto t_checkpoint = std::chrono::steady_clock::now();
       write_checkpoint(step + 1, loader.shard(), loader.position());
+      checkpoints.seconds += seconds_since(t_checkpoint);
+      checkpoints.count++;
+    }
     // One process: a signal that came since stop was read (while the log, the progress line or
     // the checkpoint was written) stops the run after this step, with its checkpoint, not after
     // one more. (Ranks agree on it in the next step's reduction.)

@@ -345,6 +345,18 @@ TEST(TrainProgress, EtaLeavesTheWarmingFirstStepOut) {
   EXPECT_DOUBLE_EQ(eta_seconds(0.0, 0.0, 0, 10), 0.0);
 }
 
+// The evaluations, samples and checkpoints the ETA still counts: after every N-th step and the last.
+TEST(TrainProgress, PeriodicWorkLeft) {
+  EXPECT_EQ(periodic_left(0, 10, 5), 2);   // after steps 5 and 10
+  EXPECT_EQ(periodic_left(5, 10, 5), 1);   // step 5's is done: 10's
+  EXPECT_EQ(periodic_left(4, 10, 5), 2);   // 5 and 10
+  EXPECT_EQ(periodic_left(0, 10, 3), 4);   // 3, 6, 9, and the last
+  EXPECT_EQ(periodic_left(9, 10, 3), 1);   // the last alone
+  EXPECT_EQ(periodic_left(10, 10, 3), 0);  // nothing after the last
+  EXPECT_EQ(periodic_left(0, 10, 0), 1);   // no period: the last alone
+  EXPECT_EQ(periodic_left(0, 10, 20), 1);  // a period past the run: the last alone
+}
+
 // A terminal's progress line: done/total, the time so far and what is left at that rate (stderr
 // on a pseudo-terminal, so that the line is shown).
 TEST(TerminalProgressLine, SaysTheTimeLeftAtTheRateSoFar) {

@@ -58,3 +58,16 @@ func.func @micro_step() -> tensor<f32> {
   kiln.accumulate_grad @w, %1 : tensor<4xf32>
   return %0 : tensor<f32>
 }
+
+// -----
+
+// Graph IR (before kiln-autodiff) has no gradients to reduce: refused rather than left as it
+// is, which would read as "no buckets needed".
+// expected-error@below {{kiln-bucket-gradients: no @micro_step (graph IR): the pass places the reductions of the training step's gradients; run kiln-autodiff first}}
+module {
+  func.func @forward() -> tensor<f32> {
+    %x = kiln.zeros : tensor<4xf32>
+    %l = kiln.reduce_sum %x : tensor<4xf32> -> tensor<f32>
+    return %l : tensor<f32>
+  }
+}
