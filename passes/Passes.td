@@ -91,7 +91,7 @@ def BucketGradients : Pass<"kiln-bucket-gradients", "::mlir::ModuleOp"> {
     A bucket closes when the next gradient would take it past `bucket-mb`, except where one fused
     kernel finishes several gradients: they stay in one bucket (it may then be larger), since its
     reduction can start only after that kernel. A parameter larger than `bucket-mb` is a bucket
-    alone.
+    alone. Graph IR (a `@forward` without `@micro_step`) is refused: run kiln-autodiff first.
   }];
   let options = [
     Option<"bucketMB", "bucket-mb", "double", /*default=*/"25.0",
