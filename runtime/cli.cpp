@@ -84,7 +84,7 @@ void add_train_options(CLI::App& train, TrainOptions& o, TrainSampling& sampling
   train.add_option("--lr-schedule", o.schedule.kind, "learning-rate schedule after warm-up")
       ->capture_default_str()->check(CLI::IsMember({"cosine", "constant"}));
   train.add_option("--warmup-steps", o.schedule.warmup_steps, "linear warm-up steps")->capture_default_str()->check(cli::whole(0));
-  train.add_option("--min-lr-ratio", o.schedule.min_lr_ratio, "cosine floor as a fraction of --lr")->capture_default_str()->check(cli::finite_in(0, 1));
+  train.add_option("--min-lr-ratio", o.schedule.min_lr_ratio, "cosine floor as a fraction of --lr (the lr one step past the last: the last step's is a little above it)")->capture_default_str()->check(cli::finite_in(0, 1));
   train.add_option("--weight-decay", o.weight_decay, "AdamW weight decay (2-D weights only)")->capture_default_str()->check(cli::non_negative_finite());
   train.add_option("--beta1", o.beta1, "AdamW beta1")->capture_default_str()->check(kBeta);
   train.add_option("--beta2", o.beta2, "AdamW beta2")->capture_default_str()->check(kBeta);
@@ -93,7 +93,7 @@ void add_train_options(CLI::App& train, TrainOptions& o, TrainSampling& sampling
   train.add_option("--total-batch", o.total_batch, "tokens per optimizer step (default, or 0: B*T*ranks, no accumulation)")->check(cli::whole(0));
   train.add_option("--log", o.log, "append one JSON line per step to this file")->check(cli::non_empty());
   train.add_option("--save", o.save, "write the final weights (safetensors)")->check(cli::non_empty());
-  train.add_option("--dump-grads", o.dump_grads, "write step 0's accumulated gradients (safetensors)")->check(cli::non_empty());
+  train.add_option("--dump-grads", o.dump_grads, "write step 0's accumulated gradients, before clipping (safetensors)")->check(cli::non_empty());
   train.add_option("--print-every", o.print_every, "print progress every N steps (default, or 0: about 50 lines)")->check(cli::whole(0));
   train.add_flag("--profile", o.profile, "print the time spent in each kind of kernel at the end");
   CLI::Option* val_data = train.add_option("--val-data", o.val_data, "validation token shard(s): files or globs")->expected(1, -1)->check(cli::non_empty());

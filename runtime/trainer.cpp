@@ -218,6 +218,13 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       std::snprintf(text, sizeof text, "%g", v);
       throw Error(std::string(flag) + ": " + text + " does not fit a 32-bit float (the step computes in them)");
     }
+  // A positive one that rounds to 0 there would train nothing while the log shows it.
+  for (const auto& [flag, v] : {std::pair{"--lr", o.schedule.lr}, {"--weight-decay", o.weight_decay}})
+    if (v > 0 && float(v) == 0) {
+      char text[32];
+      std::snprintf(text, sizeof text, "%g", v);
+      throw Error(std::string(flag) + ": " + text + " is 0 as a 32-bit float (the step computes in them)");
+    }
   // AdamW divides by sqrt(v_hat) + eps (v is 0 where a gradient always is) and by 1 - beta^t.
   if (!(float(o.eps) > 0)) throw Error("--eps: must be positive as a 32-bit float (the step computes in them)");
   for (const auto& [flag, beta] : {std::pair{"--beta1", o.beta1}, {"--beta2", o.beta2}})

@@ -12,7 +12,8 @@ Steps:
   b) `kilnc SPEC -o DIR/gpt2`, then `DIR/gpt2 train --steps 1 --dump-grads DIR/grads.safetensors
      ...`: every parameter's gradient of step 0 must match the reference with relative error
      ||g_kiln - g_ref|| / max(||g_ref||, 1e-12) <= 1e-4;
-  c) `DIR/gpt2 train --steps N ...` with warm-up + cosine LR, weight decay and a gradient clip
+  c) `DIR/gpt2 train --steps N ...` with warm-up + cosine LR (--lr-schedule, --beta1, --beta2 and
+     --eps change the schedule and AdamW's settings on both sides), weight decay and a gradient clip
      chosen so that clipping triggers on some steps only: per-step loss within 1e-4 absolute,
      lr within 1e-9 relative, grad_norm within 1e-3 relative; and the weights it saves after
      the last step (fp32): each tensor within 2e-5 relative of the reference's (but the key
@@ -296,8 +297,9 @@ def dump_grads_cmd(exe, data_args, wpath, gpath, glog, total_batch):
 def train_cmd(exe, data_args, a, wpath, rlog, clip, total_batch, save=None):
     return [exe, "train", "--data", *data_args, "--steps", str(a.steps), "--init", wpath, "--log", rlog,
             *(["--save", save] if save else []),
-            "--lr", repr(a.lr), "--warmup-steps", str(a.warmup_steps), "--lr-schedule", "cosine",
+            "--lr", repr(a.lr), "--warmup-steps", str(a.warmup_steps), "--lr-schedule", a.lr_schedule,
             "--min-lr-ratio", repr(a.min_lr_ratio), "--weight-decay", repr(a.weight_decay),
+            "--beta1", repr(a.beta1), "--beta2", repr(a.beta2), "--eps", repr(a.eps),
             "--grad-clip", repr(clip), "--total-batch", str(total_batch)]
 
 
@@ -505,6 +507,10 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup-steps", type=int, default=5)
     ap.add_argument("--min-lr-ratio", type=float, default=0.1)
     ap.add_argument("--weight-decay", type=float, default=0.1)
+    ap.add_argument("--lr-schedule", choices=("cosine", "constant"), default="cosine")
+    ap.add_argument("--beta1", type=float, default=0.9, help="AdamW's (both sides; passed to Kiln explicitly)")
+    ap.add_argument("--beta2", type=float, default=0.95)
+    ap.add_argument("--eps", type=float, default=1e-8)
     ap.add_argument("--grad-clip", type=float, default=None,
                     help="default: chosen from the reference's norms so that it clips on some steps only")
     ap.add_argument("--random-norms", action="store_true",
@@ -580,7 +586,8 @@ def run(a) -> int:
     ref_loss0, ref_grads = tr.accumulate(R.DataLoader(data, B, T), a.accum)
     ref_norm0 = R.global_norm(ref_grads)
     hp = R.Hyper(lr=a.lr, warmup_steps=a.warmup_steps, total_steps=a.steps, min_lr_ratio=a.min_lr_ratio,
-                 schedule="cosine", weight_decay=a.weight_decay, grad_clip=0.0)
+                 schedule=a.lr_schedule, weight_decay=a.weight_decay, beta1=a.beta1, beta2=a.beta2, eps=a.eps,
+                 grad_clip=0.0)
     if a.grad_clip is None:
         clip, ref, margin, ref_final = choose_clip(cfg, W, data, B, T, a.accum, hp, a.steps)
     else:
