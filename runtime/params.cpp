@@ -273,11 +273,6 @@ void load_parameters(Executor& ex, const std::string& path) {
   };
   std::map<std::string, std::string> meta;
   std::vector<SafeTensor> tensors = read_safetensors(path, &meta);
-  // Kiln's --save records n_head; Hugging Face's files have no such key, and are not checked.
-  const int64_t n_head = ex.module().fb().model()->n_head();
-  if (meta.count("n_head") && meta.at("n_head") != std::to_string(n_head))
-    throw Error(path + ": written for a model with n_head " + one_line(meta.at("n_head")) + " (its __metadata__), this "
-                "one has " + std::to_string(n_head) + ": the shapes agree, but the heads would split attention otherwise");
   std::map<std::string, SafeTensor> file;
   for (SafeTensor& t : tensors) {
     std::string name = t.name.rfind(kPrefix, 0) == 0 ? t.name.substr(kPrefix.size()) : t.name;
@@ -341,6 +336,12 @@ void load_parameters(Executor& ex, const std::string& path) {
     }
     throw Error(path + ": unexpected tensor '" + t.name + "' (not a parameter of this model" + depths() + ")");
   }
+  // Kiln's --save records n_head; Hugging Face's files have no such key, and are not checked.
+  // Checked once every shape has agreed (another model's file fails on a shape first, as it says).
+  const int64_t n_head = ex.module().fb().model()->n_head();
+  if (meta.count("n_head") && meta.at("n_head") != std::to_string(n_head))
+    throw Error(path + ": written for a model with n_head " + one_line(meta.at("n_head")) + " (its __metadata__), this "
+                "one has " + std::to_string(n_head) + ": the shapes agree, but the heads would split attention otherwise");
 }
 
 std::string first_non_finite(Executor& ex, bool moments) {

@@ -321,7 +321,7 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
     throw Error("--out: " + o.out + ": is a file, not a folder (prepare writes its shards into a folder)");
   const bool created_out = !fs::exists(out, ec);
   fs::create_directories(out, ec);
-  if (ec || !fs::is_directory(out)) throw Error(o.out + ": cannot create directory: " + ec.message());
+  if (ec || !fs::is_directory(out)) throw Error("--out: " + o.out + ": cannot make the folder: " + ec.message());
   // Staging folders of killed runs (their writer ran on this machine and is gone): one killed
   // while it swapped its shards in is first finished or undone, so DIR holds one whole data set.
   std::vector<fs::path> orphans;
@@ -337,7 +337,8 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
   const fs::path tmp = temporary_path((out / ".kiln-data-prepare").string());  // this host and process's
   fs::remove_all(tmp, ec);
   fs::create_directory(tmp, ec);
-  if (ec) throw Error(tmp.string() + ": cannot create directory: " + ec.message());
+  // (Named by --out: the staging folder is prepare's own, not a name the user gave.)
+  if (ec) throw Error("--out: " + o.out + ": cannot write there: " + ec.message());
   // A signal while documents are encoded removes the staging folder (and DIR if this run made
   // it); from the swap on, signals wait until DIR holds one whole data set and tmp is gone.
   track_staging_folder(tmp.string(), created_out ? out.string() : "");

@@ -151,6 +151,10 @@ int main(int argc, char** argv) {
       if (const size_t nul = piped->getBuffer().find('\0'); nul != llvm::StringRef::npos)
         throw kiln::Error("<stdin>: holds binary data (a NUL byte at offset " + std::to_string(nul) + "), not MLIR text");
     } else {
+      // One line, as the other tools say it (MLIR's reader prints "cannot open input file").
+      std::error_code missing;
+      if (!std::filesystem::exists(input, missing)) throw kiln::Error(input + ": no such file");
+      if (std::filesystem::is_directory(input, missing)) throw kiln::Error(input + ": cannot read: a directory");
       kiln::check_not_a_device(input);  // /dev/zero would be read until memory runs out
       // A binary file Kiln knows (a module, an executable, data, weights) would be printed to the
       // terminal as the parser's error context.
