@@ -14,6 +14,7 @@
 #include "runtime/embedded.h"
 #include "runtime/error.h"
 #include "runtime/file_io.h"
+#include "runtime/params.h"
 #include "runtime/plan_verifier.h"
 #include "runtime/shape.h"
 
@@ -30,7 +31,22 @@ int64_t numel(const fb::Buffer& b) {
 
 Module Module::load(const std::string& path) {
   if (auto embedded = read_embedded_module(path)) return from_bytes(std::move(*embedded), path);
-  return from_bytes(read_file(path), path);
+  std::vector<uint8_t> bytes = read_file(path);
+  if (bytes.size() < 8 || !fb::ModuleBufferHasIdentifier(bytes.data())) {
+    // Another file Kiln knows, or text (a spec or IR given for the module kilnc compiles from
+    // it), is named. (A JSON log, which starts with '{', is left to the tools that read logs.)
+    const std::string kind = file_kind(path);
+    if (!kind.empty() && kind != kModuleKind && kind != kExecutableKind)
+      throw Error(path + ": is " + kind + ", not a Kiln module (kilnc compiles a spec into one)");
+    const size_t n = std::min<size_t>(bytes.size(), 256);
+    const bool text = n > 0 && bytes[0] != '{' && std::all_of(bytes.begin(), bytes.begin() + n, [](uint8_t c) {
+      return c >= 0x20 || c == '\n' || c == '\r' || c == '\t';  // (UTF-8's bytes are >= 0x80)
+    });
+    if (text)
+      throw Error(path + ": is text, not a Kiln module (kilnc compiles a .toml spec or .mlir IR into one: kilnc " +
+                  path + " -o gpt2)");
+  }
+  return from_bytes(std::move(bytes), path);
 }
 
 Module Module::from_bytes(std::vector<uint8_t> bytes, std::string source) {
