@@ -537,8 +537,8 @@ class Emitter {
     }
     // The bias gradient, when it is only summed (and cast) into its fp32 accumulator: each thread
     // sums a chunk of rows of one column and adds it with an atomic, so the whole GPU reads the
-    // operand (a thread per column leaves most of it idle). The total is not rounded to bf16 as
-    // the unfused sum would be; the order of the additions varies from run to run.
+    // operand (a thread per column leaves most of it idle); a bf16 total is rounded once, at the
+    // end. The order of the additions varies from run to run.
     AccumulateGradOp colAcc;
     bool onlyCasts = !columns.empty();
     for (Operation* op : columns.empty() ? ArrayRef<Operation*>() : columns.drop_front()) {
@@ -553,7 +553,8 @@ class Emitter {
       grid_ = unsigned(std::min<int64_t>((std::max(addTerms ? M * N : 0, Kc * chunks) + 255) / 256, 2112));
       const std::string grad = state_[colAcc.getOperation()][0];
       body_ += "  // The bias gradient: column sums of the right operand in " + num(chunks) + " chunks of " +
-               num(rowsPerChunk) + " rows, each added to the accumulator with an atomic.\n";
+               num(rowsPerChunk) + " rows, each added to the " + (isBF16(red.getResult()) ? "fp32 totals" : "accumulator") +
+               " with an atomic.\n";
       body_ += "  for (long long w = blockIdx.x * (long long)blockDim.x + threadIdx.x; w < " + num(Kc * chunks) +
                "; w += (long long)gridDim.x * blockDim.x) {\n";
       body_ += "    const long long i = w % " + num(Kc) + ", r0 = w / " + num(Kc) + " * " + num(rowsPerChunk) + ";\n";
@@ -561,7 +562,11 @@ class Emitter {
                " : " + num(R) + ";\n";
       body_ += "    float acc = 0.0f;\n";
       body_ += "    for (long long r = r0; r < r1; ++r) acc += " + at(red.getInput(), "r * " + num(Kc) + " + i") + ";\n";
-      body_ += "    atomicAdd(&" + grad + "[i], acc);\n  }\n";
+      // A bf16 bias gradient is its whole column sum rounded once: the last block rounds the totals.
+      const bool round = isBF16(red.getResult());
+      const std::string ws = symbolPrefix() + "column_totals";
+      body_ += "    atomicAdd(&" + (round ? ws : grad) + "[i], acc);\n  }\n";
+      if (round) cudaRoundColumnTotals(ws, Kc, {SmallVector<Operation*>(columns.begin(), columns.end())});
     } else if (!columns.empty()) {
       auto red = cast<ReduceSumOp>(columns.front());
       const int64_t R = numel(red.getInput()) / numel(red.getResult()), Kc = numel(red.getResult());
@@ -778,11 +783,20 @@ class Emitter {
       targets.push_back(outs.front());  // a result: the runtime clears it, blocks add to it
       zero_.push_back(unsigned(index_[outs.front()]));
     }
+    // A bf16 bias gradient is its whole column sum rounded once (as the CPU kernel and PyTorch's bf16
+    // sum give it): blocks add to an fp32 workspace, and the last block rounds (cudaRoundColumnTotals).
+    SmallVector<Operation*> rounded;
+    const std::string ws = symbolPrefix() + "column_totals";
     for (ReduceSumOp r : sums) {
       Operation* u = soleUserOf(r.getResult());
       while (u && isa<CastOp>(u)) u = soleUserOf(u->getResult(0));
       if (!u || !isa<AccumulateGradOp>(u)) return f_.emitError() << "kilnc: CUDA: a bias gradient (kiln.reduce_sum) in a layer-norm backward region must be accumulated as it is (through casts only)";
-      targets.push_back(state_[u][0]);
+      if (!isBF16(r.getResult())) {
+        targets.push_back(state_[u][0]);
+        continue;
+      }
+      targets.push_back("(" + ws + " + " + num(int64_t(rounded.size()) * C) + ")");
+      rounded.push_back(r.getOperation());
     }
     const int64_t width = int64_t(targets.size()) * C;
     block_ = 256;
@@ -813,7 +827,47 @@ class Emitter {
     for (size_t k = 0; k < targets.size(); ++k)
       body_ += "    atomicAdd(&" + targets[k] + "[c], part[" + num(int64_t(k) * C) + " + c]);\n";
     body_ += "  }\n";
+    if (!rounded.empty()) {
+      SmallVector<SmallVector<Operation*>> chains;
+      for (Operation* r : rounded) {
+        SmallVector<Operation*> chain{r};
+        for (Operation* u = soleUserOf(r->getResult(0)); u; u = u->getNumResults() ? soleUserOf(u->getResult(0)) : nullptr)
+          chain.push_back(u);
+        chains.push_back(chain);
+      }
+      cudaRoundColumnTotals(ws, C, chains);
+    }
     return success();
+  }
+
+  // CUDA, at the end of a kernel whose blocks have added their partial column sums of bf16 bias
+  // gradients to the fp32 workspace `ws` (chains[j]'s C totals at ws + j C; chains[j] is the
+  // kiln.reduce_sum and its casts and accumulation): the last block to finish rounds each total to
+  // bf16 once, computes the chain and clears the workspace and the block counter for the next launch.
+  // Its cost: a counter atomic per block, then C reads, adds and clears per chain in one block.
+  void cudaRoundColumnTotals(const std::string& ws, int64_t C, ArrayRef<SmallVector<Operation*>> chains) {
+    const std::string done = symbolPrefix() + "blocks_done";
+    preamble_ += "__device__ float " + ws + "[" + num(C * int64_t(chains.size())) + "];  // zero between launches\n" +
+                 "__device__ unsigned " + done + " = 0;\n";
+    body_ += "  // The last block to finish rounds the column totals (bf16 bias gradients) and clears them.\n";
+    body_ += "  __shared__ bool last;\n  __threadfence();\n  __syncthreads();\n";
+    body_ += "  if (threadIdx.x == 0) last = atomicAdd(&" + done + ", 1u) == gridDim.x - 1;\n";
+    body_ += "  __syncthreads();\n  if (!last) return;\n";
+    body_ += "  for (long long c = threadIdx.x; c < " + num(C) + "; c += blockDim.x) {\n";
+    body_ += "    const long long i = c;\n";
+    for (size_t j = 0; j < chains.size(); ++j) {
+      const std::string cell = ws + "[" + num(int64_t(j) * C) + " + c]";
+      std::string name = "v" + num(next_++);
+      body_ += "    const float " + name + " = rb(atomicAdd(&" + cell + ", 0.0f));  // read past the L1\n";
+      body_ += "    " + cell + " = 0.0f;\n";
+      local_[chains[j].front()->getResult(0)] = name;
+      SmallVector<Operation*> vals;
+      for (Operation* op : ArrayRef<Operation*>(chains[j]).drop_front())
+        if (op->getNumResults()) vals.push_back(op);
+      locals(vals, "    ");
+      stores(chains[j], "    ");
+    }
+    body_ += "  }\n  if (threadIdx.x == 0) " + done + " = 0;\n";
   }
 
   // Element i of a row of the layer-norm backward (m, s, mean_g and mean_gx known): dx, then the

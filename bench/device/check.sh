@@ -8,8 +8,8 @@
 # what matters most when the budget runs short: a, b, d's matmul peak, e at B=16, d's torch.compile
 # and eager at B=16, c, t, g, s, n, then the larger batches:
 #   a) the machine: nvidia-smi -L, driver, nvcc, cmake, ninja, compiler, python, torch
-#   b) the runtime: cmake -DKILN_COMPILER=OFF -DKILN_TESTS=OFF into build-dev, ninja kiln-run (then
-#      kiln-inspect, for g)); if configuring with the machine's own packages fails, again with
+#   b) the runtime: cmake -DKILN_COMPILER=OFF -DKILN_TESTS=OFF into build-dev, ninja kiln-run (and
+#      kiln-inspect in g), which alone needs it); if configuring with the machine's own packages fails, again with
 #      the carried dependency bundle (bench/device/deps/kiln-build-deps.tar.gz unpacked into
 #      /tmp/kiln-deps)
 #   c) parity: each bench/device/modules/NAME.kiln with a spec bench/device/specs/NAME.toml
@@ -160,6 +160,7 @@ boxed() {
   [ "$l" -lt "$lim" ] && lim=$l
   log "$step (time box ${lim} s; log ${logf#"$WORK"/})"
   printf '$ %s\n' "$*" > "$logf"
+  printf '%s\t%s\n' "$step" "$logf" >> "$WORK/logs.tsv"  # for the log tails of failed steps in summary.md
   t0=$SECONDS
   # In the background and waited for: bash runs a signal's trap (and so finish()) at once, not
   # after the step. timeout puts itself and CMD in a process group of their own, so a kill of
@@ -420,9 +421,13 @@ if roof and not roof.get("recorded"):
 bounds = {k["name"]: k for k in (roof or {}).get("kernels", [])}
 if roof:
     rt = roof["rates"]
+    # kiln-inspect's defaults are the H200's datasheet: say so where d) measured nothing on another GPU.
+    src = rt.get("source", "")
+    if "H200" in src and "H200" not in gpu:
+        src += f" (not this GPU's: {gpu})"
     md += ["", f"- roofline (kiln-inspect --roofline: matrix products at {rt['tensor_tflops']:.0f} TFLOP/s, memory at "
-           f"{rt['bandwidth_gbs']:.0f} GB/s, measured in d) where given, else the H200 datasheet's; other arithmetic "
-           f"at {rt['vector_tflops']:.0f} TFLOP/s): a step of one micro-step takes at least "
+           f"{rt['bandwidth_gbs']:.0f} GB/s, other arithmetic at {rt['vector_tflops']:.0f} TFLOP/s; rates: {src}): "
+           f"a step of one micro-step takes at least "
            f"{roof['step_bound_ms']:.2f} ms, so MFU is at most {100 * roof['mfu_ceiling']:.1f}%"]
 if prof:
     # A product's cuBLASLt call and its generated function are two rows of the profile and one
@@ -501,6 +506,26 @@ md += ["", "## Parity (test/e2e/test_parity.py --exe: the module against the PyT
 md += [f"| {p['module']} | {p['result']} | {p['note']} |" for p in parity] or ["| — | not run | |"]
 md += ["", "## Steps", "", "| step | status | s | note |", "|---|---|---:|---|"]
 md += [f"| {s['step']} | {s['status']} | {s['seconds']} | {s['note']} |" for s in steps]
+# The end of each failed step's log (a build error, a refusal, a traceback): what the steps
+# table's one line leaves out, here without unpacking work.tar.gz. One tail per status for the
+# parity probes' refusals (the same line for every module).
+logs = dict(l.rstrip("\n").split("\t", 1) for l in open(f"{work}/logs.tsv") if "\t" in l) \
+    if os.path.exists(f"{work}/logs.tsv") else {}
+tails, shown = [], set()
+for s in steps:
+    if s["status"] not in ("failed", "FAIL", "timed out", "not available", "out of memory", "stopped"):
+        continue
+    p = logs.get(s["step"])
+    if not p or not os.path.exists(p) or len(tails) >= 8:
+        continue
+    if s["step"].startswith("parity-probe-") and s["status"] in shown:
+        continue
+    shown.add(s["status"])
+    lines = [l.rstrip()[:300].replace(os.getcwd() + "/", "") for l in open(p, errors="replace") if l.strip()]
+    tails += ["", f"### {s['step']} ({s['status']}): the last {min(len(lines), 15)} lines of its log", "", "```"]
+    tails += lines[-15:] + ["```"]
+if tails:
+    md += ["", "## Failed steps: the end of each log"] + tails
 md += ["", f"Elapsed {elapsed} s of a {budget} s budget. Raw results: results.json; logs: work.tar.gz; "
        "everything printed: check.log.", "", "## Machine", "", "```", info.strip(), "```", ""]
 open(f"{out}/summary.md", "w").write("\n".join(md))
@@ -541,20 +566,26 @@ export KILN_DEV_DIR=$DEV
 log "a) the machine (dry run: $DRY; budget $BUDGET s; OUT=$OUT)"
 PY=""
 for c in ${PYTHON:-} python3 /usr/bin/python3; do
-  if command -v "$c" >/dev/null 2>&1 && "$c" -c 'import torch' >/dev/null 2>&1; then PY=$c; break; fi
+  if command -v "$c" >/dev/null 2>&1 && timeout 60 "$c" -c 'import torch' >/dev/null 2>&1; then PY=$c; break; fi
 done
 PY_ANY=$PY
 if [ -z "$PY_ANY" ]; then PY_ANY=$(command -v python3 || command -v /usr/bin/python3 || true); fi
 GPU_SMI=0
 GPU_TORCH=0
-nvidia-smi -L > /dev/null 2>&1 && GPU_SMI=1
-first() { "$@" 2>&1 | head -n 1 || true; }
+# a) runs outside the steps' time boxes: each probe here has its own (a wedged GPU or driver can
+# hang nvidia-smi and CUDA's initialisation, which would leave the whole budget and no table).
+SMI_RC=0
+timeout -k 5 20 nvidia-smi -L > /dev/null 2>&1 || SMI_RC=$?
+[ "$SMI_RC" = 0 ] && GPU_SMI=1
+first() { timeout -k 5 20 "$@" 2>&1 | head -n 1 || true; }
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "host: $(uname -srm), $(nproc) cores, $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo) memory"
   if [ "$GPU_SMI" = 1 ]; then
-    nvidia-smi -L | sed 's/^/nvidia-smi -L: /'
-    echo "nvidia-smi: $(nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv,noheader 2>&1 | head -n 1)"
+    timeout -k 5 20 nvidia-smi -L | sed 's/^/nvidia-smi -L: /'
+    echo "nvidia-smi: $(first nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv,noheader)"
+  elif [ "$SMI_RC" = 124 ] || [ "$SMI_RC" = 137 ]; then
+    echo "nvidia-smi: timed out after 20 s (nvidia-smi -L): the GPU or its driver does not answer"
   elif command -v nvidia-smi > /dev/null; then
     echo "nvidia-smi: $(first nvidia-smi -L)"
   else
@@ -566,7 +597,7 @@ first() { "$@" 2>&1 | head -n 1 || true; }
   echo "c++: $(first c++ --version)"
   echo "python: ${PY:-none with torch} ($(first "$PY_ANY" --version))"
   if [ -n "$PY" ]; then
-    "$PY" - <<'EOF' 2>&1 || true
+    timeout -k 5 60 "$PY" - <<'EOF' 2>&1 || echo "torch: the probe failed or timed out after 60 s (status $?)"
 import torch
 print(f"torch: {torch.__version__}, CUDA {torch.version.cuda}, cuda available {torch.cuda.is_available()}, "
       f"compile {hasattr(torch, 'compile')}")
@@ -628,6 +659,7 @@ if [ -n "${PY:-}" ] && [ ! -f /usr/local/cuda/include/nccl.h ] && [ ! -f /usr/in
   fi
 fi
 KILN_RUN_BIN=""
+INSPECT_PENDING=0
 if [ "$DRY" = 1 ] || [ "$DO_BUILD" = 0 ]; then
   KILN_RUN_BIN=$(existing_kiln_run || true)
   record build skipped 0 "$([ "$DRY" = 1 ] && echo "dry run" || echo "--no-build"): would run: ${CONFIGURE[*]#"$ROOT"/} && ninja -C ${BUILD_DIR#"$ROOT"/} -j$(nproc) kiln-run; kiln-run used: ${KILN_RUN_BIN:-none}"
@@ -657,11 +689,7 @@ else
     if [ "$rc" = 0 ] && [ -x "$BUILD_DIR/bin/kiln-run" ]; then
       KILN_RUN_BIN=$BUILD_DIR/bin/kiln-run
       record build-ninja ok "$LAST_DT" "$KILN_RUN_BIN"
-      # kiln-inspect, for g)'s roofline (no MLIR either); the rest goes on without it.
-      rc=0
-      boxed build-inspect 120 20 "$WORK/build-inspect.log" "${KENV[@]}" ninja -C "$BUILD_DIR" -j "$(nproc)" kiln-inspect || rc=$?
-      if [ "$rc" = 0 ]; then record build-inspect ok "$LAST_DT" "$BUILD_DIR/bin/kiln-inspect"
-      elif [ "$rc" != 200 ]; then record build-inspect failed "$LAST_DT" "$(err_line "$WORK/build-inspect.log")"; fi
+      INSPECT_PENDING=1  # kiln-inspect is built in g), which alone needs it: the benchmarks first
     elif [ "$rc" != 200 ]; then
       record build-ninja "$(timed_out "$rc" && echo "timed out" || echo failed)" "$LAST_DT" "$(err_line "$WORK/build-ninja.log")"
     fi
@@ -746,8 +774,13 @@ kiln_bench() {
   data="$DEV/data/gpt2-124m/train_*.bin"
   if [ ! -f "$BENCH_DATA" ]; then
     data="$WORK/data/train_*.bin"
+    # (Guarded: under set -e a failure here would end the script at its first benchmark.)
     [ -f "$WORK/data/train_000.bin" ] || "$PY_ANY" scripts/make_synthetic_shard.py --out "$WORK/data" \
-      --vocab-size 50257 --tokens $((16 * 1024 * 10 + 1)) --seed 1337 > "$WORK/shard.log" 2>&1
+      --vocab-size 50257 --tokens $((16 * 1024 * 10 + 1)) --seed 1337 > "$WORK/shard.log" 2>&1 || true
+    if [ ! -f "$WORK/data/train_000.bin" ]; then
+      record "kiln-$name" skipped 0 "no data: no $BENCH_DATA carried, and no shard made: $(err_line "$WORK/shard.log")"
+      echo "not run: no data" > "$note"; return
+    fi
   fi
   local args=(train --data "$data" --steps "$KILN_STEPS" --lr-schedule constant --log "$WORK/kiln-$name.jsonl"
               --print-every 10)
@@ -761,6 +794,10 @@ kiln_bench() {
   elif timed_out "$rc"; then
     echo "timed out after $LAST_DT s" > "$note"
     record "kiln-$name" "timed out" "$LAST_DT" "$(tail -n 1 "$WORK/kiln-$name.log")"
+  elif grep -a -q 'cannot allocate .*: out of memory' "$WORK/kiln-$name.log"; then
+    # A batch that does not fit this GPU (B=64 on an 80 GB card, say) is a result, as PyTorch's.
+    echo "out of memory: $(err_line "$WORK/kiln-$name.log")" > "$note"
+    record "kiln-$name" "out of memory" "$LAST_DT" "$(cat "$note") (exit $rc)"
   else
     kiln_refusal "$WORK/kiln-$name.log" > "$note"
     grep -Eq 'no CUDA GPU is usable|built without CUDA|runs only CPU kernels' "$WORK/kiln-$name.log" && CPU_ONLY_RUNTIME=$(cat "$note")
@@ -951,6 +988,13 @@ else
 fi
 # Each kernel's least time at this GPU's measured rates (matmul peak and copy bandwidth from d)),
 # for the profile's "bound / measured" column.
+# kiln-inspect (no MLIR either) is built here, not in b): the steps before need only kiln-run.
+if [ "$INSPECT_PENDING" = 1 ] && [ -f "$DEV/modules/$BENCH.kiln" ]; then
+  rc=0
+  boxed build-inspect 120 20 "$WORK/build-inspect.log" "${KENV[@]}" ninja -C "$BUILD_DIR" -j "$(nproc)" kiln-inspect || rc=$?
+  if [ "$rc" = 0 ]; then record build-inspect ok "$LAST_DT" "$BUILD_DIR/bin/kiln-inspect"
+  elif [ "$rc" != 200 ]; then record build-inspect failed "$LAST_DT" "$(err_line "$WORK/build-inspect.log")"; fi
+fi
 inspect=${KILN_RUN_BIN:+$(dirname "$KILN_RUN_BIN")/kiln-inspect}
 if [ -n "$inspect" ] && [ -x "$inspect" ] && [ -f "$DEV/modules/$BENCH.kiln" ]; then
   rates=()
