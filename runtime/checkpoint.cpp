@@ -593,9 +593,19 @@ TrainingState load_checkpoint(const std::string& path, Executor& ex, bool weight
   if (p.state.spec_fingerprint != mine) {
     const bool precision_only = model != p.model && model_difference(model, m).empty() && table_difference(p, m).empty();
     const std::string diff = first_difference(p, m);
+    // A resume of the same model in another precision cannot take its AdamW state and compute
+    // copies, but --init takes its weights: say so.
+    std::string hint;
+    if (!weights_only && model.is_object() && model.contains("precision") && mine_model.contains("precision")) {
+      Json weights = model;
+      weights["precision"] = mine_model["precision"];
+      if (weights != p.model && model_difference(weights, m).empty() && table_difference(p, m).empty())
+        hint = "; --init " + path + " starts afresh from its weights in this precision (without its AdamW state and "
+               "step)";
+    }
     if (!precision_only)
       throw Error(path + ": compiled for a different model (fingerprint " + p.state.spec_fingerprint + " vs " + mine +
-                  (diff.empty() ? "" : ": " + diff) + ")");
+                  (diff.empty() ? "" : ": " + diff) + ")" + hint);
   }
 
   // The fingerprint matched, so the model the header describes must be this one too: it is what

@@ -136,6 +136,14 @@ void check_output_paths(const TrainOptions& o, bool root, MadeFolders& made) {
       throw Error("--checkpoint-dir: " + o.checkpoint_dir + ": is a symbolic link to " + fs::read_symlink(dir, link).string() +
                   (ec.value() == ELOOP ? ", one of a loop of links that reach no folder: give another"
                                        : ", which does not exist: make that folder, or give another"));
+    // A checkpoint named where its folder goes (to go on from that one): say how.
+    if (std::error_code file; fs::is_regular_file(dir, file) && is_checkpoint_file_name(dir.filename().string())) {
+      const std::string folder = dir.has_parent_path() ? dir.parent_path().string() : ".";
+      throw Error("--checkpoint-dir: " + o.checkpoint_dir + ": is a checkpoint, not a folder: give its folder " + folder +
+                  " (--resume goes on from the checkpoint its latest names: write " + dir.filename().string() +
+                  " into " + (fs::path(folder) / "latest").string() + " to go on from this one; --init " +
+                  o.checkpoint_dir + " starts afresh from its weights)");
+    }
     made.folders = missing_folders(dir.string());
     fs::create_directories(o.checkpoint_dir, ec);
     if (std::error_code is; !fs::is_directory(o.checkpoint_dir, is))

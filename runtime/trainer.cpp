@@ -92,7 +92,7 @@ int signal_of_sum(double sum) {
 // that run's --steps and shard sizes), and checkpoints past the one resumed from: said, not
 // refused (a longer run, or other data, may be meant).
 void note_resume_changes(const std::string& checkpoint, const nlohmann::json& extra, const TrainOptions& o,
-                         const DataLoader& data, int64_t step, const nlohmann::json& settings) {
+                         const DataLoader& data, int64_t step, const nlohmann::json& settings, bool data_said) {
   if (!extra.is_object()) return;
   // Other hyperparameters than the checkpoint's run had (its settings, where it records them).
   if (const auto had = extra.find("settings"); had != extra.end() && had->is_object()) {
@@ -113,9 +113,11 @@ void note_resume_changes(const std::string& checkpoint, const nlohmann::json& ex
                  "that of %lld steps\n", (long long)o.steps, checkpoint.c_str(), (long long)steps->get<int64_t>(),
                  (long long)o.steps);
   // (Every file's count where the checkpoint has them: those left out differ with B and T.)
+  // (Other shards, where the position was found by the shard's name, were said with it.)
   const bool every_file = extra.contains("all_shard_tokens");
   if (const auto counts = extra.find(every_file ? "all_shard_tokens" : "shard_tokens"); counts != extra.end() &&
-      counts->is_array() && *counts != nlohmann::json(every_file ? data.all_shard_tokens() : data.shard_tokens()))
+      counts->is_array() && *counts != nlohmann::json(every_file ? data.all_shard_tokens() : data.shard_tokens()) &&
+      !data_said)
     std::fprintf(stderr, "note: --data is not the data of the run that wrote %s (its shards held other numbers of "
                  "tokens): the run goes on at token %lld of %s\n", checkpoint.c_str(), (long long)data.position(),
                  data.files()[data.shard()].c_str());
@@ -389,7 +391,8 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
             }
           } else {
             where = name + ", the shard it was reading, is not among them: it goes on at shard " +
-                    std::to_string(shard) + (shard < files.size() ? " (" + files[shard] + ")" : "");
+                    std::to_string(shard) + (shard < files.size() ? " (" + files[shard] + ")" : "") +
+                    ", at token " + std::to_string(position);
           }
           if (root && st.step < o.steps)
             data_note = "note: " + *latest + ": --data matches other shards than the run that wrote it read; " + where;
@@ -437,7 +440,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
         std::fprintf(stderr, "the run is already at --steps %lld: nothing left to train\n", (long long)o.steps);
       if (root && !o.init.empty())
         std::fprintf(stderr, "note: --init %s is not used: the weights are the checkpoint's\n", o.init.c_str());
-      if (root) note_resume_changes(*latest, extra, o, loader, first_step, settings);
+      if (root) note_resume_changes(*latest, extra, o, loader, first_step, settings, !data_note.empty());
       if (const auto had = extra.is_object() ? extra.find("keep") : extra.end();
           had != extra.end() && had->is_number_integer() && had->get<int64_t>() >= 0 && had->get<int64_t>() <= INT32_MAX) {
         const int before = int(had->get<int64_t>());
@@ -539,11 +542,23 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   // A run resumed from a checkpoint older than the log's last record (`latest` pointed back, or
   // the newest one damaged) trains steps the log holds already: say so.
   if (logging && !resumed_from.empty() && first_step < o.steps) {
-    const int64_t redone = std::min(last_logged_step(o.log), o.steps - 1);  // the last step logged twice
+    const int64_t last = last_logged_step(o.log);
+    const int64_t redone = std::min(last, o.steps - 1);  // the last step logged twice
     if (redone >= first_step)
       std::fprintf(stderr, "note: --log %s already holds the records of %lld step(s) this run trains again (\"step\": "
                    "%lld to %lld); the new ones follow them (kiln-inspect plot keeps each step's last)\n", o.log.c_str(),
                    (long long)(redone - first_step + 1), (long long)first_step, (long long)redone);
+    // One that ends before the checkpoint's step (runs since trained with another --log or none)
+    // lacks those steps' records, less the lines the checkpoint kept, which go in first.
+    int64_t held = last;
+    for (const std::string& line : log_pending)
+      if (const auto j = nlohmann::json::parse(line, nullptr, false); j.is_object() && j.contains("step") &&
+                                                                       j["step"].is_number_integer())
+        held = std::max(held, j["step"].get<int64_t>());
+    if (held >= 0 && held + 1 < first_step)
+      std::fprintf(stderr, "note: --log %s ends at \"step\" %lld, and this run goes on at %lld: it holds no records "
+                   "of steps %lld to %lld (trained with another --log or none)\n", o.log.c_str(), (long long)held,
+                   (long long)first_step, (long long)(held + 1), (long long)(first_step - 1));
   }
   LrSchedule schedule = o.schedule;
   schedule.total_steps = o.steps;
@@ -932,8 +947,8 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
         log_pending.clear();
       }
     }
-    // The first step's line, then every N-th (printed N, 2N, ...) and the last.
-    if (root && (step == 0 || (step + 1) % every == 0 || last || !std::isnan(val_loss) || !samples.empty() ||
+    // The first step's line (a resumed run's too), then every N-th (printed N, 2N, ...) and the last.
+    if (root && (step == first_step || (step + 1) % every == 0 || last || !std::isnan(val_loss) || !samples.empty() ||
                  samples_stopped)) {
       // The steps left, and the evaluations, samples and checkpoints after them (this step's
       // checkpoint is still to be written).
