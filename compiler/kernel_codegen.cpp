@@ -764,7 +764,8 @@ class Emitter {
   }
 
   // CUDA: one warp per row for dx; each block sums its rows' dw, db and bias-gradient columns in
-  // shared memory and adds them to the accumulators with atomics at the end. When C is a multiple
+  // shared memory and adds them to the accumulators with atomics at the end (bf16 bias-gradient
+  // columns to an fp32 workspace, which the last block rounds: cudaRoundColumnTotals). When C is a multiple
   // of 32 (up to 1024) each lane keeps dy and xhat of its C / 32 columns in registers between
   // the two passes over the row; otherwise they are read again.
   LogicalResult cudaLayerNormGrad(LayerNormGradOp lg, SmallVector<ReduceSumOp>& sums, int64_t N, int64_t C) {

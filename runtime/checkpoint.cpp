@@ -600,8 +600,8 @@ TrainingState load_checkpoint(const std::string& path, Executor& ex, bool weight
       Json weights = model;
       weights["precision"] = mine_model["precision"];
       if (weights != p.model && model_difference(weights, m).empty() && table_difference(p, m).empty())
-        hint = "; --init " + path + " starts afresh from its weights in this precision (without its AdamW state and "
-               "step)";
+        hint = "; start afresh from its weights in this precision with --init " + path +
+               " and another --checkpoint-dir (its AdamW state and step are left)";
     }
     if (!precision_only)
       throw Error(path + ": compiled for a different model (fingerprint " + p.state.spec_fingerprint + " vs " + mine +

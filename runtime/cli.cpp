@@ -592,7 +592,9 @@ int run_main(int argc, char** argv) {
     const auto [launched_rank, launched_world] = launcher_rank();
     for (std::string* init : {&sample_opts.init, &eval_opts.init, &train_opts.init})
       if (const std::string file = checkpoint_named_by(*init); !file.empty() && file != *init) {
-        if (launched_rank == 0) std::fprintf(stderr, "note: --init %s: reads %s\n", init->c_str(), file.c_str());
+        // (train says so where it reads them: a run that resumes reads the checkpoint's instead)
+        if (init == &train_opts.init) train_opts.init_as_given = *init;
+        else if (launched_rank == 0) std::fprintf(stderr, "note: --init %s: reads %s\n", init->c_str(), file.c_str());
         *init = file;
       }
     Module module = embedded ? std::move(*embedded) : Module::load(module_path);

@@ -141,8 +141,8 @@ void check_output_paths(const TrainOptions& o, bool root, MadeFolders& made) {
       const std::string folder = dir.has_parent_path() ? dir.parent_path().string() : ".";
       throw Error("--checkpoint-dir: " + o.checkpoint_dir + ": is a checkpoint, not a folder: give its folder " + folder +
                   " (--resume goes on from the checkpoint its latest names: write " + dir.filename().string() +
-                  " into " + (fs::path(folder) / "latest").string() + " to go on from this one; --init " +
-                  o.checkpoint_dir + " starts afresh from its weights)");
+                  " into " + (fs::path(folder) / "latest").string() + " to go on from this one; or start afresh from its weights with --init " +
+                  o.checkpoint_dir + " and another --checkpoint-dir)");
     }
     made.folders = missing_folders(dir.string());
     fs::create_directories(o.checkpoint_dir, ec);

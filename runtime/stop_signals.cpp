@@ -118,16 +118,19 @@ StopSignals::StopSignals(int rank, int world, std::initializer_list<const char*>
   g_phase.store(0);
   char who[32] = "";
   if (world > 1) std::snprintf(who, sizeof who, "rank %d: ", rank);
+  // A new line first on a terminal, where the echoed ^C ends the line; none in a file (a
+  // scheduler's log), where it would be a blank line.
+  const char* nl = ::isatty(2) ? "\n" : "";
   const char* what = "stopping";
   for (int phase = 0; phase < kMaxPhases; ++phase) {
     if (phase < int(phases.size())) what = phases.begin()[phase];  // (the last one given stays)
     for (int i = 0; i < kNumStop; ++i)
-      std::snprintf(g_message[phase][i], sizeof g_message[phase][i], "\nkiln: %s%s: %s (again to stop now)\n", who,
-                    signal_name(kStopSignals[i]), what);
+      std::snprintf(g_message[phase][i], sizeof g_message[phase][i], "%skiln: %s%s: %s (again to stop now)\n", nl,
+                    who, signal_name(kStopSignals[i]), what);
   }
   for (int i = 0; i < kNumStop; ++i)
-    std::snprintf(g_again[i], sizeof g_again[i], "\nkiln: %s%s, a second signal: stopping now, without a checkpoint or --save\n",
-                  who, signal_name(kStopSignals[i]));
+    std::snprintf(g_again[i], sizeof g_again[i], "%skiln: %s%s, a second signal: stopping now, without a checkpoint or --save\n",
+                  nl, who, signal_name(kStopSignals[i]));
   // A closed stdout (`train ... | head`) then fails a write with EPIPE, which the caller sees,
   // instead of ending the process with SIGPIPE in the middle of a step.
   g_pipe_ignored = keep_on_broken_pipe;

@@ -284,6 +284,8 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     throw or_older(e, "");
   }
   const bool initializing = !o.init.empty() && !latest;
+  if (initializing && root && !o.init_as_given.empty())
+    std::fprintf(stderr, "note: --init %s: reads %s\n", o.init_as_given.c_str(), o.init.c_str());
   if (initializing) check_weights_file(o.init);  // before the executor starts a cuda module's GPU
   DataLoader loader(o.data, B, T, rank, int(world));
   // The programs it runs; the sampler's only for --sample-every (the arena holds the largest
@@ -439,7 +441,8 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       if (root && first_step == o.steps)
         std::fprintf(stderr, "the run is already at --steps %lld: nothing left to train\n", (long long)o.steps);
       if (root && !o.init.empty())
-        std::fprintf(stderr, "note: --init %s is not used: the weights are the checkpoint's\n", o.init.c_str());
+        std::fprintf(stderr, "note: --init %s is not used: the weights are the checkpoint's\n",
+                     (o.init_as_given.empty() ? o.init : o.init_as_given).c_str());
       if (root) note_resume_changes(*latest, extra, o, loader, first_step, settings, !data_note.empty());
       if (const auto had = extra.is_object() ? extra.find("keep") : extra.end();
           had != extra.end() && had->is_number_integer() && had->get<int64_t>() >= 0 && had->get<int64_t>() <= INT32_MAX) {

@@ -20,6 +20,7 @@ struct TrainOptions {
   std::vector<std::string> data;  // llm.c token shard(s): files or globs (their union, by path)
   int64_t steps = 0;
   std::string init;             // safetensors to start from; otherwise seeded init
+  std::string init_as_given;    // --init as given, where it named a checkpoint folder or its latest (init is the file)
   uint64_t seed = 1337;
   LrSchedule schedule;
   double weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, grad_clip = 1.0;

@@ -202,7 +202,7 @@ finish() {
   log "f) the table"
   if [ -n "${PY_ANY:-}" ]; then
     "$PY_ANY" - "$WORK" "$OUT" "$DRY" "$BUDGET" "$SECONDS" "$KILN_WARMUP" "$BENCH" <<'EOF'
-import glob, json, math, os, statistics, sys, time
+import glob, json, math, os, re, statistics, sys, time
 work, out, dry, budget, elapsed, kwarm, bench = sys.argv[1:]
 kwarm = int(kwarm)
 
@@ -423,8 +423,8 @@ if roof:
     rt = roof["rates"]
     # kiln-inspect's defaults are the H200's datasheet: say so where d) measured nothing on another GPU.
     src = rt.get("source", "")
-    if "H200" in src and "H200" not in gpu:
-        src += f" (not this GPU's: {gpu})"
+    if "H200" in src and not re.search(r"(?<![A-Za-z])H200(?! NVL)", gpu):
+        src += f" (not this GPU's: {gpu})" if gpu != "no GPU" else " (this GPU is not known here)"
     md += ["", f"- roofline (kiln-inspect --roofline: matrix products at {rt['tensor_tflops']:.0f} TFLOP/s, memory at "
            f"{rt['bandwidth_gbs']:.0f} GB/s, other arithmetic at {rt['vector_tflops']:.0f} TFLOP/s; rates: {src}): "
            f"a step of one micro-step takes at least "
@@ -511,19 +511,21 @@ md += [f"| {s['step']} | {s['status']} | {s['seconds']} | {s['note']} |" for s i
 # parity probes' refusals (the same line for every module).
 logs = dict(l.rstrip("\n").split("\t", 1) for l in open(f"{work}/logs.tsv") if "\t" in l) \
     if os.path.exists(f"{work}/logs.tsv") else {}
-tails, shown = [], set()
+tails, shown, ntails = [], set(), 0
 for s in steps:
     if s["status"] not in ("failed", "FAIL", "timed out", "not available", "out of memory", "stopped"):
         continue
     p = logs.get(s["step"])
-    if not p or not os.path.exists(p) or len(tails) >= 8:
+    if not p or not os.path.exists(p) or ntails >= 8:
         continue
-    if s["step"].startswith("parity-probe-") and s["status"] in shown:
-        continue
-    shown.add(s["status"])
+    if s["step"].startswith("parity-probe-"):
+        if s["status"] in shown:
+            continue
+        shown.add(s["status"])
+    ntails += 1
     lines = [l.rstrip()[:300].replace(os.getcwd() + "/", "") for l in open(p, errors="replace") if l.strip()]
     tails += ["", f"### {s['step']} ({s['status']}): the last {min(len(lines), 15)} lines of its log", "", "```"]
-    tails += lines[-15:] + ["```"]
+    tails += [l.replace("```", "` ` `") for l in lines[-15:]] + ["```"]  # (a fence in the log would end the block)
 if tails:
     md += ["", "## Failed steps: the end of each log"] + tails
 md += ["", f"Elapsed {elapsed} s of a {budget} s budget. Raw results: results.json; logs: work.tar.gz; "
@@ -582,7 +584,7 @@ first() { timeout -k 5 20 "$@" 2>&1 | head -n 1 || true; }
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "host: $(uname -srm), $(nproc) cores, $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo) memory"
   if [ "$GPU_SMI" = 1 ]; then
-    timeout -k 5 20 nvidia-smi -L | sed 's/^/nvidia-smi -L: /'
+    { timeout -k 5 20 nvidia-smi -L || echo "(no answer the second time)"; } | sed 's/^/nvidia-smi -L: /'
     echo "nvidia-smi: $(first nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv,noheader)"
   elif [ "$SMI_RC" = 124 ] || [ "$SMI_RC" = 137 ]; then
     echo "nvidia-smi: timed out after 20 s (nvidia-smi -L): the GPU or its driver does not answer"

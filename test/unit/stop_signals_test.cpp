@@ -3,10 +3,13 @@
 // EPIPE the caller sees instead of a SIGPIPE that ends the process.
 #include "runtime/stop_signals.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <filesystem>
@@ -50,8 +53,41 @@ TEST(StopSignals, AClosedTerminalAsksToStop) {
     ::raise(SIGHUP);
     EXPECT_EQ(signals.requested(), SIGHUP);
   }
-  EXPECT_EQ(testing::internal::GetCapturedStderr(), "\nkiln: SIGHUP: stopping after this step (again to stop now)\n");
+  // (No new line first: stderr is a file here, not a terminal that echoed ^C.)
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "kiln: SIGHUP: stopping after this step (again to stop now)\n");
   EXPECT_STREQ(kiln::signal_name(SIGHUP), "SIGHUP");
+}
+
+// On a terminal the message starts a line of its own (the echoed ^C ends the one it cut).
+TEST(StopSignals, OnATerminalTheMessageStartsANewLine) {
+  DefaultDisposition hup(SIGHUP);
+  const int master = ::posix_openpt(O_RDWR | O_NOCTTY);
+  ASSERT_GE(master, 0);
+  ASSERT_EQ(::grantpt(master), 0);
+  ASSERT_EQ(::unlockpt(master), 0);
+  const int terminal = ::open(::ptsname(master), O_RDWR | O_NOCTTY);
+  ASSERT_GE(terminal, 0);
+  const int saved = ::dup(2);
+  ::dup2(terminal, 2);
+  {
+    kiln::StopSignals signals(0, 1, {"stopping after this step"});
+    ::raise(SIGHUP);
+  }
+  ::dup2(saved, 2);
+  ::close(saved);
+  ::close(terminal);
+  std::string got;
+  char buf[256];
+  pollfd p{master, POLLIN, 0};
+  while (::poll(&p, 1, 1000) > 0 && (p.revents & POLLIN)) {
+    const ssize_t n = ::read(master, buf, sizeof buf);
+    if (n <= 0) break;
+    got.append(buf, size_t(n));
+    if (got.find("now)") != std::string::npos) break;
+  }
+  ::close(master);
+  got.erase(std::remove(got.begin(), got.end(), '\r'), got.end());  // (a terminal writes each new line as \r\n)
+  EXPECT_EQ(got, "\nkiln: SIGHUP: stopping after this step (again to stop now)\n");
 }
 
 TEST(StopSignals, RequestStopsAsASignalWouldUnlessOneCameFirst) {
@@ -102,7 +138,7 @@ TEST(StopSignalsDeathTest, ASecondSignalLaterEndsTheProcessAndSaysSo) {
         std::_Exit(0);  // not reached
       },
       testing::KilledBySignal(SIGTERM),
-      "kiln: rank 1: SIGTERM: stopping after this step \\(again to stop now\\)\n\n"
+      "kiln: rank 1: SIGTERM: stopping after this step \\(again to stop now\\)\n"  // (stderr is no terminal)
       "kiln: rank 1: SIGTERM, a second signal: stopping now, without a checkpoint or --save");
 }
 

@@ -153,7 +153,8 @@ int main(int argc, char** argv) {
     } else {
       // One line, as the other tools say it (MLIR's reader prints "cannot open input file").
       std::error_code missing;
-      if (!std::filesystem::exists(input, missing)) throw kiln::Error(input + ": no such file");
+      if (!std::filesystem::exists(input, missing))
+        throw kiln::Error(input + ": " + (missing ? "cannot read: " + missing.message() : std::string("no such file")));
       if (std::filesystem::is_directory(input, missing)) throw kiln::Error(input + ": cannot read: a directory");
       kiln::check_not_a_device(input);  // /dev/zero would be read until memory runs out
       // A binary file Kiln knows (a module, an executable, data, weights) would be printed to the
