@@ -786,18 +786,20 @@ class Emitter {
     }
     // A bf16 bias gradient is its whole column sum rounded once (as the CPU kernel and PyTorch's bf16
     // sum give it): blocks add to an fp32 workspace, and the last block rounds (cudaRoundColumnTotals).
-    SmallVector<Operation*> rounded;
+    SmallVector<SmallVector<Operation*>> rounded;  // each one's chain: the sum, its casts, its accumulation
     const std::string ws = symbolPrefix() + "column_totals";
     for (ReduceSumOp r : sums) {
+      SmallVector<Operation*> chain{r};
       Operation* u = soleUserOf(r.getResult());
-      while (u && isa<CastOp>(u)) u = soleUserOf(u->getResult(0));
+      for (; u && isa<CastOp>(u); u = soleUserOf(u->getResult(0))) chain.push_back(u);
       if (!u || !isa<AccumulateGradOp>(u)) return f_.emitError() << "kilnc: CUDA: a bias gradient (kiln.reduce_sum) in a layer-norm backward region must be accumulated as it is (through casts only)";
+      chain.push_back(u);
       if (!isBF16(r.getResult())) {
         targets.push_back(state_[u][0]);
         continue;
       }
       targets.push_back("(" + ws + " + " + num(int64_t(rounded.size()) * C) + ")");
-      rounded.push_back(r.getOperation());
+      rounded.push_back(std::move(chain));
     }
     const int64_t width = int64_t(targets.size()) * C;
     block_ = 256;
@@ -828,16 +830,7 @@ class Emitter {
     for (size_t k = 0; k < targets.size(); ++k)
       body_ += "    atomicAdd(&" + targets[k] + "[c], part[" + num(int64_t(k) * C) + " + c]);\n";
     body_ += "  }\n";
-    if (!rounded.empty()) {
-      SmallVector<SmallVector<Operation*>> chains;
-      for (Operation* r : rounded) {
-        SmallVector<Operation*> chain{r};
-        for (Operation* u = soleUserOf(r->getResult(0)); u; u = u->getNumResults() ? soleUserOf(u->getResult(0)) : nullptr)
-          chain.push_back(u);
-        chains.push_back(chain);
-      }
-      cudaRoundColumnTotals(ws, C, chains);
-    }
+    if (!rounded.empty()) cudaRoundColumnTotals(ws, C, rounded);
     return success();
   }
 

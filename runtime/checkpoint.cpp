@@ -591,7 +591,8 @@ TrainingState load_checkpoint(const std::string& path, Executor& ex, bool weight
     model["precision"] = mine_model["precision"];
   const std::string mine = module_fingerprint(m);
   if (p.state.spec_fingerprint != mine) {
-    const bool precision_only = model != p.model && model_difference(model, m).empty() && table_difference(p, m).empty();
+    const bool same_tables = table_difference(p, m).empty();
+    const bool precision_only = model != p.model && model_difference(model, m).empty() && same_tables;
     const std::string diff = first_difference(p, m);
     // A resume of the same model in another precision cannot take its AdamW state and compute
     // copies, but --init takes its weights: say so.
@@ -599,7 +600,7 @@ TrainingState load_checkpoint(const std::string& path, Executor& ex, bool weight
     if (!weights_only && model.is_object() && model.contains("precision") && mine_model.contains("precision")) {
       Json weights = model;
       weights["precision"] = mine_model["precision"];
-      if (weights != p.model && model_difference(weights, m).empty() && table_difference(p, m).empty())
+      if (weights != p.model && model_difference(weights, m).empty() && same_tables)
         hint = "; start afresh from its weights in this precision with --init " + path +
                " and another --checkpoint-dir (its AdamW state and step are left)";
     }

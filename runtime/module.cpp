@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <set>
 #include <string>
@@ -42,12 +43,10 @@ Module Module::load(const std::string& path) {
     const bool text = n > 0 && bytes[0] != '{' && std::all_of(bytes.begin(), bytes.begin() + n, [](uint8_t c) {
       return c >= 0x20 || c == '\n' || c == '\r' || c == '\t';  // (UTF-8's bytes are >= 0x80)
     });
-    auto ends = [&](const std::string& e) {
-      return path.size() >= e.size() && path.compare(path.size() - e.size(), e.size(), e) == 0;
-    };
+    const std::string ext = std::filesystem::path(path).extension().string();
     if (text)
       throw Error(path + ": is text, not a Kiln module (kilnc compiles a .toml spec or .mlir IR into one" +
-                  (ends(".toml") || ends(".mlir") ? ": kilnc " + path + " -o gpt2)" : std::string(")")));
+                  (ext == ".toml" || ext == ".mlir" ? ": kilnc " + path + " -o gpt2)" : std::string(")")));
   }
   return from_bytes(std::move(bytes), path);
 }

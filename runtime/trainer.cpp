@@ -624,11 +624,12 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   struct Periodic {
     double seconds = 0;
     int64_t count = 0;
+    void took_since(std::chrono::steady_clock::time_point t) {
+      seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+      ++count;
+    }
     double left(int64_t n) const { return count > 0 ? seconds / double(count) * double(n) : 0; }
   } evals, samplings, checkpoints;
-  auto seconds_since = [](std::chrono::steady_clock::time_point t) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-  };
   // The checkpoint of `steps` done, whose next batch is at `shard`, `position` (rank 0 writes it;
   // every rank gathers a ZeRO-1 run's moments).
   int64_t checkpointed = resumed_from.empty() ? -1 : first_step;
@@ -892,8 +893,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       ex.enable_profiling(false);  // --profile's table is the training step's
       val_loss = evaluate(ex, *val, val_steps, comm);
       ex.enable_profiling(o.profile);
-      evals.seconds += seconds_since(t_eval);
-      evals.count++;
+      evals.took_since(t_eval);
     }
     // Rank 0 alone samples (every rank holds the whole weights); the others wait for it in the
     // next step's reduction (a long sampling counts against KILN_COMM_TIMEOUT there). The same
@@ -916,10 +916,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       }
       if (samples_stopped) samples.clear();  // cut short: the log and the terminal say so instead
       ex.enable_profiling(o.profile);
-      if (!samples_stopped) {  // (one cut short says nothing of how long the others take)
-        samplings.seconds += seconds_since(t_sample);
-        samplings.count++;
-      }
+      if (!samples_stopped) samplings.took_since(t_sample);  // (one cut short says nothing of the others)
     }
     if (world == 1) stop = signals.requested();  // read after evaluation and sampling: one during them counts
     if (logging) {
@@ -994,8 +991,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
         ((o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0) || last || stop || log_stops)) {
       const auto t_checkpoint = std::chrono::steady_clock::now();
       write_checkpoint(step + 1, loader.shard(), loader.position());
-      checkpoints.seconds += seconds_since(t_checkpoint);
-      checkpoints.count++;
+      checkpoints.took_since(t_checkpoint);
     }
     // One process: a signal that came since stop was read (while the log, the progress line or
     // the checkpoint was written) stops the run after this step, with its checkpoint, not after

@@ -988,8 +988,6 @@ if [ -n "$KILN_RUN_BIN" ] && [ -z "$CPU_ONLY_RUNTIME" ] && [ -f "$DEV/modules/$B
 else
   record kiln-profile skipped 0 "no kiln-run that runs cuda modules here"
 fi
-# Each kernel's least time at this GPU's measured rates (matmul peak and copy bandwidth from d)),
-# for the profile's "bound / measured" column.
 # kiln-inspect (no MLIR either) is built here, not in b): the steps before need only kiln-run.
 if [ "$INSPECT_PENDING" = 1 ] && [ -f "$DEV/modules/$BENCH.kiln" ]; then
   rc=0
@@ -997,6 +995,8 @@ if [ "$INSPECT_PENDING" = 1 ] && [ -f "$DEV/modules/$BENCH.kiln" ]; then
   if [ "$rc" = 0 ]; then record build-inspect ok "$LAST_DT" "$BUILD_DIR/bin/kiln-inspect"
   elif [ "$rc" != 200 ]; then record build-inspect failed "$LAST_DT" "$(err_line "$WORK/build-inspect.log")"; fi
 fi
+# Each kernel's least time at this GPU's measured rates (matmul peak and copy bandwidth from d)),
+# for the profile's "bound / measured" column.
 inspect=${KILN_RUN_BIN:+$(dirname "$KILN_RUN_BIN")/kiln-inspect}
 if [ -n "$inspect" ] && [ -x "$inspect" ] && [ -f "$DEV/modules/$BENCH.kiln" ]; then
   rates=()
