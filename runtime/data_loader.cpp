@@ -36,7 +36,8 @@ int64_t open_shard(const std::string& path, const StepNeed& need, std::vector<ui
   const RegularFile file(path, "shard's file");
   const int64_t size = int64_t(file.size());
   if (size < kHeaderBytes)
-    throw Error(path + ": header: file is " + std::to_string(size) + " bytes, shorter than the " +
+    throw Error(path + ": header: file is " + std::to_string(size) + (size == 1 ? " byte" : " bytes") +
+                ", shorter than the " +
                 std::to_string(kHeaderBytes) + "-byte header (not an llm.c token shard)");
 
   int32_t header[kHeaderInts];

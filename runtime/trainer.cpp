@@ -211,7 +211,9 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
                                    {"--grad-clip", o.grad_clip},
                                    // (tokens per step however given: the default's grows with the ranks)
                                    {"--total-batch", total},
-                                   {"B*T (the module's)", B * T}};
+                                   {"B*T (the module's)", B * T},
+                                   // (a resumed run's weights are the checkpoint's: its samples' seed)
+                                   {"--seed", o.seed}};
   // The hyperparameters reach the step as 32-bit floats: one that overflows would become an infinity.
   for (const auto& [flag, v] : {std::pair{"--lr", o.schedule.lr}, {"--beta1", o.beta1}, {"--beta2", o.beta2},
                                 {"--eps", o.eps}, {"--weight-decay", o.weight_decay}, {"--grad-clip", o.grad_clip}})
