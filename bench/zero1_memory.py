@@ -37,7 +37,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MiB = 1 << 20
-ARENA = re.compile(r"this rank's arena keeps 1/(\d+) of the AdamW moments: ([\d.]+) MiB, not ([\d.]+)")
+ARENA = re.compile(r"this rank keeps 1/(\d+) of the AdamW moments: its arena is ([\d.]+) MiB, not ([\d.]+)")
 
 
 def free_port() -> int:

@@ -116,17 +116,20 @@ inline int help_printed(const CLI::App& app, int code) {
 
 // Parses the command line. Returns -1 to go on, or the exit code: 0 after --help, 2 after a bad
 // command line, reported as one line naming the tool ("error: --steps: ... (see kilnc --help)").
-inline int parse(CLI::App& app, int argc, char** argv) {
+// A launched rank names itself in the error (`rank`: "rank 1 of 2: "); one whose command line
+// every rank shares is `quiet`: rank 0 prints the help or the same error.
+inline int parse(CLI::App& app, int argc, char** argv, const std::string& rank = "", bool quiet = false) {
   try {
     app.parse(argc, argv);
     return -1;
   } catch (const CLI::CallForHelp& e) {
-    return help_printed(app, app.exit(e));
+    return quiet ? 0 : help_printed(app, app.exit(e));
   } catch (const CLI::CallForAllHelp& e) {
-    return help_printed(app, app.exit(e));
+    return quiet ? 0 : help_printed(app, app.exit(e));
   } catch (const CLI::CallForVersion& e) {
-    return help_printed(app, app.exit(e));
+    return quiet ? 0 : help_printed(app, app.exit(e));
   } catch (const CLI::ParseError& e) {
+    if (quiet) return 2;
     std::string tool = std::filesystem::path(app.get_name()).filename().string();  // argv[0] when unnamed
     // The command and the subcommands parsed under it, outermost first.
     std::vector<const CLI::App*> chain{&app};
@@ -198,7 +201,7 @@ inline int parse(CLI::App& app, int argc, char** argv) {
     // CLI11's word for an option given twice.
     if (const size_t at = what.find("At Most 1 required but received "); at != std::string::npos)
       what = what.substr(0, at) + "given " + what.substr(at + 32) + " times; give it once";
-    std::fprintf(stderr, "error: %s (see %s --help)\n", one_line(what).c_str(), tool.c_str());
+    std::fprintf(stderr, "error: %s%s (see %s --help)\n", rank.c_str(), one_line(what).c_str(), tool.c_str());
     return 2;
   }
 }

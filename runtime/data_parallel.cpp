@@ -223,12 +223,12 @@ std::string DataParallel::describe() const {
          (zero_ ? ", ZeRO-1 (optimizer sharded" + arena_note() + ")" : "");
 }
 
-// "; this rank's arena keeps 1/2 of the AdamW moments: 10.21 MiB, not 12.93" (when it does).
+// "; this rank keeps 1/2 of the AdamW moments: its arena is 10.21 MiB, not 12.93" (when it does).
 std::string DataParallel::arena_note() const {
   const uint64_t whole = ex_.module().fb().state_size();
   if (ex_.state_bytes() >= whole) return "";
   char text[128];
-  std::snprintf(text, sizeof text, "; this rank's arena keeps 1/%d of the AdamW moments: %.2f MiB, not %.2f",
+  std::snprintf(text, sizeof text, "; this rank keeps 1/%d of the AdamW moments: its arena is %.2f MiB, not %.2f",
                 comm_.world_size(), double(ex_.arena_bytes()) / double(1 << 20),
                 double(ex_.arena_bytes() + whole - ex_.state_bytes()) / double(1 << 20));
   return text;

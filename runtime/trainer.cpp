@@ -255,9 +255,11 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   const char* in_first_step = cut_steps ? "stopping at the end of this micro-step: the first step is left undone, and "
                                           "nothing is written"
                                         : what_stops.c_str();
+  // Ranks before the first step: no step is "this" one yet.
+  const std::string before_first = cut_steps ? in_first_step : "stopping after the first step" + what_is_kept;
   // (and the last: while --save waits for a FIFO's reader, after training)
   StopSignals signals(rank, int(world),
-                      {world == 1 ? "stopping before the first step" : in_first_step, in_first_step, what_stops.c_str(),
+                      {world == 1 ? "stopping before the first step" : before_first.c_str(), in_first_step, what_stops.c_str(),
                        "no longer waiting for a reader of --save's pipe: the weights are not written"},
                       /*keep_on_broken_pipe=*/true);
   MadeFolders made;

@@ -194,6 +194,8 @@ std::pair<int, int> launcher_rank() {
   return {std::max(env_int("RANK"), 0), world};
 }
 
+bool launcher_same_command() { return mpi_launcher_world() > 1 && env_int("OMPI_NUM_APP_CTX") == 1; }
+
 std::unique_ptr<Communicator> make_single_process_communicator() { return std::make_unique<SingleProcess>(); }
 
 int ranks_on_this_machine(Communicator& comm) {

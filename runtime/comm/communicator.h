@@ -100,6 +100,9 @@ CommBackend select_comm_backend(CommBackend requested, const std::string& target
 // else RANK and WORLD_SIZE), without connecting to the others: {0, 1} when no launcher started
 // more than one process. For commands that one rank does alone (sample).
 std::pair<int, int> launcher_rank();
+// Whether the launcher started every rank with one command line (Open MPI's one app context, not
+// an MPMD `mpirun -n 1 A : -n 1 B`); false when it cannot tell.
+bool launcher_same_command();
 
 // Builds the chosen communicator (connecting to the peers). kiln::Error when it cannot.
 std::unique_ptr<Communicator> make_communicator(CommBackend requested, const std::string& target);

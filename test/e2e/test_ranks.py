@@ -23,6 +23,8 @@ reference with --total-batch 2*B*T (2 micro-steps per step), then checks (group 
              (KILN_COMM_TIMEOUT=1) can end it
   mpi_rank_error_folder  rank 1 fails at start (missing data) while rank 0 waits for it, having
              made its --checkpoint-dir: mpirun's SIGTERM (then SIGKILL) to rank 0 leaves no folder
+  mpi_arg_error  both ranks given a bad option: one error line, rank 0's (also when rank 0 starts
+             3 s late); MPMD with it on rank 1 alone: that rank's, naming it
 and (group tcp, the environment rendezvous RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT):
   tcp            2 processes started here: same checks as mpi (with --zero 1 on small buckets,
                  compiled in: a --bucket-mb at run time is noted as unused);
@@ -390,6 +392,23 @@ def mpi_fail(c: Ctx, tag, sig, env_extra=None, expect=None):
             os.kill(pid[1], signal.SIGKILL)  # a stopped rank mpirun could not end
 
 
+def case_mpi_arg_error(c: Ctx):
+    # Both ranks given one bad option: rank 0 alone says so, even when rank 1 fails first; in the
+    # MPMD form, rank 1 alone, naming itself.
+    good = c.train_args("mpi_arg_error", [], save=False, log=False)
+    bad = good + ["--bogus"]
+    line = "The following argument was not expected: --bogus"
+    slow_root = ["sh", "-c", 'if [ "$OMPI_COMM_WORLD_RANK" = 0 ]; then sleep 3; fi; exec "$@"', "sh"]
+    for cmd, want in ((c.mpirun_cmd(2) + bad, [f"error: {line}"]),
+                      (c.mpirun_cmd(2) + slow_root + bad, [f"error: {line}"]),  # (rank 1 fails first)
+                      (c.mpirun_cmd(1) + good + [":", "-np", "1"] + bad, [f"error: rank 1 of 2: {line}"])):
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=KILL_LIMIT_S, cwd=c.workdir, env=child_env())
+        said = [ln.split(" (see ")[0] for ln in p.stderr.splitlines() if ln.startswith("error: ")]
+        if p.returncode == 0 or said != want:
+            raise TestFailure(f"mpi_arg_error: exit {p.returncode}, errors {said}, not {want}:\n{p.stderr[-2000:]}")
+    return "one error line, from rank 0 (one command line) or the rank given it (MPMD)"
+
+
 def case_mpi_rank_error_folder(c: Ctx):
     # One app context a rank (mpirun's MPMD form): rank 1 reads shards that do not exist.
     ck = os.path.join(c.workdir, "mpi_rank_error_ck")
@@ -527,7 +546,7 @@ def check_zero1_arena(c: Ctx, tag: str, stderr: str, world: int, module=None):
     """Rank 0's arena under --zero 1 keeps about 1/world of the AdamW moments (kiln-inspect's
     optimizer_state bytes): the saving it announces is the rest, less the slices' 256-byte alignment;
     and it is what `kiln-inspect --ranks world --zero 1` predicts, to the byte (as printed)."""
-    m = re.search(r"this rank's arena keeps 1/(\d+) of the AdamW moments: ([\d.]+) MiB, not ([\d.]+)", stderr)
+    m = re.search(r"this rank keeps 1/(\d+) of the AdamW moments: its arena is ([\d.]+) MiB, not ([\d.]+)", stderr)
     if not m or int(m.group(1)) != world:
         raise TestFailure(f"{tag}: rank 0 did not say what its arena keeps of the moments:\n{stderr}")
     inspect = os.path.join(os.path.dirname(c.a.kilnc), "kiln-inspect")
@@ -796,6 +815,8 @@ def case_tcp_signal_at_start(c: Ctx):
     if not m:
         raise TestFailure(f"tcp_signal_at_start: rank 0 did not say where it stopped:\n{res[0][2][-1500:]}")
     n = int(m.group(1))
+    if removed and "kiln: rank 0: SIGTERM: stopping after the first step, with a checkpoint" not in res[0][2]:
+        raise TestFailure(f"tcp_signal_at_start: rank 0 did not say it stops after the first step:\n{res[0][2][-1500:]}")
     # The folder made again is locked again at once (MadeFolders::keep_lock, without its warning): at
     # step 1's checkpoint the run finds its own folder, not one "removed or replaced" (which another
     # run could have taken).
@@ -1358,7 +1379,7 @@ GROUPS = {
     "cuda": [case_tcp_plain, case_tcp_accum, case_tcp_hang_cuda, case_tcp_zero1_cuda],
     "cuda-zero1": [case_tcp_zero1_cuda],
     "mpi": [case_mpi, case_mpi_zero1, case_mpi_accum, case_mpi_kill, case_mpi_hang, case_mpi_pause, case_mpi_eval, case_mpi_sample,
-            case_mpi_rank_error_folder],
+            case_mpi_rank_error_folder, case_mpi_arg_error],
     "tcp": [case_tcp, case_single_zero1, case_tcp_zero1_resume, case_tcp_three, case_tcp_kill_1, case_tcp_kill_0, case_tcp_hang, case_tcp_pause, case_tcp_rank_error,
             case_tcp_signal_at_start,
             case_tcp_no_root, case_tcp_other_data, case_tcp_other_checkpoints, case_tcp_other_options, case_tcp_save_one_rank, case_tcp_log_full, case_tcp_checkpoint_full, case_tcp_cut_step, case_tcp_cut_step_zero1, case_tcp_idle_peer, case_tcp_ipv6,
