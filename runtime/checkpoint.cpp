@@ -344,12 +344,12 @@ Parsed parse(const std::string& path, const MappedFile& bytes) {
 }
 
 // The first field the fingerprint hashes where the header's model (saved) differs from `m`'s:
-// "n_head 5 vs 4"; empty when none does.
+// "n_head: the checkpoint's 5, this module's 4"; empty when none does.
 std::string model_difference(const Json& saved, const Module& m) {
   const Json mine = model_json(m);  // named: items() of a temporary would dangle
   for (const auto& [key, value] : mine.items()) {
     const bool has = saved.is_object() && saved.contains(key);
-    if (!has || saved[key] != value) return key + " " + (has ? saved[key].dump() : "missing") + " vs " + value.dump();
+    if (!has || saved[key] != value) return key + ": the checkpoint's " + (has ? saved[key].dump() : "missing") + ", this module's " + value.dump();
   }
   return "";
 }
@@ -364,10 +364,11 @@ std::string table_difference(const Parsed& p, const Module& m) {
     auto it = file.find(name);
     if (it == file.end()) return "parameter '" + name + "' is not in the checkpoint";
     if (it->second->shape != shape_of(*q))
-      return "parameter '" + name + "' shape " + shape_str(it->second->shape) + " vs " + shape_str(shape_of(*q));
+      return "parameter '" + name + "' shape: the checkpoint's " + shape_str(it->second->shape) + ", this module's " +
+             shape_str(shape_of(*q));
     if (it->second->decay != q->decay())
-      return std::string("parameter '") + name + "' decay " + (it->second->decay ? "true" : "false") + " vs " +
-             (q->decay() ? "true" : "false");
+      return std::string("parameter '") + name + "' weight decay: the checkpoint's " + (it->second->decay ? "true" : "false") +
+             ", this module's " + (q->decay() ? "true" : "false");
     file.erase(it);
   }
   if (!file.empty()) return "parameter '" + file.begin()->first + "' is not in this module";
@@ -605,8 +606,8 @@ TrainingState load_checkpoint(const std::string& path, Executor& ex, bool weight
                " and another --checkpoint-dir (its AdamW state and step are left)";
     }
     if (!precision_only)
-      throw Error(path + ": compiled for a different model (fingerprint " + p.state.spec_fingerprint + " vs " + mine +
-                  (diff.empty() ? "" : ": " + diff) + ")" + hint);
+      throw Error(path + ": compiled for a different model (" + (diff.empty() ? "" : diff + "; ") + "fingerprint " +
+                  p.state.spec_fingerprint + ", this module's " + mine + ")" + hint);
   }
 
   // The fingerprint matched, so the model the header describes must be this one too: it is what
