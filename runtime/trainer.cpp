@@ -610,8 +610,8 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
                  module.source().c_str(), ex.device_name().c_str(), (long long)o.steps, o.steps == 1 ? "" : "s", (long long)B, (long long)T,
                  (long long)accum, (long long)tokens_per_micro, data.c_str());
   if (root && world > 1 && training)
-    std::fprintf(stderr, "training %s: %lld step%s, B=%lld T=%lld, %lld micro-step(s) of %lld tokens on each of %lld "
-                 "ranks: %lld tokens per step; data: %s\n", module.source().c_str(), (long long)o.steps, o.steps == 1 ? "" : "s", (long long)B,
+    std::fprintf(stderr, "training %s on %s: %lld step%s, B=%lld T=%lld, %lld micro-step(s) of %lld tokens on each of %lld "
+                 "ranks: %lld tokens per step; data: %s\n", module.source().c_str(), ex.device_name().c_str(), (long long)o.steps, o.steps == 1 ? "" : "s", (long long)B,
                  (long long)T, (long long)accum, (long long)(B * T), (long long)world, (long long)total, data.c_str());
   const double step_flops = flops_per_token(module) * double(total);
   // Each rank's peak (its GPU, or its CPU threads), times the ranks: without --peak-tflops, a CPU

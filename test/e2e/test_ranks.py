@@ -581,6 +581,8 @@ def case_tcp(c: Ctx):
     buckets = re.search(r"; (\d+) gradient bucket\(s\) placed by the compiler", res[0][2])
     if not buckets or int(buckets.group(1)) < 2:
         raise TestFailure(f"tcp: not run on the module's several buckets:\n{res[0][2]}")
+    if not re.search(r"^training \S+ on cpu: \d+ steps, .* on each of 2 ranks", res[0][2], re.M):
+        raise TestFailure(f"tcp: rank 0's first line does not say the device and the ranks:\n{res[0][2]}")
     if "note: --bucket-mb is not used: this module's buckets were placed by kilnc" not in res[0][2]:
         raise TestFailure(f"tcp: --bucket-mb 1 not noted as unused:\n{res[0][2]}")
     # The notes for one process (--zero 1 and --bucket-mb have no effect there) are not said by ranks.

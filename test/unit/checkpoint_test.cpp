@@ -332,8 +332,8 @@ TEST_F(Checkpoint, OtherModelIsAFingerprintErrorAndLoadsNothing) {
   fill(b, 2);
   const auto before = snapshot(b);
   const std::string msg = error_of([&] { load_checkpoint(file, b); });
-  EXPECT_NE(msg.find("ckpt_00000100.kiln-ckpt: compiled for a different model (fingerprint " + module_fingerprint(module_) +
-                     " vs " + module_fingerprint(other) + ": n_embd 4 vs 8)"),
+  EXPECT_NE(msg.find("ckpt_00000100.kiln-ckpt: compiled for a different model (n_embd: the checkpoint's 4, this module's 8; "
+                     "fingerprint " + module_fingerprint(module_) + ", this module's " + module_fingerprint(other) + ")"),
             std::string::npos)
       << msg;
   EXPECT_EQ(snapshot(b), before);
@@ -343,7 +343,7 @@ TEST_F(Checkpoint, OtherModelIsAFingerprintErrorAndLoadsNothing) {
   nodecay.params[1].decay = false;
   Module third = Module::from_bytes(param_module(nodecay), "nodecay.kiln");
   Executor c(third);
-  EXPECT_NE(error_of([&] { load_checkpoint(file, c); }).find("parameter 'h.0.attn.c_attn.weight' decay true vs false"),
+  EXPECT_NE(error_of([&] { load_checkpoint(file, c); }).find("parameter 'h.0.attn.c_attn.weight' weight decay: the checkpoint's true, this module's false"),
             std::string::npos);
 }
 
@@ -460,7 +460,7 @@ TEST_F(Checkpoint, ValidatesAForgedHeaderThatPassesTheChecksum) {
   expect_error(h, "header: missing \"step\"");
   h = header;
   h["model"]["n_head"] = 5;  // the fingerprint is the module's; the description must agree with it
-  expect_error(h, "header: model: n_head 5 vs 1, yet its fingerprint is this module's");
+  expect_error(h, "header: model: n_head: the checkpoint's 5, this module's 1, yet its fingerprint is this module's");
   h = header;
   h.erase("model");
   expect_error(h, "header: missing \"model\"");
