@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "runtime/cuda/shared_library.h"
+#include "runtime/device/lt_product.h"
 #include "runtime/error.h"
 #include "runtime/module.h"
 
@@ -245,6 +246,7 @@ class CudaDevice final : public Device {
   // plan_matmul); C and D share one layout.
   struct MatmulPlan {
     MatmulSpec spec;
+    LtProduct lt;  // cuBLASLt's operands and layouts (lt_product)
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t first = nullptr, second = nullptr, out = nullptr;
     cublasLtMatmulAlgo_t algo{};
@@ -485,11 +487,8 @@ void CudaDevice::launch(Function fn, unsigned grid, unsigned block, DevicePtr op
   }
 }
 
-// The spec is row-major: D[m,n] = op(A) op(B) (+ beta C). cuBLASLt is column-major, and a
-// row-major [r,c] matrix is the column-major [c,r] matrix of its transpose, so we ask cuBLASLt
-// for D^T[n,m] = op(B)^T op(A)^T: its M=n, N=m, K=k, its first operand our B, its second our A,
-// and D^T (column-major [n,m], ld n) is exactly D row-major. The bias runs along D^T's rows,
-// i.e. along D's columns (length n): the row-major bias as it is.
+// The spec is row-major; lt_product says how column-major cuBLASLt is asked for it (its A is our
+// B), and every operand, transpose and layout below is read from that.
 Device::Matmul CudaDevice::plan_matmul(const MatmulSpec& s) {
   const EpilogueFlags ep = epilogue_flags(s.epilogue, s.where);
   if (s.m <= 0 || s.n <= 0 || s.k <= 0) throw Error(s.where + ": empty matrix product (" + product(s) + ")");
@@ -497,15 +496,16 @@ Device::Matmul CudaDevice::plan_matmul(const MatmulSpec& s) {
   if (s.beta != 0.0f && !s.c) throw Error(s.where + ": matrix product with beta != 0 but no C (" + product(s) + ")");
   if (ep.bias && !s.bias) throw Error(s.where + ": epilogue " + s.epilogue + " without a bias vector");
   if (ep.reads_aux() && !s.aux) throw Error(s.where + ": epilogue " + s.epilogue + " without an aux matrix");
-  const cudaDataType_t a_type = cuda_type(s.a_type, s.where, "A");
-  const cudaDataType_t b_type = cuda_type(s.b_type, s.where, "B");
-  const cudaDataType_t d_type = cuda_type(s.d_type, s.where, "D");
-  const uint64_t m = uint64_t(s.m), n = uint64_t(s.n), k = uint64_t(s.k);
+  const LtProduct lp = lt_product(s);
+  // (Named as the spec names them: cuBLASLt's A is our B.)
+  const cudaDataType_t first_type = cuda_type(lp.a.type, s.where, "B");
+  const cudaDataType_t second_type = cuda_type(lp.b.type, s.where, "A");
+  const cudaDataType_t d_type = cuda_type(lp.d.type, s.where, "D");
 
   MatmulPlan p;
   p.spec = s;
-  // beta == 0: C is not read, but cuBLASLt wants an address and a layout: D's.
-  p.c = s.beta != 0.0f ? ptr(s.c) : ptr(s.d);
+  p.lt = lp;
+  p.c = ptr(lp.c);
   cublasLtMatmulPreference_t pref = nullptr;
   try {
     // CUBLAS_COMPUTE_32F: fp32 accumulation, and for fp32 inputs true fp32 products, not TF32
@@ -517,34 +517,30 @@ Device::Matmul CudaDevice::plan_matmul(const MatmulSpec& s) {
       check_lt_plan(lt().cublasLtMatmulDescSetAttribute(p.desc, attr, &value, sizeof value), s.where,
                     (std::string("cublasLtMatmulDescSetAttribute ") + name).c_str());
     };
-    set(CUBLASLT_MATMUL_DESC_TRANSA, int32_t(s.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N), "TRANSA");  // its A is our B
-    set(CUBLASLT_MATMUL_DESC_TRANSB, int32_t(s.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N), "TRANSB");
+    set(CUBLASLT_MATMUL_DESC_TRANSA, int32_t(lp.a.transposed ? CUBLAS_OP_T : CUBLAS_OP_N), "TRANSA");
+    set(CUBLASLT_MATMUL_DESC_TRANSB, int32_t(lp.b.transposed ? CUBLAS_OP_T : CUBLAS_OP_N), "TRANSB");
     set(CUBLASLT_MATMUL_DESC_EPILOGUE, uint32_t(lt_epilogue(ep)), "EPILOGUE");
     if (ep.bias) {
       set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void*>(ptr(s.bias)), "BIAS_POINTER");
       set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, int32_t(cuda_type(s.bias_type, s.where, "bias")), "BIAS_DATA_TYPE");
     }
     if (ep.reads_aux()) {
-      // The pre-GELU matrix, shaped like D: column-major [n,m] with ld n.
+      // The pre-GELU matrix, shaped like D.
       set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, ptr(s.aux), "EPILOGUE_AUX_POINTER");
-      set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, int64_t(s.n), "EPILOGUE_AUX_LD");
+      set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, lp.aux_ld, "EPILOGUE_AUX_LD");
       // The default is D's type. Set only when it differs (kilnc never asks for that): the header
       // documents the attribute for fp8 products and an unsupported setting fails the call.
       const cudaDataType_t aux_type = cuda_type(s.aux_type, s.where, "aux");
       if (aux_type != d_type) set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, int32_t(aux_type), "EPILOGUE_AUX_DATA_TYPE");
     }
 
-    // Column-major layouts (rows, cols, ld = rows) of what is stored, before the transposes.
-    // First operand, B: stored [k,n] row-major = [n,k] column-major; with trans_b [n,k] -> [k,n].
-    const uint64_t first_rows = s.trans_b ? k : n, first_cols = s.trans_b ? n : k;
-    // Second operand, A: stored [m,k] row-major = [k,m] column-major; with trans_a [k,m] -> [m,k].
-    const uint64_t second_rows = s.trans_a ? m : k, second_cols = s.trans_a ? k : m;
-    check_lt_plan(lt().cublasLtMatrixLayoutCreate(&p.first, b_type, first_rows, first_cols, int64_t(first_rows)),
-                  s.where, "cublasLtMatrixLayoutCreate (B)");
-    check_lt_plan(lt().cublasLtMatrixLayoutCreate(&p.second, a_type, second_rows, second_cols, int64_t(second_rows)),
-                  s.where, "cublasLtMatrixLayoutCreate (A)");
+    // Column-major layouts of what is stored, before the transposes.
+    check_lt_plan(lt().cublasLtMatrixLayoutCreate(&p.first, first_type, lp.a.rows, lp.a.cols, lp.a.ld), s.where,
+                  "cublasLtMatrixLayoutCreate (B)");
+    check_lt_plan(lt().cublasLtMatrixLayoutCreate(&p.second, second_type, lp.b.rows, lp.b.cols, lp.b.ld), s.where,
+                  "cublasLtMatrixLayoutCreate (A)");
     // C and D: one layout, so that in-place accumulation (C == D) has identical layouts.
-    check_lt_plan(lt().cublasLtMatrixLayoutCreate(&p.out, d_type, n, m, int64_t(n)), s.where,
+    check_lt_plan(lt().cublasLtMatrixLayoutCreate(&p.out, d_type, lp.d.rows, lp.d.cols, lp.d.ld), s.where,
                   "cublasLtMatrixLayoutCreate (D)");
 
     check_lt_plan(lt().cublasLtMatmulPreferenceCreate(&pref), s.where, "cublasLtMatmulPreferenceCreate");
@@ -552,8 +548,7 @@ Device::Matmul CudaDevice::plan_matmul(const MatmulSpec& s) {
     check_lt_plan(lt().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
                                                             sizeof workspace),
                   s.where, "cublasLtMatmulPreferenceSetAttribute MAX_WORKSPACE_BYTES");
-    const uint32_t align[4] = {alignment(s.b), alignment(s.a), alignment(DevicePtr(reinterpret_cast<uintptr_t>(p.c))),
-                               alignment(s.d)};
+    const uint32_t align[4] = {alignment(lp.a.ptr), alignment(lp.b.ptr), alignment(lp.c), alignment(lp.d.ptr)};
     const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
@@ -625,8 +620,8 @@ CudaDevice::Choice CudaDevice::choose(const MatmulPlan& p, const cublasLtMatmulH
   } ev;
   const float alpha = 1.0f, beta = p.spec.beta;
   auto call = [&](const cublasLtMatmulAlgo_t& algo) {
-    return lt().cublasLtMatmul(lt_, p.desc, &alpha, ptr(p.spec.b), p.first, ptr(p.spec.a), p.second, &beta, p.c,
-                               p.out, ptr(p.spec.d), p.out, &algo, workspace_, kWorkspaceBytes, stream_);
+    return lt().cublasLtMatmul(lt_, p.desc, &alpha, ptr(p.lt.a.ptr), p.first, ptr(p.lt.b.ptr), p.second, &beta, p.c,
+                               p.out, ptr(p.lt.d.ptr), p.out, &algo, workspace_, kWorkspaceBytes, stream_);
   };
   Choice c;
   c.candidates = n;
@@ -704,8 +699,8 @@ void CudaDevice::matmul(Matmul i) {
   // Host scalars (the default CUBLASLT_POINTER_MODE_HOST); cuBLASLt reads them during the call,
   // so a graph capture records their values.
   const float alpha = 1.0f, beta = p.spec.beta;
-  cublasStatus_t st = lt().cublasLtMatmul(lt_, p.desc, &alpha, ptr(p.spec.b), p.first, ptr(p.spec.a), p.second, &beta,
-                                     p.c, p.out, ptr(p.spec.d), p.out, &p.algo, workspace_, kWorkspaceBytes, stream_);
+  cublasStatus_t st = lt().cublasLtMatmul(lt_, p.desc, &alpha, ptr(p.lt.a.ptr), p.first, ptr(p.lt.b.ptr), p.second, &beta,
+                                          p.c, p.out, ptr(p.lt.d.ptr), p.out, &p.algo, workspace_, kWorkspaceBytes, stream_);
   if (st != CUBLAS_STATUS_SUCCESS)
     throw Error(p.spec.where + ": cublasLtMatmul: " + lt().cublasLtGetStatusString(st) + " (" + product(p.spec) + ")");
 }

@@ -18,6 +18,7 @@
 
 #include "runtime/cpu/bf16.h"
 #include "runtime/cpu/kernels.h"
+#include "runtime/device/lt_product.h"
 #include "runtime/error.h"
 
 #ifndef KILN_EMU_DIR
@@ -41,30 +42,45 @@ void set(DevicePtr p, fb::DType t, int64_t i, float v) {
   else reinterpret_cast<float*>(p)[i] = v;
 }
 
-// cuBLASLt's product and epilogues, row-major (MatmulSpec), accumulated in double; GELU and its
-// derivative are the CPU runtime's.
+// cuBLASLt's product and epilogues, accumulated in double, computed from the column-major call
+// that runtime/cuda/cuda_device.cpp makes (lt_product) as cublasLt.h defines it: D = op(A) op(B)
+// (+ beta C), element (i, j) of a matrix at ptr[i + j * ld], the bias along D's rows (bias[i]),
+// the GELU auxiliary matrix laid out like D with its own leading dimension. So a wrong transpose,
+// operand or leading dimension in that translation fails every test that multiplies. GELU and
+// its derivative are the CPU runtime's.
 void emulate_matmul(const MatmulSpec& s) {
   const EpilogueFlags f = epilogue_flags(s.epilogue, s.where);
-  const int64_t M = s.m, N = s.n, K = s.k;
+  const LtProduct p = lt_product(s);
+  const int64_t M = int64_t(p.d.rows), N = int64_t(p.d.cols);
+  const int64_t K = int64_t(p.a.transposed ? p.a.rows : p.a.cols);
+  const int64_t b_rows = int64_t(p.b.transposed ? p.b.cols : p.b.rows), b_cols = int64_t(p.b.transposed ? p.b.rows : p.b.cols);
+  const int64_t a_rows = int64_t(p.a.transposed ? p.a.cols : p.a.rows);
+  if (a_rows != M || b_rows != K || b_cols != N || p.d.ld < M || p.aux_ld < M || p.a.ld < int64_t(p.a.rows) || p.b.ld < int64_t(p.b.rows))
+    throw Error(s.where + ": emulated cuBLASLt: layouts do not make a product (op(A) " + std::to_string(a_rows) + "x" +
+                std::to_string(K) + ", op(B) " + std::to_string(b_rows) + "x" + std::to_string(b_cols) + ", D " +
+                std::to_string(M) + "x" + std::to_string(N) + ")");
+  // op(X)(i, j): X(i, j), or X(j, i) when transposed.
+  auto op = [](const LtMatrix& x, int64_t i, int64_t j) {
+    return double(get(x.ptr, x.type, x.transposed ? j + i * x.ld : i + j * x.ld));
+  };
   std::vector<float> out(size_t(M * N));
   for (int64_t i = 0; i < M; i++)
     for (int64_t j = 0; j < N; j++) {
       double acc = 0;
-      for (int64_t p = 0; p < K; p++)
-        acc += double(get(s.a, s.a_type, s.trans_a ? p * M + i : i * K + p)) *
-               double(get(s.b, s.b_type, s.trans_b ? j * K + p : p * N + j));
+      for (int64_t q = 0; q < K; q++) acc += op(p.a, i, q) * op(p.b, q, j);
       float x = float(acc);
-      if (s.beta != 0.0f) x += s.beta * get(s.c, s.d_type, i * N + j);
-      if (f.bias) x += get(s.bias, s.bias_type, j);
-      if (f.aux_out) set(s.aux, s.aux_type, i * N + j, x);
+      if (s.beta != 0.0f) x += s.beta * get(p.c, p.d.type, i + j * p.d.ld);
+      if (f.bias) x += get(s.bias, s.bias_type, i);
+      if (f.aux_out) set(s.aux, s.aux_type, i + j * p.aux_ld, x);
       if (f.gelu) cpu::gelu_fwd(&x, &x, 1);
       if (f.dgelu) {
-        const float u = get(s.aux, s.aux_type, i * N + j), dy = x;
+        const float u = get(s.aux, s.aux_type, i + j * p.aux_ld), dy = x;
         cpu::gelu_bwd(&x, &u, &dy, 1);
       }
-      out[size_t(i * N + j)] = x;
+      out[size_t(i + j * M)] = x;
     }
-  for (int64_t i = 0; i < M * N; i++) set(s.d, s.d_type, i, out[size_t(i)]);
+  for (int64_t j = 0; j < N; j++)
+    for (int64_t i = 0; i < M; i++) set(p.d.ptr, p.d.type, i + j * p.d.ld, out[size_t(i + j * M)]);
 }
 
 class EmulatedDevice final : public Device {
