@@ -306,6 +306,12 @@ class Writer {
       if (fu.attention) {
         gen = attentionKernel(fu.attention, placeholder);
         if (failed(gen)) return failure();
+        {  // the location line the other kernels have, under the first ("shared by" refers to it)
+          std::string loc;
+          llvm::raw_string_ostream os(loc);
+          fu.attention->getLoc().print(os);
+          gen->source.insert(gen->source.find('\n') + 1, "// at " + loc + "\n");
+        }
         info.name = info.kind = fu.attention->getName().stripDialect().str();
         info.ops = {info.name};
       } else {

@@ -162,6 +162,15 @@ int main(int argc, char** argv) {
                  emit.c_str());
     return 1;
   }
+  // The planning options act after --emit=graph and step stop: the IR would be the same without them
+  // (and step IR compiled on would not recompute, as --recompute asked).
+  if (emit == "graph" || emit == "step")
+    for (const char* flag : {"--recompute", "--bucket-mb", "--no-fusion", "--fuse-single-ops"})
+      if (app.count(flag)) {
+        std::fprintf(stderr, "error: %s: acts when the step is planned, after --emit=%s stops, so it would change nothing "
+                     "here; give it to the kilnc that compiles this IR further (or use --emit=plan)\n", flag, emit.c_str());
+        return 1;
+      }
   if (singleOps && noFusion) {  // (the module would be --no-fusion's, the flag silently unused)
     std::fprintf(stderr, "error: --fuse-single-ops: gives lone ops generated kernels, which --no-fusion "
                  "leaves out; give one of the two\n");
@@ -360,6 +369,16 @@ int main(int argc, char** argv) {
                      size_t(std::count(text.begin(), text.end(), '\n')));
       return 0;
     };
+    // kilnc runs its stages forward only: IR past the stage asked for would be printed unchanged
+    // under the earlier stage's name.
+    if (auto step = module->lookupSymbol<func::FuncOp>("micro_step")) {
+      const char* stage = step->hasAttr("kiln.arena_size") ? "plan" : "step";
+      if (emit == "graph" || (emit == "step" && std::string(stage) == "plan")) {
+        std::fprintf(stderr, "error: %s: --emit=%s: the IR is %s IR already (kilnc runs its stages forward only); "
+                     "give the spec or an earlier stage's IR\n", input.c_str(), emit.c_str(), stage);
+        return 1;
+      }
+    }
     if (emit == "graph") return print(*module);
 
     // Runs one stage's passes; IR that already went through a stage (an edited --emit=step or
