@@ -349,7 +349,8 @@ std::string model_difference(const Json& saved, const Module& m) {
   const Json mine = model_json(m);  // named: items() of a temporary would dangle
   for (const auto& [key, value] : mine.items()) {
     const bool has = saved.is_object() && saved.contains(key);
-    if (!has || saved[key] != value) return key + ": the checkpoint's " + (has ? saved[key].dump() : "missing") + ", this module's " + value.dump();
+    if (!has || saved[key] != value) return key + (has ? ": the checkpoint's " + saved[key].dump() : std::string(": not in the checkpoint")) +
+                                                  ", this module's " + value.dump();
   }
   return "";
 }
@@ -606,7 +607,7 @@ TrainingState load_checkpoint(const std::string& path, Executor& ex, bool weight
                " and another --checkpoint-dir (its AdamW state and step are left)";
     }
     if (!precision_only)
-      throw Error(path + ": compiled for a different model (" + (diff.empty() ? "" : diff + "; ") + "fingerprint " +
+      throw Error(path + ": compiled for a different model (" + (diff.empty() ? "" : diff + "; ") + "the checkpoint's fingerprint " +
                   p.state.spec_fingerprint + ", this module's " + mine + ")" + hint);
   }
 

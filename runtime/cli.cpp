@@ -20,7 +20,6 @@
 #include <new>
 #include <optional>
 #include <sstream>
-#include <thread>
 
 #include "runtime/cli_parse.h"
 #include "runtime/comm/communicator.h"
@@ -579,23 +578,19 @@ int run_main(int argc, char** argv) {
     std::fprintf(stderr, "error: %s: cannot open: %s (the module to run)\n", one_line(first).c_str(), std::strerror(error));
     return 1;  // as when loading it fails
   }
-  // Every rank parses its command line: where they share one, rank 0 alone says what is wrong
-  // with it (rather than each of them, the same line); elsewhere each names its rank.
+  // Every rank parses its command line: where they share one, rank 0 says what is wrong with it
+  // (rather than each of them, the same line; cli::parse); other ranks name theirs.
   std::string rank_named;
-  bool quiet = false;
+  bool defer_to_root = false;
   try {
     if (const auto [r, w] = launcher_rank(); w > 1) {
-      if (launcher_same_command()) quiet = r != 0;
-      else rank_named = "rank " + std::to_string(r) + " of " + std::to_string(w) + ": ";
+      const bool shared = launcher_same_command();
+      defer_to_root = shared && r != 0;
+      if (!(shared && r == 0)) rank_named = "rank " + std::to_string(r) + " of " + std::to_string(w) + ": ";
     }
   } catch (const Error&) {  // (a RANK outside the world: said once the command line is read)
   }
-  if (const int rc = cli::parse(app, argc, argv, rank_named, quiet); rc >= 0) {
-    // mpirun ends the job at a rank's first failing exit: a quiet one gives rank 0 time to say why
-    // (rank 0's exit ends it sooner).
-    if (quiet && rc != 0) std::this_thread::sleep_for(std::chrono::seconds(10));
-    return rc;
-  }
+  if (const int rc = cli::parse(app, argc, argv, rank_named, defer_to_root); rc >= 0) return rc;
 
   std::unique_ptr<Communicator> comm;  // outlives the module: MPI_Finalize last
   int interrupted = 0;                 // the signal that stopped training

@@ -12,7 +12,9 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <chrono>
 #include <filesystem>
+#include <thread>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -116,20 +118,22 @@ inline int help_printed(const CLI::App& app, int code) {
 
 // Parses the command line. Returns -1 to go on, or the exit code: 0 after --help, 2 after a bad
 // command line, reported as one line naming the tool ("error: --steps: ... (see kilnc --help)").
-// A launched rank names itself in the error (`rank`: "rank 1 of 2: "); one whose command line
-// every rank shares is `quiet`: rank 0 prints the help or the same error.
-inline int parse(CLI::App& app, int argc, char** argv, const std::string& rank = "", bool quiet = false) {
+// A launched rank names itself in the error (`rank`: "rank 1 of 2: "). One whose command line
+// every rank shares (`defer_to_root`) leaves the help to rank 0, and its error too: mpirun ends
+// the job at rank 0's failing exit, so this one says it only if still running 10 s later (rank 0
+// started late, or was given another line after all).
+inline int parse(CLI::App& app, int argc, char** argv, const std::string& rank = "", bool defer_to_root = false) {
   try {
     app.parse(argc, argv);
     return -1;
   } catch (const CLI::CallForHelp& e) {
-    return quiet ? 0 : help_printed(app, app.exit(e));
+    return defer_to_root ? 0 : help_printed(app, app.exit(e));
   } catch (const CLI::CallForAllHelp& e) {
-    return quiet ? 0 : help_printed(app, app.exit(e));
+    return defer_to_root ? 0 : help_printed(app, app.exit(e));
   } catch (const CLI::CallForVersion& e) {
-    return quiet ? 0 : help_printed(app, app.exit(e));
+    return defer_to_root ? 0 : help_printed(app, app.exit(e));
   } catch (const CLI::ParseError& e) {
-    if (quiet) return 2;
+    if (defer_to_root) std::this_thread::sleep_for(std::chrono::seconds(10));
     std::string tool = std::filesystem::path(app.get_name()).filename().string();  // argv[0] when unnamed
     // The command and the subcommands parsed under it, outermost first.
     std::vector<const CLI::App*> chain{&app};

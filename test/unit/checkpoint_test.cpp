@@ -333,7 +333,7 @@ TEST_F(Checkpoint, OtherModelIsAFingerprintErrorAndLoadsNothing) {
   const auto before = snapshot(b);
   const std::string msg = error_of([&] { load_checkpoint(file, b); });
   EXPECT_NE(msg.find("ckpt_00000100.kiln-ckpt: compiled for a different model (n_embd: the checkpoint's 4, this module's 8; "
-                     "fingerprint " + module_fingerprint(module_) + ", this module's " + module_fingerprint(other) + ")"),
+                     "the checkpoint's fingerprint " + module_fingerprint(module_) + ", this module's " + module_fingerprint(other) + ")"),
             std::string::npos)
       << msg;
   EXPECT_EQ(snapshot(b), before);
