@@ -345,6 +345,15 @@ TEST_F(Checkpoint, OtherModelIsAFingerprintErrorAndLoadsNothing) {
   Executor c(third);
   EXPECT_NE(error_of([&] { load_checkpoint(file, c); }).find("parameter 'h.0.attn.c_attn.weight' weight decay: the checkpoint's true, this module's false"),
             std::string::npos);
+
+  // Same sizes, one parameter's shape differs: the message says which is the checkpoint's.
+  ModelSpec reshaped;
+  reshaped.params[1].shape = {12, 4};
+  Module fourth = Module::from_bytes(param_module(reshaped), "reshaped.kiln");
+  Executor d(fourth);
+  EXPECT_NE(error_of([&] { load_checkpoint(file, d); })
+                .find("parameter 'h.0.attn.c_attn.weight' shape: the checkpoint's [4, 12], this module's [12, 4]"),
+            std::string::npos);
 }
 
 TEST_F(Checkpoint, FingerprintCoversSizesNamesShapesDecayAndPrecisionButNotThePlan) {
