@@ -605,14 +605,14 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   const std::string data = std::to_string(loader.files().size()) + (loader.files().size() == 1 ? " shard, " : " shards, ") +
                            std::to_string(data_tokens) + " tokens";
   const bool training = first_step < o.steps;  // (a finished run resumed again has nothing to do)
-  if (root && world == 1 && training)
-    std::fprintf(stderr, "training %s on %s: %lld step%s, B=%lld T=%lld, %lld micro-step(s) of %lld tokens per step; data: %s\n",
-                 module.source().c_str(), ex.device_name().c_str(), (long long)o.steps, o.steps == 1 ? "" : "s", (long long)B, (long long)T,
-                 (long long)accum, (long long)tokens_per_micro, data.c_str());
-  if (root && world > 1 && training)
-    std::fprintf(stderr, "training %s on %s: %lld step%s, B=%lld T=%lld, %lld micro-step(s) of %lld tokens on each of %lld "
-                 "ranks: %lld tokens per step; data: %s\n", module.source().c_str(), ex.device_name().c_str(), (long long)o.steps, o.steps == 1 ? "" : "s", (long long)B,
-                 (long long)T, (long long)accum, (long long)(B * T), (long long)world, (long long)total, data.c_str());
+  if (root && training) {
+    const std::string per_step = world == 1 ? std::to_string(tokens_per_micro) + " tokens per step"
+                                            : std::to_string(B * T) + " tokens on each of " + std::to_string(world) +
+                                                  " ranks: " + std::to_string(total) + " tokens per step";
+    std::fprintf(stderr, "training %s on %s: %lld step%s, B=%lld T=%lld, %lld micro-step(s) of %s; data: %s\n",
+                 module.source().c_str(), ex.device_name().c_str(), (long long)o.steps, o.steps == 1 ? "" : "s",
+                 (long long)B, (long long)T, (long long)accum, per_step.c_str(), data.c_str());
+  }
   const double step_flops = flops_per_token(module) * double(total);
   // Each rank's peak (its GPU, or its CPU threads), times the ranks: without --peak-tflops, a CPU
   // estimate or a known GPU's datasheet rate (else the H100's).

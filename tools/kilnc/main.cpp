@@ -162,10 +162,12 @@ int main(int argc, char** argv) {
                  emit.c_str());
     return 1;
   }
-  // The planning options act after --emit=graph and step stop: the IR would be the same without them
-  // (and step IR compiled on would not recompute, as --recompute asked).
+  // The options kilnc's planning (kiln-plan-pipeline) reads.
+  const char* const planningFlags[] = {"--recompute", "--bucket-mb", "--no-fusion", "--fuse-single-ops"};
+  // They act after --emit=graph and step stop: the IR would be the same without them (and step IR
+  // compiled on would not recompute, as --recompute asked).
   if (emit == "graph" || emit == "step")
-    for (const char* flag : {"--recompute", "--bucket-mb", "--no-fusion", "--fuse-single-ops"})
+    for (const char* flag : planningFlags)
       if (app.count(flag)) {
         std::fprintf(stderr, "error: %s: acts when the step is planned, after --emit=%s stops, so it would change nothing "
                      "here; give it to the kilnc that compiles this IR further (or use --emit=plan)\n", flag, emit.c_str());
@@ -369,15 +371,15 @@ int main(int argc, char** argv) {
                      size_t(std::count(text.begin(), text.end(), '\n')));
       return 0;
     };
+    // The input's stage: graph IR (no @micro_step), step IR, or planned step IR (--emit=plan).
+    auto step = module->lookupSymbol<func::FuncOp>("micro_step");
+    const bool planned = step && step->hasAttr("kiln.arena_size");
     // kilnc runs its stages forward only: IR past the stage asked for would be printed unchanged
     // under the earlier stage's name.
-    if (auto step = module->lookupSymbol<func::FuncOp>("micro_step")) {
-      const char* stage = step->hasAttr("kiln.arena_size") ? "plan" : "step";
-      if (emit == "graph" || (emit == "step" && std::string(stage) == "plan")) {
-        std::fprintf(stderr, "error: %s: --emit=%s: the IR is %s IR already (kilnc runs its stages forward only); "
-                     "give the spec or an earlier stage's IR\n", input.c_str(), emit.c_str(), stage);
-        return 1;
-      }
+    if (step && (emit == "graph" || (emit == "step" && planned))) {
+      std::fprintf(stderr, "error: %s: --emit=%s: the IR is %s IR already (kilnc runs its stages forward only); "
+                   "give the spec or an earlier stage's IR\n", input.c_str(), emit.c_str(), planned ? "plan" : "step");
+      return 1;
     }
     if (emit == "graph") return print(*module);
 
@@ -398,35 +400,33 @@ int main(int argc, char** argv) {
     // Graph IR (no @micro_step yet) that went through a planning pass (kiln-opt
     // --kiln-fuse-kernels or --kiln-plan-buffers on --emit=graph): autodiff would differentiate
     // fusion regions and copy stale offsets into the step. The planning passes run on step IR.
-    if (!module->lookupSymbol("micro_step")) {
-      Operation* planned = nullptr;
+    if (!step) {
+      Operation* plannedOp = nullptr;
       module->walk([&](Operation* op) {
         if (isa<kiln::FusionOp>(op) || op->hasAttr("kiln.offsets") || op->hasAttr("kiln.arena_size")) {
-          planned = op;
+          plannedOp = op;
           return WalkResult::interrupt();
         }
         return WalkResult::advance();
       });
-      if (planned) {
-        planned->emitError() << "graph IR (no @micro_step) with "
-                             << (isa<kiln::FusionOp>(planned) ? "fusion regions ('kiln.fusion')" : "planned offsets")
+      if (plannedOp) {
+        plannedOp->emitError() << "graph IR (no @micro_step) with "
+                             << (isa<kiln::FusionOp>(plannedOp) ? "fusion regions ('kiln.fusion')" : "planned offsets")
                              << ": the planning passes run after kiln-autodiff; run them on step IR "
                                 "(kilnc --emit=step, or kiln-opt -kiln-step-pipeline first)";
         return 1;
       }
     }
-    if (!module->lookupSymbol("micro_step") &&
+    if (!step &&
         failed(runStage("step pipeline", [&](PassManager& pm) { kiln::buildStepPipeline(pm, spec.precision); })))
       return 1;
     if (emit == "step") return print(*module);
 
-    auto step = module->lookupSymbol<func::FuncOp>("micro_step");
-    const bool planned = step && step->hasAttr("kiln.arena_size");
     auto fused = [&] { return module->walk([](kiln::FusionOp) { return WalkResult::interrupt(); }).wasInterrupted(); };
     // Planned IR (--emit=plan) has its kernels, buckets and buffers: the planning options would
     // change nothing, and would be recorded in the module as if they had.
     if (planned)
-      for (const char* flag : {"--recompute", "--bucket-mb", "--no-fusion", "--fuse-single-ops"})
+      for (const char* flag : planningFlags)
         if (app.count(flag)) {
           std::fprintf(stderr, "error: %s: %s: the IR is planned already (--emit=plan), so the option would change "
                        "nothing; give the spec or its step IR\n", input.c_str(), flag);
