@@ -98,11 +98,14 @@ void note_resume_changes(const std::string& checkpoint, const nlohmann::json& ex
   if (const auto had = extra.find("settings"); had != extra.end() && had->is_object()) {
     std::string changed;
     auto shown = [](const nlohmann::json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); };
-    for (const auto& [flag, value] : settings.items())
+    for (const auto& [flag, value] : settings.items()) {
+      // (--seed, on resume, is only the samples' seed: said where this run samples.)
+      if (flag == "--seed" && o.sample_every <= 0) continue;
       // (Checkpoints of earlier versions hold the default --total-batch as "B*T*ranks": at their
       // rank count, unknown here, and not compared.)
       if (const auto it = had->find(flag); it != had->end() && *it != value && *it != "B*T*ranks")
         changed += (changed.empty() ? "" : ", ") + flag + " " + shown(value) + " (it had " + shown(*it) + ")";
+    }
     if (!changed.empty())
       std::fprintf(stderr, "note: this run's settings differ from those of the run that wrote %s: %s\n",
                    checkpoint.c_str(), changed.c_str());
