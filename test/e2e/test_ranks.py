@@ -25,6 +25,8 @@ reference with --total-batch 2*B*T (2 micro-steps per step), then checks (group 
              made its --checkpoint-dir: mpirun's SIGTERM (then SIGKILL) to rank 0 leaves no folder
   mpi_arg_error  both ranks given a bad option: one error line, rank 0's (also when rank 0 starts
              3 s late); MPMD with it on rank 1 alone: that rank's, naming it
+  mpi_start_error  3 ranks, one command line, failing at start (missing shards, a file that is
+             not one): one error line, rank 0's; shards missing for rank 1 alone: its line, naming it
 and (group tcp, the environment rendezvous RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT):
   tcp            2 processes started here: same checks as mpi (with --zero 1 on small buckets,
                  compiled in: a --bucket-mb at run time is noted as unused);
@@ -407,6 +409,35 @@ def case_mpi_arg_error(c: Ctx):
         if p.returncode == 0 or said != want:
             raise TestFailure(f"mpi_arg_error: exit {p.returncode}, errors {said}, not {want}:\n{p.stderr[-2000:]}")
     return "one error line, from rank 0 (one command line) or the rank given it (MPMD)"
+
+
+def case_mpi_start_error(c: Ctx):
+    # 3 ranks sharing one command line that fails at start: rank 0 alone says so. An error that
+    # rank 1 alone meets (its working folder lacks the shards): rank 1 says it, naming itself.
+    bad = os.path.join(c.workdir, "not_a_shard.bin")
+    with open(bad, "wb") as f:
+        f.write(b"x" * 100)
+    args = c.train_args("mpi_start_error", save=False, log=False, micro=3)
+    at = args.index("--data") + 1
+    missing, wrong, relative = list(args), list(args), list(args)
+    missing[at], wrong[at], relative[at] = os.path.join(c.workdir, "missing_*.bin"), bad, "train_*.bin"
+    empty = os.path.join(c.workdir, "mpi_start_error_empty")
+    os.makedirs(empty, exist_ok=True)
+    rank1_elsewhere = ["sh", "-c", f'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then cd {empty}; fi; exec "$@"', "sh"]
+    for cmd, about, want, env in (
+            (missing, "no file matches", "error: rank 0 of 3: ", {}),
+            (wrong, "not an llm.c token shard", "error: rank 0 of 3: ", {}),
+            # (KILN_COMM_TIMEOUT=8: rank 1 says its own after 2 s, not 10)
+            (rank1_elsewhere + relative, "no file matches", "error: rank 1 of 3: train_*.bin: ",
+             {"KILN_COMM_TIMEOUT": "8"})):
+        cmd = c.mpirun_cmd(3) + [a for k in env for a in ("-x", k)] + cmd
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=KILL_LIMIT_S, cwd=c.workdir,
+                           env=child_env(env))
+        said = [ln for ln in p.stderr.splitlines() if about in ln]
+        if p.returncode == 0 or len(said) != 1 or not said[0].startswith(want):
+            raise TestFailure(f"mpi_start_error: exit {p.returncode}, '{about}' said {len(said)} times, not once "
+                              f"starting '{want}':\n{p.stderr[-2000:]}")
+    return "a start-up error every rank meets said once (rank 0's), one rank 1 alone meets by rank 1"
 
 
 def case_mpi_rank_error_folder(c: Ctx):
@@ -1381,7 +1412,7 @@ GROUPS = {
     "cuda": [case_tcp_plain, case_tcp_accum, case_tcp_hang_cuda, case_tcp_zero1_cuda],
     "cuda-zero1": [case_tcp_zero1_cuda],
     "mpi": [case_mpi, case_mpi_zero1, case_mpi_accum, case_mpi_kill, case_mpi_hang, case_mpi_pause, case_mpi_eval, case_mpi_sample,
-            case_mpi_rank_error_folder, case_mpi_arg_error],
+            case_mpi_rank_error_folder, case_mpi_arg_error, case_mpi_start_error],
     "tcp": [case_tcp, case_single_zero1, case_tcp_zero1_resume, case_tcp_three, case_tcp_kill_1, case_tcp_kill_0, case_tcp_hang, case_tcp_pause, case_tcp_rank_error,
             case_tcp_signal_at_start,
             case_tcp_no_root, case_tcp_other_data, case_tcp_other_checkpoints, case_tcp_other_options, case_tcp_save_one_rank, case_tcp_log_full, case_tcp_checkpoint_full, case_tcp_cut_step, case_tcp_cut_step_zero1, case_tcp_idle_peer, case_tcp_ipv6,
