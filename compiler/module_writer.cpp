@@ -453,7 +453,7 @@ class Writer {
       if (!k.functions.empty()) k.cudaGrid = k.functions[0].grid, k.cudaBlock = k.functions[0].block;
       return k;
     } catch (const std::exception& e) {
-      return op->emitError() << "CUDA attention: " << e.what();
+      return op->emitError() << "kilnc: CUDA: " << op->getName() << ": " << e.what();
     }
   }
 

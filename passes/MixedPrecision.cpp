@@ -103,7 +103,12 @@ struct MixedPrecisionPass : kiln::impl::MixedPrecisionBase<MixedPrecisionPass> {
         forward.setFunctionType(FunctionType::get(&getContext(), forward.getArgumentTypes(), ret.getOperandTypes()));
       }
       // Everything else (embeddings, broadcasts of fp32 values, cross-entropy, reductions)
-      // keeps fp32 results; cross-entropy reads bf16 logits as they are.
+      // keeps fp32 results; cross-entropy reads bf16 logits as they are. Another op reading a
+      // bf16 value (a reduction of a product) reads it widened, as its fp32 result requires.
+      else if (!isa<CastOp, CrossEntropyOp>(op) && op->getDialect() == getContext().getLoadedDialect<KilnDialect>())
+        for (unsigned i = 0; i < op->getNumOperands(); ++i)
+          if (auto t = dyn_cast<RankedTensorType>(op->getOperand(i).getType()); t && t.getElementType().isBF16())
+            convert(op, i, f32);
     }
   }
 };

@@ -109,3 +109,22 @@ func.func @with_argument(%x: tensor<2x4xf32>) -> tensor<2x4xf32> {
   %0 = kiln.matmul %x, %w : tensor<2x4xf32>, tensor<4x4xf32> -> tensor<2x4xf32>
   return %0 : tensor<2x4xf32>
 }
+
+// -----
+
+// An op that keeps its fp32 result (here a reduction) reads a bf16 product widened: its
+// verifier wants its input's element type.
+// CHECK-LABEL: func.func @forward
+// CHECK: %[[P:.*]] = kiln.matmul {{.*}} -> tensor<4x16xbf16>
+// CHECK: %[[PW:.*]] = kiln.cast %[[P]] : tensor<4x16xbf16> -> tensor<4x16xf32>
+// CHECK: kiln.reduce_sum %[[PW]] : tensor<4x16xf32> -> tensor<f32>
+// STEP-LABEL: func.func @micro_step
+kiln.parameter @x : tensor<4x8xf32> {init = "zeros"}
+kiln.parameter @w : tensor<8x16xf32> {init = "normal", init_std = 0.02 : f32, decay}
+func.func @forward() -> tensor<f32> {
+  %x = kiln.param @x : tensor<4x8xf32>
+  %w = kiln.param @w : tensor<8x16xf32>
+  %y = kiln.matmul %x, %w : tensor<4x8xf32>, tensor<8x16xf32> -> tensor<4x16xf32>
+  %l = kiln.reduce_sum %y : tensor<4x16xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}

@@ -35,3 +35,12 @@ func.func @forward() -> tensor<f32> {
   %h = kiln.hyper "lr" : tensor<f32>
   return %h : tensor<f32>
 }
+
+// -----
+
+// An argument is sized the same way: a dynamic tensor has no size in the arena.
+// expected-error@below {{kiln-schedule: @f's argument #0 has type 'tensor<?xf32>', not a tensor of static shape: it has no size in the arena}}
+func.func @f(%a: tensor<?xf32>) -> tensor<f32> {
+  %h = kiln.hyper "lr" : tensor<f32>
+  return %h : tensor<f32>
+}
