@@ -83,7 +83,9 @@ std::optional<std::vector<uint8_t>> readAll(const std::string& path) {
 }
 
 std::string cacheDir() {
-  if (const char* env = std::getenv("KILN_KERNEL_CACHE")) return std::strcmp(env, "off") == 0 ? "" : env;
+  // (An empty KILN_KERNEL_CACHE is as if unset, as an empty XDG_CACHE_HOME is: `off` alone turns
+  // the cache off.)
+  if (const char* env = std::getenv("KILN_KERNEL_CACHE"); env && *env) return std::strcmp(env, "off") == 0 ? "" : env;
   if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) return std::string(xdg) + "/kiln/kernels";
   if (const char* home = std::getenv("HOME"); home && *home) return std::string(home) + "/.cache/kiln/kernels";
   return "";
