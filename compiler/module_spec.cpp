@@ -80,6 +80,12 @@ LogicalResult checkSpecAgainstIR(ModuleOp module, const ModelSpec& s) {
   Operation* firstBf16 = nullptr;  // the first op with a bf16 result
   WalkResult walk = module.walk([&](Operation* op) -> WalkResult {
     if (!firstBf16 && computesInBf16(op)) firstBf16 = op;
+    // The runtime keeps every parameter's master value, gradient and moments in fp32 (a bf16
+    // read of it is its compute copy).
+    if (auto p = dyn_cast<ParameterOp>(op); p && !p.getTensorType().getElementType().isF32())
+      return p.emitError() << "kiln.parameter @" << p.getSymName() << " is " << p.getType()
+                           << " but the runtime keeps parameters in fp32 (declare it f32 and read its bf16 "
+                              "compute copy with kiln.param)";
     if (auto in = dyn_cast<InputOp>(op)) {
       if ((in.getInputName() == "idx" || in.getInputName() == "targets") && in.getType() != ids)
         return in.emitError() << "kiln.input \"" << in.getInputName() << "\" is " << in.getType()

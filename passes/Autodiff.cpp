@@ -70,8 +70,14 @@ struct AutodiffPass : kiln::impl::AutodiffBase<AutodiffPass> {
 
     for (Operation *op : llvm::reverse(forwardOps)) {
       if (auto param = dyn_cast<ParamOp>(op)) {
-        if (Value g = grads.lookup(param.getResult()))
+        if (Value g = grads.lookup(param.getResult())) {
+          // A read of the bf16 compute copy has a bf16 gradient; the accumulator has the
+          // declared (fp32 master) type.
+          auto decl = SymbolTable::lookupNearestSymbolFrom<ParameterOp>(param, param.getNameAttr());
+          if (decl && g.getType() != decl.getTensorType())
+            g = b.create<CastOp>(param.getLoc(), decl.getTensorType(), g);
           b.create<AccumulateGradOp>(param.getLoc(), param.getNameAttr(), g);
+        }
         continue;
       }
       // Ops without operands (zeros, iota, inputs, hyperparameters) are sources: nothing to do.

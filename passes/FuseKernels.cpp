@@ -257,8 +257,8 @@ class Fuser {
   void fuseLayerNormGrad(LayerNormGradOp l) {
     if (claimed(l)) return;
     SmallVector<Operation*> group{l.getOperation()};
-    if (auto c = l->getOperand(0).getDefiningOp<CastOp>(); c && c.getResult().hasOneUse())
-      (void)grow(group, {c});
+    // A cast of the incoming gradient stays out: the template reads `grad` from memory, in
+    // either float type (the verifier admits only what follows the input gradient).
     // The residual-gradient add, the accumulation of the weight and bias gradients and the cast
     // of the gradient that leaves: they interleave in program order, so they join together (the
     // longest prefix of them that is legal).
@@ -301,9 +301,9 @@ class Fuser {
   void fuseEmbeddingGrad(EmbeddingGradOp e) {
     if (claimed(e)) return;
     SmallVector<Operation*> group{e.getOperation()};
-    Value v = e.getResult();
-    if (auto c = dyn_cast_or_null<CastOp>(soleUser(v)); c && grow(group, {c})) v = c.getResult();
-    if (auto acc = dyn_cast_or_null<AccumulateGradOp>(soleUser(v))) (void)grow(group, {acc});
+    // Only the accumulation may join (a cast of the rows, as the gradient of a bf16 table that
+    // was widened for the gather, is a kernel of its own: the template scatters fp32 rows).
+    if (auto acc = dyn_cast_or_null<AccumulateGradOp>(soleUser(e.getResult()))) (void)grow(group, {acc});
     claim("embedding_grad", group);
   }
 

@@ -2,6 +2,7 @@
 #include "passes/Passes.h"
 
 #include "mlir/IR/Builders.h"
+#include "mlir/Interfaces/SideEffectInterfaces.h"
 
 namespace kiln {
 #define GEN_PASS_DEF_MIXEDPRECISION
@@ -43,6 +44,31 @@ struct MixedPrecisionPass : kiln::impl::MixedPrecisionBase<MixedPrecisionPass> {
     }
     for (auto f : getOperation().getOps<func::FuncOp>())
       if (!f.isExternal()) assignTypes(f);
+    // Under precision = "bf16", something the functions return must be computed in bf16: else
+    // kiln-autodiff (nothing in bf16) or kilnc's check of the step (the dead bf16 ops gone)
+    // refuses the module later, asking for the pass that has just run.
+    if (auto precision = specPrecision(getOperation()); precision && *precision == "bf16" && !computesLiveBf16()) {
+      forward.emitError("kiln-mixed-precision: 'kiln.spec' has precision = \"bf16\" but nothing the functions "
+                        "return is computed in bf16 (autocast's policy gives bf16 to kiln.matmul and "
+                        "kiln.attention); compile this graph with precision = \"fp32\"");
+      return signalPassFailure();
+    }
+  }
+
+  // Whether an op that some function's result or side effect depends on has a bf16 result.
+  bool computesLiveBf16() {
+    for (auto f : getOperation().getOps<func::FuncOp>()) {
+      if (f.isExternal()) continue;
+      llvm::DenseSet<Operation*> live;
+      for (Block& block : f.getBody())
+        for (Operation& op : llvm::reverse(block.getOperations())) {
+          if (op.hasTrait<OpTrait::IsTerminator>() || !isMemoryEffectFree(&op) ||
+              llvm::any_of(op.getUsers(), [&](Operation* u) { return live.contains(u); }))
+            live.insert(&op);
+          if (live.contains(&op) && computesInBf16(&op)) return true;
+        }
+    }
+    return false;
   }
 
   // Every graph function gets the policy (@forward, @logits and @decode alike).

@@ -44,6 +44,21 @@ func.func @forward() -> tensor<f32> {
 
 // -----
 
+// A read of the parameter's bf16 compute copy: its gradient is widened to the fp32 accumulator.
+kiln.parameter @w : tensor<4x8xf32> {init = "zeros"}
+func.func @forward() -> tensor<f32> {
+  %w = kiln.param @w : tensor<4x8xbf16>
+  %f = kiln.cast %w : tensor<4x8xbf16> -> tensor<4x8xf32>
+  %l = kiln.reduce_sum %f : tensor<4x8xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}
+// CHECK-LABEL: func.func @micro_step
+// CHECK:         %[[D:.*]] = kiln.cast %{{.*}} : tensor<4x8xf32> -> tensor<4x8xbf16>
+// CHECK-NEXT:    %[[DW:.*]] = kiln.cast %[[D]] : tensor<4x8xbf16> -> tensor<4x8xf32>
+// CHECK-NEXT:    kiln.accumulate_grad @w, %[[DW]] : tensor<4x8xf32>
+
+// -----
+
 // matmul C = A B: dA = dC B^T (transpose_rhs), dB = A^T dC (transpose_lhs).
 kiln.parameter @a : tensor<4x8xf32> {init = "zeros"}
 kiln.parameter @b : tensor<8x6xf32> {init = "zeros"}

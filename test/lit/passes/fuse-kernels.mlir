@@ -147,6 +147,44 @@ func.func @layer_norm_grad(%dy: tensor<8x16xbf16>, %x: tensor<8x16xf32>, %m: ten
 
 // -----
 
+// A gradient widened before the layer-norm backward (a layer norm whose fp32 output a matmul
+// read through a cast) is cast by a kernel of its own: the template reads the gradient as is.
+// CHECK-LABEL: func.func @layer_norm_grad_of_cast
+// CHECK: kiln.cast
+// CHECK: kiln.fusion "layer_norm_grad" "layer_norm_grad_accumulate_grad"
+// CHECK-NOT: kiln.cast
+// CHECK: kiln.yield
+kiln.parameter @g : tensor<16xf32> {init = "ones"}
+kiln.parameter @b : tensor<16xf32> {init = "zeros"}
+func.func @layer_norm_grad_of_cast(%dy: tensor<8x16xbf16>, %x: tensor<8x16xf32>, %m: tensor<8xf32>, %r: tensor<8xf32>) -> tensor<8x16xf32> {
+  %g = kiln.param @g : tensor<16xf32>
+  %w = kiln.cast %dy : tensor<8x16xbf16> -> tensor<8x16xf32>
+  %dx, %dg, %db = kiln.layer_norm_grad %w, %x, %g, %m, %r : tensor<8x16xf32>, tensor<8x16xf32>, tensor<16xf32>, tensor<8xf32>, tensor<8xf32> -> tensor<8x16xf32>, tensor<16xf32>, tensor<16xf32>
+  kiln.accumulate_grad @g, %dg : tensor<16xf32>
+  kiln.accumulate_grad @b, %db : tensor<16xf32>
+  return %dx : tensor<8x16xf32>
+}
+
+// -----
+
+// The gradient of a bf16 table (widened for the gather) is the scattered fp32 rows, narrowed by a
+// kernel of its own: the embedding_grad template only scatters (and accumulates).
+// CHECK-LABEL: func.func @embedding_grad_of_cast
+// CHECK-NEXT: kiln.embedding_grad
+// CHECK-NEXT: kiln.cast %{{.*}} : tensor<16x8xf32> -> tensor<16x8xbf16>
+// SINGLE-LABEL: func.func @embedding_grad_of_cast
+// SINGLE: kiln.fusion "embedding_grad" "embedding_grad"
+// SINGLE-NOT: kiln.cast
+// SINGLE: kiln.yield
+// SINGLE: kiln.fusion "elementwise" "cast"
+func.func @embedding_grad_of_cast(%dy: tensor<2x4x8xf32>, %idx: tensor<2x4xi32>) -> tensor<16x8xbf16> {
+  %g = kiln.embedding_grad %dy, %idx : tensor<2x4x8xf32>, tensor<2x4xi32> -> tensor<16x8xf32>
+  %c = kiln.cast %g : tensor<16x8xf32> -> tensor<16x8xbf16>
+  return %c : tensor<16x8xbf16>
+}
+
+// -----
+
 // The fused classifier: loss and logits gradient in one kernel; the log-sum-exp stays inside.
 // CHECK-LABEL: func.func @classifier
 // CHECK: %[[R:.*]]:2 = kiln.fusion "classifier" "cross_entropy_cross_entropy_grad"(%arg0, %arg1, %arg2)

@@ -43,3 +43,31 @@ module attributes {kiln.spec = {target = "cpu"}} {
     return %l : tensor<f32>
   }
 }
+
+// -----
+
+// Under precision = "bf16" the policy must give bf16 to something the loss depends on: with no
+// matmul or attention, nothing (kiln-autodiff would then ask for this pass, which has run).
+module attributes {kiln.spec = {precision = "bf16"}} {
+  // expected-error@below {{kiln-mixed-precision: 'kiln.spec' has precision = "bf16" but nothing the functions return is computed in bf16 (autocast's policy gives bf16 to kiln.matmul and kiln.attention); compile this graph with precision = "fp32"}}
+  func.func @forward() -> tensor<f32> {
+    %x = kiln.zeros : tensor<4x4xf32>
+    %g = kiln.gelu %x : tensor<4x4xf32>
+    %l = kiln.reduce_sum %g : tensor<4x4xf32> -> tensor<f32>
+    return %l : tensor<f32>
+  }
+}
+
+// -----
+
+// A matmul the loss does not read does not count: canonicalization drops it from the step, whose
+// precision kilnc then finds fp32.
+module attributes {kiln.spec = {precision = "bf16"}} {
+  // expected-error@below {{nothing the functions return is computed in bf16}}
+  func.func @forward() -> tensor<f32> {
+    %x = kiln.zeros : tensor<4x4xf32>
+    %m = kiln.matmul %x, %x : tensor<4x4xf32>, tensor<4x4xf32> -> tensor<4x4xf32>
+    %l = kiln.reduce_sum %x : tensor<4x4xf32> -> tensor<f32>
+    return %l : tensor<f32>
+  }
+}
