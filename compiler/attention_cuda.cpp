@@ -81,12 +81,12 @@ const char* kTileAccumulate = R"(#pragma unroll
 )";
 
 int64_t headSize(const AttentionShape& s) {
-  if (s.B <= 0 || s.T <= 0 || s.C <= 0 || s.H <= 0) throw std::invalid_argument("attention: sizes must be positive");
-  if (s.C % s.H != 0) throw std::invalid_argument("attention: H must divide C");
+  if (s.B <= 0 || s.T <= 0 || s.C <= 0 || s.H <= 0) throw std::invalid_argument("sizes must be positive");
+  if (s.C % s.H != 0) throw std::invalid_argument("the heads must divide n_embd");
   const int64_t hs = s.C / s.H;
   if (hs > 128)
-    throw std::invalid_argument("the head size " + std::to_string(s.C) + " / " + std::to_string(s.H) + " heads = " +
-                                std::to_string(hs) + " is above 128, the most the CUDA attention kernels take");
+    throw std::invalid_argument("head size " + std::to_string(hs) + " (n_embd " + std::to_string(s.C) + " / " +
+                                std::to_string(s.H) + " heads) is above 128, the most the CUDA attention kernels take");
   if (s.B * s.H * s.T > (int64_t(1) << 31))
     throw std::invalid_argument("B x H x T = " + std::to_string(s.B * s.H * s.T) + " rows is above 2^31, the most the "
                                 "kernels index");

@@ -326,9 +326,9 @@ std::optional<std::vector<uint8_t>> compileCpuKernels(const std::string& source,
         why = e.what();
       }
     }
-    if (!why.empty())
+    if (const char* env = std::getenv("KILN_KERNEL_CACHE"); !why.empty())
       std::fprintf(stderr, "kilnc: warning: the kernel cache%s is not written (%s): the kernels are compiled again on every run (KILN_KERNEL_CACHE=off: no cache, no warning)\n",
-                   std::getenv("KILN_KERNEL_CACHE") ? " (KILN_KERNEL_CACHE)" : "", one_line(why).c_str());
+                   env && *env ? " (KILN_KERNEL_CACHE)" : "", one_line(why).c_str());
   }
   removeWork();
   return bytes;

@@ -356,14 +356,19 @@ LogicalResult verifyEntryPoints(ModuleOp module) {
       if (gradless.wasInterrupted()) return failure();
     }
   }
-  // The trainer fills idx and targets before each micro-step: a @micro_step that reads neither
-  // would train on nothing at all.
-  if (auto f = module.lookupSymbol<func::FuncOp>("micro_step")) {
-    std::set<std::string> read;
-    f.walk([&](InputOp in) { read.insert(in.getInputName().str()); });
-    if (!read.count("idx") || !read.count("targets"))
-      return f.emitError() << "@micro_step must read the inputs \"idx\" and \"targets\" (kiln.input ops)";
-  }
+  return verifyMicroStepInputs(module);
+}
+
+LogicalResult verifyMicroStepInputs(ModuleOp module) {
+  auto f = module.lookupSymbol<func::FuncOp>("micro_step");
+  if (!f) return success();
+  std::set<std::string> read;
+  f.walk([&](InputOp in) { read.insert(in.getInputName().str()); });
+  for (const char* input : {"idx", "targets"})
+    if (!read.count(input))
+      return f.emitError() << "@micro_step reads no kiln.input \"" << input
+                           << "\" (the loss does not depend on it): the trainer feeds \"idx\" and \"targets\" to "
+                              "every micro-step";
   return success();
 }
 

@@ -22,5 +22,9 @@ inline constexpr llvm::StringLiteral kProgramNames[] = {"forward", "logits",    
 // have a body, take no arguments and return one tensor (a tensor<f32>, except @logits). For IR
 // input, before any pass or the module writer reads their results.
 mlir::LogicalResult verifyEntryPoints(mlir::ModuleOp module);
+// @micro_step, where present, reads both inputs the trainer fills before each micro-step (a loss
+// that depends on neither would train on nothing): for step IR given as input, and for the step
+// kilnc derives from graph IR (where an input the loss does not read is dead, and gone).
+mlir::LogicalResult verifyMicroStepInputs(mlir::ModuleOp module);
 
 }  // namespace kiln

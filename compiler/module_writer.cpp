@@ -90,17 +90,6 @@ class Writer {
         return f.emitError() << "kilnc: @" << name << " has no buffer plan (run kiln-plan-buffers)";
       activations = std::max(activations, uint64_t(planned.getInt()));
       sizes.push_back(uint64_t(planned.getInt()));
-      // The trainer feeds both inputs to every micro-step: a loss that depends on neither leaves
-      // its kiln.input op dead, and gone from the step.
-      if (name == "micro_step")
-        for (StringRef input : {"idx", "targets"}) {
-          bool read = false;
-          f.walk([&](InputOp in) { read |= in.getInputName() == input; });
-          if (!read)
-            return f.emitError() << "kilnc: @micro_step reads no kiln.input \"" << input
-                                 << "\": the loss does not depend on it, and the trainer feeds \"idx\" and "
-                                    "\"targets\" to every micro-step";
-        }
       const size_t firstBuffer = bufs_.size();
       std::vector<Ins> code;
       uint32_t result = 0;

@@ -45,8 +45,8 @@ struct MixedPrecisionPass : kiln::impl::MixedPrecisionBase<MixedPrecisionPass> {
     for (auto f : getOperation().getOps<func::FuncOp>())
       if (!f.isExternal()) assignTypes(f);
     // Under precision = "bf16", something the functions return must be computed in bf16: else
-    // kiln-autodiff (nothing in bf16) or kilnc's check of the step (the dead bf16 ops gone)
-    // refuses the module later, asking for the pass that has just run.
+    // kiln-autodiff (nothing in bf16) refuses the module later, asking for the pass that has just
+    // run, or the dead bf16 ops go and the step is fp32 under a spec that says bf16.
     if (auto precision = specPrecision(getOperation()); precision && *precision == "bf16" && !computesLiveBf16()) {
       forward.emitError("kiln-mixed-precision: 'kiln.spec' has precision = \"bf16\" but nothing the functions "
                         "return is computed in bf16 (autocast's policy gives bf16 to kiln.matmul and "
@@ -55,14 +55,15 @@ struct MixedPrecisionPass : kiln::impl::MixedPrecisionBase<MixedPrecisionPass> {
     }
   }
 
-  // Whether an op that some function's result or side effect depends on has a bf16 result.
+  // Whether an op that some function's result or side effect depends on has a bf16 result (an
+  // op that only reads, as kiln.param, is dead when unused: canonicalization drops it).
   bool computesLiveBf16() {
     for (auto f : getOperation().getOps<func::FuncOp>()) {
       if (f.isExternal()) continue;
       llvm::DenseSet<Operation*> live;
       for (Block& block : f.getBody())
         for (Operation& op : llvm::reverse(block.getOperations())) {
-          if (op.hasTrait<OpTrait::IsTerminator>() || !isMemoryEffectFree(&op) ||
+          if (op.hasTrait<OpTrait::IsTerminator>() || !wouldOpBeTriviallyDead(&op) ||
               llvm::any_of(op.getUsers(), [&](Operation* u) { return live.contains(u); }))
             live.insert(&op);
           if (live.contains(&op) && computesInBf16(&op)) return true;

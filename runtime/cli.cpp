@@ -667,7 +667,7 @@ int run_main(int argc, char** argv) {
                                              : "rank " + std::to_string(comm->rank()) + " of " +
                                                    std::to_string(comm->world_size()) + ": " + msg);
     }
-    std::fprintf(stderr, "error: %s%s\n", defer_to_root ? named.c_str() : "", kiln::one_line(what).c_str());
+    std::fprintf(stderr, "error: %s%s\n", named.c_str(), kiln::one_line(what).c_str());
     return 1;
   }
   // Ends the process by the signal, as a shell expects of a command it stopped, once the

@@ -420,6 +420,7 @@ int main(int argc, char** argv) {
     if (!step &&
         failed(runStage("step pipeline", [&](PassManager& pm) { kiln::buildStepPipeline(pm, spec.precision); })))
       return 1;
+    if (!step && failed(kiln::verifyMicroStepInputs(*module))) return 1;
     if (emit == "step") return print(*module);
 
     auto fused = [&] { return module->walk([](kiln::FusionOp) { return WalkResult::interrupt(); }).wasInterrupted(); };

@@ -71,3 +71,17 @@ module attributes {kiln.spec = {precision = "bf16"}} {
     return %l : tensor<f32>
   }
 }
+
+// -----
+
+// A kiln.param read only reads: unused, it is dead (canonicalization drops it), bf16 or not.
+module attributes {kiln.spec = {precision = "bf16"}} {
+  kiln.parameter @w : tensor<4x4xf32> {init = "zeros"}
+  // expected-error@below {{nothing the functions return is computed in bf16}}
+  func.func @forward() -> tensor<f32> {
+    %d = kiln.param @w : tensor<4x4xbf16>
+    %x = kiln.param @w : tensor<4x4xf32>
+    %l = kiln.reduce_sum %x : tensor<4x4xf32> -> tensor<f32>
+    return %l : tensor<f32>
+  }
+}
