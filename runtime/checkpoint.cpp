@@ -4,6 +4,7 @@
 #include "runtime/checkpoint.h"
 
 #include <sys/mman.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -118,17 +119,35 @@ fs::path dir_path(const std::string& dir) { return dir.empty() ? fs::path(".") :
 // Temporaries ("ckpt_00000100.kiln-ckpt.tmp.HOST.4242", "latest.tmp.HOST.4242") that a process
 // killed while writing left behind (up to a model's state each): removed when their writer ran on
 // this machine and no longer runs (temporary_is_orphaned).
+bool is_stale_temporary(const std::string& name) {
+  const size_t tmp = name.find(".tmp.");
+  if (tmp == std::string::npos || !(name.compare(0, tmp, "latest") == 0 || step_of(name.substr(0, tmp)))) return false;
+  return temporary_is_orphaned(name.substr(tmp + 5));
+}
+
 void remove_stale_temporaries(const fs::path& dir) {
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    const size_t tmp = name.find(".tmp.");
-    if (tmp == std::string::npos || !(name.compare(0, tmp, "latest") == 0 || step_of(name.substr(0, tmp)))) continue;
-    if (!temporary_is_orphaned(name.substr(tmp + 5))) continue;
+    if (!is_stale_temporary(it->path().filename().string())) continue;
     std::error_code rm;
     fs::remove(it->path(), rm);  // best effort: a temporary never stands for a checkpoint
   }
 }
+
+}  // namespace
+
+uint64_t stale_temporary_bytes(const std::string& dir) {
+  uint64_t sum = 0;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir_path(dir), ec), end; !ec && it != end; it.increment(ec)) {
+    struct stat st {};
+    if (is_stale_temporary(it->path().filename().string()) && ::lstat(it->path().c_str(), &st) == 0 && S_ISREG(st.st_mode))
+      sum += uint64_t(st.st_blocks) * 512;  // (the blocks it holds: what removing it frees)
+  }
+  return sum;
+}
+
+namespace {
 
 // The whole file, mapped read-only. Mapping rather than reading keeps the bytes in the page cache
 // instead of a second heap copy of the model (19 GB for GPT-2 XL's values and moments). Safe to

@@ -74,6 +74,10 @@ std::string save_checkpoint(const std::string& dir, Executor& ex, const Training
 // (the file is a header and a checksum longer).
 uint64_t checkpoint_data_bytes(const Module& m);
 
+// The bytes that temporaries in DIR left by writers killed on this machine hold (the next save
+// removes them first): space a run there can count as free.
+uint64_t stale_temporary_bytes(const std::string& dir);
+
 // Whether a file name in a checkpoint folder is one the checkpoints use: "latest", or
 // ckpt_<digits>.kiln-ckpt (which a later save may replace or prune).
 bool is_checkpoint_file_name(const std::string& name);

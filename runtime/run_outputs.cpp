@@ -269,8 +269,10 @@ void check_output_space(const TrainOptions& o, const Module& m, int64_t first_st
   // Outputs on one file system share its free space.
   std::vector<std::pair<FreeSpace, std::vector<const Need*>>> places;
   for (const Need& n : needs) {
-    const auto space = n.flag == "--checkpoint-dir" ? free_space_in(n.path) : free_space_for(n.path);
+    auto space = n.flag == "--checkpoint-dir" ? free_space_in(n.path) : free_space_for(n.path);
     if (!space) continue;
+    // (a killed run's checkpoint temporary is removed before the first save writes there)
+    if (n.flag == "--checkpoint-dir") space->bytes += stale_temporary_bytes(n.path);
     auto at = std::find_if(places.begin(), places.end(), [&](const auto& p) { return p.first.device == space->device; });
     if (at == places.end()) places.push_back({*space, {&n}});
     else at->second.push_back(&n);

@@ -894,13 +894,27 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     // 2N, ...; step + 1 updates done), and after the last: a checkpoint's validation loss is its
     // step's.
     double val_loss = NAN;
+    bool val_stopped = false;
     if (val && ((o.val_every > 0 && (step + 1) % o.val_every == 0) || last)) {
       const auto t_eval = std::chrono::steady_clock::now();
       val->reset();  // the same batches every time, so evaluations compare
       ex.enable_profiling(false);  // --profile's table is the training step's
-      val_loss = evaluate(ex, *val, val_steps, comm);
+      if (world == 1) {
+        // A signal during the evaluation ends it at once, as sampling's: a scheduler's grace
+        // period may be shorter than an evaluation. (Ranks finish it: they agree after it.)
+        struct Stopped {};
+        try {
+          val_loss = mean_forward_loss(ex, *val, val_steps, [&](int64_t) {
+            if (signals.requested()) throw Stopped{};
+          });
+        } catch (const Stopped&) {
+          val_stopped = true;
+        }
+      } else {
+        val_loss = evaluate(ex, *val, val_steps, comm);
+      }
       ex.enable_profiling(o.profile);
-      evals.took_since(t_eval);
+      if (!val_stopped) evals.took_since(t_eval);
     }
     // Rank 0 alone samples (every rank holds the whole weights); the others wait for it in the
     // next step's reduction (a long sampling counts against KILN_COMM_TIMEOUT there). The same
@@ -936,6 +950,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       // appended to an older one's log apart from it, and a resumed one with it.
       if (step == first_step) j["start"] = resumed_from.empty() ? "fresh" : "resume";
       if (!std::isnan(val_loss)) j["val_loss"] = val_loss;
+      if (val_stopped) j["val_stopped"] = signal_name(signals.requested());
       if (samples_stopped) j["samples_stopped"] = signal_name(signals.requested());
       if (!samples.empty()) {
         nlohmann::json& list = j["samples"] = nlohmann::json::array();
@@ -956,7 +971,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     }
     // The first step's line (a resumed run's too), then every N-th (printed N, 2N, ...) and the last.
     if (root && (step == first_step || (step + 1) % every == 0 || last || !std::isnan(val_loss) || !samples.empty() ||
-                 samples_stopped)) {
+                 samples_stopped || val_stopped)) {
       // The steps left, and the evaluations, samples and checkpoints after them (this step's
       // checkpoint is still to be written).
       const double eta = eta_seconds(elapsed, first_dt, step + 1 - first_step, o.steps - step - 1) +
@@ -968,6 +983,8 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
                   duration(eta).c_str());
       if (!std::isnan(val_loss)) std::printf(" | val loss %.4f", val_loss);
       std::printf("\n");
+      if (val_stopped) std::printf("--- evaluation at step %lld stopped by %s ---\n", (long long)step + 1,
+                                   signal_name(signals.requested()));
       if (samples_stopped) std::printf("--- sampling at step %lld stopped by %s ---\n", (long long)step + 1,
                                        signal_name(signals.requested()));
       for (size_t i = 0; i < samples.size(); ++i) {
@@ -1052,7 +1069,13 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   }
   // An interrupted run saves the weights it has too (its log says how far it got).
   if (!o.save.empty() && root) {
-    save_weights(true);
+    try {
+      save_weights(true);
+    } catch (const Error& e) {
+      if (log_failure.empty()) throw;
+      // (the log's failure stopped the run: it comes first, or it would go unsaid)
+      throw Error(log_failure + "; saving failed too: " + e.what());
+    }
     std::fprintf(stderr, "saved %s%s\n", o.save.c_str(), interrupted || !log_failure.empty() ? " (the weights of the interrupted run)" : "");
   }
   if (!log_failure.empty()) throw Error(log_failure);
