@@ -640,6 +640,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   // The checkpoint of `steps` done, whose next batch is at `shard`, `position` (rank 0 writes it;
   // every rank gathers a ZeRO-1 run's moments).
   int64_t checkpointed = resumed_from.empty() ? -1 : first_step;
+  std::string checkpoint_written;  // the last this run wrote (rank 0): it holds the weights --save gets
   // The weights to --save. A FIFO is written once its reader comes, however late (a `cat`
   // started after the run's end gets the weights); a signal meanwhile gives up waiting, and at
   // the run's end (`last`) ends the run as that signal (elsewhere the error says it).
@@ -707,6 +708,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       made.keep_lock(o.checkpoint_dir);
       const std::string path = save_checkpoint(o.checkpoint_dir, ex, st, keep, moments);
       std::fprintf(stderr, "saved checkpoint %s (step %lld)\n", path.c_str(), (long long)steps);
+      checkpoint_written = path;
     } catch (const std::exception& failed) {  // (kiln::Error: a full disk; or memory ran out)
       tell_ranks(false);
       const std::string error = dynamic_cast<const std::bad_alloc*>(&failed) ? "out of memory" : failed.what();
@@ -1072,9 +1074,12 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     try {
       save_weights(true);
     } catch (const Error& e) {
-      if (log_failure.empty()) throw;
+      // (every run that gets here with a checkpoint folder wrote its weights there last)
+      const std::string kept =
+          checkpoint_written.empty() ? "" : " (the same weights are in " + checkpoint_written + ", which --init reads)";
+      if (log_failure.empty()) throw Error(e.what() + kept);
       // (the log's failure stopped the run: it comes first, or it would go unsaid)
-      throw Error(log_failure + "; saving failed too: " + e.what());
+      throw Error(log_failure + "; saving failed too: " + e.what() + kept);
     }
     std::fprintf(stderr, "saved %s%s\n", o.save.c_str(), interrupted || !log_failure.empty() ? " (the weights of the interrupted run)" : "");
   }
