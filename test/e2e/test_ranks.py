@@ -26,7 +26,8 @@ reference with --total-batch 2*B*T (2 micro-steps per step), then checks (group 
   mpi_arg_error  both ranks given a bad option: one error line, rank 0's (also when rank 0 starts
              3 s late); MPMD with it on rank 1 alone: that rank's, naming it
   mpi_start_error  3 ranks, one command line, failing at start (missing shards, a file that is
-             not one): one error line, rank 0's; shards missing for rank 1 alone: its line, naming it
+             not one): one error line, rank 0's; shards missing for rank 1 alone (or its --init folder
+             naming a missing checkpoint, before the communicator): its line, naming it
 and (group tcp, the environment rendezvous RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT):
   tcp            2 processes started here: same checks as mpi (with --zero 1 on small buckets,
                  compiled in: a --bucket-mb at run time is noted as unused);
@@ -424,11 +425,17 @@ def case_mpi_start_error(c: Ctx):
     empty = os.path.join(c.workdir, "mpi_start_error_empty")
     os.makedirs(empty, exist_ok=True)
     rank1_elsewhere = ["sh", "-c", f'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then cd {empty}; fi; exec "$@"', "sh"]
+    # (an error before the communicator is made: rank 1's --init folder names a missing checkpoint)
+    os.makedirs(os.path.join(empty, "ck"), exist_ok=True)
+    with open(os.path.join(empty, "ck", "latest"), "w") as f:
+        f.write("ckpt_00000005.kiln-ckpt\n")
     for cmd, about, want, env in (
             (missing, "no file matches", "error: rank 0 of 3: ", {}),
             (wrong, "not an llm.c token shard", "error: rank 0 of 3: ", {}),
             # (KILN_COMM_TIMEOUT=8: rank 1 says its own after 2 s, not 10)
             (rank1_elsewhere + relative, "no file matches", "error: rank 1 of 3: train_*.bin: ",
+             {"KILN_COMM_TIMEOUT": "8"}),
+            (rank1_elsewhere + args + ["--init", "ck"], "which does not exist", "error: rank 1 of 3: ck/latest: ",
              {"KILN_COMM_TIMEOUT": "8"})):
         cmd = c.mpirun_cmd(3) + [a for k in env for a in ("-x", k)] + cmd
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=KILL_LIMIT_S, cwd=c.workdir,

@@ -185,6 +185,21 @@ func.func @embedding_grad_of_cast(%dy: tensor<2x4x8xf32>, %idx: tensor<2x4xi32>)
 
 // -----
 
+// The scattered rows' accumulation into the gradient joins the embedding_grad kernel.
+// CHECK-LABEL: func.func @embedding_grad_accumulate
+// CHECK-NEXT: kiln.fusion "embedding_grad" "embedding_grad_accumulate_grad"
+// CHECK: kiln.yield
+// CHECK-NEXT: }
+// CHECK-NEXT: return
+kiln.parameter @wte : tensor<16x8xf32> {init = "zeros"}
+func.func @embedding_grad_accumulate(%dy: tensor<2x4x8xf32>, %idx: tensor<2x4xi32>) {
+  %g = kiln.embedding_grad %dy, %idx : tensor<2x4x8xf32>, tensor<2x4xi32> -> tensor<16x8xf32>
+  kiln.accumulate_grad @wte, %g : tensor<16x8xf32>
+  return
+}
+
+// -----
+
 // The fused classifier: loss and logits gradient in one kernel; the log-sum-exp stays inside.
 // CHECK-LABEL: func.func @classifier
 // CHECK: %[[R:.*]]:2 = kiln.fusion "classifier" "cross_entropy_cross_entropy_grad"(%arg0, %arg1, %arg2)

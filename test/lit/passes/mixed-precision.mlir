@@ -128,3 +128,17 @@ func.func @forward() -> tensor<f32> {
   %l = kiln.reduce_sum %y : tensor<4x16xf32> -> tensor<f32>
   return %l : tensor<f32>
 }
+
+// -----
+
+// Hand-written IR without a kiln.spec: nothing asks for bf16, so a graph with no matmul or
+// attention keeps fp32 throughout (the refusal is for precision = "bf16" alone).
+// CHECK-LABEL: func.func @forward
+// CHECK: kiln.gelu %{{.*}} : tensor<4x4xf32>
+// CHECK: kiln.reduce_sum %{{.*}} : tensor<4x4xf32> -> tensor<f32>
+func.func @forward() -> tensor<f32> {
+  %x = kiln.zeros : tensor<4x4xf32>
+  %g = kiln.gelu %x : tensor<4x4xf32>
+  %l = kiln.reduce_sum %g : tensor<4x4xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}
