@@ -337,14 +337,15 @@ LogFile::~LogFile() {
 
 int LogFile::append(const std::string& line) {
   // A log removed or moved away (rotated) while the run appends: its lines would go on into a
-  // file no name reaches. A new file at the name takes them from here on, and the run says so.
+  // file no name reaches. A new file at the name takes them from here on, and the run says so
+  // once it is made (a folder removed with the log: the failed write says why).
+  bool replaced = false;
   if (struct stat at_fd {}; fd_ >= 0 && ::fstat(fd_, &at_fd) == 0 && S_ISREG(at_fd.st_mode)) {
     struct stat at_name {};
     if (::stat(path_.c_str(), &at_name) != 0 || at_name.st_ino != at_fd.st_ino || at_name.st_dev != at_fd.st_dev) {
       ::close(fd_);
       fd_ = -1;
-      std::fprintf(stderr, "kiln: warning: --log %s was removed or moved while the run appended to it; a new %s "
-                   "takes the lines from here on\n", path_.c_str(), path_.c_str());
+      replaced = true;
     }
   }
   if (fd_ < 0) {
@@ -361,6 +362,9 @@ int LogFile::append(const std::string& line) {
       fd_ = -1;
       return EWOULDBLOCK;
     }
+    if (replaced)
+      std::fprintf(stderr, "kiln: warning: --log %s was removed or moved while the run appended to it; a new %s "
+                   "takes the lines from here on\n", path_.c_str(), path_.c_str());
   }
   const std::string text = (newline_first_ ? "\n" : "") + line + "\n";
   struct stat st {};

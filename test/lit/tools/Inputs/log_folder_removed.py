@@ -1,5 +1,5 @@
 """Starts a training run whose --log and --save lie in DIR, removes DIR once step 2 is printed,
-then prints the run's exit status and its error line. With CHECKPOINT_DIR: --save alone lies in
+then prints the run's exit status, its warnings and its error line. With CHECKPOINT_DIR: --save alone lies in
 DIR, the run checkpoints there, and is sent SIGTERM once DIR is gone.
 Usage: log_folder_removed.py EXE SHARD DIR [CHECKPOINT_DIR]"""
 import os
@@ -23,4 +23,4 @@ for line in run.stdout:
         break
 err = run.communicate()[1]  # (stdout drained: a closed one would stop the run too)
 print("exit", run.returncode)
-sys.stdout.write("".join(line + "\n" for line in err.splitlines() if line.startswith("error")))
+sys.stdout.write("".join(line + "\n" for line in err.splitlines() if line.startswith(("error", "kiln: warning"))))
