@@ -82,10 +82,15 @@ std::optional<std::vector<uint8_t>> readAll(const std::string& path) {
   return std::vector<uint8_t>((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
+// KILN_KERNEL_CACHE where set and not empty (an empty one is as if unset, as an empty
+// XDG_CACHE_HOME is: `off` alone turns the cache off).
+const char* cacheVariable() {
+  const char* env = std::getenv("KILN_KERNEL_CACHE");
+  return env && *env ? env : nullptr;
+}
+
 std::string cacheDir() {
-  // (An empty KILN_KERNEL_CACHE is as if unset, as an empty XDG_CACHE_HOME is: `off` alone turns
-  // the cache off.)
-  if (const char* env = std::getenv("KILN_KERNEL_CACHE"); env && *env) return std::strcmp(env, "off") == 0 ? "" : env;
+  if (const char* env = cacheVariable()) return std::strcmp(env, "off") == 0 ? "" : env;
   if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) return std::string(xdg) + "/kiln/kernels";
   if (const char* home = std::getenv("HOME"); home && *home) return std::string(home) + "/.cache/kiln/kernels";
   return "";
@@ -326,9 +331,9 @@ std::optional<std::vector<uint8_t>> compileCpuKernels(const std::string& source,
         why = e.what();
       }
     }
-    if (const char* env = std::getenv("KILN_KERNEL_CACHE"); !why.empty())
+    if (!why.empty())
       std::fprintf(stderr, "kilnc: warning: the kernel cache%s is not written (%s): the kernels are compiled again on every run (KILN_KERNEL_CACHE=off: no cache, no warning)\n",
-                   env && *env ? " (KILN_KERNEL_CACHE)" : "", one_line(why).c_str());
+                   cacheVariable() ? " (KILN_KERNEL_CACHE)" : "", one_line(why).c_str());
   }
   removeWork();
   return bytes;

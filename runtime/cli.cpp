@@ -645,29 +645,27 @@ int run_main(int argc, char** argv) {
     if (!interrupted) return 0;
   } catch (const std::exception& e) {
     // kiln::Error, or the library's own (std::bad_alloc: memory ran out): one line either way.
-    const std::string what = dynamic_cast<const std::bad_alloc*>(&e) ? "out of memory" : e.what();
+    const std::string msg = one_line(dynamic_cast<const std::bad_alloc*>(&e) ? "out of memory" : e.what());
     // Under one command line every rank shares, an error (a missing shard, a checkpoint of another
     // rank count) mostly reaches every rank at once: rank 0 says it, and its abort ends the rest. As
     // in cli::parse, another rank says its own only if still running a while later (it alone saw
     // it: a file missing on its machine); a while short of the collectives' timeout, which would
     // end the ranks waiting for this one (and this one, unheard) first.
     if (defer_to_root) {
-      double wait_s = 10;
+      double wait_s = cli::kDeferToRootSeconds;
       try {
         wait_s = std::min(wait_s, comm_timeout_seconds() / 4);
       } catch (const Error&) {  // (a bad KILN_COMM_TIMEOUT: the error itself, with no collective)
       }
       std::this_thread::sleep_for(std::chrono::duration<double>(wait_s));
     }
-    const std::string named = one_line(what).rfind("rank ", 0) == 0 ? "" : rank_named;
+    const bool says_rank = msg.rfind("rank ", 0) == 0;
     // One failing rank ends them all, at once, rather than leaving them waiting in a collective.
-    if (comm && comm->world_size() > 1) {
-      const std::string msg = one_line(what);
-      comm->abort(msg.rfind("rank ", 0) == 0 ? msg
-                                             : "rank " + std::to_string(comm->rank()) + " of " +
-                                                   std::to_string(comm->world_size()) + ": " + msg);
-    }
-    std::fprintf(stderr, "error: %s%s\n", named.c_str(), kiln::one_line(what).c_str());
+    if (comm && comm->world_size() > 1)
+      comm->abort(says_rank ? msg
+                            : "rank " + std::to_string(comm->rank()) + " of " + std::to_string(comm->world_size()) +
+                                  ": " + msg);
+    std::fprintf(stderr, "error: %s%s\n", says_rank ? "" : rank_named.c_str(), msg.c_str());
     return 1;
   }
   // Ends the process by the signal, as a shell expects of a command it stopped, once the

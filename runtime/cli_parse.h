@@ -122,6 +122,7 @@ inline int help_printed(const CLI::App& app, int code) {
 // every rank shares (`defer_to_root`) leaves the help to rank 0, and its error too: mpirun ends
 // the job at rank 0's failing exit, so this one says it only if still running 10 s later (rank 0
 // started late, or was given another line after all).
+inline constexpr int kDeferToRootSeconds = 10;  // (also a shared command's start-up errors: cli.cpp)
 inline int parse(CLI::App& app, int argc, char** argv, const std::string& rank = "", bool defer_to_root = false) {
   try {
     app.parse(argc, argv);
@@ -133,7 +134,7 @@ inline int parse(CLI::App& app, int argc, char** argv, const std::string& rank =
   } catch (const CLI::CallForVersion& e) {
     return defer_to_root ? 0 : help_printed(app, app.exit(e));
   } catch (const CLI::ParseError& e) {
-    if (defer_to_root) std::this_thread::sleep_for(std::chrono::seconds(10));
+    if (defer_to_root) std::this_thread::sleep_for(std::chrono::seconds(kDeferToRootSeconds));
     std::string tool = std::filesystem::path(app.get_name()).filename().string();  // argv[0] when unnamed
     // The command and the subcommands parsed under it, outermost first.
     std::vector<const CLI::App*> chain{&app};

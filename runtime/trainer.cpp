@@ -136,11 +136,19 @@ void note_resume_changes(const std::string& checkpoint, const nlohmann::json& ex
 }
 
 // Mean loss of `steps` batches of the validation data through the forward program, averaged
-// over ranks.
-double evaluate(Executor& ex, DataLoader& val, int64_t steps, Communicator& comm) {
-  double loss = mean_forward_loss(ex, val, steps);
-  if (comm.world_size() > 1) loss = comm.all_reduce_sum(loss) / double(comm.world_size());
-  return loss;
+// over ranks. One process ends it where `stopped()` says so between batches (none): a scheduler's
+// grace period may be shorter than an evaluation, as sampling's. Ranks finish it (they agree after it).
+std::optional<double> evaluate(Executor& ex, DataLoader& val, int64_t steps, Communicator& comm,
+                               const std::function<bool()>& stopped) {
+  if (comm.world_size() > 1) return comm.all_reduce_sum(mean_forward_loss(ex, val, steps)) / double(comm.world_size());
+  struct Stopped {};
+  try {
+    return mean_forward_loss(ex, val, steps, [&](int64_t) {
+      if (stopped()) throw Stopped{};
+    });
+  } catch (const Stopped&) {
+    return std::nullopt;
+  }
 }
 
 std::string duration(double seconds) {
@@ -901,20 +909,9 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       const auto t_eval = std::chrono::steady_clock::now();
       val->reset();  // the same batches every time, so evaluations compare
       ex.enable_profiling(false);  // --profile's table is the training step's
-      if (world == 1) {
-        // A signal during the evaluation ends it at once, as sampling's: a scheduler's grace
-        // period may be shorter than an evaluation. (Ranks finish it: they agree after it.)
-        struct Stopped {};
-        try {
-          val_loss = mean_forward_loss(ex, *val, val_steps, [&](int64_t) {
-            if (signals.requested()) throw Stopped{};
-          });
-        } catch (const Stopped&) {
-          val_stopped = true;
-        }
-      } else {
-        val_loss = evaluate(ex, *val, val_steps, comm);
-      }
+      const std::optional<double> loss = evaluate(ex, *val, val_steps, comm, [&] { return signals.requested() != 0; });
+      val_stopped = !loss;
+      val_loss = loss.value_or(NAN);
       ex.enable_profiling(o.profile);
       if (!val_stopped) evals.took_since(t_eval);
     }
