@@ -534,20 +534,26 @@ std::string save_checkpoint(const std::string& dir, Executor& ex, const Training
   const std::string latest = name + "\n";
   write_file_atomic((d / "latest").string(), {{latest.data(), latest.size()}}, 0644, Links::Replace);
 
-  const std::string written = (d / name).string();
-  if (keep <= 0) return written;
-  int kept = 1;  // the one just written, even when older files carry higher steps (a rewound run)
+  prune_checkpoints(d.string(), name, keep, " was saved");
+  return (d / name).string();
+}
+
+int prune_checkpoints(const std::string& dir, const std::string& newest, int keep, const std::string& why) {
+  if (keep <= 0) return 0;
+  const fs::path d = dir_path(dir);
+  std::error_code ec;
+  int kept = 1, removed = 0;  // `newest`, even when older files carry higher steps (a rewound run)
   for (const auto& [step, other] : list_checkpoints(d)) {
-    if (other == name) continue;
+    if (other == newest) continue;
     if (kept < keep) {
       ++kept;
       continue;
     }
     if (!fs::remove(d / other, ec) && ec)
-      throw Error((d / other).string() + ": cannot delete this old checkpoint (" + name +
-                  " was saved): " + ec.message());
+      throw Error((d / other).string() + ": cannot delete this old checkpoint (" + newest + why + "): " + ec.message());
+    ++removed;
   }
-  return written;
+  return removed;
 }
 
 std::optional<std::string> latest_checkpoint(const std::string& dir) {

@@ -70,6 +70,11 @@ std::string module_fingerprint(const Module& module);
 std::string save_checkpoint(const std::string& dir, Executor& ex, const TrainingState& state, int keep,
                      const WholeMoments& moments = {});
 
+// Deletes checkpoints in DIR so that `keep` remain: `newest` (a name in DIR) and the keep - 1
+// highest-numbered others (keep <= 0 deletes none). Returns how many it deleted; kiln::Error
+// naming the file (and `newest` + `why`) when one cannot be deleted.
+int prune_checkpoints(const std::string& dir, const std::string& newest, int keep, const std::string& why);
+
 // The tensor bytes one checkpoint of the module holds: each parameter's value and AdamW moments
 // (the file is a header and a checksum longer).
 uint64_t checkpoint_data_bytes(const Module& m);

@@ -149,7 +149,12 @@ void check_output_paths(const TrainOptions& o, bool root, MadeFolders& made) {
     if (std::error_code is; !fs::is_directory(o.checkpoint_dir, is))
       throw Error("--checkpoint-dir: " + o.checkpoint_dir + ": is not a folder and cannot be made one" +
                   (ec ? ": " + ec.message() : is ? ": " + is.message() : ""));
-    check_output_file("--checkpoint-dir", (fs::path(o.checkpoint_dir) / "latest").string(), false, Links::Replace);
+    try {
+      check_output_file("--checkpoint-dir", (fs::path(o.checkpoint_dir) / "latest").string(), false, Links::Replace);
+    } catch (const Error& e) {
+      if (!o.resume || !latest_checkpoint(o.checkpoint_dir)) throw;
+      made.unwritable = e.what();
+    }
     // Two runs writing one folder would prune each other's checkpoints and swap `latest`: the
     // folder is locked for the run (the kernel lets go when the process ends, however it ends).
     made.lock = lock_folder(o.checkpoint_dir);

@@ -20,6 +20,9 @@ struct MadeFolders {
   std::vector<std::string> folders;  // outermost first (missing_folders)
   int lock = -1;  // the checkpoint folder, opened and locked (flock) while this run writes there
   std::string dir;  // (its path)
+  // --resume into a folder of checkpoints that cannot take files (a read-only mount): why, for the
+  // trainer to refuse a run with steps left; a finished run requeued there writes nothing.
+  std::string unwritable;
   // Before each checkpoint: a folder removed (rm -rf) or replaced while the run trains is made
   // again, and locked again, so that another run cannot take it meanwhile unseen (with a
   // warning; without, where a signal removed it before the first step's end:

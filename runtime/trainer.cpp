@@ -469,6 +469,14 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
                        latest->c_str(), count(before).c_str(),
                        o.keep == 0 ? "this run deletes none" : "older checkpoints past the newest ones are deleted as it saves");
       }
+      // A kill between the last save and its pruning leaves keep + 1 checkpoints; with steps left
+      // the next save prunes them, and a finished run requeued does so here (where it can write).
+      if (root && first_step == o.steps && made.unwritable.empty()) {
+        const std::string name = std::filesystem::path(*latest).filename().string();
+        if (const int removed = prune_checkpoints(o.checkpoint_dir, name, keep, ", the latest"))
+          std::fprintf(stderr, "deleted %d old checkpoint%s in %s past --keep %d\n", removed, removed == 1 ? "" : "s",
+                       o.checkpoint_dir.c_str(), keep);
+      }
       // Log lines the run that wrote it could not write (a full disk): this run writes them first.
       if (const auto lines = extra.find("log_pending"); root && lines != extra.end() && lines->is_array()) {
         for (const auto& line : *lines)
@@ -524,6 +532,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     scan = std::make_unique<TokenScan>(shards_to_scan(loader, first_step, o.steps, accum, val.get(), val_steps),
                                        model.vocab_size());
   if (root) check_outputs_spare_inputs(o, loader, val.get());
+  if (root && first_step < o.steps && !made.unwritable.empty()) throw Error(made.unwritable);
   if (root) check_output_space(o, module, first_step, keep);
   if (world > 1) check_ranks_agree(comm, module, o, total, first_step, ex, loader, val.get(), val_steps,
                                    dp.compiled_buckets());
