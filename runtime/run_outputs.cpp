@@ -271,6 +271,13 @@ void check_output_space(const TrainOptions& o, const Module& m, int64_t first_st
   }
   if (!o.save.empty()) needs.push_back({"--save", o.save, "the weights", weights, weights});
   if (!o.dump_grads.empty()) needs.push_back({"--dump-grads", o.dump_grads, "the gradients", weights, weights});
+  if (!o.log.empty() && first_step < o.steps) {
+    // About 160 bytes a step's line, and up to 6 a token id of the samples logged (prompt included).
+    const int64_t sampled = o.sample_every > 0 ? (o.steps - first_step + o.sample_every - 1) / o.sample_every + 1 : 0;
+    const uint64_t lines = uint64_t(o.steps - first_step) * 160 +
+                           uint64_t(sampled * o.sample.num_samples * (int64_t(o.sample_prompt.size()) + o.sample.max_new_tokens) * 6);
+    needs.push_back({"--log", o.log, "its lines", 160, lines});
+  }
   // Outputs on one file system share its free space.
   std::vector<std::pair<FreeSpace, std::vector<const Need*>>> places;
   for (const Need& n : needs) {
@@ -301,7 +308,9 @@ void check_output_space(const TrainOptions& o, const Module& m, int64_t first_st
                   "trains); free some space, or name a place on another file system");
     if (const auto [all, text] = need(true); space.bytes < all)
       std::fprintf(stderr, "kiln: warning: %sby the run's end, %s, but %s are free there: a full disk will stop the run "
-                   "at a checkpoint (the latest whole one is kept)\n", head.c_str(), text.c_str(), bytes_text(space.bytes).c_str());
+                   "%s\n", head.c_str(), text.c_str(), bytes_text(space.bytes).c_str(),
+                   group[0]->flag == "--checkpoint-dir" ? "at a checkpoint (the latest whole one is kept)"
+                                                        : "at the log line that does not fit");
   }
 }
 
