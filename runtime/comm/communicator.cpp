@@ -191,7 +191,10 @@ std::pair<int, int> launcher_rank() {
   }
   if (env_int("WORLD_SIZE") <= 1) return {0, 1};
   const int world = env_world(false);  // (a RANK outside the world is an error)
-  return {std::max(env_int("RANK"), 0), world};
+  if (env_int("RANK") < 0)  // (not rank 0 by default: every such process would be)
+    throw Error("environment: WORLD_SIZE=" + std::to_string(world) + " but RANK is not set (a launcher sets both, "
+                "as torchrun does)");
+  return {env_int("RANK"), world};
 }
 
 bool launcher_same_command() { return mpi_launcher_world() > 1 && env_int("OMPI_NUM_APP_CTX") == 1; }

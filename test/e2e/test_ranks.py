@@ -35,6 +35,8 @@ and (group tcp, the environment rendezvous RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PO
   single_zero1   one process with --zero 1 is the reference
   tcp_three      3 ranks, --zero 1, small compiled buckets, against 1 process with 3 micro-steps
                  (rank 0's arena: smaller by two thirds of the moments)
+  tcp_three_accum  3 ranks x 2 micro-steps, --zero 1, clipping, on a --recompute=cheap --no-fusion
+                 module with small buckets, against 1 process with 6 micro-steps
   tcp_zero1_resume --zero 1 checkpoints: the whole AdamW state (as a plain 2-rank run's), and a
                  run resumed from one bitwise equal to the uninterrupted run
   tcp_kill_1     SIGKILL rank 1 after the first step: rank 0 exits non-zero within 60 s, naming it
@@ -739,6 +741,22 @@ def case_tcp_three(c: Ctx):
                         c.weights("tcp_three")) + "; " + arena
 
 
+def case_tcp_three_accum(c: Ctx):
+    # 3 ranks x 2 micro-steps (--zero 1, a --grad-clip that clips) against 1 process x 6, both on
+    # a module compiled with --recompute=cheap --no-fusion and small buckets.
+    exe = os.path.join(c.workdir, "gpt2-recompute-nofusion")
+    subprocess.run([c.a.kilnc, c.a.spec, "-o", exe, "--recompute=cheap", "--no-fusion", "--bucket-mb", "0.01",
+                    *c.a.kilnc_arg], check=True, cwd=c.workdir, capture_output=True)
+    clip = ["--grad-clip", "0.05"]
+    c.run(c.with_exe(exe)(0, c.train_args("ref6", clip, micro=6)), "reference (1 process, 6 micro-steps)")
+    if not all(r["grad_norm"] > 0.05 for r in c.log("ref6")):
+        raise TestFailure(f"tcp_three_accum: --grad-clip 0.05 clips no step: {c.log('ref6')}")
+    procs, _ = start_tcp(c, "tcp_three_accum", ["--zero", "1"] + clip, micro=6, world=3, per_rank=c.with_exe(exe))
+    finish_ok(procs, "tcp_three_accum")
+    return compare_runs("tcp 3 ranks x2 --zero 1 vs 1 process x6", c.log("ref6"), c.log("tcp_three_accum"),
+                        c.weights("ref6"), c.weights("tcp_three_accum"))
+
+
 def case_single_zero1(c: Ctx):
     c.run(c.train_args("single_zero1", ["--zero", "1"]), "1 process --zero 1")
     return compare_runs("1 process --zero 1", c.ref, c.log("single_zero1"), c.ref_w, c.weights("single_zero1"), tol=0)
@@ -1420,7 +1438,7 @@ GROUPS = {
     "cuda-zero1": [case_tcp_zero1_cuda],
     "mpi": [case_mpi, case_mpi_zero1, case_mpi_accum, case_mpi_kill, case_mpi_hang, case_mpi_pause, case_mpi_eval, case_mpi_sample,
             case_mpi_rank_error_folder, case_mpi_arg_error, case_mpi_start_error],
-    "tcp": [case_tcp, case_single_zero1, case_tcp_zero1_resume, case_tcp_three, case_tcp_kill_1, case_tcp_kill_0, case_tcp_hang, case_tcp_pause, case_tcp_rank_error,
+    "tcp": [case_tcp, case_single_zero1, case_tcp_zero1_resume, case_tcp_three, case_tcp_three_accum, case_tcp_kill_1, case_tcp_kill_0, case_tcp_hang, case_tcp_pause, case_tcp_rank_error,
             case_tcp_signal_at_start,
             case_tcp_no_root, case_tcp_other_data, case_tcp_other_checkpoints, case_tcp_other_options, case_tcp_save_one_rank, case_tcp_log_full, case_tcp_checkpoint_full, case_tcp_cut_step, case_tcp_cut_step_zero1, case_tcp_idle_peer, case_tcp_ipv6,
             case_nccl_refused, case_tcp_threads, case_tcp_eval, case_tcp_eval_disagree, case_tcp_sample,
