@@ -206,9 +206,13 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   if (world > 1 && cuda && !comm.device_memory() && !devices_host_addressable())
     throw Error(module.source() + ": data parallel: the gradients of a cuda module are in GPU memory, which " +
                 comm.describe() + " cannot reduce; use --comm nccl (the default under a launcher)");
-  if (total % tokens_per_micro != 0)
+  if (total % tokens_per_micro != 0) {
+    const int64_t below = total / tokens_per_micro * tokens_per_micro, above = below + tokens_per_micro;
     throw Error("--total-batch: " + std::to_string(total) + " is not a multiple of B*T*ranks = " +
-                std::to_string(tokens_per_micro));
+                std::to_string(tokens_per_micro) + " (" +
+                (below > 0 ? "the nearest are " + std::to_string(below) + " and " : "the smallest is ") +
+                std::to_string(above) + ")");
+  }
   const int64_t accum = total / tokens_per_micro;
   // The settings a checkpoint records, so that a resume with others says so (flag -> value).
   const nlohmann::json settings = {{"--lr", o.schedule.lr},
