@@ -93,7 +93,7 @@ class Emitter {
                                               "(void* const* b, const long long* range)";
     std::string head = "// " + f_.getKind().str() + " kernel: " + ops + "\n// at " + location() + "\n";
     if (!cublasLt_.empty()) head += "// cuBLASLt: " + cublasLt_ + "\n";
-    k.source = body_.empty() ? head + "// (no generated function: the library call does all of it)\n"
+    k.source = body_.empty() ? head + "// (no generated function " + symbol + ": the library call does all of it)\n"
                              : head + preamble_ + sig + " {\n" + decls_ + body_ + "}\n";
     k.flops = flops_;
     k.tensorFlops = tensorFlops_;

@@ -40,8 +40,9 @@ namespace {
 
 // Model FLOPs per token of a training step: 6 per parameter (forward and backward matrix
 // products) plus attention's 12 L C T (the rule of the lecture and of PaLM's MFU). N counts every
-// parameter, as llm.c does: the position embeddings and the vocabulary's padding rows too, which
-// no product multiplies (GPT-2 124M: 0.6% more than nanoGPT's count without wpe).
+// parameter, as llm.c does: the position embeddings (which no product multiplies) and the
+// vocabulary's padding rows (the head's product does) too: GPT-2 124M: 0.6% more than nanoGPT's
+// count without wpe.
 double flops_per_token(const Module& m) {
   const fb::Model& model = *m.fb().model();
   double params = 0;

@@ -154,7 +154,7 @@ void print_text(const ordered_json& j) {
               m["vocab_size"].get<int>(), m["block_size"].get<int>());
   std::printf("compiled   B=%d T=%d %s %s\n", m["batch_size"].get<int>(), m["seq_len"].get<int>(),
               m["precision"].get<std::string>().c_str(), m["target"].get<std::string>().c_str());
-  // The token embedding's rows past V pad the vocabulary (to a multiple of 64: GPT-2's 50304);
+  // The token embedding's rows past V pad the vocabulary (to a multiple of 128: GPT-2's 50304);
   // they get no gradient, and are left out of the model's usual count.
   int64_t padded = 0;
   for (const auto& p : j["parameters"])
@@ -395,6 +395,14 @@ int main(int argc, char** argv) {
     } else {
       ordered_json j = report(m, rates);
       if (app.count("--ranks")) j["data_parallel"] = data_parallel_report(m, ranks, zero, bucket_mb);
+      // --json with a view: refused where the view would be (a cpu module has no GPU report),
+      // not answered with a report that lacks what was asked for.
+      const std::string target = j["model"]["target"].get<std::string>();
+      if (json && roofline && !j.contains("roofline"))
+        throw Error(path + ": --roofline is for cuda modules (its rates are a GPU's); this one's target is " + target);
+      if (json && cuda_resources && !j.contains("cuda"))
+        throw Error(path + ": --cuda-resources is for cuda modules (it lists what ptxas made of their kernels); this "
+                    "one's target is " + target);
       // Names from the module (a spec path, a buffer name) need not be UTF-8: shown as U+FFFD.
       if (json) std::printf("%s\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
       else if (buffers) print_buffers(j);
