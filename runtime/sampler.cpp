@@ -98,12 +98,13 @@ int32_t pick_token(const std::vector<float>& row, int64_t k, float temperature, 
   std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
     return row[size_t(a)] > row[size_t(b)] || (row[size_t(a)] == row[size_t(b)] && a < b);
   });
-  // exp(x - top) <= 1: no overflow, and the largest weight is exactly 1.
+  // exp(x - top) <= 1: no overflow, and the largest weight is exactly 1. The temperature is taken
+  // as given (positive): however small, (x - top) / temperature is 0 or negative, never NaN.
   const double top = row[size_t(order[0])];
   weights.resize(size_t(k));
   double sum = 0;
   for (int64_t i = 0; i < k; ++i)
-    sum += weights[size_t(i)] = std::exp((row[size_t(order[size_t(i)])] - top) / std::max(temperature, 1e-6f));
+    sum += weights[size_t(i)] = std::exp((row[size_t(order[size_t(i)])] - top) / double(temperature));
   // Inverse CDF: the first candidate whose running sum passes u (the last if rounding leaves some).
   double u = rng.uniform() * sum;
   int64_t pick = k - 1;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 
 #include "runtime/sampler.h"
 
@@ -118,6 +119,15 @@ TEST(PickToken, AColdTemperatureSplitsOnlyBetweenTies) {
   const std::vector<int64_t> counts = draw_counts(row, 3, 0.01f, n, 13);
   EXPECT_EQ(counts[3] + counts[4], n);
   EXPECT_NEAR(double(counts[3]), n / 2.0, 5 * std::sqrt(n / 4.0));
+}
+
+TEST(PickToken, ATemperatureBelow1e6IsNotRaisedTo1e6) {
+  // Two logits one float step apart (1.2e-7): at 1e-9 the lower has weight e^-119, so every draw is
+  // the larger; at 1e-6 (a floor the sampler once applied) the lower came up 47% of the time.
+  const std::vector<float> row = {2.0f, std::nextafter(2.0f, 0.0f)};
+  EXPECT_EQ(draw_counts(row, 2, 1e-9f, 1000, 14)[0], 1000);
+  // The smallest positive float is a temperature too: no NaN, the largest logit alone.
+  EXPECT_EQ(draw_counts(row, 2, std::numeric_limits<float>::denorm_min(), 1000, 15)[0], 1000);
 }
 
 TEST(PickToken, DrawsAreTheSameForASeed) {
