@@ -381,8 +381,10 @@ int run_sample(const Module& module, SampleCommand& c) {
           std::to_string(times.logits_steps) + " by @logits";
   if (times.first_steps > 0)
     line += "; a round's first step (reading the prompt) " + fixed(1e3 * times.first_steps_s / double(times.first_steps), 2) + " ms";
+  // (A prompt longer than seq_len goes through @logits alone: no prefill to report.)
   for (const SampleOptions::Times::Prefill& p : times.prefill)
-    line += "; " + std::to_string(p.positions) + " prompt positions read by @" + p.name + " in " + std::to_string(p.calls) +
+    if (times.decode_steps > 0)
+      line += "; " + std::to_string(p.positions) + " prompt positions read by @" + p.name + " in " + std::to_string(p.calls) +
             (p.calls == 1 ? " call" : " calls") + " (" + std::to_string(p.per_call) + " a call, costed as " +
             std::to_string(p.cost) + " @decode calls)";
   if (times.decode_prompt_positions > 0)

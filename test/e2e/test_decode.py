@@ -114,6 +114,8 @@ def main():
         return min(a * c0 + b * c1 + max(0, n - a * m0 - b * m1)
                    for a in range(n // m0 + 2) for b in range(n // m1 + 2))
     wanted_programs = ([("prefill", min(T, 64))] if T > 1 else []) + ([("prefill_short", 16)] if T > 16 else [])
+    if len(prompt) > T:
+        wanted_programs = []  # (the caches are not used: no prefill is reported)
     n_prompt = len(prompt) - 1 if len(prompt) <= T else 0  # (a longer prompt goes through @logits)
     failures = 0
     results = {}
