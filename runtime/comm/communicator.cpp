@@ -157,6 +157,9 @@ CommBackend select_comm_backend(CommBackend requested, const std::string& target
       if (mpi_world <= 1 && env_world > 1)
         throw Error("--comm mpi: WORLD_SIZE=" + std::to_string(env_world) + " but no MPI launcher started this "
                     "process (run it under mpirun, or use --comm tcp)");
+      if (mpi_world <= 0)  // (mpirun -np 1 is a launcher)
+        std::fprintf(stderr, "note: --comm mpi: no MPI launcher started this process: it runs alone, an MPI world of "
+                     "one rank (mpirun -np N starts N)\n");
       return CommBackend::Mpi;
     case CommBackend::Tcp: return CommBackend::Tcp;
     case CommBackend::Nccl:
