@@ -193,8 +193,20 @@ void print_text(const ordered_json& j) {
   std::printf("flops      per micro-step (%lld tokens): forward %.3g, backward %.3g, recompute %.3g\n",
               (long long)fl["tokens"].get<int64_t>(), fl["forward"].get<double>(), fl["backward"].get<double>(),
               fl["recompute"].get<double>());
-  std::printf("  6*params*tokens + 12*L*C*T*tokens = %.3g; counted/rule = %.3f\n",
-              fl["rule_6nd_plus_attention"].get<double>(), fl["counted_over_rule"].get<double>());
+  // The rule counts wpe, as llm.c does, though no product multiplies it: where it is a large part
+  // of the parameters (a long context in a small model) the ratio is far below 1, and says why.
+  int64_t wpe = 0;
+  for (const auto& p : j["parameters"])
+    if (p["name"] == "wpe.weight") {
+      wpe = 1;
+      for (const auto& d : p["shape"]) wpe *= d.get<int64_t>();
+    }
+  const double rule = fl["rule_6nd_plus_attention"].get<double>(), wpe_part = 6.0 * double(wpe) * fl["tokens"].get<double>();
+  std::printf("  6*params*tokens + 12*L*C*T*tokens = %.3g; counted/rule = %.3f", rule, fl["counted_over_rule"].get<double>());
+  if (wpe_part > 0.01 * rule)
+    std::printf(" (params counts wpe's %lld, which no product multiplies: without them counted/rule = %.3f)", (long long)wpe,
+                fl["counted_over_rule"].get<double>() * rule / (rule - wpe_part));
+  std::printf("\n");
   const auto& c = j["communication"];
   if (!c["buckets"].empty()) {
     std::printf("ranks      %zu gradient bucket%s, %s averaged per step; %s of it starts while backward work remains\n",
