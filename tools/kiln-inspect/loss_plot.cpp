@@ -11,6 +11,7 @@
 
 #include "runtime/error.h"
 #include "runtime/file_io.h"
+#include "runtime/params.h"
 #include "tools/kiln-inspect/xml_text.h"
 
 namespace kiln {
@@ -98,6 +99,9 @@ std::string loss_plot_svg(const std::vector<std::string>& logs) {
   for (const std::string& path : logs) {
     if (std::error_code ec; std::filesystem::is_directory(path, ec)) throw Error(path + ": is a folder; give a --log file");
     // (read_file refuses a device such as /dev/zero, one endless line, and a FIFO no one writes to)
+    // A file Kiln knows of another kind (a module, weights, a checkpoint, a shard) is named as such.
+    if (const std::string kind = file_kind(path); !kind.empty())
+      throw Error(path + ": is " + kind + ", not a training log (the JSON lines kiln-run train --log writes)");
     const std::vector<uint8_t> bytes = read_file(path);
     std::istringstream in(std::string(bytes.begin(), bytes.end()));
     // A fresh run appended to a log (its first line has "start": "fresh") is a run of its own.
