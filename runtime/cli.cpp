@@ -252,10 +252,10 @@ void add_sample_options(CLI::App& cmd, SampleCommand& c) {
   c.prompt_ids_opt = cmd.add_option("--prompt-ids", c.prompt_ids, "token ids to continue, separated by spaces")
                          ->excludes(c.prompt_opt);
   cmd.add_option("--max-new-tokens", c.options.max_new_tokens, "tokens to sample")->capture_default_str()->check(cli::whole(1));
-  cmd.add_option("--top-k", c.options.top_k, "sample among the k most likely tokens (0: all)")->capture_default_str()->check(cli::whole(0));
+  cmd.add_option("--top-k", c.options.top_k, "sample among the k most likely tokens (0, or k past the vocabulary: all)")->capture_default_str()->check(cli::whole(0));
   cmd.add_option("--num-samples", c.options.num_samples, "continuations to print")->capture_default_str()->check(cli::whole(1));
   cmd.add_option("--seed", c.options.seed, "random seed")->capture_default_str()->check(kSeed);
-  cmd.add_option("--temperature", c.options.temperature, "softmax temperature")->capture_default_str()->check(kPositiveFinite);
+  cmd.add_option("--temperature", c.options.temperature, "softmax temperature (logits are divided by it: below 1 sharper, toward 0 greedy)")->capture_default_str()->check(kPositiveFinite);
   CLI::Option* no_cache = cmd.add_flag("--no-kv-cache", c.no_kv_cache,
                "run the whole forward pass over the last seq_len tokens for every new token, not one "
                "position at a time over cached keys and values (slower; the same numbers up to rounding)");
