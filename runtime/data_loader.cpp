@@ -21,6 +21,8 @@ namespace {
 
 constexpr int32_t kMagic = 20240520;
 constexpr int32_t kVersion = 1;
+constexpr int32_t kLlama3Magic = 20240801;  // llm.c's Llama 3 shards (version 7, uint32 ids)
+constexpr int32_t kEvalMagic = 20240522;    // llm.c's eval files (HellaSwag's examples)
 constexpr int kHeaderInts = 256;
 constexpr int64_t kHeaderBytes = kHeaderInts * sizeof(int32_t);
 
@@ -47,6 +49,18 @@ int64_t open_shard(const std::string& path, const StepNeed& need, std::vector<ui
     if (const std::string kind = file_kind(path); !kind.empty())
       throw Error(path + ": is " + kind + ", not an llm.c token shard (does a --data or --val-data pattern reach "
                   "further than the shards?)");
+    // llm.c's Llama 3 shards: the same header, uint32 ids.
+    if (header[0] == kLlama3Magic)
+      throw Error(path + ": header: magic " + std::to_string(kLlama3Magic) +
+                  " is an llm.c Llama 3 shard's (uint32 token ids); Kiln reads GPT-2 shards (magic " +
+                  std::to_string(kMagic) + ", uint16 token ids)");
+    if (header[0] == kEvalMagic)
+      throw Error(path + ": header: magic " + std::to_string(kEvalMagic) +
+                  " is an llm.c evaluation file's (multiple-choice examples such as HellaSwag's), not a token shard's");
+    // Text (a document given for its shards): no control bytes but tabs and line ends.
+    const auto* b = reinterpret_cast<const uint8_t*>(header);
+    if (std::all_of(b, b + kHeaderBytes, [](uint8_t c) { return c >= 0x20 || c == '\n' || c == '\r' || c == '\t'; }))
+      throw Error(path + ": is text, not an llm.c token shard (kiln-data prepare tokenizes text files into shards)");
     throw Error(path + ": header: magic " + std::to_string(header[0]) + " is not " +
                 std::to_string(kMagic) + " (not an llm.c token shard)");
   }
@@ -60,7 +74,11 @@ int64_t open_shard(const std::string& path, const StepNeed& need, std::vector<ui
   if (size != expected)
     throw Error(path + ": size: header says " + std::to_string(count) +
                 " tokens, so the file should be " + std::to_string(expected) +
-                " bytes, but it is " + std::to_string(size) + " bytes (truncated or corrupt)");
+                " bytes, but it is " + std::to_string(size) + " bytes (" +
+                (count > 0 && size == kHeaderBytes + 4 * count
+                     ? "4 bytes a token: int32 or uint32 ids? llm.c's GPT-2 shards hold uint16 ones)"
+                 : size > expected ? "bytes past its tokens: something appended, or two shards run together?)"
+                                   : "truncated or corrupt)"));
   if (count < need.tokens() && need.B > 0)
     throw Error(path + ": holds " + std::to_string(count) + (count == 1 ? " token" : " tokens") + ", but one batch (B=" +
                 std::to_string(need.B) + " x T=" + std::to_string(need.T) +

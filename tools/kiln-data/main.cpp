@@ -261,7 +261,8 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
     const fs::file_status st = fs::status(f, ec);
     if (ec || !fs::exists(st))
       throw Error(f + ": cannot open: " +
-                  (ec && ec != std::errc::no_such_file_or_directory ? ec.message() : "no such file"));
+                  (ec && ec != std::errc::no_such_file_or_directory ? ec.message() : "no such file") +
+                  (f == "-" ? " (prepare reads files; /dev/stdin is standard input's)" : ""));
     if (fs::is_directory(st)) throw Error(f + ": is a directory, not a document");
     if (::access(f.c_str(), R_OK) != 0) throw Error(f + ": cannot open: " + std::strerror(errno));
     struct stat id;
