@@ -80,12 +80,20 @@ KILN_FN float gelu_grad_f(float dy, float u) {
 }
 )";
   const char* cpuTail = R"(
-// Per-slot scratch memory that lives as long as the process (kernels run one at a time).
+// Per-slot scratch memory that lives as long as the kernels are loaded (they run one at a time);
+// freed when the runtime unloads them (dlclose in ~Executor), which would lose it otherwise.
+static float* scratch_mem_[4];
+static int64_t scratch_cap_[4];
 static float* scratch(int slot, int64_t n) {
-  static float* mem[4];
-  static int64_t cap[4];
-  if (n > cap[slot]) { free(mem[slot]); mem[slot] = (float*)malloc((size_t)n * sizeof(float)); cap[slot] = n; }
-  return mem[slot];
+  if (n > scratch_cap_[slot]) {
+    free(scratch_mem_[slot]);
+    scratch_mem_[slot] = (float*)malloc((size_t)n * sizeof(float));
+    scratch_cap_[slot] = n;
+  }
+  return scratch_mem_[slot];
+}
+__attribute__((destructor)) static void scratch_free_(void) {
+  for (int i = 0; i < 4; ++i) free(scratch_mem_[i]);
 }
 // An fp32 copy of a bf16 operand, for the BLAS.
 static const float* widen(const bf16* p, int64_t n, int slot) {
@@ -235,16 +243,32 @@ extern "C" __global__ void kiln_round_copies(void* const* b, const long long* ra
 // gives, up to the order of the sums). Each call site keeps its primitive, made at its first
 // call; where oneDNN has none for this CPU, it widens the operands for cblas_sgemm instead.
 #include <oneapi/dnnl/dnnl.h>
-typedef struct {
+typedef struct Bf16Matmul {
   int state;  // 0: not made yet, 1: oneDNN, -1: the BLAS
   dnnl_primitive_t prim;
   dnnl_memory_t a, b, c;
+  struct Bf16Matmul* next;  // in bf16_matmuls_, for bf16_matmul_free_
 } Bf16Matmul;
 static dnnl_engine_t dnnl_engine_;
 static dnnl_stream_t dnnl_stream_;
+static Bf16Matmul* bf16_matmuls_;  // every call site's, once made (or tried)
+// The primitives, memories, stream and engine go when the runtime unloads the kernels.
+__attribute__((destructor)) static void bf16_matmul_free_(void) {
+  for (Bf16Matmul* m = bf16_matmuls_; m; m = m->next) {
+    if (m->prim) dnnl_primitive_destroy(m->prim);
+    if (m->a) dnnl_memory_destroy(m->a);
+    if (m->b) dnnl_memory_destroy(m->b);
+    if (m->c) dnnl_memory_destroy(m->c);
+  }
+  if (dnnl_stream_) dnnl_stream_destroy(dnnl_stream_);
+  if (dnnl_engine_) dnnl_engine_destroy(dnnl_engine_);
+}
 static int bf16_matmul_make(Bf16Matmul* m, int tA, int tB, int64_t M, int64_t N, int64_t K) {
-  if (!dnnl_engine_ && (dnnl_engine_create(&dnnl_engine_, dnnl_cpu, 0) != dnnl_success ||
-                        dnnl_stream_create(&dnnl_stream_, dnnl_engine_, dnnl_stream_default_flags) != dnnl_success))
+  m->next = bf16_matmuls_;
+  bf16_matmuls_ = m;
+  // (Each made once: an engine whose stream failed is not left without one for the next call site.)
+  if ((!dnnl_engine_ && dnnl_engine_create(&dnnl_engine_, dnnl_cpu, 0) != dnnl_success) ||
+      (!dnnl_stream_ && dnnl_stream_create(&dnnl_stream_, dnnl_engine_, dnnl_stream_default_flags) != dnnl_success))
     return -1;
   // Row-major A [M, K] (stored [K, M] when transposed), B [K, N] (stored [N, K]), C [M, N].
   const dnnl_dims_t ad = {M, K}, bd = {K, N}, cd = {M, N};
