@@ -272,11 +272,13 @@ void check_output_space(const TrainOptions& o, const Module& m, int64_t first_st
   if (!o.save.empty()) needs.push_back({"--save", o.save, "the weights", weights, weights});
   if (!o.dump_grads.empty()) needs.push_back({"--dump-grads", o.dump_grads, "the gradients", weights, weights});
   if (!o.log.empty() && first_step < o.steps) {
-    // About 160 bytes a step's line, and up to 6 a token id of the samples logged (prompt included).
+    // About 160 bytes a step's line, and a sampled token's: up to 6 as an id, about 12 as text (an
+    // early model's rare tokens, JSON-escaped). The log never stops the start (first: 0).
     const int64_t sampled = o.sample_every > 0 ? (o.steps - first_step + o.sample_every - 1) / o.sample_every + 1 : 0;
     const uint64_t lines = uint64_t(o.steps - first_step) * 160 +
-                           uint64_t(sampled * o.sample.num_samples * (int64_t(o.sample_prompt.size()) + o.sample.max_new_tokens) * 6);
-    needs.push_back({"--log", o.log, "its lines", 160, lines});
+                           uint64_t(sampled * o.sample.num_samples * (int64_t(o.sample_prompt.size()) + o.sample.max_new_tokens) *
+                                    (o.sample_text ? 12 : 6));
+    needs.push_back({"--log", o.log, "its lines", 0, lines});
   }
   // Outputs on one file system share its free space.
   std::vector<std::pair<FreeSpace, std::vector<const Need*>>> places;
@@ -294,23 +296,27 @@ void check_output_space(const TrainOptions& o, const Module& m, int64_t first_st
     auto need = [&](bool by_end) {
       uint64_t sum = 0;
       std::string each;
+      const auto counted = std::count_if(group.begin(), group.end(), [&](const Need* n) { return (by_end ? n->all : n->first) > 0; });
       for (const Need* n : group) {
         const uint64_t b = by_end ? n->all : n->first;
+        if (b == 0) continue;  // (the log, before the run)
         sum += b;
-        each += std::string(each.empty() ? "" : ", ") + (group.size() > 1 ? n->flag + " " : "") + bytes_text(b) +
+        each += std::string(each.empty() ? "" : ", ") + (counted > 1 ? n->flag + " " : "") + bytes_text(b) +
                 " (" + (by_end ? n->what : n->first == n->all ? n->what : "a checkpoint") + ")";
       }
-      return std::pair{sum, group.size() == 1 ? "needs " + each : "the outputs on its file system need " + bytes_text(sum) + ": " + each};
+      return std::pair{sum, counted == 1 ? "needs " + each : "the outputs on its file system need " + bytes_text(sum) + ": " + each};
     };
-    const std::string head = group[0]->flag + ": " + group[0]->path + ": ";  // (the largest output first)
+    const std::string head = group[0]->flag + ": " + group[0]->path + ": ";  // (the checkpoints first, where they are)
     if (const auto [first, text] = need(false); space.bytes < first)
       throw Error(head + text + ", but " + bytes_text(space.bytes) + " are free there (the run could not keep what it "
                   "trains); free some space, or name a place on another file system");
     if (const auto [all, text] = need(true); space.bytes < all)
       std::fprintf(stderr, "kiln: warning: %sby the run's end, %s, but %s are free there: a full disk will stop the run "
                    "%s\n", head.c_str(), text.c_str(), bytes_text(space.bytes).c_str(),
-                   group[0]->flag == "--checkpoint-dir" ? "at a checkpoint (the latest whole one is kept)"
-                                                        : "at the log line that does not fit");
+                   group[0]->flag != "--checkpoint-dir" ? "at the log line that does not fit"
+                   : std::any_of(group.begin(), group.end(), [](const Need* n) { return n->flag == "--log"; })
+                       ? "at a checkpoint or a log line that does not fit (the latest whole checkpoint is kept)"
+                       : "at a checkpoint (the latest whole one is kept)");
   }
 }
 

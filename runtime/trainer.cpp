@@ -347,6 +347,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   // Checkpoints kept: --keep, else the number the resumed run kept (a resume must not prune
   // those a `--keep 0` run was told to keep), else 3.
   int keep = o.keep >= 0 ? o.keep : 3;
+  bool keep_known = o.keep >= 0;  // (given, or the checkpoint's: else a finished run prunes none)
   // Log lines not written yet (the checkpoint's, or this run's after a write failed): written
   // before the next line, and kept in the checkpoint when the run stops.
   std::vector<std::string> log_pending;
@@ -447,6 +448,8 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       if (!data_note.empty()) std::fprintf(stderr, "%s\n", data_note.c_str());
       first_step = st.step;
       resumed_from = *latest;
+      // A checkpoint folder that cannot take files: refused where the run has steps left to save.
+      if (root && first_step < o.steps && !made.unwritable.empty()) throw Error(made.unwritable);
       // The BLAS (fp32) and oneDNN (bf16) split a product's work among the threads they have,
       // and another thread count rounds it otherwise: OpenBLAS's fp32 products of gpt2-mini differ
       // in the last bits between 1 and 2 threads.
@@ -468,19 +471,12 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
           had != extra.end() && had->is_number_integer() && had->get<int64_t>() >= 0 && had->get<int64_t>() <= INT32_MAX) {
         const int before = int(had->get<int64_t>());
         auto count = [](int k) { return k == 0 ? std::string("0 (all)") : std::to_string(k); };
+        keep_known = true;
         if (o.keep < 0) keep = before;
         else if (root && o.keep != before && first_step < o.steps)
           std::fprintf(stderr, "note: --keep %s, where the run that wrote %s kept %s: %s\n", count(o.keep).c_str(),
                        latest->c_str(), count(before).c_str(),
                        o.keep == 0 ? "this run deletes none" : "older checkpoints past the newest ones are deleted as it saves");
-      }
-      // A kill between the last save and its pruning leaves keep + 1 checkpoints; with steps left
-      // the next save prunes them, and a finished run requeued does so here (where it can write).
-      if (root && first_step == o.steps && made.unwritable.empty()) {
-        const std::string name = std::filesystem::path(*latest).filename().string();
-        if (const int removed = prune_checkpoints(o.checkpoint_dir, name, keep, ", the latest"))
-          std::fprintf(stderr, "deleted %d old checkpoint%s in %s past --keep %d\n", removed, removed == 1 ? "" : "s",
-                       o.checkpoint_dir.c_str(), keep);
       }
       // Log lines the run that wrote it could not write (a full disk): this run writes them first.
       if (const auto lines = extra.find("log_pending"); root && lines != extra.end() && lines->is_array()) {
@@ -537,10 +533,23 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     scan = std::make_unique<TokenScan>(shards_to_scan(loader, first_step, o.steps, accum, val.get(), val_steps),
                                        model.vocab_size());
   if (root) check_outputs_spare_inputs(o, loader, val.get());
-  if (root && first_step < o.steps && !made.unwritable.empty()) throw Error(made.unwritable);
   if (root) check_output_space(o, module, first_step, keep);
   if (world > 1) check_ranks_agree(comm, module, o, total, first_step, ex, loader, val.get(), val_steps,
                                    dp.compiled_buckets());
+  // A kill between the last save and its pruning leaves keep + 1 checkpoints; with steps left the
+  // next save prunes them, and a finished run requeued does so here, once every check passed. Not
+  // where it cannot write, nor checkpoints past the one resumed from (a `latest` rewound by hand).
+  if (root && !resumed_from.empty() && first_step == o.steps && keep_known && made.unwritable.empty()) {
+    const auto all = list_checkpoints(o.checkpoint_dir);
+    if (!all.empty() && all.front().first <= first_step) try {
+      const std::string name = std::filesystem::path(resumed_from).filename().string();
+      if (const int removed = prune_checkpoints(o.checkpoint_dir, name, keep, ", the latest, kept by --keep " + std::to_string(keep)))
+        std::fprintf(stderr, "deleted %d old checkpoint%s in %s past --keep %d\n", removed, removed == 1 ? "" : "s",
+                     o.checkpoint_dir.c_str(), keep);
+    } catch (const Error& e) {  // (nothing to train: the run still ends well)
+      std::fprintf(stderr, "kiln: warning: %s\n", e.what());
+    }
+  }
 
   // The log opens at its first line (checked writable at the start): a run that fails before
   // its first step leaves no empty log behind.

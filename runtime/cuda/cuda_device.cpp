@@ -429,7 +429,15 @@ void CudaDevice::load_kernels(const Module& m) {
 
   const CudaImageChoice pick = pick_cuda_image(m, prop_.major, prop_.minor, prop_.name);
   const auto* cubin = pick.image->cubin();
-  if (pick.jit && launcher_rank().first == 0)  // (once per job, not once per rank)
+  // (Once per job, not once per rank; an environment the launcher check refuses is said elsewhere.)
+  const auto rank_zero = [] {
+    try {
+      return launcher_rank().first == 0;
+    } catch (const Error&) {
+      return true;
+    }
+  };
+  if (pick.jit && rank_zero())
     std::fprintf(stderr, "note: %s: no cubin for this GPU (%s, %s); the driver compiles the module's %s PTX for it\n",
                  m.source().c_str(), prop_.name, arch.c_str(), pick.image->arch()->c_str());
 

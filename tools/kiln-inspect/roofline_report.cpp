@@ -184,8 +184,9 @@ void print_roofline(const nlohmann::ordered_json& j) {
               "HBM, state updated in place both, which a kernel finding its input in L2 can beat)\n");
   for (const auto& [name, p] : r["programs"].items()) {
     const double bound = p["bound_ms"].get<double>();
-    // Kernels bound by other arithmetic (SIMT attention, fp32 products) are said too: without
-    // them the two figures need not add up to the program's time.
+    // "matrix products": the tensor-core time of every kernel, some of it inside kernels that
+    // memory bounds, so it overlaps the shares after it; those are of the program's time, by what
+    // bounds each kernel: memory, or other arithmetic (SIMT attention, fp32 products).
     const double vector = p.value("vector_bound_kernels_ms", 0.0);
     std::printf("  %-15s %.4g ms: matrix products %.4g ms, memory-bound kernels %.4g ms (%.0f%%)", name.c_str(),
                 bound, p["tensor_ms"].get<double>(), p["memory_bound_kernels_ms"].get<double>(),
