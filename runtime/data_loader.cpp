@@ -32,15 +32,26 @@ struct StepNeed {
   int64_t tokens() const { return B * T * world_size + 1; }
 };
 
+// Text (a document given for its shards): no control bytes but tabs and line ends.
+bool looks_like_text(const uint8_t* b, int64_t n) {
+  return n > 0 && std::all_of(b, b + n, [](uint8_t c) { return c >= 0x20 || c == '\n' || c == '\r' || c == '\t'; });
+}
+
+const char* const kTextData = ": is text, not an llm.c token shard (kiln-data prepare tokenizes text files into shards)";
+
 // Opens a shard and checks its header against the file; returns its token count. With
 // `tokens` non-null also reads the tokens.
 int64_t open_shard(const std::string& path, const StepNeed& need, std::vector<uint16_t>* tokens) {
   const RegularFile file(path, "shard's file");
   const int64_t size = int64_t(file.size());
-  if (size < kHeaderBytes)
+  if (size < kHeaderBytes) {
+    uint8_t head[kHeaderBytes];
+    if (size > 0) file.read_at(head, size_t(size), 0, "header");
+    if (looks_like_text(head, size)) throw Error(path + kTextData);
     throw Error(path + ": header: file is " + std::to_string(size) + (size == 1 ? " byte" : " bytes") +
                 ", shorter than the " +
                 std::to_string(kHeaderBytes) + "-byte header (not an llm.c token shard)");
+  }
 
   int32_t header[kHeaderInts];
   file.read_at(header, sizeof(header), 0, "header");
@@ -57,10 +68,7 @@ int64_t open_shard(const std::string& path, const StepNeed& need, std::vector<ui
     if (header[0] == kEvalMagic)
       throw Error(path + ": header: magic " + std::to_string(kEvalMagic) +
                   " is an llm.c evaluation file's (multiple-choice examples such as HellaSwag's), not a token shard's");
-    // Text (a document given for its shards): no control bytes but tabs and line ends.
-    const auto* b = reinterpret_cast<const uint8_t*>(header);
-    if (std::all_of(b, b + kHeaderBytes, [](uint8_t c) { return c >= 0x20 || c == '\n' || c == '\r' || c == '\t'; }))
-      throw Error(path + ": is text, not an llm.c token shard (kiln-data prepare tokenizes text files into shards)");
+    if (looks_like_text(reinterpret_cast<const uint8_t*>(header), kHeaderBytes)) throw Error(path + kTextData);
     throw Error(path + ": header: magic " + std::to_string(header[0]) + " is not " +
                 std::to_string(kMagic) + " (not an llm.c token shard)");
   }

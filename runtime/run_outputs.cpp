@@ -152,7 +152,14 @@ void check_output_paths(const TrainOptions& o, bool root, MadeFolders& made) {
     try {
       check_output_file("--checkpoint-dir", (fs::path(o.checkpoint_dir) / "latest").string(), false, Links::Replace);
     } catch (const Error& e) {
-      if (!o.resume || !latest_checkpoint(o.checkpoint_dir)) throw;
+      // (Deferred only where the folder takes no files at all and holds a checkpoint to resume:
+      // any other problem with `latest` is said now.)
+      std::optional<std::string> found;
+      if (o.resume && ::access(o.checkpoint_dir.c_str(), W_OK) != 0) try {
+        found = latest_checkpoint(o.checkpoint_dir);
+      } catch (const Error&) {
+      }
+      if (!found) throw;
       made.unwritable = e.what();
     }
     // Two runs writing one folder would prune each other's checkpoints and swap `latest`: the

@@ -340,7 +340,7 @@ TEST_F(DataLoaderTest, BadShardsNameFileAndProblem) {
   EXPECT_KILN_ERROR(kiln::DataLoader(negative, 1, 4), negative, "-3");
 
   const std::string tiny = path("tiny.bin");
-  std::ofstream(tiny, std::ios::binary) << "short";
+  std::ofstream(tiny, std::ios::binary) << std::string("\x01\x02\x03\x04\x05", 5);  // (text is said to be text)
   EXPECT_KILN_ERROR(kiln::DataLoader(tiny, 1, 4), tiny, "5 bytes", "1024-byte header");
 
   // B*T*world_size + 1 = 2*4*2 + 1 = 17 tokens needed.

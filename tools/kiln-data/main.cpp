@@ -262,7 +262,7 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
     if (ec || !fs::exists(st))
       throw Error(f + ": cannot open: " +
                   (ec && ec != std::errc::no_such_file_or_directory ? ec.message() : "no such file") +
-                  (f == "-" ? " (prepare reads files; /dev/stdin is standard input's)" : ""));
+                  (f == "-" ? " (prepare reads files: give /dev/stdin for standard input)" : ""));
     if (fs::is_directory(st)) throw Error(f + ": is a directory, not a document");
     if (::access(f.c_str(), R_OK) != 0) throw Error(f + ": cannot open: " + std::strerror(errno));
     struct stat id;

@@ -100,11 +100,15 @@ void print_cuda_summary(const nlohmann::ordered_json& j) {
                 (unsigned long long)c["workspace_bytes"].get<uint64_t>());
 }
 
-void print_cuda_resources(const nlohmann::ordered_json& j) {
+void check_cuda_resources_view(const nlohmann::ordered_json& j) {
   // As --roofline: a cpu module has no GPU code to report on.
   if (!j.contains("cuda"))
     throw Error(j["module"].get<std::string>() + ": --cuda-resources is for cuda modules (it lists what ptxas made "
                 "of their kernels); this one's target is " + j["model"]["target"].get<std::string>());
+}
+
+void print_cuda_resources(const nlohmann::ordered_json& j) {
+  check_cuda_resources_view(j);
   const auto& c = j["cuda"];
   std::printf("%s, as ptxas compiled them; resident blocks and warps per SM (of 64) from the block size the\n"
               "module launches with (support kernels: chosen by the runtime, not shown)\n",

@@ -16,5 +16,8 @@ void add_cuda_report(const Module& m, nlohmann::ordered_json& j);
 void print_cuda_summary(const nlohmann::ordered_json& j);
 // The table of every function (--cuda-resources).
 void print_cuda_resources(const nlohmann::ordered_json& j);
+// kiln::Error where the report has no cuda section (a cpu module): print_cuda_resources's, and
+// --cuda-resources --json's, refusal.
+void check_cuda_resources_view(const nlohmann::ordered_json& j);
 
 }  // namespace kiln

@@ -204,7 +204,7 @@ void print_text(const ordered_json& j) {
   const double rule = fl["rule_6nd_plus_attention"].get<double>(), wpe_part = 6.0 * double(wpe) * fl["tokens"].get<double>();
   std::printf("  6*params*tokens + 12*L*C*T*tokens = %.3g; counted/rule = %.3f", rule, fl["counted_over_rule"].get<double>());
   if (wpe_part > 0.01 * rule)
-    std::printf(" (params counts wpe's %lld, which no product multiplies: without them counted/rule = %.3f)", (long long)wpe,
+    std::printf(" (params counts wpe's %lld parameters, which no product multiplies: without them counted/rule = %.3f)", (long long)wpe,
                 fl["counted_over_rule"].get<double>() * rule / (rule - wpe_part));
   std::printf("\n");
   const auto& c = j["communication"];
@@ -409,12 +409,8 @@ int main(int argc, char** argv) {
       if (app.count("--ranks")) j["data_parallel"] = data_parallel_report(m, ranks, zero, bucket_mb);
       // --json with a view: refused where the view would be (a cpu module has no GPU report),
       // not answered with a report that lacks what was asked for.
-      const std::string target = j["model"]["target"].get<std::string>();
-      if (json && roofline && !j.contains("roofline"))
-        throw Error(path + ": --roofline is for cuda modules (its rates are a GPU's); this one's target is " + target);
-      if (json && cuda_resources && !j.contains("cuda"))
-        throw Error(path + ": --cuda-resources is for cuda modules (it lists what ptxas made of their kernels); this "
-                    "one's target is " + target);
+      if (json && roofline) check_roofline_view(j);
+      if (json && cuda_resources) check_cuda_resources_view(j);
       // Names from the module (a spec path, a buffer name) need not be UTF-8: shown as U+FFFD.
       if (json) std::printf("%s\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
       else if (buffers) print_buffers(j);

@@ -167,7 +167,7 @@ void print_roofline_summary(const nlohmann::ordered_json& j) {
               100 * r["mfu_ceiling"].get<double>());
 }
 
-void print_roofline(const nlohmann::ordered_json& j) {
+void check_roofline_view(const nlohmann::ordered_json& j) {
   if (!j.contains("roofline"))
     throw Error(j["module"].get<std::string>() + ": --roofline is for cuda modules (its rates are a GPU's); this one's "
                 "target is " + j["model"]["target"].get<std::string>());
@@ -175,6 +175,11 @@ void print_roofline(const nlohmann::ordered_json& j) {
   if (!r["recorded"].get<bool>())
     throw Error(j["module"].get<std::string>() + ": the module records no tensor FLOPs (an older kilnc); recompile it "
                 "for --roofline");
+}
+
+void print_roofline(const nlohmann::ordered_json& j) {
+  check_roofline_view(j);
+  const auto& r = j["roofline"];
   const auto& rates = r["rates"];
   std::printf("roofline   least time per kernel at %.0f TFLOP/s for matrix products, %.0f TFLOP/s for other "
               "arithmetic, %.0f GB/s of memory (%s)\n",

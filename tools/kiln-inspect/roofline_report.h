@@ -24,6 +24,9 @@ struct RooflineRates {
 void add_roofline_report(const Module& m, const RooflineRates& rates, nlohmann::ordered_json& j);
 // The table (--roofline).
 void print_roofline(const nlohmann::ordered_json& j);
+// kiln::Error where the report has no roofline to show (a cpu module, or one from a kilnc that
+// recorded no tensor FLOPs): print_roofline's, and --roofline --json's, refusal.
+void check_roofline_view(const nlohmann::ordered_json& j);
 // One line (in the default report), nothing for a module without the roofline.
 void print_roofline_summary(const nlohmann::ordered_json& j);
 
