@@ -411,6 +411,13 @@ Gpt2Tokenizer Gpt2Tokenizer::load(const std::string& dir) {
       size_t line;
     };
     std::vector<Line> lines;
+    // A file that ends mid-line was most likely cut short (a partial copy): its last line is then
+    // not the one written, and an error there says so rather than only what is wrong with it.
+    const bool ends_mid_line = !text.empty() && text.back() != '\n';
+    const size_t last_line = size_t(std::count(text.begin(), text.end(), '\n')) + 1;
+    auto cut_hint = [&](size_t line) {
+      return std::string(ends_mid_line && line == last_line ? " (the file ends mid-line: is it cut short?)" : "");
+    };
     std::string left_bytes, right_bytes;
     size_t line_no = 0;
     for (size_t pos = 0; pos < text.size();) {
@@ -435,16 +442,16 @@ Gpt2Tokenizer Gpt2Tokenizer::load(const std::string& dir) {
       if (fields.empty()) continue;
       const std::string at = bpe_path + ": line " + std::to_string(line_no) + ": ";
       if (fields.size() != 2)
-        throw Error(at + "expected two tokens separated by a space, not " + in_quotes(line));
+        throw Error(at + "expected two tokens separated by a space, not " + in_quotes(line) + cut_hint(line_no));
       uint32_t bad = 0;
       for (int k = 0; k < 2; ++k)
         if (!token_to_bytes(fields[k], cp_to_byte, k == 0 ? left_bytes : right_bytes, bad))
           throw Error(at + "token " + in_quotes(fields[k]) + ": character " + code_point(bad) +
-                      " is not one of GPT-2's byte-level characters");
+                      " is not one of GPT-2's byte-level characters" + cut_hint(line_no));
       auto id = [&](const std::string& bytes, std::string_view name) {
         auto it = id_of.find(bytes);
         if (it == id_of.end())
-          throw Error(at + "token " + in_quotes(name) + " is not in encoder.json");
+          throw Error(at + "token " + in_quotes(name) + " is not in encoder.json" + cut_hint(line_no));
         return it->second;
       };
       const std::string merged_name = std::string(fields[0]) + std::string(fields[1]);
@@ -474,7 +481,7 @@ Gpt2Tokenizer Gpt2Tokenizer::load(const std::string& dir) {
         throw Error(bpe_path + ": line " + std::to_string(l.line) + ": merge " +
                     in_quotes(file_form(l.left) + " " + file_form(l.right)) +
                     " appears twice (also line " +
-                    std::to_string(lines[impl->merges.find(l.left, l.right)->rank].line) + ")");
+                    std::to_string(lines[impl->merges.find(l.left, l.right)->rank].line) + ")" + cut_hint(l.line));
       made_by[l.merged] = static_cast<int32_t>(r);
     }
     // The BPE above relies on merges only combining tokens that lower-ranked merges make.
@@ -484,7 +491,7 @@ Gpt2Tokenizer Gpt2Tokenizer::load(const std::string& dir) {
         if (made_by[operand] >= static_cast<int32_t>(r))
           throw Error(bpe_path + ": line " + std::to_string(l.line) + ": merge uses token " +
                       in_quotes(file_form(operand)) + ", which only line " +
-                      std::to_string(lines[made_by[operand]].line) + " (a later merge) makes");
+                      std::to_string(lines[made_by[operand]].line) + " (a later merge) makes" + cut_hint(l.line));
     }
     // Every token but the 256 bytes and <|endoftext|> comes out of a merge: one that none makes
     // could never be encoded, and is what a vocab.bpe cut short (or empty) leaves.

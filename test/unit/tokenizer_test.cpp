@@ -366,6 +366,18 @@ TEST_F(TokenizerLoadTest, BadVocabBpe) {
   write("vocab.bpe", "#version: 0.2\nĠ t\nĠ t\n");
   msg = load_error();
   EXPECT_NE(msg.find("vocab.bpe: line 3: merge \"Ġ t\" appears twice (also line 2)"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("mid-line"), std::string::npos) << msg;
+  // The same last line with no line end: a file cut mid-line ("Ġg azed" cut to "Ġg aze" repeats a merge).
+  write("vocab.bpe", "#version: 0.2\nĠ t\nĠ t");
+  msg = load_error();
+  EXPECT_NE(msg.find("line 3: merge \"Ġ t\" appears twice (also line 2) (the file ends mid-line: is it cut short?)"),
+            std::string::npos)
+      << msg;
+  write("vocab.bpe", "#version: 0.2\nĠ t\nĠ");
+  msg = load_error();
+  EXPECT_NE(msg.find("line 3: expected two tokens separated by a space, not \"Ġ\" (the file ends mid-line"),
+            std::string::npos)
+      << msg;
 
   write("vocab.bpe", "#version: 0.2\nĠt he\nĠ t\n");  // uses "Ġt" before the merge that makes it
   msg = load_error();

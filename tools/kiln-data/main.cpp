@@ -37,6 +37,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <optional>
 #include <regex>
 #include <set>
@@ -103,6 +104,16 @@ std::string text_problem(std::string_view text, bool in_place) {
   return also + "is not UTF-8 from byte " + std::to_string(bad) + " (" + byte + ", line " + line(bad) +
          "; Latin-1? iconv -f LATIN1 -t UTF-8)";
 }
+
+// encode's and decode's usage line shows their input on standard input (CLI11 would show the
+// unlisted argument that catches a file named instead: "[...]").
+struct StdinUsage : CLI::Formatter {
+  std::string input;
+  explicit StdinUsage(std::string input) : input(std::move(input)) {}
+  std::string make_usage(const CLI::App*, std::string name) const override {
+    return get_label("Usage") + ": " + name + " [OPTIONS] < " + input + "\n";
+  }
+};
 
 int cmd_encode(const Gpt2Tokenizer& tok) {
   const std::string text = read_stdin();
@@ -572,6 +583,13 @@ int main(int argc, char** argv) {
   CLI::App* encode = app.add_subcommand(
       "encode", "print the token ids of stdin (UTF-8 text; <|endoftext|> in it is plain text)");
   CLI::App* decode = app.add_subcommand("decode", "print the text of the whitespace-separated token ids on stdin");
+  // encode and decode read standard input: a file named to either is taken (unlisted) to say so,
+  // rather than CLI11's "argument was not expected".
+  std::vector<std::string> encode_files, decode_files;
+  encode->add_option("file", encode_files)->group("");
+  decode->add_option("file", decode_files)->group("");
+  encode->formatter(std::make_shared<StdinUsage>("TEXT"));
+  decode->formatter(std::make_shared<StdinUsage>("IDS"));
   PrepareOptions prep;
   CLI::App* prepare = app.add_subcommand(
       "prepare",
@@ -597,6 +615,13 @@ int main(int argc, char** argv) {
       ->check(kiln::cli::whole(1, INT32_MAX));
 
   if (const int rc = kiln::cli::parse(app, argc, argv); rc >= 0) return rc;
+  for (auto [sub, files] : {std::pair{encode, &encode_files}, std::pair{decode, &decode_files}})
+    if (sub->parsed() && !files->empty()) {
+      std::fprintf(stderr, "error: %s reads standard input, not a file: kiln-data %s < %s (see kiln-data %s --help)\n",
+                   sub->get_name().c_str(), sub->get_name().c_str(), kiln::one_line(files->front()).c_str(),
+                   sub->get_name().c_str());
+      return 2;
+    }
 
   try {
     const Gpt2Tokenizer tok = Gpt2Tokenizer::load(tokenizer_dir);
