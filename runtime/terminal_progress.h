@@ -17,6 +17,13 @@ inline double eta_seconds(double elapsed, double first, int64_t done, int64_t le
   return per * double(left);
 }
 
+// An evaluation's seconds before one has been timed: `batches` forward passes of a micro-step's
+// batch, each about a third of a micro-step (the backward pass does twice the forward's matrix
+// products), so the first ETAs of a run with evaluations do not leave them out.
+inline double evaluation_guess_seconds(double step_seconds, int64_t micro_steps, int64_t batches) {
+  return micro_steps > 0 ? step_seconds / double(micro_steps) / 3.0 * double(batches) : 0;
+}
+
 // How many of the steps after `done` of `total` are followed by work done every `every` steps and
 // after the last (evaluation, samples, checkpoints): the multiples of `every` in (done, total],
 // and `total` when it is none of them; `every` <= 0: the last alone.

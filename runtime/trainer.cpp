@@ -666,7 +666,8 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
       ++count;
     }
-    double left(int64_t n) const { return count > 0 ? seconds / double(count) * double(n) : 0; }
+    // (`guess`: one's seconds until one has been timed.)
+    double left(int64_t n, double guess = 0) const { return (count > 0 ? seconds / double(count) : guess) * double(n); }
   } evals, samplings, checkpoints;
   // The checkpoint of `steps` done, whose next batch is at `shard`, `position` (rank 0 writes it;
   // every rank gathers a ZeRO-1 run's moments).
@@ -996,8 +997,11 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
                  samples_stopped || val_stopped)) {
       // The steps left, and the evaluations, samples and checkpoints after them (this step's
       // checkpoint is still to be written).
-      const double eta = eta_seconds(elapsed, first_dt, step + 1 - first_step, o.steps - step - 1) +
-                         (val ? evals.left(periodic_left(step + 1, o.steps, o.val_every)) : 0) +
+      const double step_s = eta_seconds(elapsed, first_dt, step + 1 - first_step, 1);
+      const double eta = step_s * double(o.steps - step - 1) +
+                         (val ? evals.left(periodic_left(step + 1, o.steps, o.val_every),
+                                           evaluation_guess_seconds(step_s, accum, val_steps))
+                              : 0) +
                          (sampling ? samplings.left(periodic_left(step + 1, o.steps, o.sample_every)) : 0) +
                          (o.checkpoint_dir.empty() ? 0 : checkpoints.left(periodic_left(step, o.steps, o.checkpoint_every)));
       std::printf("step %5lld/%lld | loss %.6f | lr %.3e | norm %.4f | %.1f ms | %.0f tok/s | MFU %.1f%% | ETA %s",

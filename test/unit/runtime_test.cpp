@@ -345,6 +345,13 @@ TEST(TrainProgress, EtaLeavesTheWarmingFirstStepOut) {
   EXPECT_DOUBLE_EQ(eta_seconds(0.0, 0.0, 0, 10), 0.0);
 }
 
+// Before the first evaluation the ETA counts each at a third of a micro-step per batch.
+TEST(TrainProgress, EvaluationGuessIsAThirdOfAMicroStepPerBatch) {
+  EXPECT_DOUBLE_EQ(evaluation_guess_seconds(6.0, 1, 20), 40.0);  // 20 forward passes of 2 s
+  EXPECT_DOUBLE_EQ(evaluation_guess_seconds(6.0, 2, 20), 20.0);  // micro-steps of 3 s: 1 s each
+  EXPECT_DOUBLE_EQ(evaluation_guess_seconds(6.0, 0, 20), 0.0);
+}
+
 // The evaluations, samples and checkpoints the ETA still counts: after every N-th step and the last.
 TEST(TrainProgress, PeriodicWorkLeft) {
   EXPECT_EQ(periodic_left(0, 10, 5), 2);   // after steps 5 and 10
