@@ -22,7 +22,10 @@
 namespace kiln {
 
 size_t dtype_bytes(fb::DType t) { return t == fb::DType::BF16 ? 2 : 4; }
-const char* dtype_name(fb::DType t) { return fb::EnumNameDType(t); }
+const char* dtype_name(fb::DType t) {
+  const char* name = fb::EnumNameDType(t);  // "" past the enum (FlatBuffers does not check enums)
+  return *name ? name : "unknown-dtype";
+}
 int64_t numel(const fb::Buffer& b) {
   int64_t n = 1;
   if (b.shape())
@@ -32,7 +35,14 @@ int64_t numel(const fb::Buffer& b) {
 
 Module Module::load(const std::string& path) {
   if (auto embedded = read_embedded_module(path)) return from_bytes(std::move(*embedded), path);
-  std::vector<uint8_t> bytes = read_file(path);
+  // A regular file is told by its first bytes before it is read whole: a large file that is no
+  // module (a data set, a disk image) is refused without reading it into memory first.
+  std::vector<uint8_t> bytes;
+  if (const std::string head = read_head(path, 256);
+      head.size() >= 8 && !fb::ModuleBufferHasIdentifier(head.data()))
+    bytes.assign(head.begin(), head.end());  // enough for the checks below, which all refuse it
+  else
+    bytes = read_file(path);
   if (bytes.size() < 8 || !fb::ModuleBufferHasIdentifier(bytes.data())) {
     // Another file Kiln knows, or text (a spec or IR given for the module kilnc compiles from
     // it), is named. (A JSON log, which starts with '{', is left to the tools that read logs.)
@@ -47,6 +57,7 @@ Module Module::load(const std::string& path) {
     if (text)
       throw Error(path + ": is text, not a Kiln module (kilnc compiles a .toml spec or .mlir IR into one" +
                   (ext == ".toml" || ext == ".mlir" ? ": kilnc " + path + " -o gpt2)" : std::string(")")));
+    throw Error(path + ": not a Kiln module (no 'KILN' identifier; compile one with kilnc)");
   }
   return from_bytes(std::move(bytes), path);
 }
@@ -158,6 +169,8 @@ void Module::verify(size_t tables_end) const {
     const fb::Buffer& b = buffer(i);
     std::string where = "buffers[" + std::to_string(i) + "]";
     if (!b.shape() || !b.name()) bad(where, !b.shape() ? "has no shape" : "has no name");
+    if (b.dtype() < fb::DType::MIN || b.dtype() > fb::DType::MAX)
+      bad(where, "dtype " + std::to_string(int(b.dtype())) + " is none of F32, I32, BF16");
     // Overflow-checked: a crafted shape must not wrap around to a small size.
     uint64_t elements = 0, bytes = 0;
     if (!checked_numel({b.shape()->begin(), b.shape()->end()}, &elements) ||

@@ -100,9 +100,16 @@ namespace {
 constexpr int32_t kLlmcModelMagic = 20240326;  // an llm.c model file's first int32
 
 void load_llmc_bin(Executor& ex, const std::string& path) {
-  std::vector<uint8_t> bytes = read_file(path);
-  if (bytes.size() < 1024) throw Error(path + ": too short for an llm.c model header");
-  const int32_t* h = reinterpret_cast<const int32_t*>(bytes.data());
+  // The header first, and the size it calls for checked against the file's before the tensors
+  // are read: a file of another model (gpt2-xl's 6 GB for a small one) is refused at once.
+  int32_t h[256];
+  uint64_t file_size = 0;
+  {
+    RegularFile file(path, "weights' file");
+    file_size = file.size();
+    if (file_size < 1024) throw Error(path + ": too short for an llm.c model header");
+    file.read_at(h, sizeof h, 0, "header");
+  }
   if (h[0] != kLlmcModelMagic)
     throw Error(path + ": header: magic " + std::to_string(h[0]) + " is not " + std::to_string(kLlmcModelMagic) +
                 " (not an llm.c model file)");
@@ -123,15 +130,18 @@ void load_llmc_bin(Executor& ex, const std::string& path) {
   // c_attn (3C x C + 3C), c_proj (C x C + C), c_fc (4C x C + 4C), the MLP's c_proj (4C x C + C),
   // and ln_f. Checked first, so a cut file (or a wrong Vp) is said with the sizes, not midway.
   const unsigned __int128 values = (unsigned __int128)(Vp + maxT) * C + (unsigned __int128)L * (12 * C * C + 13 * C) + 2 * C;
-  if (1024 + values * elem != bytes.size()) {
+  if (1024 + values * elem != file_size) {
     const double need = 1024.0 + double(values) * double(elem);
     char text[96];
     std::snprintf(text, sizeof text, "%.0f bytes", need);
     throw Error(path + ": header: its sizes (Vp=" + std::to_string(Vp) + " Tmax=" + std::to_string(maxT) + " L=" +
                 std::to_string(L) + " C=" + std::to_string(C) + ", " + (bf16 ? "bf16" : "fp32") + ") call for " + text +
-                ", the file has " + std::to_string(bytes.size()) +
-                (need > double(bytes.size()) ? " (truncated?)" : " (bytes after the last tensor: not this model?)"));
+                ", the file has " + std::to_string(file_size) +
+                (need > double(file_size) ? " (truncated?)" : " (bytes after the last tensor: not this model?)"));
   }
+  std::vector<uint8_t> bytes = read_file(path);
+  if (bytes.size() != file_size) throw Error(path + ": changed while it was read (" + std::to_string(file_size) +
+                                             " bytes, then " + std::to_string(bytes.size()) + ")");
   size_t pos = 1024;
   // Reads n values starting at the cursor, widening bf16 (the file's length was checked above).
   auto take = [&](int64_t n) {
@@ -150,12 +160,52 @@ void load_llmc_bin(Executor& ex, const std::string& path) {
   };
   std::map<std::string, uint32_t> value;
   for (const fb::Parameter* p : *ex.module().fb().parameters()) value[p->name()->str()] = p->value();
+  // A module compiled from edited IR may name or shape its parameters otherwise than GPT-2 does:
+  // each is checked before any is written (the copies below go by the file's sizes).
+  std::map<std::string, std::vector<int64_t>> shape_of;
+  for (const fb::Parameter* p : *ex.module().fb().parameters())
+    shape_of[p->name()->str()] = std::vector<int64_t>(p->shape()->begin(), p->shape()->end());
+  auto slot = [&](const std::string& name) { return value.at(name); };  // (checked below)
+  {
+    auto want = [&](const std::string& name, std::vector<int64_t> shape) {
+      const auto it = shape_of.find(name);
+      if (it == shape_of.end())
+        throw Error(path + ": the module has no parameter '" + name +
+                    "' (an llm.c model file holds GPT-2's parameters, by GPT-2's names)");
+      // wte's rows are the module's padded vocabulary, at least V.
+      const bool ok = name == "wte.weight"
+                          ? it->second.size() == 2 && it->second[0] >= V && it->second[1] == C
+                          : it->second == shape;
+      if (!ok)
+        throw Error(path + ": the module's parameter '" + name + "' has shape " + shape_str(it->second) +
+                    "; the llm.c model file's is " + shape_str(shape));
+    };
+    want("wte.weight", {V, C});
+    want("wpe.weight", {maxT, C});
+    for (int64_t l = 0; l < L; ++l) {
+      const std::string p = "h." + std::to_string(l) + ".";
+      want(p + "ln_1.weight", {C});
+      want(p + "ln_1.bias", {C});
+      want(p + "attn.c_attn.weight", {C, 3 * C});
+      want(p + "attn.c_attn.bias", {3 * C});
+      want(p + "attn.c_proj.weight", {C, C});
+      want(p + "attn.c_proj.bias", {C});
+      want(p + "ln_2.weight", {C});
+      want(p + "ln_2.bias", {C});
+      want(p + "mlp.c_fc.weight", {C, 4 * C});
+      want(p + "mlp.c_fc.bias", {4 * C});
+      want(p + "mlp.c_proj.weight", {4 * C, C});
+      want(p + "mlp.c_proj.bias", {C});
+    }
+    want("ln_f.weight", {C});
+    want("ln_f.bias", {C});
+  }
   auto put = [&](const std::string& name, const float* src, int64_t n) {
-    std::memcpy(ex.f32(value.at(name)), src, size_t(n) * sizeof(float));
+    std::memcpy(ex.f32(slot(name)), src, size_t(n) * sizeof(float));
   };
   // Stores layer l's [out, in] slice transposed into the Conv1D [in, out] parameter.
   auto put_t = [&](const std::string& name, const float* src, int64_t out, int64_t in) {
-    float* dst = ex.f32(value.at(name));
+    float* dst = ex.f32(slot(name));
     for (int64_t o = 0; o < out; ++o)
       for (int64_t i = 0; i < in; ++i) dst[i * out + o] = src[o * in + i];
   };
@@ -170,7 +220,7 @@ void load_llmc_bin(Executor& ex, const std::string& path) {
   std::vector<float> wte = take(Vp * C);
   {
     // The file's padded rows V..Vp-1 are dropped; the module's (V..its own Vp-1) are zero.
-    const uint32_t b = value.at("wte.weight");
+    const uint32_t b = slot("wte.weight");
     put("wte.weight", wte.data(), V * C);
     cpu::fill(ex.f32(b) + V * C, 0.0f, numel(ex.module().buffer(b)) - V * C);
   }
@@ -300,7 +350,7 @@ void load_parameters(Executor& ex, const std::string& path) {
     const std::string name = p->name()->str();
     auto it = file.find(name);
     if (it == file.end())
-      throw Error(path + ": missing tensor '" + name + "' (or 'transformer." + name + "')" + depths());
+      throw Error(path + ": missing tensor '" + one_line(name) + "' (or 'transformer." + one_line(name) + "')" + depths());
     const SafeTensor& t = it->second;
     const std::vector<int64_t> want = stored_shape(ex.module(), *p);  // wte: [V, C], not padded
     if (t.shape != want) {

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <queue>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 
 #include "runtime/error.h"
@@ -352,11 +353,27 @@ Gpt2Tokenizer Gpt2Tokenizer::load(const std::string& dir) {
   std::unordered_map<std::string, int32_t> id_of;  // token bytes -> id
   {
     nlohmann::json j;
+    // A token given twice would keep its last id silently (the JSON parser's way): refused, as
+    // the other JSON a run reads (safetensors and checkpoint headers) refuses repeated keys.
+    std::vector<std::unordered_set<std::string>> keys;  // of each object being parsed, innermost last
+    std::string repeated;
+    bool twice = false;
+    auto note_keys = [&](int /*depth*/, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+      using E = nlohmann::json::parse_event_t;
+      if (event == E::object_start) keys.emplace_back();
+      else if (event == E::object_end && !keys.empty()) keys.pop_back();
+      else if (event == E::key && !keys.empty() && !twice && !keys.back().insert(parsed.get<std::string>()).second) {
+        twice = true;
+        repeated = parsed.get<std::string>();
+      }
+      return true;
+    };
     try {
-      j = nlohmann::json::parse(read(enc_path));
+      j = nlohmann::json::parse(read(enc_path), note_keys);
     } catch (const nlohmann::json::exception& e) {
       throw Error(enc_path + ": not valid JSON: " + e.what());
     }
+    if (twice) throw Error(enc_path + ": token " + in_quotes(repeated) + " appears twice");
     if (!j.is_object() || j.empty())
       throw Error(enc_path + ": expected a JSON object mapping each token to its id");
     const size_t n = j.size();

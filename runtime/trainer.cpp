@@ -413,7 +413,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
               where += ", at token " + std::to_string(position);
             }
           } else {
-            where = name + ", the shard it was reading, is not among them: it goes on at shard " +
+            where = one_line(name) + ", the shard it was reading, is not among them: it goes on at shard " +
                     std::to_string(shard) + (shard < files.size() ? " (" + files[shard] + ")" : "") +
                     ", at token " + std::to_string(position);
           }

@@ -352,6 +352,11 @@ TEST_F(TokenizerLoadTest, BadEncoderJson) {
   write("encoder.json", "{\"a\": 0, \"b\": 1}");
   msg = load_error();
   EXPECT_NE(msg.find("encoder.json: no token for byte 0x00"), std::string::npos) << msg;
+
+  // A repeated token would keep its last id silently (the JSON parser's way).
+  write("encoder.json", "{\"a\": 0, \"b\": 1, \"a\": 2}");
+  msg = load_error();
+  EXPECT_NE(msg.find("encoder.json: token \"a\" appears twice"), std::string::npos) << msg;
 }
 
 TEST_F(TokenizerLoadTest, BadVocabBpe) {
