@@ -552,7 +552,19 @@ int run_main(int argc, char** argv) {
   CLI::App app{embedded ? describe_executable(*embedded) : "kiln-run: run a compiled Kiln module (.kiln)."};
   app.require_subcommand(1);
   std::string module_path;
-  if (!embedded) app.add_option("module", module_path, "module file written by kilnc --emit=module")->required();
+  if (!embedded) {
+    app.add_option("module", module_path, "module file written by kilnc --emit=module (or an executable kilnc wrote)")->required();
+    // A subcommand's usage line names the module before it ("kiln-run MODULE train"), as it must
+    // be given; the subcommands made below inherit this formatter.
+    struct ModuleUsage : CLI::Formatter {
+      std::string make_usage(const CLI::App* sub, std::string name) const override {
+        if (sub->get_parent() != nullptr)
+          if (const size_t space = name.rfind(' '); space != std::string::npos) name.insert(space, " MODULE");
+        return CLI::Formatter::make_usage(sub, name);
+      }
+    };
+    app.formatter(std::make_shared<ModuleUsage>());
+  }
   TrainOptions train_opts;
   TrainSampling train_sampling;
   CLI::App* train = app.add_subcommand("train", "train the model on token shards");

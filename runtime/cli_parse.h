@@ -148,6 +148,9 @@ inline int parse(CLI::App& app, int argc, char** argv, const std::string& rank =
         }
     }
     // The help that lists the option: the subcommand's ("see gpt2 train --help").
+    // (kiln-run takes the module before the subcommand: "see kiln-run MODULE train --help", since
+    // "kiln-run train --help" would show kiln-run's own help.)
+    if (chain.size() > 1 && app.get_option_no_throw("module") != nullptr) tool += " MODULE";
     for (size_t i = 1; i < chain.size(); ++i) tool += " " + chain[i]->get_name();
     std::string what = e.what();
     // A misspelt subcommand is left over as an extra word: name it, and the subcommands there are.

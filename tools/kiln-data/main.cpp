@@ -548,7 +548,7 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
     }
     for (const std::string& name : lone)
       std::fprintf(stderr, "note: %s holds 1 token: too short for any batch (one needs B*T+1 tokens), so train "
-                   "skips it as data and refuses it as --val-data; another --shard-tokens or --val-fraction avoids it\n",
+                   "skips it as data and refuses it as --val-data; more text, or another --shard-tokens or --val-fraction, avoids it\n",
                    (out / name).string().c_str());
     // Shards of an earlier data set are gone: said, since other data may have been there.
     if (replaced) std::printf("replaced %zu older shard%s in %s\n", replaced, replaced == 1 ? "" : "s", o.out.c_str());
