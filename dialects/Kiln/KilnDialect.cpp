@@ -19,8 +19,13 @@ void KilnDialect::initialize() {
 
 // State the module keeps outside the arena (parameters, gradients, inputs, hyperparameters), seen
 // through reshapes: the values whose planned offset is -1.
+// (MLIR checks an op's dialect attributes before the op itself, and the reshapes before it may
+// not be verified yet either: one without its operand is left to its own verifier.)
 static bool isOutsideArena(Value v) {
-  while (auto r = v.getDefiningOp<ReshapeOp>()) v = r.getInput();
+  while (auto r = v.getDefiningOp<ReshapeOp>()) {
+    if (r->getNumOperands() != 1) return false;
+    v = r->getOperand(0);
+  }
   Operation* def = v.getDefiningOp();
   return def && isStateOp(def);
 }

@@ -290,6 +290,10 @@ LogicalResult TransposeOp::verify() {
 static LogicalResult verifyLastAxisPieces(Operation *op, RankedTensorType whole,
                                           TypeRange parts) {
   if (parts.empty()) return op->emitOpError() << "needs at least one piece";
+  // The pieces are taken along the last axis, so there must be one (a 0-D tensor has none).
+  if (whole.getRank() < 1)
+    return op->emitOpError() << "needs tensors of at least one dimension (it splits or joins the last), got "
+                             << whole;
   int64_t total = 0;
   for (Type t : parts) {
     auto part = cast<RankedTensorType>(t);
@@ -401,7 +405,10 @@ LogicalResult KvCacheOp::verify() {
     if (isa<KvCacheOp>(prev)) return success();
   llvm::StringMap<KvCacheOp> seen;
   for (auto cache : block->getOps<KvCacheOp>()) {
-    auto [it, fresh] = seen.try_emplace(cache.getCacheName(), cache);
+    // The later caches are not verified yet: one without its name is left to its own verifier.
+    StringAttr name = cache.getCacheNameAttr();
+    if (!name) continue;
+    auto [it, fresh] = seen.try_emplace(name.getValue(), cache);
     if (!fresh) {
       InFlightDiagnostic diag = it->second.emitOpError()
                                 << "another kiln.kv_cache in this block is named \"" << cache.getCacheName() << "\"";
@@ -614,7 +621,10 @@ static LogicalResult verifyLayerNormGradRegion(FusionOp fusion) {
 }
 
 // A fusion region's interface (block arguments, yield) matches its operands and results, and its
-// body holds what its kind's kernel template can generate.
+// body holds what its kind's kernel template can generate. The interface is checked by verify(),
+// before the body's ops; the body by verifyRegions(), which MLIR runs after the body's ops are
+// verified, so their operand and result counts and types can be relied on there (checked
+// earlier, a malformed fused op crashed the verifier).
 LogicalResult FusionOp::verify() {
   Block& block = getBlock();
   if (block.getNumArguments() != getInputs().size())
@@ -633,6 +643,11 @@ LogicalResult FusionOp::verify() {
   if (!llvm::all_of(getKernel(), [](char c) { return llvm::isAlnum(c) || c == '_'; }))
     return emitOpError() << "kernel name \"" << getKernel()
                          << "\" may hold only letters, digits and '_' (it names a C function)";
+  return success();
+}
+
+LogicalResult FusionOp::verifyRegions() {
+  Block& block = getBlock();
 
   // How many ops of each anchor kind the body holds.
   int matmuls = 0, norms = 0, normGrads = 0, ces = 0, ceGrads = 0, embGrads = 0, adams = 0, sums = 0, others = 0;

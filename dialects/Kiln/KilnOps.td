@@ -594,7 +594,11 @@ def Kiln_FusionOp : Kiln_Op<"fusion", [IsolatedFromAbove, RecursiveMemoryEffects
   let assemblyFormat = [{
     $kind $kernel `(` $inputs `)` attr-dict `:` functional-type($inputs, $results) $body
   }];
+  // verify: the region's interface (arguments, yield, kernel name), before the body's ops are
+  // verified; verifyRegions: what the body holds, after them, as it reads the fused ops' operands
+  // and result types, which must have passed their own verifiers first.
   let hasVerifier = 1;
+  let hasRegionVerifier = 1;
   let extraClassDeclaration = [{
     ::mlir::Block &getBlock() { return getBody().front(); }
     // The ops the region fuses, in program order (without the terminator).

@@ -135,7 +135,9 @@ int main(int argc, char** argv) {
   app.add_option("--cuda-attention-rows", attentionRows,
                  "cuda target: query rows per warp of the tensor-core attention forward, 16 or 32 (default: 32 "
                  "for head sizes up to 64 and sequences over 64, else 16)")
-      ->check(CLI::IsMember({16, 32}));
+      // (CLI::IsMember of ints says only "abc" for a word that is no number.)
+      ->check(CLI::Validator([](std::string& v) { return v == "16" || v == "32" ? std::string() : v + " is not 16 or 32"; },
+                             "16|32"));
   app.add_option("--runtime", runtime, "runtime binary to embed the module in (default: kiln-run beside kilnc)")
       ->check(kiln::cli::non_empty());
   app.add_flag("--debug-info", debugInfo, "print IR with locations (the layer names kiln-inspect reports by; IR without them compiles back with the file's line numbers instead)");
