@@ -404,17 +404,17 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
           std::string where;
           if (named) {
             shard = *named;
-            where = "it goes on in " + files[shard] + ", the shard it was reading";
+            where = "it goes on in " + one_line(files[shard]) + ", the shard it was reading";
             if (holds_no_step(shard, position)) {  // (as below)
               shard = (shard + 1) % files.size();
               position = 0;
-              where += ", at the start of " + files[shard] + " (the rest of it holds no step)";
+              where += ", at the start of " + one_line(files[shard]) + " (the rest of it holds no step)";
             } else {
               where += ", at token " + std::to_string(position);
             }
           } else {
             where = one_line(name) + ", the shard it was reading, is not among them: it goes on at shard " +
-                    std::to_string(shard) + (shard < files.size() ? " (" + files[shard] + ")" : "") +
+                    std::to_string(shard) + (shard < files.size() ? " (" + one_line(files[shard]) + ")" : "") +
                     ", at token " + std::to_string(position);
           }
           if (root && st.step < o.steps)

@@ -322,6 +322,10 @@ int main(int argc, char** argv) {
                      fromStdin ? "<stdin>" : input.c_str(), blank ? "no IR" : "an empty module");
         return 1;
       }
+      // IR without its `module` line is wrapped in one at line 0 ("FILE:0:0: error: ..." about the
+      // module): placed at the file's start instead.
+      if (auto at = dyn_cast<FileLineColLoc>((*module)->getLoc()); at && at.getLine() == 0)
+        (*module)->setLoc(FileLineColLoc::get(at.getFilename(), 1, 1));
       // Outside the handler's scope: one line each, like the errors of the passes.
       auto s = kiln::getModuleSpec(*module);
       if (failed(s) || failed(kiln::verifyEntryPoints(*module))) return 1;
@@ -376,6 +380,20 @@ int main(int argc, char** argv) {
     // The input's stage: graph IR (no @micro_step), step IR, or planned step IR (--emit=plan).
     auto step = module->lookupSymbol<func::FuncOp>("micro_step");
     const bool planned = step && step->hasAttr("kiln.arena_size");
+    // Plan IR plans every function: one plan taken out (an edited --emit=plan file) is said as such,
+    // not left to a step pass that refuses the functions still planned.
+    func::FuncOp withPlan, withoutPlan;
+    for (auto f : module->getOps<func::FuncOp>()) {
+      if (f.isExternal()) continue;  // (a declaration has nothing to plan)
+      if (f->hasAttr("kiln.arena_size") && !withPlan) withPlan = f;
+      if (!f->hasAttr("kiln.arena_size") && !withoutPlan) withoutPlan = f;
+    }
+    if (withPlan && withoutPlan) {
+      withoutPlan.emitError() << "@" << withoutPlan.getName() << " has no buffer plan (kiln.arena_size), but @"
+                              << withPlan.getName() << " has one: plan IR plans every function (give the plan "
+                              << "IR whole, or step IR with none)";
+      return 1;
+    }
     // kilnc runs its stages forward only: IR past the stage asked for would be printed unchanged
     // under the earlier stage's name.
     if (step && (emit == "graph" || (emit == "step" && planned))) {
