@@ -197,6 +197,9 @@ void Module::verify(size_t tables_end) const {
     if (!p->name() || !p->shape()) bad(where, "missing name or shape");
     // Weights files and checkpoints name tensors by it, and --save writes the shape.
     if (p->name()->size() == 0) bad(where, "has an empty name");
+    // (and messages print it: no control bytes, as kiln.parameter's verifier requires)
+    if (std::any_of(p->name()->begin(), p->name()->end(), [](char c) { return uint8_t(c) < 0x20 || c == 0x7f; }))
+      bad(where, "name '" + one_line(p->name()->str()) + "' holds a control byte");
     if (auto [it, fresh] = parameter_names.emplace(p->name()->str(), i); !fresh)
       bad(where, "name '" + it->first + "' is parameters[" + std::to_string(it->second) + "]'s too");
     // (The checkpoint and --save take a parameter's bytes by this shape.)

@@ -65,6 +65,10 @@ bool kiln::fitsArena(Type type) {
 //===----------------------------------------------------------------------===//
 
 LogicalResult ParameterOp::verify() {
+  // The name keys the tensor in weights files and checkpoints, and messages print it.
+  if (llvm::any_of(getSymName(), [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }))
+    return emitOpError() << "name may not hold control characters (it keys the tensor in weights files and "
+                            "checkpoints)";
   StringRef init = getInit();
   if (init != "normal" && init != "zeros" && init != "ones")
     return emitOpError() << "init must be \"normal\", \"zeros\" or \"ones\", not \"" << init << "\"";

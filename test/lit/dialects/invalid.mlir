@@ -13,6 +13,12 @@ kiln.parameter @w : tensor<4xf32> {init = "uniform"}
 
 // -----
 
+// The name keys the tensor in weights files and is printed in messages: no control characters.
+// expected-error@+1 {{'kiln.parameter' op name may not hold control characters (it keys the tensor in weights files and checkpoints)}}
+kiln.parameter @"h.0\0A.bias" : tensor<4xf32> {init = "zeros"}
+
+// -----
+
 // "normal" needs a positive standard deviation (the default init_std is 0).
 // expected-error@+1 {{'kiln.parameter' op init "normal" needs init_std > 0}}
 kiln.parameter @w : tensor<4xf32> {init = "normal"}
