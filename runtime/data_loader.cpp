@@ -32,11 +32,6 @@ struct StepNeed {
   int64_t tokens() const { return B * T * world_size + 1; }
 };
 
-// Text (a document given for its shards): no control bytes but tabs and line ends.
-bool looks_like_text(const uint8_t* b, int64_t n) {
-  return n > 0 && std::all_of(b, b + n, [](uint8_t c) { return c >= 0x20 || c == '\n' || c == '\r' || c == '\t'; });
-}
-
 const char* const kTextData = ": is text, not an llm.c token shard (kiln-data prepare tokenizes text files into shards)";
 
 // Opens a shard and checks its header against the file; returns its token count. With
@@ -47,7 +42,7 @@ int64_t open_shard(const std::string& path, const StepNeed& need, std::vector<ui
   if (size < kHeaderBytes) {
     uint8_t head[kHeaderBytes];
     if (size > 0) file.read_at(head, size_t(size), 0, "header");
-    if (looks_like_text(head, size)) throw Error(path + kTextData);
+    if (looks_like_text(head, size_t(size))) throw Error(path + kTextData);
     throw Error(path + ": header: file is " + std::to_string(size) + (size == 1 ? " byte" : " bytes") +
                 ", shorter than the " +
                 std::to_string(kHeaderBytes) + "-byte header (not an llm.c token shard)");

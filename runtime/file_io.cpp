@@ -444,6 +444,10 @@ std::string read_head(const std::string& path, size_t n) {
   return head;
 }
 
+bool looks_like_text(const uint8_t* bytes, size_t n) {
+  return n > 0 && std::all_of(bytes, bytes + n, [](uint8_t c) { return c >= 0x20 || c == '\n' || c == '\r' || c == '\t'; });
+}
+
 std::string read_tail(const std::string& path, size_t n) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return "";

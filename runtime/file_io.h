@@ -20,6 +20,9 @@ std::vector<uint8_t> read_file(const std::string& path);
 // The first `n` bytes of a regular file (fewer when it is shorter); "" when it is no regular file
 // or cannot be read. For telling what kind of file a name holds before reading or replacing it.
 std::string read_head(const std::string& path, size_t n);
+// Whether a file's first `n` bytes look like text (a document, a spec or IR given in place of a
+// binary file): some bytes, and no control bytes but tabs and line ends (UTF-8's are >= 0x80).
+bool looks_like_text(const uint8_t* bytes, size_t n);
 // The last n bytes of the regular file at `path` (all of it when shorter; "" when it cannot be read).
 std::string read_tail(const std::string& path, size_t n);
 

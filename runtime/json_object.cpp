@@ -1,8 +1,6 @@
 #include "runtime/json_object.h"
 
 #include <algorithm>
-#include <set>
-#include <vector>
 
 #include "runtime/error.h"
 
@@ -10,19 +8,10 @@ namespace kiln {
 
 nlohmann::ordered_json parse_json_unique_keys(const char* first, const char* last, const std::string& where) {
   using Json = nlohmann::ordered_json;
-  std::vector<std::set<std::string>> keys;  // of each object being parsed, innermost last
-  std::string repeated;
-  auto note_keys = [&](int /*depth*/, Json::parse_event_t event, Json& parsed) {
-    if (event == Json::parse_event_t::object_start) keys.emplace_back();
-    else if (event == Json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
-    else if (event == Json::parse_event_t::key && !keys.empty() && repeated.empty() &&
-             !keys.back().insert(parsed.get<std::string>()).second)
-      repeated = parsed.get<std::string>();
-    return true;
-  };
+  std::optional<std::string> repeated;
   Json json;
   try {
-    json = Json::parse(first, last, note_keys);
+    json = parse_json_noting_repeated_key<Json>(first, last, repeated);
   } catch (const Json::exception& e) {
     std::string msg = e.what();
     std::replace(msg.begin(), msg.end(), '\n', ' ');  // errors are one line
@@ -30,7 +19,7 @@ nlohmann::ordered_json parse_json_unique_keys(const char* first, const char* las
       msg = msg.substr(msg.find("] ") + 2);  // (the library's error id says nothing to a user)
     throw Error(where + ": JSON parse error: " + msg);
   }
-  if (!repeated.empty()) throw Error(where + ": '" + repeated + "' appears twice");
+  if (repeated) throw Error(where + ": '" + *repeated + "' appears twice");
   return json;
 }
 

@@ -50,9 +50,7 @@ Module Module::load(const std::string& path) {
     if (!kind.empty() && kind != kModuleKind && kind != kExecutableKind)
       throw Error(path + ": is " + kind + ", not a Kiln module (kilnc compiles a spec into one)");
     const size_t n = std::min<size_t>(bytes.size(), 256);
-    const bool text = n > 0 && bytes[0] != '{' && std::all_of(bytes.begin(), bytes.begin() + n, [](uint8_t c) {
-      return c >= 0x20 || c == '\n' || c == '\r' || c == '\t';  // (UTF-8's bytes are >= 0x80)
-    });
+    const bool text = n > 0 && bytes[0] != '{' && looks_like_text(bytes.data(), n);
     const std::string ext = std::filesystem::path(path).extension().string();
     if (text)
       throw Error(path + ": is text, not a Kiln module (kilnc compiles a .toml spec or .mlir IR into one" +

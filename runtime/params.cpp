@@ -102,14 +102,11 @@ constexpr int32_t kLlmcModelMagic = 20240326;  // an llm.c model file's first in
 void load_llmc_bin(Executor& ex, const std::string& path) {
   // The header first, and the size it calls for checked against the file's before the tensors
   // are read: a file of another model (gpt2-xl's 6 GB for a small one) is refused at once.
+  const RegularFile file(path, "weights' file");
+  const uint64_t file_size = file.size();
+  if (file_size < 1024) throw Error(path + ": too short for an llm.c model header");
   int32_t h[256];
-  uint64_t file_size = 0;
-  {
-    RegularFile file(path, "weights' file");
-    file_size = file.size();
-    if (file_size < 1024) throw Error(path + ": too short for an llm.c model header");
-    file.read_at(h, sizeof h, 0, "header");
-  }
+  file.read_at(h, sizeof h, 0, "header");
   if (h[0] != kLlmcModelMagic)
     throw Error(path + ": header: magic " + std::to_string(h[0]) + " is not " + std::to_string(kLlmcModelMagic) +
                 " (not an llm.c model file)");
@@ -139,9 +136,8 @@ void load_llmc_bin(Executor& ex, const std::string& path) {
                 ", the file has " + std::to_string(file_size) +
                 (need > double(file_size) ? " (truncated?)" : " (bytes after the last tensor: not this model?)"));
   }
-  std::vector<uint8_t> bytes = read_file(path);
-  if (bytes.size() != file_size) throw Error(path + ": changed while it was read (" + std::to_string(file_size) +
-                                             " bytes, then " + std::to_string(bytes.size()) + ")");
+  std::vector<uint8_t> bytes(file_size);
+  file.read_at(bytes.data(), bytes.size(), 0, "tensors");
   size_t pos = 1024;
   // Reads n values starting at the cursor, widening bf16 (the file's length was checked above).
   auto take = [&](int64_t n) {
@@ -158,26 +154,22 @@ void load_llmc_bin(Executor& ex, const std::string& path) {
     pos += size_t(n) * elem;
     return v;
   };
-  std::map<std::string, uint32_t> value;
-  for (const fb::Parameter* p : *ex.module().fb().parameters()) value[p->name()->str()] = p->value();
   // A module compiled from edited IR may name or shape its parameters otherwise than GPT-2 does:
   // each is checked before any is written (the copies below go by the file's sizes).
-  std::map<std::string, std::vector<int64_t>> shape_of;
-  for (const fb::Parameter* p : *ex.module().fb().parameters())
-    shape_of[p->name()->str()] = std::vector<int64_t>(p->shape()->begin(), p->shape()->end());
-  auto slot = [&](const std::string& name) { return value.at(name); };  // (checked below)
+  std::map<std::string, const fb::Parameter*> param;
+  for (const fb::Parameter* p : *ex.module().fb().parameters()) param[p->name()->str()] = p;
+  auto slot = [&](const std::string& name) { return param.at(name)->value(); };  // (checked below)
   {
     auto want = [&](const std::string& name, std::vector<int64_t> shape) {
-      const auto it = shape_of.find(name);
-      if (it == shape_of.end())
+      const auto it = param.find(name);
+      if (it == param.end())
         throw Error(path + ": the module has no parameter '" + name +
                     "' (an llm.c model file holds GPT-2's parameters, by GPT-2's names)");
+      const std::vector<int64_t> has(it->second->shape()->begin(), it->second->shape()->end());
       // wte's rows are the module's padded vocabulary, at least V.
-      const bool ok = name == "wte.weight"
-                          ? it->second.size() == 2 && it->second[0] >= V && it->second[1] == C
-                          : it->second == shape;
+      const bool ok = name == "wte.weight" ? has.size() == 2 && has[0] >= V && has[1] == C : has == shape;
       if (!ok)
-        throw Error(path + ": the module's parameter '" + name + "' has shape " + shape_str(it->second) +
+        throw Error(path + ": the module's parameter '" + name + "' has shape " + shape_str(has) +
                     "; the llm.c model file's is " + shape_str(shape));
     };
     want("wte.weight", {V, C});

@@ -15,11 +15,11 @@
 #include <nlohmann/json.hpp>
 #include <queue>
 #include <unordered_map>
-#include <unordered_set>
 #include <utility>
 
 #include "runtime/error.h"
 #include "runtime/file_io.h"
+#include "runtime/json_object.h"
 
 namespace kiln {
 namespace {
@@ -355,25 +355,14 @@ Gpt2Tokenizer Gpt2Tokenizer::load(const std::string& dir) {
     nlohmann::json j;
     // A token given twice would keep its last id silently (the JSON parser's way): refused, as
     // the other JSON a run reads (safetensors and checkpoint headers) refuses repeated keys.
-    std::vector<std::unordered_set<std::string>> keys;  // of each object being parsed, innermost last
-    std::string repeated;
-    bool twice = false;
-    auto note_keys = [&](int /*depth*/, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
-      using E = nlohmann::json::parse_event_t;
-      if (event == E::object_start) keys.emplace_back();
-      else if (event == E::object_end && !keys.empty()) keys.pop_back();
-      else if (event == E::key && !keys.empty() && !twice && !keys.back().insert(parsed.get<std::string>()).second) {
-        twice = true;
-        repeated = parsed.get<std::string>();
-      }
-      return true;
-    };
+    std::optional<std::string> repeated;
     try {
-      j = nlohmann::json::parse(read(enc_path), note_keys);
+      const std::string text = read(enc_path);
+      j = parse_json_noting_repeated_key<nlohmann::json>(text.data(), text.data() + text.size(), repeated);
     } catch (const nlohmann::json::exception& e) {
       throw Error(enc_path + ": not valid JSON: " + e.what());
     }
-    if (twice) throw Error(enc_path + ": token " + in_quotes(repeated) + " appears twice");
+    if (repeated) throw Error(enc_path + ": token " + in_quotes(*repeated) + " appears twice");
     if (!j.is_object() || j.empty())
       throw Error(enc_path + ": expected a JSON object mapping each token to its id");
     const size_t n = j.size();

@@ -378,8 +378,6 @@ int main(int argc, char** argv) {
       return 0;
     };
     // The input's stage: graph IR (no @micro_step), step IR, or planned step IR (--emit=plan).
-    auto step = module->lookupSymbol<func::FuncOp>("micro_step");
-    const bool planned = step && step->hasAttr("kiln.arena_size");
     // Plan IR plans every function: one plan taken out (an edited --emit=plan file) is said as such,
     // not left to a step pass that refuses the functions still planned.
     func::FuncOp withPlan, withoutPlan;
@@ -394,6 +392,8 @@ int main(int argc, char** argv) {
                               << "IR whole, or step IR with none)";
       return 1;
     }
+    auto step = module->lookupSymbol<func::FuncOp>("micro_step");
+    const bool planned = step && withPlan;  // (then every function is planned, @micro_step too)
     // kilnc runs its stages forward only: IR past the stage asked for would be printed unchanged
     // under the earlier stage's name.
     if (step && (emit == "graph" || (emit == "step" && planned))) {
