@@ -82,3 +82,13 @@ func.func @kv_cache_without_name(%qkv: tensor<2x24xf32>, %p: tensor<1xi32>) -> t
   %kv2 = "kiln.kv_cache"() : () -> tensor<2x2x2x8x4xf32>
   return %0 : tensor<2x8xf32>
 }
+
+// -----
+
+// A planned value marked outside the arena is followed back through its reshapes: one without
+// its operand stops the walk (it is computed here), and the plan's check reports it first.
+func.func @reshape_without_operand_outside_arena() -> tensor<8xf32> {
+  // expected-error @+1 {{'kiln.offsets'[0] = -1 marks state kept outside the arena, but this result is computed here}}
+  %0 = "kiln.reshape"() {kiln.offsets = array<i64: -1>} : () -> tensor<8xf32>
+  return %0 : tensor<8xf32>
+}
