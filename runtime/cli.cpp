@@ -96,7 +96,7 @@ void add_train_options(CLI::App& train, TrainOptions& o, TrainSampling& sampling
   train.add_option("--save", o.save, "write the final weights (safetensors)")->check(cli::non_empty());
   train.add_option("--dump-grads", o.dump_grads, "write step 0's accumulated gradients, before clipping (safetensors)")->check(cli::non_empty());
   train.add_option("--print-every", o.print_every, "print progress every N steps (default, or 0: about 50 lines)")->check(cli::whole(0));
-  train.add_flag("--profile", o.profile, "print the time spent in each kind of kernel at the end");
+  train.add_flag("--profile", o.profile, "print the time spent in each kernel at the end, by its symbol k<N>_<ops> as kiln-inspect names it (the built-in ops by their op code)");
   CLI::Option* val_data = train.add_option("--val-data", o.val_data, "validation token shard(s): files or globs")->expected(1, -1)->check(cli::non_empty());
   train.add_option("--val-every", o.val_every, "evaluate every N steps (and at the end; default 0: only at the end)")
       ->check(cli::whole(0));  // (0 needs no --val-data: the trainer checks N > 0)

@@ -516,7 +516,7 @@ float Executor::run(const std::string& name) {
     auto t0 = std::chrono::steady_clock::now();
     exec(*ins);
     const std::string key = ins->op() == O::Kernel
-                                ? module_.fb().kernels()->Get(uint32_t(ins->ints()->Get(0)))->name()->str()
+                                ? module_.fb().kernels()->Get(uint32_t(ins->ints()->Get(0)))->symbol()->str()
                                 : std::string(fb::EnumNameOpCode(ins->op()));
     auto& [seconds, calls] = profile_by_op_[key];
     seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -456,7 +456,14 @@ if att:
     md += ["", f"## Attention, forward + backward, B={att.get('B')} H={att.get('H')} T={att.get('T')} "
            f"head size {att.get('head_size')} ({att.get('dtype')}, causal): ms per layer", "",
            "| implementation | median ms | note |", "|---|---:|---|"]
-    by, by16 = {r["kernel"]: r for r in prof}, {r["kernel"]: r for r in prof16}
+    def by_name(rows):  # the profile names kernels k<N>_<ops>: summed by <ops>, whatever N is
+        out = {}
+        for r in rows:
+            m = out.setdefault(re.sub(r"^k[0-9]+_", "", r["kernel"]), {"total_ms": 0.0, "calls": 0})
+            m["total_ms"] += r["total_ms"]
+            m["calls"] += r["calls"]
+        return out
+    by, by16 = by_name(prof), by_name(prof16)
     if "attention" in by and "attention_grad" in by and by["attention"]["calls"]:
         ms = (by["attention"]["total_ms"] + by["attention_grad"]["total_ms"]) / by["attention"]["calls"]
         md.append(f"| kiln (attention + attention_grad kernels) | {ms:.3f} | from the profile above |")

@@ -168,7 +168,9 @@ void DeviceExecutor::plan(Program& p) {
 
 void DeviceExecutor::plan_kernel(Program& p, const fb::Instr& ins, const std::string& where) {
   const fb::Kernel& k = *module_.fb().kernels()->Get(uint32_t(ins.ints()->Get(0)));
-  const std::string name = k.name() ? k.name()->str() : k.symbol()->str();
+  // Steps are named by the kernel's symbol (k<N>_<ops>): several kernels share a name, the same ops on
+  // other shapes, and --profile's rows, the roofline and --kernel-source tell them apart by it.
+  const std::string name = k.symbol()->str();
   std::vector<uint64_t> operands;
   std::vector<uint32_t> bufs;
   for (uint32_t b : *ins.inputs()) bufs.push_back(b);
@@ -188,7 +190,7 @@ void DeviceExecutor::plan_kernel(Program& p, const fb::Instr& ins, const std::st
 
   if (const fb::MatmulCall* c = k.matmul()) {
     MatmulSpec m;
-    m.where = where + ": kernel " + k.symbol()->str() + " (" + name + ")";
+    m.where = where + ": kernel " + name;
     m.m = c->m(), m.n = c->n(), m.k = c->k();
     m.trans_a = c->trans_a(), m.trans_b = c->trans_b();
     m.epilogue = c->epilogue() ? c->epilogue()->str() : "DEFAULT";

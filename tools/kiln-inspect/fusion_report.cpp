@@ -93,12 +93,14 @@ void print_fusion_report(const nlohmann::ordered_json& j) {
   }
   // (Launches count one training step: a micro-step and the optimizer step. The sampler's
   // kernels, for prefill and decode, launch 0 times in it.)
-  // in module: the kernels of that name the module holds; launches: theirs in one training step.
+  // kernels: the distinct kernels of that name the module holds (the same ops on other shapes,
+  // k<N>_<name> each); launches: theirs in one training step.
   int width = 16;
   for (const auto& [name, r] : rows) width = std::max(width, int(name.size()));
-  std::printf("  %-16s %-*s %9s %8s  fused ops (one kernel)\n", "kind", width, "generated kernel", "in module", "launches");
+  std::printf("  %-16s %-*s %9s %8s  fused ops (one kernel)\n", "kind", width, "generated kernel", "kernels", "launches");
   std::printf("  (launches: in one training step, a micro-step and the optimizer step; the other programs' kernels "
-              "(forward, logits, the sampler's) show 0)\n");
+              "(forward, logits, the sampler's) show 0;\n"
+              "   kernels: how many of that name, on other shapes: --kernel-source and --profile name each k<N>_<name>)\n");
   for (const auto& [name, r] : rows) {
     std::string ops = r.ops.size() > 70 ? r.ops.substr(0, 67) + "..." : r.ops;
     std::printf("  %-16s %-*s %9d %8d  %s\n", r.kind.c_str(), width, name.c_str(), r.kernels, r.launches, ops.c_str());

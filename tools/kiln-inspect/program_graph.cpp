@@ -132,7 +132,9 @@ std::string program_dot(const Module& m, const std::string& program, GraphState 
     if (ins.op() == fb::OpCode::Kernel && kernels && uint32_t(ins.ints()->Get(0)) < kernels->size()) {
       const fb::Kernel& kr = *kernels->Get(uint32_t(ins.ints()->Get(0)));
       const std::string kind = kr.kind() ? kr.kind()->str() : "";
-      label += wrapped(kr.name() ? kr.name()->str() : kr.symbol()->str()) + "\n(" + kind;
+      // The symbol (k<N>_<name>), not the name alone: several kernels share a name (the same ops on
+      // other shapes), and the symbol is what --kernel-source, --cuda-resources and kernels.tsv list.
+      label += wrapped(kr.symbol() ? kr.symbol()->str() : kr.name()->str()) + "\n(" + kind;
       if (kr.cublaslt() && kr.cublaslt()->size()) label += ", cuBLASLt";
       if (kr.launches() > 1) label += ", " + std::to_string(kr.launches()) + " launches";
       label += ")";

@@ -103,7 +103,7 @@ void add_roofline_report(const Module& m, const RooflineRates& rates, nlohmann::
       if (zero) break;
       if (ins->op() == fb::OpCode::Kernel) {
         const fb::Kernel& k = *kernels->Get(uint32_t(ins->ints()->Get(0)));
-        const std::string name = k.name() ? k.name()->str() : k.symbol()->str();
+        const std::string name = k.symbol()->str();  // as --profile names it (names repeat over shapes)
         if (k.zero_operands() && k.zero_operands()->size()) {  // the runtime's clearing: its own row
           Work clear;
           for (uint32_t z : *k.zero_operands()) clear.bytes += operand_bytes(k, z);

@@ -410,8 +410,13 @@ int main(int argc, char** argv) {
       PassManager pm(&ctx);
       if (printAfterAll) {
         ctx.disableMultithreading();
+        // With --debug-info the dumps carry the locations (layer names) too, as the output does.
+        OpPrintingFlags flags;
+        if (debugInfo) flags.enableDebugInfo();
         pm.enableIRPrinting([](Pass*, Operation*) { return false; },
-                            [](Pass*, Operation*) { return true; });
+                            [](Pass*, Operation*) { return true; }, /*printModuleScope=*/true,
+                            /*printAfterOnlyOnChange=*/true, /*printAfterOnlyOnFailure=*/false, llvm::errs(),
+                            flags);
       }
       if (timing) pm.enableTiming(scope);  // (after the printing: its passes' times leave it out)
       build(pm);
