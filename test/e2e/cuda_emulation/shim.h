@@ -13,7 +13,11 @@
 // thread of the block that has not returned; a shuffle waits for every live lane of its warp.
 // A barrier nobody can pass (a deadlock on the GPU) stops the run; __syncthreads reached from
 // different lines in the same round, and a shuffle in a warp some of whose lanes have returned,
-// are counted (kemu_stats), and the emulated device fails the launch that did either.
+// are counted (kemu_stats), and the emulated device fails the launch that did either. Lanes of one
+// warp released together from warp-wide operations on different lines (divergent lanes at a
+// full-mask shuffle) stop the run. Shared memory is filled with NaN bytes before every block
+// (KEMU_SHARED=keep: not), as a GPU leaves it undefined: a static would read zeros in the first
+// block and the previous block's values after it.
 //
 // Used by kernels_tu.cpp, which includes the generated kernels.cu inside a namespace after this
 // header; the driver (driver.cpp) reaches launches through kemu_launch (extern "C").
@@ -108,7 +112,11 @@ inline T shfl_xor(T v, int mask, int width, int line) {
 #define __constant__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
-#define __shared__ static
+// Block shared memory: function statics in one section, which run_block fills with 0xff (a NaN
+// in fp32 and bf16) before every block, as a GPU leaves it undefined (KEMU_SHARED=keep: not).
+// A kernel that reads shared memory it has not written then computes NaNs instead of reading the
+// zeros of a static's first use or what the previous block left.
+#define __shared__ static __attribute__((section("kemu_shared")))
 #define __restrict__
 #define threadIdx (kemu::Dim3{(unsigned)kemu::cur % kemu::block_dim.x, 0u, 0u})
 #define blockIdx (kemu::block_idx)
@@ -199,7 +207,17 @@ inline const bool warp_at_a_time = [] {
   return v && strcmp(v, "warps") == 0;
 }();
 
+}  // namespace kemu
+extern "C" char __start_kemu_shared[] __attribute__((weak, visibility("hidden")));
+extern "C" char __stop_kemu_shared[] __attribute__((weak, visibility("hidden")));
+namespace kemu {
+inline const bool poison_shared = [] {
+  const char* v = getenv("KEMU_SHARED");
+  return !(v && strcmp(v, "keep") == 0);
+}();
 inline void run_block(unsigned n) {
+  if (poison_shared && __start_kemu_shared && __stop_kemu_shared > __start_kemu_shared)
+    memset(__start_kemu_shared, 0xff, size_t(__stop_kemu_shared - __start_kemu_shared));
   live_block = int(n);
   block_arrived = 0;
   for (unsigned w = 0; w < (n + 31) / 32; w++) {
@@ -228,6 +246,20 @@ inline void run_block(unsigned n) {
           }
         if (warp_arrived[w] == 0 || warp_arrived[w] != live_warp[w]) break;
         if (live_warp[w] < lanes_warp[w]) n_shfl_exited_lanes++;
+        // The lanes must be at one warp-wide operation: a full-mask shuffle (or mma, ldmatrix)
+        // that lanes reach from different lines is undefined on the GPU (divergent lanes wait at
+        // different instructions), though here it would exchange values as if it were one.
+        int wline = -1;
+        for (unsigned i = w * 32; i < n && i < w * 32 + 32; i++)
+          if (fibers[i].st == AtWarp) {
+            if (wline >= 0 && fibers[i].line != wline) {
+              fprintf(stderr, "kemu: %s block %u warp %u: lanes reached warp-wide operations at lines %d and %d "
+                      "together (divergent lanes at a full-mask shuffle)\n", launch_name, block_idx.x, w, wline,
+                      fibers[i].line);
+              exit(3);
+            }
+            wline = fibers[i].line;
+          }
         for (unsigned i = w * 32; i < n && i < w * 32 + 32; i++)
           if (fibers[i].st == AtWarp) fibers[i].st = Run;
         warp_arrived[w] = 0;
