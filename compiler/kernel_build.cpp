@@ -352,7 +352,8 @@ static std::string errorLines(const std::string& log) {
 }
 #endif
 
-std::optional<std::vector<CudaImageBuild>> compileCudaKernels(const std::string& source, std::string& error) {
+std::optional<std::vector<CudaImageBuild>> compileCudaKernels(const std::string& source, std::string& error,
+                                                              bool lineInfo) {
 #ifdef KILN_HAVE_NVRTC
   // One NVRTC program per architecture, compiled on threads of their own (NVRTC's calls may run
   // concurrently on distinct programs): the two take about as long as one. Then sm_90's PTX.
@@ -368,8 +369,8 @@ std::optional<std::vector<CudaImageBuild>> compileCudaKernels(const std::string&
       return;
     }
     const std::string archOpt = std::string("--gpu-architecture=") + arch;
-    const char* opts[] = {archOpt.c_str(), "--std=c++17", "-default-device", "--ptxas-options=-v"};
-    const nvrtcResult r = nvrtcCompileProgram(prog, 4, opts);
+    const char* opts[] = {archOpt.c_str(), "--std=c++17", "-default-device", "--ptxas-options=-v", "--generate-line-info"};
+    const nvrtcResult r = nvrtcCompileProgram(prog, lineInfo ? 5 : 4, opts);
     size_t n = 0;
     nvrtcGetProgramLogSize(prog, &n);
     std::string log(n, '\0');

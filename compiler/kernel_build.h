@@ -31,7 +31,10 @@ struct CudaImageBuild {
 
 // Compiles CUDA kernel source with NVRTC for sm_80 and sm_90 (ptxas verbose, for the
 // resources), and keeps sm_90's PTX as a third image, "compute_90", for later GPUs. Fails with a message when kilnc was built without NVRTC.
-std::optional<std::vector<CudaImageBuild>> compileCudaKernels(const std::string& source, std::string& error);
+// `lineInfo` (kilnc --cuda-line-info) adds NVRTC's --generate-line-info: compute-sanitizer and
+// the profilers then name the source line of a generated kernel; the cubins grow about 3x.
+std::optional<std::vector<CudaImageBuild>> compileCudaKernels(const std::string& source, std::string& error,
+                                                              bool lineInfo = false);
 
 // Writes `source` as DIR/kernels.cpp (or kernels.cu) and `manifest` as DIR/kernels.tsv.
 bool dumpKernelSource(const std::string& dir, Target target, const std::string& source,

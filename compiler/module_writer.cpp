@@ -399,7 +399,7 @@ class Writer {
       cpuLibrary_ = std::move(*lib);
     } else {
       say();
-      auto images = compileCudaKernels(source, error);
+      auto images = compileCudaKernels(source, error, options_.cudaLineInfo);
       if (!images) return module_.emitError() << "kilnc: compiling the generated CUDA kernels failed: " << error;
       cudaImages_ = std::move(*images);
       // Each launch against what ptxas made of its function, so that a kernel the GPU would

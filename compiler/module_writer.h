@@ -17,6 +17,7 @@ struct WriteOptions {
   std::string dumpKernelsDir;      // when set, the generated kernel sources are written here
   bool simtAttention = false;      // cuda: never the tensor-core attention kernels
   int attentionRows = 0;           // cuda: query rows per warp of the tensor-core forward (0: its choice)
+  bool cudaLineInfo = false;       // cuda: NVRTC --generate-line-info (the cubins say so: kiln-inspect)
   mlir::TimingScope* timing = nullptr;  // kilnc --timing: the writer's phases are nested under it
 };
 

@@ -5,6 +5,7 @@
 #include "mlir/Pass/Pass.h"
 #include "mlir/Pass/PassRegistry.h"
 #include "mlir/Transforms/Passes.h"
+#include "llvm/ADT/StringExtras.h"
 #include "passes/Passes.h"
 
 using namespace mlir;
@@ -41,9 +42,21 @@ namespace {
 // kiln.spec (its precision; on target "cuda" every op gets a generated kernel), as in kilnc; a
 // module without one is taken as fp32 for target "cpu". kilnc's flags are options, e.g.
 // -kiln-plan-pipeline='recompute=cheap bucket-mb=1 fusion=false'; an unknown one is an error.
-struct StepPipelineOptions : PassPipelineOptions<StepPipelineOptions> {};
+// The option names, for the error about an unknown one (OptionsMap: llvm::cl's, which
+// PassOptions keeps protected).
+template <typename T>
+struct NamedOptions : PassPipelineOptions<T> {
+  std::string names() const {
+    std::vector<std::string> keys;
+    for (const auto& entry : this->OptionsMap) keys.push_back(entry.getKey().str());
+    llvm::sort(keys);
+    return keys.empty() ? "it takes none" : "its options: " + llvm::join(keys.begin(), keys.end(), ", ");
+  }
+};
 
-struct PlanPipelineOptions : PassPipelineOptions<PlanPipelineOptions> {
+struct StepPipelineOptions : NamedOptions<StepPipelineOptions> {};
+
+struct PlanPipelineOptions : NamedOptions<PlanPipelineOptions> {
   Option<std::string> recompute{*this, "recompute", llvm::cl::desc("none | cheap (kiln-recompute's mode)"),
                                 llvm::cl::init("none")};
   Option<double> bucketMB{*this, "bucket-mb", llvm::cl::desc("gradient bucket size in MB (kiln-bucket-gradients)"),
@@ -98,11 +111,34 @@ class SpecStage : public PassWrapper<SpecStage, OperationPass<ModuleOp>> {
   Build build_;
 };
 
+// As PassPipelineRegistration, but an option MLIR's parser refuses is an error naming the
+// pipeline and its options, where MLIR prints "<Pass-Options-Parser>: no such option X" alone.
+template <typename Options>
+void registerPipeline(StringRef arg, StringRef description,
+                      std::function<void(OpPassManager&, const Options&)> builder) {
+  registerPassPipeline(
+      arg, description,
+      [arg, builder](OpPassManager& pm, StringRef text, function_ref<LogicalResult(const Twine&)> errorHandler) {
+        Options options;
+        std::string why;
+        llvm::raw_string_ostream os(why);
+        if (failed(options.parseFromString(text, os))) {
+          StringRef message = StringRef(why).trim();
+          message.consume_front("<Pass-Options-Parser>: ");
+          return errorHandler(arg + ": " + message + " (" + options.names() + ")");
+        }
+        builder(pm, options);
+        return success();
+      },
+      [](function_ref<void(const mlir::detail::PassOptions&)> handler) { handler(Options()); });
+}
+
 }  // namespace
 
 void registerKilnPipelines() {
-  PassPipelineRegistration<PlanPipelineOptions>(
-      "kiln-plan-pipeline", "recompute, schedule, fuse kernels, gradient buckets, plan buffers (as kilnc)",
+  registerPipeline<PlanPipelineOptions>(
+      "kiln-plan-pipeline", "kiln-recompute, kiln-schedule, kiln-fuse-kernels (single-ops on target cuda), "
+      "kiln-bucket-gradients, kiln-plan-buffers, as kilnc (which --print-pipeline prints them for a spec)",
       [](OpPassManager& pm, const PlanPipelineOptions& o) {
         pm.addPass(std::make_unique<SpecStage>(
             "kiln-plan-pipeline", [recompute = std::string(o.recompute), bucketMB = double(o.bucketMB),
@@ -110,8 +146,10 @@ void registerKilnPipelines() {
               buildPlanPipeline(stage, recompute, bucketMB, fusion, singleOps || s.target == "cuda");
             }));
       });
-  PassPipelineRegistration<StepPipelineOptions>(
-      "kiln-step-pipeline", "graph IR (@forward) to the simplified training step (as kilnc, in the spec's precision)",
+  registerPipeline<StepPipelineOptions>(
+      "kiln-step-pipeline", "graph IR (@forward) to the simplified training step: kiln-mixed-precision (bf16 specs), "
+      "kiln-autodiff, kiln-build-optimizer-step, canonicalize, cse, as kilnc (which --print-pipeline prints them "
+      "for a spec)",
       [](OpPassManager& pm, const StepPipelineOptions&) {
         pm.addPass(std::make_unique<SpecStage>(
             "kiln-step-pipeline", [](OpPassManager& stage, const ModelSpec& s) { buildStepPipeline(stage, s.precision); }));

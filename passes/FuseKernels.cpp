@@ -398,6 +398,7 @@ class Fuser {
 struct FuseKernelsPass : kiln::impl::FuseKernelsBase<FuseKernelsPass> {
   using FuseKernelsBase::FuseKernelsBase;
   void runOnOperation() override {
+    if (failed(refuseGraphIR(getOperation(), "kiln-fuse-kernels"))) return signalPassFailure();
     if (failed(refusePlanned(getOperation(), "kiln-fuse-kernels"))) return signalPassFailure();
     if (failed(requireOneBlock(getOperation(), "kiln-fuse-kernels"))) return signalPassFailure();
     for (auto f : getOperation().getOps<func::FuncOp>())

@@ -27,6 +27,18 @@ inline mlir::LogicalResult refusePlanned(mlir::ModuleOp module, llvm::StringRef 
   return mlir::success();
 }
 
+// The planning passes (kiln-fuse-kernels, kiln-plan-buffers) run on the training step. A module
+// built from a spec (kiln.spec) with @forward but no @micro_step is graph IR: planned, kilnc
+// refuses it later (kiln-autodiff would differentiate fusion regions and copy stale offsets),
+// so it is refused here, where the order is wrong. A module without kiln.spec (a pass's own
+// test, forward-only functions) is planned as it is.
+inline mlir::LogicalResult refuseGraphIR(mlir::ModuleOp module, llvm::StringRef pass) {
+  if (!module->hasAttr("kiln.spec") || !module.lookupSymbol("forward") || module.lookupSymbol("micro_step"))
+    return mlir::success();
+  return module.emitError() << pass << ": no @micro_step (graph IR): the pass plans the training step; run "
+                            << "kiln-autodiff first (kiln-opt -kiln-step-pipeline, or kilnc --emit=step)";
+}
+
 // The precision a module built from a spec records (its kiln.spec's "precision"; fp32 where the
 // key is missing, as kilnc reads it), or none for a module without a kiln.spec.
 inline std::optional<llvm::StringRef> specPrecision(mlir::ModuleOp module) {

@@ -111,7 +111,8 @@ def PlanBuffers : Pass<"kiln-plan-buffers", "::mlir::ModuleOp"> {
     `kiln.offsets` (one byte offset per result; -1 for parameters, gradients, inputs and
     hyperparameters, which live outside the arena) on every op with results, and
     `kiln.arena_size` on the function. The module writer copies these out; the runtime's plan
-    verifier checks them independently.
+    verifier checks them independently. Graph IR built from a spec (a `kiln.spec` module with
+    `@forward` but no `@micro_step`) is refused: run kiln-autodiff first.
   }];
   let dependentDialects = ["::kiln::KilnDialect"];
 }
@@ -149,6 +150,9 @@ def FuseKernels : Pass<"kiln-fuse-kernels", "::mlir::ModuleOp"> {
     With `single-ops`, an op that joins no group still gets a region of its own when a kernel
     template computes it (a target without built-in kernels, such as CUDA, runs only generated
     kernels); the global norm and attention are left to the target.
+
+    Graph IR built from a spec (a `kiln.spec` module with `@forward` but no `@micro_step`) is
+    refused: the regions are formed on the training step, after kiln-autodiff.
   }];
   let options = [
     Option<"singleOps", "single-ops", "bool", /*default=*/"false",

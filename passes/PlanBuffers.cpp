@@ -138,6 +138,7 @@ class FunctionPlanner {
 
 struct PlanBuffersPass : kiln::impl::PlanBuffersBase<PlanBuffersPass> {
   void runOnOperation() override {
+    if (failed(refuseGraphIR(getOperation(), "kiln-plan-buffers"))) return signalPassFailure();
     if (failed(requireOneBlock(getOperation(), "kiln-plan-buffers"))) return signalPassFailure();
     if (failed(requireStaticTensors(getOperation(), "kiln-plan-buffers"))) return signalPassFailure();
     for (auto f : getOperation().getOps<func::FuncOp>()) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <string>
 
@@ -31,6 +32,35 @@ std::pair<unsigned, std::string> resident_blocks(const std::string& arch, unsign
                                     {by_threads, "threads"}, {32u, "blocks"}})
     if (limit == n) why += (why.empty() ? "" : " and ") + std::string(what);
   return {n, why};
+}
+
+// Whether a cubin (an ELF file) has a line table: kilnc --cuda-line-info (NVRTC's
+// --generate-line-info) adds .debug_line and .nv_debug_line_sass. The module records no flag for
+// it: the image says it. Anything that is not a well-formed ELF64 image (PTX text) has none.
+bool cubin_has_line_info(const uint8_t* data, size_t size) {
+  auto read = [&](size_t at, size_t n, uint64_t& v) {
+    v = 0;
+    if (at > size || n > size - at) return false;
+    std::memcpy(&v, data + at, n);  // (little-endian, as cubins are)
+    return true;
+  };
+  uint64_t shoff, shentsize, shnum, shstrndx;
+  if (size < 64 || std::memcmp(data, "\x7f" "ELF", 4) != 0 || data[4] != 2) return false;
+  if (!read(0x28, 8, shoff) || !read(0x3A, 2, shentsize) || !read(0x3C, 2, shnum) || !read(0x3E, 2, shstrndx) ||
+      shentsize < 0x28 || shstrndx >= shnum)
+    return false;
+  uint64_t names, names_size;
+  if (!read(shoff + shstrndx * shentsize + 0x18, 8, names) || !read(shoff + shstrndx * shentsize + 0x20, 8, names_size) ||
+      names > size || names_size > size - names)
+    return false;
+  for (uint64_t i = 0; i < shnum; ++i) {
+    uint64_t name;
+    if (!read(shoff + i * shentsize, 4, name) || name >= names_size) continue;
+    const char* s = reinterpret_cast<const char*>(data + names + name);
+    const size_t n = strnlen(s, names_size - name);
+    if (std::string(s, n) == ".debug_line" || std::string(s, n) == ".nv_debug_line_sass") return true;
+  }
+  return false;
 }
 
 }  // namespace
@@ -71,7 +101,8 @@ void add_cuda_report(const Module& m, nlohmann::ordered_json& j) {
   uint64_t workspace = 0;  // the runtime allocates the largest kernel's (module.fbs)
   if (const auto* kernels = m.fb().kernels())
     for (const fb::Kernel* k : *kernels) workspace = std::max<uint64_t>(workspace, k->cuda_scratch_bytes());
-  j["cuda"] = {{"arch", arch}, {"workspace_bytes", workspace}, {"functions", list}};
+  const bool line_info = image->cubin() && cubin_has_line_info(image->cubin()->data(), image->cubin()->size());
+  j["cuda"] = {{"arch", arch}, {"workspace_bytes", workspace}, {"line_info", line_info}, {"functions", list}};
 }
 
 void print_cuda_summary(const nlohmann::ordered_json& j) {
@@ -95,6 +126,8 @@ void print_cuda_summary(const nlohmann::ordered_json& j) {
               "(kiln-inspect --cuda-resources lists them)\n",
               c["arch"].get<std::string>().c_str(), fns.size(), most_registers, most.c_str(),
               spills.empty() ? "none" : spills.c_str());
+  if (c["line_info"].get<bool>())
+    std::printf("  line info: the cubins carry source lines (kilnc --cuda-line-info), for compute-sanitizer and the profilers\n");
   if (c["workspace_bytes"].get<uint64_t>())
     std::printf("  kernel workspace %llu bytes, outside the arena (the runtime allocates it once)\n",
                 (unsigned long long)c["workspace_bytes"].get<uint64_t>());

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <set>
 #include <unistd.h>
 
 #include "Kiln/KilnDialect.h"
@@ -22,6 +23,7 @@
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/IR/Verifier.h"
 #include "mlir/Parser/Parser.h"
+#include "mlir/Pass/Pass.h"
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Support/FileUtilities.h"
 #include "llvm/Support/SourceMgr.h"
@@ -99,6 +101,28 @@ LogicalResult printOneLine(Diagnostic& d) {
   return success();
 }
 
+// Bytes as kiln-inspect prints them (1.50 MiB).
+std::string human(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 4) bytes /= 1024, ++u;
+  char s[32];
+  std::snprintf(s, sizeof s, u ? "%.2f %s" : "%.0f %s", bytes, units[u]);
+  return s;
+}
+
+// The passes kilnc can run, in pipeline order: the stages built for the widest spec (bf16, cuda,
+// recompute, fusion), for --print-ir-after's names.
+std::vector<std::string> pipelinePassNames() {
+  OpPassManager step(ModuleOp::getOperationName()), plan(ModuleOp::getOperationName());
+  kiln::buildStepPipeline(step, "bf16");
+  kiln::buildPlanPipeline(plan, "cheap", 25.0, /*fusion=*/true, /*singleOps=*/true);
+  std::vector<std::string> names;
+  for (OpPassManager* pm : {&step, &plan})
+    for (Pass& p : pm->getPasses()) names.push_back(p.getArgument().str());
+  return names;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -107,7 +131,8 @@ int main(int argc, char** argv) {
   std::string input, output, emit = "exe", runtime, recompute = "none";
   double bucketMB = 25.0;
   bool debugInfo = false, printAfterAll = false, noFusion = false, singleOps = false, simtAttention = false,
-       timing = false;
+       timing = false, printPipeline = false, cudaLineInfo = false;
+  std::vector<std::string> printAfter;
   int attentionRows = 0;
   std::string dumpKernels;
   app.add_option("input", input, "model spec (.toml) or kiln IR (.mlir, or - to read it from standard input)")->required()->check(kiln::cli::non_empty());
@@ -138,10 +163,21 @@ int main(int argc, char** argv) {
       // (CLI::IsMember of ints says only "abc" for a word that is no number.)
       ->check(CLI::Validator([](std::string& v) { return v == "16" || v == "32" ? std::string() : v + " is not 16 or 32"; },
                              "16|32"));
+  app.add_flag("--cuda-line-info", cudaLineInfo,
+               "cuda target: compile the generated kernels with NVRTC's --generate-line-info, so that compute-sanitizer "
+               "and the profilers name their source lines (the cubins grow about 3x; kiln-inspect says it)");
   app.add_option("--runtime", runtime, "runtime binary to embed the module in (default: kiln-run beside kilnc)")
       ->check(kiln::cli::non_empty());
   app.add_flag("--debug-info", debugInfo, "print IR with locations (the layer names kiln-inspect reports by; IR without them compiles back with the file's line numbers instead)");
   app.add_flag("--print-ir-after-all", printAfterAll, "print the IR after every pass that changes it (stderr)");
+  app.add_option("--print-ir-after", printAfter,
+                 "print the IR after the named passes (stderr; comma-separated or repeated), changed or not; "
+                 "--print-pipeline lists the passes")
+      ->type_name("PASS")
+      ->delimiter(',');
+  app.add_flag("--print-pipeline", printPipeline,
+               "print the passes this compile runs, one line per stage in kiln-opt's --pass-pipeline form "
+               "(stdout), and compile nothing");
   app.add_flag("--timing", timing,
                "print where the compile's time went (stderr): building or parsing the IR, each pass, lowering, "
                "generating and compiling the kernels, writing the output");
@@ -153,10 +189,35 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: %s: no such file\n", kiln::one_line(input).c_str());
     return 1;
   }
+  if (!printAfter.empty()) {
+    const std::vector<std::string> known = pipelinePassNames();
+    for (const std::string& name : printAfter)
+      if (std::find(known.begin(), known.end(), name) == known.end()) {
+        std::string list;
+        for (const std::string& k : known) list += (list.empty() ? "" : ", ") + k;
+        std::fprintf(stderr, "error: --print-ir-after: no pass '%s' in kilnc's pipeline; the passes: %s\n",
+                     kiln::one_line(name).c_str(), list.c_str());
+        return 1;
+      }
+    if (printAfterAll) {  // (the one would hide the other)
+      std::fprintf(stderr, "error: --print-ir-after: --print-ir-after-all prints every pass already; give one of the two\n");
+      return 1;
+    }
+  }
+  // --print-pipeline writes the pass list and nothing else: -o and the outputs' checks do not apply.
+  if (printPipeline && (!output.empty() || !dumpKernels.empty())) {
+    std::fprintf(stderr, "error: --print-pipeline: prints the passes and compiles nothing; leave out %s\n",
+                 output.empty() ? "--dump-kernels" : "-o");
+    return 1;
+  }
   // --dump-kernels alone (no -o) compiles to read the kernels and writes nothing else.
-  if ((emit == "exe" || emit == "module") && output.empty() && dumpKernels.empty()) {
+  if ((emit == "exe" || emit == "module") && output.empty() && dumpKernels.empty() && !printPipeline) {
     std::fprintf(stderr, "error: --emit=%s needs -o FILE (or --dump-kernels DIR to write only the kernels)\n",
                  emit.c_str());
+    return 1;
+  }
+  if (cudaLineInfo && emit != "exe" && emit != "module") {
+    std::fprintf(stderr, "error: --cuda-line-info: kernels are compiled with --emit=module or exe, not %s\n", emit.c_str());
     return 1;
   }
   if (!dumpKernels.empty() && emit != "exe" && emit != "module") {
@@ -345,9 +406,10 @@ int main(int argc, char** argv) {
                    "compare fusion on a \"cpu\" spec\n", input.c_str());
       return 1;
     }
-    if (spec.target != "cuda" && (simtAttention || attentionRows)) {
+    if (spec.target != "cuda" && (simtAttention || attentionRows || cudaLineInfo)) {
       std::fprintf(stderr, "error: %s: %s is for target \"cuda\"; this spec's target is \"%s\"\n", input.c_str(),
-                   simtAttention ? "--cuda-simt-attention" : "--cuda-attention-rows", spec.target.c_str());
+                   simtAttention ? "--cuda-simt-attention" : attentionRows ? "--cuda-attention-rows" : "--cuda-line-info",
+                   spec.target.c_str());
       return 1;
     }
     if (attentionRows && !kiln::cudaAttentionUsesTensorCores({spec.batch_size, spec.seq_len, spec.n_embd, spec.n_head,
@@ -362,7 +424,19 @@ int main(int argc, char** argv) {
       return 1;
     }
 
+    // --print-ir-after: a named pass that did not run (a bf16 pass on fp32, fusion under
+    // --no-fusion, a stage the input is past or --emit stops before) printed nothing: said.
+    std::set<std::string> printedAfter;
+    auto warnUnprinted = [&] {
+      for (const std::string& name : printAfter)
+        if (!printedAfter.count(name))
+          std::fprintf(stderr, "kilnc: warning: --print-ir-after=%s: the pass did not run in this compile (the spec, "
+                       "the flags or the input's stage leave it out; --print-pipeline lists the passes that run)\n",
+                       name.c_str());
+      printedAfter.insert(printAfter.begin(), printAfter.end());  // (said once)
+    };
     auto print = [&](ModuleOp m) {
+      warnUnprinted();
       TimingScope printing = total.nest("print the IR");
       std::string text;
       llvm::raw_string_ostream os(text);
@@ -401,6 +475,27 @@ int main(int argc, char** argv) {
                    "give the spec or an earlier stage's IR\n", input.c_str(), emit.c_str(), planned ? "plan" : "step");
       return 1;
     }
+    // The stages this compile runs, built as below, for kiln-opt --pass-pipeline.
+    if (printPipeline) {
+      auto line = [](const char* stage, auto build) {
+        OpPassManager pm(ModuleOp::getOperationName());
+        build(pm);
+        std::string text;
+        llvm::raw_string_ostream os(text);
+        pm.printAsTextualPipeline(os);
+        std::printf("%s: %s\n", stage, text.c_str());
+      };
+      const bool steps = !step && emit != "graph", plans = !planned && emit != "graph" && emit != "step";
+      if (steps) line("step", [&](OpPassManager& pm) { kiln::buildStepPipeline(pm, spec.precision); });
+      if (plans)
+        line("plan", [&](OpPassManager& pm) {
+          kiln::buildPlanPipeline(pm, recompute, bucketMB, !noFusion, singleOps || spec.target == "cuda");
+        });
+      if (!steps && !plans)
+        std::fprintf(stderr, "kilnc: --print-pipeline: no passes run: this input needs none for --emit=%s\n",
+                     emit.c_str());
+      return 0;
+    }
     if (emit == "graph") return print(*module);
 
     // Runs one stage's passes; IR that already went through a stage (an edited --emit=step or
@@ -408,23 +503,32 @@ int main(int argc, char** argv) {
     auto runStage = [&](const char* stage, auto build) {
       TimingScope scope = total.nest(stage);
       PassManager pm(&ctx);
-      if (printAfterAll) {
+      if (printAfterAll || !printAfter.empty()) {
         ctx.disableMultithreading();
         // With --debug-info the dumps carry the locations (layer names) too, as the output does.
         OpPrintingFlags flags;
         if (debugInfo) flags.enableDebugInfo();
+        // After all: the passes that change the IR. After named ones: those, changed or not (as
+        // MLIR's -mlir-print-ir-after), noted for the warning about a pass that did not run.
         pm.enableIRPrinting([](Pass*, Operation*) { return false; },
-                            [](Pass*, Operation*) { return true; }, /*printModuleScope=*/true,
-                            /*printAfterOnlyOnChange=*/true, /*printAfterOnlyOnFailure=*/false, llvm::errs(),
-                            flags);
+                            [&](Pass* pass, Operation*) {
+                              if (printAfterAll) return true;
+                              const std::string name = pass->getArgument().str();
+                              if (std::find(printAfter.begin(), printAfter.end(), name) == printAfter.end()) return false;
+                              printedAfter.insert(name);
+                              return true;
+                            },
+                            /*printModuleScope=*/true, /*printAfterOnlyOnChange=*/printAfterAll,
+                            /*printAfterOnlyOnFailure=*/false, llvm::errs(), flags);
       }
       if (timing) pm.enableTiming(scope);  // (after the printing: its passes' times leave it out)
       build(pm);
       return pm.run(*module);
     };
-    // Graph IR (no @micro_step yet) that went through a planning pass (kiln-opt
-    // --kiln-fuse-kernels or --kiln-plan-buffers on --emit=graph): autodiff would differentiate
-    // fusion regions and copy stale offsets into the step. The planning passes run on step IR.
+    // Graph IR (no @micro_step yet) that went through a planning pass (those passes refuse graph
+    // IR with its kiln.spec, but not IR whose spec was added after them, or edited IR): autodiff
+    // would differentiate fusion regions and copy stale offsets into the step. The planning passes
+    // run on step IR.
     if (!step) {
       Operation* plannedOp = nullptr;
       module->walk([&](Operation* op) {
@@ -484,6 +588,8 @@ int main(int argc, char** argv) {
     options.dumpKernelsDir = dumpKernels;
     options.simtAttention = simtAttention;
     options.attentionRows = attentionRows;
+    options.cudaLineInfo = cudaLineInfo;
+    warnUnprinted();
     TimingScope writing = total.nest("write the module");
     options.timing = &writing;
     auto bytes = kiln::writeModule(*module, spec, options);
@@ -493,8 +599,13 @@ int main(int argc, char** argv) {
     // hand-edited plan IR (offsets, sizes) can pass the IR verifiers and still make a module the
     // runtime would refuse, which is then refused here, before anything is written.
     TimingScope checking = total.nest("check the module as the runtime loads it");
-    kiln::Module::from_bytes(*bytes, input + ": the module built from it");
+    const kiln::Module checked = kiln::Module::from_bytes(*bytes, input + ": the module built from it");
     checking.stop();
+    // The memory the run plans, as kiln-inspect reports it: one arena of the state (parameters,
+    // gradients, optimizer moments) and the largest program's activations (one process).
+    const std::string memory = "arena " + human(double(checked.fb().arena_size())) + ": state " +
+                               human(double(checked.fb().state_size())) + " + activations " +
+                               human(double(checked.fb().activation_size()));
     if (output.empty()) {
       std::fprintf(stderr, "kilnc: wrote the generated kernels to %s (no -o: nothing else)\n", dumpKernels.c_str());
       return 0;
@@ -506,9 +617,10 @@ int main(int argc, char** argv) {
       kiln::write_executable(output, findRuntime(runtime), *bytes);
     }
     if (emit == "exe")
-      std::fprintf(stderr, "kilnc: wrote %s (a training executable; its module is %zu bytes)\n", output.c_str(), bytes->size());
+      std::fprintf(stderr, "kilnc: wrote %s (a training executable; its module is %zu bytes; %s)\n", output.c_str(),
+                   bytes->size(), memory.c_str());
     else
-      std::fprintf(stderr, "kilnc: wrote %s (a module of %zu bytes)\n", output.c_str(), bytes->size());
+      std::fprintf(stderr, "kilnc: wrote %s (a module of %zu bytes; %s)\n", output.c_str(), bytes->size(), memory.c_str());
     return 0;
   } catch (const kiln::Error& e) {
     std::fprintf(stderr, "error: %s\n", kiln::one_line(e.what()).c_str());

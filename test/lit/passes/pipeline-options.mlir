@@ -22,6 +22,11 @@
 // RUN: cmp cuda-plan-kilnc.mlir cuda-plan.mlir
 // RUN: not kiln-opt step.mlir -kiln-plan-pipeline=foo=1 2>&1 | FileCheck %s --check-prefix=UNKNOWN
 // RUN: not kiln-opt graph.mlir -kiln-step-pipeline=precision=fp32 2>&1 | FileCheck %s --check-prefix=NOPRECISION
+// A misspelt option: an error naming the pipeline and its options (MLIR's parser says only
+// "<Pass-Options-Parser>: no such option fusoin"), as flag or in --pass-pipeline.
+// RUN: not kiln-opt step.mlir '--kiln-plan-pipeline=fusoin=false' 2>&1 | FileCheck %s --check-prefix=TYPO
+// RUN: not kiln-opt step.mlir '--kiln-plan-pipeline=fusoin=false' 2>&1 | count 1
+// RUN: not kiln-opt step.mlir '--pass-pipeline=builtin.module(kiln-plan-pipeline{fusoin=false})' 2>&1 | FileCheck %s --check-prefix=TYPO
 // RUN: not kiln-opt step.mlir -kiln-plan-pipeline=bucket-mb=x 2>&1 | FileCheck %s --check-prefix=NUMBER
 // RUN: not kiln-opt step.mlir -kiln-plan-pipeline=bucket-mb=inf 2>&1 | FileCheck %s --check-prefix=INFINITE
 // The spec is checked first: a bf16 step said to be fp32 is refused before any pass runs.
@@ -30,8 +35,9 @@
 
 // BF16-LABEL: func.func @micro_step
 // BF16: kiln.cast {{.*}} -> tensor<{{.*}}xbf16>
-// UNKNOWN: no such option foo
-// NOPRECISION: no such option precision
+// UNKNOWN: error: kiln-plan-pipeline: no such option foo (its options: bucket-mb, fusion, recompute, single-ops)
+// NOPRECISION: error: kiln-step-pipeline: no such option precision (it takes none)
+// TYPO: error: kiln-plan-pipeline: no such option fusoin (its options: bucket-mb, fusion, recompute, single-ops)
 // NUMBER: for the --bucket-mb option: 'x' value invalid for floating point argument
 // INFINITE: error: kiln-bucket-gradients: bucket-mb must be a positive finite number, not {{inf|INF}}
 // SPEC: error: kiln.{{[a-z_]+}} computes in bf16 but 'kiln.spec' has precision = "fp32"
