@@ -95,6 +95,12 @@ static float* scratch(int slot, int64_t n) {
 __attribute__((destructor)) static void scratch_free_(void) {
   for (int i = 0; i < 4; ++i) free(scratch_mem_[i]);
 }
+// The bytes held (each slot's largest need so far): kiln-run reports them, outside the arena.
+extern "C" long long kiln_scratch_bytes(void) {
+  long long n = 0;
+  for (int i = 0; i < 4; ++i) n += scratch_cap_[i];
+  return n * (long long)sizeof(float);
+}
 // An fp32 copy of a bf16 operand, for the BLAS.
 static const float* widen(const bf16* p, int64_t n, int slot) {
   float* w = scratch(slot, n);

@@ -290,6 +290,8 @@ void Executor::load_kernels() {
                   (k->symbol() ? k->symbol()->str() : std::string("?")) + "'");
     kernel_fns_.push_back(reinterpret_cast<KernelFn>(fn));
   }
+  // (absent from a library compiled before the kernels reported their scratch)
+  kernel_scratch_bytes_ = reinterpret_cast<long long (*)()>(dlsym(kernel_library_, "kiln_scratch_bytes"));
 }
 
 void Executor::check(const fb::Program& prog) const {
@@ -558,17 +560,32 @@ void Executor::refresh_gathered_compute_copies() {
   host_stale_ = true;
 }
 
+std::vector<std::tuple<std::string, double, int64_t>> Executor::profile_rows() const {
+  std::vector<std::pair<double, std::string>> order;
+  for (const auto& [op, st] : profile_by_op_) order.push_back({st.first, op});
+  std::sort(order.rbegin(), order.rend());
+  std::vector<std::tuple<std::string, double, int64_t>> rows;
+  for (const auto& [sec, op] : order) rows.emplace_back(op, sec, profile_by_op_.at(op).second);
+  return rows;
+}
+
 void Executor::print_profile() const {
   double total = 0;
-  std::vector<std::pair<double, std::string>> rows;
-  for (const auto& [op, st] : profile_by_op_) total += st.first, rows.push_back({st.first, op});
-  std::sort(rows.rbegin(), rows.rend());
+  const auto rows = profile_rows();
+  for (const auto& row : rows) total += std::get<1>(row);
   int width = 40;  // the name column fits the longest name (fused kernels list their ops)
-  for (const auto& row : rows) width = std::max(width, int(row.second.size()));
+  for (const auto& row : rows) width = std::max(width, int(std::get<0>(row).size()));
   std::fprintf(stderr, "%-*s %10s %7s %10s\n", width, "kernel", "total ms", "share", "calls");
-  for (const auto& [sec, op] : rows)
-    std::fprintf(stderr, "%-*s %10.3f %6.1f%% %10lld\n", width, op.c_str(), sec * 1e3, 100 * sec / total,
-                 (long long)profile_by_op_.at(op).second);
+  for (const auto& [op, sec, calls] : rows)
+    std::fprintf(stderr, "%-*s %10.3f %6.1f%% %10lld\n", width, op.c_str(), sec * 1e3, 100 * sec / total, (long long)calls);
+}
+
+int64_t Executor::host_scratch_bytes() const {
+  if (device_) return 0;
+  if (kernel_library_ && !kernel_scratch_bytes_) return -1;
+  int64_t bytes = kernel_scratch_bytes_ ? int64_t(kernel_scratch_bytes_()) : 0;
+  for (const auto& [slot, v] : scratch_) bytes += int64_t(v.capacity() * sizeof(float));
+  return bytes;
 }
 
 // bf16 operands: kernels compute in fp32, so a bf16 input is widened into a scratch buffer and

@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -64,11 +65,18 @@ class Executor {
   // its memory), and of its state region.
   uint64_t arena_bytes() const { return layout_.arena_bytes(module_, programs_); }
   uint64_t state_bytes() const { return layout_.state_bytes; }
+  // Bytes of host memory the CPU's kernels and bf16 operands hold outside the arena (scratch,
+  // grown to the largest need so far and kept: its high-water mark); -1 where the module's
+  // kernels do not report theirs (compiled before they did). 0 on a GPU.
+  int64_t host_scratch_bytes() const;
 
   // Per-opcode wall time of every instruction run since profiling was enabled.
   void enable_profiling(bool on) { profile_ = on; }
   void reset_profile() { profile_by_op_.clear(); }
   void print_profile() const;
+  // print_profile's rows, the longest total first: name (a kernel's symbol, or a built-in op's
+  // opcode), seconds, calls.
+  std::vector<std::tuple<std::string, double, int64_t>> profile_rows() const;
 
   const Module& module() const { return module_; }
   // Whether this executor loaded the program (run() may run it).
@@ -135,6 +143,7 @@ class Executor {
   uint8_t* arena_ = nullptr;
   size_t arena_mapped_ = 0;  // bytes mapped at arena_
   std::map<size_t, std::vector<float>> scratch_;          // by operand slot
+  long long (*kernel_scratch_bytes_)() = nullptr;         // the kernel library's, where it has it
   std::vector<std::pair<uint32_t, size_t>> pending_;      // bf16 outputs to round after a kernel
   bool profile_ = false;
   std::map<std::string, std::pair<double, int64_t>> profile_by_op_;  // seconds, calls

@@ -1082,6 +1082,17 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   if (root && ex.device_bytes())
     std::fprintf(stderr, "device memory: %.1f MiB held by Kiln (the arena %.1f MiB, the rest workspaces and tables)\n",
                  double(ex.device_bytes()) / double(1 << 20), double(ex.arena_bytes()) / double(1 << 20));
+  if (root && !ex.device_bytes()) {
+    // The CPU's kernels hold scratch memory outside the arena, grown to their largest need.
+    const int64_t scratch = ex.host_scratch_bytes();
+    if (scratch >= 0)
+      std::fprintf(stderr, "host memory: %.1f MiB held by Kiln's arena and scratch (the arena %.1f MiB, the kernels' scratch "
+                   "%.1f MiB at its most)\n", double(uint64_t(scratch) + ex.arena_bytes()) / double(1 << 20),
+                   double(ex.arena_bytes()) / double(1 << 20), double(scratch) / double(1 << 20));
+    else
+      std::fprintf(stderr, "host memory: the arena %.1f MiB, plus kernel scratch that this module's kernels do not "
+                   "report (compiled before they did)\n", double(ex.arena_bytes()) / double(1 << 20));
+  }
   if (o.profile && root) {
     const std::string steps = last_started > profiled_from
                                   ? "steps " + std::to_string(profiled_from) + "-" + std::to_string(last_started)
@@ -1092,6 +1103,18 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     else
       std::fprintf(stderr, "profile of step %lld (the run's only step: it includes the warm-up)\n", (long long)last_started);
     ex.print_profile();
+    // The log gets the table too, as one record without "step" (readers of the steps pass it
+    // over): its kernels are named as kiln-inspect --json names them, its steps as the log's.
+    if (const auto rows = ex.profile_rows(); logging && log_failure.empty() && !rows.empty()) {
+      nlohmann::ordered_json kernels = nlohmann::ordered_json::array();  // (in the README's order)
+      for (const auto& [name, sec, calls] : rows)
+        kernels.push_back({{"kernel", name}, {"total_ms", std::round(sec * 1e6) / 1e3}, {"calls", calls}});
+      const nlohmann::ordered_json j = {{"profile", {{"steps", {profiled_from - 1, last_started - 1}},
+                                             {"warm_up_included", profiled_from == first_step + 1},
+                                             {"kernels", kernels}}}};
+      if (const int error = log.append(j.dump()))
+        log_failure = "--log: " + o.log + ": writing the profile's line failed: " + log.describe(error);
+    }
   }
   // An interrupted run saves the weights it has too (its log says how far it got).
   if (!o.save.empty() && root) {

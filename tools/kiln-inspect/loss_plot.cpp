@@ -135,6 +135,8 @@ std::string loss_plot_svg(const std::vector<std::string>& logs) {
           throw Error(path + ":" + std::to_string(n) + ": not a training log record: " + json_problem(e));
         }
       }
+      // kiln-run --profile's record (the table of a run's kernel times) draws nothing.
+      if (j.is_object() && j.contains("profile") && !j.contains("step")) continue;
       if (j.is_discarded() || !j.is_object() || !j.contains("step"))
         throw Error(path + ":" + std::to_string(n) + ": not a training log record (JSON with \"step\")");
       // kiln-run logs whole step numbers from 0; up to 2^53 each is a distinct double (an integer

@@ -1,0 +1,31 @@
+"""Checks train --profile --log's record: LOG ERR INSPECT_JSON FIRST LAST WARM."""
+import json
+import re
+import sys
+
+log, err, inspect, first, last, warm = sys.argv[1:]
+records = [json.loads(line) for line in open(log) if line.strip()]
+assert "profile" in records[-1] and "step" not in records[-1], records[-1]
+assert all("profile" not in r for r in records[:-1]), "a profile record before the last line"
+p = records[-1]["profile"]
+assert p["steps"] == [int(first), int(last)], p["steps"]
+assert p["warm_up_included"] == (warm == "true"), p["warm_up_included"]
+# The table on stderr: its rows, in its order, with the same calls and (to the microsecond) times.
+text = open(err).read().split("calls\n", 1)[1]
+table = [l.split() for l in text.splitlines() if re.match(r"^\S+ +[0-9.]+ +[0-9.]+% +[0-9]+$", l)]
+assert [r[0] for r in table] == [k["kernel"] for k in p["kernels"]], (table, p["kernels"])
+for row, k in zip(table, p["kernels"]):
+    assert int(row[3]) == k["calls"] and abs(float(row[1]) - k["total_ms"]) <= 1e-3, (row, k)
+# Every k<N>_<ops> row is a symbol kiln-inspect --json names.
+symbols = set()
+def walk(v):
+    if isinstance(v, dict):
+        for key, x in v.items():
+            if key == "symbol" and isinstance(x, str): symbols.add(x)
+            walk(x)
+    elif isinstance(v, list):
+        for x in v: walk(x)
+walk(json.load(open(inspect)))
+kernels = [k["kernel"] for k in p["kernels"] if re.match(r"^k[0-9]+_", k["kernel"])]
+assert kernels and all(k in symbols for k in kernels), (kernels, sorted(symbols))
+print(f"profile record: steps [{first}, {last}], warm-up {warm}, rows as the table's, kernels named as kiln-inspect's")
