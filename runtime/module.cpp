@@ -5,6 +5,7 @@
 #include "runtime/hyper_names.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -22,6 +23,15 @@
 namespace kiln {
 
 size_t dtype_bytes(fb::DType t) { return t == fb::DType::BF16 ? 2 : 4; }
+std::string human_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 4) bytes /= 1024, ++u;
+  char s[32];
+  std::snprintf(s, sizeof s, u ? "%.2f %s" : "%.0f %s", bytes, units[u]);
+  return s;
+}
+
 const char* dtype_name(fb::DType t) {
   const char* name = fb::EnumNameDType(t);  // "" past the enum (FlatBuffers does not check enums)
   return *name ? name : "unknown-dtype";

@@ -55,5 +55,7 @@ void seal_module(std::vector<uint8_t>& bytes);
 size_t dtype_bytes(fb::DType t);
 const char* dtype_name(fb::DType t);
 int64_t numel(const fb::Buffer& b);
+// A size as kilnc and kiln-inspect print a module's memory: "512 B", "1.50 MiB".
+std::string human_bytes(double bytes);
 
 }  // namespace kiln

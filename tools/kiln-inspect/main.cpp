@@ -115,14 +115,6 @@ ordered_json report(const Module& m, const RooflineRates& rates) {
   return j;
 }
 
-std::string human(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (bytes >= 1024 && u < 4) bytes /= 1024, ++u;
-  char s[32];
-  std::snprintf(s, sizeof s, u ? "%.2f %s" : "%.0f %s", bytes, units[u]);
-  return s;
-}
 
 void print_buffers(const ordered_json& j) {
   std::printf("%-6s %-44s %-12s %-5s %14s %12s  %-14s  live (program: instrs)\n", "index", "buffer", "kind", "dtype",
@@ -169,25 +161,25 @@ void print_text(const ordered_json& j) {
     std::printf("parameters %zu tensors, %lld values\n", j["parameters"].size(), (long long)count);
   const auto& a = j["accounting"];
   std::printf("memory     %s in one arena: state %s + activations %s (planned: %.2fx the %s they take without reuse)\n",
-              human(j["total_arena_bytes"].get<double>()).c_str(), human(j["state_bytes"].get<double>()).c_str(),
-              human(j["activation_bytes"].get<double>()).c_str(),
+              human_bytes(j["total_arena_bytes"].get<double>()).c_str(), human_bytes(j["state_bytes"].get<double>()).c_str(),
+              human_bytes(j["activation_bytes"].get<double>()).c_str(),
               j["activation_bytes"].get<double>() / std::max(1.0, j["naive_bytes"].get<double>()),
-              human(j["naive_bytes"].get<double>()).c_str());
+              human_bytes(j["naive_bytes"].get<double>()).c_str());
   std::string dtypes;
-  for (const auto& [d, b] : j["buffers"]["bytes_by_dtype"].items()) dtypes += " " + d + " " + human(b.get<double>());
+  for (const auto& [d, b] : j["buffers"]["bytes_by_dtype"].items()) dtypes += " " + d + " " + human_bytes(b.get<double>());
   std::printf("  by dtype, the state and %s's activations before reuse:%s\n",
               j["buffers"]["activations_of"].get<std::string>().c_str(), dtypes.c_str());
   const double copies = a["compute_copies"].get<double>();
   std::printf("  parameters %s, gradients %s, AdamW state %s%s%s, activations %s\n",
-              human(a["parameters"].get<double>()).c_str(), human(a["gradients"].get<double>()).c_str(),
-              human(a["optimizer_state"].get<double>()).c_str(), copies > 0 ? ", bf16 compute copies " : "",
-              copies > 0 ? human(copies).c_str() : "", human(a["activations"].get<double>()).c_str());
+              human_bytes(a["parameters"].get<double>()).c_str(), human_bytes(a["gradients"].get<double>()).c_str(),
+              human_bytes(a["optimizer_state"].get<double>()).c_str(), copies > 0 ? ", bf16 compute copies " : "",
+              copies > 0 ? human_bytes(copies).c_str() : "", human_bytes(a["activations"].get<double>()).c_str());
   const auto& peak = j["peak"];
   std::printf("  peak %s live in %s at instr %lld; largest buffers then:\n",
-              human(peak["live_bytes"].get<double>()).c_str(), peak["program"].get<std::string>().c_str(),
+              human_bytes(peak["live_bytes"].get<double>()).c_str(), peak["program"].get<std::string>().c_str(),
               (long long)peak["instr"].get<int64_t>());
   for (const auto& b : peak["largest"])
-    std::printf("    %10s  %-36s from %s\n", human(b["bytes"].get<double>()).c_str(),
+    std::printf("    %10s  %-36s from %s\n", human_bytes(b["bytes"].get<double>()).c_str(),
                 b["buffer"].get<std::string>().c_str(), b["produced_by"].get<std::string>().c_str());
   const auto& fl = j["flops"];
   std::printf("flops      per micro-step (%lld tokens): forward %.3g, backward %.3g, recompute %.3g\n",
@@ -210,8 +202,8 @@ void print_text(const ordered_json& j) {
   const auto& c = j["communication"];
   if (!c["buckets"].empty()) {
     std::printf("ranks      %zu gradient bucket%s, %s averaged per step; %s of it starts while backward work remains\n",
-                c["buckets"].size(), c["buckets"].size() == 1 ? "" : "s", human(c["gradient_bytes_per_step"].get<double>()).c_str(),
-                human(c["bytes_started_during_backward"].get<double>()).c_str());
+                c["buckets"].size(), c["buckets"].size() == 1 ? "" : "s", human_bytes(c["gradient_bytes_per_step"].get<double>()).c_str(),
+                human_bytes(c["bytes_started_during_backward"].get<double>()).c_str());
   }
   if (j.contains("data_parallel")) {
     const auto& d = j["data_parallel"];
@@ -219,9 +211,9 @@ void print_text(const ordered_json& j) {
     for (const auto& b : d["arena_bytes_per_rank"]) most = std::max(most, b.get<double>());
     std::printf("%s%d rank%s%s: an arena of %s per rank (the largest; rank 0's %s), %s in one process\n",
                 c["buckets"].empty() ? "ranks      " : "  ", d["ranks"].get<int>(), d["ranks"].get<int>() == 1 ? "" : "s",
-                d["zero"].get<int>() ? " with --zero 1" : "", human(most).c_str(),
-                human(d["arena_bytes_per_rank"][0].get<double>()).c_str(),
-                human(d["arena_bytes_one_process"].get<double>()).c_str());
+                d["zero"].get<int>() ? " with --zero 1" : "", human_bytes(most).c_str(),
+                human_bytes(d["arena_bytes_per_rank"][0].get<double>()).c_str(),
+                human_bytes(d["arena_bytes_one_process"].get<double>()).c_str());
   }
   std::printf("recompute  %s: %d kernels, %.3g extra FLOPs\n", j["recompute"]["mode"].get<std::string>().c_str(),
               j["recompute"]["kernels"].get<int>(), j["recompute"]["flops"].get<double>());

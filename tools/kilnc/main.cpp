@@ -101,16 +101,6 @@ LogicalResult printOneLine(Diagnostic& d) {
   return success();
 }
 
-// Bytes as kiln-inspect prints them (1.50 MiB).
-std::string human(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (bytes >= 1024 && u < 4) bytes /= 1024, ++u;
-  char s[32];
-  std::snprintf(s, sizeof s, u ? "%.2f %s" : "%.0f %s", bytes, units[u]);
-  return s;
-}
-
 // The passes kilnc can run, in pipeline order: the stages built for the widest spec (bf16, cuda,
 // recompute, fusion), for --print-ir-after's names.
 std::vector<std::string> pipelinePassNames() {
@@ -603,9 +593,9 @@ int main(int argc, char** argv) {
     checking.stop();
     // The memory the run plans, as kiln-inspect reports it: one arena of the state (parameters,
     // gradients, optimizer moments) and the largest program's activations (one process).
-    const std::string memory = "arena " + human(double(checked.fb().arena_size())) + ": state " +
-                               human(double(checked.fb().state_size())) + " + activations " +
-                               human(double(checked.fb().activation_size()));
+    const std::string memory = "arena " + kiln::human_bytes(double(checked.fb().arena_size())) + ": state " +
+                               kiln::human_bytes(double(checked.fb().state_size())) + " + activations " +
+                               kiln::human_bytes(double(checked.fb().activation_size()));
     if (output.empty()) {
       std::fprintf(stderr, "kilnc: wrote the generated kernels to %s (no -o: nothing else)\n", dumpKernels.c_str());
       return 0;
