@@ -75,7 +75,7 @@ void print_fusion_report(const nlohmann::ordered_json& j) {
                  " kernels; launches: ";
   std::printf("\nfusion     %s: %s%.1f per layer, with the embedding and head; %lld of them the runtime's "
               "built-in ones) for %lld graph ops (%.2fx); optimizer step %lld kernels\n",
-              j["fusion"].get<bool>() ? "on" : "off (--no-fusion)", count.c_str(), j["kernels_per_layer"].get<double>(),
+              j["fusion"].get<bool>() ? "on" : "off (kilnc --no-fusion, or kiln-opt fusion=false)", count.c_str(), j["kernels_per_layer"].get<double>(),
               (long long)builtin, (long long)j["ops_before_fusion"].get<int64_t>(),
               j["kernels_per_micro_step"].get<double>() / std::max(1.0, j["ops_before_fusion"].get<double>()),
               (long long)j["optimizer_kernels"].get<int64_t>());

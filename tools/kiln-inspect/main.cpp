@@ -170,10 +170,13 @@ void print_text(const ordered_json& j) {
   std::printf("  by dtype, the state and %s's activations before reuse:%s\n",
               j["buffers"]["activations_of"].get<std::string>().c_str(), dtypes.c_str());
   const double copies = a["compute_copies"].get<double>();
-  std::printf("  parameters %s, gradients %s, AdamW state %s%s%s, activations %s\n",
+  // (the rest of the arena: alignment of each buffer to 256 bytes)
+  std::printf("  parameters %s, gradients %s, AdamW state %s%s%s, inputs and hyperparameters %s, activations %s\n",
               human_bytes(a["parameters"].get<double>()).c_str(), human_bytes(a["gradients"].get<double>()).c_str(),
               human_bytes(a["optimizer_state"].get<double>()).c_str(), copies > 0 ? ", bf16 compute copies " : "",
-              copies > 0 ? human_bytes(copies).c_str() : "", human_bytes(a["activations"].get<double>()).c_str());
+              copies > 0 ? human_bytes(copies).c_str() : "",
+              human_bytes(a["inputs"].get<double>() + a["hyperparameters"].get<double>()).c_str(),
+              human_bytes(a["activations"].get<double>()).c_str());
   const auto& peak = j["peak"];
   std::printf("  peak %s live in %s at instr %lld; largest buffers then:\n",
               human_bytes(peak["live_bytes"].get<double>()).c_str(), peak["program"].get<std::string>().c_str(),
@@ -274,7 +277,7 @@ int main(int argc, char** argv) {
   CLI::App app{"kiln-inspect: report on a Kiln module or training executable\n"
                "(kiln-inspect plot LOG.jsonl -o loss.svg draws loss curves)"};
   app.formatter(std::make_shared<UsageWithPlot>());
-  std::string path, svg, source, dot, program = "micro_step", dot_state = "all";
+  std::string path, svg, source, dot, program, dot_state = "all";
   int ranks = 1, zero = 0;
   double bucket_mb = 25;  // train's default
   bool json = false, verify = false, buffers = false, cuda_resources = false, roofline = false;
@@ -310,7 +313,7 @@ int main(int argc, char** argv) {
                  "(each kernel with the ops it fuses, each built-in op), grouped by phase, and the buffers between "
                  "them; dot -Tsvg F.dot -o F.svg draws it")
       ->type_name("FILE");
-  app.add_option("--program", program, "--dot: the program to draw")->capture_default_str()->needs(dot_opt);
+  app.add_option("--program", program, "--dot, --svg: the program to draw (default: --dot micro_step, --svg the one of the most activations)");
   app.add_option("--dot-state", dot_state,
                  "--dot: all (also every parameter, compute copy, gradient and moment an instruction uses) or "
                  "inputs (token ids, hyperparameters and key/value caches only)")
@@ -333,6 +336,10 @@ int main(int argc, char** argv) {
                             "--roofline"})
     ranks_opt->excludes(app.get_option(other));
   if (const int rc = kiln::cli::parse(app, argc, argv); rc >= 0) return rc;
+  if (app.count("--program") && dot.empty() && svg.empty()) {  // (CLI11's needs() takes one option)
+    std::fprintf(stderr, "error: --program requires --dot or --svg (see kiln-inspect --help)\n");
+    return 2;
+  }
   std::string given;
   for (const char* flag : {"--peak-tflops", "--vector-tflops", "--bandwidth-gbs"})
     if (app.count(flag)) given += std::string(given.empty() ? "" : ", ") + flag;
@@ -380,10 +387,11 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "wrote %s%s\n", out.c_str(), what.c_str());
     };
     if (!dot.empty()) {
+      if (program.empty()) program = "micro_step";
       emit(dot, program_dot(m, program, dot_state == "all" ? GraphState::All : GraphState::Inputs),
            " (program " + program + ")");
     } else if (!svg.empty()) {
-      emit(svg, memory_timeline_svg(m), "");
+      emit(svg, memory_timeline_svg(m, program), program.empty() ? "" : " (program " + program + ")");
     } else if (!source.empty()) {
       const auto* text = m.fb().kernel_source();
       if (!text || text->size() == 0)

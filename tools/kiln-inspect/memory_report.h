@@ -28,7 +28,8 @@ void add_memory_report(const Module& m, nlohmann::ordered_json& j);
 // module without compiled buckets.
 nlohmann::ordered_json data_parallel_report(const Module& m, int ranks, int zero, double bucket_mb);
 
-// The largest program's buffers as boxes: time (kernel index) across, arena offset down.
-std::string memory_timeline_svg(const Module& m);
+// A program's buffers as boxes: time (kernel index) across, arena offset down. `program` names
+// it (kiln-inspect --program); empty: the program of the most activations.
+std::string memory_timeline_svg(const Module& m, const std::string& program = "");
 
 }  // namespace kiln
