@@ -9,6 +9,7 @@
 #include <map>
 #include <set>
 
+#include "tools/kiln-inspect/program_graph.h"
 #include "tools/kiln-inspect/xml_text.h"
 
 namespace kiln {
@@ -36,6 +37,20 @@ namespace {
 // Bytes live at each kernel; buffers sharing an offset at the same time (in place) count once, as
 // the largest of them. One sweep over the spans' starts and ends: a per-kernel tally of every live
 // buffer grew as kernels x buffers (a 1024-layer model's report took minutes and gigabytes).
+// What wrote a buffer first, as the other views name it: the kernel's symbol (a built-in op's
+// code), its instruction and its place in the model (h.0.mlp.c_fc), or its location where it has
+// no place (IR without --debug-info).
+std::string producer(const Module& m, const fb::Instr& ins, int64_t k) {
+  const auto* kernels = m.fb().kernels();
+  std::string what = ins.op() == fb::OpCode::Kernel && kernels && ins.ints() && ins.ints()->size() &&
+                             uint32_t(ins.ints()->Get(0)) < kernels->size()
+                         ? kernels->Get(uint32_t(ins.ints()->Get(0)))->symbol()->str()
+                         : std::string(fb::EnumNameOpCode(ins.op()));
+  what += " (instr " + std::to_string(k);
+  if (const std::string where = place(ins.loc()); !where.empty()) return what + ", " + where + ")";
+  return what + (ins.loc() && ins.loc()->size() ? ", " + ins.loc()->str() + ")" : ")");
+}
+
 std::vector<uint64_t> live_bytes(const Module& m, const fb::Program& p, const std::vector<Span>& spans) {
   const int64_t n = p.instrs()->size();
   std::vector<std::vector<const Span*>> starts(n + 1), ends(n + 1);
@@ -148,8 +163,7 @@ void add_memory_report(const Module& m, nlohmann::ordered_json& j) {
     for (const Span& s : at)
       peak["largest"].push_back({{"buffer", m.buffer(s.buffer).name()->str()},
                                  {"bytes", m.buffer(s.buffer).size()},
-                                 {"produced_by", std::string(fb::EnumNameOpCode(s.producer->op())) + " at " +
-                                                     (s.producer->loc() ? s.producer->loc()->str() : "?")}});
+                                 {"produced_by", producer(m, *s.producer, s.first)}});
   }
   j["peak"] = peak;
 

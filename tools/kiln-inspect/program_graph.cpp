@@ -39,15 +39,6 @@ std::string wrapped(const std::string& name, size_t width = 30) {
   return out + line;
 }
 
-// The op's place in the model from its location: loc("h.0.mlp"(...)) gives h.0.mlp.
-std::string place(const flatbuffers::String* loc) {
-  if (!loc) return "";
-  const std::string s = loc->str();
-  const size_t a = s.find('"');
-  const size_t b = a == std::string::npos ? a : s.find('"', a + 1);
-  return b == std::string::npos ? "" : s.substr(a + 1, b - a - 1);
-}
-
 const char* fill_of_kind(const std::string& kind) {
   if (kind == "matmul") return "#cfe2ff";
   if (kind.rfind("attention", 0) == 0 || kind == "decode_attention") return "#ffe0b3";
@@ -97,6 +88,14 @@ enum class Use { Read, Written, Updated };
 const char* use_name(Use u) { return u == Use::Read ? "read" : u == Use::Written ? "written" : "updated"; }
 
 }  // namespace
+
+std::string place(const flatbuffers::String* loc) {
+  if (!loc) return "";
+  const std::string s = loc->str();
+  const size_t a = s.find('"');
+  const size_t b = a == std::string::npos ? a : s.find('"', a + 1);
+  return b == std::string::npos ? "" : s.substr(a + 1, b - a - 1);
+}
 
 std::string program_dot(const Module& m, const std::string& program, GraphState state) {
   const fb::Program* prog = m.program(program);

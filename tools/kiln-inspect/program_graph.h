@@ -15,6 +15,10 @@ enum class GraphState {
   All,     // also every parameter, compute copy, gradient and moment an instruction reads or writes
 };
 
+// The op's place in the model from its location: loc("h.0.mlp"(...)) gives h.0.mlp; "" for a
+// location without a name (IR compiled without --debug-info: a file:line:col).
+std::string place(const flatbuffers::String* loc);
+
 // kiln::Error when the module has no such program.
 std::string program_dot(const Module& m, const std::string& program, GraphState state);
 
