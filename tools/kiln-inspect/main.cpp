@@ -117,6 +117,9 @@ ordered_json report(const Module& m, const RooflineRates& rates) {
 
 
 void print_buffers(const ordered_json& j) {
+  // The plan IR's kiln.offsets count from the activations' start: said, so the two can be matched.
+  std::printf("(offsets: bytes from the arena's start; the state comes first, so an activation's offset is %llu + "
+              "its kiln.offsets in the plan IR)\n", (unsigned long long)j["state_bytes"].get<uint64_t>());
   std::printf("%-6s %-44s %-12s %-5s %14s %12s  %-14s  live (program: instrs)\n", "index", "buffer", "kind", "dtype",
               "offset", "bytes", "shape");
   int i = 0;
