@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <elf.h>
+#include <string_view>
 #include <map>
 #include <string>
 
@@ -38,27 +40,25 @@ std::pair<unsigned, std::string> resident_blocks(const std::string& arch, unsign
 // --generate-line-info) adds .debug_line and .nv_debug_line_sass. The module records no flag for
 // it: the image says it. Anything that is not a well-formed ELF64 image (PTX text) has none.
 bool cubin_has_line_info(const uint8_t* data, size_t size) {
-  auto read = [&](size_t at, size_t n, uint64_t& v) {
-    v = 0;
-    if (at > size || n > size - at) return false;
-    std::memcpy(&v, data + at, n);  // (little-endian, as cubins are)
-    return true;
+  Elf64_Ehdr h;
+  if (size < sizeof h || std::memcmp(data, ELFMAG, SELFMAG) != 0 || data[EI_CLASS] != ELFCLASS64) return false;
+  std::memcpy(&h, data, sizeof h);  // (little-endian, as cubins and this host are)
+  if (h.e_shentsize != sizeof(Elf64_Shdr) || h.e_shoff > size ||
+      h.e_shnum > (size - h.e_shoff) / sizeof(Elf64_Shdr) || h.e_shstrndx >= h.e_shnum)
+    return false;
+  auto section = [&](unsigned i) {
+    Elf64_Shdr s;
+    std::memcpy(&s, data + h.e_shoff + i * sizeof s, sizeof s);
+    return s;
   };
-  uint64_t shoff, shentsize, shnum, shstrndx;
-  if (size < 64 || std::memcmp(data, "\x7f" "ELF", 4) != 0 || data[4] != 2) return false;
-  if (!read(0x28, 8, shoff) || !read(0x3A, 2, shentsize) || !read(0x3C, 2, shnum) || !read(0x3E, 2, shstrndx) ||
-      shentsize < 0x28 || shstrndx >= shnum)
-    return false;
-  uint64_t names, names_size;
-  if (!read(shoff + shstrndx * shentsize + 0x18, 8, names) || !read(shoff + shstrndx * shentsize + 0x20, 8, names_size) ||
-      names > size || names_size > size - names)
-    return false;
-  for (uint64_t i = 0; i < shnum; ++i) {
-    uint64_t name;
-    if (!read(shoff + i * shentsize, 4, name) || name >= names_size) continue;
-    const char* s = reinterpret_cast<const char*>(data + names + name);
-    const size_t n = strnlen(s, names_size - name);
-    if (std::string(s, n) == ".debug_line" || std::string(s, n) == ".nv_debug_line_sass") return true;
+  const Elf64_Shdr names = section(h.e_shstrndx);
+  if (names.sh_offset > size || names.sh_size > size - names.sh_offset) return false;
+  const std::string_view table(reinterpret_cast<const char*>(data + names.sh_offset), names.sh_size);
+  for (unsigned i = 0; i < h.e_shnum; ++i) {
+    const size_t at = section(i).sh_name;
+    if (at >= table.size()) continue;
+    const std::string_view name = table.substr(at, table.find('\0', at) - at);  // (no NUL: to the end)
+    if (name == ".debug_line" || name == ".nv_debug_line_sass") return true;
   }
   return false;
 }

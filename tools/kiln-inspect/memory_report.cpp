@@ -233,12 +233,7 @@ nlohmann::ordered_json data_parallel_report(const Module& m, int ranks, int zero
 }
 
 std::string memory_timeline_svg(const Module& m, const std::string& program) {
-  const fb::Program* p = program.empty() ? largest_program(m) : m.program(program);
-  if (!p && !program.empty()) {
-    std::string names;
-    for (const fb::Program* q : *m.fb().programs()) names += (names.empty() ? "" : ", ") + q->name()->str();
-    throw Error(m.source() + ": no program '" + program + "' (it has " + names + ")");
-  }
+  const fb::Program* p = program.empty() ? largest_program(m) : &named_program(m, program);
   const double W = 1200, H = 640, left = 70, top = 40, right = 20, bottom = 40;
   std::string out;
   auto add = [&](const char* fmt, auto... args) {  // sized to fit: a cut line would break the XML

@@ -97,13 +97,15 @@ std::string place(const flatbuffers::String* loc) {
   return b == std::string::npos ? "" : s.substr(a + 1, b - a - 1);
 }
 
+const fb::Program& named_program(const Module& m, const std::string& program) {
+  if (const fb::Program* p = m.program(program)) return *p;
+  std::string names;
+  for (const fb::Program* p : *m.fb().programs()) names += (names.empty() ? "" : ", ") + p->name()->str();
+  throw Error(m.source() + ": no program '" + program + "' (it has " + names + ")");
+}
+
 std::string program_dot(const Module& m, const std::string& program, GraphState state) {
-  const fb::Program* prog = m.program(program);
-  if (!prog) {
-    std::string names;
-    for (const fb::Program* p : *m.fb().programs()) names += (names.empty() ? "" : ", ") + p->name()->str();
-    throw Error(m.source() + ": no program '" + program + "' (it has " + names + ")");
-  }
+  const fb::Program* prog = &named_program(m, program);
   const auto* kernels = m.fb().kernels();
   const int64_t n = prog->instrs()->size();
   std::string out = "digraph " + quoted(program) + " {\n";

@@ -19,6 +19,10 @@ enum class GraphState {
 // location without a name (IR compiled without --debug-info: a file:line:col).
 std::string place(const flatbuffers::String* loc);
 
+// The program of that name; kiln::Error naming the module's programs when it has none such
+// (--dot and --svg's --program).
+const fb::Program& named_program(const Module& m, const std::string& program);
+
 // kiln::Error when the module has no such program.
 std::string program_dot(const Module& m, const std::string& program, GraphState state);
 

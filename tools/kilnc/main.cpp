@@ -26,6 +26,7 @@
 #include "mlir/Pass/Pass.h"
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Support/FileUtilities.h"
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/SourceMgr.h"
 #include "llvm/Support/ToolOutputFile.h"
 #include "llvm/Support/raw_ostream.h"
@@ -183,10 +184,8 @@ int main(int argc, char** argv) {
     const std::vector<std::string> known = pipelinePassNames();
     for (const std::string& name : printAfter)
       if (std::find(known.begin(), known.end(), name) == known.end()) {
-        std::string list;
-        for (const std::string& k : known) list += (list.empty() ? "" : ", ") + k;
         std::fprintf(stderr, "error: --print-ir-after: no pass '%s' in kilnc's pipeline; the passes: %s\n",
-                     kiln::one_line(name).c_str(), list.c_str());
+                     kiln::one_line(name).c_str(), llvm::join(known, ", ").c_str());
         return 1;
       }
     if (printAfterAll) {  // (the one would hide the other)
