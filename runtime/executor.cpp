@@ -30,6 +30,7 @@
 //   Kernel           a generated fused kernel: its inputs, results, then the state it writes
 //                    (see Module.kernels);        kernel index
 #include "runtime/executor.h"
+#include "runtime/instr_flops.h"
 
 #include <dlfcn.h>
 #include <sys/mman.h>
@@ -520,9 +521,10 @@ float Executor::run(const std::string& name) {
     const std::string key = ins->op() == O::Kernel
                                 ? module_.fb().kernels()->Get(uint32_t(ins->ints()->Get(0)))->symbol()->str()
                                 : std::string(fb::EnumNameOpCode(ins->op()));
-    auto& [seconds, calls] = profile_by_op_[key];
-    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    ++calls;
+    KernelTime& t = profile_by_op_[key];
+    t.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    t.flops += instr_flops(module_, *ins);
+    ++t.calls;
   }
   return *f32(prog->result());
 }
@@ -560,24 +562,30 @@ void Executor::refresh_gathered_compute_copies() {
   host_stale_ = true;
 }
 
-std::vector<std::tuple<std::string, double, int64_t>> Executor::profile_rows() const {
+std::vector<std::pair<std::string, KernelTime>> Executor::profile_rows() const {
   std::vector<std::pair<double, std::string>> order;
-  for (const auto& [op, st] : profile_by_op_) order.push_back({st.first, op});
+  for (const auto& [op, t] : profile_by_op_) order.push_back({t.seconds, op});
   std::sort(order.rbegin(), order.rend());
-  std::vector<std::tuple<std::string, double, int64_t>> rows;
-  for (const auto& [sec, op] : order) rows.emplace_back(op, sec, profile_by_op_.at(op).second);
+  std::vector<std::pair<std::string, KernelTime>> rows;
+  for (const auto& [sec, op] : order) rows.emplace_back(op, profile_by_op_.at(op));
   return rows;
 }
 
 void Executor::print_profile() const {
   double total = 0;
   const auto rows = profile_rows();
-  for (const auto& row : rows) total += std::get<1>(row);
+  for (const auto& [op, t] : rows) total += t.seconds;
   int width = 40;  // the name column fits the longest name (fused kernels list their ops)
-  for (const auto& row : rows) width = std::max(width, int(std::get<0>(row).size()));
-  std::fprintf(stderr, "%-*s %10s %7s %10s\n", width, "kernel", "total ms", "share", "calls");
-  for (const auto& [op, sec, calls] : rows)
-    std::fprintf(stderr, "%-*s %10.3f %6.1f%% %10lld\n", width, op.c_str(), sec * 1e3, 100 * sec / total, (long long)calls);
+  for (const auto& [op, t] : rows) width = std::max(width, int(op.size()));
+  // GFLOP/s: the row's arithmetic (kiln-inspect's count) over its time; "-" where it only moves data.
+  std::fprintf(stderr, "%-*s %10s %7s %10s %10s\n", width, "kernel", "total ms", "share", "calls", "GFLOP/s");
+  for (const auto& [op, t] : rows) {
+    char rate[32] = "-";
+    if (const double g = t.seconds > 0 ? t.flops / t.seconds * 1e-9 : 0; g > 0)
+      std::snprintf(rate, sizeof rate, g >= 100 ? "%.0f" : g >= 1 ? "%.1f" : "%.2g", g);
+    std::fprintf(stderr, "%-*s %10.3f %6.1f%% %10lld %10s\n", width, op.c_str(), t.seconds * 1e3,
+                 100 * t.seconds / total, (long long)t.calls, rate);
+  }
 }
 
 int64_t Executor::host_scratch_bytes() const {

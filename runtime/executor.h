@@ -13,6 +13,7 @@
 
 #include "runtime/arena_layout.h"
 #include "runtime/module.h"
+#include "runtime/profile.h"
 
 namespace kiln {
 
@@ -75,8 +76,8 @@ class Executor {
   void reset_profile() { profile_by_op_.clear(); }
   void print_profile() const;
   // print_profile's rows, the longest total first: name (a kernel's symbol, or a built-in op's
-  // opcode), seconds, calls.
-  std::vector<std::tuple<std::string, double, int64_t>> profile_rows() const;
+  // opcode) and its totals.
+  std::vector<std::pair<std::string, KernelTime>> profile_rows() const;
 
   const Module& module() const { return module_; }
   // Whether this executor loaded the program (run() may run it).
@@ -146,7 +147,7 @@ class Executor {
   long long (*kernel_scratch_bytes_)() = nullptr;         // the kernel library's, where it has it
   std::vector<std::pair<uint32_t, size_t>> pending_;      // bf16 outputs to round after a kernel
   bool profile_ = false;
-  std::map<std::string, std::pair<double, int64_t>> profile_by_op_;  // seconds, calls
+  Profile profile_by_op_;
   // Data-parallel hooks: slice [begin, end) by parameter value and gradient buffer index.
   std::unordered_map<uint32_t, std::pair<int64_t, int64_t>> slice_by_buffer_;
   std::function<double(double)> norm_reducer_;

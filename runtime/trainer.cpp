@@ -1107,8 +1107,9 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     // over): its kernels are named as kiln-inspect --json names them, its steps as the log's.
     if (const auto rows = ex.profile_rows(); logging && log_failure.empty() && !rows.empty()) {
       nlohmann::ordered_json kernels = nlohmann::ordered_json::array();  // (in the README's order)
-      for (const auto& [name, sec, calls] : rows)
-        kernels.push_back({{"kernel", name}, {"total_ms", std::round(sec * 1e6) / 1e3}, {"calls", calls}});
+      for (const auto& [name, t] : rows)
+        kernels.push_back({{"kernel", name}, {"total_ms", std::round(t.seconds * 1e6) / 1e3}, {"calls", t.calls},
+                           {"flops", std::llround(t.flops)}});
       const nlohmann::ordered_json j = {{"profile", {{"steps", {profiled_from - 1, last_started - 1}},
                                              {"warm_up_included", profiled_from == first_step + 1},
                                              {"kernels", kernels}}}};

@@ -386,20 +386,23 @@ if os.path.exists(kl):  # what the runtime said at load (e.g. how cuBLASLt's alg
             md.append(f"- Kiln {line.strip()[:600]}")
 md.append(f"- ms/step: median over the timed steps (PyTorch: {next((x['steps'] for x in torch_runs.values() if x and 'steps' in x), '?')} "
           f"after warm-up, CUDA events; Kiln: its dt_ms, the first {kwarm} steps not counted)")
-# Kiln's profile (print_profile: kernel, total ms, share, calls) and the attention comparison.
+# Kiln's profile (print_profile: kernel, total ms, share, calls, GFLOP/s) and the attention comparison.
 def read_profile(path):
-    """The rows of kiln-run --profile's table (kernel, total ms, share, calls)."""
+    """The rows of kiln-run --profile's table (kernel, total ms, share, calls, GFLOP/s; "-" where
+    a row does no arithmetic), each row's FLOPs taken back from its rate."""
     rows, seen_header = [], False
     if os.path.exists(path):
         for line in open(path, errors="replace"):
             if line.startswith("kernel") and "total ms" in line:
                 seen_header = True
                 continue
-            parts = line.rsplit(None, 3)
-            if seen_header and len(parts) == 4:
+            parts = line.rsplit(None, 4)
+            if seen_header and len(parts) == 5:
                 try:
-                    rows.append({"kernel": parts[0].strip(), "total_ms": float(parts[1]),
-                                 "share": parts[2], "calls": int(parts[3])})
+                    ms = float(parts[1])
+                    rows.append({"kernel": parts[0].strip(), "total_ms": ms, "share": parts[2],
+                                 "calls": int(parts[3]),
+                                 "flops": 0.0 if parts[4] == "-" else float(parts[4]) * 1e6 * ms})
                 except ValueError:
                     pass
     return rows
@@ -435,22 +438,26 @@ if prof:
     steps_profiled = 3
     merged = {}
     for r in prof:
-        m = merged.setdefault(r["kernel"].replace(" (cuBLASLt)", ""), {"total_ms": 0.0, "calls": 0})
+        m = merged.setdefault(r["kernel"].replace(" (cuBLASLt)", ""), {"total_ms": 0.0, "calls": 0, "flops": 0.0})
         m["total_ms"] += r["total_ms"]
         m["calls"] += r["calls"]
+        m["flops"] += r["flops"]
     total = sum(m["total_ms"] for m in merged.values()) / steps_profiled
     md += ["", f"## Kiln: time per kernel (kiln-run --profile: {steps_profiled} steps of B=16 run eagerly, each "
            "kernel between CUDA events), against its roofline bound", "",
-           f"| kernel | ms per step | share | calls in {steps_profiled} steps | bound ms | bound / measured | limit |",
-           "|---|---:|---:|---:|---:|---:|---|"]
+           f"| kernel | ms per step | share | calls in {steps_profiled} steps | TFLOP/s | bound ms | bound / measured | limit |",
+           "|---|---:|---:|---:|---:|---:|---:|---|"]
     for name, m in sorted(merged.items(), key=lambda kv: -kv[1]["total_ms"])[:30]:
         b = bounds.get(name)
         per = m["total_ms"] / steps_profiled
         m["bound_ms"] = b["bound_ms"] if b else None
-        md.append(f"| {name} | {per:.3f} | {100 * per / total if total else 0:.1f}% | {m['calls']} | "
+        rate = f"{m['flops'] / (m['total_ms'] * 1e9):.1f}" if m["flops"] > 0 and m["total_ms"] > 0 else "—"
+        md.append(f"| {name} | {per:.3f} | {100 * per / total if total else 0:.1f}% | {m['calls']} | {rate} | "
                   + (f"{b['bound_ms']:.3f} | {b['bound_ms'] / per:.2f} | {b['limit']} |" if b and per > 0 else "— | — | |"))
     bound = sum(bounds[n]["bound_ms"] for n in merged if n in bounds)
-    md.append(f"| all | {total:.3f} | | | {bound:.3f} | {bound / total if total else 0:.2f} | |")
+    flops = sum(m["flops"] for m in merged.values())
+    all_rate = f"{flops / (total * steps_profiled * 1e9):.1f}" if total > 0 and flops > 0 else "—"
+    md.append(f"| all | {total:.3f} | | | {all_rate} | {bound:.3f} | {bound / total if total else 0:.2f} | |")
 att = torch_runs.get("torch-attention")
 if att:
     md += ["", f"## Attention, forward + backward, B={att.get('B')} H={att.get('H')} T={att.get('T')} "

@@ -171,6 +171,7 @@ void DeviceExecutor::plan_kernel(Program& p, const fb::Instr& ins, const std::st
   // Steps are named by the kernel's symbol (k<N>_<ops>): several kernels share a name, the same ops on
   // other shapes, and --profile's rows, the roofline and --kernel-source tell them apart by it.
   const std::string name = k.symbol()->str();
+  const size_t first_step = p.steps.size();
   std::vector<uint64_t> operands;
   std::vector<uint32_t> bufs;
   for (uint32_t b : *ins.inputs()) bufs.push_back(b);
@@ -256,6 +257,21 @@ void DeviceExecutor::plan_kernel(Program& p, const fb::Instr& ins, const std::st
   } else if (!k.matmul()) {
     throw Error(where + ": kernel " + k.symbol()->str() + " has neither a cuBLASLt call nor a cuda function");
   }
+
+  // The profile's FLOPs: the product's 2MNK to its cuBLASLt step, the rest of the kernel's count
+  // to its first launch (the product's, where the kernel launches nothing).
+  const fb::MatmulCall* c = k.matmul();
+  const double product = c ? 2.0 * double(c->m()) * double(c->n()) * double(c->k()) : 0.0;
+  Step* rest = nullptr;
+  for (size_t i = first_step; i < p.steps.size(); ++i) {
+    Step& s = p.steps[i];
+    if (s.kind == Step::Matmul) s.flops = product;
+    if (s.kind == Step::Launch && !rest) rest = &s;
+  }
+  if (!rest)
+    for (size_t i = first_step; i < p.steps.size(); ++i)
+      if (p.steps[i].kind == Step::Matmul) rest = &p.steps[i];
+  if (rest) rest->flops += std::max(0.0, k.flops() - product);
 }
 
 // When cuBLASLt has no algorithm for a product with its epilogue (a type combination it does
@@ -354,7 +370,7 @@ void DeviceExecutor::issue(const Program& p) {
   for (const Step& s : p.steps) issue(s);
 }
 
-float DeviceExecutor::run(const std::string& name, std::map<std::string, std::pair<double, int64_t>>* profile) {
+float DeviceExecutor::run(const std::string& name, Profile* profile) {
   try {
     return run_program(programs_.at(name), profile);
   } catch (const Error& e) {
@@ -368,7 +384,7 @@ float DeviceExecutor::run(const std::string& name, std::map<std::string, std::pa
   }
 }
 
-float DeviceExecutor::run_program(Program& p, std::map<std::string, std::pair<double, int64_t>>* profile) {
+float DeviceExecutor::run_program(Program& p, Profile* profile) {
   for (auto [begin, end] : host_written_) device_->upload(arena_ + begin, host_state_ + begin, end - begin);
   if (poison_) {  // around the caches that must outlive the run
     uint64_t at = layout_.state_bytes;
@@ -400,9 +416,10 @@ float DeviceExecutor::run_program(Program& p, std::map<std::string, std::pair<do
   if (profile)
     for (size_t i = 0; i < p.steps.size(); ++i) {
       if (p.steps[i].kind == Step::Norm && !norm_hook_) continue;  // one GPU: nothing done there
-      auto& [seconds, calls] = (*profile)[p.steps[i].name];
-      seconds += device_->seconds(i, i + 1);
-      ++calls;
+      KernelTime& t = (*profile)[p.steps[i].name];
+      t.seconds += device_->seconds(i, i + 1);
+      t.flops += p.steps[i].flops;
+      ++t.calls;
     }
   // The result's first element: the loss or the gradient norm (the logits are read() by rows).
   const fb::Buffer& rb = module_.buffer(p.fb->result());

@@ -15,6 +15,7 @@
 #include "runtime/arena_layout.h"
 #include "runtime/device/device.h"
 #include "runtime/module.h"
+#include "runtime/profile.h"
 
 namespace kiln {
 
@@ -36,7 +37,7 @@ class DeviceExecutor {
   // KILN_CUDA_POISON=1 fills the activations with NaN bytes before every run, so that a kernel
   // reading what no kernel wrote shows (the emulation tests run so); not decode's key/value
   // caches, which hold what earlier runs stored.
-  float run(const std::string& program, std::map<std::string, std::pair<double, int64_t>>* profile);
+  float run(const std::string& program, Profile* profile);
   void push_state();  // the host copy of the state region -> the device
   void pull_state();  // the device's state region -> the host copy
   void zero_grads();  // clears the gradient accumulators on the device
@@ -73,6 +74,7 @@ class DeviceExecutor {
   struct Step {
     enum Kind { Zero, Matmul, Launch, Reduce, Wait, Norm } kind;  // Reduce, Wait, Norm: the host hooks
     std::string name;              // for the profile: the kernel's name
+    double flops = 0;              // for the profile: the arithmetic it does
     DevicePtr ptr = 0;             // Zero: what to clear
     size_t bytes = 0;
     Device::Matmul matmul = 0;     // Matmul: the planned product
@@ -93,7 +95,7 @@ class DeviceExecutor {
     Device::Graph graph = 0;
     std::vector<std::pair<uint64_t, uint64_t>> kept;  // [offset, end) of decode's key/value caches
   };
-  float run_program(Program& p, std::map<std::string, std::pair<double, int64_t>>* profile);
+  float run_program(Program& p, Profile* profile);
   void plan(Program& p);
   void plan_kernel(Program& p, const fb::Instr& ins, const std::string& where);
   void plan_norm(Program& p, const fb::Instr& ins, const std::string& where);

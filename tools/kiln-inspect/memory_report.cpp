@@ -3,6 +3,7 @@
 #include "runtime/arena_layout.h"
 #include "runtime/data_parallel.h"
 #include "runtime/error.h"
+#include "runtime/instr_flops.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -80,37 +81,6 @@ std::vector<uint64_t> live_bytes(const Module& m, const fb::Program& p, const st
   return out;
 }
 
-// Matrix products as 2MNK; attention with the full T x T convention of the 6ND + 12LCT rule;
-// GELU and layer norm (what recomputation repeats) as 8 FLOPs per element. A generated kernel
-// counts what the compiler computed for it, and a built-in op as the kernel templates count it
-// (kernel_codegen.cpp), so that --no-fusion's total is comparable: an elementwise op or a cast
-// 1 per element, a row sum 1 per element read, layer norm's gradient 14 and AdamW 12 per
-// element, the cross-entropy 3 per logit each way. Moving data (copies, splits) is free.
-double flops(const Module& m, const fb::Instr& ins) {
-  const auto& v = *ins.ints();
-  switch (ins.op()) {
-    case fb::OpCode::Kernel: return m.fb().kernels()->Get(uint32_t(v[0]))->flops();
-    case fb::OpCode::Add:
-    case fb::OpCode::Mul:
-    case fb::OpCode::Scale:
-    case fb::OpCode::GeluGrad:
-    case fb::OpCode::Cast:
-    case fb::OpCode::AccumulateGrad: return double(v[0]);
-    case fb::OpCode::ReduceSum: return double(v[0]) * double(v[1]);
-    case fb::OpCode::EmbeddingGrad: return double(v[0]) * double(v[2]);
-    case fb::OpCode::LayerNormGrad: return 14.0 * double(v[0]) * double(v[1]);
-    case fb::OpCode::CrossEntropy:
-    case fb::OpCode::CrossEntropyGrad: return 3.0 * double(v[0]) * double(v[1]);
-    case fb::OpCode::AdamW: return 12.0 * double(v[0]);
-    case fb::OpCode::Gelu: return 8.0 * double(v[0]);
-    case fb::OpCode::LayerNorm: return 8.0 * double(v[0]) * double(v[1]);
-    case fb::OpCode::Matmul: return 2.0 * double(v[0]) * double(v[1]) * double(v[2]);
-    case fb::OpCode::Attention: return 4.0 * double(v[0]) * double(v[1]) * double(v[1]) * double(v[2]);
-    case fb::OpCode::AttentionGrad: return 8.0 * double(v[0]) * double(v[1]) * double(v[1]) * double(v[2]);
-    default: return 0.0;
-  }
-}
-
 // The program whose planned activations are largest (the training micro-step).
 const fb::Program* largest_program(const Module& m) {
   const fb::Program* best = nullptr;
@@ -172,7 +142,7 @@ void add_memory_report(const Module& m, nlohmann::ordered_json& j) {
   int recomputed = 0;
   if (const fb::Program* step = m.program("micro_step"))
     for (const fb::Instr* ins : *step->instrs()) {
-      by_phase[ins->phase()] += flops(m, *ins);
+      by_phase[ins->phase()] += instr_flops(m, *ins);
       recomputed += ins->phase() == fb::Phase::Recompute;
     }
   const fb::Model& model = *f.model();
@@ -198,7 +168,7 @@ void add_memory_report(const Module& m, nlohmann::ordered_json& j) {
       if (ins->op() != fb::OpCode::ReduceGradients) continue;
       double bytes = 0, after = 0;
       for (uint32_t i = 1; i < ins->ints()->size(); ++i) bytes += 4.0 * double(ins->ints()->Get(i));
-      for (uint32_t n = k + 1; n < code.size(); ++n) after += flops(m, *code.Get(n));
+      for (uint32_t n = k + 1; n < code.size(); ++n) after += instr_flops(m, *code.Get(n));
       comm_bytes += bytes;
       if (after > 0) overlappable += bytes;
       buckets.push_back({{"bucket", ins->ints()->Get(0)}, {"parameters", ins->inputs()->size()},
