@@ -331,7 +331,11 @@ void load_parameters(Executor& ex, const std::string& path) {
   auto depths = [&] {
     int64_t layers = 0;
     for (const auto& [name, t] : file)
-      if (name.rfind("h.", 0) == 0) layers = std::max<int64_t>(layers, std::atoll(name.c_str() + 2) + 1);
+      if (name.rfind("h.", 0) == 0) {
+        // (strtoll, not atoll: "h.99999999999999999999.x" is out of range, which atoll leaves undefined)
+        const long long l = std::strtoll(name.c_str() + 2, nullptr, 10);
+        if (l >= 0 && l < INT32_MAX) layers = std::max<int64_t>(layers, l + 1);
+      }
     // (none at all: another model's names, or a prefix other than transformer.; not said)
     return layers == model_layers || layers == 0 ? std::string()
                                   : "; the file holds " + std::to_string(layers) + " layer" + (layers == 1 ? "" : "s") +

@@ -479,9 +479,23 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
                        o.keep == 0 ? "this run deletes none" : "older checkpoints past the newest ones are deleted as it saves");
       }
       // Log lines the run that wrote it could not write (a full disk): this run writes them first.
-      if (const auto lines = extra.find("log_pending"); root && lines != extra.end() && lines->is_array()) {
-        for (const auto& line : *lines)
-          if (line.is_string()) log_pending.push_back(line.get<std::string>());
+      // They go into the log as they are: each must be one of the records a run writes (one line of
+      // JSON with a whole "step"), or a checkpoint edited by hand would put another run's lines, or
+      // no log's, into it (which kiln-inspect plot then refuses).
+      if (const auto lines = extra.find("log_pending"); root && lines != extra.end()) {
+        if (!lines->is_array())
+          throw Error(*latest + ": header: extra.log_pending is not an array of log lines (a checkpoint edited by hand?)");
+        for (size_t i = 0; i < lines->size(); ++i) {
+          const auto& line = (*lines)[i];
+          const std::string text = line.is_string() ? line.get<std::string>() : std::string();
+          const auto j = nlohmann::json::parse(text, nullptr, false);
+          if (!line.is_string() || text.find_first_of("\r\n") != std::string::npos || !j.is_object() ||
+              !j.contains("step") || !j["step"].is_number_integer() || j["step"].get<int64_t>() < 0)
+            throw Error(*latest + ": header: extra.log_pending[" + std::to_string(i) + "] '" +
+                        one_line(clipped(line.is_string() ? text : line.dump())) +
+                        "' is not a training log line (one JSON record with \"step\"; a checkpoint edited by hand?)");
+          log_pending.push_back(text);
+        }
         if (!o.log.empty()) drop_logged_lines(o.log, log_pending);
         if (o.log.empty() && !log_pending.empty()) {
           std::fprintf(stderr, "note: %s holds %zu log line(s) its run could not write; without --log they are not "
@@ -596,7 +610,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       if (const auto j = nlohmann::json::parse(line, nullptr, false); j.is_object() && j.contains("step") &&
                                                                        j["step"].is_number_integer())
         held = std::max(held, j["step"].get<int64_t>());
-    if (held >= 0 && held + 1 < first_step)
+    if (held >= 0 && held < first_step - 1)  // (not held + 1: a log's last "step" may be INT64_MAX)
       std::fprintf(stderr, "note: --log %s ends at \"step\" %lld, and this run goes on at %lld: it holds no records "
                    "of steps %lld to %lld (trained with another --log or none)\n", o.log.c_str(), (long long)held,
                    (long long)first_step, (long long)(held + 1), (long long)(first_step - 1));

@@ -4,6 +4,8 @@
 #   overlap    the first parameter's adam_m span set to its value span
 #   old-total  the settings' --total-batch as an earlier version wrote the default: "B*T*ranks"
 #              (not the tokens per step)
+#   log-two-lines  extra.log_pending holding one string of two log lines
+#   log-not-record extra.log_pending holding a line that is no training log record
 import json, struct, sys, zlib
 edit, src, dst = sys.argv[1:4]
 b = open(src, "rb").read()
@@ -15,6 +17,10 @@ if edit == "overlap":
 elif edit == "old-total":
     assert "--total-batch" in h["extra"]["settings"]
     h["extra"]["settings"]["--total-batch"] = "B*T*ranks"
+elif edit == "log-two-lines":
+    h["extra"]["log_pending"] = ['{"step":0,"loss":1}\n{"step":1,"loss":1}']
+elif edit == "log-not-record":
+    h["extra"]["log_pending"] = ["not a log line"]
 else:
     sys.exit(f"forge_ckpt_header.py: unknown edit {edit!r}")
 text = json.dumps(h, separators=(",", ":")).encode()
