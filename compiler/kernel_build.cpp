@@ -268,16 +268,34 @@ std::string withoutCommentLines(const std::string& source) {
 
 }  // namespace
 
-std::optional<std::vector<uint8_t>> compileCpuKernels(const std::string& source, std::string& error,
-                                                      const std::function<void()>& beforeCompiling) {
-  const std::string cxx = hostCompiler(), compileFlags = cpuCompileFlags(), linkFlags = cpuLinkFlags();
+namespace {
+
+// The kernel cache's file for this source, compiler and flags ("" with the cache off).
+std::string cachedLibraryPath(const std::string& source) {
   const std::string dir = cacheDir();
+  if (dir.empty()) return "";
   char key[32];
-  std::snprintf(key, sizeof key, "%016llx", (unsigned long long)fnv1a(cxx + "\n" + compileFlags + " " + linkFlags + "\n" + cpuFlags() + "\n" + withoutCommentLines(source)));
-  const std::string cached = dir.empty() ? "" : dir + "/" + key + ".so";
+  std::snprintf(key, sizeof key, "%016llx",
+                (unsigned long long)fnv1a(std::string(hostCompiler()) + "\n" + cpuCompileFlags() + " " + cpuLinkFlags() + "\n" +
+                                          cpuFlags() + "\n" + withoutCommentLines(source)));
+  return dir + "/" + key + ".so";
+}
+
+}  // namespace
+
+std::optional<std::vector<uint8_t>> cachedCpuKernels(const std::string& source) {
+  const std::string cached = cachedLibraryPath(source);
   // A cache entry that is no shared library (emptied, cut short, another file) is built again.
   if (!cached.empty())
     if (auto hit = readAll(cached); hit && isWholeElf(*hit)) return hit;
+  return std::nullopt;
+}
+
+std::optional<std::vector<uint8_t>> compileCpuKernels(const std::string& source, std::string& error,
+                                                      const std::function<void()>& beforeCompiling) {
+  const std::string cxx = hostCompiler(), compileFlags = cpuCompileFlags(), linkFlags = cpuLinkFlags();
+  const std::string dir = cacheDir(), cached = cachedLibraryPath(source);
+  if (auto hit = cachedCpuKernels(source)) return hit;
   if (beforeCompiling) beforeCompiling();
 
   BuildSignalGuard guard;

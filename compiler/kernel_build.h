@@ -19,6 +19,10 @@ namespace kiln {
 // ~/.cache/kiln/kernels; "off" disables the cache). `beforeCompiling` runs when the cache has no
 // library for the source, before the compiler starts. On failure, `error` holds the compiler's
 // first diagnostics.
+// The kernel cache's library for this source, when it has one (the lookup compileCpuKernels does
+// first; kilnc --timing says which of the two a compile's time went to).
+std::optional<std::vector<uint8_t>> cachedCpuKernels(const std::string& source);
+
 std::optional<std::vector<uint8_t>> compileCpuKernels(const std::string& source, std::string& error,
                                                       const std::function<void()>& beforeCompiling = {});
 
