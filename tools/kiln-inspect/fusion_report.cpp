@@ -101,9 +101,20 @@ void print_fusion_report(const nlohmann::ordered_json& j) {
   std::printf("  (launches: in one training step, a micro-step and the optimizer step; the other programs' kernels "
               "(forward, logits, the sampler's) show 0;\n"
               "   kernels: how many of that name, on other shapes: --kernel-source and --profile name each k<N>_<name>)\n");
+  // A long list of fused ops goes on over the lines below, at word breaks, under its column.
+  const int ops_column = 2 + 16 + 1 + width + 1 + 9 + 1 + 8 + 2;
   for (const auto& [name, r] : rows) {
-    std::string ops = r.ops.size() > 70 ? r.ops.substr(0, 67) + "..." : r.ops;
-    std::printf("  %-16s %-*s %9d %8d  %s\n", r.kind.c_str(), width, name.c_str(), r.kernels, r.launches, ops.c_str());
+    std::vector<std::string> lines{""};
+    for (size_t at = 0; at < r.ops.size();) {
+      const size_t end = std::min(r.ops.find(' ', at), r.ops.size());
+      const std::string word = r.ops.substr(at, end - at);
+      const bool count = word.size() > 1 && word[0] == 'x' && word.find_first_not_of("0123456789", 1) == std::string::npos;
+      if (!count && !lines.back().empty() && lines.back().size() + 1 + word.size() > 70) lines.push_back("");  // ("adamw x28" stays whole)
+      lines.back() += (lines.back().empty() ? "" : " ") + word;
+      at = end + 1;
+    }
+    std::printf("  %-16s %-*s %9d %8d  %s\n", r.kind.c_str(), width, name.c_str(), r.kernels, r.launches, lines[0].c_str());
+    for (size_t i = 1; i < lines.size(); ++i) std::printf("%*s%s\n", ops_column, "", lines[i].c_str());
   }
 }
 
