@@ -649,11 +649,29 @@ void Executor::exec(const fb::Instr& ins) {
   flush_outputs();
 }
 
+// The built-in embedding and cross-entropy kernels index rows by the ids they read: an id past the
+// instruction's V (its table's rows, the logits' columns) would read or write outside the buffer.
+// The loader checks the data's ids against the model's vocabulary only, and a module's V per
+// instruction is its own, so each instruction checks its ids (n of them: cheap beside the op).
+static void check_ids(const std::string& source, const fb::Instr& ins, const int32_t* ids, int64_t n, int64_t V) {
+  for (int64_t i = 0; i < n; ++i)
+    if (ids[i] < 0 || ids[i] >= V)
+      throw Error(source + ": " + fb::EnumNameOpCode(ins.op()) + " (" + (ins.loc() ? one_line(ins.loc()->str()) : "") +
+                  "): id " + std::to_string(ids[i]) + " at element " + std::to_string(i) + " is not in [0, " +
+                  std::to_string(V) + ") (a damaged module, or one whose sizes disagree with the model's)");
+}
+
 template <typename In, typename IIn, typename Out>
 void Executor::run_kernel(const fb::Instr& ins, const flatbuffers::Vector<int64_t>& v, In in, IIn iin, Out out) {
   switch (ins.op()) {
-    case O::Embedding: cpu::embedding_fwd(out(0), iin(1), in(0), v[0], v[2]); break;
-    case O::EmbeddingGrad: cpu::embedding_bwd(out(0), iin(1), in(0), v[0], v[1], v[2]); break;
+    case O::Embedding:
+      check_ids(module_.source(), ins, iin(1), v[0], v[1]);
+      cpu::embedding_fwd(out(0), iin(1), in(0), v[0], v[2]);
+      break;
+    case O::EmbeddingGrad:
+      check_ids(module_.source(), ins, iin(1), v[0], v[1]);
+      cpu::embedding_bwd(out(0), iin(1), in(0), v[0], v[1], v[2]);
+      break;
     case O::Matmul: cpu::matmul(out(0), in(0), in(1), v[0], v[1], v[2], v[3], v[4]); break;
     case O::Add: cpu::add(out(0), in(0), in(1), v[0]); break;
     case O::Mul: cpu::mul(out(0), in(0), in(1), v[0]); break;
@@ -702,8 +720,12 @@ void Executor::run_kernel(const fb::Instr& ins, const flatbuffers::Vector<int64_
     case O::AttentionGrad:
       cpu::attention_bwd(out(0), in(0), in(1), in(2), in(3), v[0], v[1], v[2], v[3]);
       break;
-    case O::CrossEntropy: cpu::cross_entropy_fwd(out(0), out(1), in(0), iin(1), v[0], v[1], v[2]); break;
+    case O::CrossEntropy:
+      check_ids(module_.source(), ins, iin(1), v[0], v[2]);
+      cpu::cross_entropy_fwd(out(0), out(1), in(0), iin(1), v[0], v[1], v[2]);
+      break;
     case O::CrossEntropyGrad:
+      check_ids(module_.source(), ins, iin(3), v[0], v[2]);
       cpu::cross_entropy_bwd(out(0), in(0), in(1), in(2), iin(3), v[0], v[1], v[2]);
       break;
     case O::AccumulateGrad: cpu::accumulate(out(0), in(0), v[0]); break;

@@ -5,6 +5,7 @@
 #include "runtime/hyper_names.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -136,6 +137,17 @@ void seal_module(std::vector<uint8_t>& bytes) {
   std::memcpy(bytes.data() + (field - bytes.data()), &crc, 4);  // FlatBuffers scalars are little-endian
 }
 
+namespace {
+// "A, B or C": an enum's names, for messages.
+std::string list_enum(const char* const* names) {
+  std::vector<std::string> all;
+  for (; *names; ++names) all.push_back(*names);
+  std::string text;
+  for (size_t i = 0; i < all.size(); ++i) text += (i ? (i + 1 == all.size() ? " or " : ", ") : "") + all[i];
+  return text;
+}
+}  // namespace
+
 int instr_int_count(fb::OpCode op) {
   using O = fb::OpCode;
   switch (op) {
@@ -179,6 +191,10 @@ void Module::verify(size_t tables_end) const {
     if (!b.shape() || !b.name()) bad(where, !b.shape() ? "has no shape" : "has no name");
     if (b.dtype() < fb::DType::MIN || b.dtype() > fb::DType::MAX)
       bad(where, "dtype " + std::to_string(int(b.dtype())) + " is none of F32, I32, BF16");
+    // (FlatBuffers checks no enum: a kind past it would be state that nothing fills, e.g. a
+    // hyperparameter the trainer never sets, which the kernels then read as 0.)
+    if (b.kind() < fb::BufferKind::MIN || b.kind() > fb::BufferKind::MAX)
+      bad(where, "kind " + std::to_string(int(b.kind())) + " is none of " + list_enum(fb::EnumNamesBufferKind()));
     // Overflow-checked: a crafted shape must not wrap around to a small size.
     uint64_t elements = 0, bytes = 0;
     if (!checked_numel({b.shape()->begin(), b.shape()->end()}, &elements) ||
@@ -199,6 +215,7 @@ void Module::verify(size_t tables_end) const {
     if (idx >= nbuf) bad(where, "buffer index " + std::to_string(idx) + " out of range");
   };
   std::map<std::string, uint32_t> parameter_names;
+  std::map<uint32_t, uint32_t> state_owner;  // buffer -> the parameter whose state it is
   for (uint32_t i = 0; i < fb_->parameters()->size(); ++i) {
     const fb::Parameter* p = fb_->parameters()->Get(i);
     std::string where = "parameters[" + std::to_string(i) + "]";
@@ -215,6 +232,21 @@ void Module::verify(size_t tables_end) const {
     if (p->value() < nbuf) {
       const std::vector<int64_t> value(buffer(p->value()).shape()->begin(), buffer(p->value()).shape()->end());
       if (shape != value) bad(where, "shape " + shape_str(shape) + " is not its value buffer's " + shape_str(value));
+    }
+    if (p->init() < fb::Init::MIN || p->init() > fb::Init::MAX)
+      bad(where, "init " + std::to_string(int(p->init())) + " is none of " + list_enum(fb::EnumNamesInit()));
+    if (!std::isfinite(p->init_std()) || p->init_std() < 0)
+      bad(where, "init_std " + std::to_string(p->init_std()) + " is not a finite number >= 0");
+    // Each parameter's value, gradient, moments and compute copy are its own: two parameters on one
+    // buffer would train (and load, and save) as one, silently.
+    {
+      std::vector<uint32_t> owned = {p->value(), p->grad(), p->adam_m(), p->adam_v()};
+      if (p->compute_copy() >= 0) owned.push_back(uint32_t(p->compute_copy()));
+      for (uint32_t idx : owned)
+        if (auto [it, fresh] = state_owner.emplace(idx, i); !fresh)
+          bad(where, "buffer " + std::to_string(idx) + " is " +
+                         (it->second == i ? std::string("two of its state buffers")
+                                          : "parameters[" + std::to_string(it->second) + "]'s already"));
     }
     if (p->compute_copy() >= 0) {
       check_index(uint32_t(p->compute_copy()), where);
@@ -237,13 +269,37 @@ void Module::verify(size_t tables_end) const {
   }
   const uint32_t nkernels = fb_->kernels() ? fb_->kernels()->size() : 0;
   const bool cuda = fb_->model()->target() && fb_->model()->target()->str() == "cuda";
+  std::set<std::string> program_names;
   for (const fb::Program* prog : *fb_->programs()) {
     if (!prog->name() || !prog->instrs()) bad("programs", "a program lacks a name or code");
+    // Programs are found by name (the first of it): a second "micro_step" before the real one
+    // would train with another program's code.
+    if (!program_names.insert(prog->name()->str()).second)
+      bad("programs", "two programs are named '" + one_line(prog->name()->str()) + "'");
     check_index(prog->result(), "program " + prog->name()->str() + ": result");
+    // The trainer reads what micro_step returns as the loss and optimizer_step's as the gradient
+    // norm, and evaluation forward's as the loss (of a training module: kilnc's programs): one fp32
+    // value that the program itself writes. Any other buffer would be reported as the loss, silently.
+    const std::string& pname = prog->name()->str();
+    if (pname == "micro_step" || pname == "optimizer_step" || (pname == "forward" && program("micro_step"))) {
+      const std::string where = "program " + pname + ": result";
+      const uint32_t r = prog->result();
+      const fb::Buffer& rb = buffer(r);
+      bool written = false;
+      for (const fb::Instr* ins : *prog->instrs())
+        if (ins->outputs() && std::find(ins->outputs()->begin(), ins->outputs()->end(), r) != ins->outputs()->end())
+          written = true;
+      if (!written) bad(where, "buffer " + std::to_string(r) + " '" + one_line(rb.name()->str()) + "' is no instruction's output");
+      if (rb.dtype() != fb::DType::F32 || numel(rb) != 1)
+        bad(where, "buffer " + std::to_string(r) + " '" + one_line(rb.name()->str()) + "' holds " +
+                       std::to_string(numel(rb)) + " " + dtype_name(rb.dtype()) + ", not one F32 value");
+    }
     for (uint32_t k = 0; k < prog->instrs()->size(); ++k) {
       const fb::Instr* ins = prog->instrs()->Get(k);
       std::string where = "program " + prog->name()->str() + ", instr " + std::to_string(k);
       if (ins->op() < fb::OpCode::MIN || ins->op() > fb::OpCode::MAX) bad(where, "unknown opcode");
+      if (ins->phase() < fb::Phase::MIN || ins->phase() > fb::Phase::MAX)
+        bad(where, "phase " + std::to_string(int(ins->phase())) + " is none of " + list_enum(fb::EnumNamesPhase()));
       if (!ins->inputs() || !ins->outputs() || !ins->ints()) bad(where, "missing operands");
       for (uint32_t idx : *ins->inputs()) check_index(idx, where);
       for (uint32_t idx : *ins->outputs()) check_index(idx, where);
@@ -298,6 +354,28 @@ void Module::verify(size_t tables_end) const {
     const fb::Kernel* k = fb_->kernels()->Get(i);
     const std::string where = "kernels[" + std::to_string(i) + "]";
     if (!k->symbol() || !k->name() || !k->kind() || !k->ops()) bad(where, "missing symbol, name, kind or ops");
+    // The operands the device executor clears before a launch, and kiln-inspect --roofline
+    // counts: positions in the kernel's operand table.
+    if (k->zero_operands()) {
+      const uint32_t n = k->operand_numel() ? k->operand_numel()->size() : 0;
+      if (!k->operand_dtype() || k->operand_dtype()->size() != n)
+        bad(where, "has zero_operands but no table of its operands' sizes and dtypes");
+      for (uint32_t z : *k->zero_operands())
+        if (z >= n) bad(where, "zero_operands names operand " + std::to_string(z) + " of its " + std::to_string(n));
+    }
+    // A cuda kernel's cuBLASLt product: the device executor checks each operand against m k, k n
+    // and m n elements, which must not wrap around (m = 2^62, k = 4 "needs" 0 elements).
+    if (const fb::MatmulCall* c = k->matmul()) {
+      int64_t product = 0;
+      if (c->m() <= 0 || c->n() <= 0 || c->k() <= 0 || __builtin_mul_overflow(c->m(), c->k(), &product) ||
+          __builtin_mul_overflow(c->k(), c->n(), &product) || __builtin_mul_overflow(c->m(), c->n(), &product))
+        bad(where, "cuBLASLt product m=" + std::to_string(c->m()) + " n=" + std::to_string(c->n()) + " k=" +
+                       std::to_string(c->k()) + ": sizes must be positive, with m k, k n and m n below 2^63");
+    }
+    // (kiln-inspect's FLOP counts and roofline, and the trainer's MFU, add them up)
+    if (!std::isfinite(k->flops()) || k->flops() < 0 || !std::isfinite(k->tensor_flops()) || k->tensor_flops() < 0)
+      bad(where, "flops " + std::to_string(k->flops()) + " and tensor_flops " + std::to_string(k->tensor_flops()) +
+                     " must be finite numbers >= 0");
     // The executors find a kernel's code by its symbol: one of another kernel's would run that
     // code on this kernel's operands. kilnc names kernel i's symbols "k<i>_...".
     const std::string prefix = "k" + std::to_string(i) + "_";
