@@ -92,7 +92,10 @@ class EmulatedDevice final : public Device {
   std::string describe() const override { return "a CUDA emulation on the CPU (test/e2e/cuda_emulation)"; }
 
   DevicePtr alloc(size_t bytes, const std::string& what) override {
-    void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+    // Under KEMU_SANITIZE the exact size, so that AddressSanitizer's redzone starts at the last byte.
+    void* p = nullptr;
+    if (!sanitize()) p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+    else if (posix_memalign(&p, 256, bytes ? bytes : 1) != 0) p = nullptr;
     if (!p) throw Error("emulated device: cannot allocate " + std::to_string(bytes) + " bytes for " + what);
     std::memset(p, 0xff, bytes);  // NaN until written
     allocations_[DevicePtr(p)] = bytes;
@@ -135,7 +138,18 @@ class EmulatedDevice final : public Device {
     if (src.empty()) throw Error(m.source() + ": no kernel source to emulate");
     const char* cxx_env = std::getenv("CXX");
     const std::string cxx = cxx_env && *cxx_env ? cxx_env : "c++";
-    const std::string flags = "-std=c++20 -O1 -U_FORTIFY_SOURCE -fPIC -shared -w";
+    std::string flags = "-std=c++20 -O1 -U_FORTIFY_SOURCE -fPIC -shared -w";
+    // KEMU_SANITIZE=1: the kernels under AddressSanitizer and UndefinedBehaviorSanitizer (each
+    // __shared__ array with its own redzones; no stack instrumentation, which the fibers' stack
+    // switches would confuse: -fsanitize=bounds checks the local arrays). The process must have
+    // the ASan runtime first (run.sh SANITIZE=1 preloads it into the driver).
+    if (sanitize()) {
+      if (!dlsym(RTLD_DEFAULT, "__asan_init"))
+        throw Error("emulated device: KEMU_SANITIZE=1 needs the AddressSanitizer runtime in the process "
+                    "(LD_PRELOAD=$(c++ -print-file-name=libasan.so))");
+      flags += " -fsanitize=address,undefined,float-cast-overflow -fsanitize-sections=kemu_shared"
+               " -fno-omit-frame-pointer -g --param asan-stack=0";
+    }
     const char* cache_env = std::getenv("KILN_EMU_CACHE");
     const char* tmp = std::getenv("TMPDIR");
     const fs::path cache = cache_env && *cache_env ? fs::path(cache_env)
@@ -154,7 +168,9 @@ class EmulatedDevice final : public Device {
       const std::string pid = std::to_string(getpid());
       { std::ofstream(cu.string() + "." + pid) << src; }
       fs::rename(cu.string() + "." + pid, cu);
-      const std::string cmd = cxx + " " + flags + " -I" KILN_EMU_DIR " -DKILN_KERNELS_CU='\"" + cu.string() + "\"' " +
+      // (Not the compiler under the driver's preloaded ASan runtime.)
+      const std::string cmd = std::string(sanitize() ? "env -u LD_PRELOAD " : "") + cxx + " " + flags +
+                              " -I" KILN_EMU_DIR " -DKILN_KERNELS_CU='\"" + cu.string() + "\"' " +
                               KILN_EMU_DIR "/kernels_tu.cpp -o " + so.string() + "." + pid;
       std::fprintf(stderr, "emulated device: compiling the module's kernels (%s)\n", so.c_str());
       if (std::system(cmd.c_str()) != 0) throw Error("emulated device: cannot compile the kernels: " + cmd);
@@ -255,6 +271,10 @@ class EmulatedDevice final : public Device {
   }
 
  private:
+  static bool sanitize() {
+    static const bool on = std::getenv("KEMU_SANITIZE") && std::string(std::getenv("KEMU_SANITIZE")) == "1";
+    return on;
+  }
   // What the GPU leaves undefined and the emulation noticed in the launch just run: a shuffle
   // (full mask) in a warp some of whose lanes had returned, __syncthreads reached from
   // different lines in one round.

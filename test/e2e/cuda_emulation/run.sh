@@ -15,6 +15,9 @@
 # CONFIGS_SIMT with SIMT attention (long-bf16), CONFIGS_RACE on the race-exposing schedules
 # (long-bf16 hs96-bf16 wide-bf16: two tile buffers and one; dq in the dk/dv kernel or its own;
 # long: the SIMT kernels over several key tiles).
+# SANITIZE=1 runs the kernels under AddressSanitizer and UndefinedBehaviorSanitizer (emulated_device.cpp
+# KEMU_SANITIZE; the ASan runtime preloaded into the driver; slow: minutes per config). A report
+# fails the run (UBSan halts on its first error). Off by default and in CI.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../../.." && pwd)"
@@ -26,6 +29,12 @@ steps="${STEPS:-2}"
 export KILN_EMU_CACHE="${KILN_EMU_CACHE:-$work/kernel-cache}"
 driver="$build/bin/kiln-cuda-emulator"
 [ -x "$driver" ] || { echo "run.sh: $driver is missing (build the tests)"; exit 2; }
+sanitize=()
+if [ "${SANITIZE:-0}" = 1 ]; then
+  sanitize=(KEMU_SANITIZE=1 "LD_PRELOAD=$("${CXX:-c++}" -print-file-name=libasan.so)"
+            "ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0}"
+            "UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}")
+fi
 
 status=0
 # check CFG CUDA_MODULE WHAT [VAR=VALUE...]: the driver on CFG's cpu module and CUDA_MODULE (with
@@ -34,7 +43,7 @@ check() {
   local cfg=$1 mod=$2 what=$3
   shift 3
   echo "== $cfg: run$what"
-  env "$@" "$driver" "$work/$cfg/cpu.kiln" "$mod" --steps "$steps" 2>&1 | tee "$mod.log" || status=1
+  env ${sanitize[@]+"${sanitize[@]}"} "$@" "$driver" "$work/$cfg/cpu.kiln" "$mod" --steps "$steps" 2>&1 | tee "$mod.log" || status=1
 }
 for cfg in $configs; do
   spec="$root/test/e2e/configs/$cfg.toml"

@@ -16,8 +16,8 @@
 // are counted (kemu_stats), and the emulated device fails the launch that did either. Lanes of one
 // warp released together from warp-wide operations on different lines (divergent lanes at a
 // full-mask shuffle) stop the run. Shared memory is filled with NaN bytes before every block
-// (KEMU_SHARED=keep: not), as a GPU leaves it undefined: a static would read zeros in the first
-// block and the previous block's values after it.
+// (KEMU_SHARED=keep: not; KEMU_SHARED=big: 0x7f bytes, huge finite values), as a GPU leaves it
+// undefined: a static would read zeros in the first block and the previous block's values after it.
 //
 // Used by kernels_tu.cpp, which includes the generated kernels.cu inside a namespace after this
 // header; the driver (driver.cpp) reaches launches through kemu_launch (extern "C").
@@ -211,13 +211,29 @@ inline const bool warp_at_a_time = [] {
 extern "C" char __start_kemu_shared[] __attribute__((weak, visibility("hidden")));
 extern "C" char __stop_kemu_shared[] __attribute__((weak, visibility("hidden")));
 namespace kemu {
-inline const bool poison_shared = [] {
+// The byte shared memory is filled with before every block: 0xff (NaN) by default;
+// KEMU_SHARED=keep: none; KEMU_SHARED=big: 0x7f, a huge finite value (3.4e38 in fp32 and bf16,
+// a large int, true), which a NaN would hide from (max reductions, comparisons, masks).
+inline const int shared_fill = [] {
   const char* v = getenv("KEMU_SHARED");
-  return !(v && strcmp(v, "keep") == 0);
+  if (v && strcmp(v, "keep") == 0) return -1;
+  if (v && strcmp(v, "big") == 0) return 0x7f;
+  return 0xff;
 }();
+inline const bool poison_shared = shared_fill >= 0;
+// Fills [p, end) with that byte. Under AddressSanitizer (the kernels built with
+// -fsanitize-sections=kemu_shared, so that each __shared__ array has its own redzones) byte by
+// byte without instrumentation: a memset of the whole section would hit the redzones.
+#if defined(__SANITIZE_ADDRESS__)
+__attribute__((no_sanitize_address, noinline)) inline void fill_shared(char* p, char* end) {
+  for (volatile char* q = p; q < end; q++) *q = char(shared_fill);
+}
+#else
+inline void fill_shared(char* p, char* end) { memset(p, shared_fill, size_t(end - p)); }
+#endif
 inline void run_block(unsigned n) {
   if (poison_shared && __start_kemu_shared && __stop_kemu_shared > __start_kemu_shared)
-    memset(__start_kemu_shared, 0xff, size_t(__stop_kemu_shared - __start_kemu_shared));
+    fill_shared(__start_kemu_shared, __stop_kemu_shared);
   live_block = int(n);
   block_arrived = 0;
   for (unsigned w = 0; w < (n + 31) / 32; w++) {
