@@ -5,9 +5,11 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <filesystem>
 #include <set>
 #include <sstream>
+#include <system_error>
 
 #include "runtime/error.h"
 #include "runtime/file_io.h"
@@ -162,7 +164,21 @@ ModelSpec parse_spec(const std::string& path) {
   // (and by read_file, which refuses a device, or a FIFO no one writes to, instead of reading
   // for ever).
   if (!std::filesystem::exists(path)) throw Error(path + ": no such file");
+  // A spec is a few hundred bytes. One far larger is refused before it is read whole (a file of
+  // gigabytes was read into memory, then parsed for minutes) or parsed: toml++ recurses once per
+  // level of a dotted key or table header ([a.a.a...]), which its nesting limit does not count,
+  // and some 150,000 levels overflowed the stack. 64 KiB holds at most 32,768.
+  constexpr uintmax_t kMaxSpecBytes = 64 << 10;
+  std::error_code size_error;
+  if (std::filesystem::is_regular_file(path, size_error)) {
+    const uintmax_t size = std::filesystem::file_size(path, size_error);
+    if (!size_error && size > kMaxSpecBytes)
+      throw Error(path + ": is " + std::to_string(size) + " bytes, more than a spec's " +
+                  std::to_string(kMaxSpecBytes) + " (is it a model spec?)");
+  }
   const std::vector<uint8_t> bytes = read_file(path);
+  if (bytes.size() > kMaxSpecBytes)  // (a pipe, which has no size until read)
+    throw Error(path + ": holds more than a spec's " + std::to_string(kMaxSpecBytes) + " bytes (is it a model spec?)");
   const std::string text(bytes.begin(), bytes.end());
   toml::table root;
   try {
