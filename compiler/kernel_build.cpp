@@ -393,6 +393,11 @@ std::optional<std::vector<CudaImageBuild>> compileCudaKernels(const std::string&
     nvrtcGetProgramLogSize(prog, &n);
     std::string log(n, '\0');
     nvrtcGetProgramLog(prog, log.data());
+    // The log ends in a NUL (counted in its size) and may hold others between its parts: none
+    // reaches the error message as a raw byte.
+    while (!log.empty() && log.back() == '\0') log.pop_back();
+    for (char& c : log)
+      if (c == '\0') c = '\n';
     if (r != NVRTC_SUCCESS) {
       errors[i] = std::string(arch) + ": " + nvrtcGetErrorString(r) + "\n" + errorLines(log);
       nvrtcDestroyProgram(&prog);

@@ -830,7 +830,9 @@ class Emitter {
     for (size_t k = 0; k < targets.size(); ++k)
       body_ += "    atomicAdd(&" + targets[k] + "[c], part[" + num(int64_t(k) * C) + " + c]);\n";
     body_ += "  }\n";
-    if (!rounded.empty()) cudaRoundColumnTotals(ws, C, rounded);
+    // (The last-block flag goes in part[0], read out by now: at n_embd = 4096, part's 3 C floats fill
+    // the 48 KB of static shared memory, and a __shared__ flag of its own would be a byte too many.)
+    if (!rounded.empty()) cudaRoundColumnTotals(ws, C, rounded, "part");
     return success();
   }
 
@@ -839,14 +841,23 @@ class Emitter {
   // kiln.reduce_sum and its casts and accumulation): the last block to finish rounds each total to
   // bf16 once, computes the chain and clears the workspace and the block counter for the next launch.
   // Its cost: a counter atomic per block, then C reads, adds and clears per chain in one block.
-  void cudaRoundColumnTotals(const std::string& ws, int64_t C, ArrayRef<SmallVector<Operation*>> chains) {
+  // `flagSlot`, when given, is a __shared__ float array the kernel is done with, whose first element
+  // holds the last-block flag instead of a __shared__ variable of its own.
+  void cudaRoundColumnTotals(const std::string& ws, int64_t C, ArrayRef<SmallVector<Operation*>> chains,
+                             const std::string& flagSlot = "") {
     const std::string done = symbolPrefix() + "blocks_done";
     preamble_ += "__device__ float " + ws + "[" + num(C * int64_t(chains.size())) + "];  // zero between launches\n" +
                  "__device__ unsigned " + done + " = 0;\n";
     body_ += "  // The last block to finish rounds the column totals (bf16 bias gradients) and clears them.\n";
-    body_ += "  __shared__ bool last;\n  __threadfence();\n  __syncthreads();\n";
-    body_ += "  if (threadIdx.x == 0) last = atomicAdd(&" + done + ", 1u) == gridDim.x - 1;\n";
-    body_ += "  __syncthreads();\n  if (!last) return;\n";
+    if (flagSlot.empty()) {
+      body_ += "  __shared__ bool last;\n  __threadfence();\n  __syncthreads();\n";
+      body_ += "  if (threadIdx.x == 0) last = atomicAdd(&" + done + ", 1u) == gridDim.x - 1;\n";
+      body_ += "  __syncthreads();\n  if (!last) return;\n";
+    } else {
+      body_ += "  __threadfence();\n  __syncthreads();\n";
+      body_ += "  if (threadIdx.x == 0) " + flagSlot + "[0] = atomicAdd(&" + done + ", 1u) == gridDim.x - 1 ? 1.0f : 0.0f;\n";
+      body_ += "  __syncthreads();\n  if (" + flagSlot + "[0] == 0.0f) return;\n";
+    }
     body_ += "  for (long long c = threadIdx.x; c < " + num(C) + "; c += blockDim.x) {\n";
     body_ += "    const long long i = c;\n";
     for (size_t j = 0; j < chains.size(); ++j) {
