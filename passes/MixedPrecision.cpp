@@ -42,6 +42,22 @@ struct MixedPrecisionPass : kiln::impl::MixedPrecisionBase<MixedPrecisionPass> {
              "(set it in the spec and emit the graph again)";
       return signalPassFailure();
     }
+    // The pass retypes values in place; only kiln ops (and the return, whose function type it
+    // rewrites) follow. A func.call would keep its callee's types: a value passed to it, or a
+    // callee whose result turned bf16, left calls the verifier refuses after the pass.
+    for (auto f : getOperation().getOps<func::FuncOp>()) {
+      if (f.isExternal()) continue;
+      WalkResult foreign = f.walk([&](Operation* op) {
+        if (op == f.getOperation() || isa<func::ReturnOp>(op) ||
+            op->getDialect() == getContext().getLoadedDialect<KilnDialect>())
+          return WalkResult::advance();
+        op->emitError() << "kiln-mixed-precision: '" << op->getName() << "' in @" << f.getName()
+                        << " is not a kiln op: the pass changes the element types of the values it reads and "
+                           "would leave its types behind (graph IR holds kiln ops only)";
+        return WalkResult::interrupt();
+      });
+      if (foreign.wasInterrupted()) return signalPassFailure();
+    }
     for (auto f : getOperation().getOps<func::FuncOp>())
       if (!f.isExternal()) assignTypes(f);
     // Under precision = "bf16", something the functions return must be computed in bf16: else

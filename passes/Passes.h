@@ -76,17 +76,28 @@ inline mlir::LogicalResult requireStaticTensors(mlir::ModuleOp module, llvm::Str
     auto r = mlir::dyn_cast<mlir::RankedTensorType>(t);
     return r && r.hasStaticShape() && r.getElementType().isIntOrFloat();
   };
+  // Another dialect's tensor (a func.call's result) has none of the kiln types' bounds: its byte
+  // size could wrap (2^62 x 4 elements were sized 0) or make the plan's i64 arena size negative.
+  auto tooLarge = [&](mlir::InFlightDiagnostic d, mlir::Type t) -> mlir::LogicalResult {
+    d << pass << ": a value of type " << t
+      << " has no element or more than 2^48 (every kiln value holds 1 to 2^48): its size in the arena would not fit";
+    return mlir::failure();
+  };
   for (auto f : module.getOps<mlir::func::FuncOp>()) {
     if (f.isExternal()) continue;
-    for (mlir::BlockArgument a : f.getArguments())
+    for (mlir::BlockArgument a : f.getArguments()) {
       if (!sized(a.getType()))
         return f.emitError() << pass << ": @" << f.getName() << "'s argument #" << a.getArgNumber() << " has type "
                              << a.getType() << ", not a tensor of static shape: it has no size in the arena";
+      if (!fitsArena(a.getType())) return tooLarge(f.emitError(), a.getType());
+    }
     for (mlir::Operation& op : f.getBody().front())
-      for (mlir::Value r : op.getResults())
+      for (mlir::Value r : op.getResults()) {
         if (!sized(r.getType()))
           return op.emitError() << pass << ": a result of type " << r.getType()
                                 << ", not a tensor of static shape: it has no size in the arena";
+        if (!fitsArena(r.getType())) return tooLarge(op.emitError(), r.getType());
+      }
   }
   return mlir::success();
 }

@@ -25,7 +25,7 @@ class FunctionPlanner {
  public:
   explicit FunctionPlanner(func::FuncOp f) : body_(f.getBody().front()), func_(f) {}
 
-  void run() {
+  LogicalResult run() {
     int64_t pos = 0;
     for (Operation& op : body_) position_[&op] = pos++;
     const int64_t end = pos;  // returned values live to the end of the call
@@ -99,9 +99,22 @@ class FunctionPlanner {
     uint64_t caches = 0;
     for (Value l : leaders)
       if (l.getDefiningOp<KvCacheOp>())
-        offset[l] = int64_t(caches), caches += llvm::alignTo(groups_[l].size, kArenaAlignment);
+        offset[l] = int64_t(caches), caches = llvm::SaturatingAdd(caches, llvm::alignTo(groups_[l].size, kArenaAlignment));
     llvm::erase_if(leaders, [&](Value l) { return l.getDefiningOp<KvCacheOp>() != nullptr; });
     for (Value l : leaders) buffers.push_back({groups_[l].size, groups_[l].first, groups_[l].last});
+    // The plan places every buffer below the sum of all of them (each aligned): while that sum
+    // fits in kiln.arena_size's i64, no offset or size wraps. Each value is at most 2^50 bytes,
+    // so only thousands of the largest tensors get there; the plan would otherwise come out
+    // negative (IR the verifier refuses) or wrap around to overlapping offsets.
+    uint64_t total = caches;
+    bool overflow = caches > uint64_t(INT64_MAX);
+    for (const LiveBuffer& buf : buffers)
+      if (!overflow) total = llvm::SaturatingAdd(total, llvm::alignTo(std::max<uint64_t>(buf.size, 1), kArenaAlignment)),
+                     overflow = total > uint64_t(INT64_MAX);
+    if (overflow)
+      return func_.emitError() << "kiln-plan-buffers: the buffers of @" << func_.getName()
+                               << " need more than 2^63 bytes together (the arena's size and offsets are i64); "
+                               << "use smaller tensors";
     ArenaPlan plan = plan_arena(buffers);
     for (size_t i = 0; i < leaders.size(); ++i) offset[leaders[i]] = int64_t(caches + plan.offsets[i]);
     plan.size += caches;
@@ -115,6 +128,7 @@ class FunctionPlanner {
       op.setAttr("kiln.offsets", b.getDenseI64ArrayAttr(offsets));
     }
     func_->setAttr("kiln.arena_size", b.getI64IntegerAttr(int64_t(plan.size)));
+    return success();
   }
 
  private:
@@ -150,7 +164,7 @@ struct PlanBuffersPass : kiln::impl::PlanBuffersBase<PlanBuffersPass> {
                       << " argument(s); planned functions take none (inputs are kiln.input ops)";
         return signalPassFailure();
       }
-      FunctionPlanner(f).run();
+      if (failed(FunctionPlanner(f).run())) return signalPassFailure();
     }
   }
 };

@@ -124,6 +124,14 @@ LogicalResult ReduceGradientsOp::verifySymbolUses(SymbolTableCollection &symbols
   return success();
 }
 
+LogicalResult IotaOp::verify() {
+  // Element i is i, an i32: a longer sequence would hold positions that wrap around.
+  const int64_t n = cast<RankedTensorType>(getType()).getNumElements();
+  if (n > (int64_t(1) << 31))
+    return emitOpError() << "holds the positions 0 to " << n - 1 << ", above the largest i32 (2^31 - 1)";
+  return success();
+}
+
 LogicalResult InputOp::verify() {
   StringRef name = getInputName();
   StringRef rest = name;

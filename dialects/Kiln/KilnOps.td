@@ -18,6 +18,10 @@ class Kiln_ArenaTensorOf<list<Type> types, string what> : Type<
 def Kiln_FloatTensor : Kiln_ArenaTensorOf<[F32, BF16], "f32 or bf16">;
 def Kiln_IndexTensor : Kiln_ArenaTensorOf<[I32], "i32">;
 def Kiln_AnyTensor : Kiln_ArenaTensorOf<[F32, BF16, I32], "f32, bf16 or i32">;  // what moves data as is
+// Positions (kiln.iota): a 1-D index tensor within the same bounds as every other value.
+def Kiln_IndexVector : Type<
+    And<[Kiln_IndexTensor.predicate, CPred<"::llvm::cast<::mlir::ShapedType>($_self).getRank() == 1">]>,
+    "1-D statically shaped tensor of i32 of 1 to 2^48 elements", "::mlir::TensorType">;
 def Kiln_Scalar : 0DTensorOf<[F32]>,
     BuildableType<"::mlir::RankedTensorType::get({}, $_builder.getF32Type())">;
 
@@ -130,8 +134,9 @@ def Kiln_IotaOp : Kiln_Op<"iota", [Pure]> {
   let description = [{
     The position ids of a sequence of n tokens, for the position embedding: element i is i.
   }];
-  let results = (outs 1DTensorOf<[I32]>:$result);
+  let results = (outs Kiln_IndexVector:$result);
   let assemblyFormat = "attr-dict `:` type($result)";
+  let hasVerifier = 1;
 }
 
 def Kiln_ZerosOp : Kiln_Op<"zeros", [Pure]> {

@@ -237,9 +237,53 @@ func.func @f() {
 
 // ODS: iota yields 1-D i32 positions.
 func.func @f() {
-  // expected-error@+1 {{'kiln.iota' op result #0 must be 1D tensor of 32-bit signless integer values, but got 'tensor<4xf32>'}}
+  // expected-error@+1 {{'kiln.iota' op result #0 must be 1-D statically shaped tensor of i32 of 1 to 2^48 elements, but got 'tensor<4xf32>'}}
   %0 = kiln.iota : tensor<4xf32>
   return
+}
+
+// -----
+
+// Like every other kiln value, positions have a static shape of 1 to 2^48 elements: a dynamic,
+// empty or oversized iota was accepted, and kiln-fuse-kernels (single-ops, as for cuda) then
+// wrapped it in a kiln.fusion its verifier refuses.
+func.func @f() -> tensor<?xi32> {
+  // expected-error@+1 {{'kiln.iota' op result #0 must be 1-D statically shaped tensor of i32 of 1 to 2^48 elements, but got 'tensor<?xi32>'}}
+  %0 = kiln.iota : tensor<?xi32>
+  return %0 : tensor<?xi32>
+}
+
+// -----
+
+func.func @f() -> tensor<0xi32> {
+  // expected-error@+1 {{'kiln.iota' op result #0 must be 1-D statically shaped tensor of i32 of 1 to 2^48 elements, but got 'tensor<0xi32>'}}
+  %0 = kiln.iota : tensor<0xi32>
+  return %0 : tensor<0xi32>
+}
+
+// -----
+
+func.func @f() -> tensor<1152921504606846976xi32> {
+  // expected-error@+1 {{'kiln.iota' op result #0 must be 1-D statically shaped tensor of i32 of 1 to 2^48 elements, but got 'tensor<1152921504606846976xi32>'}}
+  %0 = kiln.iota : tensor<1152921504606846976xi32>
+  return %0 : tensor<1152921504606846976xi32>
+}
+
+// -----
+
+func.func @f() -> tensor<2x4xi32> {
+  // expected-error@+1 {{'kiln.iota' op result #0 must be 1-D statically shaped tensor of i32 of 1 to 2^48 elements, but got 'tensor<2x4xi32>'}}
+  %0 = kiln.iota : tensor<2x4xi32>
+  return %0 : tensor<2x4xi32>
+}
+
+// -----
+
+// Element i is i, an i32: positions past 2^31 - 1 would wrap around.
+func.func @f() -> tensor<2147483649xi32> {
+  // expected-error@+1 {{'kiln.iota' op holds the positions 0 to 2147483648, above the largest i32 (2^31 - 1)}}
+  %0 = kiln.iota : tensor<2147483649xi32>
+  return %0 : tensor<2147483649xi32>
 }
 
 //===----------------------------------------------------------------------===//

@@ -85,3 +85,38 @@ module attributes {kiln.spec = {precision = "bf16"}} {
     return %l : tensor<f32>
   }
 }
+
+// -----
+
+// A call keeps its callee's types while the pass retypes the value passed to it (the product,
+// now bf16): the output failed the func.call verifier after the pass instead of an error here.
+kiln.parameter @x : tensor<4x8xf32> {init = "zeros"}
+kiln.parameter @w : tensor<8x8xf32> {init = "zeros"}
+func.func private @sink(tensor<4x8xf32>)
+func.func @forward() -> tensor<f32> {
+  %x = kiln.param @x : tensor<4x8xf32>
+  %w = kiln.param @w : tensor<8x8xf32>
+  %m = kiln.matmul %x, %w : tensor<4x8xf32>, tensor<8x8xf32> -> tensor<4x8xf32>
+  // expected-error@below {{kiln-mixed-precision: 'func.call' in @forward is not a kiln op: the pass changes the element types of the values it reads and would leave its types behind (graph IR holds kiln ops only)}}
+  func.call @sink(%m) : (tensor<4x8xf32>) -> ()
+  %s = kiln.reduce_sum %m : tensor<4x8xf32> -> tensor<f32>
+  return %s : tensor<f32>
+}
+
+// -----
+
+// The callee's result turns bf16 (@logits returns its product) but the call's stays fp32.
+kiln.parameter @x : tensor<4x8xf32> {init = "zeros"}
+kiln.parameter @w : tensor<8x8xf32> {init = "zeros"}
+func.func @logits() -> tensor<4x8xf32> {
+  %x = kiln.param @x : tensor<4x8xf32>
+  %w = kiln.param @w : tensor<8x8xf32>
+  %m = kiln.matmul %x, %w : tensor<4x8xf32>, tensor<8x8xf32> -> tensor<4x8xf32>
+  return %m : tensor<4x8xf32>
+}
+func.func @forward() -> tensor<f32> {
+  // expected-error@below {{kiln-mixed-precision: 'func.call' in @forward is not a kiln op: the pass changes the element types of the values it reads and would leave its types behind (graph IR holds kiln ops only)}}
+  %m = func.call @logits() : () -> tensor<4x8xf32>
+  %s = kiln.reduce_sum %m : tensor<4x8xf32> -> tensor<f32>
+  return %s : tensor<f32>
+}

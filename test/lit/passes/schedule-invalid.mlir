@@ -38,6 +38,36 @@ func.func @forward() -> tensor<f32> {
 
 // -----
 
+// Another dialect's tensor has none of the kiln types' bounds (1 to 2^48 elements): 2^60 f64
+// made the arena size negative (IR the verifier refuses), and 2^62 x 4 elements wrapped to 0 bytes.
+func.func private @ext() -> tensor<1152921504606846976xf64>
+func.func @forward() -> tensor<f32> {
+  // expected-error@below {{kiln-schedule: a value of type 'tensor<1152921504606846976xf64>' has no element or more than 2^48 (every kiln value holds 1 to 2^48): its size in the arena would not fit}}
+  %c = func.call @ext() : () -> tensor<1152921504606846976xf64>
+  %h = kiln.hyper "lr" : tensor<f32>
+  return %h : tensor<f32>
+}
+
+// -----
+
+func.func private @ext() -> tensor<4611686018427387904x4xf32>
+func.func @forward() -> tensor<f32> {
+  // expected-error@below {{kiln-schedule: a value of type 'tensor<4611686018427387904x4xf32>' has no element or more than 2^48 (every kiln value holds 1 to 2^48): its size in the arena would not fit}}
+  %c = func.call @ext() : () -> tensor<4611686018427387904x4xf32>
+  %h = kiln.hyper "lr" : tensor<f32>
+  return %h : tensor<f32>
+}
+
+// -----
+
+// expected-error@below {{kiln-schedule: a value of type 'tensor<0x4xf32>' has no element or more than 2^48 (every kiln value holds 1 to 2^48): its size in the arena would not fit}}
+func.func @f(%a: tensor<0x4xf32>) -> tensor<f32> {
+  %h = kiln.hyper "lr" : tensor<f32>
+  return %h : tensor<f32>
+}
+
+// -----
+
 // An argument is sized the same way: a dynamic tensor has no size in the arena.
 // expected-error@below {{kiln-schedule: @f's argument #0 has type 'tensor<?xf32>', not a tensor of static shape: it has no size in the arena}}
 func.func @f(%a: tensor<?xf32>) -> tensor<f32> {
