@@ -176,7 +176,7 @@ ModelSpec parse_spec(const std::string& path) {
       throw Error(path + ": is " + std::to_string(size) + " bytes, more than a spec's " +
                   std::to_string(kMaxSpecBytes) + " (is it a model spec?)");
   }
-  const std::vector<uint8_t> bytes = read_file(path);
+  const std::vector<uint8_t> bytes = read_file(path, kMaxSpecBytes);
   if (bytes.size() > kMaxSpecBytes)  // (a pipe, which has no size until read)
     throw Error(path + ": holds more than a spec's " + std::to_string(kMaxSpecBytes) + " bytes (is it a model spec?)");
   const std::string text(bytes.begin(), bytes.end());

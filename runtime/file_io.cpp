@@ -505,7 +505,7 @@ void check_not_a_device(const std::string& path) {
 
 // Read to the end rather than by the size stat reports: pipes (/dev/stdin, <(...)) and /proc
 // files have none, or report 0.
-std::vector<uint8_t> read_file(const std::string& path) {
+std::vector<uint8_t> read_file(const std::string& path, size_t max_bytes) {
   // Opened O_NONBLOCK: a named FIFO that no one writes to would block the open itself.
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw Error(path + ": cannot open: " + std::strerror(errno));
@@ -546,6 +546,7 @@ std::vector<uint8_t> read_file(const std::string& path) {
     // The rest is read blocking: a terminal, or a pipe's writer that is slow to write.
     ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
     for (;;) {
+      if (n > max_bytes) break;  // (the caller sees more than it takes: a stream is not read to its end)
       if (n == bytes.size()) bytes.resize(2 * bytes.size());
       const ssize_t got = ::read(fd, bytes.data() + n, bytes.size() - n);
       if (got < 0 && errno == EINTR) continue;

@@ -14,8 +14,9 @@
 namespace kiln {
 
 // Reads a whole file; kiln::Error naming it on failure. A device that is not a terminal is
-// refused, as check_not_a_device does.
-std::vector<uint8_t> read_file(const std::string& path);
+// refused, as check_not_a_device does. With `max_bytes`, reading stops once more than that has
+// come (a pipe without end is not read to its end): more than max_bytes bytes means "too large".
+std::vector<uint8_t> read_file(const std::string& path, size_t max_bytes = SIZE_MAX);
 
 // The first `n` bytes of a regular file (fewer when it is shorter); "" when it is no regular file
 // or cannot be read. For telling what kind of file a name holds before reading or replacing it.
