@@ -1,7 +1,6 @@
 // Host-compiler and NVRTC builds of generated kernels (see kernel_build.h).
 #include "compiler/kernel_build.h"
 
-#include <functional>
 
 #include <fcntl.h>
 #include <poll.h>
@@ -291,12 +290,9 @@ std::optional<std::vector<uint8_t>> cachedCpuKernels(const std::string& source) 
   return std::nullopt;
 }
 
-std::optional<std::vector<uint8_t>> compileCpuKernels(const std::string& source, std::string& error,
-                                                      const std::function<void()>& beforeCompiling) {
+std::optional<std::vector<uint8_t>> compileCpuKernels(const std::string& source, std::string& error) {
   const std::string cxx = hostCompiler(), compileFlags = cpuCompileFlags(), linkFlags = cpuLinkFlags();
   const std::string dir = cacheDir(), cached = cachedLibraryPath(source);
-  if (auto hit = cachedCpuKernels(source)) return hit;
-  if (beforeCompiling) beforeCompiling();
 
   BuildSignalGuard guard;
   std::string tmpl = temporaryRoot() + "/kilnc-kernels-XXXXXX";

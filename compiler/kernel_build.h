@@ -3,7 +3,6 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -14,17 +13,14 @@
 
 namespace kiln {
 
-// Compiles CPU kernel source into a shared library (its bytes). Compiled libraries are cached
-// by a hash of the source, compiler and flags under $KILN_KERNEL_CACHE (default
-// ~/.cache/kiln/kernels; "off" disables the cache). `beforeCompiling` runs when the cache has no
-// library for the source, before the compiler starts. On failure, `error` holds the compiler's
-// first diagnostics.
-// The kernel cache's library for this source, when it has one (the lookup compileCpuKernels does
-// first; kilnc --timing says which of the two a compile's time went to).
+// CPU kernel libraries are cached by a hash of the source, compiler and flags under
+// $KILN_KERNEL_CACHE (default ~/.cache/kiln/kernels; "off" disables the cache).
+// The cache's library for this source, when it has one.
 std::optional<std::vector<uint8_t>> cachedCpuKernels(const std::string& source);
 
-std::optional<std::vector<uint8_t>> compileCpuKernels(const std::string& source, std::string& error,
-                                                      const std::function<void()>& beforeCompiling = {});
+// Compiles CPU kernel source into a shared library (its bytes) and stores it in the cache (for a
+// source cachedCpuKernels found none for). On failure, `error` holds the compiler's first diagnostics.
+std::optional<std::vector<uint8_t>> compileCpuKernels(const std::string& source, std::string& error);
 
 // One architecture's compiled kernels.
 struct CudaImageBuild {

@@ -398,7 +398,8 @@ class Writer {
                    target_ == Target::Cpu ? "host C++ compiler" : "NVRTC, for sm_80 and sm_90");
     };
     if (target_ == Target::Cpu) {
-      auto lib = cachedLibrary ? std::move(cachedLibrary) : compileCpuKernels(source, error, say);
+      if (!cachedLibrary) say();
+      auto lib = cachedLibrary ? std::move(cachedLibrary) : compileCpuKernels(source, error);
       if (!lib) return module_.emitError() << "kilnc: compiling the generated CPU kernels failed: " << error;
       cpuLibrary_ = std::move(*lib);
     } else {

@@ -106,12 +106,10 @@ class FunctionPlanner {
     // fits in kiln.arena_size's i64, no offset or size wraps. Each value is at most 2^50 bytes,
     // so only thousands of the largest tensors get there; the plan would otherwise come out
     // negative (IR the verifier refuses) or wrap around to overlapping offsets.
-    uint64_t total = caches;
-    bool overflow = caches > uint64_t(INT64_MAX);
+    uint64_t total = caches;  // (saturating: past 2^64 it stays at the top)
     for (const LiveBuffer& buf : buffers)
-      if (!overflow) total = llvm::SaturatingAdd(total, llvm::alignTo(std::max<uint64_t>(buf.size, 1), kArenaAlignment)),
-                     overflow = total > uint64_t(INT64_MAX);
-    if (overflow)
+      total = llvm::SaturatingAdd(total, llvm::alignTo(std::max<uint64_t>(buf.size, 1), kArenaAlignment));
+    if (total > uint64_t(INT64_MAX))
       return func_.emitError() << "kiln-plan-buffers: the buffers of @" << func_.getName()
                                << " need more than 2^63 bytes together (the arena's size and offsets are i64); "
                                << "use smaller tensors";

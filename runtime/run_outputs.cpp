@@ -205,14 +205,19 @@ void drop_logged_lines(const std::string& path, std::vector<std::string>& lines)
               lines.end());
 }
 
+std::optional<int64_t> log_record_step(std::string_view line) {
+  const auto j = nlohmann::json::parse(line.begin(), line.end(), nullptr, false);
+  if (j.is_object() && j.contains("step") && j["step"].is_number_integer()) return j["step"].get<int64_t>();
+  return std::nullopt;
+}
+
 int64_t last_logged_step(const std::string& path) {
   const std::string tail = read_tail(path, size_t(1) << 20);
   for (size_t end = tail.size(); end > 0;) {
     const size_t start = tail.rfind('\n', end - 1);
     const size_t first = start == std::string::npos ? 0 : start + 1;
     // (the first line of a tail cut mid-line is no JSON, and is passed over)
-    const auto j = nlohmann::json::parse(tail.begin() + std::ptrdiff_t(first), tail.begin() + std::ptrdiff_t(end), nullptr, false);
-    if (j.is_object() && j.contains("step") && j["step"].is_number_integer()) return j["step"].get<int64_t>();
+    if (const auto step = log_record_step(std::string_view(tail).substr(first, end - first))) return *step;
     if (start == std::string::npos) break;
     end = start;
   }

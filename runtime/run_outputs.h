@@ -4,7 +4,9 @@
 #pragma once
 
 #include <filesystem>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "runtime/trainer.h"
@@ -45,6 +47,9 @@ void check_output_paths(const TrainOptions& o, bool root, MadeFolders& made);
 // that an earlier run resumed from it wrote (a requeued job, or one killed before its next
 // checkpoint) are not written again.
 void drop_logged_lines(const std::string& path, std::vector<std::string>& lines);
+
+// The whole "step" of one log line, a JSON object; none for other lines.
+std::optional<int64_t> log_record_step(std::string_view line);
 
 // The "step" of the last record in the log at `path` that has one (read from its last MiB), or -1.
 int64_t last_logged_step(const std::string& path);

@@ -488,9 +488,8 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
         for (size_t i = 0; i < lines->size(); ++i) {
           const auto& line = (*lines)[i];
           const std::string text = line.is_string() ? line.get<std::string>() : std::string();
-          const auto j = nlohmann::json::parse(text, nullptr, false);
-          if (!line.is_string() || text.find_first_of("\r\n") != std::string::npos || !j.is_object() ||
-              !j.contains("step") || !j["step"].is_number_integer() || j["step"].get<int64_t>() < 0)
+          const std::optional<int64_t> step = log_record_step(text);
+          if (!line.is_string() || text.find_first_of("\r\n") != std::string::npos || !step || *step < 0)
             throw Error(*latest + ": header: extra.log_pending[" + std::to_string(i) + "] '" +
                         one_line(clipped(line.is_string() ? text : line.dump())) +
                         "' is not a training log line (one JSON record with \"step\"; a checkpoint edited by hand?)");
@@ -606,10 +605,8 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     // One that ends before the checkpoint's step (runs since trained with another --log or none)
     // lacks those steps' records, less the lines the checkpoint kept, which go in first.
     int64_t held = last;
-    for (const std::string& line : log_pending)
-      if (const auto j = nlohmann::json::parse(line, nullptr, false); j.is_object() && j.contains("step") &&
-                                                                       j["step"].is_number_integer())
-        held = std::max(held, j["step"].get<int64_t>());
+    for (const std::string& line : log_pending)  // (each has its step: checked as the checkpoint was read)
+      held = std::max(held, log_record_step(line).value_or(held));
     if (held >= 0 && held < first_step - 1)  // (not held + 1: a log's last "step" may be INT64_MAX)
       std::fprintf(stderr, "note: --log %s ends at \"step\" %lld, and this run goes on at %lld: it holds no records "
                    "of steps %lld to %lld (trained with another --log or none)\n", o.log.c_str(), (long long)held,

@@ -11,6 +11,10 @@ import sys
 log, inspect, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
 p = json.loads(open(log).read().splitlines()[-1])["profile"]
 count = {k["symbol"]: k for k in json.load(open(inspect))["kernels"]}
+def training_launches(k):
+    """The kernel's launches in the profiled steps (its training programs' runs)."""
+    return sum(n for prog, n in k["launches"].items() if prog in ("micro_step", "optimizer_step")) * steps
+
 merged, parts, checked = {}, {}, 0
 for row in p["kernels"]:
     name, part = re.match(r"^(\S+)(?: \((cuBLASLt|clear|epilogue)\))?$", row["kernel"]).groups()
@@ -20,7 +24,7 @@ for name, rows in parts.items():
     if name not in count:
         continue
     k = count[name]
-    launches = sum(n for prog, n in k["launches"].items() if prog in ("micro_step", "optimizer_step")) * steps
+    launches = training_launches(k)
     if "cuBLASLt" in rows:
         m, n, kk = (int(re.search(f" {d}=([0-9]+)", k["cublaslt"]).group(1)) for d in "MNK")
         alone = set(rows) <= {"cuBLASLt", "clear"}
@@ -31,7 +35,7 @@ for name, rows in parts.items():
 for name, flops in merged.items():
     if name in count:
         k = count[name]
-        launches = sum(n for prog, n in k["launches"].items() if prog in ("micro_step", "optimizer_step")) * steps
+        launches = training_launches(k)
         assert flops == k["flops"] * launches, (name, flops, k["flops"], launches)
         checked += 1
     else:
