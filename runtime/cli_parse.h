@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <cerrno>
@@ -51,21 +52,43 @@ inline CLI::Validator whole(int64_t min, int64_t max = INT64_MAX) {
       max >= INT32_MAX ? "" : "[" + std::to_string(min) + ", " + std::to_string(max) + "]");  // --help: INT:[0, 1]
 }
 
-// A finite number, parsed as the T it is stored in (so a float refuses 1e39, inf, and 1e-50, 0),
-// that passes `ok`: else "Value S is not WHAT". CLI11's PositiveNumber, NonNegativeNumber and
-// Range let NaN through and take infinity. `name` shows in --help.
+// Decimal digits with an optional sign, point and exponent (1, -2.5, .5, 3e-4), and nothing
+// else: CLI11 reads numbers with strtod, which also takes hex (0x10 is 16), " 1" and "1 ".
+inline bool plain_decimal(const std::string& s) {
+  size_t i = 0, digits = 0;
+  if (i < s.size() && (s[i] == '+' || s[i] == '-')) ++i;
+  for (; i < s.size() && std::isdigit(static_cast<unsigned char>(s[i])); ++i) ++digits;
+  if (i < s.size() && s[i] == '.')
+    for (++i; i < s.size() && std::isdigit(static_cast<unsigned char>(s[i])); ++i) ++digits;
+  if (digits == 0) return false;
+  if (i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
+    if (++i < s.size() && (s[i] == '+' || s[i] == '-')) ++i;
+    const size_t first = i;
+    for (; i < s.size() && std::isdigit(static_cast<unsigned char>(s[i])); ++i) {}
+    if (i == first) return false;
+  }
+  return i == s.size();
+}
+
+// A finite number in plain decimal, parsed as the T it is stored in (so a float refuses 1e39, inf,
+// and 1e-50, 0), that passes `ok`: else "Value S is not WHAT". CLI11's PositiveNumber,
+// NonNegativeNumber and Range let NaN through and take infinity. `name` shows in --help.
 template <class T, class Ok>
 CLI::Validator number(Ok ok, std::string what, std::string name = "") {
   return CLI::Validator(
       [ok, what](std::string& s) {
         T v = 0;
-        if (!CLI::detail::lexical_cast(s, v) || !std::isfinite(v) || !ok(v)) {
+        const bool parsed = CLI::detail::lexical_cast(s, v);
+        if (parsed && std::isfinite(v) && !plain_decimal(s))  // (0x10, " 1")
+          return "Value \"" + s + "\" is not " + what + " in decimal digits";
+        if (!parsed || !std::isfinite(v) || !ok(v)) {
           // A float that rounds onto a bound (0.999999999 is 1) says so: the digits alone pass.
           double wide = 0;
           std::string rounded;
           if (std::is_same_v<T, float> && CLI::detail::lexical_cast(s, wide) && std::isfinite(wide) && double(v) != wide)
             rounded = " (" + CLI::detail::to_string(double(v)) + " as the 32-bit float it is kept in)";
-          return "Value " + s + rounded + " is not " + what;
+          const bool spaced = s.find_first_of(" \t") != std::string::npos;
+          return "Value " + (spaced ? "\"" + s + "\"" : s) + rounded + " is not " + what;
         }
         return std::string();
       },
