@@ -84,6 +84,10 @@ class Emitter {
       return unreadable_->emitError() << "kilnc: the " << kind << " kernel '" << f_.getKernel()
                                       << "' would read this op's result at one element, which its template cannot";
     if (failed(checkEverythingWritten(kind))) return failure();
+    // One block a row: a grid's x dimension holds 2^31 - 1 blocks.
+    if (t_ == Target::Cuda && !body_.empty() && grid_ > unsigned(INT32_MAX))
+      return f_.emitError() << "kilnc: CUDA: the " << kind << " kernel launches " << grid_
+                            << " blocks, more than a grid holds (2^31 - 1): a smaller batch_size or seq_len";
     GeneratedKernel k;
     std::vector<std::string> names;
     for (Operation& op : f_.getFusedOps()) names.push_back(op.getName().stripDialect().str());

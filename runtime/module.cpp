@@ -385,10 +385,13 @@ void Module::verify(size_t tables_end) const {
       for (const fb::CudaFunction* f : *k->cuda_functions()) {
         if (!f->symbol() || f->symbol()->str().compare(0, prefix.size(), prefix) != 0)
           bad(where, "a CUDA function's symbol does not begin with " + prefix);
-        if (f->grid() == 0 || f->block() == 0 || f->block() > 1024)
+        if (f->grid() == 0 || f->grid() > INT32_MAX || f->block() == 0 || f->block() > 1024)
           bad(where, f->symbol()->str() + " launches with grid " + std::to_string(f->grid()) + " and block " +
-                         std::to_string(f->block()) + " (a grid of at least 1 block of 1 to 1024 threads)");
+                         std::to_string(f->block()) + " (a grid of 1 to 2^31 - 1 blocks of 1 to 1024 threads)");
       }
+    // The one workspace every kernel shares (the device allocates the largest).
+    if (k->cuda_scratch_bytes() > (uint64_t(1) << 40))
+      bad(where, "cuda_scratch_bytes " + std::to_string(k->cuda_scratch_bytes()) + " is more than a GPU has (1 TiB)");
     // An optimizer kernel's ranges are built from adamw_params, one per adamw op it fuses.
     if (k->adamw_params()) {
       size_t adamw = 0;

@@ -76,7 +76,7 @@ DeviceExecutor::DeviceExecutor(const Module& module, const ArenaLayout& layout, 
   uint64_t workspace = 0;
   if (const auto* kernels = module.fb().kernels())
     for (const fb::Kernel* k : *kernels) workspace = std::max<uint64_t>(workspace, k->cuda_scratch_bytes());
-  if (workspace) workspace_ = device_->alloc(workspace, "the kernels' workspace");
+  if (workspace) workspace_ = device_->alloc(workspace, module.source() + "'s kernel workspace (its largest cuda_scratch_bytes)");
   device_->load_kernels(module);
   // Planning times cuBLASLt's candidate algorithms on the arena's buffers: zeros rather than
   // whatever cudaMalloc left (NaNs and denormals would skew which one wins).
