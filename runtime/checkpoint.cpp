@@ -277,6 +277,8 @@ Parsed parse(const std::string& path, const MappedFile& bytes) {
   if (recorded_size != size)
     throw Error(path + ": length: the header says " + std::to_string(recorded_size) + " bytes, the file has " +
                 std::to_string(size));
+  if (const uint32_t reserved = get_le<uint32_t>(bytes.data() + 12); reserved != 0)
+    throw Error(path + ": prefix: reserved bytes 12-15 hold " + std::to_string(reserved) + ", not 0");
   const uint64_t header_len = get_le<uint64_t>(bytes.data() + 16);
   if (header_len > size - kPrefixBytes - kTrailerBytes)
     throw Error(path + ": length: header length " + std::to_string(header_len) + " runs past the end of the file");
@@ -285,6 +287,9 @@ Parsed parse(const std::string& path, const MappedFile& bytes) {
     throw Error(path + ": length: the data starts at byte " + std::to_string(data_start) + ", not at a multiple of " +
                 std::to_string(kDataAlign));
   const uint64_t data_size = size - kTrailerBytes - data_start;
+  // The writer pads the JSON with spaces; the parser would stop at a NUL and ignore the rest.
+  if (std::memchr(bytes.data() + kPrefixBytes, 0, header_len))
+    bad_header(path, "holds a NUL byte (the JSON is padded with spaces)");
 
   const Json h = parse_json_unique_keys(reinterpret_cast<const char*>(bytes.data()) + kPrefixBytes,
                                        reinterpret_cast<const char*>(bytes.data()) + data_start, path + ": header");
