@@ -426,6 +426,42 @@ void Module::verify(size_t tables_end) const {
                      std::to_string(md.n_layer()) + " H=" + std::to_string(md.n_head()) + " C=" +
                      std::to_string(md.n_embd()) + " Tmax=" + std::to_string(md.block_size()) +
                      ": sizes must be positive, with T <= Tmax");
+  if (md.n_embd() % md.n_head() != 0)
+    bad("model", "n_embd " + std::to_string(md.n_embd()) + " is not a multiple of n_head " + std::to_string(md.n_head()));
+  // The model's record of itself, against what the module holds (as kilnc checks the IR against
+  // its spec): reports, the MFU estimate, checkpoints and llm.c files go by these fields.
+  const std::string precision = md.precision() ? md.precision()->str() : "";
+  const std::string target = md.target() ? md.target()->str() : "";
+  if (precision != "fp32" && precision != "bf16")
+    bad("model", "precision '" + one_line(precision) + "' is neither fp32 nor bf16");
+  if (target != "cpu" && target != "cuda") bad("model", "target '" + one_line(target) + "' is neither cpu nor cuda");
+  bool any_bf16 = false;
+  for (uint32_t i = 0; i < nbuf; ++i) any_bf16 |= buffer(i).dtype() == fb::DType::BF16;
+  if (any_bf16 != (precision == "bf16") && (any_bf16 || program("micro_step")))
+    bad("model", "precision is " + precision + " but the module " + (any_bf16 ? "has" : "has no") + " bf16 buffers");
+  std::set<int64_t> layers;  // of the parameters named h.N.*
+  for (const fb::Parameter* p : *fb_->parameters()) {
+    const std::string name = p->name() ? p->name()->str() : "";
+    const std::vector<int64_t> shape = p->shape() ? std::vector<int64_t>(p->shape()->begin(), p->shape()->end())
+                                                  : std::vector<int64_t>{};
+    if (name.rfind("h.", 0) == 0) {
+      const size_t dot = name.find('.', 2);
+      int64_t layer = -1;
+      if (dot != std::string::npos && dot > 2 && dot - 2 <= 9 &&
+          name.find_first_not_of("0123456789", 2) == dot)
+        layer = std::stoll(name.substr(2, dot - 2));
+      if (layer < 0 || layer >= md.n_layer())
+        bad("parameters '" + one_line(name) + "'", "is no layer of the model's n_layer " + std::to_string(md.n_layer()));
+      layers.insert(layer);
+    }
+    if ((name == "wte.weight" && (shape.size() != 2 || shape[0] < V || shape[1] != md.n_embd())) ||
+        (name == "wpe.weight" && shape != std::vector<int64_t>{md.block_size(), md.n_embd()}))
+      bad("parameters '" + name + "'", "is " + shape_str(shape) + ", not of the model's V=" + std::to_string(V) +
+                                           " Tmax=" + std::to_string(md.block_size()) + " C=" + std::to_string(md.n_embd()));
+  }
+  if (!layers.empty() && int64_t(layers.size()) != md.n_layer())
+    bad("model", "n_layer is " + std::to_string(md.n_layer()) + " but the parameters (h.N.*) are of " +
+                     std::to_string(layers.size()) + (layers.size() == 1 ? " layer" : " layers"));
   // The trainer fills idx and targets before every micro-step, the sampler idx before logits and
   // token and position before decode.
   bool has_idx = false, has_targets = false, has_token = false, has_position = false;
