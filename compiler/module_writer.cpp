@@ -386,7 +386,10 @@ class Writer {
     generating.stop();
     // (--timing names where the time went: a CPU library from the kernel cache compiles nothing.)
     std::optional<std::vector<uint8_t>> cachedLibrary;
-    if (target_ == Target::Cpu) cachedLibrary = cachedCpuKernels(source);
+    if (target_ == Target::Cpu) {
+      TimingScope lookup = nest("look up the kernel cache");
+      cachedLibrary = cachedCpuKernels(source);
+    }
     TimingScope compiling = nest(target_ != Target::Cpu ? "compile kernels (NVRTC, for sm_80 and sm_90 at once)"
                                  : cachedLibrary        ? "compile kernels: none (the kernel cache had their library)"
                                                         : "compile kernels (host C++ compiler; the kernel cache had none)");
