@@ -444,13 +444,11 @@ void Module::verify(size_t tables_end) const {
     const std::string name = p->name() ? p->name()->str() : "";
     const std::vector<int64_t> shape = p->shape() ? std::vector<int64_t>(p->shape()->begin(), p->shape()->end())
                                                   : std::vector<int64_t>{};
-    if (name.rfind("h.", 0) == 0) {
-      const size_t dot = name.find('.', 2);
-      int64_t layer = -1;
-      if (dot != std::string::npos && dot > 2 && dot - 2 <= 9 &&
-          name.find_first_not_of("0123456789", 2) == dot)
-        layer = std::stoll(name.substr(2, dot - 2));
-      if (layer < 0 || layer >= md.n_layer())
+    // A layer's parameter is named h.<layer>.* (kilnc's layerOf); other names belong to none.
+    const size_t dot = name.rfind("h.", 0) == 0 ? name.find_first_not_of("0123456789", 2) : std::string::npos;
+    if (dot != std::string::npos && dot > 2 && dot - 2 <= 18 && name[dot] == '.') {
+      const int64_t layer = std::stoll(name.substr(2, dot - 2));
+      if (layer >= md.n_layer())
         bad("parameters '" + one_line(name) + "'", "is no layer of the model's n_layer " + std::to_string(md.n_layer()));
       layers.insert(layer);
     }
