@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -32,6 +33,7 @@ namespace fs = std::filesystem;
 typedef void (*KernelFn)(void* const*, const long long*);
 typedef void (*LaunchFn)(KernelFn, const char*, unsigned, unsigned, void* const*, const long long*);
 typedef void (*StatsFn)(long long*);  // shim.h's kemu_stats
+typedef void (*RegionFn)(const volatile void*, size_t);  // ASan's (un)poison_memory_region
 
 float get(DevicePtr p, fb::DType t, int64_t i) {
   if (t == fb::DType::BF16) return cpu::from_bf16(reinterpret_cast<const uint16_t*>(p)[i]);
@@ -59,6 +61,12 @@ void emulate_matmul(const MatmulSpec& s) {
     throw Error(s.where + ": emulated cuBLASLt: layouts do not make a product (op(A) " + std::to_string(a_rows) + "x" +
                 std::to_string(K) + ", op(B) " + std::to_string(b_rows) + "x" + std::to_string(b_cols) + ", D " +
                 std::to_string(M) + "x" + std::to_string(N) + ")");
+  // Each matrix packed (ld its rows, or one column), so that it lies within the rows x cols
+  // elements the executor checked its operand holds: this loop runs in the driver, where
+  // KEMU_SANITIZE's poisoning of the arena (fence) sees nothing.
+  auto packed = [](const LtMatrix& x, int64_t ld) { return x.cols <= 1 || ld == int64_t(x.rows); };
+  if (!packed(p.a, p.a.ld) || !packed(p.b, p.b.ld) || !packed(p.d, p.d.ld) || (s.aux && !packed(p.d, p.aux_ld)))
+    throw Error(s.where + ": emulated cuBLASLt: a leading dimension reaches past its matrix");
   // op(X)(i, j): X(i, j), or X(j, i) when transposed.
   auto op = [](const LtMatrix& x, int64_t i, int64_t j) {
     return double(get(x.ptr, x.type, x.transposed ? j + i * x.ld : i + j * x.ld));
@@ -149,6 +157,30 @@ class EmulatedDevice final : public Device {
                     "(LD_PRELOAD=$(c++ -print-file-name=libasan.so))");
       flags += " -fsanitize=address,undefined,float-cast-overflow -fsanitize-sections=kemu_shared"
                " -fno-omit-frame-pointer -g --param asan-stack=0";
+      // The operands' fence (fence()), unless KEMU_FENCE=0: poisoning is for the whole process, so
+      // where another thread reads device memory while kernels run (a data-parallel run's
+      // communicator sending a finished bucket, as it overlaps the backward pass on a GPU) ASan
+      // would report those reads.
+      const char* no_fence = std::getenv("KEMU_FENCE");
+      if (!(no_fence && std::string(no_fence) == "0")) {
+        poison_ = reinterpret_cast<RegionFn>(dlsym(RTLD_DEFAULT, "__asan_poison_memory_region"));
+        unpoison_ = reinterpret_cast<RegionFn>(dlsym(RTLD_DEFAULT, "__asan_unpoison_memory_region"));
+        if (!poison_ || !unpoison_) throw Error("emulated device: the AddressSanitizer runtime lacks manual poisoning");
+      }
+      // Each generated function's operands in bytes, as the module gives its kernel (fence()).
+      if (const auto* kernels = m.fb().kernels())
+        for (const fb::Kernel* k : *kernels) {
+          std::vector<size_t> bytes;
+          for (uint32_t i = 0; i < k->operand_numel()->size(); ++i)
+            bytes.push_back(size_t(k->operand_numel()->Get(i)) * dtype_bytes(fb::DType(k->operand_dtype()->Get(i))));
+          if (k->cuda_scratch_bytes()) bytes.push_back(size_t(k->cuda_scratch_bytes()));  // b[operands]
+          if (k->cuda_functions())
+            for (const fb::CudaFunction* f : *k->cuda_functions()) {
+              auto [it, fresh] = operand_bytes_.emplace(f->symbol()->str(), bytes);
+              if (!fresh && it->second != bytes)
+                throw Error(m.source() + ": function " + f->symbol()->str() + " serves kernels of different operands");
+            }
+        }
     }
     const char* cache_env = std::getenv("KILN_EMU_CACHE");
     const char* tmp = std::getenv("TMPDIR");
@@ -194,8 +226,16 @@ class EmulatedDevice final : public Device {
     LaunchFn launch = launch_;
     work([=, this] {
       clock_ += 1e-3;
-      launch(fn, name, grid, block, reinterpret_cast<void* const*>(operands),
-             reinterpret_cast<const long long*>(ranges));
+      auto b = reinterpret_cast<void* const*>(operands);
+      auto r = reinterpret_cast<const long long*>(ranges);
+      if (poison_) fence(name, b, r);
+      try {
+        launch(fn, name, grid, block, b, r);
+      } catch (...) {
+        if (poison_) unfence();
+        throw;
+      }
+      if (poison_) unfence();
       hazards(name);
     });
   }
@@ -275,6 +315,50 @@ class EmulatedDevice final : public Device {
     static const bool on = std::getenv("KEMU_SANITIZE") && std::string(std::getenv("KEMU_SANITIZE")) == "1";
     return on;
   }
+  // KEMU_SANITIZE: the arena is one allocation, so ASan alone misses a kernel that runs from one
+  // operand into the next buffer. Around each launch every allocation but the one holding the
+  // operand table is poisoned (ASan's manual poisoning) and only the launch's operands are
+  // unpoisoned: for a generated function, operand_numel elements at each operand's address and
+  // its kernel's workspace; for the support kernels (compiler/kernel_prelude.cpp), what their
+  // ranges say they touch. ASan tracks 8-byte granules, a granule's first k bytes addressable:
+  // each range's end is exact, and its start is too when 8-aligned (every buffer is 256-aligned;
+  // a range starting inside a granule, a ZeRO-1 slice, opens all of that granule).
+  void fence(const char* name, void* const* b, const long long* r) {
+    const std::string fn = name;
+    std::vector<std::pair<DevicePtr, size_t>> touch;
+    auto add = [&](const void* p, long long begin, long long end, size_t elem) {
+      if (end > begin) touch.push_back({DevicePtr(p) + DevicePtr(begin) * elem, size_t(end - begin) * elem});
+    };
+    if (fn == "kiln_sum_squares" || fn == "kiln_norm_finish") {  // {g_0 .. g_n-1, accumulator, norm}
+      const long long n = r[0];
+      for (long long t = 0; t < n; t++) add(b[t], r[1 + 2 * t], r[2 + 2 * t], 4);
+      add(b[n], 0, 1, 8), add(b[n + 1], 0, 1, 4);
+    } else if (fn == "kiln_round_copies") {  // {value_0, copy_0, ...}
+      for (long long t = 0; t < r[0]; t++)
+        add(b[2 * t], r[1 + 2 * t], r[2 + 2 * t], 4), add(b[2 * t + 1], r[1 + 2 * t], r[2 + 2 * t], 2);
+    } else if (fn == "kiln_matmul_epilogue") {  // {product, bias, aux, D}; flags 1 bias, 4 aux written, 8 aux read
+      auto size = [](long long t) { return dtype_bytes(fb::DType(t)); };
+      const long long n = r[0], flags = r[2];
+      if (!(flags & 4)) add(b[0], 0, n, size(r[3]));
+      if (flags & 1) add(b[1], 0, r[1], size(r[4]));
+      if (flags & 12) add(b[2], 0, n, size(r[5]));
+      add(b[3], 0, n, size(r[3]));
+    } else {
+      const std::vector<size_t>& bytes = operand_bytes_.at(fn);
+      for (size_t i = 0; i < bytes.size(); i++) add(b[i], 0, (long long)bytes[i], 1);
+    }
+    const DevicePtr table = DevicePtr(b);
+    for (auto [p, n] : allocations_)
+      if (table < p || table >= p + n) poison_(reinterpret_cast<void*>(p), n);
+    for (auto [p, n] : allocations_)  // each range as it lies in an allocation (never a redzone)
+      for (auto [q, len] : touch) {
+        const DevicePtr lo = std::max(p, q), hi = std::min(p + n, q + len);
+        if (lo < hi) unpoison_(reinterpret_cast<void*>(lo), hi - lo);
+      }
+  }
+  void unfence() {
+    for (auto [p, n] : allocations_) unpoison_(reinterpret_cast<void*>(p), n);
+  }
   // What the GPU leaves undefined and the emulation noticed in the launch just run: a shuffle
   // (full mask) in a warp some of whose lanes had returned, __syncthreads reached from
   // different lines in one round.
@@ -309,6 +393,8 @@ class EmulatedDevice final : public Device {
   void* lib_ = nullptr;
   LaunchFn launch_ = nullptr;
   StatsFn stats_ = nullptr;
+  RegionFn poison_ = nullptr, unpoison_ = nullptr;  // KEMU_SANITIZE (fence)
+  std::map<std::string, std::vector<size_t>> operand_bytes_;  // by generated function
   long long seen_[2] = {};  // hazards counted so far: shuffles with returned lanes, divergent barriers
   std::map<const void*, std::string> names_;
   std::vector<MatmulSpec> matmuls_;
