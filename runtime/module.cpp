@@ -513,8 +513,10 @@ void Module::verify(size_t tables_end) const {
       const std::string where = "program " + prog->name()->str() + ": key/value cache buffers[" + std::to_string(i) + "]";
       check_index(i, where);
       const fb::Buffer& b = buffer(i);
-      if (b.kind() != fb::BufferKind::Activation || b.dtype() != fb::DType::F32 || numel(b) != 2 * B * T * C)
-        bad(where, "must be an F32 activation of 2 x B x T x C = " + std::to_string(2 * B * T * C) + " values");
+      const std::vector<int64_t> want{2, B, md.n_head(), T, C / md.n_head()};  // (kilnc's kiln.kv_cache)
+      if (b.kind() != fb::BufferKind::Activation || b.dtype() != fb::DType::F32 ||
+          std::vector<int64_t>(b.shape()->begin(), b.shape()->end()) != want)
+        bad(where, "must be an F32 activation of 2 x B x n_head x T x C/n_head = " + shape_str(want));
       if (!seen.insert(i).second) bad(where, "serves two decode attentions");
       for (const fb::Instr* ins : *prog->instrs())
         if (std::find(ins->outputs()->begin(), ins->outputs()->end(), i) != ins->outputs()->end())

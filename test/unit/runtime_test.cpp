@@ -125,7 +125,9 @@ std::vector<uint8_t> decode_module(fb::BufferKind cache_kind, int64_t cache_elem
   const B spec[5] = {{"qkv", fb::BufferKind::Input, fb::DType::F32, {1, 6}},
                      {"token", fb::BufferKind::Input, fb::DType::I32, {1}},
                      {"position", fb::BufferKind::Input, fb::DType::I32, {1}},
-                     {"h.0.attn/kv_cache", cache_kind, fb::DType::F32, {cache_elems}},
+                     // [2, B, n_head, T, C / n_head] when whole; a flat cut-short one else
+                     {"h.0.attn/kv_cache", cache_kind, fb::DType::F32,
+                      cache_elems == 16 ? std::vector<int64_t>{2, 1, 1, 4, 2} : std::vector<int64_t>{cache_elems}},
                      {"out", fb::BufferKind::Activation, fb::DType::F32, {1, 2}}};
   std::vector<flatbuffers::Offset<fb::Buffer>> bufs;
   uint64_t offset = 0, state = 0;
