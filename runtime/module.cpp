@@ -354,6 +354,12 @@ void Module::verify(size_t tables_end) const {
     const fb::Kernel* k = fb_->kernels()->Get(i);
     const std::string where = "kernels[" + std::to_string(i) + "]";
     if (!k->symbol() || !k->name() || !k->kind() || !k->ops()) bad(where, "missing symbol, name, kind or ops");
+    // The kind says what the kernel does to its operands (the plan verifier lets elementwise
+    // kernels and the classifier write over an input): kiln.fusion's kinds, or an attention op.
+    static const std::set<std::string> kKernelKinds = {
+        "elementwise", "matmul",    "layer_norm", "layer_norm_grad", "classifier",      "embedding_grad",
+        "optimizer",   "reduce_sum", "attention", "attention_grad",  "decode_attention"};
+    if (!kKernelKinds.count(k->kind()->str())) bad(where, "kind '" + one_line(k->kind()->str()) + "' is no kernel kind of kilnc's");
     // The operands the device executor clears before a launch, and kiln-inspect --roofline
     // counts: positions in the kernel's operand table.
     if (k->zero_operands()) {
