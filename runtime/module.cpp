@@ -441,6 +441,11 @@ void Module::verify(size_t tables_end) const {
   if (precision != "fp32" && precision != "bf16")
     bad("model", "precision '" + one_line(precision) + "' is neither fp32 nor bf16");
   if (target != "cpu" && target != "cuda") bad("model", "target '" + one_line(target) + "' is neither cpu nor cuda");
+  // Kernels compiled for the other target: a cpu library in a cuda module, or GPU images in a cpu one.
+  const bool has_cpu_code = fb_->cpu_library() && fb_->cpu_library()->size();
+  const bool has_cuda_code = fb_->cuda_images() && fb_->cuda_images()->size();
+  if ((target == "cpu" && has_cuda_code) || (target == "cuda" && has_cpu_code))
+    bad("model", "target is " + target + " but the module's kernels are compiled for " + (has_cuda_code ? "cuda" : "cpu"));
   bool any_bf16 = false;
   for (uint32_t i = 0; i < nbuf; ++i) any_bf16 |= buffer(i).dtype() == fb::DType::BF16;
   if (any_bf16 != (precision == "bf16") && (any_bf16 || program("micro_step")))
