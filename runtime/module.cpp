@@ -448,8 +448,13 @@ void Module::verify(size_t tables_end) const {
     bad("model", "target is " + target + " but the module's kernels are compiled for " + (has_cuda_code ? "cuda" : "cpu"));
   bool any_bf16 = false;
   for (uint32_t i = 0; i < nbuf; ++i) any_bf16 |= buffer(i).dtype() == fb::DType::BF16;
-  if (any_bf16 != (precision == "bf16") && (any_bf16 || program("micro_step")))
-    bad("model", "precision is " + precision + " but the module " + (any_bf16 ? "has" : "has no") + " bf16 buffers");
+  // A bf16 buffer is an op's bf16 result, which kilnc refuses under precision fp32. The converse
+  // holds only without generated kernels: a fusion region may compute in bf16 and keep the values
+  // to itself (a kiln.cast pair in step IR), which kilnc requires precision bf16 for.
+  if (any_bf16 && precision != "bf16")
+    bad("model", "precision is " + precision + " but the module has bf16 buffers");
+  if (!any_bf16 && precision == "bf16" && program("micro_step") && nkernels == 0)
+    bad("model", "precision is bf16 but the module has no bf16 buffers and no generated kernels that could compute in bf16");
   std::set<int64_t> layers;  // of the parameters named h.N.*
   for (const fb::Parameter* p : *fb_->parameters()) {
     const std::string name = p->name() ? p->name()->str() : "";
@@ -457,8 +462,13 @@ void Module::verify(size_t tables_end) const {
                                                   : std::vector<int64_t>{};
     // A layer's parameter is named h.<layer>.* (kilnc's layerOf); other names belong to none.
     const size_t dot = name.rfind("h.", 0) == 0 ? name.find_first_not_of("0123456789", 2) : std::string::npos;
-    if (dot != std::string::npos && dot > 2 && dot - 2 <= 18 && name[dot] == '.') {
-      const int64_t layer = std::stoll(name.substr(2, dot - 2));
+    // Read as kilnc's layerOf does (StringRef::getAsInteger): any number of digits, leading zeros
+    // too ("h.0000000000000000001.x" is layer 1); only a value past int64 belongs to no layer.
+    int64_t layer = 0;
+    bool fits = dot != std::string::npos && dot > 2 && name[dot] == '.';
+    for (size_t j = 2; fits && j < dot; ++j)
+      fits = !__builtin_mul_overflow(layer, int64_t(10), &layer) && !__builtin_add_overflow(layer, int64_t(name[j] - '0'), &layer);
+    if (fits) {
       if (layer >= md.n_layer())
         bad("parameters '" + one_line(name) + "'", "is no layer of the model's n_layer " + std::to_string(md.n_layer()));
       layers.insert(layer);
