@@ -256,8 +256,11 @@ class EmulatedDevice final : public Device {
       throw MatmulUnsupported(s.where + ": cuBLASLt bias is " + name(s.bias_type) + ", D " + name(s.d_type));
     if (s.aux && s.aux_type != s.d_type)
       throw MatmulUnsupported(s.where + ": cuBLASLt aux is " + name(s.aux_type) + ", D " + name(s.d_type));
-    for (auto [p, n] : {std::pair{s.a, s.m * s.k}, {s.b, s.k * s.n}, {s.d, s.m * s.n}})
-      check(p, size_t(n) * 2, "matmul operand");
+    // Each operand whole in its allocation at its own element size (it checked 2 bytes an element):
+    // C and aux of D's shape, the bias one value per row of D.
+    for (auto [p, n, t] : {std::tuple{s.a, s.m * s.k, s.a_type}, {s.b, s.k * s.n, s.b_type}, {s.d, s.m * s.n, s.d_type},
+                           {s.c, s.m * s.n, s.d_type}, {s.bias, s.m, s.bias_type}, {s.aux, s.m * s.n, s.aux_type}})
+      if (p) check(p, size_t(n) * dtype_bytes(t), "matmul operand");
     matmuls_.push_back(s);
     return matmuls_.size() - 1;
   }
