@@ -1,7 +1,6 @@
 // Host-compiler and NVRTC builds of generated kernels (see kernel_build.h).
 #include "compiler/kernel_build.h"
 
-
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>

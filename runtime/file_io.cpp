@@ -515,8 +515,10 @@ std::vector<uint8_t> read_file(const std::string& path, size_t max_bytes) {
     if (::fstat(fd, &st) != 0) throw Error(path + ": stat: " + std::strerror(errno));
     if (S_ISDIR(st.st_mode)) throw Error(path + ": cannot read: a directory");
     if (S_ISCHR(st.st_mode) && !::isatty(fd)) throw Error(path + ": is a device, not a file");
-    // One byte past a regular file's size, so that its end is found without growing the buffer.
-    bytes.resize(S_ISREG(st.st_mode) && st.st_size > 0 ? static_cast<size_t>(st.st_size) + 1 : size_t(1) << 20);
+    // One byte past a regular file's size, so that its end is found without growing the buffer
+    // (past max_bytes only by the one byte that says "too large").
+    const size_t size = S_ISREG(st.st_mode) && st.st_size > 0 ? static_cast<size_t>(st.st_size) : size_t(1) << 20;
+    bytes.resize(std::min(size, max_bytes) + 1);
     size_t n = 0;
     const std::string empty_pipe = path + ": a pipe with nothing to read (no writer, or one that wrote nothing)";
     if (S_ISFIFO(st.st_mode)) {

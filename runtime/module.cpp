@@ -268,7 +268,9 @@ void Module::verify(size_t tables_end) const {
     }
   }
   const uint32_t nkernels = fb_->kernels() ? fb_->kernels()->size() : 0;
-  const bool cuda = fb_->model()->target() && fb_->model()->target()->str() == "cuda";
+  const std::string target = fb_->model()->target() ? fb_->model()->target()->str() : "";
+  if (target != "cpu" && target != "cuda") bad("model", "target '" + one_line(target) + "' is neither cpu nor cuda");
+  const bool cuda = target == "cuda";
   std::set<std::string> program_names;
   for (const fb::Program* prog : *fb_->programs()) {
     if (!prog->name() || !prog->instrs()) bad("programs", "a program lacks a name or code");
@@ -437,14 +439,12 @@ void Module::verify(size_t tables_end) const {
   // The model's record of itself, against what the module holds (as kilnc checks the IR against
   // its spec): reports, the MFU estimate, checkpoints and llm.c files go by these fields.
   const std::string precision = md.precision() ? md.precision()->str() : "";
-  const std::string target = md.target() ? md.target()->str() : "";
   if (precision != "fp32" && precision != "bf16")
     bad("model", "precision '" + one_line(precision) + "' is neither fp32 nor bf16");
-  if (target != "cpu" && target != "cuda") bad("model", "target '" + one_line(target) + "' is neither cpu nor cuda");
   // Kernels compiled for the other target: a cpu library in a cuda module, or GPU images in a cpu one.
   const bool has_cpu_code = fb_->cpu_library() && fb_->cpu_library()->size();
   const bool has_cuda_code = fb_->cuda_images() && fb_->cuda_images()->size();
-  if ((target == "cpu" && has_cuda_code) || (target == "cuda" && has_cpu_code))
+  if ((!cuda && has_cuda_code) || (cuda && has_cpu_code))
     bad("model", "target is " + target + " but the module's kernels are compiled for " + (has_cuda_code ? "cuda" : "cpu"));
   bool any_bf16 = false;
   for (uint32_t i = 0; i < nbuf; ++i) any_bf16 |= buffer(i).dtype() == fb::DType::BF16;
