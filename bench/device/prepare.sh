@@ -180,9 +180,11 @@ if [ "$DEPS" = 1 ]; then
     done
   fi
   if ! command -v dpkg-query >/dev/null; then
-    echo "prepare.sh: warning: no dpkg-query: no build-dependency bundle (the device must have the packages)" >&2
+    echo "prepare.sh: error: no dpkg-query, so no build-dependency bundle; --no-deps goes without one (the device must then have the packages)" >&2
+    exit 1
   elif [ -n "$missing" ]; then
-    echo "prepare.sh: warning: not installed here:$missing; no build-dependency bundle" >&2
+    echo "prepare.sh: error: not installed here:$missing, so no build-dependency bundle; scripts/setup.sh installs them, --no-deps goes without one" >&2
+    exit 1
   else
     stage=$(mktemp -d "${TMPDIR:-/tmp}/kiln-deps.XXXXXX")
     trap 'rm -rf "$stage"' EXIT

@@ -33,7 +33,13 @@ import os
 import re
 import subprocess
 import sys
-import tomllib
+try:
+    import tomllib  # Python 3.11+
+except ModuleNotFoundError:  # 3.10, which a GPU machine's PyTorch may run on (check.sh runs this file)
+    try:
+        import tomli as tomllib
+    except ModuleNotFoundError:
+        from pip._vendor import tomli as tomllib
 
 import numpy as np
 import torch

@@ -45,7 +45,13 @@ import subprocess
 import sys
 import time
 
-import tomllib
+try:
+    import tomllib  # Python 3.11+
+except ModuleNotFoundError:  # 3.10, which a GPU machine's PyTorch may run on (check.sh runs this file)
+    try:
+        import tomli as tomllib
+    except ModuleNotFoundError:
+        from pip._vendor import tomli as tomllib
 
 sys.dont_write_bytecode = True          # keep the source tree free of __pycache__
 HERE = os.path.dirname(os.path.abspath(__file__))
