@@ -281,6 +281,8 @@ std::string cachedLibraryPath(const std::string& source) {
 
 }  // namespace
 
+bool cpuKernelCacheEnabled() { return !cacheDir().empty(); }
+
 std::optional<std::vector<uint8_t>> cachedCpuKernels(const std::string& source) {
   const std::string cached = cachedLibraryPath(source);
   // A cache entry that is no shared library (emptied, cut short, another file) is built again.

@@ -18,6 +18,9 @@ namespace kiln {
 // The cache's library for this source, when it has one.
 std::optional<std::vector<uint8_t>> cachedCpuKernels(const std::string& source);
 
+// Whether there is a kernel cache at all (not with KILN_KERNEL_CACHE=off, or with no HOME).
+bool cpuKernelCacheEnabled();
+
 // Compiles CPU kernel source into a shared library (its bytes) and stores it in the cache (for a
 // source cachedCpuKernels found none for). On failure, `error` holds the compiler's first diagnostics.
 std::optional<std::vector<uint8_t>> compileCpuKernels(const std::string& source, std::string& error);

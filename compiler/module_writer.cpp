@@ -386,13 +386,15 @@ class Writer {
     generating.stop();
     // (--timing names where the time went: a CPU library from the kernel cache compiles nothing.)
     std::optional<std::vector<uint8_t>> cachedLibrary;
-    if (target_ == Target::Cpu) {
+    const bool cache = target_ == Target::Cpu && cpuKernelCacheEnabled();
+    if (cache) {
       TimingScope lookup = nest("look up the kernel cache");
       cachedLibrary = cachedCpuKernels(source);
     }
     TimingScope compiling = nest(target_ != Target::Cpu ? "compile kernels (NVRTC, for sm_80 and sm_90 at once)"
                                  : cachedLibrary        ? "compile kernels: none (the kernel cache had their library)"
-                                                        : "compile kernels (host C++ compiler; the kernel cache had none)");
+                                 : cache                ? "compile kernels (host C++ compiler; the kernel cache had none)"
+                                                        : "compile kernels (host C++ compiler; no kernel cache: KILN_KERNEL_CACHE=off or no HOME)");
     std::string error;
     // The one slow step of a compile (seconds for GPT-2 124M): said before it starts, unless the
     // kernel cache has the CPU library already.
