@@ -329,7 +329,7 @@ LogicalResult verifyEntryPoints(ModuleOp module) {
         ++next;
       } else if (auto acc = dyn_cast<AccumulateGradOp>(op)) {
         if (auto it = bucketOf.find(acc.getName().str()); it != bucketOf.end())
-          return acc.emitError() << "accumulates @" << acc.getName() << "'s gradient after kiln.reduce_gradients (bucket "
+          return acc.emitError() << "kiln.accumulate_grad accumulates @" << acc.getName() << "'s gradient after kiln.reduce_gradients (bucket "
                                  << it->second << ") started averaging it";
       }
       return WalkResult::advance();
@@ -341,7 +341,7 @@ LogicalResult verifyEntryPoints(ModuleOp module) {
     WalkResult frozen = f.walk([&](AccumulateGradOp acc) -> WalkResult {
       accumulated.insert(acc.getName().str());
       if (optimized.count(acc.getName().str())) return WalkResult::advance();
-      return acc.emitError() << "accumulates @" << acc.getName()
+      return acc.emitError() << "kiln.accumulate_grad accumulates @" << acc.getName()
                              << "'s gradient, but @optimizer_step has no kiln.adamw that updates it";
     });
     if (frozen.wasInterrupted()) return failure();
@@ -350,7 +350,7 @@ LogicalResult verifyEntryPoints(ModuleOp module) {
     if (auto opt = module.lookupSymbol<func::FuncOp>("optimizer_step")) {
       WalkResult gradless = opt.walk([&](AdamWOp a) -> WalkResult {
         if (accumulated.count(a.getName().str())) return WalkResult::advance();
-        return a.emitError() << "updates @" << a.getName()
+        return a.emitError() << "kiln.adamw updates @" << a.getName()
                              << ", but @micro_step accumulates no gradient for it (no kiln.accumulate_grad: it would never learn)";
       });
       if (gradless.wasInterrupted()) return failure();

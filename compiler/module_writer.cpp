@@ -212,7 +212,7 @@ class Writer {
       // A key/value cache is storage the plan keeps for the whole call; no kernel fills it.
       if (auto kv = dyn_cast<KvCacheOp>(op)) {
         auto offsets = op.getAttrOfType<DenseI64ArrayAttr>("kiln.offsets");
-        if (!offsets || offsets.size() != 1) return op.emitError() << "kilnc: no planned offsets ('kiln.offsets') on this op";
+        if (!offsets || offsets.size() != 1) return op.emitError() << "kilnc: " << op.getName() << " has no planned offsets ('kiln.offsets'): run kiln-plan-buffers";
         if (failed(checkOffset(&op, offsets, 0, "the cache's"))) return failure();
         buf[kv] = addBuffer(kv.getCacheName().str() + "/kv_cache", fb::BufferKind::Activation, kv.getType(),
                             uint64_t(offsets[0]));
@@ -230,7 +230,7 @@ class Writer {
       for (Value v : op.getOperands()) ins.in.push_back(of(v));
       auto offsets = op.getAttrOfType<DenseI64ArrayAttr>("kiln.offsets");
       if (op.getNumResults() && (!offsets || offsets.size() != int64_t(op.getNumResults())))
-        return op.emitError() << "kilnc: no planned offsets ('kiln.offsets') on this op";
+        return op.emitError() << "kilnc: " << op.getName() << " has no planned offsets ('kiln.offsets'): run kiln-plan-buffers";
       for (Value r : op.getResults()) {
         const unsigned i = cast<OpResult>(r).getResultNumber();
         std::string name = valueName(&op);

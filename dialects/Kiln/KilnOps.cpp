@@ -649,7 +649,8 @@ LogicalResult FusionOp::verify() {
   auto yield = block.empty() ? YieldOp() : dyn_cast<YieldOp>(block.back());
   if (!yield) return emitOpError() << "body must end with kiln.yield";
   if (yield.getValues().getTypes() != getResults().getTypes())
-    return emitOpError() << "kiln.yield's types differ from the results' types";
+    return emitOpError() << "kiln.yield gives " << yield.getValues().getTypes() << " but the results are "
+                         << getResults().getTypes();
   if (getKernel().empty()) return emitOpError() << "needs a kernel name";
   // The name becomes part of a C function's name in the generated source (k<N>_<name>).
   if (!llvm::all_of(getKernel(), [](char c) { return llvm::isAlnum(c) || c == '_'; }))

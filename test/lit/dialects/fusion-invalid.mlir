@@ -25,7 +25,7 @@ func.func @argument_type(%x: tensor<4xf32>) -> tensor<4xf32> {
 // -----
 
 func.func @yield_types(%x: tensor<4xf32>) -> tensor<4xf32> {
-  // expected-error @+1 {{'kiln.fusion' op kiln.yield's types differ from the results' types}}
+  // expected-error @+1 {{'kiln.fusion' op kiln.yield gives 'tensor<4xbf16>' but the results are 'tensor<4xf32>'}}
   %0 = kiln.fusion "elementwise" "gelu"(%x) : (tensor<4xf32>) -> tensor<4xf32> {
   ^bb0(%a: tensor<4xf32>):
     %g = kiln.gelu %a : tensor<4xf32>
