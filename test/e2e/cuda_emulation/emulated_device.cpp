@@ -142,7 +142,7 @@ class EmulatedDevice final : public Device {
 
   // The module's CUDA source over shim.h, compiled once per source into the cache.
   void load_kernels(const Module& m) override {
-    const std::string src = m.fb().kernel_source() ? m.fb().kernel_source()->str() : "";
+    std::string src = m.fb().kernel_source() ? m.fb().kernel_source()->str() : "";
     if (src.empty()) throw Error(m.source() + ": no kernel source to emulate");
     const char* cxx_env = std::getenv("CXX");
     const std::string cxx = cxx_env && *cxx_env ? cxx_env : "c++";
@@ -181,6 +181,19 @@ class EmulatedDevice final : public Device {
                 throw Error(m.source() + ": function " + f->symbol()->str() + " serves kernels of different operands");
             }
         }
+    }
+    // KEMU_PROBE=1 (with the fence): every generated function first reads the byte just past its
+    // first operand, which the fence must report at the first launch: the test that it is up.
+    if (const char* probe = std::getenv("KEMU_PROBE"); probe && std::string(probe) == "1") {
+      if (!poison_) throw Error("emulated device: KEMU_PROBE=1 needs KEMU_SANITIZE=1 with the fence");
+      for (const auto& [fn, bytes] : operand_bytes_) {
+        const std::string head = "void " + fn + "(void* const* b, const long long* range) {";
+        const size_t at = src.find(head);
+        if (at == std::string::npos || bytes.empty()) continue;
+        src.insert(at + head.size(), " { const volatile char* kemu_probe = (const char*)b[0]; (void)kemu_probe[" +
+                                         std::to_string(bytes[0]) + "]; }");
+      }
+      std::fprintf(stderr, "emulated device: KEMU_PROBE: each generated function reads one byte past its first operand\n");
     }
     const char* cache_env = std::getenv("KILN_EMU_CACHE");
     const char* tmp = std::getenv("TMPDIR");

@@ -16,12 +16,14 @@
 # (long-bf16 hs96-bf16 wide-bf16: two tile buffers and one; dq in the dk/dv kernel or its own;
 # long: the SIMT kernels over several key tiles).
 # SANITIZE=1 runs the kernels under AddressSanitizer and UndefinedBehaviorSanitizer (emulated_device.cpp
-# KEMU_SANITIZE; the ASan runtime preloaded into the driver; slow: minutes per config). The arena
+# KEMU_SANITIZE; the ASan runtime preloaded into the driver; about 10-20 s a config). The arena
 # is one allocation, so around each launch the device memory is poisoned but for the byte ranges
 # of that launch's operands (and its kernel's workspace): a kernel reading or writing outside its
 # operands, even into the neighbouring buffer, is reported (use-after-poison; KEMU_FENCE=0 turns
 # that off, for runs whose communicator thread reads the arena while kernels run). A report
-# fails the run (UBSan halts on its first error). Off by default and in CI.
+# fails the run (UBSan halts on its first error). Off by default; ctest's
+# e2e.cuda-emulation.sanitized runs three configs so, and e2e.cuda-emulation.fence-probe checks
+# that the fence reports a kernel reading past its operand (KEMU_PROBE=1; test/CMakeLists.txt).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../../.." && pwd)"
