@@ -49,8 +49,8 @@ import gpt2_reference as ref  # noqa: E402
 from test_parity import bf16_tolerances  # noqa: E402
 
 
-def run(cmd):
-    r = subprocess.run(cmd, capture_output=True, text=True)
+def run(cmd, env=None):
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if r.returncode != 0:
         sys.exit(f"FAIL: {' '.join(cmd)} exited {r.returncode}:\n{r.stdout}{r.stderr}")
     return r.stdout, r.stderr
@@ -74,7 +74,15 @@ def main():
     ap.add_argument("--kv-cache-only", action="store_true",
                     help="only the run with the caches against the reference (no --no-kv-cache, --no-prefill or "
                          "--temperature runs): for contexts too long to run four times under the emulator")
+    ap.add_argument("--exe-env", action="append", default=[], metavar="VAR=VALUE",
+                    help="set in the executable's environment alone (the emulation under ASan: its runtime "
+                         "preloaded, KEMU_SANITIZE=1)")
     a = ap.parse_args()
+    exe_env = dict(os.environ)
+    for kv in a.exe_env:
+        if "=" not in kv:
+            sys.exit(f"test_decode.py: --exe-env {kv!r}: expected VAR=VALUE")
+        exe_env[kv.split("=", 1)[0]] = kv.split("=", 1)[1]
     os.makedirs(a.workdir, exist_ok=True)
     with open(a.spec, "rb") as f:
         spec = tomllib.load(f)
@@ -128,7 +136,7 @@ def main():
     modes = (("kv cache", []), ("no kv cache", ["--no-kv-cache"]), ("no prefill", ["--no-prefill"]))
     for name, extra in modes[:1] if a.kv_cache_only else modes:
         npy = os.path.join(a.workdir, f"{name.replace(' ', '-')}.npy")
-        stdout, stderr = run(base + extra + ["--logits-out", npy])
+        stdout, stderr = run(base + extra + ["--logits-out", npy], exe_env)
         seqs = samples(stdout)
         m = re.search(r"logits of (\d+) steps by @decode \(key/value caches\), (\d+) by @logits", stderr)
         want = (0, rounds * new) if name == "no kv cache" else (by_decode, rounds * new - by_decode)
@@ -210,7 +218,7 @@ def main():
     cold = base[:]
     cold[cold.index("--top-k") + 1] = "0"
     npy = os.path.join(a.workdir, "cold.npy")
-    seqs = samples(run(cold + ["--temperature", "1e-6", "--logits-out", npy])[0])
+    seqs = samples(run(cold + ["--temperature", "1e-6", "--logits-out", npy], exe_env)[0])
     logits = np.load(npy).astype(np.float64)
     gaps = [float(logits[i, step].max() - logits[i, step][seqs[i][len(prompt) + step]])
             for i in range(n) for step in range(new)]
