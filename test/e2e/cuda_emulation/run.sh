@@ -22,7 +22,7 @@
 # operands, even into the neighbouring buffer, is reported (use-after-poison; KEMU_FENCE=0 turns
 # that off, for runs whose communicator thread reads the arena while kernels run). A report
 # fails the run (UBSan halts on its first error). Off by default; ctest's
-# e2e.cuda-emulation.sanitized runs three configs so, and e2e.cuda-emulation.fence-probe checks
+# e2e.cuda-emulation.sanitized runs them all so, and e2e.cuda-emulation.fence-probe checks
 # that the fence reports a kernel reading past its operand (KEMU_PROBE=1; test/CMakeLists.txt).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
