@@ -71,6 +71,22 @@ while [ $# -gt 0 ]; do
 done
 [ -x "$KILNC" ] || { echo "prepare.sh: $KILNC not found: build first (scripts/build.sh)" >&2; exit 1; }
 command -v "$PY" >/dev/null || { echo "prepare.sh: $PY not found (set PYTHON)" >&2; exit 1; }
+# The bundle's packages first: a missing one stops the run before minutes of compiling modules.
+if [ "$DEPS" = 1 ]; then
+  command -v dpkg-query >/dev/null || {
+    echo "prepare.sh: error: no dpkg-query, so no build-dependency bundle; --no-deps goes without one (the device must then have the packages)" >&2
+    exit 1
+  }
+  missing=""
+  for p in "${DEP_PACKAGES[@]}"; do
+    st=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
+    [ "$st" = "install ok installed" ] || missing="$missing $p"
+  done
+  if [ -n "$missing" ]; then
+    echo "prepare.sh: error: not installed here:$missing, so no build-dependency bundle; scripts/setup.sh installs them, --no-deps goes without one" >&2
+    exit 1
+  fi
+fi
 start=$SECONDS
 mkdir -p "$DEV/specs" "$DEV/modules" "$DEV/data" "$DEV/deps"
 
@@ -172,20 +188,7 @@ fi
 # 4. The build-dependency bundle.
 if [ "$DEPS" = 1 ]; then
   rm -f "$DEV/deps/kiln-build-deps.tar.gz" "$DEV/deps/packages.txt"
-  missing=""
-  if command -v dpkg-query >/dev/null; then
-    for p in "${DEP_PACKAGES[@]}"; do
-      st=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
-      [ "$st" = "install ok installed" ] || missing="$missing $p"
-    done
-  fi
-  if ! command -v dpkg-query >/dev/null; then
-    echo "prepare.sh: error: no dpkg-query, so no build-dependency bundle; --no-deps goes without one (the device must then have the packages)" >&2
-    exit 1
-  elif [ -n "$missing" ]; then
-    echo "prepare.sh: error: not installed here:$missing, so no build-dependency bundle; scripts/setup.sh installs them, --no-deps goes without one" >&2
-    exit 1
-  else
+  {  # (its packages were checked at the start)
     stage=$(mktemp -d "${TMPDIR:-/tmp}/kiln-deps.XXXXXX")
     trap 'rm -rf "$stage"' EXIT
     for p in "${DEP_PACKAGES[@]}"; do dpkg -L "$p"; done | sort -u | while read -r f; do
@@ -205,7 +208,7 @@ if [ "$DEPS" = 1 ]; then
     tar -C "$stage" -czf "$DEV/deps/kiln-build-deps.tar.gz" usr
     echo "  deps/kiln-build-deps.tar.gz: $(stat -c %s "$DEV/deps/kiln-build-deps.tar.gz") bytes," \
          "$(find "$stage" -type f | wc -l) files from ${#DEP_PACKAGES[@]} Debian packages ($(uname -m))"
-  fi
+  }
 fi
 
 # 5. Sizes against what may travel to the device.

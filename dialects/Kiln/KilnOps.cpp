@@ -648,9 +648,16 @@ LogicalResult FusionOp::verify() {
                            << " but its input is " << in.getType();
   auto yield = block.empty() ? YieldOp() : dyn_cast<YieldOp>(block.back());
   if (!yield) return emitOpError() << "body must end with kiln.yield";
-  if (yield.getValues().getTypes() != getResults().getTypes())
-    return emitOpError() << "kiln.yield gives " << yield.getValues().getTypes() << " but the results are "
-                         << getResults().getTypes();
+  if (yield.getValues().getTypes() != getResults().getTypes()) {
+    // (An empty TypeRange prints as nothing: say so.)
+    InFlightDiagnostic d = emitOpError() << "kiln.yield gives ";
+    if (yield.getValues().empty()) d << "no values";
+    else d << yield.getValues().getTypes();
+    d << " but the results are ";
+    if (getResults().empty()) d << "none";
+    else d << getResults().getTypes();
+    return d;
+  }
   if (getKernel().empty()) return emitOpError() << "needs a kernel name";
   // The name becomes part of a C function's name in the generated source (k<N>_<name>).
   if (!llvm::all_of(getKernel(), [](char c) { return llvm::isAlnum(c) || c == '_'; }))

@@ -183,17 +183,22 @@ class EmulatedDevice final : public Device {
         }
     }
     // KEMU_PROBE=1 (with the fence): every generated function first reads the byte just past its
-    // first operand, which the fence must report at the first launch: the test that it is up.
+    // first operand, which the fence must report at the first such launch: the test that it is up.
     if (const char* probe = std::getenv("KEMU_PROBE"); probe && std::string(probe) == "1") {
       if (!poison_) throw Error("emulated device: KEMU_PROBE=1 needs KEMU_SANITIZE=1 with the fence");
+      // The definition's head, after "void " or "__launch_bounds__(N) " (block > 256, attention).
+      size_t probed = 0;
       for (const auto& [fn, bytes] : operand_bytes_) {
-        const std::string head = "void " + fn + "(void* const* b, const long long* range) {";
+        const std::string head = " " + fn + "(void* const* b, const long long* range) {";
         const size_t at = src.find(head);
         if (at == std::string::npos || bytes.empty()) continue;
         src.insert(at + head.size(), " { const volatile char* kemu_probe = (const char*)b[0]; (void)kemu_probe[" +
                                          std::to_string(bytes[0]) + "]; }");
+        ++probed;
       }
-      std::fprintf(stderr, "emulated device: KEMU_PROBE: each generated function reads one byte past its first operand\n");
+      if (!probed) throw Error(m.source() + ": KEMU_PROBE=1: no generated function's definition found to probe");
+      std::fprintf(stderr, "emulated device: KEMU_PROBE: %zu of %zu generated functions read one byte past their first operand\n",
+                   probed, operand_bytes_.size());
     }
     const char* cache_env = std::getenv("KILN_EMU_CACHE");
     const char* tmp = std::getenv("TMPDIR");

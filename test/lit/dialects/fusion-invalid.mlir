@@ -37,6 +37,18 @@ func.func @yield_types(%x: tensor<4xf32>) -> tensor<4xf32> {
 
 // -----
 
+func.func @yield_nothing(%x: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error @+1 {{'kiln.fusion' op kiln.yield gives no values but the results are 'tensor<4xf32>'}}
+  %0 = kiln.fusion "elementwise" "gelu"(%x) : (tensor<4xf32>) -> tensor<4xf32> {
+  ^bb0(%a: tensor<4xf32>):
+    %g = kiln.gelu %a : tensor<4xf32>
+    kiln.yield
+  }
+  return %0 : tensor<4xf32>
+}
+
+// -----
+
 func.func @unknown_kind(%x: tensor<4xf32>) -> tensor<4xf32> {
   // expected-error @+1 {{'kiln.fusion' op unknown kind 'softmax' (elementwise, matmul, layer_norm, layer_norm_grad, classifier, embedding_grad, optimizer, reduce_sum)}}
   %0 = kiln.fusion "softmax" "gelu"(%x) : (tensor<4xf32>) -> tensor<4xf32> {
