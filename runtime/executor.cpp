@@ -240,6 +240,7 @@ Executor::~Executor() {
   device_.reset();
   if (arena_) ::munmap(arena_, arena_mapped_);
   if (kernel_library_) dlclose(kernel_library_);
+  if (kernel_library_fd_ >= 0) ::close(kernel_library_fd_);
 }
 
 // Generated kernels: the module carries them as a shared library built by kilnc's host
@@ -280,7 +281,12 @@ void Executor::load_kernels() {
     p += w, left -= size_t(w);
   }
   kernel_library_ = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  ::close(fd);
+  // Under KILN_CPU_FENCE the in-memory file stays open while the library is loaded: ASan's
+  // symbolizer reads the kernels' names from /proc/self/fd/N.
+  const char* fence = std::getenv("KILN_CPU_FENCE");
+  const bool fenced = fence && std::strcmp(fence, "1") == 0;
+  if (fenced && kernel_library_ && !on_disk) kernel_library_fd_ = fd;
+  else ::close(fd);
   if (on_disk) ::unlink(path.c_str());
   if (!kernel_library_)
     throw Error(module_.source() + ": cannot load its kernel library: " + std::string(dlerror()));
@@ -293,6 +299,63 @@ void Executor::load_kernels() {
   }
   // (absent from a library compiled before the kernels reported their scratch)
   kernel_scratch_bytes_ = reinterpret_cast<long long (*)()>(dlsym(kernel_library_, "kiln_scratch_bytes"));
+  if (fenced) setup_fence();
+}
+
+// KILN_CPU_FENCE=1: the arena is one allocation, so AddressSanitizer alone misses a generated
+// kernel that runs from one operand into the neighbouring buffer. With the fence, around each
+// generated-kernel call the whole arena is poisoned (ASan's manual poisoning) and only the call's
+// operands are unpoisoned: operand_numel elements of operand_dtype at each operand's address, as
+// the module gives the kernel (a ZeRO-1 moment: the slice this executor holds). An instrumented
+// kernel touching any other arena byte is reported (use-after-poison). Afterwards the whole arena
+// is addressable again, so the built-in ops (BLAS products, oneDNN, the runtime's own kernels),
+// the loader and the communicator run unfenced; a kernel's scratch (kernel_prelude.cpp's
+// scratch(), malloc'ed by the instrumented library) is ASan's ordinary heap. Only useful with
+// kernels compiled under ASan (kilnc with KILN_CXX naming a wrapper that adds
+// -fsanitize=address,undefined; the ASan runtime preloaded into the run: test/e2e/cpu_fence.sh
+// does both). OpenMP threads inside a kernel are fine (poisoning is process-wide, done on
+// the calling thread before and after the parallel region); a data-parallel run's communicator
+// thread is not (it reads and writes the arena while kernels run): set_gradient_hooks refuses the
+// fence when there are several ranks. Off, it costs one branch a kernel call.
+void Executor::setup_fence() {
+  const std::string why = module_.source() + ": KILN_CPU_FENCE=1: ";
+  poison_ = reinterpret_cast<RegionFn>(dlsym(RTLD_DEFAULT, "__asan_poison_memory_region"));
+  unpoison_ = reinterpret_cast<RegionFn>(dlsym(RTLD_DEFAULT, "__asan_unpoison_memory_region"));
+  if (!poison_ || !unpoison_)
+    throw Error(why + "the process has no AddressSanitizer runtime (run it with "
+                      "LD_PRELOAD=$(c++ -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0)");
+  // A library built without ASan names none of its functions: the fence would check nothing.
+  const auto* lib = module_.fb().cpu_library();
+  static const char asan[] = "__asan_";
+  if (!memmem(lib->data(), lib->size(), asan, sizeof asan - 1))
+    throw Error(why + "the module's kernels are not compiled with AddressSanitizer (compile it with KILN_CXX "
+                      "naming a wrapper that adds -fsanitize=address,undefined, and KILN_KERNEL_CACHE=off)");
+  const char* probe = std::getenv("KILN_CPU_FENCE_PROBE");
+  fence_probe_ = probe && std::strcmp(probe, "1") == 0;
+  if (fence_probe_)
+    std::fprintf(stderr, "%s: KILN_CPU_FENCE_PROBE: the last byte of each generated kernel's first operand stays "
+                         "fenced; the first kernel that touches all of it must be reported\n", module_.source().c_str());
+}
+
+void Executor::run_fenced(KernelFn fn, const fb::Kernel& k, const fb::Instr& ins) {
+  struct Unfence {  // also when the kernel throws
+    Executor& ex;
+    ~Unfence() { ex.unpoison_(ex.arena_, ex.arena_mapped_); }
+  } unfence{*this};
+  poison_(arena_, arena_mapped_);
+  const uint32_t nin = ins.inputs()->size(), n = nin + ins.outputs()->size();
+  for (uint32_t i = 0; i < n; ++i) {
+    const uint32_t b = i < nin ? ins.inputs()->Get(i) : ins.outputs()->Get(i - nin);
+    const size_t elem = dtype_bytes(fb::DType(k.operand_dtype()->Get(i)));
+    // check_kernel: operand_numel is the buffer's numel; the arena holds layout_.held of it.
+    const auto [lo, hi] = layout_.held[b];
+    size_t bytes = size_t(hi - lo) * elem;
+    if (fence_probe_ && i == 0 && bytes > 0) --bytes;
+    // ASan tracks 8-byte granules, each open for a prefix of its bytes: the end is exact, the
+    // start too (buffers start 256-aligned; a ZeRO-1 slice starting inside a granule opens it all).
+    unpoison_(addr(b) + size_t(lo) * elem, bytes);
+  }
+  fn(kernel_args_.data(), kernel_ranges_.data());
 }
 
 void Executor::check(const fb::Program& prog) const {
@@ -394,7 +457,9 @@ void Executor::run_generated(const fb::Instr& ins) {
       if (s != slice_by_buffer_.end()) kernel_ranges_.insert(kernel_ranges_.end(), {s->second.first, s->second.second});
       else kernel_ranges_.insert(kernel_ranges_.end(), {0, numel(module_.buffer(v))});
     }
-  kernel_fns_[size_t(ins.ints()->Get(0))](kernel_args_.data(), kernel_ranges_.data());
+  const KernelFn fn = kernel_fns_[size_t(ins.ints()->Get(0))];
+  if (poison_) return run_fenced(fn, k, ins);  // KILN_CPU_FENCE=1
+  fn(kernel_args_.data(), kernel_ranges_.data());
 }
 
 float* Executor::f32(uint32_t b) {
@@ -442,6 +507,10 @@ void Executor::sync_to_host() {
 void Executor::set_gradient_hooks(std::function<void(int64_t)> reduce, std::function<void()> wait,
                                   std::function<void()> drain) {
   if (device_) return device_->set_gradient_hooks(std::move(reduce), std::move(wait), std::move(drain));
+  // (set only with several ranks: data_parallel.cpp)
+  if (poison_)
+    throw Error(module_.source() + ": KILN_CPU_FENCE=1 runs one process only: a data-parallel run's communicator "
+                "thread reads and writes the arena while the fenced kernels run, which ASan would report");
   reduce_hook_ = std::move(reduce);
   wait_hook_ = std::move(wait);
 }

@@ -129,6 +129,13 @@ class Executor {
   std::vector<KernelFn> kernel_fns_;  // by kernel index
   std::vector<void*> kernel_args_;
   std::vector<int64_t> kernel_ranges_;
+  // KILN_CPU_FENCE=1 (see run_fenced): AddressSanitizer's manual poisoning, null when off.
+  using RegionFn = void (*)(const volatile void*, size_t);
+  RegionFn poison_ = nullptr, unpoison_ = nullptr;
+  bool fence_probe_ = false;     // KILN_CPU_FENCE_PROBE=1: the first operand's last byte stays fenced
+  int kernel_library_fd_ = -1;  // under the fence its in-memory file, kept open for ASan's symbolizer
+  void setup_fence();
+  void run_fenced(KernelFn fn, const fb::Kernel& k, const fb::Instr& ins);
   void exec(const fb::Instr& ins);
   template <typename In, typename IIn, typename Out>
   void run_kernel(const fb::Instr& ins, const flatbuffers::Vector<int64_t>& ints, In in, IIn iin, Out out);
