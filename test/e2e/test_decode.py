@@ -33,20 +33,13 @@ import os
 import re
 import subprocess
 import sys
-try:
-    import tomllib  # Python 3.11+
-except ModuleNotFoundError:  # 3.10, which a GPU machine's PyTorch may run on (check.sh runs this file)
-    try:
-        import tomli as tomllib
-    except ModuleNotFoundError:
-        from pip._vendor import tomli as tomllib
 
 import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpt2_reference as ref  # noqa: E402
-from test_parity import bf16_tolerances  # noqa: E402
+from test_parity import bf16_tolerances, tomllib  # noqa: E402  (tomllib, or its fallback on Python 3.10)
 
 
 def run(cmd, env=None):
@@ -82,7 +75,8 @@ def main():
     for kv in a.exe_env:
         if "=" not in kv:
             sys.exit(f"test_decode.py: --exe-env {kv!r}: expected VAR=VALUE")
-        exe_env[kv.split("=", 1)[0]] = kv.split("=", 1)[1]
+        var, value = kv.split("=", 1)
+        exe_env[var] = value
     os.makedirs(a.workdir, exist_ok=True)
     with open(a.spec, "rb") as f:
         spec = tomllib.load(f)

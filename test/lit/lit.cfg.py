@@ -46,12 +46,7 @@ try:
 except (OSError, subprocess.TimeoutExpired):
     pass
 
-# The host compiler's AddressSanitizer runtime (GCC's libasan), for KILN_CPU_FENCE's checks.
-try:
-    libasan = subprocess.run(["c++", "-print-file-name=libasan.so"], capture_output=True, text=True,
-                             timeout=20).stdout.strip()
-    if os.path.isabs(libasan) and os.path.exists(libasan):
-        config.available_features.add("asan")
-        config.substitutions.append(("%libasan", libasan))
-except (OSError, subprocess.TimeoutExpired):
-    pass
+# The host compiler's AddressSanitizer runtime (GCC's libasan; CMake found it), for KILN_CPU_FENCE.
+if config.kiln_libasan:
+    config.available_features.add("asan")
+    config.substitutions.append(("%libasan", config.kiln_libasan))
