@@ -3,13 +3,14 @@
 
 The fixed parity configs (configs/*.toml) pick their awkward sizes by hand; this draws them:
 head sizes from 1 to 64 (odd, prime, powers of two), 1 to 6 heads, 1 to 3 layers, a vocabulary
-from 4 tokens up, T from 1 up to past one attention tile (64), block_size >= T, B from 1 to 4 (bf16: T raised to B x T >= 32; cuda: at most 2 layers, C <= 128 where the head size allows),
+from 4 tokens up, T from 1 up to past one attention tile (64), block_size >= T, B from 1 to 4 (bf16: C >= 8, T raised to B x T >= 32; cuda: at most 2 layers, C <= 128 where the head size allows),
 fp32 or bf16, and with it one of kilnc's variants (fused, --no-fusion (cpu only), --fuse-single-ops,
 --recompute=cheap) and 1 or 2 micro-steps a step. Each draw is written as a spec and checked by
 test_parity.py (step-0 gradients, losses, the schedule, the saved weights) with its tolerances.
 
     random_parity.py --kilnc build/bin/kilnc --workdir DIR [--seed 1] [--count 6] [--steps 3]
                      [--target cpu|cuda] [--runtime PATH]   (cuda: kiln-run-emulated)
+                     [--check decode]   (test_decode.py instead: sampling's key/value caches)
 
 A draw depends only on (seed, index), so `--seed S --only I` repeats one. Exit status 1 names each
 failing draw's spec and the command that repeats it.
@@ -46,8 +47,11 @@ def draw(seed, index, target):
         "precision": rng.choice(["fp32", "bf16"]),
     }
     # The bf16 check bounds the mean scale error of the gradients by u = 2^-8 (unbiased rounding):
-    # that needs tokens enough for the roundings of what every gradient shares (the logits'
-    # gradient) to average out. With B x T = 3 the bf16 reference itself is 4e-3 from float64.
+    # that needs tokens and channels enough for the roundings of what every gradient shares (the
+    # logits' gradient, the layer norms' statistics) to average out. With B x T = 3, or C = 2 or
+    # 4, the bf16 reference itself is 4e-3 to 9e-3 from float64. Those shapes run in fp32.
+    if spec["n_embd"] < 8:
+        spec["precision"] = "fp32"
     if spec["precision"] == "bf16" and spec["batch_size"] * T < 32:
         T = spec["seq_len"] = -(-32 // spec["batch_size"])
         spec["block_size"] = max(spec["block_size"], T)
@@ -86,6 +90,8 @@ def main():
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--target", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--runtime", help="kilnc --runtime (kiln-run-emulated for --target cuda)")
+    ap.add_argument("--check", choices=("parity", "decode"), default="parity",
+                    help="test_parity.py (training), or test_decode.py (sampling's key/value caches)")
     args = ap.parse_args()
     if args.target == "cuda" and not args.runtime:
         ap.error("--target cuda needs --runtime (kiln-run-emulated)")
@@ -104,13 +110,20 @@ def main():
         with open(spec_path, "w") as f:
             f.write(text)
         kilnc_args = variant + ([f"--runtime={args.runtime}"] if args.runtime else [])
-        cmd = ([sys.executable, os.path.join(HERE, "test_parity.py"), "--kilnc", args.kilnc, "--spec", spec_path,
-                "--workdir", work, "--steps", str(args.steps), "--accum", str(accum), "--warmup-steps", "1"]
-               + [f"--kilnc-arg={a}" for a in kilnc_args]
-               + (["--weight-tol", FP32_WEIGHT_TOL] if spec["precision"] == "fp32" else []))
+        if args.check == "decode":
+            # (at least 6 new tokens: the rows of a round must sample different sequences)
+            cmd = ([sys.executable, os.path.join(HERE, "test_decode.py"), "--kilnc", args.kilnc, "--spec", spec_path,
+                    "--workdir", work, "--new-tokens", str(max(spec["seq_len"], 6))]
+                   + [f"--kilnc-arg={a}" for a in kilnc_args]
+                   + (["--kv-cache-only"] if args.target == "cuda" else []))  # (emulated: the run that matters)
+        else:
+            cmd = ([sys.executable, os.path.join(HERE, "test_parity.py"), "--kilnc", args.kilnc, "--spec", spec_path,
+                    "--workdir", work, "--steps", str(args.steps), "--accum", str(accum), "--warmup-steps", "1"]
+                   + [f"--kilnc-arg={a}" for a in kilnc_args]
+                   + (["--weight-tol", FP32_WEIGHT_TOL] if spec["precision"] == "fp32" else []))
         shape = (f"L{spec['n_layer']} H{spec['n_head']} C{spec['n_embd']} V{spec['vocab_size']} "
                  f"T{spec['seq_len']}/{spec['block_size']} B{spec['batch_size']} {spec['precision']} "
-                 f"accum {accum} {' '.join(variant) or 'fused'}")
+                 + (f"accum {accum} " if args.check == "parity" else "") + f"{' '.join(variant) or 'fused'}")
         t0 = time.time()
         r = subprocess.run(cmd, capture_output=True, text=True)
         dt = time.time() - t0
@@ -120,11 +133,11 @@ def main():
             print(f"draw {i}: {shape}: FAIL ({dt:.1f} s)\n" + (r.stdout + r.stderr)[-3000:], flush=True)
             failed.append((i, spec_path, cmd))
     if failed:
-        print(f"random parity: {len(failed)} of {len(indices)} draws failed:")
+        print(f"random {args.check}: {len(failed)} of {len(indices)} draws failed:")
         for i, spec_path, cmd in failed:
             print(f"  draw {i} ({spec_path}): {shlex.join(cmd)}")
         return 1
-    print(f"random parity: {len(indices)} draws of seed {args.seed} pass")
+    print(f"random {args.check}: {len(indices)} draws of seed {args.seed} pass")
     return 0
 
 

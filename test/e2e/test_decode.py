@@ -160,9 +160,10 @@ def main():
             print(f"FAIL {name}: @prefill: {problem}")
             failures += 1
         elif name == "kv cache":
-            print(f"ok   {name}: the prompt read by " + ", ".join(
+            print(f"ok   {name}: the prompt read by " + (", ".join(
                 f"@{k}: {v[0]} positions in {v[1]} calls ({v[2]} a call, at {v[3]})" for k, v in report.items())
-                  + f"; {n_prompt - sum(v[0] for v in report.values()) // rounds} a round by @decode")
+                  + f"; {n_prompt - sum(v[0] for v in report.values()) // rounds} a round by @decode"
+                  if report else f"@decode alone ({n_prompt} positions a round)"))
         logits = torch.from_numpy(np.load(npy)).double()
         assert logits.shape == (n, new, V), logits.shape
         assert len(seqs) == n and all(len(s) == len(prompt) + new and s[: len(prompt)] == prompt for s in seqs)
