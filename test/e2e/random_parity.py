@@ -90,8 +90,9 @@ def main():
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--target", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--runtime", help="kilnc --runtime (kiln-run-emulated for --target cuda)")
-    ap.add_argument("--check", choices=("parity", "decode"), default="parity",
-                    help="test_parity.py (training), or test_decode.py (sampling's key/value caches)")
+    ap.add_argument("--check", choices=("parity", "decode", "ranks"), default="parity",
+                    help="test_parity.py (training), test_decode.py (sampling's key/value caches), or "
+                         "test_ranks.py's tcp and tcp_three cases (2 and 3 ranks, ZeRO-1, against 1 process)")
     args = ap.parse_args()
     if args.target == "cuda" and not args.runtime:
         ap.error("--target cuda needs --runtime (kiln-run-emulated)")
@@ -110,7 +111,11 @@ def main():
         with open(spec_path, "w") as f:
             f.write(text)
         kilnc_args = variant + ([f"--runtime={args.runtime}"] if args.runtime else [])
-        if args.check == "decode":
+        if args.check == "ranks":
+            cmd = ([sys.executable, os.path.join(HERE, "test_ranks.py"), "--kilnc", args.kilnc, "--spec", spec_path,
+                    "--workdir", work, "--group", "tcp", "--case", "tcp", "--case", "tcp_three", "--steps", "4"]
+                   + [f"--kilnc-arg={a}" for a in kilnc_args])
+        elif args.check == "decode":
             # (at least 6 new tokens: the rows of a round must sample different sequences)
             cmd = ([sys.executable, os.path.join(HERE, "test_decode.py"), "--kilnc", args.kilnc, "--spec", spec_path,
                     "--workdir", work, "--new-tokens", str(max(spec["seq_len"], 6))]

@@ -225,7 +225,9 @@ class Ctx:
 
     def small_buckets(self, mb="0.03"):
         """SPEC compiled with mb-MB gradient buckets (several; uneven ZeRO-1 pieces): the buckets
-        are the module's, so a run's --bucket-mb cannot make them (it only notes so)."""
+        are the module's, so a run's --bucket-mb cannot make them (it only notes so). At most a
+        quarter of the gradients' bytes, so that a very small model has several too."""
+        mb = f"{min(float(mb), self.grad_mb / 4):.3g}"
         small = os.path.join(self.workdir, f"gpt2-buckets-{mb}")
         if small not in self.compiled:  # once a run, by this kilnc (the workdir is kept)
             self.compiled.add(small)
@@ -269,6 +271,10 @@ def setup(c: Ctx):
         spec = tomllib.load(f)
     c.B, c.T = int(spec["compile"]["batch_size"]), int(spec["compile"]["seq_len"])
     V = int(spec["model"]["vocab_size"])
+    m = spec["model"]
+    C, L = int(m["n_embd"]), int(m["n_layer"])
+    params = ((V + 127) // 128 * 128 + int(m["block_size"])) * C + L * (12 * C * C + 13 * C) + 2 * C
+    c.grad_mb = 4 * params / 2**20  # (fp32 gradients)
     subprocess.run([c.a.kilnc, c.a.spec, "-o", c.exe, *c.a.kilnc_arg], check=True, cwd=c.workdir)
     gen = Generator(V, 1234)
     n = 12 * c.B * c.T + 1
