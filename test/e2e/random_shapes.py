@@ -1,16 +1,26 @@
 #!/usr/bin/python3
-"""Parity against PyTorch on model shapes drawn at random from a seed.
+"""Kiln against its oracles on model shapes drawn at random from a seed.
 
-The fixed parity configs (configs/*.toml) pick their awkward sizes by hand; this draws them:
-head sizes from 1 to 64 (odd, prime, powers of two), 1 to 6 heads, 1 to 3 layers, a vocabulary
-from 4 tokens up, T from 1 up to past one attention tile (64), block_size >= T, B from 1 to 4 (bf16: C >= 8, T raised to B x T >= 32; cuda: at most 2 layers, C <= 128 where the head size allows),
-fp32 or bf16, and with it one of kilnc's variants (fused, --no-fusion (cpu only), --fuse-single-ops,
---recompute=cheap) and 1 or 2 micro-steps a step. Each draw is written as a spec and checked by
-test_parity.py (step-0 gradients, losses, the schedule, the saved weights) with its tolerances.
+The fixed configs (configs/*.toml) pick their awkward sizes by hand; this draws them: head sizes
+from 1 to 64 (odd, prime, powers of two), 1 to 6 heads, 1 to 3 layers, a vocabulary from 4 tokens
+up, T from 1 to past one attention tile (64), block_size >= T, B from 1 to 4, fp32 or bf16, and
+with them one of kilnc's variants (fused, --no-fusion (cpu only), --fuse-single-ops,
+--recompute=cheap) and 1 or 2 micro-steps a step. bf16 draws have C >= 8 and T raised to
+B x T >= 32 (below, the bf16 reference itself misses its bias bound); cuda draws at most 2 layers
+and C <= 128 where the head size allows (the emulated GPU runs each thread as a fiber).
 
-    random_parity.py --kilnc build/bin/kilnc --workdir DIR [--seed 1] [--count 6] [--steps 3]
+Each draw is written as a spec and checked by one of
+  parity  test_parity.py: step-0 gradients, losses, the schedule and the saved weights against
+          PyTorch (float64, or the bf16 autocast reference), at its tolerances but the fp32 final
+          weights' (see FP32_WEIGHT_TOL);
+  decode  test_decode.py: sampling with the key/value caches against PyTorch's whole-model logits
+          (cuda: the run with the caches only);
+  ranks   test_ranks.py's tcp and tcp_three cases: 2 and 3 TCP ranks with ZeRO-1 on small
+          compiled buckets against 1 process.
+
+    random_shapes.py --kilnc build/bin/kilnc --workdir DIR [--check parity|decode|ranks]
+                     [--seed 1] [--count 6] [--steps 3]
                      [--target cpu|cuda] [--runtime PATH]   (cuda: kiln-run-emulated)
-                     [--check decode]   (test_decode.py instead: sampling's key/value caches)
 
 A draw depends only on (seed, index), so `--seed S --only I` repeats one. Exit status 1 names each
 failing draw's spec and the command that repeats it.
@@ -61,7 +71,7 @@ def draw(seed, index, target):
         while spec["n_head"] > 1 and spec["n_embd"] > 128:
             spec["n_head"] -= 1
             spec["n_embd"] = spec["n_head"] * hs
-    text = (f"# random_parity.py draw {index} of seed {seed}\n[model]\n"
+    text = (f"# random_shapes.py draw {index} of seed {seed}\n[model]\n"
             + "".join(f"{k} = {spec[k]}\n" for k in ("n_layer", "n_head", "n_embd", "vocab_size", "block_size"))
             + "\n[compile]\n"
             + f"batch_size = {spec['batch_size']}\nseq_len = {T}\n"
