@@ -6,7 +6,8 @@
 #
 #   test/e2e/cpu_fence.sh [BUILD_DIR] [WORK_DIR]     (defaults: build, a temp dir)
 #
-# For each config of test/e2e/configs (CONFIGS, default tiny-bf16 awkward) and kilnc variant
+# For each config of test/e2e/configs (CONFIGS, default tiny-bf16 awkward; a word ending in .toml is
+# a spec file's path) and kilnc variant
 # (VARIANTS, default: the fused module and --fuse-single-ops; "-" stands for the default;
 # --no-fusion modules have no generated kernels), kilnc compiles the kernels with -fsanitize=address,undefined (KILN_CXX names a
 # wrapper around $CXX, default c++; the kernel cache off, so that no plain library is reused),
@@ -52,6 +53,7 @@ run() {  # run LOG COMMAND...: sanitized, its output also in LOG; a failure fail
 }
 for cfg in $configs; do
   spec="$root/test/e2e/configs/$cfg.toml"
+  case $cfg in *.toml) spec=$cfg; cfg=$(basename "$cfg" .toml) ;; esac  # (a spec file's path)
   vocab=$(sed -nE 's/^vocab_size *= *([0-9]+).*/\1/p' "$spec")
   mkdir -p "$work/$cfg/data"
   python3 "$root/scripts/make_synthetic_shard.py" --out "$work/$cfg/data" --vocab-size "$vocab" --tokens 20000 \
@@ -59,6 +61,7 @@ for cfg in $configs; do
   for variant in $variants; do
     name=${variant#--}
     name=${name:-fused}
+    name=${name//=/-}  # (env would read a path holding "=" as an assignment)
     [ "$variant" = - ] && name=fused && variant=
     d="$work/$cfg/$name"
     mkdir -p "$d"

@@ -16,7 +16,11 @@ Each draw is written as a spec and checked by one of
   decode  test_decode.py: sampling with the key/value caches against PyTorch's whole-model logits
           (cuda: the run with the caches only);
   ranks   test_ranks.py's tcp and tcp_three cases: 2 and 3 TCP ranks with ZeRO-1 on small
-          compiled buckets against 1 process.
+          compiled buckets against 1 process;
+  fence   the generated kernels under ASan/UBSan with the arena fenced to each call's operands:
+          cpu: cpu_fence.sh (train, eval, sample); cuda: cuda_emulation/run.sh with SANITIZE=1
+          (the emulated step against the cpu module's, buffer by buffer, with and without fused
+          epilogues, on the race-exposing schedules, and with SIMT attention for bf16).
 
     random_shapes.py --kilnc build/bin/kilnc --workdir DIR [--check parity|decode|ranks]
                      [--seed 1] [--count 6] [--steps 3]
@@ -38,13 +42,14 @@ HEAD_SIZES = [1, 2, 3, 4, 5, 7, 8, 9, 12, 15, 16, 17, 24, 31, 32, 33, 48, 64]
 VARIANTS = [[], ["--no-fusion"], ["--fuse-single-ops"], ["--recompute=cheap"]]
 
 
-def draw(seed, index, target):
-    """One configuration: (spec text, kilnc arguments, micro-steps per step)."""
+def draw(seed, index, target, min_embd=2):
+    """One configuration: (spec text, kilnc arguments, micro-steps per step, the spec's values)."""
     rng = random.Random(f"{seed}/{index}")
     n_head = rng.randint(1, 6)
     hs = rng.choice(HEAD_SIZES)
-    if n_head * hs == 1:  # (a layer norm over one channel is 0 whatever its input: nothing to train)
-        n_head = 2
+    # (a layer norm over one channel is 0 whatever its input: nothing to train)
+    while n_head * hs < min_embd:
+        n_head += 1
     T = rng.choice([1, 2, 3, rng.randint(4, 40), rng.randint(41, 63), 64, 65, rng.randint(66, 100)])
     spec = {
         "n_layer": rng.randint(1, 3),
@@ -100,12 +105,16 @@ def main():
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--target", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--runtime", help="kilnc --runtime (kiln-run-emulated for --target cuda)")
-    ap.add_argument("--check", choices=("parity", "decode", "ranks"), default="parity",
-                    help="test_parity.py (training), test_decode.py (sampling's key/value caches), or "
-                         "test_ranks.py's tcp and tcp_three cases (2 and 3 ranks, ZeRO-1, against 1 process)")
+    ap.add_argument("--check", choices=("parity", "decode", "ranks", "fence"), default="parity",
+                    help="test_parity.py (training), test_decode.py (sampling's key/value caches), "
+                         "test_ranks.py's tcp and tcp_three cases (2 and 3 ranks, ZeRO-1, against 1 process), "
+                         "or the kernels under ASan/UBSan with the arena fenced to each call's operands "
+                         "(cpu: cpu_fence.sh; cuda: cuda_emulation/run.sh SANITIZE=1)")
     args = ap.parse_args()
-    if args.target == "cuda" and not args.runtime:
+    if args.target == "cuda" and not args.runtime and args.check != "fence":
         ap.error("--target cuda needs --runtime (kiln-run-emulated)")
+    # The build folder of the fence scripts: kilnc's (BUILD/bin/kilnc).
+    args.build = os.path.dirname(os.path.dirname(os.path.abspath(args.kilnc)))
     args.kilnc = os.path.abspath(args.kilnc)  # (test_parity.py runs kilnc in the draw's folder)
     if args.runtime:
         args.runtime = os.path.abspath(args.runtime)
@@ -114,14 +123,31 @@ def main():
     failed = []
     indices = [args.only] if args.only is not None else range(args.count)
     for i in indices:
-        text, variant, accum, spec = draw(args.seed, i, args.target)
+        # run.sh compares the emulated step with the cpu module's element by element (max |error| over
+        # max |value|), which a layer norm over 2 to 7 channels (its gradients 1e-8 and cancelling)
+        # leaves to rounding: there C >= 8.
+        fence_cuda = args.check == "fence" and args.target == "cuda"
+        text, variant, accum, spec = draw(args.seed, i, args.target, min_embd=8 if fence_cuda else 2)
         work = os.path.join(args.workdir, f"draw-{args.seed}-{i}")
         os.makedirs(work, exist_ok=True)
-        spec_path = os.path.join(work, "spec.toml")
+        # (the fence scripts name a config by its file name; run.sh derives the cuda spec from a cpu one)
+        spec_path = os.path.join(work, f"draw-{args.seed}-{i}.toml" if args.check == "fence" else "spec.toml")
         with open(spec_path, "w") as f:
-            f.write(text)
+            f.write(text.replace('target = "cuda"', 'target = "cpu"') if args.check == "fence" else text)
+        if args.check == "fence":  # (run.sh compiles the fused module; --no-fusion has no kernel to fence)
+            variant = [] if args.target == "cuda" or variant == ["--no-fusion"] else variant
         kilnc_args = variant + ([f"--runtime={args.runtime}"] if args.runtime else [])
-        if args.check == "ranks":
+        env = None
+        if args.check == "fence" and args.target == "cpu":
+            cmd = ["bash", os.path.join(HERE, "cpu_fence.sh"), args.build, os.path.join(work, "fence")]
+            env = dict(os.environ, CONFIGS=spec_path, VARIANTS=" ".join(variant) or "-")
+        elif args.check == "fence":
+            # every run.sh pass on it: fused epilogues and not, the race-exposing schedules, SIMT attention
+            name = f"draw-{args.seed}-{i}"
+            cmd = ["bash", os.path.join(HERE, "cuda_emulation", "run.sh"), args.build, os.path.join(work, "fence")]
+            env = dict(os.environ, SANITIZE="1", CONFIGS=spec_path, CONFIGS_PLAIN=name, CONFIGS_RACE=name,
+                       CONFIGS_SIMT=name if spec["precision"] == "bf16" else "")
+        elif args.check == "ranks":
             cmd = ([sys.executable, os.path.join(HERE, "test_ranks.py"), "--kilnc", args.kilnc, "--spec", spec_path,
                     "--workdir", work, "--group", "tcp", "--case", "tcp", "--case", "tcp_three", "--steps", "4"]
                    + [f"--kilnc-arg={a}" for a in kilnc_args])
@@ -140,7 +166,7 @@ def main():
                  f"T{spec['seq_len']}/{spec['block_size']} B{spec['batch_size']} {spec['precision']} "
                  + (f"accum {accum} " if args.check == "parity" else "") + f"{' '.join(variant) or 'fused'}")
         t0 = time.time()
-        r = subprocess.run(cmd, capture_output=True, text=True)
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env)
         dt = time.time() - t0
         if r.returncode == 0:
             print(f"draw {i}: {shape}: pass ({dt:.1f} s)", flush=True)

@@ -8,7 +8,8 @@
 #
 # Needs BUILD_DIR/bin/kilnc and BUILD_DIR/bin/kiln-cuda-emulator (built with the tests) and a
 # host C++20 compiler ($CXX, default c++) for the emulated kernels (cached in $KILN_EMU_CACHE).
-# CONFIGS selects specs of test/e2e/configs (default: the parity four, long / long-bf16 for
+# CONFIGS selects specs of test/e2e/configs (a word ending in .toml: a spec file's path, which
+# the lists below then name by its file name without .toml; default: the parity four, long / long-bf16 for
 # sequences of several attention tiles, hs96-bf16 and wide-bf16 for larger heads, one-token-bf16
 # for B T = 1); STEPS the optimizer steps (2);
 # CONFIGS_PLAIN those run again on a cuBLASLt without fused epilogues (default tiny-bf16 awkward),
@@ -53,6 +54,7 @@ check() {
 }
 for cfg in $configs; do
   spec="$root/test/e2e/configs/$cfg.toml"
+  case $cfg in *.toml) spec=$cfg; cfg=$(basename "$cfg" .toml) ;; esac  # (a spec file's path)
   d="$work/$cfg"
   mkdir -p "$d"
   sed -E 's/^target *= *"cpu"/target = "cuda"/' "$spec" > "$d/$cfg-cuda.toml"
