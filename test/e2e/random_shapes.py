@@ -17,6 +17,12 @@ Each draw is written as a spec and checked by one of
           (cuda: the run with the caches only);
   ranks   test_ranks.py's tcp and tcp_three cases: 2 and 3 TCP ranks with ZeRO-1 on small
           compiled buckets against 1 process;
+  checkpoint  test_checkpoint.py: runs killed (SIGKILL, SIGTERM, ...) and resumed give bitwise
+          the losses and weights of an uninterrupted one; corrupt and mismatched checkpoints refused
+          (not in CI: up to a minute a draw, and its signals are timed for steps as long as
+          tiny.toml's, so that a much faster model can outrun them: seen, a SIGKILL meant for
+          step 34 landing in step 40's checkpoint write (its temporary, which the next write
+          removes, still there), a shard removed after the run had read it);
   fence   the generated kernels under ASan/UBSan with the arena fenced to each call's operands:
           cpu: cpu_fence.sh (train, eval, sample); cuda: cuda_emulation/run.sh with SANITIZE=1
           (the emulated step against the cpu module's, buffer by buffer, with and without fused
@@ -105,9 +111,10 @@ def main():
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--target", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--runtime", help="kilnc --runtime (kiln-run-emulated for --target cuda)")
-    ap.add_argument("--check", choices=("parity", "decode", "ranks", "fence"), default="parity",
+    ap.add_argument("--check", choices=("parity", "decode", "ranks", "fence", "checkpoint"), default="parity",
                     help="test_parity.py (training), test_decode.py (sampling's key/value caches), "
                          "test_ranks.py's tcp and tcp_three cases (2 and 3 ranks, ZeRO-1, against 1 process), "
+                         "test_checkpoint.py (killed and resumed runs bitwise as uninterrupted ones), "
                          "or the kernels under ASan/UBSan with the arena fenced to each call's operands "
                          "(cpu: cpu_fence.sh; cuda: cuda_emulation/run.sh SANITIZE=1)")
     args = ap.parse_args()
@@ -134,6 +141,8 @@ def main():
         spec_path = os.path.join(work, f"draw-{args.seed}-{i}.toml" if args.check == "fence" else "spec.toml")
         with open(spec_path, "w") as f:
             f.write(text.replace('target = "cuda"', 'target = "cpu"') if args.check == "fence" else text)
+        if args.check == "checkpoint":  # (test_checkpoint.py compiles the spec as it is)
+            variant = []
         if args.check == "fence":  # (run.sh compiles the fused module; --no-fusion has no kernel to fence)
             variant = [] if args.target == "cuda" or variant == ["--no-fusion"] else variant
         kilnc_args = variant + ([f"--runtime={args.runtime}"] if args.runtime else [])
@@ -147,6 +156,10 @@ def main():
             cmd = ["bash", os.path.join(HERE, "cuda_emulation", "run.sh"), args.build, os.path.join(work, "fence")]
             env = dict(os.environ, SANITIZE="1", CONFIGS=spec_path, CONFIGS_PLAIN=name, CONFIGS_RACE=name,
                        CONFIGS_SIMT=name if spec["precision"] == "bf16" else "")
+        elif args.check == "checkpoint":
+            cmd = ([sys.executable, os.path.join(HERE, "test_checkpoint.py"), "--kilnc", args.kilnc, "--spec", spec_path,
+                    "--other-spec", os.path.join(HERE, "configs", "awkward.toml"),
+                    "--workdir", os.path.join(work, "run")])  # (which it empties first)
         elif args.check == "ranks":
             cmd = ([sys.executable, os.path.join(HERE, "test_ranks.py"), "--kilnc", args.kilnc, "--spec", spec_path,
                     "--workdir", work, "--group", "tcp", "--case", "tcp", "--case", "tcp_three", "--steps", "4"]

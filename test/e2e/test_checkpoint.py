@@ -274,13 +274,21 @@ def main():
           saved.startswith("ckpt_") and os.path.exists(f"{w}/hup.safetensors"),
           f"SIGHUP: exit {stopped}, checkpoint {saved!r}: " + last_line(err))
 
-    # SIGTERM within a step of many micro-steps (here 400, about half a second): one process
-    # stops at the end of the micro-step and leaves the step undone, so the checkpoint is the
-    # step before's (the data rewound to where the cut step began); resumed, the run is bitwise
-    # the uninterrupted one. In the first step, nothing was trained: no checkpoint, no log.
-    long = [{str(2 * B * T): str(400 * B * T), str(STEPS): "3"}.get(x, x) for x in common]
-    subprocess.run([exe] + long + ["--log", f"{w}/long_ref.jsonl", "--save", f"{w}/long_ref.safetensors"],
-                   check=True, capture_output=True)
+    # SIGTERM within a step of many micro-steps (400 on tiny.toml, about half a second; a smaller
+    # model gets more, doubled until a step takes 0.5 s, so that the signal, 0.1 s after step 1,
+    # finds step 2 running): one process stops at the end of the micro-step and leaves the step
+    # undone, so the checkpoint is the step before's (the data rewound to where the cut step
+    # began); resumed, the run is bitwise the uninterrupted one. In the first step, nothing was
+    # trained: no checkpoint, no log.
+    micro = 400
+    while True:
+        long = [{str(2 * B * T): str(micro * B * T), str(STEPS): "3"}.get(x, x) for x in common]
+        began = time.monotonic()
+        subprocess.run([exe] + long + ["--log", f"{w}/long_ref.jsonl", "--save", f"{w}/long_ref.safetensors"],
+                       check=True, capture_output=True)
+        if (time.monotonic() - began) / 3 >= 0.5 or micro >= 400 * 64:
+            break
+        micro *= 2
     ck_cut = os.path.join(w, "ck_cut")
     cut = long + ["--log", f"{w}/cut.jsonl", "--save", f"{w}/cut.safetensors", "--checkpoint-dir", ck_cut]
     stopped, (err,) = stop_with_signal([exe] + cut, {}, signal.SIGTERM, after=1, delay=0.1)
