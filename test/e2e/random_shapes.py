@@ -28,7 +28,7 @@ Each draw is written as a spec and checked by one of
           (the emulated step against the cpu module's, buffer by buffer, with and without fused
           epilogues, on the race-exposing schedules, and with SIMT attention for bf16).
 
-    random_shapes.py --kilnc build/bin/kilnc --workdir DIR [--check parity|decode|ranks]
+    random_shapes.py --kilnc build/bin/kilnc --workdir DIR [--check parity|decode|ranks|checkpoint|fence]
                      [--seed 1] [--count 6] [--steps 3]
                      [--target cpu|cuda] [--runtime PATH]   (cuda: kiln-run-emulated)
 
@@ -49,7 +49,7 @@ VARIANTS = [[], ["--no-fusion"], ["--fuse-single-ops"], ["--recompute=cheap"]]
 
 
 def draw(seed, index, target, min_embd=2):
-    """One configuration: (spec text, kilnc arguments, micro-steps per step, the spec's values)."""
+    """One configuration: (the spec's values, kilnc arguments, micro-steps per step)."""
     rng = random.Random(f"{seed}/{index}")
     n_head = rng.randint(1, 6)
     hs = rng.choice(HEAD_SIZES)
@@ -82,14 +82,17 @@ def draw(seed, index, target, min_embd=2):
         while spec["n_head"] > 1 and spec["n_embd"] > 128:
             spec["n_head"] -= 1
             spec["n_embd"] = spec["n_head"] * hs
-    text = (f"# random_shapes.py draw {index} of seed {seed}\n[model]\n"
-            + "".join(f"{k} = {spec[k]}\n" for k in ("n_layer", "n_head", "n_embd", "vocab_size", "block_size"))
-            + "\n[compile]\n"
-            + f"batch_size = {spec['batch_size']}\nseq_len = {T}\n"
-            + f"precision = \"{spec['precision']}\"\ntarget = \"{target}\"\n")
     # (a cuda module runs only generated kernels: no --no-fusion)
     variants = VARIANTS if target == "cpu" else [v for v in VARIANTS if v != ["--no-fusion"]]
-    return text, rng.choice(variants), rng.choice([1, 2]), spec
+    return spec, rng.choice(variants), rng.choice([1, 2])
+
+
+def spec_text(spec, title, target):
+    return (f"# {title}\n[model]\n"
+            + "".join(f"{k} = {spec[k]}\n" for k in ("n_layer", "n_head", "n_embd", "vocab_size", "block_size"))
+            + "\n[compile]\n"
+            + "".join(f"{k} = {spec[k]}\n" for k in ("batch_size", "seq_len"))
+            + f"precision = \"{spec['precision']}\"\ntarget = \"{target}\"\n")
 
 
 # fp32 draws compare the final weights within 1e-3 relative per tensor, not test_parity's 2e-5 (which
@@ -129,18 +132,20 @@ def main():
     os.makedirs(args.workdir, exist_ok=True)
     failed = []
     indices = [args.only] if args.only is not None else range(args.count)
+    # run.sh compares the emulated step with the cpu module's element by element (max |error| over
+    # max |value|), which a layer norm over 2 to 7 channels (its gradients 1e-8 and cancelling)
+    # leaves to rounding: there C >= 8.
+    min_embd = 8 if args.check == "fence" and args.target == "cuda" else 2
     for i in indices:
-        # run.sh compares the emulated step with the cpu module's element by element (max |error| over
-        # max |value|), which a layer norm over 2 to 7 channels (its gradients 1e-8 and cancelling)
-        # leaves to rounding: there C >= 8.
-        fence_cuda = args.check == "fence" and args.target == "cuda"
-        text, variant, accum, spec = draw(args.seed, i, args.target, min_embd=8 if fence_cuda else 2)
-        work = os.path.join(args.workdir, f"draw-{args.seed}-{i}")
+        spec, variant, accum = draw(args.seed, i, args.target, min_embd)
+        name = f"draw-{args.seed}-{i}"
+        work = os.path.join(args.workdir, name)
         os.makedirs(work, exist_ok=True)
         # (the fence scripts name a config by its file name; run.sh derives the cuda spec from a cpu one)
-        spec_path = os.path.join(work, f"draw-{args.seed}-{i}.toml" if args.check == "fence" else "spec.toml")
+        spec_path = os.path.join(work, f"{name}.toml" if args.check == "fence" else "spec.toml")
         with open(spec_path, "w") as f:
-            f.write(text.replace('target = "cuda"', 'target = "cpu"') if args.check == "fence" else text)
+            f.write(spec_text(spec, f"random_shapes.py draw {i} of seed {args.seed}",
+                              "cpu" if args.check == "fence" else args.target))
         if args.check == "checkpoint":  # (test_checkpoint.py compiles the spec as it is)
             variant = []
         if args.check == "fence":  # (run.sh compiles the fused module; --no-fusion has no kernel to fence)
@@ -152,7 +157,6 @@ def main():
             env = dict(os.environ, CONFIGS=spec_path, VARIANTS=" ".join(variant) or "-")
         elif args.check == "fence":
             # every run.sh pass on it: fused epilogues and not, the race-exposing schedules, SIMT attention
-            name = f"draw-{args.seed}-{i}"
             cmd = ["bash", os.path.join(HERE, "cuda_emulation", "run.sh"), args.build, os.path.join(work, "fence")]
             env = dict(os.environ, SANITIZE="1", CONFIGS=spec_path, CONFIGS_PLAIN=name, CONFIGS_RACE=name,
                        CONFIGS_SIMT=name if spec["precision"] == "bf16" else "")

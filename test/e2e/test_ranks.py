@@ -235,6 +235,12 @@ class Ctx:
                            check=True, cwd=self.workdir, capture_output=True)
         return small
 
+    def inspect(self, module, *args):
+        """kiln-inspect --json of `module` (with `args`), parsed."""
+        inspect = os.path.join(os.path.dirname(self.a.kilnc), "kiln-inspect")
+        return json.loads(subprocess.run([inspect, module, "--json", *args], check=True, capture_output=True,
+                                         text=True).stdout)
+
     def with_exe(self, exe):
         """A per_rank function (start_tcp) that runs `exe` instead of the spec's executable."""
         return lambda r, args: [exe if a == self.exe else a for a in args]
@@ -271,11 +277,8 @@ def setup(c: Ctx):
         spec = tomllib.load(f)
     c.B, c.T = int(spec["compile"]["batch_size"]), int(spec["compile"]["seq_len"])
     V = int(spec["model"]["vocab_size"])
-    m = spec["model"]
-    C, L = int(m["n_embd"]), int(m["n_layer"])
-    params = ((V + 127) // 128 * 128 + int(m["block_size"])) * C + L * (12 * C * C + 13 * C) + 2 * C
-    c.grad_mb = 4 * params / 2**20  # (fp32 gradients)
     subprocess.run([c.a.kilnc, c.a.spec, "-o", c.exe, *c.a.kilnc_arg], check=True, cwd=c.workdir)
+    c.grad_mb = c.inspect(c.exe)["accounting"]["gradients"] / 2**20
     gen = Generator(V, 1234)
     n = 12 * c.B * c.T + 1
     for i in range(2):
@@ -595,9 +598,7 @@ def check_zero1_arena(c: Ctx, tag: str, stderr: str, world: int, module=None):
     m = re.search(r"this rank keeps 1/(\d+) of the AdamW moments: its arena is ([\d.]+) MiB, not ([\d.]+)", stderr)
     if not m or int(m.group(1)) != world:
         raise TestFailure(f"{tag}: rank 0 did not say what its arena keeps of the moments:\n{stderr}")
-    inspect = os.path.join(os.path.dirname(c.a.kilnc), "kiln-inspect")
-    info = json.loads(subprocess.run([inspect, module or c.exe, "--json", "--ranks", str(world), "--zero", "1"],
-                                     check=True, capture_output=True, text=True).stdout)
+    info = c.inspect(module or c.exe, "--ranks", str(world), "--zero", "1")
     dp = info["data_parallel"]
     predicted = (f"{dp['arena_bytes_per_rank'][0] / 2**20:.2f}", f"{dp['arena_bytes_one_process'] / 2**20:.2f}")
     if predicted != (m.group(2), m.group(3)):

@@ -110,7 +110,7 @@ def compare(label, files, kiln_ids, node_ids, encoder):
     return False
 
 
-def run(args, cmd):
+def run(cmd):
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit(f"FAIL: {' '.join(cmd[:3])} ... exited with {r.returncode}:\n{r.stdout}{r.stderr}")
@@ -122,17 +122,13 @@ def check(args, label, files, encoder):
     out = os.path.join(args.workdir, label)
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
-    run(args, [args.kiln_data, "--tokenizer", args.encoder_dir, "prepare", "--out", out,
-               "--val-fraction", "0"] + files)
+    run([args.kiln_data, "--tokenizer", args.encoder_dir, "prepare", "--out", out, "--val-fraction", "0"] + files)
     shards = sorted(f for f in os.listdir(out) if f.startswith("train_"))
     kiln_ids = array.array("H")
     for s in shards:
         kiln_ids.extend(read_shard(os.path.join(out, s)))
-    script = os.path.join(args.workdir, "encode.js")
-    with open(script, "w") as f:
-        f.write(ENCODE_JS)
     node_out = os.path.join(out, "gpt-3-encoder.bin")
-    run(args, [args.node, script, os.path.join(args.encoder_dir, "Encoder.js"), node_out] + files)
+    run([args.node, args.script, os.path.join(args.encoder_dir, "Encoder.js"), node_out] + files)
     node_ids = array.array("H")
     with open(node_out, "rb") as f:
         node_ids.frombytes(f.read())
@@ -169,6 +165,9 @@ def main():
         encoder = {i: s for s, i in json.load(f).items()}
 
     os.makedirs(args.workdir, exist_ok=True)
+    args.script = os.path.join(args.workdir, "encode.js")
+    with open(args.script, "w") as f:
+        f.write(ENCODE_JS)
     ok = True
 
     fuzz_dir = os.path.join(args.workdir, "fuzz-docs")
