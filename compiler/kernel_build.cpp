@@ -69,7 +69,7 @@ std::string cpuLinkFlags() {
 #endif
 }
 
-uint64_t fnv1a(const std::string& s, uint64_t h = 1469598103934665603ull) {
+uint64_t fnv1a(std::string_view s, uint64_t h = 1469598103934665603ull) {
   for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
   return h;
 }
@@ -268,14 +268,42 @@ std::string withoutCommentLines(const std::string& source) {
 
 namespace {
 
+// The host compiler as the cache key holds it: its name, and the contents of the file it names
+// (found on PATH as posix_spawnp finds it, symbolic links followed), so that a compiler upgraded
+// in place or a KILN_CXX wrapper edited at the same path builds the kernels again. (A wrapper's own
+// contents: a compiler that a wrapper runs is in the key only through the wrapper.)
+std::string compilerIdentity(const std::string& cxx) {
+  std::string path;
+  if (cxx.find('/') != std::string::npos) {
+    path = cxx;
+  } else if (const char* dirs = std::getenv("PATH")) {
+    for (std::string_view rest = dirs; path.empty();) {
+      const size_t colon = rest.find(':');
+      const std::string dir(rest.substr(0, colon));
+      const std::string candidate = (dir.empty() ? "." : dir) + "/" + cxx;
+      if (::access(candidate.c_str(), X_OK) == 0) path = candidate;
+      if (colon == std::string_view::npos) break;
+      rest.remove_prefix(colon + 1);
+    }
+  }
+  std::error_code ec;
+  const std::filesystem::path real = path.empty() ? std::filesystem::path() : std::filesystem::canonical(path, ec);
+  const auto bytes = path.empty() || ec ? std::nullopt : readAll(real.string());
+  if (!bytes) return cxx;  // (not found: the compile fails and nothing is cached)
+  char hash[32];
+  std::snprintf(hash, sizeof hash, "%016llx",
+                (unsigned long long)fnv1a(std::string_view(reinterpret_cast<const char*>(bytes->data()), bytes->size())));
+  return cxx + " = " + real.string() + " " + hash;
+}
+
 // The kernel cache's file for this source, compiler and flags ("" with the cache off).
 std::string cachedLibraryPath(const std::string& source) {
   const std::string dir = cacheDir();
   if (dir.empty()) return "";
   char key[32];
   std::snprintf(key, sizeof key, "%016llx",
-                (unsigned long long)fnv1a(std::string(hostCompiler()) + "\n" + cpuCompileFlags() + " " + cpuLinkFlags() + "\n" +
-                                          cpuFlags() + "\n" + withoutCommentLines(source)));
+                (unsigned long long)fnv1a(compilerIdentity(hostCompiler()) + "\n" + cpuCompileFlags() + " " + cpuLinkFlags() +
+                                          "\n" + cpuFlags() + "\n" + withoutCommentLines(source)));
   return dir + "/" + key + ".so";
 }
 

@@ -13,8 +13,8 @@
 
 namespace kiln {
 
-// CPU kernel libraries are cached by a hash of the source, compiler and flags under
-// $KILN_KERNEL_CACHE (default ~/.cache/kiln/kernels; "off" disables the cache).
+// CPU kernel libraries are cached by a hash of the source, the flags and the compiler (its name
+// and file contents) under $KILN_KERNEL_CACHE (default ~/.cache/kiln/kernels; "off" disables it).
 // The cache's library for this source, when it has one.
 std::optional<std::vector<uint8_t>> cachedCpuKernels(const std::string& source);
 
