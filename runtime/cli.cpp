@@ -53,14 +53,19 @@ const CLI::Validator kPositiveFinite = cli::positive_finite_float();
 // would round to 1).
 const CLI::Validator kBeta = cli::number<float>([](float v) { return v >= 0 && v < 1; }, "in [0, 1)", "[0, 1)");
 
-// CLI11 reads an unsigned option with strtoull, which takes "-1" as 2^64-1 and saturates 2^64:
-// the seed must be plain decimal digits that fit.
+// CLI11 reads an unsigned option with strtoull in base 0, which takes "-1" as 2^64-1, saturates
+// 2^64 and reads 010 as octal 8: the seed must be plain decimal digits that fit, without leading
+// zeros (as cli::whole's), and an optional '+'.
 const CLI::Validator kSeed(
     [](std::string& s) {
       uint64_t v = 0;
-      const auto [end, err] = std::from_chars(s.data(), s.data() + s.size(), v);
-      if (s.empty() || err != std::errc() || end != s.data() + s.size())
-        return "Value " + s + " is not an integer in [0, " + std::to_string(UINT64_MAX) + "]";
+      const size_t first = !s.empty() && s[0] == '+' ? 1 : 0;
+      const auto [end, err] = std::from_chars(s.data() + first, s.data() + s.size(), v);
+      const bool leading_zero = s.size() > first + 1 && s[first] == '0';
+      if (s.size() == first || err != std::errc() || end != s.data() + s.size() || leading_zero)
+        return "Value " + s + " is not an integer in [0, " + std::to_string(UINT64_MAX) + "]" +
+               (leading_zero && err == std::errc() && end == s.data() + s.size() ? " (no leading zeros)" : "");
+      s = std::to_string(v);  // the digits CLI11 then reads
       return std::string();
     },
     "");

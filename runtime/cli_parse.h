@@ -24,17 +24,17 @@
 
 namespace kiln::cli {
 
-// A whole number in plain decimal within [min, max]. CLI11 alone reads 010 as octal 8 and 0x10 as
-// 16, and its ranges print their bounds as doubles (1.797693e+308).
+// A whole number in plain decimal within [min, max], with an optional sign (+3 as the float
+// options take +0.5). CLI11 alone reads 010 as octal 8 and 0x10 as 16, and its ranges print their
+// bounds as doubles (1.797693e+308).
 inline CLI::Validator whole(int64_t min, int64_t max = INT64_MAX) {
   return CLI::Validator(
       [min, max](std::string& s) {
         int64_t v = 0;
-        const char* begin = s.data();
+        const size_t first = !s.empty() && (s[0] == '-' || s[0] == '+') ? 1 : 0;
+        const char* begin = s.data() + (first && s[0] == '+' ? 1 : 0);  // (from_chars takes no '+')
         const char* end = s.data() + s.size();
-        const bool digits = !s.empty() && (s[0] == '-' ? s.size() > 1 : true) &&
-                            s.find_first_not_of("0123456789", s[0] == '-' ? 1 : 0) == std::string::npos;
-        const size_t first = s[0] == '-' ? 1 : 0;
+        const bool digits = s.size() > first && s.find_first_not_of("0123456789", first) == std::string::npos;
         const bool leading_zero = digits && s.size() > first + 1 && s[first] == '0';
         const auto [stop, err] = digits ? std::from_chars(begin, end, v) : std::from_chars_result{begin, std::errc::invalid_argument};
         const std::string range = max == INT64_MAX ? ">= " + std::to_string(min)
@@ -47,6 +47,7 @@ inline CLI::Validator whole(int64_t min, int64_t max = INT64_MAX) {
           return "Value " + s + " is not a whole number " + range + (leading_zero ? " (no leading zeros)" : "");
         // (a whole number, but outside the range)
         if (v < min || v > max) return "Value " + s + " is too " + (v < min ? "small" : "large") + " (a whole number " + range + ")";
+        if (s[0] == '+') s.erase(0, 1);  // the option reads the digits alone
         return std::string();
       },
       max >= INT32_MAX ? "" : "[" + std::to_string(min) + ", " + std::to_string(max) + "]");  // --help: INT:[0, 1]

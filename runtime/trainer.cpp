@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <csignal>
 #include <cmath>
@@ -37,6 +38,13 @@
 
 namespace kiln {
 namespace {
+
+// A number as it was typed: the shortest decimal that reads back as the same double (1e-320,
+// where %g prints the subnormal as 9.99989e-321).
+std::string shortest(double v) {
+  char text[32];
+  return std::string(text, std::to_chars(text, text + sizeof text, v).ptr);
+}
 
 // Model FLOPs per token of a training step: 6 per parameter (forward and backward matrix
 // products) plus attention's 12 L C T (the rule of the lecture and of PaLM's MFU). N counts every
@@ -233,18 +241,12 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
   // The hyperparameters reach the step as 32-bit floats: one that overflows would become an infinity.
   for (const auto& [flag, v] : {std::pair{"--lr", o.schedule.lr}, {"--beta1", o.beta1}, {"--beta2", o.beta2},
                                 {"--eps", o.eps}, {"--weight-decay", o.weight_decay}, {"--grad-clip", o.grad_clip}})
-    if (!std::isfinite(v) || !std::isfinite(float(v))) {
-      char text[32];
-      std::snprintf(text, sizeof text, "%g", v);
-      throw Error(std::string(flag) + ": " + text + " does not fit a 32-bit float (the step computes in them)");
-    }
+    if (!std::isfinite(v) || !std::isfinite(float(v)))
+      throw Error(std::string(flag) + ": " + shortest(v) + " does not fit a 32-bit float (the step computes in them)");
   // A positive one that rounds to 0 there would train nothing while the log shows it.
   for (const auto& [flag, v] : {std::pair{"--lr", o.schedule.lr}, {"--weight-decay", o.weight_decay}})
-    if (v > 0 && float(v) == 0) {
-      char text[32];
-      std::snprintf(text, sizeof text, "%g", v);
-      throw Error(std::string(flag) + ": " + text + " is 0 as a 32-bit float (the step computes in them)");
-    }
+    if (v > 0 && float(v) == 0)
+      throw Error(std::string(flag) + ": " + shortest(v) + " is 0 as a 32-bit float (the step computes in them)");
   // AdamW divides by sqrt(v_hat) + eps (v is 0 where a gradient always is) and by 1 - beta^t.
   if (!(float(o.eps) > 0)) throw Error("--eps: must be positive as a 32-bit float (the step computes in them)");
   for (const auto& [flag, beta] : {std::pair{"--beta1", o.beta1}, {"--beta2", o.beta2}})

@@ -306,7 +306,7 @@ int main(int argc, char** argv) {
       app.add_option("--ranks", ranks, "also report the training arena of each of this many data-parallel ranks")
           ->check(kiln::cli::whole(1, 1 << 16));
   app.add_option("--zero", zero, "--ranks: as train --zero (1: each rank keeps its slices of the AdamW moments)")
-      ->check(CLI::IsMember({0, 1}))->needs(ranks_opt);
+      ->check(kiln::cli::whole(0, 1))->needs(ranks_opt);
   app.add_option("--bucket-mb", bucket_mb, "--ranks: as train --bucket-mb (for a module without compiled buckets)")
       ->capture_default_str()->check(kiln::cli::positive_finite_float())->needs(ranks_opt);
   app.add_flag("--verify-plan", verify, "check the memory plan (no two live buffers overlap) and say so");
