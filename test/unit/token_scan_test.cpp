@@ -65,6 +65,9 @@ TEST(TokenScan, FirstOutOfVocab) {
   EXPECT_EQ(kiln::first_out_of_vocab(t.data(), t.size(), 700), 2u);
   EXPECT_EQ(kiln::first_out_of_vocab(t.data(), t.size(), 701), 4u);
   EXPECT_EQ(kiln::first_out_of_vocab(t.data(), 0, 1), 0u);
+  // An id equal to the vocabulary size is out of it, also when it is the largest one.
+  EXPECT_EQ(kiln::first_out_of_vocab(t.data(), t.size(), 800), 4u);
+  EXPECT_EQ(kiln::first_out_of_vocab(t.data(), t.size(), 801), t.size());
 }
 
 }  // namespace
