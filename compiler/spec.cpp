@@ -36,6 +36,17 @@ bool is_name_char(char c) {
   return u >= 0x20 && u != 0x7F && c != '"' && c != '\\';
 }
 
+// A string as TOML writes it, quotes and backslashes escaped (gpt\\2 for the name gpt\2; the
+// error line escapes control characters itself).
+std::string toml_string(const std::string& text) {
+  std::string quoted = "\"";
+  for (char c : text) {
+    if (c == '"' || c == '\\') quoted += '\\';
+    quoted += c;
+  }
+  return quoted + "\"";
+}
+
 // The table a key belongs to ("model" or "compile").
 std::string table_of(const std::string& key) {
   for (const IntegerKey& k : kIntegerKeys)
@@ -212,8 +223,8 @@ ModelSpec parse_spec(const std::string& path) {
     if (!n->is_string()) fail(path, *n, "[model] name must be a string");
     s.name = *n->value<std::string>();
     if (!is_spec_name(s.name))
-      fail(path, *n, "[model] name = \"" + s.name +
-                         "\" must be non-empty, without control characters, quotes or backslashes");
+      fail(path, *n, "[model] name = " + toml_string(s.name) +
+                         " must be non-empty, without control characters, quotes or backslashes");
   }
   s.model_line = model.table.source().begin.line ? model.table.source().begin.line : 1;
   s.n_layer = model.integer("n_layer");
