@@ -56,7 +56,7 @@ and (group tcp, the environment rendezvous RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PO
                  --grad-clip: both refuse, naming each with rank 0's value (and rank
                  1's own); rank 1 without --total-batch (the default B*T*2 that rank 0 gives): both train
   tcp_save_one_rank      only rank 1 has --save or --sample-every (rank 0 alone writes or prints
-                 them): both ranks refuse to start
+                 them): both ranks refuse to start; only rank 0 has them: both train
   tcp_log_full   rank 0's --log cannot be written: both ranks stop after the next step with its
                  checkpoint, which keeps the lines not written; the resumed run writes them first
   tcp_checkpoint_full  rank 0 cannot write its checkpoint (a file-size limit; --zero 1): both
@@ -967,6 +967,12 @@ def case_tcp_other_data(c: Ctx):
     def other_val(r, args):
         return args + ["--val-data", os.path.join(other if r == 1 else c.workdir, "train_000.bin"), "--val-every", "5"]
     said += "; --val-data: " + both_refuse(c, "tcp_other_val", "the validation data", per_rank=other_val)
+    # The same validation data, evaluated at other steps: the ranks would evaluate apart.
+    def other_val_every(r, args):
+        return args + ["--val-data", os.path.join(c.workdir, "train_000.bin"), "--val-every", "5" if r == 0 else "4"]
+    if "--val-every (rank 0: 5, this one: 4)" not in both_refuse(c, "tcp_other_val_every", "the training options",
+                                                                per_rank=other_val_every):
+        raise TestFailure("tcp_other_val_every: rank 1 does not name --val-every with both values")
     # The same validation data at other paths (as on two machines), more batches than a pass holds
     # (cut alike on both) and --sample-every on both: they agree, and train.
     same = os.path.join(c.workdir, "same_val")
@@ -1038,6 +1044,14 @@ def case_tcp_other_options(c: Ctx):
         want = "about the training options: " + (theirs if r == 1 else re.sub(r", this one: [^)]*", "", theirs))
         if rc == 0 or want not in e or (r == 0 and "this one" in e):
             raise TestFailure(f"tcp_other_options: rank {r} exit {rc}, wanted ...{want}...:\n{e[-3000:]}")
+    # A value that six digits would round to rank 0's is shown in as many as it takes.
+    def near_lr(r, args):
+        if r == 1:
+            args[args.index("--lr") + 1] = "0.0010000001"
+        return args
+    near = both_refuse(c, "tcp_near_lr", "the training options", per_rank=near_lr)
+    if "--lr (rank 0: 0.001, this one: 0.0010000001)" not in near:
+        raise TestFailure(f"tcp_near_lr: rank 1 does not show its --lr in full: {near}")
     # --total-batch is compared as the tokens per step: rank 0's given B*T*ranks is rank 1's default.
     def default_total(r, args):
         if r == 1:
@@ -1062,7 +1076,19 @@ def case_tcp_save_one_rank(c: Ctx):
     # Rank 0 alone prints samples: --sample-every given to rank 1 alone would print nothing.
     def rank1_samples(r, args):
         return args + (["--sample-every", "2"] if r == 1 else [])
-    return said + "; --sample-every: " + both_refuse(c, "tcp_sample_one_rank", "the outputs", per_rank=rank1_samples)
+    said += "; --sample-every: " + both_refuse(c, "tcp_sample_one_rank", "the outputs", per_rank=rank1_samples)
+
+    # Rank 0 alone may have them: given --save and --sample-every, it writes and samples; both train.
+    w0 = os.path.join(c.workdir, "rank0_only.safetensors")
+    if os.path.exists(w0):
+        os.remove(w0)
+
+    def rank0_outputs(r, args):
+        return args + (["--save", w0, "--sample-every", "2"] if r == 0 else [])
+    finish_ok(start_tcp(c, "tcp_save_rank0", save=False, steps=2, per_rank=rank0_outputs)[0], "tcp_save_rank0")
+    if not os.path.exists(w0):
+        raise TestFailure(f"tcp_save_rank0: rank 0 did not write {w0}")
+    return said + "; rank 0 alone with --save and --sample-every: both train"
 
 
 def case_tcp_log_full(c: Ctx):

@@ -218,5 +218,125 @@ TEST(PlanVerifier, CatchesAnOverlapBesideAnInPlaceOutput) {
   }
 }
 
+// A module laid out by hand, for the verifier's other checks: `bufs` after buffer 0 (a 256-byte
+// hyperparameter at 0, the state region [0, state)), one program "forward" of `instrs` returning
+// buffer `result` with `activation` planned bytes (a hyperparameter buffer i is named beta1, beta2
+// or eps by i % 3, an activation vi), in an arena of `arena` bytes. Returns what
+// loading it says ("" when it loads).
+struct PlanBuffer {
+  fb::BufferKind kind;
+  uint64_t offset, size;
+};
+struct PlanInstr {
+  std::vector<uint32_t> in, out;
+  fb::OpCode op = fb::OpCode::Copy;
+};
+std::string plan_error(const std::vector<PlanBuffer>& bufs, const std::vector<PlanInstr>& instrs, uint32_t result,
+                       uint64_t state, uint64_t activation, uint64_t arena) {
+  flatbuffers::FlatBufferBuilder fbb;
+  std::vector<flatbuffers::Offset<fb::Buffer>> fbufs;
+  std::vector<int64_t> one = {1};
+  fbufs.push_back(fb::CreateBufferDirect(fbb, "lr", fb::BufferKind::Hyper, fb::DType::F32, &one, 0, 4));
+  for (size_t i = 0; i < bufs.size(); ++i) {
+    std::vector<int64_t> shape = {int64_t(bufs[i].size / 4)};
+    // (a hyperparameter has one of the names the runtime knows)
+    static const char* const hypers[] = {"beta1", "beta2", "eps"};
+    std::string name = bufs[i].kind == fb::BufferKind::Hyper ? hypers[i % 3] : "v" + std::to_string(i + 1);
+    fbufs.push_back(fb::CreateBufferDirect(fbb, name.c_str(), bufs[i].kind, fb::DType::F32, &shape, bufs[i].offset,
+                                           bufs[i].size));
+  }
+  std::vector<flatbuffers::Offset<fb::Instr>> fins;
+  for (const PlanInstr& ins : instrs) {
+    std::vector<int64_t> ints = {1};
+    fins.push_back(fb::CreateInstrDirect(fbb, ins.op, &ins.in, &ins.out, &ints, nullptr, "t"));
+  }
+  std::vector<flatbuffers::Offset<fb::Program>> progs = {
+      fb::CreateProgramDirect(fbb, "forward", &fins, result, activation)};
+  std::vector<flatbuffers::Offset<fb::Parameter>> params;
+  auto model = fb::CreateModelDirect(fbb, 1, 1, 4, 16, 8, 1, 8, "fp32", "cpu", "random");
+  fb::FinishModuleBuffer(fbb, fb::CreateModuleDirect(fbb, kModuleFormatVersion, "test", model, arena, &fbufs, &params,
+                                                      &progs, state, arena - state, arena - state, "none", nullptr,
+                                                      nullptr, nullptr, nullptr, true, /*crc32=*/1));
+  std::vector<uint8_t> bytes(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
+  seal_module(bytes);
+  try {
+    Module::from_bytes(std::move(bytes), "hand.kiln");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+constexpr fb::BufferKind kAct = fb::BufferKind::Activation, kHyper = fb::BufferKind::Hyper;
+
+TEST(PlanVerifier, TheStateRegionHoldsTheStateAloneWithoutOverlaps) {
+  const std::vector<PlanInstr> write1 = {{{}, {1}}};  // writes v1, the result
+  // As laid out: v1 an activation after the 512-byte state of lr and beta2.
+  EXPECT_EQ(plan_error({{kAct, 512, 256}, {kHyper, 256, 256}}, write1, 1, 512, 256, 768), "");
+  // An activation that starts inside the state region.
+  EXPECT_NE(plan_error({{kAct, 256, 256}, {kHyper, 256, 256}}, write1, 1, 512, 256, 768)
+                .find("buffer 1 'v1' [256, 512) is an activation inside the state region [0, 512)"),
+            std::string::npos);
+  // beta2 [256, 768) holds eps's bytes [512, 768). (State past the state region is Module::verify's
+  // to refuse: its state_size must be where the state buffers end.)
+  const std::string over =
+      plan_error({{kAct, 768, 256}, {kHyper, 256, 512}, {kHyper, 512, 256}}, write1, 1, 768, 256, 1024);
+  EXPECT_NE(over.find("buffer 2 'beta2' [256, 768) and buffer 3 'eps' [512, 768) overlap in the state region"),
+            std::string::npos)
+      << over;
+}
+
+TEST(PlanVerifier, RefusesAReadBeforeAnyWrite) {
+  // Instr 0 reads v1, which no instruction writes; instr 1 writes v1 (too late).
+  const std::string e =
+      plan_error({{kAct, 256, 256}, {kAct, 512, 256}}, {{{1}, {2}}, {{2}, {1}}}, 1, 256, 512, 768);
+  EXPECT_NE(e.find("program forward, instr 0 reads buffer 1 'v1' [256, 512) before any kernel writes it"),
+            std::string::npos)
+      << e;
+}
+
+TEST(PlanVerifier, TheResultStaysLiveAfterTheLastInstruction) {
+  // v1, the result, written by instr 0 and read by no instruction: it is read after the call, so
+  // v2 (written by instr 1) may not take its bytes; elsewhere it may.
+  const std::vector<PlanInstr> instrs = {{{}, {1}}, {{}, {2}}};
+  EXPECT_EQ(plan_error({{kAct, 256, 256}, {kAct, 512, 256}}, instrs, 1, 256, 512, 768), "");
+  const std::string e = plan_error({{kAct, 256, 256}, {kAct, 256, 256}}, instrs, 1, 256, 256, 512);
+  EXPECT_NE(e.find("buffer 1 'v1' [256, 512) (instrs 0..2"), std::string::npos) << e;
+  EXPECT_NE(e.find("overlap while both are live"), std::string::npos) << e;
+  // A result no instruction writes.
+  EXPECT_NE(plan_error({{kAct, 256, 256}, {kAct, 512, 256}}, {{{}, {2}}}, 1, 256, 512, 768)
+                .find("program forward returns buffer 1 'v1' [256, 512), which it never writes"),
+            std::string::npos);
+}
+
+// (A program that plans more bytes than the arena holds is Module::verify's to refuse: the arena
+// is the state region plus the largest program's plan.)
+TEST(PlanVerifier, AProgramFitsItsPlannedBytes) {
+  const std::vector<PlanInstr> instrs = {{{}, {1}}, {{1}, {2}}};
+  EXPECT_EQ(plan_error({{kAct, 256, 256}, {kAct, 512, 256}}, instrs, 2, 256, 512, 768), "");
+  // v2 lies within the arena but past the program's 256 planned bytes.
+  const std::string e = plan_error({{kAct, 256, 256}, {kAct, 512, 256}}, instrs, 2, 256, 256, 768);
+  EXPECT_NE(e.find("program forward: buffer 2 'v2' [512, 768) lies beyond its 256 planned activation bytes"),
+            std::string::npos)
+      << e;
+}
+
+// An in-place kernel may write over an input only at the input's last read: v1, read again by
+// instr 2, may not be written over by instr 1's Add.
+TEST(PlanVerifier, AnInPlaceOutputMayNotTakeAnInputReadLater) {
+  const std::vector<PlanInstr> instrs = {{{}, {1}}, {{1}, {2}, fb::OpCode::Add}, {{1, 2}, {3}}};
+  EXPECT_EQ(plan_error({{kAct, 256, 256}, {kAct, 512, 256}, {kAct, 768, 256}}, instrs, 3, 256, 768, 1024), "");
+  const std::string e =
+      plan_error({{kAct, 256, 256}, {kAct, 256, 256}, {kAct, 512, 256}}, instrs, 3, 256, 512, 768);
+  EXPECT_NE(e.find("buffer 1 'v1' [256, 512) (instrs 0..2, the first at t) and buffer 2 'v2' [256, 512) (instrs 1..2, "
+                   "the first at t) overlap while both are live"),
+            std::string::npos)
+      << e;
+  // At its last read it may.
+  EXPECT_EQ(plan_error({{kAct, 256, 256}, {kAct, 256, 256}, {kAct, 512, 256}},
+                       {{{}, {1}}, {{1}, {2}, fb::OpCode::Add}, {{2}, {3}}}, 3, 256, 512, 768),
+            "");
+}
+
 }  // namespace
 }  // namespace kiln

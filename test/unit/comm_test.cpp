@@ -15,6 +15,7 @@
 #include "runtime/data_parallel.h"
 #include "runtime/error.h"
 #include "runtime/executor.h"
+#include "runtime/rank_agreement.h"
 #include "test/unit/param_module.h"
 
 namespace kiln {
@@ -204,6 +205,23 @@ TEST(Comm, TcpRootWaitsForMissingRanksWithinTheTimeout) {
     EXPECT_NE(std::string(e.what()).find("only 1 of 3 ranks connected within 0.3 s (missing rank 1, 2)"),
               std::string::npos) << e.what();
   }
+}
+
+// The fingerprint ranks compare at start reads every byte: the 8-byte words and a tail of 1 to 7
+// (token counts and uint16 tokens end in one), and the hash it continues from.
+TEST(RankAgreement, FingerprintReadsEveryByteAndTheHashBefore) {
+  for (size_t n = 1; n <= 17; ++n) {
+    std::vector<uint8_t> bytes(n, 7);
+    const uint64_t h = fingerprint(bytes.data(), n);
+    EXPECT_NE(fingerprint(bytes.data(), n, h), h) << n;
+    EXPECT_NE(fingerprint(bytes.data(), n, 1), h) << n;
+    for (size_t i = 0; i < n; ++i) {
+      bytes[i] ^= 1;
+      EXPECT_NE(fingerprint(bytes.data(), n), h) << "byte " << i << " of " << n;
+      bytes[i] ^= 1;
+    }
+  }
+  EXPECT_EQ(fingerprint(nullptr, 0, 42), 42u);
 }
 
 TEST(DataParallel, BucketsRunFromTheLastParameterAndCoverEveryElementOnce) {
