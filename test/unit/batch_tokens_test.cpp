@@ -1,0 +1,96 @@
+#include "runtime/batch_tokens.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "runtime/data_loader.h"
+#include "runtime/error.h"
+#include "test/unit/temp_dir_fixture.h"
+
+namespace {
+
+// B = 1, T = 4: a call of next() moves on by s = 4 tokens and reads 5 (inputs and targets), so
+// call k in a shard reads positions [4k, 4k + 4].
+class BatchTokensTest : public kiln::testing::TempDirTest {
+ protected:
+  std::string shard(const std::string& name, std::vector<uint16_t> tokens) {
+    kiln::write_token_shard(path(name), tokens);
+    return path(name);
+  }
+};
+
+// The message check_resident_tokens gives ("" when it finds nothing).
+std::string resident_error(const kiln::DataLoader& d, int64_t calls) {
+  try {
+    kiln::check_resident_tokens(d, 512, calls);
+  } catch (const kiln::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST_F(BatchTokensTest, TheResidentCheckReachesTheLastCallsTarget) {
+  // 21 tokens: 5 calls, the last reading [16, 20]; position 20 is only ever a target.
+  std::vector<uint16_t> t(21, 5);
+  t[20] = 600;
+  shard("a.bin", t);
+  kiln::DataLoader d(path("a.bin"), 1, 4);
+  EXPECT_EQ(resident_error(d, 4), "");  // four calls end at position 16
+  EXPECT_NE(resident_error(d, 5).find("a.bin: token 600 at position 20 is not below"), std::string::npos)
+      << resident_error(d, 5);
+}
+
+TEST_F(BatchTokensTest, TheResidentCheckComesRoundToTheShardsStart) {
+  // Two calls in, three are left before the run is back at position 0; the fourth call reads [0, 4].
+  std::vector<uint16_t> t(21, 5);
+  t[1] = 600;
+  shard("a.bin", t);
+  kiln::DataLoader d(path("a.bin"), 1, 4);
+  std::vector<int32_t> x(4), y(4);
+  d.next(x.data(), y.data());
+  d.next(x.data(), y.data());
+  ASSERT_EQ(d.position(), 8);
+  EXPECT_EQ(resident_error(d, 3), "");
+  EXPECT_NE(resident_error(d, 4).find("a.bin: token 600 at position 1 is not below"), std::string::npos)
+      << resident_error(d, 4);
+}
+
+TEST_F(BatchTokensTest, ShardsAheadAreScannedAsFarAsTheRunReads) {
+  shard("d_000.bin", std::vector<uint16_t>(21, 5));  // 5 calls
+  shard("d_001.bin", std::vector<uint16_t>(41, 5));  // 10 calls
+  kiln::DataLoader d(path("d_*.bin"), 1, 4);
+  // Resumed at step 3 of 10: 7 calls, the last 2 in d_001, reading its positions [0, 8].
+  std::vector<kiln::TokenScan::Shard> s = kiln::shards_to_scan(d, 3, 10, 1, nullptr, 0);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0].path, path("d_001.bin"));
+  EXPECT_EQ(s[0].tokens, 9);
+  // Call 5 (step 9) reads [0, 4], call 6 (step 10) [4, 8]: a position on a boundary is first read
+  // by the call that ends there (as a target).
+  EXPECT_EQ(s[0].reader(0), "step 9");
+  EXPECT_EQ(s[0].reader(4), "step 9");
+  EXPECT_EQ(s[0].reader(5), "step 10");
+  EXPECT_EQ(s[0].reader(8), "step 10");
+  // With two micro-steps a step: 14 calls, 9 of them in d_001 ([0, 36]); call 5 is in step 6.
+  s = kiln::shards_to_scan(d, 3, 10, 2, nullptr, 0);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0].tokens, 37);
+  EXPECT_EQ(s[0].reader(4), "step 6");
+  EXPECT_EQ(s[0].reader(8), "step 7");
+  // A run reaching past the shard's end reads all of it but the tail no call reads.
+  shard("e_000.bin", std::vector<uint16_t>(21, 5));
+  shard("e_001.bin", std::vector<uint16_t>(43, 5));  // 10 calls: positions 41 and 42 are never read
+  kiln::DataLoader e(path("e_*.bin"), 1, 4);
+  s = kiln::shards_to_scan(e, 0, 100, 1, nullptr, 0);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0].tokens, 41);
+}
+
+TEST(MicroStepsLeft, CountsFromTheFirstStepAndSaturates) {
+  EXPECT_EQ(kiln::micro_steps_left(10, 3, 2), 14);
+  EXPECT_EQ(kiln::micro_steps_left(10, 10, 4), 0);
+  EXPECT_EQ(kiln::micro_steps_left(INT64_MAX, 0, 2), INT64_MAX);
+}
+
+}  // namespace
