@@ -19,6 +19,7 @@
 #include "llvm/ADT/TypeSwitch.h"
 #include "llvm/Support/raw_ostream.h"
 #include "runtime/module.h"
+#include "runtime/version.h"
 #include "schema/module_generated.h"
 
 using namespace mlir;
@@ -683,7 +684,7 @@ class Writer {
                                                                r.stackBytes, r.spillStoreBytes, r.spillLoadBytes));
       images.push_back(fb::CreateCudaImageDirect(fbb, image.arch.c_str(), &image.cubin, &resources));
     }
-    auto root = fb::CreateModuleDirect(fbb, kModuleFormatVersion, "kilnc 0.2", model,
+    auto root = fb::CreateModuleDirect(fbb, kModuleFormatVersion, ("kilnc " + kiln::version()).c_str(), model,
                                        state + activations, &buffers, &params, &progs, state,
                                        activations, naive, options_.recompute.c_str(),
                                        kernels_.empty() ? nullptr : &kernels,

@@ -49,6 +49,7 @@
 #include "runtime/error.h"
 #include "runtime/file_io.h"
 #include "runtime/tokenizer.h"
+#include "runtime/version.h"
 
 using namespace kiln;
 namespace fs = std::filesystem;
@@ -571,6 +572,7 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
 int main(int argc, char** argv) {
   kiln::start_process();  // Ctrl-C or a full disk while writing leaves no temporary
   CLI::App app{"kiln-data: the GPT-2 tokenizer, and llm.c token shards for training."};
+  app.set_version_flag("--version", kiln::version_text("kiln-data"));
   app.require_subcommand(1);
   app.fallthrough();  // --tokenizer may also follow the subcommand
   std::string tokenizer_dir = Gpt2Tokenizer::default_dir();

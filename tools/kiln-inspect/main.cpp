@@ -14,6 +14,7 @@
 #include "runtime/file_io.h"
 #include "runtime/replaceable_output.h"
 #include "runtime/module.h"
+#include "runtime/version.h"
 #include "tools/kiln-inspect/cuda_report.h"
 #include "tools/kiln-inspect/fusion_report.h"
 #include "tools/kiln-inspect/program_graph.h"
@@ -280,6 +281,7 @@ int main(int argc, char** argv) {
   CLI::App app{"kiln-inspect: report on a Kiln module or training executable\n"
                "(kiln-inspect plot LOG.jsonl -o loss.svg draws loss curves)"};
   app.formatter(std::make_shared<UsageWithPlot>());
+  app.set_version_flag("--version", kiln::version_text("kiln-inspect"));
   std::string path, svg, source, dot, program, dot_state = "all";
   int ranks = 1, zero = 0;
   double bucket_mb = 25;  // train's default

@@ -16,6 +16,7 @@
 #include "runtime/file_io.h"
 #include "runtime/params.h"
 #include "runtime/replaceable_output.h"
+#include "runtime/version.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -112,6 +113,7 @@ int main(int argc, char** argv) {
   llvm::sys::PrintStackTraceOnErrorSignal(argv[0]);
   ::signal(SIGXFSZ, SIG_IGN);
   llvm::install_fatal_error_handler(on_fatal_error);
+  llvm::cl::AddExtraVersionPrinter([](llvm::raw_ostream& os) { os << kiln::version_text("kiln-opt") << "\n"; });
   mlir::DialectRegistry registry;
   registry.insert<kiln::KilnDialect, mlir::func::FuncDialect>();
   mlir::registerTransformsPasses();

@@ -18,6 +18,7 @@
 #include "compiler/module_writer.h"
 #include "compiler/pipeline.h"
 #include "compiler/spec.h"
+#include "runtime/version.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/AsmState.h"
 #include "mlir/IR/MLIRContext.h"
@@ -119,6 +120,13 @@ std::vector<std::string> pipelinePassNames() {
 int main(int argc, char** argv) {
   kiln::start_process();  // Ctrl-C or a full disk while writing leaves no temporary
   CLI::App app{"kilnc: compile a GPT-2 spec into a Kiln training executable"};
+  app.set_version_flag("--version", kiln::version_text("kilnc", "MLIR/LLVM " KILN_LLVM_VERSION
+#ifdef KILN_HAVE_NVRTC
+                                                       "; cuda specs' kernels by NVRTC (CUDA " KILN_CUDA_VERSION ")"
+#else
+                                                       "; no CUDA toolkit: cuda specs are refused"
+#endif
+                                                       ));
   std::string input, output, emit = "exe", runtime, recompute = "none";
   double bucketMB = 25.0;
   bool debugInfo = false, printAfterAll = false, noFusion = false, singleOps = false, simtAttention = false,

@@ -1,0 +1,35 @@
+# Writes OUT, a header defining KILN_GIT_REVISION: SOURCE_DIR's commit ("39baf91e1a2b", with
+# ", modified" where tracked files differ from it), or "" where SOURCE_DIR is no git checkout of
+# its own. Run on every build by the KilnGitRevision target (a commit changes no source file); the
+# file is rewritten only when its text changes, so nothing is rebuilt otherwise.
+set(rev "")
+find_program(GIT git)
+if(GIT)
+  execute_process(COMMAND ${GIT} -C ${SOURCE_DIR} rev-parse --show-toplevel --short=12 HEAD
+                  OUTPUT_VARIABLE out ERROR_QUIET RESULT_VARIABLE rc OUTPUT_STRIP_TRAILING_WHITESPACE)
+  string(REPLACE "\n" ";" out "${out}")
+  list(LENGTH out n)
+  if(rc EQUAL 0 AND n EQUAL 2)
+    list(GET out 0 top)
+    list(GET out 1 commit)
+    # (a source tree copied inside another checkout is not that checkout's commit)
+    file(REAL_PATH "${top}" top)
+    file(REAL_PATH "${SOURCE_DIR}" src)
+    if(top STREQUAL src)
+      set(rev "${commit}")
+      execute_process(COMMAND ${GIT} -C ${SOURCE_DIR} status --porcelain --untracked-files=no
+                      OUTPUT_VARIABLE changes ERROR_QUIET RESULT_VARIABLE rc)
+      if(NOT rc EQUAL 0 OR changes)
+        set(rev "${rev}, modified")
+      endif()
+    endif()
+  endif()
+endif()
+set(text "#define KILN_GIT_REVISION \"${rev}\"\n")
+set(old "")
+if(EXISTS "${OUT}")
+  file(READ "${OUT}" old)
+endif()
+if(NOT old STREQUAL text)
+  file(WRITE "${OUT}" "${text}")
+endif()
