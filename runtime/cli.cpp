@@ -558,11 +558,13 @@ int run_main(int argc, char** argv) {
   CLI::App app{embedded ? describe_executable(*embedded) : "kiln-run: run a compiled Kiln module (.kiln)."};
   app.require_subcommand(1);
   // An executable says which runtime it carries and which kilnc compiled its module.
-  const std::string tool = std::filesystem::path(argv[0]).filename().string();
-  app.set_version_flag("--version", version_text(embedded ? tool : "kiln-run",
-                                                 runtime_build_details() +
-                                                     (embedded ? "; its module from " + (embedded->fb().compiler() ? embedded->fb().compiler()->str() : std::string("an unnamed compiler"))
-                                                               : std::string())));
+  std::string details = runtime_build_details();
+  if (embedded) {
+    const flatbuffers::String* compiler = embedded->fb().compiler();
+    details += "; its module from " + (compiler ? compiler->str() : std::string("an unnamed compiler"));
+  }
+  app.set_version_flag("--version", version_text(embedded ? std::filesystem::path(argv[0]).filename().string() : "kiln-run",
+                                                 details));
   std::string module_path;
   if (!embedded) {
     app.add_option("module", module_path, "module file written by kilnc --emit=module (or an executable kilnc wrote)")->required();

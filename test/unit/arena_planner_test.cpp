@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "compiler/arena_planner.h"
 #include "runtime/error.h"
@@ -13,43 +15,66 @@
 namespace kiln {
 namespace {
 
+// Buffers and instructions of a module laid out by hand.
+struct PlanBuffer {
+  std::string name;
+  fb::BufferKind kind;
+  uint64_t offset, size;
+};
+struct PlanInstr {
+  std::vector<uint32_t> in, out;
+  fb::OpCode op = fb::OpCode::Copy;
+};
+
+// A module of one program, "forward" (a micro_step would need the idx and targets inputs:
+// Module::verify), running `instrs` and returning buffer `result`, with `activation` planned bytes:
+// buffer 0 a 4-byte hyperparameter lr at 0, then `bufs`, the state region [0, state), in an arena
+// of `arena` bytes. Loading it verifies its plan.
+Module hand_module(const std::vector<PlanBuffer>& bufs, const std::vector<PlanInstr>& instrs, uint32_t result,
+                   uint64_t state, uint64_t activation, uint64_t arena) {
+  flatbuffers::FlatBufferBuilder fbb;
+  std::vector<flatbuffers::Offset<fb::Buffer>> fbufs;
+  std::vector<int64_t> one = {1};
+  fbufs.push_back(fb::CreateBufferDirect(fbb, "lr", fb::BufferKind::Hyper, fb::DType::F32, &one, 0, 4));
+  for (const PlanBuffer& b : bufs) {
+    std::vector<int64_t> shape = {int64_t(b.size / 4)};
+    fbufs.push_back(fb::CreateBufferDirect(fbb, b.name.c_str(), b.kind, fb::DType::F32, &shape, b.offset, b.size));
+  }
+  std::vector<flatbuffers::Offset<fb::Instr>> fins;
+  for (const PlanInstr& ins : instrs) {
+    std::vector<int64_t> ints = {1};
+    fins.push_back(fb::CreateInstrDirect(fbb, ins.op, &ins.in, &ins.out, &ints, nullptr, "t"));
+  }
+  std::vector<flatbuffers::Offset<fb::Program>> progs = {
+      fb::CreateProgramDirect(fbb, "forward", &fins, result, activation)};
+  std::vector<flatbuffers::Offset<fb::Parameter>> params;
+  auto model = fb::CreateModelDirect(fbb, 1, 1, 4, 16, 8, 1, 8, "fp32", "cpu", "random");
+  fb::FinishModuleBuffer(fbb, fb::CreateModuleDirect(fbb, kModuleFormatVersion, "test", model, arena, &fbufs, &params,
+                                                      &progs, state, arena - state, arena - state, "none", nullptr,
+                                                      nullptr, nullptr, nullptr, true, /*crc32=*/1));
+  std::vector<uint8_t> bytes(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
+  seal_module(bytes);
+  return Module::from_bytes(std::move(bytes), "hand.kiln");
+}
+
 // A module whose one program writes buffer i at instr first[i] and reads it last at instr
 // last[i] (Copy kernels, never in place, unless `op` says otherwise), with the given offsets after a
 // 256-byte state region.
 Module module_for(const std::vector<LiveBuffer>& bufs, const std::vector<uint64_t>& offsets,
                   uint64_t arena, fb::OpCode op = fb::OpCode::Copy) {
-  flatbuffers::FlatBufferBuilder fbb;
-  std::vector<flatbuffers::Offset<fb::Buffer>> fbufs;
-  std::vector<int64_t> one = {1};
-  fbufs.push_back(fb::CreateBufferDirect(fbb, "lr", fb::BufferKind::Hyper, fb::DType::F32, &one, 0, 4));
+  std::vector<PlanBuffer> named;
   int64_t steps = 0;
   for (size_t i = 0; i < bufs.size(); ++i) {
-    std::vector<int64_t> shape = {int64_t(bufs[i].size / 4)};
-    std::string name = "v" + std::to_string(i);
-    fbufs.push_back(fb::CreateBufferDirect(fbb, name.c_str(), fb::BufferKind::Activation,
-                                           fb::DType::F32, &shape, 256 + offsets[i], bufs[i].size));
+    named.push_back({"v" + std::to_string(i), fb::BufferKind::Activation, 256 + offsets[i], bufs[i].size});
     steps = std::max(steps, bufs[i].last + 1);
   }
-  std::vector<flatbuffers::Offset<fb::Instr>> instrs;
-  for (int64_t k = 0; k < steps; ++k) {
-    std::vector<uint32_t> in, out;
+  std::vector<PlanInstr> instrs(size_t(steps), PlanInstr{{}, {}, op});
+  for (int64_t k = 0; k < steps; ++k)
     for (size_t i = 0; i < bufs.size(); ++i) {
-      if (bufs[i].first == k) out.push_back(uint32_t(i + 1));
-      else if (bufs[i].last == k) in.push_back(uint32_t(i + 1));
+      if (bufs[i].first == k) instrs[size_t(k)].out.push_back(uint32_t(i + 1));
+      else if (bufs[i].last == k) instrs[size_t(k)].in.push_back(uint32_t(i + 1));
     }
-    std::vector<int64_t> ints = {1};
-    instrs.push_back(fb::CreateInstrDirect(fbb, op, &in, &out, &ints, nullptr, "t"));
-  }
-  // "forward": a micro_step would need the idx and targets inputs (Module::verify).
-  std::vector<flatbuffers::Offset<fb::Program>> progs = {fb::CreateProgramDirect(fbb, "forward", &instrs, 0, arena)};
-  std::vector<flatbuffers::Offset<fb::Parameter>> params;
-  auto model = fb::CreateModelDirect(fbb, 1, 1, 4, 16, 8, 1, 8, "fp32", "cpu", "random");
-  fb::FinishModuleBuffer(fbb, fb::CreateModuleDirect(fbb, kModuleFormatVersion, "test", model, 256 + arena, &fbufs,
-                                                      &params, &progs, 256, arena, arena, "none", nullptr, nullptr, nullptr,
-                                                      nullptr, true, /*crc32=*/1));
-  std::vector<uint8_t> bytes(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
-  seal_module(bytes);
-  return Module::from_bytes(std::move(bytes), "random.kiln");
+  return hand_module(named, instrs, 0, 256, arena, 256 + arena);
 }
 
 std::vector<LiveBuffer> random_buffers(std::mt19937& rng) {
@@ -218,49 +243,22 @@ TEST(PlanVerifier, CatchesAnOverlapBesideAnInPlaceOutput) {
   }
 }
 
-// A module laid out by hand, for the verifier's other checks: `bufs` after buffer 0 (a 256-byte
-// hyperparameter at 0, the state region [0, state)), one program "forward" of `instrs` returning
-// buffer `result` with `activation` planned bytes (a hyperparameter buffer i is named beta1, beta2
-// or eps by i % 3, an activation vi), in an arena of `arena` bytes. Returns what
-// loading it says ("" when it loads).
-struct PlanBuffer {
+// What loading a module laid out by hand says ("" when it loads), for the verifier's other checks:
+// buffers after lr of the given kinds, offsets and sizes (a hyperparameter buffer i is named beta1,
+// beta2 or eps by i % 3, an activation vi).
+struct KindedBuffer {
   fb::BufferKind kind;
   uint64_t offset, size;
 };
-struct PlanInstr {
-  std::vector<uint32_t> in, out;
-  fb::OpCode op = fb::OpCode::Copy;
-};
-std::string plan_error(const std::vector<PlanBuffer>& bufs, const std::vector<PlanInstr>& instrs, uint32_t result,
+std::string plan_error(const std::vector<KindedBuffer>& bufs, const std::vector<PlanInstr>& instrs, uint32_t result,
                        uint64_t state, uint64_t activation, uint64_t arena) {
-  flatbuffers::FlatBufferBuilder fbb;
-  std::vector<flatbuffers::Offset<fb::Buffer>> fbufs;
-  std::vector<int64_t> one = {1};
-  fbufs.push_back(fb::CreateBufferDirect(fbb, "lr", fb::BufferKind::Hyper, fb::DType::F32, &one, 0, 4));
-  for (size_t i = 0; i < bufs.size(); ++i) {
-    std::vector<int64_t> shape = {int64_t(bufs[i].size / 4)};
-    // (a hyperparameter has one of the names the runtime knows)
-    static const char* const hypers[] = {"beta1", "beta2", "eps"};
-    std::string name = bufs[i].kind == fb::BufferKind::Hyper ? hypers[i % 3] : "v" + std::to_string(i + 1);
-    fbufs.push_back(fb::CreateBufferDirect(fbb, name.c_str(), bufs[i].kind, fb::DType::F32, &shape, bufs[i].offset,
-                                           bufs[i].size));
-  }
-  std::vector<flatbuffers::Offset<fb::Instr>> fins;
-  for (const PlanInstr& ins : instrs) {
-    std::vector<int64_t> ints = {1};
-    fins.push_back(fb::CreateInstrDirect(fbb, ins.op, &ins.in, &ins.out, &ints, nullptr, "t"));
-  }
-  std::vector<flatbuffers::Offset<fb::Program>> progs = {
-      fb::CreateProgramDirect(fbb, "forward", &fins, result, activation)};
-  std::vector<flatbuffers::Offset<fb::Parameter>> params;
-  auto model = fb::CreateModelDirect(fbb, 1, 1, 4, 16, 8, 1, 8, "fp32", "cpu", "random");
-  fb::FinishModuleBuffer(fbb, fb::CreateModuleDirect(fbb, kModuleFormatVersion, "test", model, arena, &fbufs, &params,
-                                                      &progs, state, arena - state, arena - state, "none", nullptr,
-                                                      nullptr, nullptr, nullptr, true, /*crc32=*/1));
-  std::vector<uint8_t> bytes(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
-  seal_module(bytes);
+  static const char* const hypers[] = {"beta1", "beta2", "eps"};  // (names the runtime knows)
+  std::vector<PlanBuffer> named;
+  for (size_t i = 0; i < bufs.size(); ++i)
+    named.push_back({bufs[i].kind == fb::BufferKind::Hyper ? hypers[i % 3] : "v" + std::to_string(i + 1), bufs[i].kind,
+                     bufs[i].offset, bufs[i].size});
   try {
-    Module::from_bytes(std::move(bytes), "hand.kiln");
+    hand_module(named, instrs, result, state, activation, arena);
   } catch (const Error& e) {
     return e.what();
   }
