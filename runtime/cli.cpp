@@ -259,6 +259,10 @@ void add_sample_options(CLI::App& cmd, SampleCommand& c) {
                          ->excludes(c.prompt_opt);
   cmd.add_option("--max-new-tokens", c.options.max_new_tokens, "tokens to sample")->capture_default_str()->check(cli::whole(1));
   cmd.add_option("--top-k", c.options.top_k, "sample among the k most likely tokens (0, or k past the vocabulary: all)")->capture_default_str()->check(cli::whole(0));
+  cmd.add_option("--top-p", c.options.top_p,
+                 "then sample among the fewest most likely of those whose probability adds up to at least p "
+                 "(nucleus sampling; 1: no cut)")
+      ->capture_default_str()->check(cli::number<double>([](double v) { return v > 0 && v <= 1; }, "in (0, 1]", "(0, 1]"));
   cmd.add_option("--num-samples", c.options.num_samples, "continuations to print")->capture_default_str()->check(cli::whole(1));
   cmd.add_option("--seed", c.options.seed, "random seed")->capture_default_str()->check(kSeed);
   cmd.add_option("--temperature", c.options.temperature, "softmax temperature (logits are divided by it: below 1 sharper, toward 0 greedy)")->capture_default_str()->check(kPositiveFinite);
@@ -584,7 +588,7 @@ int run_main(int argc, char** argv) {
   CLI::App* train = app.add_subcommand("train", "train the model on token shards");
   add_train_options(*train, train_opts, train_sampling);
   SampleCommand sample_opts;
-  CLI::App* sample = app.add_subcommand("sample", "print continuations of a prompt (top-k sampling)");
+  CLI::App* sample = app.add_subcommand("sample", "print continuations of a prompt (top-k and top-p sampling)");
   add_sample_options(*sample, sample_opts);
   EvalCommand eval_opts;
   CLI::App* eval = app.add_subcommand("eval", "the mean loss (and perplexity) of weights over token shards");

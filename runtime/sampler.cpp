@@ -90,7 +90,7 @@ std::vector<size_t> plan_prefill(int64_t n, const std::vector<std::pair<int64_t,
   return calls;
 }
 
-int32_t pick_token(const std::vector<float>& row, int64_t k, float temperature, Rng& rng,
+int32_t pick_token(const std::vector<float>& row, int64_t k, float temperature, double top_p, Rng& rng,
                    std::vector<int32_t>& order, std::vector<double>& weights) {
   // Top-k by logit (ties to the lower id), then softmax over those k at the temperature.
   order.resize(row.size());
@@ -105,6 +105,14 @@ int32_t pick_token(const std::vector<float>& row, int64_t k, float temperature, 
   double sum = 0;
   for (int64_t i = 0; i < k; ++i)
     sum += weights[size_t(i)] = std::exp((row[size_t(order[size_t(i)])] - top) / double(temperature));
+  if (top_p < 1) {
+    // The nucleus: candidates are kept while the weight before them is below top_p of the whole.
+    // (The running sum adds in the order `sum` did, so top_p 1 would keep every nonzero weight.)
+    double kept = 0;
+    int64_t n = 0;
+    while (n < k && kept < top_p * sum) kept += weights[size_t(n++)];
+    k = n, sum = kept;
+  }
   // Inverse CDF: the first candidate whose running sum passes u (the last if rounding leaves some).
   double u = rng.uniform() * sum;
   int64_t pick = k - 1;
@@ -127,6 +135,8 @@ std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t
   // NaN would make every weight NaN and the pick always the last of the top k, whatever the seed.
   if (!std::isfinite(o.temperature) || o.temperature <= 0)
     throw Error("sample: temperature " + std::to_string(o.temperature) + " is not a positive finite number");
+  if (!(o.top_p > 0 && o.top_p <= 1))  // (0 would keep no candidate)
+    throw Error("sample: top_p " + std::to_string(o.top_p) + " is not in (0, 1]");
   const fb::Buffer& logits = ex.module().buffer(program->result());
   const bool bf16 = logits.dtype() == fb::DType::BF16;
   // Rows of the logits are Vp wide (the vocabulary padded to a multiple of 128); only the first
@@ -195,7 +205,7 @@ std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t
       throw Error("sample: the logits of sample " + std::to_string(s + 1) + "'s new token " + std::to_string(step + 1) +
                   " hold a NaN or an infinity: the forward pass of these weights overflows");
     if (o.logits_out) std::copy(row.begin(), row.end(), o.logits_out->begin() + (s * o.max_new_tokens + step) * V);
-    return pick_token(row, k, o.temperature, rng[size_t(s)], order, weights);
+    return pick_token(row, k, o.temperature, o.top_p, rng[size_t(s)], order, weights);
   };
   int32_t* token = decode ? ex.input("token") : nullptr;
   int32_t* position = decode ? ex.input("position") : nullptr;

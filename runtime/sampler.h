@@ -1,4 +1,4 @@
-// Top-k sampling from the compiled forward pass (`prefill`, `decode` and `logits` programs):
+// Top-k (and top-p) sampling from the compiled forward pass (`prefill`, `decode` and `logits` programs):
 // continuations of a prompt.
 #pragma once
 #include <cstdint>
@@ -14,6 +14,7 @@ namespace kiln {
 struct SampleOptions {
   int64_t max_new_tokens = 64;
   int64_t top_k = 50;            // 0 = the whole vocabulary
+  double top_p = 1.0;            // in (0, 1]; 1 = no nucleus cut
   int64_t num_samples = 1;
   uint64_t seed = 1337;
   float temperature = 1.0f;      // finite and > 0
@@ -46,7 +47,7 @@ struct SampleOptions {
 
 // Returns one token sequence per sample: the prompt followed by max_new_tokens sampled tokens.
 // Up to B samples run together (one per row); each step samples the next token of every row from
-// the softmax of its last position's logits (restricted to the k largest). The logits come from
+// the softmax of its last position's logits (restricted to the k largest, then to the top-p nucleus). The logits come from
 // the `decode` program while a row holds at most T tokens (when the executor loaded it: one
 // position per call over key/value caches), else from the forward pass over the last T tokens
 // (`logits`): the same numbers up to rounding. With `prefill` (and `prefill_short`) loaded too,
@@ -78,9 +79,11 @@ std::string sample_string(const std::vector<int32_t>& ids,
                           const std::function<std::string(const std::vector<int32_t>&)>& text);
 
 // One draw: the id of a token from the softmax of `row` (V logits, all finite or -infinity, not all
-// -infinity) at `temperature`, restricted to the k largest (1 <= k <= V; ties to the lower id).
+// -infinity) at `temperature`, restricted to the k largest (1 <= k <= V; ties to the lower id),
+// then, with top_p < 1, to the nucleus: the fewest of those, most likely first, whose probability
+// (among the k) adds up to at least top_p (Hugging Face's top-p, applied after its top-k).
 // `order` and `weights` are scratch, kept by the caller so that a draw allocates nothing.
-int32_t pick_token(const std::vector<float>& row, int64_t k, float temperature, Rng& rng,
+int32_t pick_token(const std::vector<float>& row, int64_t k, float temperature, double top_p, Rng& rng,
                    std::vector<int32_t>& order, std::vector<double>& weights);
 
 std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t>& prompt,

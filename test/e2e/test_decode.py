@@ -17,6 +17,7 @@ keeps the logits every token was drawn from (--logits-out). Then, for every samp
     round) and how many from @logits (the rest; with --no-kv-cache, all);
   * --no-kv-cache (@logits at every step) gives the same within the same tolerance;
   * at --temperature 1e-6 over all tokens (--top-k 0) every draw is its row's largest logit;
+  * with --top-p every draw is in its row's nucleus, computed from the logits with PyTorch;
   * the prompt goes into the caches through @prefill (min(T, 64) positions per call) and
     @prefill_short (16, when T > 16), as `sample` reports: the calls it reports read every
     position before the last that @decode does not, at the least cost of any mix of calls at the
@@ -221,6 +222,34 @@ def main():
     failures += not ok
     print(f"{'ok  ' if ok else 'FAIL'} --temperature 1e-6 --top-k 0: every one of {len(gaps)} draws within "
           f"{max(gaps):.1e} of its row's largest logit (at most 1e-3)")
+    # --top-p over all tokens: every draw lies in its row's nucleus as Hugging Face's top-p takes it
+    # (the most likely tokens whose softmax at the temperature adds up to p: a token is in when the
+    # probability of those before it, more likely or tied at a lower id, is below p), from the
+    # logits `sample` drew from; 1e-9 of slack for Kiln summing the same floats in another order.
+    top_p, temperature = 0.6, 1.5
+    nucleus = base[:]
+    nucleus[nucleus.index("--top-k") + 1] = "0"
+    npy = os.path.join(a.workdir, "top-p.npy")
+    seqs = samples(run(nucleus + ["--top-p", str(top_p), "--temperature", str(temperature), "--logits-out", npy],
+                       exe_env)[0])
+    logits = torch.from_numpy(np.load(npy)).double()
+    outside, sizes = [], []
+    for i in range(n):
+        for step in range(new):
+            probs = torch.softmax(logits[i, step] / temperature, dim=0)
+            token = seqs[i][len(prompt) + step]
+            ids = torch.arange(V)
+            before = float(probs[(probs > probs[token]) | ((probs == probs[token]) & (ids < token))].sum())
+            if before >= top_p + 1e-9:
+                outside.append((i, step, token, before))
+            srt = torch.sort(probs, descending=True).values
+            sizes.append(int(((torch.cumsum(srt, 0) - srt) < top_p).sum()))
+    ok = not outside
+    failures += not ok
+    print(f"{'ok  ' if ok else 'FAIL'} --top-p {top_p} --temperature {temperature} --top-k 0: "
+          f"{len(sizes) - len(outside)} of {len(sizes)} draws in their row's nucleus (of {min(sizes)} to "
+          f"{max(sizes)} tokens)" + (f"; outside: sample {outside[0][0] + 1} step {outside[0][1]} token "
+                                     f"{outside[0][2]}, {outside[0][3]:.4f} of the mass before it" if outside else ""))
     sys.exit(1 if failures else 0)
 
 

@@ -58,12 +58,13 @@ TEST(PlanPrefill, OneProgramIsUsedOnceItsPriceIsMet) {
 }
 
 // Draws n tokens from `row` and returns how often each id came up.
-std::vector<int64_t> draw_counts(const std::vector<float>& row, int64_t k, float temperature, int64_t n, uint64_t seed) {
+std::vector<int64_t> draw_counts(const std::vector<float>& row, int64_t k, float temperature, int64_t n, uint64_t seed,
+                                 double top_p = 1.0) {
   kiln::Rng rng{seed};
   std::vector<int32_t> order;
   std::vector<double> weights;
   std::vector<int64_t> counts(row.size(), 0);
-  for (int64_t i = 0; i < n; ++i) ++counts[size_t(kiln::pick_token(row, k, temperature, rng, order, weights))];
+  for (int64_t i = 0; i < n; ++i) ++counts[size_t(kiln::pick_token(row, k, temperature, top_p, rng, order, weights))];
   return counts;
 }
 
@@ -128,6 +129,26 @@ TEST(PickToken, ATemperatureBelow1e6IsNotRaisedTo1e6) {
   EXPECT_EQ(draw_counts(row, 2, 1e-9f, 1000, 14)[0], 1000);
   // The smallest positive float is a temperature too: no NaN, the largest logit alone.
   EXPECT_EQ(draw_counts(row, 2, std::numeric_limits<float>::denorm_min(), 1000, 15)[0], 1000);
+}
+
+TEST(PickToken, TopPKeepsTheFewestMostLikelyThatReachP) {
+  // At temperature 1 the top four of kRow (1; 3 and 4 tied; 0) have probabilities about 0.49,
+  // 0.18, 0.18 and 0.07 among the seven finite logits: p 0.5 keeps 1 and 3 (0.49 falls short;
+  // the tie is cut at the lower id), p 0.7 adds 4 (1 and 3 hold 0.68), p 0.45 keeps 1 alone.
+  const int64_t n = 100000;
+  expect_follows(draw_counts(kRow, 8, 1.0f, n, 16, 0.5), expected_p(kRow, {1, 3}, 1.0f), n);
+  expect_follows(draw_counts(kRow, 8, 1.0f, n, 17, 0.7), expected_p(kRow, {1, 3, 4}, 1.0f), n);
+  EXPECT_EQ(draw_counts(kRow, 8, 1.0f, 1000, 18, 0.45)[1], 1000);
+  // The nucleus is taken among the top k: with k 2 the two hold all the mass, and p 0.8 of it
+  // (0.48 / 0.66 = 0.73 is short) keeps both.
+  expect_follows(draw_counts(kRow, 2, 1.0f, n, 19, 0.8), expected_p(kRow, {1, 3}, 1.0f), n);
+  // At a hot temperature the same p reaches further down.
+  expect_follows(draw_counts(kRow, 8, 4.0f, n, 20, 0.5), expected_p(kRow, {1, 3, 4}, 4.0f), n);
+  // p 1 is no cut: the same draws as without one, and a p just below 1 keeps every finite logit.
+  EXPECT_EQ(draw_counts(kRow, 8, 1.0f, 1000, 21, 1.0), draw_counts(kRow, 8, 1.0f, 1000, 21));
+  expect_follows(draw_counts(kRow, 8, 1.0f, n, 22, 0.999999), expected_p(kRow, {0, 1, 3, 4, 5, 6, 7}, 1.0f), n);
+  // However small p is, the most likely token stays.
+  EXPECT_EQ(draw_counts(kRow, 8, 1.0f, 1000, 23, 1e-300)[1], 1000);
 }
 
 TEST(PickToken, DrawsAreTheSameForASeed) {
