@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -16,6 +17,7 @@
 #include <fstream>
 #include <thread>
 
+#include "runtime/file_io.h"
 #include "temp_dir_fixture.h"
 
 namespace {
@@ -283,6 +285,143 @@ TEST_F(StopSignalsFolders, TheNextRunArmsItsOwnFoldersOnly) {
   testing::internal::GetCapturedStderr();
   EXPECT_TRUE(fs::exists(first));
   EXPECT_FALSE(fs::exists(second));
+}
+
+}  // namespace
+
+namespace {
+
+// The handler runs between any two instructions of the training loop's thread: errno as it was
+// (an rmdir of a folder that holds a file fails, setting it), the handlers before put back at the
+// end, and reads and writes the signal cut carry on rather than fail with EINTR.
+TEST_F(StopSignalsFolders, TheHandlerKeepsErrno) {
+  DefaultDisposition term(SIGTERM);
+  namespace fs = std::filesystem;
+  fs::create_directories(path("ck"));
+  { std::ofstream(path("ck/notes.txt")) << "kept"; }  // (its rmdir fails: ENOTEMPTY)
+  testing::internal::CaptureStderr();
+  kiln::StopSignals signals(0, 1, {"stopping"});
+  signals.remove_on_signal({path("ck")});
+  errno = EDOM;
+  ::raise(SIGTERM);
+  const int after = errno;
+  testing::internal::GetCapturedStderr();
+  EXPECT_EQ(signals.requested(), SIGTERM);
+  EXPECT_EQ(after, EDOM);
+}
+
+void own_handler(int) {}
+
+TEST(StopSignals, TheHandlersBeforeAreBackAfterAndReadsRestart) {
+  struct sigaction mine {}, old[3] {};
+  mine.sa_handler = own_handler;
+  sigemptyset(&mine.sa_mask);
+  const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
+  for (int i = 0; i < 3; ++i) ::sigaction(sigs[i], &mine, &old[i]);
+  {
+    kiln::StopSignals signals(0, 1, {"stopping"});
+    for (const int sig : sigs) {
+      struct sigaction now {};
+      ::sigaction(sig, nullptr, &now);
+      EXPECT_NE(now.sa_handler, own_handler) << kiln::signal_name(sig);
+      EXPECT_TRUE(now.sa_flags & SA_RESTART) << kiln::signal_name(sig);
+    }
+  }
+  for (int i = 0; i < 3; ++i) {
+    struct sigaction now {};
+    ::sigaction(sigs[i], &old[i], &now);
+    EXPECT_EQ(now.sa_handler, own_handler) << kiln::signal_name(sigs[i]);
+  }
+}
+
+// A line for each phase of the run: phase(i) picks phases[i] (the last one given for those past
+// it, and the last phase for an i past kMaxPhases) and says which it was before.
+TEST(StopSignals, APhaseSaysItsOwnLine) {
+  DefaultDisposition intr(SIGINT);
+  testing::internal::CaptureStderr();
+  {
+    kiln::StopSignals signals(0, 1, {"at the start", "after this step"});
+    EXPECT_EQ(signals.phase(1), 0);
+    EXPECT_EQ(signals.phase(kiln::StopSignals::kMaxPhases + 5), 1);
+    EXPECT_EQ(signals.phase(1), kiln::StopSignals::kMaxPhases - 1);
+    EXPECT_EQ(signals.phase(-1), 1);
+    EXPECT_EQ(signals.phase(kiln::StopSignals::kMaxPhases - 1), 0);
+    ::raise(SIGINT);
+  }
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "kiln: SIGINT: after this step (again to stop now)\n");
+}
+
+// A signal that came while the run made its folders (before remove_on_signal) removes them as
+// they are armed; a stop the run asked for itself (a closed stdout) leaves them.
+TEST_F(StopSignalsFolders, ASignalWhileTheFoldersWereMadeRemovesThem) {
+  DefaultDisposition term(SIGTERM);
+  namespace fs = std::filesystem;
+  fs::create_directories(path("ck"));
+  testing::internal::CaptureStderr();
+  kiln::StopSignals signals(0, 1, {"stopping"});
+  ::raise(SIGTERM);
+  signals.remove_on_signal({path("ck")});
+  testing::internal::GetCapturedStderr();
+  EXPECT_FALSE(fs::exists(path("ck")));
+  EXPECT_TRUE(signals.keep_folders());
+}
+
+TEST_F(StopSignalsFolders, ARequestLeavesThem) {
+  namespace fs = std::filesystem;
+  fs::create_directories(path("ck"));
+  kiln::StopSignals signals(0, 1, {"stopping"});
+  EXPECT_TRUE(signals.request(SIGPIPE));
+  signals.remove_on_signal({path("ck")});
+  EXPECT_TRUE(fs::exists(path("ck")));
+  EXPECT_FALSE(signals.keep_folders());
+}
+
+// A second signal ends the process without waiting for the write in progress: its temporary
+// (here a staging folder's file) is removed first.
+TEST_F(StopSignalsFolders, ASecondSignalRemovesTheTemporaryBeingWritten) {
+  namespace fs = std::filesystem;
+  fs::create_directories(path("staging"));
+  { std::ofstream(path("staging/part.bin")) << "half"; }
+  EXPECT_EXIT(
+      {
+        kiln::track_staging_folder(path("staging"), "");
+        kiln::StopSignals signals(0, 1, {"stopping"});
+        ::raise(SIGTERM);
+        std::this_thread::sleep_for(std::chrono::milliseconds(400));  // past the 0.3 s of one signal sent twice
+        ::raise(SIGTERM);
+        std::_Exit(0);  // not reached
+      },
+      testing::KilledBySignal(SIGTERM), "a second signal");
+  EXPECT_FALSE(fs::exists(path("staging")));
+}
+
+// A stop the run asked for as a signal would (request) is the first signal: a real one later is
+// the second, which ends the process.
+TEST(StopSignalsDeathTest, ASignalAfterARequestOfItsOwnKindIsTheSecond) {
+  EXPECT_EXIT(
+      {
+        kiln::StopSignals signals(0, 1, {"stopping"});
+        signals.request(SIGTERM);
+        std::this_thread::sleep_for(std::chrono::milliseconds(400));  // past the 0.3 s of one signal sent twice
+        ::raise(SIGTERM);
+        std::_Exit(0);  // not reached
+      },
+      testing::KilledBySignal(SIGTERM), "SIGTERM, a second signal");
+}
+
+// end_by_signal ends the process by the signal even where a handler is still installed or the
+// signal is blocked (a section that holds signals).
+TEST(StopSignalsDeathTest, EndBySignalEndsTheProcessByIt) {
+  EXPECT_EXIT(
+      {
+        kiln::StopSignals signals(0, 1, {"stopping"});
+        sigset_t term;
+        sigemptyset(&term);
+        sigaddset(&term, SIGTERM);
+        pthread_sigmask(SIG_BLOCK, &term, nullptr);
+        kiln::end_by_signal(SIGTERM);
+      },
+      testing::KilledBySignal(SIGTERM), "");
 }
 
 }  // namespace
