@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -298,6 +299,53 @@ TEST(Module, ExecutableTrailerRoundTrip) {
   EXPECT_EQ(read_file(exe).size(), elf.size() + add_module(4, 4).size() + 16);
   EXPECT_TRUE(std::filesystem::perms::owner_exec ==
               (std::filesystem::status(exe).permissions() & std::filesystem::perms::owner_exec));
+  std::filesystem::remove_all(dir);
+}
+
+// The trailer's bounds, on hand-made files: a module may fill the file up to its trailer (an empty
+// one too) but not past it; after a 64-bit ELF's own extent, 8 bytes that begin as a module does
+// are a cut executable, while a 32-bit ELF's header is not read as a 64-bit one's.
+TEST(Module, ExecutableTrailerBounds) {
+  auto dir = std::filesystem::temp_directory_path() / ("kiln-trailer-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "f").string();
+  auto write = [&](const std::vector<uint8_t>& b) { write_file_atomic(path, {{b.data(), b.size()}}); };
+  auto with_trailer = [](std::vector<uint8_t> b, uint64_t size) {
+    const auto* p = reinterpret_cast<const uint8_t*>(&size);
+    b.insert(b.end(), p, p + 8);
+    b.insert(b.end(), kEmbeddedMagic, kEmbeddedMagic + 8);
+    return b;
+  };
+  const std::vector<uint8_t> module = {1, 2, 3, 4, 5};
+  write(with_trailer(module, module.size()));
+  ASSERT_TRUE(read_embedded_module(path).has_value());
+  EXPECT_EQ(*read_embedded_module(path), module);
+  write(with_trailer({}, 0));
+  ASSERT_TRUE(read_embedded_module(path).has_value());
+  EXPECT_TRUE(read_embedded_module(path)->empty());
+  write(with_trailer(module, module.size() + 1));
+  try {
+    read_embedded_module(path, "exe");
+    FAIL() << "took a module larger than its file";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("exe: embedded module: size 6 exceeds the file"), std::string::npos) << e.what();
+  }
+  // A 64-byte ELF header whose section headers end at 64 (shoff 64, none of them), then "xxxxKILN".
+  std::vector<uint8_t> elf(64, 0);
+  std::memcpy(elf.data(), "\x7f" "ELF", 4);
+  elf[4] = 2;
+  elf[0x28] = 64;
+  for (char c : std::string("xxxxKILN")) elf.push_back(uint8_t(c));
+  write(elf);
+  try {
+    read_embedded_module(path, "exe");
+    FAIL() << "took a cut module for none";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("exe: 8 bytes of a Kiln module follow the program"), std::string::npos) << e.what();
+  }
+  elf[4] = 1;  // ELFCLASS32: its section header offset is elsewhere
+  write(elf);
+  EXPECT_FALSE(read_embedded_module(path).has_value());
   std::filesystem::remove_all(dir);
 }
 
