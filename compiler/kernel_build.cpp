@@ -18,6 +18,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -296,13 +298,24 @@ std::string compilerIdentity(const std::string& cxx) {
   return cxx + " = " + real.string() + " " + hash;
 }
 
-// The kernel cache's file for this source, compiler and flags ("" with the cache off).
+// The kernel cache's file for this source, compiler and flags ("" with the cache off). The
+// compiler's identity is read once per process (a miss looks the entry up, then compiles into it).
 std::string cachedLibraryPath(const std::string& source) {
   const std::string dir = cacheDir();
   if (dir.empty()) return "";
+  static std::mutex mutex;
+  static std::map<std::string, std::string> identities;  // by hostCompiler()
+  std::string identity;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    const std::string cxx = hostCompiler();
+    auto it = identities.find(cxx);
+    if (it == identities.end()) it = identities.emplace(cxx, compilerIdentity(cxx)).first;
+    identity = it->second;
+  }
   char key[32];
   std::snprintf(key, sizeof key, "%016llx",
-                (unsigned long long)fnv1a(compilerIdentity(hostCompiler()) + "\n" + cpuCompileFlags() + " " + cpuLinkFlags() +
+                (unsigned long long)fnv1a(identity + "\n" + cpuCompileFlags() + " " + cpuLinkFlags() +
                                           "\n" + cpuFlags() + "\n" + withoutCommentLines(source)));
   return dir + "/" + key + ".so";
 }
