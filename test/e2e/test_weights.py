@@ -4,9 +4,10 @@
 The same initial weights are written four ways by this test: Hugging Face safetensors with the
 "transformer." prefix, without it (plus a tied lm_head.weight and the attention-mask buffers
 that Hugging Face files carry, as F32 and again as BOOL), and as an llm.c model file (nn.Linear [out, in] layout,
-vocabulary padded to a multiple of 128). Kiln loads each with --init and saves them again with
---save after one step at lr 0 (AdamW then changes nothing); every saved tensor must equal the
-original bit for bit. An lm_head.weight that differs from wte must be refused.
+vocabulary padded to a multiple of 128); then as BF16 and F16 safetensors and a bf16 llm.c file. Kiln loads
+each with --init and saves them again with --save after one step at lr 0 (AdamW then changes nothing);
+every saved tensor must equal the original (PyTorch's rounding of it, for the half-precision files) bit
+for bit. An lm_head.weight that differs from wte must be refused.
 
 Kiln pads the vocabulary to a multiple of 128 (wte is [Vp, C] inside, logits [N, Vp]); files hold
 the real [V, C]. After a few training steps from a seed, the checkpoint (which stores the padded
@@ -31,11 +32,26 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpt2_reference as ref  # noqa: E402
 
 
-def write_llmc_bin(path, params, cfg, padded_vocab):
-    """llm.c's gpt2 model file, version 3 (fp32)."""
+def write_safetensors_half(path, tensors, dtype):
+    """Every tensor as PyTorch's bfloat16 ("BF16") or float16 ("F16") holds it."""
+    header, blobs, off = {}, [], 0
+    for name, t in tensors.items():
+        b = t.detach().to(dtype).contiguous().view(torch.int16).numpy().astype("<i2").tobytes()
+        header[name] = {"dtype": {torch.bfloat16: "BF16", torch.float16: "F16"}[dtype], "shape": list(t.shape),
+                        "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    text = json.dumps(header).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+def write_llmc_bin(path, params, cfg, padded_vocab, bf16=False):
+    """llm.c's gpt2 model file, version 3 (fp32) or 5 (bf16)."""
     C, L = cfg.n_embd, cfg.n_layer
     header = np.zeros(256, dtype="<i4")
-    header[:8] = [20240326, 3, cfg.block_size, cfg.vocab_size, L, cfg.n_head, C, padded_vocab]
+    header[:8] = [20240326, 5 if bf16 else 3, cfg.block_size, cfg.vocab_size, L, cfg.n_head, C, padded_vocab]
     p = {k.removeprefix("transformer."): v for k, v in params.items()}
     wte = torch.zeros(padded_vocab, C)
     wte[: cfg.vocab_size] = p["wte.weight"]
@@ -54,7 +70,10 @@ def write_llmc_bin(path, params, cfg, padded_vocab):
     with open(path, "wb") as f:
         f.write(header.tobytes())
         for t in chunks:
-            f.write(t.contiguous().to(torch.float32).numpy().astype("<f4").tobytes())
+            if bf16:
+                f.write(t.contiguous().to(torch.bfloat16).view(torch.int16).numpy().astype("<i2").tobytes())
+            else:
+                f.write(t.contiguous().to(torch.float32).numpy().astype("<f4").tobytes())
 
 
 def read_checkpoint(path):
@@ -114,6 +133,16 @@ def main():
     ref.write_safetensors(files["plain+bool masks"], plain)
     files["llm.c bin"] = os.path.join(a.workdir, "model.bin")
     write_llmc_bin(files["llm.c bin"], params, cfg, (cfg.vocab_size + 127) // 128 * 128)
+    # Half-precision files hold the values PyTorch rounds to; Kiln widens them exactly (F16's
+    # subnormals among them: |w| < 6.1e-5 in N(0, 0.02)).
+    rounded = {}
+    for kind, dtype in (("bf16", torch.bfloat16), ("f16", torch.float16)):
+        files[kind] = os.path.join(a.workdir, f"{kind}.safetensors")
+        write_safetensors_half(files[kind], params, dtype)
+        rounded[kind] = {n: t.to(dtype).to(torch.float32) for n, t in params.items()}
+    files["llm.c bin bf16"] = os.path.join(a.workdir, "model-bf16.bin")
+    write_llmc_bin(files["llm.c bin bf16"], params, cfg, (cfg.vocab_size + 127) // 128 * 128, bf16=True)
+    rounded["llm.c bin bf16"] = rounded["bf16"]
 
     failures = 0
     for kind, path in files.items():
@@ -125,7 +154,8 @@ def main():
             failures += 1
             continue
         back = ref.read_safetensors(saved)
-        worst = max(float((back[n] - params[n]).abs().max()) for n in params)
+        want = rounded.get(kind, params)
+        worst = max(float((back[n] - want[n]).abs().max()) for n in params)
         same = set(back) == set(params)
         ok = same and worst == 0.0
         failures += not ok

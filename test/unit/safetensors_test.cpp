@@ -205,6 +205,39 @@ TEST_F(SafetensorsTest, CorruptFilesNameFileAndTensor) {
   }
 }
 
+// Header entries of the wrong JSON type, each refused with what is wrong (not accepted as the
+// nearest value, nor left to the JSON library's exception).
+TEST_F(SafetensorsTest, MistypedHeaderEntriesAreSaid) {
+  struct Case {
+    const char* what;
+    std::string header;
+    size_t data;
+    const char* says;
+  };
+  const std::vector<Case> cases = {
+      {"dtype a number", R"({"w":{"dtype":32,"shape":[2],"data_offsets":[0,8]}})", 8, "dtype is not a string"},
+      {"fractional dim", R"({"w":{"dtype":"F32","shape":[2.0],"data_offsets":[0,8]}})", 8,
+       "shape [2.0] has an entry that is not an integer >= 0"},
+      {"three offsets", R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8,8]}})", 8,
+       "is not [begin, end] with integers >= 0"},
+      {"negative end", R"({"w":{"dtype":"F32","shape":[0],"data_offsets":[0,-1]}})", 0,
+       "is not [begin, end] with integers >= 0"},
+      // Its element count does not fit 64 bits: no byte count matches it, 0 neither.
+      {"shape overflow, no bytes",
+       R"({"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,0]}})", 0,
+       "needs more than 2^64"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    const std::string p = raw("bad.safetensors", c.header, c.data);
+    EXPECT_KILN_ERROR(kiln::read_safetensors(p), p, "tensor 'w'", c.says);
+  }
+  // The NUL's offset is the file's (the header starts after the 8-byte length).
+  const std::string header = std::string(R"({"w":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}})") + '\0';
+  const std::string p = raw("nul.safetensors", header);
+  EXPECT_KILN_ERROR(kiln::read_safetensors(p), "a NUL byte at offset " + std::to_string(8 + header.size() - 1) + " ");
+}
+
 TEST_F(SafetensorsTest, TruncatedFilesNameFile) {
   const std::string tiny = path("tiny.safetensors");
   std::ofstream(tiny, std::ios::binary) << "abcd";
