@@ -462,26 +462,21 @@ TEST(TokenizerDir, EmptyVariableIsUnset) {
 }
 
 TEST_F(TokenizerLoadTest, BadEncoderIds) {
-  write("encoder.json", "{}");
-  std::string msg = load_error();
-  EXPECT_NE(msg.find("encoder.json: expected a JSON object"), std::string::npos) << msg;
-
-  write("encoder.json", "{\"a\": 0, \"b\": 2}");  // one past the last id
-  msg = load_error();
-  EXPECT_NE(msg.find("encoder.json: token \"b\": id 2 is not in [0, 2)"), std::string::npos) << msg;
-
-  write("encoder.json", "{\"a\": 0, \"b\": -1}");
-  msg = load_error();
-  EXPECT_NE(msg.find("encoder.json: token \"b\": id -1 is not in [0, 2)"), std::string::npos) << msg;
-
-  write("encoder.json", "{\"a\": \"0\"}");
-  msg = load_error();
-  EXPECT_NE(msg.find("encoder.json: token \"a\": id \"0\" is not an integer"), std::string::npos) << msg;
-
-  // A DEL in a token's name is written as \x7F.
-  write("encoder.json", "{\"a\\u007f\": 5}");
-  msg = load_error();
-  EXPECT_NE(msg.find("encoder.json: token \"a\\x7F\": id 5 is not in [0, 1)"), std::string::npos) << msg;
+  // {encoder.json, the error it gets}: no tokens; an id one past the last, negative, or not a
+  // number; a DEL in a token's name, written as \x7F.
+  const std::pair<const char*, const char*> cases[] = {
+      {"{}", "encoder.json: expected a JSON object"},
+      {"{\"a\": 0, \"b\": 2}", "encoder.json: token \"b\": id 2 is not in [0, 2)"},
+      {"{\"a\": 0, \"b\": -1}", "encoder.json: token \"b\": id -1 is not in [0, 2)"},
+      {"{\"a\": \"0\"}", "encoder.json: token \"a\": id \"0\" is not an integer"},
+      {"{\"a\\u007f\": 5}", "encoder.json: token \"a\\x7F\": id 5 is not in [0, 1)"},
+  };
+  std::string msg;
+  for (const auto& [json, error] : cases) {
+    write("encoder.json", json);
+    msg = load_error();
+    EXPECT_NE(msg.find(error), std::string::npos) << json << ": " << msg;
+  }
 
   fs::create_directory(dir_ / "encoder.json.d");
   fs::remove(dir_ / "encoder.json");
