@@ -57,6 +57,7 @@ const CLI::Validator kBeta = cli::number<float>([](float v) { return v >= 0 && v
 // CLI11 reads an unsigned option with strtoull in base 0, which takes "-1" as 2^64-1, saturates
 // 2^64 and reads 010 as octal 8: the seed must be plain decimal digits that fit, without leading
 // zeros (as cli::whole's), and an optional '+'.
+const CLI::Validator kTopP = cli::number<double>([](double v) { return v > 0 && v <= 1; }, "in (0, 1]", "(0, 1]");
 const CLI::Validator kSeed(
     [](std::string& s) {
       uint64_t v = 0;
@@ -116,12 +117,19 @@ void add_train_options(CLI::App& train, TrainOptions& o, TrainSampling& sampling
   train.add_option("--keep", o.keep, "checkpoints to keep (0 = all; default 3, or with --resume the number the checkpoint's run kept)")->check(cli::whole(0, INT32_MAX))->needs(checkpoint_dir);
   train.add_flag("--resume", o.resume, "continue from the latest checkpoint in --checkpoint-dir (if any)")->needs(checkpoint_dir);
   CLI::Option* sample_every = train.add_option("--sample-every", o.sample_every,
-                   "print (and log) samples every N steps and at the end (top-k 50, --seed's stream each time; default 0: none)")
+                   "print (and log) samples every N steps and at the end (--seed's stream each time; default 0: none)")
       ->check(cli::whole(0));
   train.add_option("--sample-tokens", o.sample.max_new_tokens, "new tokens per sample")->capture_default_str()
       ->check(cli::whole(1))->needs(sample_every);
   train.add_option("--sample-count", o.sample.num_samples, "samples each time")->capture_default_str()
       ->check(cli::whole(1))->needs(sample_every);
+  // As sample's --top-k, --top-p and --temperature (add_sample_options).
+  train.add_option("--sample-top-k", o.sample.top_k, "sample among the k most likely tokens (0, or k past the vocabulary: all)")
+      ->capture_default_str()->check(cli::whole(0))->needs(sample_every);
+  train.add_option("--sample-top-p", o.sample.top_p, "then among the fewest most likely of those whose probability adds up to at least p (1: no cut)")
+      ->capture_default_str()->check(kTopP)->needs(sample_every);
+  train.add_option("--sample-temperature", o.sample.temperature, "softmax temperature of the samples (logits are divided by it)")
+      ->capture_default_str()->check(kPositiveFinite)->needs(sample_every);
   CLI::Option* sample_prompt = sampling.prompt_opt = train.add_option("--sample-prompt", sampling.prompt,
                    "text the samples continue (GPT-2 BPE; default: <|endoftext|> alone, or the last id in another vocabulary)")
       ->needs(sample_every);
@@ -262,7 +270,7 @@ void add_sample_options(CLI::App& cmd, SampleCommand& c) {
   cmd.add_option("--top-p", c.options.top_p,
                  "then sample among the fewest most likely of those whose probability adds up to at least p "
                  "(nucleus sampling; 1: no cut)")
-      ->capture_default_str()->check(cli::number<double>([](double v) { return v > 0 && v <= 1; }, "in (0, 1]", "(0, 1]"));
+      ->capture_default_str()->check(kTopP);
   cmd.add_option("--num-samples", c.options.num_samples, "continuations to print")->capture_default_str()->check(cli::whole(1));
   cmd.add_option("--seed", c.options.seed, "random seed")->capture_default_str()->check(kSeed);
   cmd.add_option("--temperature", c.options.temperature, "softmax temperature (logits are divided by it: below 1 sharper, toward 0 greedy)")->capture_default_str()->check(kPositiveFinite);
