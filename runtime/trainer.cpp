@@ -1119,7 +1119,7 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
     // The log gets the table too, as one record without "step" (readers of the steps pass it
     // over): its kernels are named as kiln-inspect --json names them, its steps as the log's.
     if (const auto rows = ex.profile_rows(); logging && log_failure.empty() && !rows.empty()) {
-      nlohmann::ordered_json kernels = nlohmann::ordered_json::array();  // (in the README's order)
+      nlohmann::ordered_json kernels = nlohmann::ordered_json::array();  // (in docs/training.md's order)
       for (const auto& [name, t] : rows)
         kernels.push_back({{"kernel", name}, {"total_ms", std::round(t.seconds * 1e6) / 1e3}, {"calls", t.calls},
                            {"flops", std::llround(t.flops)}});
