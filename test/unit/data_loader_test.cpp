@@ -2,6 +2,8 @@
 
 #include <cstdint>
 #include <gtest/gtest.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -363,6 +365,244 @@ TEST_F(DataLoaderTest, BadArguments) {
   EXPECT_KILN_ERROR(kiln::DataLoader(path("a.bin"), 1, 1, 2, 2), "rank 2", "world_size=2");
   EXPECT_KILN_ERROR(kiln::DataLoader(path("a.bin"), 1, 1, 0, 0), "world_size=0");
   EXPECT_KILN_ERROR(kiln::DataLoader(path("a.bin"), int64_t(1) << 40, int64_t(1) << 40), "B*T");
+}
+
+// The exact error a constructor over `pattern` throws ("" when none).
+std::string loader_error(const std::string& pattern, int64_t B, int64_t T, int rank = 0, int world_size = 1) {
+  try {
+    kiln::DataLoader dl(pattern, B, T, rank, world_size);
+  } catch (const kiln::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A file of exactly these bytes.
+std::string write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary) << bytes;
+  return path;
+}
+
+// A header-only file that is not a GPT-2 shard: each foreign header says what it is.
+TEST_F(DataLoaderTest, ForeignFilesSayWhatTheyAre) {
+  const std::string one = write_bytes(path("one.bin"), "\x01");
+  EXPECT_EQ(loader_error(one, 1, 1),
+            one + ": header: file is 1 byte, shorter than the 1024-byte header (not an llm.c token shard)");
+  const std::string text = write_bytes(path("short.txt"), "hello world\n");
+  EXPECT_EQ(loader_error(text, 1, 1),
+            text + ": is text, not an llm.c token shard (kiln-data prepare tokenizes text files into shards)");
+  const std::string long_text = write_bytes(path("long.txt"), std::string(2000, 'a'));
+  EXPECT_EQ(loader_error(long_text, 1, 1),
+            long_text + ": is text, not an llm.c token shard (kiln-data prepare tokenizes text files into shards)");
+  const std::string llama = raw_shard("llama.bin", 20240801, 7, 10, 10);
+  EXPECT_EQ(loader_error(llama, 1, 1),
+            llama + ": header: magic 20240801 is an llm.c Llama 3 shard's (uint32 token ids); Kiln reads GPT-2 "
+                    "shards (magic 20240520, uint16 token ids)");
+  const std::string eval = raw_shard("eval.bin", 20240522, 1, 10, 10);
+  EXPECT_EQ(loader_error(eval, 1, 1),
+            eval + ": header: magic 20240522 is an llm.c evaluation file's (multiple-choice examples such as "
+                   "HellaSwag's), not a token shard's");
+  // A Kiln checkpoint that a --data glob reached (its kind's words are params.cpp's).
+  const std::string ckpt = write_bytes(path("ckpt.bin"), "KILNCKPT" + std::string(2000, '\0'));
+  EXPECT_KILN_ERROR(kiln::DataLoader(ckpt, 1, 1), ckpt + ": is a Kiln checkpoint",
+                    ", not an llm.c token shard (does a --data or --val-data pattern reach further than the shards?)");
+  // Only version 1 is read: an older number is no more known than a newer one.
+  const std::string v0 = raw_shard("v0.bin", 20240520, 0, 10, 10);
+  EXPECT_EQ(loader_error(v0, 1, 1), v0 + ": header: version 0 is not 1 (unsupported llm.c shard version)");
+}
+
+// A file whose size disagrees with its header's count says which way.
+TEST_F(DataLoaderTest, SizeMismatchSaysWhichWay) {
+  const std::string wide = raw_shard("wide.bin", 20240520, 1, 3, 6);  // 3 tokens of 4 bytes
+  EXPECT_EQ(loader_error(wide, 1, 1), wide + ": size: header says 3 tokens, so the file should be 1030 bytes, but it "
+                                             "is 1036 bytes (4 bytes a token: int32 or uint32 ids? llm.c's GPT-2 "
+                                             "shards hold uint16 ones)");
+  const std::string longer = raw_shard("longer.bin", 20240520, 1, 3, 4);
+  EXPECT_EQ(loader_error(longer, 1, 1), longer + ": size: header says 3 tokens, so the file should be 1030 bytes, but "
+                                                 "it is 1032 bytes (bytes past its tokens: something appended, or two "
+                                                 "shards run together?)");
+  const std::string shorter = raw_shard("shorter.bin", 20240520, 1, 3, 2);
+  EXPECT_EQ(loader_error(shorter, 1, 1), shorter + ": size: header says 3 tokens, so the file should be 1030 bytes, "
+                                                   "but it is 1028 bytes (truncated or corrupt)");
+}
+
+// An empty shard (a header and no tokens) is a shard: left out as short beside others, and named so
+// when alone; one of 1 token says "token".
+TEST_F(DataLoaderTest, EmptyAndOneTokenShardsAreShort) {
+  const std::string empty = shard("e_0.bin", {});
+  EXPECT_EQ(loader_error(empty, 1, 1),
+            empty + ": holds 0 tokens, but one batch (B=1 x T=1 x world_size=1, plus 1 target) needs 2");
+  const std::string one = shard("o.bin", {7});
+  EXPECT_EQ(loader_error(one, 2, 3, 1, 2),
+            one + ": holds 1 token, but one batch (B=2 x T=3 x world_size=2, plus 1 target) needs 13");
+  // When every shard is short, the first is named.
+  EXPECT_EQ(loader_error(path("[eo]*.bin"), 2, 3, 1, 2),
+            empty + ": holds 0 tokens, but one batch (B=2 x T=3 x world_size=2, plus 1 target) needs 13");
+  shard("e_1.bin", iota(0, 3));
+  kiln::DataLoader dl(path("e_*.bin"), 1, 2);
+  EXPECT_EQ(dl.files(), std::vector<std::string>{path("e_1.bin")});
+  EXPECT_EQ(dl.all_shard_tokens(), (std::vector<int64_t>{0, 3}));
+}
+
+// The note on short shards names three and counts the rest; ranks are plural past one.
+TEST_F(DataLoaderTest, SkippedNoteNamesThreeAndCountsTheRest) {
+  shard("n_0.bin", iota(0, 1));
+  shard("n_1.bin", iota(0, 2));
+  shard("n_2.bin", iota(0, 3));
+  shard("n_3.bin", iota(0, 4));
+  shard("n_4.bin", iota(0, 5));
+  shard("n_5.bin", iota(0, 9));
+  kiln::DataLoader dl(path("n_*.bin"), 2, 2, 0, 2);  // needs 9
+  EXPECT_EQ(dl.skipped_note(), "5 shards too short for one batch (B=2 x T=2 x 2 ranks, plus 1 target: 9 tokens) left "
+                               "out: " + path("n_0.bin") + " (1 token), " + path("n_1.bin") + " (2 tokens), " +
+                               path("n_2.bin") + " (3 tokens) and 2 more");
+  // The shard after a file, cyclically, and whether it is that file (a checkpoint's file index).
+  using P = std::pair<size_t, bool>;
+  EXPECT_EQ(dl.shard_from_file(4), (P{0, false}));
+  EXPECT_EQ(dl.shard_from_file(5), (P{0, true}));
+  EXPECT_EQ(dl.shard_from_file(6), (P{0, false}));
+  shard("n_6.bin", iota(0, 4));
+  shard("n_7.bin", iota(0, 9));
+  kiln::DataLoader two(path("n_*.bin"), 2, 2, 0, 2);
+  EXPECT_EQ(two.shard_from_file(5), (P{0, true}));
+  EXPECT_EQ(two.shard_from_file(6), (P{1, false}));
+  EXPECT_EQ(two.shard_from_file(7), (P{1, true}));
+  EXPECT_NE(two.skipped_note().find(" and 3 more"), std::string::npos) << two.skipped_note();
+  kiln::DataLoader four(std::vector<std::string>{path("n_0.bin"), path("n_1.bin"), path("n_2.bin"), path("n_3.bin"),
+                                                 path("n_5.bin")}, 2, 2, 0, 2);
+  EXPECT_EQ(four.skipped_note().substr(four.skipped_note().rfind(')')), ") and 1 more");
+  kiln::DataLoader three(std::vector<std::string>{path("n_3.bin"), path("n_5.bin")}, 2, 2);
+  EXPECT_EQ(three.skipped_note(), "1 shard too short for one batch (B=2 x T=2 x 1 rank, plus 1 target: 5 tokens) left "
+                                  "out: " + path("n_3.bin") + " (4 tokens)");
+}
+
+// Errors name the patterns as given, space-separated; and a step of exactly INT32_MAX tokens is
+// still one a shard could hold (its count is an int32), so the shard's own shortness is said.
+TEST_F(DataLoaderTest, BoundsOfTheArguments) {
+  shard("a.bin", iota(0, 10));
+  shard("b.bin", iota(0, 10));
+  EXPECT_EQ(loader_error("", 1, 1), "an empty path names no shard file");
+  try {
+    kiln::DataLoader(std::vector<std::string>{path("a.bin"), path("b.bin")}, 0, 1);
+    ADD_FAILURE() << "no error";
+  } catch (const kiln::Error& e) {
+    EXPECT_EQ(std::string(e.what()), path("a.bin") + " " + path("b.bin") + ": DataLoader: B=0 and T=1 must be positive");
+  }
+  EXPECT_EQ(loader_error(path("a.bin"), INT32_MAX, 1),
+            path("a.bin") + ": holds 10 tokens, but one batch (B=2147483647 x T=1 x world_size=1, plus 1 target) "
+                            "needs 2147483648");
+  EXPECT_EQ(loader_error(path("a.bin"), int64_t(INT32_MAX) + 1, 1),
+            path("a.bin") + ": DataLoader: B*T*world_size is larger than any llm.c shard can hold");
+}
+
+// The folder's hint is a glob inside it, with one '/' whether the path ends in one or not.
+TEST_F(DataLoaderTest, AFolderIsAnsweredWithAGlobInIt) {
+  fs::create_directory(path("d"));
+  EXPECT_EQ(loader_error(path("d"), 1, 1),
+            path("d") + ": is a folder; give its shard files, or a glob such as '" + path("d") + "/train_*.bin'");
+  EXPECT_EQ(loader_error(path("d") + "/", 1, 1),
+            path("d") + "/: is a folder; give its shard files, or a glob such as '" + path("d") + "/train_*.bin'");
+}
+
+// A staging folder left by a kiln-data prepare killed mid-swap (its old/ holds the shards moved
+// aside) makes the shards beside it no data set: refused, by file or glob; without old/ it is no
+// such folder. Pid 999999999 runs nowhere: the prepare is dead.
+TEST_F(DataLoaderTest, ShardsBesideAnInterruptedPrepareAreRefused) {
+  const std::string a = shard("train_0.bin", iota(0, 10));
+  const std::string staging = path(".kiln-data-prepare.tmp.999999999");
+  fs::create_directory(staging);
+  EXPECT_NO_THROW(kiln::DataLoader(a, 1, 1));  // no old/: not mid-swap
+  fs::create_directory(staging + "/old");
+  const std::string said = staging + " was left by a kiln-data prepare killed while it swapped shards in, so the "
+                           "shards beside it are not one data set: run that prepare again with --out " +
+                           dir_.string() + " (it first finishes or undoes that swap)";
+  EXPECT_EQ(loader_error(a, 1, 1), a + ": " + said);
+  EXPECT_EQ(loader_error(path("train_*.bin"), 1, 1), path("train_*.bin") + ": " + said);
+  EXPECT_EQ(loader_error(path("val_*.bin"), 1, 1),
+            path("val_*.bin") + ": no file matches this path or pattern; but " + staging + " holds the shards of a "
+            "kiln-data prepare killed while it swapped them in: run that prepare again with --out " + dir_.string() +
+            " (it first finishes or undoes that swap)");
+  // A glob in the folder's part names no one folder to look in: not "[g]", even where one is so named.
+  fs::create_directories(path("[g]/.kiln-data-prepare.tmp.999999999/old"));
+  EXPECT_EQ(loader_error(path("[g]/val_*.bin"), 1, 1), path("[g]/val_*.bin") + ": no file matches this path or pattern");
+  // Relative to the working folder, that folder is ".".
+  const fs::path cwd = fs::current_path();
+  fs::current_path(dir_);
+  const std::string here = loader_error("train_0.bin", 1, 1);
+  fs::current_path(cwd);
+  EXPECT_EQ(here, "train_0.bin: ./.kiln-data-prepare.tmp.999999999 was left by a kiln-data prepare killed while it "
+                  "swapped shards in, so the shards beside it are not one data set: run that prepare again with "
+                  "--out . (it first finishes or undoes that swap)");
+  EXPECT_TRUE(kiln::is_orphaned_prepare_staging(".kiln-data-prepare.999999999"));  // (before "tmp." was named)
+  EXPECT_FALSE(kiln::is_orphaned_prepare_staging(".kiln-data-prepare.tmp." + std::to_string(::getpid())));
+}
+
+TEST_F(DataLoaderTest, ReadShardTokensAndMagicProbe) {
+  const std::string p = shard("r.bin", iota(100, 10));
+  std::vector<uint16_t> got(4);
+  kiln::read_shard_tokens(p, 3, 4, got.data());
+  EXPECT_EQ(got, iota(103, 4));
+  EXPECT_TRUE(kiln::starts_like_token_shard(p));
+  EXPECT_FALSE(kiln::starts_like_token_shard(raw_shard("llama.bin", 20240801, 7, 1, 1)));
+  EXPECT_FALSE(kiln::starts_like_token_shard(write_bytes(path("three.bin"), std::string("\xa8\xd6\x34", 3))));
+  EXPECT_FALSE(kiln::starts_like_token_shard(path("missing.bin")));
+}
+
+// A shard rewritten in place (same inode, same size, the same second) is noticed by its
+// nanoseconds, said once by rank 0 only, and its count follows.
+TEST_F(DataLoaderTest, AShardRewrittenInPlaceIsSaidByRankZero) {
+  shard("z_0.bin", iota(0, 9));
+  const std::string z1 = shard("z_1.bin", iota(100, 9));
+  const auto set_mtime = [&](long ns) {
+    const timespec t[2] = {{1700000000, ns}, {1700000000, ns}};
+    ASSERT_EQ(::utimensat(AT_FDCWD, z1.c_str(), t, 0), 0);
+  };
+  set_mtime(100);
+  kiln::DataLoader r0(path("z_*.bin"), 1, 4, 0, 2), r1(path("z_*.bin"), 1, 4, 1, 2);
+  {
+    std::fstream f(z1, std::ios::in | std::ios::out | std::ios::binary);  // in place: the inode stays
+    f.seekp(1024);
+    const uint16_t t = 777;
+    f.write(reinterpret_cast<const char*>(&t), 2);
+  }
+  set_mtime(200);
+  step(r0, 4), step(r1, 4);
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(step(r0, 4).first, (std::vector<int32_t>{777, 101, 102, 103}));
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(),
+            "kiln: warning: " + z1 + " was replaced or rewritten while the run read its shards (9 tokens, as before); "
+            "it is read as it is now\n");
+  ::testing::internal::CaptureStderr();
+  step(r1, 4);
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+  // Replaced by a longer one: the counts follow.
+  shard("z_0.bin", iota(0, 17));
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(step(r0, 4).first, iota32(0, 4));
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(),
+            "kiln: warning: " + path("z_0.bin") + " was replaced or rewritten while the run read its shards (17 "
+            "tokens, 9 before); it is read as it is now\n");
+  EXPECT_EQ(r0.shard_tokens(), (std::vector<int64_t>{17, 9}));
+  EXPECT_EQ(r0.all_shard_tokens(), (std::vector<int64_t>{17, 9}));
+}
+
+// One shard wraps onto itself without reading its file again; shards_ahead(0) is none even when
+// the next call moves on; a seek may land on the last position a step fits.
+TEST_F(DataLoaderTest, EdgesOfWrappingAndSeeking) {
+  const std::string p = shard("only.bin", iota(0, 10));
+  kiln::DataLoader dl(p, 1, 4);
+  step(dl, 4), step(dl, 4);
+  fs::remove(p);
+  EXPECT_EQ(step(dl, 4).first, iota32(0, 4));
+  shard("q_0.bin", iota(0, 9));
+  shard("q_1.bin", iota(50, 9));
+  kiln::DataLoader q(path("q_*.bin"), 1, 4);
+  step(q, 4), step(q, 4);
+  EXPECT_EQ(q.shard(), 1u);  // q_0 used up: the next call reads q_1
+  EXPECT_EQ(q.shards_ahead(0), (std::vector<std::pair<size_t, int64_t>>{}));
+  q.seek(1, 4);  // 4 + 4 + 1 = 9: the last position that fits
+  EXPECT_EQ(step(q, 4).first, iota32(54, 4));
+  EXPECT_KILN_ERROR(q.seek(1, 5), "position 5 leaves no room for one step of 5 tokens in 9 tokens");
 }
 
 }  // namespace
