@@ -297,6 +297,16 @@ Spec decode_spec() {
   return s;
 }
 
+// decode reads one token per row: B of them.
+TEST(ModuleVerify, DecodeTokenPerRow) {
+  Spec s = decode_spec();
+  s.B = 2;
+  s.bufs[3].shape = {2, 2, 1, 8, 4};
+  EXPECT_EQ(error_of(s), "m.kiln: buffers[1] 'token': holds 1 I32, not 2 I32");
+  s.bufs[1].shape = {2};
+  EXPECT_EQ(error_of(s), "");
+}
+
 TEST(ModuleVerify, KeyValueCacheIsItsDecodeAttentionsOwn) {
   Spec s = decode_spec();
   EXPECT_EQ(error_of(s), "");
@@ -309,13 +319,20 @@ TEST(ModuleVerify, KeyValueCacheIsItsDecodeAttentionsOwn) {
 }
 
 // A prefill program fills the caches decode reads: one with none fills nothing.
+// M = T positions a call are the most it may read (those below T).
 TEST(ModuleVerify, PrefillWithoutCaches) {
-  Spec s;
-  for (const char* name : {"prefill_tokens", "prefill_positions", "position"})
-    s.bufs.push_back({name, K::Input, D::I32, {1}});
-  s.progs[0].name = "prefill";
-  EXPECT_EQ(error_of(s), "m.kiln: program prefill: its 0 key/value caches are not the ones program decode reads (0 "
-                         "caches, at the same offsets: plan both with kiln-plan-buffers)");
+  const std::string no_caches = "m.kiln: program prefill: its 0 key/value caches are not the ones program decode reads "
+                                "(0 caches, at the same offsets: plan both with kiln-plan-buffers)";
+  for (int64_t M : {1, 8, 9}) {
+    Spec s;
+    s.bufs.push_back({"prefill_tokens", K::Input, D::I32, {1, M}});
+    s.bufs.push_back({"prefill_positions", K::Input, D::I32, {M}});
+    s.bufs.push_back({"position", K::Input, D::I32, {1}});
+    s.progs[0].name = "prefill";
+    EXPECT_EQ(error_of(s), M <= 8 ? no_caches
+                                  : "m.kiln: program prefill: reads 9 tokens at 9 positions: it needs B x M tokens at M "
+                                    "positions, 1 <= M <= T = 8");
+  }
 }
 
 TEST(ModuleVerify, BytesAfterTheTables) {
