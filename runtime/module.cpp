@@ -559,9 +559,6 @@ void Module::verify(size_t tables_end) const {
       bad("program " + name, "its " + std::to_string(filled.size()) + " key/value caches are not the ones program decode reads (" +
                                  std::to_string(read.size()) + " caches, at the same offsets: plan both with kiln-plan-buffers)");
   }
-  for (const fb::Parameter* p : *fb_->parameters())
-    if (p->name()->str() == "wte.weight" && (p->shape()->size() != 2 || p->shape()->Get(0) < V))
-      bad("parameter wte.weight", "has fewer rows than the model's vocabulary of " + std::to_string(V));
 }
 
 }  // namespace kiln
