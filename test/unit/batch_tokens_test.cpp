@@ -87,6 +87,69 @@ TEST_F(BatchTokensTest, ShardsAheadAreScannedAsFarAsTheRunReads) {
   EXPECT_EQ(s[0].tokens, 41);
 }
 
+// Of the shard held now, only the positions the remaining calls read: none when no call is left;
+// from the position on, and the bad token named at its own position; the shard's start only when
+// a call comes back to it; never its tail, which no call reads.
+TEST_F(BatchTokensTest, TheResidentCheckReadsOnlyWhatTheCallsRead) {
+  std::vector<uint16_t> t(23, 5);  // 5 calls read [0, 20]: positions 21 and 22 are never read
+  t[0] = 600;
+  t[8] = 601;  // the position the next call starts at
+  t[22] = 602;
+  shard("a.bin", t);
+  kiln::DataLoader d(path("a.bin"), 1, 4);
+  std::vector<int32_t> x(4), y(4);
+  d.next(x.data(), y.data());
+  d.next(x.data(), y.data());
+  ASSERT_EQ(d.position(), 8);
+  EXPECT_EQ(resident_error(d, 0), "");
+  EXPECT_NE(resident_error(d, 1).find("a.bin: token 601 at position 8 is not below"), std::string::npos)
+      << resident_error(d, 1);
+  t[8] = 5;
+  shard("b.bin", t);
+  kiln::DataLoader e(path("b.bin"), 1, 4);
+  e.next(x.data(), y.data());
+  e.next(x.data(), y.data());
+  // Three calls end this pass at position 20; position 0 is read by the fourth.
+  EXPECT_EQ(resident_error(e, 3), "");
+  EXPECT_NE(resident_error(e, 4).find("b.bin: token 600 at position 0 is not below"), std::string::npos)
+      << resident_error(e, 4);
+  // Many passes over the shard still never read its tail.
+  t[0] = 5;
+  shard("c.bin", t);
+  kiln::DataLoader f(path("c.bin"), 1, 4);
+  EXPECT_EQ(resident_error(f, 1000), "");
+}
+
+// A shard the next call leaves (its last call done) is checked only once the run comes back to it.
+TEST_F(BatchTokensTest, AShardTheNextCallLeavesIsCheckedFromItsStartOnly) {
+  std::vector<uint16_t> t(21, 5);
+  t[1] = 600;
+  shard("d_000.bin", t);
+  shard("d_001.bin", std::vector<uint16_t>(21, 5));
+  kiln::DataLoader d(path("d_*.bin"), 1, 4);
+  std::vector<int32_t> x(4), y(4);
+  for (int k = 0; k < 5; ++k) d.next(x.data(), y.data());
+  ASSERT_EQ(d.resident_shard(), 0u);
+  ASSERT_EQ(d.shard(), 1u);
+  EXPECT_EQ(resident_error(d, 5), "");  // d_001's 5 calls
+  EXPECT_NE(resident_error(d, 6).find("d_000.bin: token 600 at position 1 is not below"), std::string::npos)
+      << resident_error(d, 6);
+}
+
+// Validation shards come first, scanned as far as an evaluation's calls read them.
+TEST_F(BatchTokensTest, ValidationShardsAreScannedAsFarAsAnEvaluationReads) {
+  shard("d_000.bin", std::vector<uint16_t>(21, 5));
+  shard("v_000.bin", std::vector<uint16_t>(21, 5));  // 5 calls
+  shard("v_001.bin", std::vector<uint16_t>(41, 5));  // first read by call 5
+  kiln::DataLoader d(path("d_000.bin"), 1, 4), v(path("v_*.bin"), 1, 4);
+  std::vector<kiln::TokenScan::Shard> s = kiln::shards_to_scan(d, 0, 1, 1, &v, 6);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0].path, path("v_001.bin"));
+  EXPECT_EQ(s[0].tokens, 5);  // one call: [0, 4]
+  EXPECT_EQ(s[0].reader(3), "each evaluation (--val-data)");
+  EXPECT_TRUE(kiln::shards_to_scan(d, 0, 1, 1, &v, 5).empty());
+}
+
 TEST(MicroStepsLeft, CountsFromTheFirstStepAndSaturates) {
   EXPECT_EQ(kiln::micro_steps_left(10, 3, 2), 14);
   EXPECT_EQ(kiln::micro_steps_left(10, 10, 4), 0);
