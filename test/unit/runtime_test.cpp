@@ -369,6 +369,18 @@ TEST(LrSchedule, WarmupCosineAndFloor) {
   EXPECT_NEAR(learning_rate(cold, 5), 1e-4 + 0.5 * 9e-4, 1e-18);  // r = 1/2
 }
 
+// A warm-up as long as the run (S - W = 0, where the spec's r would be 0/0): the full lr at step
+// W = S, not NaN, then min_lr; a warm-up longer than the run goes on to its end.
+TEST(LrSchedule, WarmupAsLongAsTheRun) {
+  LrSchedule s{"cosine", 1e-3, 0.1, 5, 5};
+  EXPECT_DOUBLE_EQ(learning_rate(s, 4), 1e-3);
+  EXPECT_EQ(learning_rate(s, 5), 1e-3);                   // r = 0
+  EXPECT_EQ(learning_rate(s, 6), 1e-3 * 0.1);             // past S
+  LrSchedule longer{"cosine", 1e-3, 0.1, 8, 5};
+  EXPECT_DOUBLE_EQ(learning_rate(longer, 6), 8.75e-4);    // still warming up past S: 7 / 8
+  EXPECT_EQ(learning_rate(longer, 8), 1e-3 * 0.1);
+}
+
 // Messages keep UTF-8 text and escape what could break the line or drive a terminal.
 TEST(OneLine, EscapesControlsAndBytesThatAreNotUtf8) {
   EXPECT_EQ(one_line("plain: caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80"), "plain: caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80");
