@@ -8,15 +8,19 @@
 
 #include <cstdlib>
 #include <functional>
+#include <memory>
+#include <regex>
 #include <thread>
 
 #include "runtime/comm/communicator.h"
 #include "runtime/comm/tcp_communicator.h"
+#include "runtime/data_loader.h"
 #include "runtime/data_parallel.h"
 #include "runtime/error.h"
 #include "runtime/executor.h"
 #include "runtime/rank_agreement.h"
 #include "test/unit/param_module.h"
+#include "test/unit/temp_dir_fixture.h"
 
 namespace kiln {
 namespace {
@@ -222,6 +226,144 @@ TEST(RankAgreement, FingerprintReadsEveryByteAndTheHashBefore) {
     }
   }
   EXPECT_EQ(fingerprint(nullptr, 0, 42), 42u);
+}
+
+// Every rank learns how many differ about the first thing any differs about, so all stop alike;
+// only those that differ say they are among them.
+TEST(RankAgreement, EveryRankStopsNamingTheFirstDifferenceAndItsCount) {
+  const std::vector<std::string> what = {"a", "b", "c"};
+  const auto errors = on_tcp_ranks(3, [&](int r, Communicator& comm) {
+    require_ranks_agree(comm, {false, false, false}, what, "x");  // all agree: nobody stops
+    require_ranks_agree(comm, {false, r == 2, r >= 1}, what, "x");
+  });
+  const std::string b = "x: 1 rank(s) disagree with rank 0 about b", end = "; every rank must run the same command";
+  EXPECT_EQ(errors, std::vector<std::string>({b + end, b + end, b + ", this one among them" + end}));
+  const auto two = on_tcp_ranks(3, [&](int r, Communicator& comm) {
+    require_ranks_agree(comm, {false, false, r >= 1}, what, "x");
+  });
+  EXPECT_EQ(two[0], "x: 2 rank(s) disagree with rank 0 about c" + end);
+  EXPECT_EQ(two[2], "x: 2 rank(s) disagree with rank 0 about c, this one among them" + end);
+}
+
+// check_ranks_agree on 2 in-process ranks, each set up by `per_rank` (options, data, weights),
+// for what test_ranks.py's processes do not reach.
+class CheckRanksAgree : public kiln::testing::TempDirTest {
+ protected:
+  struct Rank {
+    TrainOptions o;
+    int64_t total = 64, first_step = 0, val_steps = 10;
+    std::vector<std::string> data, val;
+    bool compiled_buckets = false;
+    std::function<void(const Module&, Executor&)> weights = [](const Module&, Executor&) {};
+  };
+
+  std::string shard(const std::string& name, std::vector<uint16_t> tokens) {
+    write_token_shard(path(name), tokens);
+    return path(name);
+  }
+  static std::vector<uint16_t> tokens(size_t n, uint16_t last = 0) {
+    std::vector<uint16_t> t(n);
+    for (size_t i = 0; i < n; ++i) t[i] = uint16_t(i % 50);
+    if (last) t.back() = last;
+    return t;
+  }
+
+  std::vector<std::string> run(const std::function<void(int, Rank&)>& per_rank) {
+    const Module m = Module::from_bytes(testing::param_module(), "agree.kiln");
+    const std::string a = shard("a.bin", tokens(32));
+    return on_tcp_ranks(2, [&](int r, Communicator& comm) {
+      Rank k;
+      k.data = {a};
+      per_rank(r, k);
+      Executor ex(m);
+      for (const fb::Parameter* p : *m.fb().parameters())  // the same weights on both ranks ...
+        for (int64_t i = 0; i < numel(m.buffer(p->value())); ++i) ex.f32(p->value())[i] = 0.25f * float(i % 5);
+      k.weights(m, ex);                                      // ... unless a rank changes them
+      DataLoader data(k.data, 1, 4, r, 2);
+      std::unique_ptr<DataLoader> val;
+      if (!k.val.empty()) val = std::make_unique<DataLoader>(k.val, 1, 4, r, 2);
+      check_ranks_agree(comm, m, k.o, k.total, k.first_step, ex, data, val.get(), k.val_steps, k.compiled_buckets);
+    });
+  }
+  // Rank 0's and rank 1's messages when rank 1 alone differs about `about`.
+  static std::vector<std::string> refused(const std::string& about, const std::string& about_at_1) {
+    const std::string head = "data parallel: 1 rank(s) disagree with rank 0 about ";
+    const std::string end = "; every rank must run the same command";
+    return {head + about + end, head + about_at_1 + ", this one among them" + end};
+  }
+};
+
+// The options test_ranks.py does not vary, each named with rank 0's value and rank 1's own; a
+// float in as many digits as read back (17 here).
+TEST_F(CheckRanksAgree, NamesEveryOptionThatDiffers) {
+  const auto errors = run([](int r, Rank& k) {
+    if (r == 0) return;
+    k.first_step = 3, k.total = 128, k.o.bucket_mb = 50, k.o.val_data = {"v.bin"}, k.o.val_steps = 20;
+    k.o.dump_grads = "g.safetensors", k.o.resume = true, k.o.schedule.min_lr_ratio = 0.1 + 0.2;
+    k.o.checkpoint_dir = "ck";
+  });
+  const std::string mine =
+      "the step resumed at (rank 0: 0, this one: 3), --total-batch (tokens per step) (rank 0: 64, this one: 128), "
+      "--bucket-mb (rank 0: 25, this one: 50), --min-lr-ratio (rank 0: 0.1, this one: 0.30000000000000004), "
+      "--val-data (rank 0: not given, this one: given), --val-steps (rank 0: 10, this one: 20), "
+      "--dump-grads (rank 0: not given, this one: given), --checkpoint-dir (rank 0: not given, this one: given), "
+      "--resume (rank 0: not given, this one: given)";
+  const std::string root = std::regex_replace(mine, std::regex(", this one: [^)]*"), "");
+  EXPECT_EQ(errors, refused("the training options: " + root, "the training options: " + mine));
+}
+
+// --bucket-mb places the buckets only where the module compiled none: there it may differ.
+TEST_F(CheckRanksAgree, BucketMbOfCompiledBucketsIsNotCompared) {
+  EXPECT_EQ(run([](int r, Rank& k) { k.compiled_buckets = true, k.o.bucket_mb = r ? 50 : 25; }),
+            std::vector<std::string>(2));
+}
+
+// Every element of every parameter counts (the first parameter's last one here): at start, and
+// from checkpoints when resumed.
+TEST_F(CheckRanksAgree, WeightsDifferingInOneElement) {
+  auto last_of_first = [](int r, Rank& k) {
+    if (r == 1)
+      k.weights = [](const Module& m, Executor& ex) {
+        const fb::Parameter* p = m.fb().parameters()->Get(0);
+        ex.f32(p->value())[numel(m.buffer(p->value())) - 1] += 1;
+      };
+  };
+  const std::string start = "the initial weights (a different --seed, or --init files that differ)";
+  EXPECT_EQ(run(last_of_first), refused(start, start));
+  const std::string resumed =
+      "the weights resumed (checkpoints that differ: a --checkpoint-dir that is not the same folder on every rank?)";
+  EXPECT_EQ(run([&](int r, Rank& k) { last_of_first(r, k), k.first_step = 1; }), refused(resumed, resumed));
+}
+
+// The data: shards of other sizes (the one read being the same), or the one read differing in
+// its last token; the same shards at other paths agree.
+TEST_F(CheckRanksAgree, DataOfOtherSizesOrTokens) {
+  const std::string b = shard("b.bin", tokens(40)), c = shard("c.bin", tokens(48)), a2 = shard("a2.bin", tokens(32, 7));
+  const std::string same = shard("same.bin", tokens(32));
+  const std::string data = "the training data (--data: other shards, or shards of other sizes)";
+  EXPECT_EQ(run([&](int r, Rank& k) { k.data.push_back(r ? c : b); }), refused(data, data));
+  EXPECT_EQ(run([&](int r, Rank& k) { k.data = {r ? a2 : path("a.bin")}; }), refused(data, data));
+  EXPECT_EQ(run([&](int r, Rank& k) { k.data = {r ? same : path("a.bin")}; }), std::vector<std::string>(2));
+  // Validation data alike, and the batches each evaluation reads of it.
+  const std::string val = "the validation data (--val-data: other shards, or shards of other sizes)";
+  EXPECT_EQ(run([&](int r, Rank& k) { k.val = {r ? a2 : same}; }), refused(val, val));
+  EXPECT_EQ(run([&](int r, Rank& k) { k.val = {same}, k.val_steps = r ? 3 : 4; }), refused(val, val));
+}
+
+// Rank 0 alone writes --save and --log and prints samples: it may have them alone, but another
+// rank given one it lacks would be dropped without a word (--log here: test_ranks.py tries the others).
+TEST_F(CheckRanksAgree, OutputsOnlyRankZeroLacks) {
+  EXPECT_EQ(run([](int r, Rank& k) {
+              if (r == 0) k.o.save = "w.safetensors", k.o.log = "l.jsonl", k.o.sample_every = 2;
+            }),
+            std::vector<std::string>(2));
+  const std::string out = "the outputs (--save, --log or --sample-every, which rank 0 alone writes or prints, given to "
+                          "another rank but not to it)";
+  EXPECT_EQ(run([](int r, Rank& k) {
+              k.o.save = "w.safetensors";
+              if (r == 1) k.o.log = "l.jsonl";
+            }),
+            refused(out, out));
 }
 
 TEST(DataParallel, BucketsRunFromTheLastParameterAndCoverEveryElementOnce) {
