@@ -187,6 +187,23 @@ TEST(Module, DecodeAttentionKeepsItsCacheBetweenRuns) {
   EXPECT_NEAR(out[1], w0 * 2.0 + w1 * 5.0, 1e-6);
 }
 
+// A position past the cache's S would write its key and value past the buffer.
+TEST(Module, DecodeAttentionRefusesAPositionOutsideItsCache) {
+  Module m = Module::from_bytes(decode_module(fb::BufferKind::Activation, 16), "decode.kiln");
+  Executor ex(m);
+  for (int p : {4, -1}) {
+    *ex.input("position") = p;
+    try {
+      ex.run("decode");
+      FAIL() << "expected an error for position " << p;
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()), "decode attention: position " + std::to_string(p) + " is not in [0, 4)");
+    }
+  }
+  *ex.input("position") = 3;
+  ex.run("decode");
+}
+
 TEST(Module, RefusesAKeyValueCacheThatIsNotItsOwnActivation) {
   for (auto [kind, elems, what] : {std::tuple{fb::BufferKind::Input, int64_t(16), "must be an F32 activation"},
                                    std::tuple{fb::BufferKind::Activation, int64_t(8), "must be an F32 activation"}}) {
