@@ -782,7 +782,7 @@ void Executor::run_kernel(const fb::Instr& ins, const flatbuffers::Vector<int64_
     case O::Attention: cpu::attention_fwd(out(0), out(1), in(0), v[0], v[1], v[2], v[3]); break;
     case O::DecodeAttention: {  // B, C, H, S, M; the cache (fp32 by Module::verify) is written in place
       const int64_t p = *iin(2);
-      if (p < 0 || p >= v[3]) throw Error("decode attention: position " + std::to_string(p) + " is not in [0, " + std::to_string(v[3]) + ")");
+      if (p < 0 || p >= v[3]) throw Error(module_.source() + ": decode attention: position " + std::to_string(p) + " is not in [0, " + std::to_string(v[3]) + ")");
       cpu::decode_attention(out(0), in(1), in(0), p, v[0], v[1], v[2], v[3], v[4]);
       break;
     }

@@ -197,7 +197,7 @@ TEST(Module, DecodeAttentionRefusesAPositionOutsideItsCache) {
       ex.run("decode");
       FAIL() << "expected an error for position " << p;
     } catch (const Error& e) {
-      EXPECT_EQ(std::string(e.what()), "decode attention: position " + std::to_string(p) + " is not in [0, 4)");
+      EXPECT_EQ(std::string(e.what()), "decode.kiln: decode attention: position " + std::to_string(p) + " is not in [0, 4)");
     }
   }
   *ex.input("position") = 3;
