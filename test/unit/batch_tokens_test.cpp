@@ -7,6 +7,8 @@
 
 #include "runtime/data_loader.h"
 #include "runtime/error.h"
+#include "runtime/executor.h"
+#include "test/unit/module_builder.h"
 #include "test/unit/temp_dir_fixture.h"
 
 namespace {
@@ -148,6 +150,44 @@ TEST_F(BatchTokensTest, ValidationShardsAreScannedAsFarAsAnEvaluationReads) {
   EXPECT_EQ(s[0].tokens, 5);  // one call: [0, 4]
   EXPECT_EQ(s[0].reader(3), "each evaluation (--val-data)");
   EXPECT_TRUE(kiln::shards_to_scan(d, 0, 1, 1, &v, 5).empty());
+}
+
+// next_batch: the batch in the executor's idx and targets (the test module's B = 1, T = 8), and an
+// id the model has no embedding for (vocabulary 8 here) named with its shard and position: an
+// input at its own position, a target at the next one, each rank's from where its batch starts.
+TEST_F(BatchTokensTest, NextBatchNamesAnIdOutsideTheVocabulary) {
+  using namespace kiln::testing;
+  const auto I32 = kiln::fb::DType::I32;
+  kiln::Module m = kiln::Module::from_bytes(
+      build({{"idx", K::Input, I32, {1, 8}}, {"targets", K::Input, I32, {1, 8}}, {"a", K::Input, kiln::fb::DType::F32, {8}},
+             {"out", K::Activation, kiln::fb::DType::F32, {8}}},
+            {{"forward", {{O::Add, {2, 2}, {3}, {8}}}, 3}}),  // (a program the executor can load)
+      "ids.kiln");
+  kiln::Executor ex(m);
+  auto error = [&](std::vector<uint16_t> tokens, int rank = 0) {
+    tokens.resize(9 + 8 * size_t(rank), 1);
+    shard("s.bin", tokens);
+    kiln::DataLoader d(path("s.bin"), 1, 8, rank, rank + 1);
+    try {
+      kiln::next_batch(ex, d, 8, 8);
+    } catch (const kiln::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  auto said = [&](int token, int position) {
+    return path("s.bin") + ": token " + std::to_string(token) + " at position " + std::to_string(position) +
+           " is not below the model's vocabulary size 8 (data for another tokenizer?)";
+  };
+  EXPECT_EQ(error({1, 2, 3, 4, 5, 6, 7, 0, 7}), "");
+  EXPECT_EQ(std::vector<int32_t>(ex.input("idx"), ex.input("idx") + 8), (std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 0}));
+  EXPECT_EQ(std::vector<int32_t>(ex.input("targets"), ex.input("targets") + 8), (std::vector<int32_t>{2, 3, 4, 5, 6, 7, 0, 7}));
+  EXPECT_EQ(error({8}), said(8, 0));                          // the first input; 8 is the first id past
+  EXPECT_EQ(error({1, 2, 3, 4, 5, 6, 7, 0, 9}), said(9, 8));  // the last target only
+  EXPECT_EQ(error({1, 2, 9}), said(9, 2));                    // an input (and the target before it)
+  EXPECT_EQ(error({9, 10}), said(9, 0));                      // input and target both: the input first
+  // Rank 1 of 2 reads [8, 16]; its first token's position is 8 + 0.
+  EXPECT_EQ(error({0, 0, 0, 0, 0, 0, 0, 0, 12}, 1), said(12, 8));
 }
 
 TEST(MicroStepsLeft, CountsFromTheFirstStepAndSaturates) {
