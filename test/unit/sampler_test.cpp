@@ -1,11 +1,17 @@
-// plan_prefill: the calls that read a prompt into the key/value caches. pick_token: one draw of
-// top-k sampling, whose frequencies must follow the softmax.
+// plan_prefill: the calls that read a prompt into the key/value caches, at prefill_cost's prices.
+// pick_token: one draw of top-k (and top-p) sampling, whose frequencies must follow the softmax.
+// check_sample_size and sample_string: the sampler's bounds and its text of ids.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <limits>
 
+#include "runtime/error.h"
 #include "runtime/sampler.h"
+#include "test/unit/param_module.h"
 
 namespace {
 using Plan = std::vector<size_t>;
@@ -55,6 +61,87 @@ TEST(PlanPrefill, OneProgramIsUsedOnceItsPriceIsMet) {
   EXPECT_EQ(kiln::plan_prefill(89, p), Plan{0});
   EXPECT_EQ(kiln::plan_prefill(90, p), (Plan{0, 0}));
   EXPECT_EQ(kiln::plan_prefill(1000, {}), Plan{});
+}
+
+// Listed smaller first: a tie still goes to the call of fewer positions.
+TEST(PlanPrefill, EqualPricesFavourTheSmallerCallInEitherOrder) {
+  const std::vector<std::pair<int64_t, int64_t>> p = {{16, 2}, {64, 2}};
+  EXPECT_EQ(kiln::plan_prefill(2, p), Plan{0});
+  EXPECT_EQ(kiln::plan_prefill(17, p), Plan{1});
+}
+
+// A prefill call's price in @decode calls: its FLOPs (2 B M a position's layer weights, the
+// embeddings aside) over what a @decode call reads (every weight but wpe's one row: 4 bytes each,
+// 2 for a bf16 compute copy) times the device's FLOPs per byte (a CPU: 10, 20 in bf16), rounded
+// up and kept in [2, M]. param_module's parameters: wte [16, 4] (64 values), c_attn [4, 12] (48),
+// ln_f [4] (4).
+TEST(PrefillCost, FlopsOverTheBytesADecodeCallReads) {
+  using kiln::testing::ModelSpec;
+  auto cost = [](const ModelSpec& spec, int64_t M) {
+    return kiln::prefill_cost(kiln::Module::from_bytes(kiln::testing::param_module(spec), "p.kiln"), M);
+  };
+  ModelSpec fp32;
+  EXPECT_EQ(cost(fp32, 1000), 23);  // 2 * 1000 * 52 / (116 * 4 * 10) = 22.4
+  EXPECT_EQ(cost(fp32, 10), 2);     // 0.22: at least 2
+  ModelSpec bf16;
+  bf16.precision = "bf16";
+  bf16.compute_copy = true;         // wte's: 2 bytes a value
+  EXPECT_EQ(cost(bf16, 1000), 16);  // 104000 / ((64 * 2 + 52 * 4) * 20) = 15.5
+  ModelSpec wide;
+  wide.batch_size = 1000;
+  EXPECT_EQ(cost(wide, 3), 3);      // 67: at most M
+}
+
+// The sampler keeps at most 2^31 tokens (the samples' prompts and new tokens), and says how many
+// were asked for.
+TEST(CheckSampleSize, AtMost2To31Tokens) {
+  auto error = [](int64_t prompt, int64_t new_tokens, int64_t samples) {
+    kiln::SampleOptions o;
+    o.max_new_tokens = new_tokens;
+    o.num_samples = samples;
+    try {
+      kiln::check_sample_size(prompt, o, "sample: ");
+    } catch (const kiln::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(error(1, (int64_t(1) << 31), 1),
+            "sample: 1 sample of 1 + 2147483648 tokens are more than the 2^31 tokens the sampler keeps");
+  EXPECT_EQ(error(1, (int64_t(1) << 30), 2),
+            "sample: 2 samples of 1 + 1073741824 tokens are more than the 2^31 tokens the sampler keeps");
+  // Exactly 2^31 is not refused for its count (8 GiB of ids: a small machine may refuse it for memory).
+  EXPECT_EQ(error(1, (int64_t(1) << 30) - 1, 2).find("2^31"), std::string::npos);
+  EXPECT_EQ(error(5, 64, 3), "");
+}
+
+// Samples that would take more than half the memory the process may use (here ulimit -v 4 GiB,
+// set in a child) are refused before sampling starts: 2.2 GiB of ids is.
+[[noreturn]] void check_under_4_gib(int64_t new_tokens) {
+  const rlimit as{rlim_t(4) << 30, rlim_t(4) << 30};
+  if (::setrlimit(RLIMIT_AS, &as) != 0) ::_exit(2);
+  kiln::SampleOptions o;
+  o.max_new_tokens = new_tokens;
+  try {
+    kiln::check_sample_size(1, o, "sample: ");
+  } catch (const kiln::Error& e) {
+    std::fputs(e.what(), stderr);
+    ::_exit(1);
+  }
+  ::_exit(0);
+}
+
+TEST(CheckSampleSizeDeathTest, MoreThanHalfTheMemoryIsRefused) {
+  EXPECT_EXIT(check_under_4_gib(600000000), ::testing::ExitedWithCode(1),
+              "sample: 1 sample of 1 \\+ 600000000 tokens need 2.2 GiB, more than half of the 4.0 GiB this process may use");
+  EXPECT_EXIT(check_under_4_gib(400000000), ::testing::ExitedWithCode(0), "");  // 1.5 GiB
+}
+
+TEST(SampleString, IdsSeparatedBySpacesUnlessThereIsText) {
+  EXPECT_EQ(kiln::sample_string({5, 6, 7}, nullptr), "5 6 7");
+  EXPECT_EQ(kiln::sample_string({5}, nullptr), "5");
+  EXPECT_EQ(kiln::sample_string({5, 6}, [](const std::vector<int32_t>& ids) { return std::to_string(ids.size()) + " ids"; }),
+            "2 ids");
 }
 
 // Draws n tokens from `row` and returns how often each id came up.
@@ -147,6 +234,10 @@ TEST(PickToken, TopPKeepsTheFewestMostLikelyThatReachP) {
   // p 1 is no cut: the same draws as without one, and a p just below 1 keeps every finite logit.
   EXPECT_EQ(draw_counts(kRow, 8, 1.0f, 1000, 21, 1.0), draw_counts(kRow, 8, 1.0f, 1000, 21));
   expect_follows(draw_counts(kRow, 8, 1.0f, n, 22, 0.999999), expected_p(kRow, {0, 1, 3, 4, 5, 6, 7}, 1.0f), n);
+  // Candidates whose weight before them reaches p exactly are cut: of four equal logits, p 0.5
+  // keeps two.
+  const std::vector<int64_t> four = draw_counts({0.0f, 0.0f, 0.0f, 0.0f}, 4, 1.0f, 1000, 24, 0.5);
+  EXPECT_EQ(four[0] + four[1], 1000);
   // However small p is, the most likely token stays.
   EXPECT_EQ(draw_counts(kRow, 8, 1.0f, 1000, 23, 1e-300)[1], 1000);
 }
