@@ -54,10 +54,11 @@ const CLI::Validator kPositiveFinite = cli::positive_finite_float();
 // would round to 1).
 const CLI::Validator kBeta = cli::number<float>([](float v) { return v >= 0 && v < 1; }, "in [0, 1)", "[0, 1)");
 
+// sample's --top-p and train's --sample-top-p.
+const CLI::Validator kTopP = cli::number<double>([](double v) { return v > 0 && v <= 1; }, "in (0, 1]", "(0, 1]");
 // CLI11 reads an unsigned option with strtoull in base 0, which takes "-1" as 2^64-1, saturates
 // 2^64 and reads 010 as octal 8: the seed must be plain decimal digits that fit, without leading
 // zeros (as cli::whole's), and an optional '+'.
-const CLI::Validator kTopP = cli::number<double>([](double v) { return v > 0 && v <= 1; }, "in (0, 1]", "(0, 1]");
 const CLI::Validator kSeed(
     [](std::string& s) {
       uint64_t v = 0;

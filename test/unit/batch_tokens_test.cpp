@@ -21,6 +21,11 @@ class BatchTokensTest : public kiln::testing::TempDirTest {
     kiln::write_token_shard(path(name), tokens);
     return path(name);
   }
+  // Moves `d` on by `calls` calls of next().
+  static void read_calls(kiln::DataLoader& d, int calls) {
+    std::vector<int32_t> x(size_t(d.tokens_per_call())), y(x.size());
+    for (int k = 0; k < calls; ++k) d.next(x.data(), y.data());
+  }
 };
 
 // The message check_resident_tokens gives ("" when it finds nothing).
@@ -50,9 +55,7 @@ TEST_F(BatchTokensTest, TheResidentCheckComesRoundToTheShardsStart) {
   t[1] = 600;
   shard("a.bin", t);
   kiln::DataLoader d(path("a.bin"), 1, 4);
-  std::vector<int32_t> x(4), y(4);
-  d.next(x.data(), y.data());
-  d.next(x.data(), y.data());
+  read_calls(d, 2);
   ASSERT_EQ(d.position(), 8);
   EXPECT_EQ(resident_error(d, 3), "");
   EXPECT_NE(resident_error(d, 4).find("a.bin: token 600 at position 1 is not below"), std::string::npos)
@@ -99,9 +102,7 @@ TEST_F(BatchTokensTest, TheResidentCheckReadsOnlyWhatTheCallsRead) {
   t[22] = 602;
   shard("a.bin", t);
   kiln::DataLoader d(path("a.bin"), 1, 4);
-  std::vector<int32_t> x(4), y(4);
-  d.next(x.data(), y.data());
-  d.next(x.data(), y.data());
+  read_calls(d, 2);
   ASSERT_EQ(d.position(), 8);
   EXPECT_EQ(resident_error(d, 0), "");
   EXPECT_NE(resident_error(d, 1).find("a.bin: token 601 at position 8 is not below"), std::string::npos)
@@ -109,8 +110,7 @@ TEST_F(BatchTokensTest, TheResidentCheckReadsOnlyWhatTheCallsRead) {
   t[8] = 5;
   shard("b.bin", t);
   kiln::DataLoader e(path("b.bin"), 1, 4);
-  e.next(x.data(), y.data());
-  e.next(x.data(), y.data());
+  read_calls(e, 2);
   // Three calls end this pass at position 20; position 0 is read by the fourth.
   EXPECT_EQ(resident_error(e, 3), "");
   EXPECT_NE(resident_error(e, 4).find("b.bin: token 600 at position 0 is not below"), std::string::npos)
@@ -129,8 +129,7 @@ TEST_F(BatchTokensTest, AShardTheNextCallLeavesIsCheckedFromItsStartOnly) {
   shard("d_000.bin", t);
   shard("d_001.bin", std::vector<uint16_t>(21, 5));
   kiln::DataLoader d(path("d_*.bin"), 1, 4);
-  std::vector<int32_t> x(4), y(4);
-  for (int k = 0; k < 5; ++k) d.next(x.data(), y.data());
+  read_calls(d, 5);
   ASSERT_EQ(d.resident_shard(), 0u);
   ASSERT_EQ(d.shard(), 1u);
   EXPECT_EQ(resident_error(d, 5), "");  // d_001's 5 calls

@@ -155,11 +155,17 @@ TEST(Executor, AdamWDecaysOnlyByItsFlagAndOnlyItsSlice) {
   }
 }
 
+// Parameter w (value 0, gradient 1, moments 2 and 3; 4 elements) and a program "opt" of its
+// gradient's norm.
+Module norm_module(const std::string& source) {
+  return Module::from_bytes(build(adamw_buffers(fb::DType::BF16), {{"opt", {{O::GlobalNorm, {1}, {12}, {4}}}, 12}},
+                                  {{"w", 0, 1, 2, 3}}),
+                            source);
+}
+
 // GlobalNorm sums a sliced gradient's slice only, and passes the sum through the reducer.
 TEST(Executor, GlobalNormSumsTheSliceThroughTheReducer) {
-  Module m = Module::from_bytes(build(adamw_buffers(fb::DType::BF16), {{"opt", {{O::GlobalNorm, {1}, {12}, {4}}}, 12}},
-                                      {{"w", 0, 1, 2, 3}}),
-                                "norm.kiln");
+  Module m = norm_module("norm.kiln");
   Executor ex(m);
   for (int i = 0; i < 4; ++i) ex.f32(1)[i] = float(i + 1);
   EXPECT_FLOAT_EQ(ex.run("opt"), std::sqrt(30.0f));
@@ -172,9 +178,7 @@ TEST(Executor, GlobalNormSumsTheSliceThroughTheReducer) {
 }
 
 TEST(Executor, ParameterSliceBounds) {
-  Module m = Module::from_bytes(build(adamw_buffers(fb::DType::BF16), {{"opt", {{O::GlobalNorm, {1}, {12}, {4}}}, 12}},
-                                      {{"w", 0, 1, 2, 3}}),
-                                "slice.kiln");
+  Module m = norm_module("slice.kiln");
   Executor ex(m);
   EXPECT_EQ(error_of([&] { ex.set_parameter_slice(0, 2, 2); }), "(no error)");  // left to other ranks
   EXPECT_EQ(error_of([&] { ex.set_parameter_slice(0, 0, 4); }), "(no error)");
@@ -188,9 +192,7 @@ TEST(Executor, ParameterSliceBounds) {
 }
 
 TEST(Executor, ReadAndCopyElementsBounds) {
-  Module m = Module::from_bytes(build(adamw_buffers(fb::DType::BF16), {{"opt", {{O::GlobalNorm, {1}, {12}, {4}}}, 12}},
-                                      {{"w", 0, 1, 2, 3}}),
-                                "io.kiln");
+  Module m = norm_module("io.kiln");
   Executor ex(m);
   for (int i = 0; i < 4; ++i) ex.f32(1)[i] = float(i + 1);
   float got[4] = {};
