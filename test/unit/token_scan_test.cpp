@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <pthread.h>
+#include <signal.h>
+
+#include <atomic>
 #include <chrono>
 #include <thread>
 
@@ -57,6 +61,35 @@ TEST_F(TokenScanTest, AShardGoneOrShortIsAnError) {
   finish(cut);
   EXPECT_NE(cut.error().find(path("short.bin") + ": reading tokens: unexpected end of file"), std::string::npos)
       << cut.error();
+}
+
+// The scan's thread must never take Ctrl-C or SIGTERM: the process delivers them to a thread that
+// has them unblocked, and the trainer's handlers act on the threads they expect. The reader runs on
+// the scan's thread, so it sees that thread's mask; the caller's own mask comes back unchanged.
+TEST_F(TokenScanTest, ItsThreadBlocksSignalsAndTheCallersMaskStays) {
+  // The caller blocks SIGUSR2 alone, to see its mask kept exactly as it was.
+  sigset_t usr2, before, after;
+  sigemptyset(&usr2);
+  sigaddset(&usr2, SIGUSR2);
+  ASSERT_EQ(pthread_sigmask(SIG_SETMASK, &usr2, &before), 0);
+  std::atomic<int> blocked{-1};
+  kiln::TokenScan::Shard s = shard("bad.bin", {600});
+  s.reader = [&blocked](int64_t) {
+    sigset_t mine;
+    pthread_sigmask(SIG_BLOCK, nullptr, &mine);
+    blocked = sigismember(&mine, SIGINT) + sigismember(&mine, SIGTERM) + sigismember(&mine, SIGHUP) +
+              sigismember(&mine, SIGUSR1);
+    return std::string("step 1");
+  };
+  {
+    kiln::TokenScan scan({s}, 512);
+    ASSERT_EQ(pthread_sigmask(SIG_BLOCK, nullptr, &after), 0);
+    finish(scan);
+  }
+  pthread_sigmask(SIG_SETMASK, &before, nullptr);
+  EXPECT_EQ(blocked.load(), 4);
+  for (int sig : {SIGINT, SIGTERM, SIGUSR1}) EXPECT_EQ(sigismember(&after, sig), 0) << "signal " << sig;
+  EXPECT_EQ(sigismember(&after, SIGUSR2), 1);
 }
 
 TEST(TokenScan, FirstOutOfVocab) {
