@@ -42,6 +42,26 @@ TEST(PtxasInfo, EntryFunctionsWithTheirOwnProperties) {
 TEST(PtxasInfo, NothingToReport) {
   EXPECT_TRUE(parsePtxasInfo("").empty());
   EXPECT_TRUE(parsePtxasInfo("ptxas info    : 24 bytes gmem\n").empty());
+  // Resources before any entry function belong to none; a name cut off before its quote is none.
+  EXPECT_TRUE(parsePtxasInfo("ptxas info    : Used 12 registers, 64 bytes smem\n"
+                             "ptxas info    : Compiling entry function 'k1_cut\n")
+                  .empty());
+}
+
+// A log with Windows line ends, and a field whose number is missing: the entry's name and
+// properties still match, and the field stays 0 rather than stopping kilnc.
+TEST(PtxasInfo, CarriageReturnsAndAFieldWithoutItsNumber) {
+  const auto r = parsePtxasInfo(
+      "ptxas info    : Compiling entry function 'k3_gelu' for 'sm_90'\r\n"
+      "ptxas info    : Function properties for k3_gelu\r\n"
+      "ptxas         .     40 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads\r\n"
+      "ptxas info    : Used 30 registers, used 0 barriers, bytes smem\r\n");
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].symbol, "k3_gelu");
+  EXPECT_EQ(r[0].stackBytes, 40u);
+  EXPECT_EQ(r[0].spillLoadBytes, 4u);
+  EXPECT_EQ(r[0].registers, 30u);
+  EXPECT_EQ(r[0].sharedBytes, 0u);
 }
 
 // Registers go to a warp 256 at a time, 64K to a block: 64 registers x 1024 threads just fit,
@@ -56,6 +76,10 @@ TEST(PtxasInfo, LaunchResourceLimits) {
   r.registers = 255;
   EXPECT_EQ(launchResourceProblem(r, 256), "");
   EXPECT_NE(launchResourceProblem(r, 288), "");
+  // A partial warp takes a whole warp's registers: 257 threads are 9 warps.
+  EXPECT_EQ(launchResourceProblem(r, 257),
+            "a block of 257 threads at 255 registers each needs 73728 registers, above the 65536 one block may hold");
+  EXPECT_EQ(launchResourceProblem(r, 0), "a block of 0 threads (1 to 1024 launch)");
   EXPECT_EQ(launchResourceProblem(r, 2048), "a block of 2048 threads (1 to 1024 launch)");
   r.registers = 32;
   r.sharedBytes = 48 * 1024;
