@@ -163,6 +163,13 @@ TEST(ArenaPlanner, ReusesMemoryOfDeadBuffers) {
   EXPECT_EQ(plan.offsets, (std::vector<uint64_t>{0, 0, 0}));
 }
 
+TEST(ArenaPlanner, EmptyBuffersStillGetAddressesOfTheirOwn) {
+  // A 0-byte buffer takes one aligned slot, so two alive together never share an address.
+  ArenaPlan plan = plan_arena({{0, 0, 1}, {0, 1, 2}, {3, 0, 2}});
+  EXPECT_EQ(plan.offsets, (std::vector<uint64_t>{256, 512, 0}));
+  EXPECT_EQ(plan.size, 768u);
+}
+
 TEST(ArenaPlanner, BestFitPicksTheSmallestGap) {
   // P and R die at step 2, leaving a 4 KiB gap at 0 and a 1 KiB gap at 6144 between the
   // long-lived Q and S. T (1 KiB, steps 5..9) takes the 1 KiB gap: best fit, not first fit.
