@@ -19,6 +19,7 @@
 #include "runtime/error.h"
 #include "runtime/executor.h"
 #include "runtime/rank_agreement.h"
+#include "test/unit/module_builder.h"
 #include "test/unit/param_module.h"
 #include "test/unit/temp_dir_fixture.h"
 
@@ -444,6 +445,176 @@ TEST(DataParallel, ReducesInTheArenaAndRefusesAnExecutorLaidOutOtherwise) {
   });
   for (const std::string& e : sliced)
     EXPECT_NE(e.find("which --zero 0 on rank"), std::string::npos) << e;
+  // One parameter: rank 1 keeps its moments' tail, which --zero 0 would overrun as well.
+  testing::ModelSpec single;
+  single.params = {{"a.weight", {64, 16}, true}};
+  const Module one = Module::from_bytes(testing::param_module(single), "one.kiln");
+  const auto tail = on_tcp_ranks(2, [&](int r, Communicator& comm) {
+    Executor ex(one, {}, data_parallel_state(one, 2, r, 1, 1 << 20));
+    DataParallel dp(ex, comm, 0, 1 << 20);
+  });
+  EXPECT_EQ(tail[1], "one.kiln: data parallel: the executor keeps elements [512, 1024) of a.weight.AdamM, which --zero 0 "
+                     "on rank 1 does not update (build it with data_parallel_state)");
+}
+
+// Both ranks call start_gradient_reduction twice (a bucket the program started, then the
+// rest): each bucket is summed once a step, and again the next step.
+TEST(DataParallel, ReducesEachBucketOnceAStepAndAgainTheNext) {
+  testing::ModelSpec spec;
+  spec.params = {{"a.weight", {64, 16}, true}, {"b.bias", {48}, false}};
+  const Module m = Module::from_bytes(testing::param_module(spec), "dp.kiln");
+  std::vector<std::vector<float>> got(2);
+  const auto errors = on_tcp_ranks(2, [&](int r, Communicator& comm) {
+    Executor ex(m, {}, data_parallel_state(m, 2, r, 0, 256));  // buckets of 64 floats: several
+    DataParallel dp(ex, comm, 0, 256);
+    for (float scale : {1.0f, 10.0f})
+      for (int round = 0; round < 2; ++round) {
+        for (const fb::Parameter* p : *m.fb().parameters())
+          std::fill_n(ex.f32(p->grad()), numel(m.buffer(p->grad())), scale * float(r + 1));
+        dp.start_gradient_reduction();
+        dp.start_gradient_reduction();
+        dp.finish_gradient_reduction();
+        for (const fb::Parameter* p : *m.fb().parameters()) got[size_t(r)].push_back(ex.f32(p->grad())[5]);
+      }
+  });
+  EXPECT_EQ(errors, std::vector<std::string>(2));
+  const std::vector<float> want = {3, 3, 3, 3, 30, 30, 30, 30};
+  EXPECT_EQ(got[0], want);
+  EXPECT_EQ(got[1], want);
+}
+
+// Two parameters and the optimizer program kilnc emits without fusion (GlobalNorm over the
+// gradients, ClipCoef, one AdamW per parameter), after `damage` edits it.
+using testing::Ins;
+Module optimizer_module(const std::function<void(std::vector<Ins>&)>& damage = {}) {
+  using testing::K;
+  using testing::O;
+  const auto F = fb::DType::F32;
+  std::vector<testing::Buf> bufs;
+  for (const char* p : {"a", "b"})
+    for (K k : {K::Parameter, K::Gradient, K::AdamM, K::AdamV}) bufs.push_back({p, k, F, {p[0] == 'a' ? 64 : 40}});
+  for (const char* h : {"max_norm", "lr", "beta1", "beta2", "eps", "weight_decay", "step"})  // 8..14
+    bufs.push_back({h, K::Input, F, {}});
+  bufs.push_back({"norm", K::Activation, F, {}});  // 15
+  bufs.push_back({"coef", K::Activation, F, {}});  // 16
+  std::vector<Ins> prog = {{O::GlobalNorm, {1, 5}, {15}, {64, 40}},
+                           {O::ClipCoef, {15, 8}, {16}, {}},
+                           {O::AdamW, {1, 16, 9, 10, 11, 12, 13, 14}, {0, 2, 3}, {64, 1}},
+                           {O::AdamW, {5, 16, 9, 10, 11, 12, 13, 14}, {4, 6, 7}, {40, 0}}};
+  if (damage) damage(prog);
+  return Module::from_bytes(testing::build(bufs, {{"optimizer_step", prog, 15}}, {{"a", 0, 1, 2, 3}, {"b", 4, 5, 6, 7}}),
+                            "opt.kiln");
+}
+
+// Values, gradients (rank r's scaled by r + 1) and hyperparameters, the same for every run.
+void fill_step(Executor& ex, float grad_scale) {
+  const float hyper[] = {0.0f /*no clipping*/, 0.01f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
+  for (uint32_t h = 0; h < 7; ++h) *ex.f32(8 + h) = hyper[h];
+  for (uint32_t p : {0u, 4u}) {
+    const int64_t n = numel(ex.module().buffer(p));
+    for (int64_t i = 0; i < n; ++i) {
+      ex.f32(p)[i] = 0.01f * float(i % 13) - 0.05f;
+      ex.f32(p + 1)[i] = grad_scale * (0.002f * float(i % 7) - 0.006f + 0.001f * float(p));
+    }
+  }
+}
+
+// ZeRO-1 over two ranks (gradients reduce-scattered, each rank's AdamW on its pieces, values
+// gathered) gives bitwise the values of one process stepping on the summed gradients.
+TEST(DataParallel, ZeroOneStepIsThePlainStepOnTheSummedGradients) {
+  const Module m = optimizer_module();
+  Executor one(m);
+  fill_step(one, 3.0f);  // 1x + 2x
+  const float want_norm = one.run("optimizer_step");
+  std::vector<std::vector<float>> grads(2), values(2), moments;
+  float norms[2] = {0, 0};
+  const auto errors = on_tcp_ranks(2, [&](int r, Communicator& comm) {
+    Executor ex(m, {}, data_parallel_state(m, 2, r, 1, 1 << 20));
+    DataParallel dp(ex, comm, 1, 1 << 20);
+    EXPECT_NE(dp.describe().find("1 gradient bucket(s) of <= 1.04858 MB after the backward pass, reduced in place, "
+                                 "ZeRO-1 (optimizer sharded; this rank keeps 1/2 of the AdamW moments: its arena is "),
+              std::string::npos)
+        << dp.describe();
+    fill_step(ex, float(r + 1));
+    dp.start_gradient_reduction();
+    dp.finish_gradient_reduction();
+    dp.gather_gradients();
+    norms[size_t(r)] = ex.run("optimizer_step");  // the norm of the summed gradients, on each rank
+    dp.gather_parameters();
+    for (uint32_t p : {0u, 4u}) {
+      const int64_t n = numel(m.buffer(p));
+      grads[size_t(r)].insert(grads[size_t(r)].end(), ex.f32(p + 1), ex.f32(p + 1) + n);
+      values[size_t(r)].insert(values[size_t(r)].end(), ex.f32(p), ex.f32(p) + n);
+    }
+    // Before a checkpoint: rank 0 receives both whole moments.
+    const WholeMoments whole = dp.gather_optimizer_state();
+    EXPECT_EQ(whole.empty(), r != 0);
+    if (r == 0)
+      for (size_t k = 0; k < 2; ++k) {
+        const int64_t n = numel(m.buffer(k ? 4 : 0));
+        moments.emplace_back(whole.adam_m[k], whole.adam_m[k] + n);
+        moments.emplace_back(whole.adam_v[k], whole.adam_v[k] + n);
+      }
+  });
+  ASSERT_EQ(errors, std::vector<std::string>(2));
+  for (int r = 0; r < 2; ++r) EXPECT_NEAR(norms[size_t(r)], want_norm, 1e-6 * want_norm) << "rank " << r;
+  ASSERT_EQ(moments.size(), 4u);
+  for (uint32_t p : {0u, 4u})
+    for (uint32_t k : {2u, 3u}) {
+      const int64_t n = numel(m.buffer(p));
+      EXPECT_EQ(moments[p / 2 + k - 2], std::vector<float>(one.f32(p + k), one.f32(p + k) + n)) << "buffer " << p + k;
+    }
+  std::vector<float> want_grads, want_values;
+  for (uint32_t p : {0u, 4u}) {
+    const int64_t n = numel(m.buffer(p));
+    Executor fresh(m);
+    fill_step(fresh, 3.0f);
+    want_grads.insert(want_grads.end(), fresh.f32(p + 1), fresh.f32(p + 1) + n);
+    want_values.insert(want_values.end(), one.f32(p), one.f32(p) + n);
+  }
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(grads[size_t(r)], want_grads) << "rank " << r;
+    EXPECT_EQ(values[size_t(r)], want_values) << "rank " << r;
+  }
+}
+
+// ZeRO-1 shards what it knows: anything else in optimizer_step is refused on every rank before
+// a collective, naming what it found.
+TEST(DataParallel, ZeroOneRefusesAnOptimizerProgramItDoesNotKnow) {
+  auto refusal = [](const std::function<void(std::vector<Ins>&)>& damage) {
+    const Module m = optimizer_module(damage);
+    const auto errors = on_tcp_ranks(2, [&](int r, Communicator& comm) {
+      Executor ex(m, {}, data_parallel_state(m, 2, r, 1, 1 << 20));
+      DataParallel dp(ex, comm, 1, 1 << 20);
+    });
+    EXPECT_EQ(errors[0], errors[1]);
+    return errors[0];
+  };
+  const std::string at = "opt.kiln: optimizer_step: --zero 1: ";
+  EXPECT_EQ(refusal({}), "");
+  EXPECT_EQ(refusal([](std::vector<Ins>& p) { p[0].in = {1, 4}; }), at + "GlobalNorm reads buffer 4, not a gradient");
+  EXPECT_EQ(refusal([](std::vector<Ins>& p) { p[3].in[0] = 4; }),
+            at + "an AdamW does not update a parameter from its gradient");
+  EXPECT_EQ(refusal([](std::vector<Ins>& p) { p.pop_back(); }), at + "1 AdamW updates for 2 parameters");
+  EXPECT_EQ(refusal([](std::vector<Ins>& p) { p.push_back(p[2]); }), at + "3 AdamW updates for 2 parameters");
+  EXPECT_EQ(refusal([](std::vector<Ins>& p) { p.push_back({testing::O::Copy, {15}, {16}, {1}}); }),
+            at + "the program has a Copy, which ZeRO-1's sharding does not know");
+}
+
+// Only 0 and 1 are ZeRO stages; one process has nothing to exchange and needs no layout.
+TEST(DataParallel, OneProcessNeedsNoLayoutAndZeroIsZeroOrOne) {
+  const Module m = Module::from_bytes(testing::param_module(), "dp.kiln");
+  auto comm = make_single_process_communicator();
+  Executor ex(m);
+  EXPECT_NO_THROW(DataParallel(ex, *comm, 0, 1 << 20));
+  for (int zero : {-1, 2}) {
+    try {
+      DataParallel dp(ex, *comm, zero, 1 << 20);
+      ADD_FAILURE() << "--zero " << zero << " accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()), "--zero: " + std::to_string(zero) + " is not 0 or 1");
+    }
+  }
 }
 
 }  // namespace
