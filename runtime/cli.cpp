@@ -56,23 +56,6 @@ const CLI::Validator kBeta = cli::number<float>([](float v) { return v >= 0 && v
 
 // sample's --top-p and train's --sample-top-p.
 const CLI::Validator kTopP = cli::number<double>([](double v) { return v > 0 && v <= 1; }, "in (0, 1]", "(0, 1]");
-// CLI11 reads an unsigned option with strtoull in base 0, which takes "-1" as 2^64-1, saturates
-// 2^64 and reads 010 as octal 8: the seed must be plain decimal digits that fit, without leading
-// zeros (as cli::whole's), and an optional '+'.
-const CLI::Validator kSeed(
-    [](std::string& s) {
-      uint64_t v = 0;
-      const size_t first = !s.empty() && s[0] == '+' ? 1 : 0;
-      const auto [end, err] = std::from_chars(s.data() + first, s.data() + s.size(), v);
-      const bool leading_zero = s.size() > first + 1 && s[first] == '0';
-      if (s.size() == first || err != std::errc() || end != s.data() + s.size() || leading_zero)
-        return "Value " + s + " is not an integer in [0, " + std::to_string(UINT64_MAX) + "]" +
-               (leading_zero && err == std::errc() && end == s.data() + s.size() ? " (no leading zeros)" : "");
-      s = std::to_string(v);  // the digits CLI11 then reads
-      return std::string();
-    },
-    "");
-
 // train's --sample-prompt, --sample-prompt-ids and --tokenizer, which become TrainOptions'
 // sample_prompt and sample_text once the module's vocabulary is known (prepare_train_samples).
 struct TrainSampling {
@@ -88,7 +71,7 @@ void add_train_options(CLI::App& train, TrainOptions& o, TrainSampling& sampling
   train.add_option("--init", o.init, "start from these weights (Hugging Face GPT-2 safetensors, an llm.c .bin, or a checkpoint's: not its AdamW state or step, which --resume takes)")
       ->check(cli::non_empty());
   train.add_option("--seed", o.seed, "seed of the initialisation when --init is not given, and of --sample-every's samples")
-      ->capture_default_str()->check(kSeed);
+      ->capture_default_str()->check(cli::whole<uint64_t>(0));
   train.add_option("--lr", o.schedule.lr, "maximum learning rate")->capture_default_str()->check(cli::non_negative_finite());
   train.add_option("--lr-schedule", o.schedule.kind, "learning-rate schedule after warm-up")
       ->capture_default_str()->check(CLI::IsMember({"cosine", "constant"}));
@@ -273,7 +256,7 @@ void add_sample_options(CLI::App& cmd, SampleCommand& c) {
                  "(nucleus sampling; 1: no cut)")
       ->capture_default_str()->check(kTopP);
   cmd.add_option("--num-samples", c.options.num_samples, "continuations to print")->capture_default_str()->check(cli::whole(1));
-  cmd.add_option("--seed", c.options.seed, "random seed")->capture_default_str()->check(kSeed);
+  cmd.add_option("--seed", c.options.seed, "random seed")->capture_default_str()->check(cli::whole<uint64_t>(0));
   cmd.add_option("--temperature", c.options.temperature, "softmax temperature (logits are divided by it: below 1 sharper, toward 0 greedy)")->capture_default_str()->check(kPositiveFinite);
   CLI::Option* no_cache = cmd.add_flag("--no-kv-cache", c.no_kv_cache,
                "run the whole forward pass over the last seq_len tokens for every new token, not one "

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <chrono>
 #include <filesystem>
+#include <limits>
 #include <thread>
 #include <sstream>
 #include <string>
@@ -24,33 +25,40 @@
 
 namespace kiln::cli {
 
-// A whole number in plain decimal within [min, max], with an optional sign (+3 as the float
-// options take +0.5). CLI11 alone reads 010 as octal 8 and 0x10 as 16, and its ranges print their
-// bounds as doubles (1.797693e+308).
-inline CLI::Validator whole(int64_t min, int64_t max = INT64_MAX) {
+// A whole number in plain decimal within [min, max] of the type T the option is stored in, with
+// an optional sign (+3 as the float options take +0.5). CLI11 alone reads 010 as octal 8 and 0x10
+// as 16, an unsigned "-1" as 2^64-1, saturates 2^64, and its ranges print their bounds as doubles
+// (1.797693e+308).
+template <class T>
+using Bound = typename std::common_type<T>::type;  // T, not deduced: whole(0, 1) checks an int64_t's text
+template <class T = int64_t>
+CLI::Validator whole(Bound<T> min, Bound<T> max = std::numeric_limits<T>::max()) {
+  static_assert(std::is_integral_v<T> && sizeof(T) <= sizeof(uint64_t));
   return CLI::Validator(
       [min, max](std::string& s) {
-        int64_t v = 0;
         const size_t first = !s.empty() && (s[0] == '-' || s[0] == '+') ? 1 : 0;
-        const char* begin = s.data() + (first && s[0] == '+' ? 1 : 0);  // (from_chars takes no '+')
-        const char* end = s.data() + s.size();
         const bool digits = s.size() > first && s.find_first_not_of("0123456789", first) == std::string::npos;
         const bool leading_zero = digits && s.size() > first + 1 && s[first] == '0';
-        const auto [stop, err] = digits ? std::from_chars(begin, end, v) : std::from_chars_result{begin, std::errc::invalid_argument};
-        const std::string range = max == INT64_MAX ? ">= " + std::to_string(min)
-                                                   : "in [" + std::to_string(min) + ", " + std::to_string(max) + "]";
-        if (digits && !leading_zero && err == std::errc::result_out_of_range)  // (past 64 bits)
-          return s[0] == '-' ? "Value " + s + " is too small (a whole number " + range + ")"
-                             : "Value " + s + " is too large (a whole number " +
-                                   (max == INT64_MAX ? "at most " + std::to_string(INT64_MAX) : range) + ")";
-        if (!digits || leading_zero || err != std::errc() || stop != end)
+        const std::string range = max == std::numeric_limits<T>::max()
+                                      ? ">= " + std::to_string(min)
+                                      : "in [" + std::to_string(min) + ", " + std::to_string(max) + "]";
+        // The digits' magnitude; past 64 bits, 2^64 stands for it (every T's bounds lie within +-2^64).
+        uint64_t magnitude = 0;
+        const auto [stop, err] = digits ? std::from_chars(s.data() + first, s.data() + s.size(), magnitude)
+                                        : std::from_chars_result{s.data(), std::errc::invalid_argument};
+        if (!digits || leading_zero || (err != std::errc() && err != std::errc::result_out_of_range))
           return "Value " + s + " is not a whole number " + range + (leading_zero ? " (no leading zeros)" : "");
-        // (a whole number, but outside the range)
-        if (v < min || v > max) return "Value " + s + " is too " + (v < min ? "small" : "large") + " (a whole number " + range + ")";
-        if (s[0] == '+') s.erase(0, 1);  // the option reads the digits alone
+        const bool negative = s[0] == '-';
+        const __int128 past = err == std::errc::result_out_of_range ? __int128(1) << 64 : __int128(magnitude);
+        const __int128 v = negative ? -past : past;
+        if (v > __int128(max))
+          return "Value " + s + " is too large (a whole number " +
+                 (max == std::numeric_limits<T>::max() ? "at most " + std::to_string(max) : range) + ")";
+        if (v < __int128(min)) return "Value " + s + " is too small (a whole number " + range + ")";
+        if (first && (!negative || magnitude == 0)) s.erase(0, 1);  // the option reads the digits alone
         return std::string();
       },
-      max >= INT32_MAX ? "" : "[" + std::to_string(min) + ", " + std::to_string(max) + "]");  // --help: INT:[0, 1]
+      uint64_t(max) >= uint64_t(INT32_MAX) ? "" : "[" + std::to_string(min) + ", " + std::to_string(max) + "]");  // --help: INT:[0, 1]
 }
 
 // Decimal digits with an optional sign, point and exponent (1, -2.5, .5, 3e-4), and nothing
