@@ -11,6 +11,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include "runtime/checkpoint.h"
 #include "runtime/cpu/bf16.h"
@@ -91,6 +95,32 @@ uint32_t reference_crc32(const uint8_t* p, size_t n) {
     for (int k = 0; k < 8; ++k) c = (c >> 1) ^ ((c & 1u) ? 0xEDB88320u : 0u);
   }
   return ~c;
+}
+
+// Makes the trailer the CRC-32 of the rest again after an edit.
+void rechecksum(std::vector<uint8_t>& file) {
+  const uint32_t crc = reference_crc32(file.data() + 8, file.size() - 12);
+  std::memcpy(&file[file.size() - 4], &crc, 4);
+}
+
+// A header's text followed by spaces so that the data starts at a multiple of 64, as the writer pads.
+std::string padded(std::string text) {
+  text.append((64 - (32 + text.size()) % 64) % 64, ' ');
+  return text;
+}
+
+// A checkpoint file of `header` and `data` with the prefix of `like` (a saved file) and the
+// lengths and the checksum made right, so that whatever else is wrong passes the checksum.
+std::vector<uint8_t> framed(const std::vector<uint8_t>& like, const std::string& header, const std::vector<uint8_t>& data) {
+  std::vector<uint8_t> out(like.begin(), like.begin() + 32);
+  const uint64_t len = header.size(), size = 32 + len + data.size() + 4;
+  std::memcpy(&out[16], &len, 8);
+  std::memcpy(&out[24], &size, 8);
+  out.insert(out.end(), header.begin(), header.end());
+  out.insert(out.end(), data.begin(), data.end());
+  out.resize(out.size() + 4);
+  rechecksum(out);
+  return out;
 }
 
 // The message of the kiln::Error `f` throws (fails the test when it throws nothing).
@@ -415,18 +445,8 @@ TEST_F(Checkpoint, ValidatesAForgedHeaderThatPassesTheChecksum) {
   auto forge = [&](const nlohmann::ordered_json& h, int64_t misalign = 0, const std::string& first = "") {
     std::string text = h.dump();
     text.insert(1, first);
-    text.append((64 - (32 + text.size()) % 64) % 64 + size_t(64 + misalign), ' ');  // as the writer pads
-    std::vector<uint8_t> out(good.begin(), good.begin() + 32);
-    const uint64_t len = text.size(), size = 32 + len + data.size() + 4;
-    std::memcpy(&out[16], &len, 8);
-    std::memcpy(&out[24], &size, 8);
-    out.insert(out.end(), text.begin(), text.end());
-    out.insert(out.end(), data.begin(), data.end());
-    const uint32_t crc = reference_crc32(out.data() + 8, out.size() - 8);
-    out.resize(out.size() + 4);
-    std::memcpy(&out[out.size() - 4], &crc, 4);
     const fs::path p = dir_ / "forged.kiln-ckpt";
-    write_bytes(p, out);
+    write_bytes(p, framed(good, padded(text) + std::string(size_t(64 + misalign), ' '), data));
     return p.string();
   };
   Executor b(module_);
@@ -665,6 +685,277 @@ TEST_F(Checkpoint, CreatesNestedDirectoriesAndRejectsAFileInTheWay) {
   EXPECT_NE(error_of([&] { save_checkpoint((dir_ / "file").string(), ex, sample_state(1), 1); })
                 .find("cannot create the checkpoint directory"),
             std::string::npos);
+}
+
+// A saved checkpoint (step 100) taken apart into its header and data, to be put back together
+// with one edit and the lengths and the checksum made right: the edit alone must be refused, by
+// name, and leave the executor untouched.
+class CheckpointForged : public Checkpoint {
+ protected:
+  using Json = nlohmann::ordered_json;
+
+  void SetUp() override {
+    Checkpoint::SetUp();
+    Executor saver(module_);
+    fill(saver, 1);
+    good_ = read_file(save_checkpoint(dir_.string(), saver, sample_state(100), 0));
+    uint64_t header_len;
+    std::memcpy(&header_len, &good_[16], 8);
+    header_ = Json::parse(good_.begin() + 32, good_.begin() + 32 + long(header_len));
+    data_.assign(good_.begin() + 32 + long(header_len), good_.end() - 4);
+  }
+
+  // The message of loading `file`, written to DIR/name.
+  std::string refusal(const std::vector<uint8_t>& file, const std::string& name = "forged.kiln-ckpt") {
+    write_bytes(dir_ / name, file);
+    Executor ex(module_);
+    fill(ex, 2);
+    const auto before = snapshot(ex);
+    const std::string msg = error_of([&] { load_checkpoint((dir_ / name).string(), ex); });
+    EXPECT_EQ(snapshot(ex), before) << msg;
+    return msg;
+  }
+  std::string refusal(const Json& header) { return refusal(framed(good_, padded(header.dump()), data_)); }
+
+  // What a refusal of forged.kiln-ckpt says.
+  std::string said(const std::string& what) const { return (dir_ / "forged.kiln-ckpt").string() + ": " + what; }
+
+  // The saved file with the prefix field at byte `at` set to `value`.
+  template <class T>
+  std::vector<uint8_t> with_prefix_field(size_t at, T value) const {
+    std::vector<uint8_t> file = good_;
+    std::memcpy(&file[at], &value, sizeof value);
+    rechecksum(file);
+    return file;
+  }
+
+  // The saved file with the data's 4 bytes at `at` set to `bits`.
+  std::vector<uint8_t> with_data_word(uint64_t at, uint32_t bits) const {
+    std::vector<uint8_t> data = data_;
+    std::memcpy(&data[at], &bits, 4);
+    return framed(good_, padded(header_.dump()), data);
+  }
+
+  // The header with parameter i's `key` set to `value`.
+  Json with_entry(size_t i, const char* key, const Json& value) const {
+    Json h = header_;
+    h["parameters"][i][key] = value;
+    return h;
+  }
+
+  std::vector<uint8_t> good_, data_;
+  Json header_;
+};
+
+TEST_F(CheckpointForged, PrefixFieldsAreCheckedOnceTheChecksumPasses) {
+  const uint64_t size = good_.size(), room = size - 36;  // the longest header the file has room for
+  EXPECT_EQ(refusal(with_prefix_field<uint32_t>(8, 2)), said("checkpoint version 2 is not supported (this build reads version 1)"));
+  EXPECT_EQ(refusal(with_prefix_field<uint64_t>(24, size + 64)),
+            said("length: the header says " + std::to_string(size + 64) + " bytes, the file has " + std::to_string(size)));
+  EXPECT_EQ(refusal(with_prefix_field<uint32_t>(12, 7)), said("prefix: reserved bytes 12-15 hold 7, not 0"));
+  EXPECT_EQ(refusal(with_prefix_field<uint64_t>(16, room + 1)),
+            said("length: header length " + std::to_string(room + 1) + " runs past the end of the file"));
+  // A header right up to the trailer leaves no data, which the frame allows: then the table is refused.
+  Json empty = header_;
+  empty["parameters"] = Json::array();
+  EXPECT_EQ(refusal(framed(good_, padded(empty.dump()), {})), said("parameter 'wte.weight' is missing"));
+  // A NUL in the padding, where the JSON parser would stop.
+  EXPECT_EQ(refusal(framed(good_, padded(header_.dump() + '\0'), data_)),
+            said("header: holds a NUL byte (the JSON is padded with spaces)"));
+}
+
+TEST_F(CheckpointForged, HeaderFieldsAreCheckedInFull) {
+  const std::tuple<const char*, Json, std::string> cases[] = {
+      {"format", "kiln-weights", "format is not \"kiln-checkpoint\""},
+      {"step", -1, "step -1 is negative"},
+      {"step", uint64_t(1) << 63, "step 9223372036854775808 is not a 64-bit integer"},  // not read as -2^63
+      {"data_shard", -1, "data_shard -1 is not an integer >= 0"},
+      {"rng_state", "FEDCBA9876543210", "rng_state \"FEDCBA9876543210\" is not 16 lowercase hex digits"},
+      {"zero_stage", -1, "zero_stage -1 is not 0 or 1 (--zero)"},
+      {"zero_stage", -(int64_t(1) << 32), "zero_stage -4294967296 is out of range"},  // not read as 0
+      {"fingerprint", 12, "fingerprint is not a string"},
+      {"extra", Json::array({1}), "extra is not a JSON object"}};
+  for (const auto& [key, value, want] : cases) {
+    Json h = header_;
+    h[key] = value;
+    EXPECT_EQ(refusal(h), said("header: " + want)) << key;
+  }
+  // A copy named for a later step is refused as well as one named for an earlier step.
+  EXPECT_EQ(refusal(good_, "ckpt_00000200.kiln-ckpt"),
+            (dir_ / "ckpt_00000200.kiln-ckpt").string() +
+                ": header: step 100 is not the step 200 its name says (a renamed copy? name it by its step, or other "
+                "than ckpt_N.kiln-ckpt)");
+}
+
+TEST_F(CheckpointForged, ParameterTableIsCheckedInFull) {
+  EXPECT_EQ(refusal(with_entry(0, "value", {0, 256, 1})),
+            said("header: parameter 'wte.weight': value [0,256,1] is not [offset, bytes]"));
+  // An offset whose end wraps around 2^64 would land inside the data.
+  EXPECT_EQ(refusal(with_entry(2, "adam_v", {UINT64_MAX - 3, 16})),
+            said("header: parameter 'ln_f.weight': adam_v [18446744073709551612,16] runs past the end of the data (" +
+                 std::to_string(data_.size()) + " bytes)"));
+  // 2^62 elements are 2^64 bytes, which would wrap to 0.
+  Json huge = with_entry(0, "shape", {uint64_t(1) << 62});
+  for (const char* key : {"value", "adam_m", "adam_v"}) huge["parameters"][0][key] = {0, 0};
+  EXPECT_EQ(refusal(huge), said("header: parameter 'wte.weight': shape [4611686018427387904] is negative or too large"));
+  const uint64_t value_at = header_["parameters"][0]["value"][0];
+  EXPECT_EQ(refusal(with_entry(0, "adam_m", {value_at + 4, 256})),
+            said("header: parameter 'wte.weight' adam_m overlaps parameter 'wte.weight' value"));
+  Json extra = header_;
+  extra["parameters"].push_back({{"name", "zzz.weight"}, {"shape", {0}}, {"decay", false},
+                                 {"value", {0, 0}}, {"adam_m", {0, 0}}, {"adam_v", {0, 0}}});
+  EXPECT_EQ(refusal(extra), said("parameter 'zzz.weight' is not in the module"));
+  EXPECT_EQ(refusal(with_entry(0, "decay", false)),
+            said("header: parameter 'wte.weight': decay false, yet its fingerprint is this module's (true)"));
+}
+
+TEST_F(CheckpointForged, EveryElementIsScannedAndAnyNegativeSecondMomentRefused) {
+  const uint64_t value_at = header_["parameters"][2]["value"][0], v_at = header_["parameters"][2]["adam_v"][0];
+  EXPECT_EQ(refusal(with_data_word(value_at + 12, 0x7fc00000u)),  // ln_f's last element
+            said("parameter 'ln_f.weight' value element 3 is NaN (a checkpoint edited by hand?)"));
+  EXPECT_EQ(refusal(with_data_word(v_at, 0x80800000u)),  // -FLT_MIN, far above the -1 tried above
+            said("parameter 'ln_f.weight' AdamW v element 0 is negative (a second moment) (a checkpoint edited by hand?)"));
+}
+
+// Checks of the folder functions and of --init, past what the tests above reach.
+class CheckpointChecks : public Checkpoint {};
+
+// --init of a bf16 run's checkpoint into an fp32 module takes its values and nothing else; a
+// resume of it is refused with the way to do that.
+TEST_F(CheckpointChecks, InitTakesTheValuesOfAnotherPrecisionAndNoMoments) {
+  ModelSpec mixed;
+  mixed.compute_copy = true;
+  mixed.precision = "bf16";
+  const Module bf16 = Module::from_bytes(param_module(mixed), "mixed.kiln");
+  Executor a(bf16);
+  fill(a, 1);
+  const std::string file = save_checkpoint(dir_.string(), a, sample_state(4), 0);
+  Executor b(module_), untouched(module_);
+  fill(b, 2);
+  fill(untouched, 2);
+  EXPECT_EQ(error_of([&] { load_checkpoint(file, b); }),
+            file + ": compiled for a different model (precision: the checkpoint's \"bf16\", this module's \"fp32\"; the "
+                   "checkpoint's fingerprint " + module_fingerprint(bf16) + ", this module's " + module_fingerprint(module_) +
+                "); start afresh from its weights in this precision with --init " + file +
+                " and another --checkpoint-dir (its AdamW state and step are left)");
+  EXPECT_EQ(snapshot(b), snapshot(untouched));
+  EXPECT_EQ(load_checkpoint(file, b, true).step, 4);
+  for (uint32_t i = 0; i < 3; ++i) {
+    const fb::Parameter& p = *module_.fb().parameters()->Get(i);
+    EXPECT_EQ(bytes_of(b, p.value()), bytes_of(a, bf16.fb().parameters()->Get(i)->value())) << i;
+    for (uint32_t idx : {p.grad(), p.adam_m(), p.adam_v()}) EXPECT_EQ(bytes_of(b, idx), bytes_of(untouched, idx)) << i;
+  }
+}
+
+TEST_F(CheckpointChecks, GatheredMomentsAreOnePerParameterAndBothAreScanned) {
+  Executor ex(module_);
+  fill(ex, 1);
+  auto gathered = [&](uint32_t n) {
+    WholeMoments g;
+    for (uint32_t i = 0; i < n; ++i) {
+      const fb::Parameter& p = *module_.fb().parameters()->Get(i);
+      g.adam_m.push_back(ex.f32(p.adam_m()));
+      g.adam_v.push_back(ex.f32(p.adam_v()));
+    }
+    return g;
+  };
+  EXPECT_EQ(error_of([&] { save_checkpoint(dir_.string(), ex, sample_state(2), 0, gathered(2)); }),
+            dir_.string() + ": 2 gathered moments for 3 parameters");
+  WholeMoments bad_m = gathered(3);
+  std::vector<float> m1(bad_m.adam_m[1], bad_m.adam_m[1] + 48);
+  m1[5] = NAN;
+  bad_m.adam_m[1] = m1.data();
+  EXPECT_NE(error_of([&] { save_checkpoint(dir_.string(), ex, sample_state(2), 0, bad_m); })
+                .find("ckpt_00000002.kiln-ckpt: not written: parameter 'h.0.attn.c_attn.weight' (AdamW m) holds a NaN"),
+            std::string::npos);
+  EXPECT_TRUE(listing(dir_).empty());
+}
+
+// A temporary whose writer ran here and is gone is counted as free space and removed by the next
+// save; one of a running writer, or not named as a checkpoint's, stays.
+TEST_F(CheckpointChecks, StaleTemporariesAreCountedAndRemovedByTheNextSave) {
+  fs::create_directories(dir_);
+  const std::string dead = ".tmp.999999999", alive = ".tmp." + std::to_string(getpid());  // above any pid_max
+  const std::vector<std::string> stale = {"ckpt_00000001.kiln-ckpt" + dead, "latest" + dead};
+  write_bytes(dir_ / stale[0], std::vector<uint8_t>(10000, 1));
+  write_bytes(dir_ / stale[1], {1});
+  write_bytes(dir_ / ("notes" + dead), {1});
+  write_bytes(dir_ / ("ckpt_00000001.kiln-ckpt" + alive), {1});
+  uint64_t blocks = 0;
+  for (const std::string& name : stale) {
+    struct stat st {};
+    ASSERT_EQ(::stat((dir_ / name).c_str(), &st), 0);
+    blocks += uint64_t(st.st_blocks) * 512;
+  }
+  EXPECT_EQ(stale_temporary_bytes(dir_.string()), blocks);
+  Executor ex(module_);
+  save_checkpoint(dir_.string(), ex, sample_state(2), 0);
+  EXPECT_EQ(listing(dir_), (std::set<std::string>{"ckpt_00000002.kiln-ckpt", "latest", "notes" + dead,
+                                                  "ckpt_00000001.kiln-ckpt" + alive}));
+  EXPECT_EQ(stale_temporary_bytes(dir_.string()), 0u);
+}
+
+TEST_F(CheckpointChecks, CheckpointFileNames) {
+  EXPECT_TRUE(is_checkpoint_file_name("latest"));
+  EXPECT_TRUE(is_checkpoint_file_name("ckpt_0.kiln-ckpt"));
+  EXPECT_TRUE(is_checkpoint_file_name("ckpt_" + std::string(18, '9') + ".kiln-ckpt"));
+  EXPECT_FALSE(is_checkpoint_file_name("ckpt_" + std::string(19, '9') + ".kiln-ckpt"));  // past INT64_MAX
+  EXPECT_FALSE(is_checkpoint_file_name("ckpt_.kiln-ckpt"));
+  EXPECT_FALSE(is_checkpoint_file_name("ckpt_1a.kiln-ckpt"));
+  EXPECT_FALSE(is_checkpoint_file_name("latest.tmp.1"));
+}
+
+TEST_F(CheckpointChecks, ListingTakesRegularFilesNamedByStepHighestFirst) {
+  fs::create_directories(dir_ / "ckpt_00000030.kiln-ckpt");  // a folder is no checkpoint
+  for (const char* name : {"ckpt_00000002.kiln-ckpt", "ckpt_00000010.kiln-ckpt", "ckpt_00000040.kiln-ckpt.tmp.1", "notes"})
+    write_bytes(dir_ / name, {1});
+  EXPECT_EQ(list_checkpoints(dir_.string()),
+            (std::vector<std::pair<int64_t, std::string>>{{10, "ckpt_00000010.kiln-ckpt"}, {2, "ckpt_00000002.kiln-ckpt"}}));
+  EXPECT_TRUE(list_checkpoints((dir_ / "missing").string()).empty());
+  const std::string notes = (dir_ / "notes").string();
+  EXPECT_EQ(error_of([&] { list_checkpoints(notes); }), notes + ": listing checkpoints: Not a directory");
+}
+
+TEST_F(CheckpointChecks, PruneKeepsTheNewestAndTheHighestOthersAndCountsWhatItDeleted) {
+  fs::create_directories(dir_);
+  for (int step = 1; step <= 5; ++step) write_bytes(dir_ / ("ckpt_0000000" + std::to_string(step) + ".kiln-ckpt"), {1});
+  EXPECT_EQ(prune_checkpoints(dir_.string(), "ckpt_00000002.kiln-ckpt", 0, ""), 0);
+  EXPECT_EQ(prune_checkpoints(dir_.string(), "ckpt_00000002.kiln-ckpt", 2, ""), 3);
+  EXPECT_EQ(listing(dir_), (std::set<std::string>{"ckpt_00000002.kiln-ckpt", "ckpt_00000005.kiln-ckpt"}));
+}
+
+TEST_F(CheckpointChecks, NewestWholeCheckpointSkipsTheGivenOneAndDamagedOnes) {
+  Executor ex(module_);
+  std::vector<std::string> path;
+  for (int64_t step : {1, 2, 3}) path.push_back(save_checkpoint(dir_.string(), ex, sample_state(step), 0));
+  auto damaged = read_file(path[1]);
+  damaged[40] ^= 1;
+  write_bytes(path[1], damaged);
+  EXPECT_FALSE(is_whole_checkpoint(path[1]));
+  EXPECT_EQ(newest_whole_checkpoint(dir_.string(), path[2]), path[0]);
+  EXPECT_EQ(newest_whole_checkpoint(dir_.string(), path[0]), path[2]);
+}
+
+TEST_F(CheckpointChecks, DataBytesAreTheFilesTensorSection) {
+  Executor ex(module_);
+  const auto b = read_file(save_checkpoint(dir_.string(), ex, sample_state(1), 0));
+  uint64_t header_len;
+  std::memcpy(&header_len, &b[16], 8);
+  EXPECT_EQ(checkpoint_data_bytes(module_), b.size() - 32 - header_len - 4);
+  EXPECT_EQ(checkpoint_data_bytes(module_), 3u * (64 + 48 + 4) * 4);  // value, m and v of each element
+}
+
+TEST_F(CheckpointChecks, ACutFileSaysHowMuchIsLeft) {
+  Executor ex(module_);
+  const auto good = read_file(save_checkpoint(dir_.string(), ex, sample_state(1), 0));
+  const fs::path cut = dir_ / "cut.kiln-ckpt";
+  for (const auto& [len, want] : {std::pair<long, std::string>{0, "is empty (0 bytes), not a Kiln checkpoint"},
+                                  {1, "a Kiln checkpoint cut short (truncated: only 1 byte)"},
+                                  {7, "a Kiln checkpoint cut short (truncated: only 7 bytes)"},
+                                  {35, "checksum mismatch (file corrupt or truncated: only 35 bytes)"}}) {
+    write_bytes(cut, {good.begin(), good.begin() + len});
+    EXPECT_EQ(error_of([&] { load_checkpoint(cut.string(), ex); }), cut.string() + ": " + want) << len;
+  }
 }
 
 }  // namespace
