@@ -465,8 +465,8 @@ std::string save_checkpoint(const std::string& dir, Executor& ex, const Training
   const Module& m = ex.module();
   const size_t n_params = m.fb().parameters()->size();
   if (!moments.empty() && (moments.adam_m.size() != n_params || moments.adam_v.size() != n_params))
-    throw Error(d.string() + ": " + std::to_string(moments.adam_m.size()) + " gathered moments for " +
-                std::to_string(n_params) + " parameters");
+    throw Error(d.string() + ": the gathered moments are " + std::to_string(moments.adam_m.size()) + " first and " +
+                std::to_string(moments.adam_v.size()) + " second for " + std::to_string(n_params) + " parameters");
   // The gathered moments, else the executor's own (kiln::Error when it keeps slices of them).
   auto moment = [&](uint32_t p, bool second) -> const float* {
     const fb::Parameter& prm = *m.fb().parameters()->Get(p);

@@ -860,7 +860,11 @@ TEST_F(CheckpointChecks, GatheredMomentsAreOnePerParameterAndBothAreScanned) {
     return g;
   };
   EXPECT_EQ(error_of([&] { save_checkpoint(dir_.string(), ex, sample_state(2), 0, gathered(2)); }),
-            dir_.string() + ": 2 gathered moments for 3 parameters");
+            dir_.string() + ": the gathered moments are 2 first and 2 second for 3 parameters");
+  WholeMoments short_v = gathered(3);
+  short_v.adam_v.pop_back();
+  EXPECT_EQ(error_of([&] { save_checkpoint(dir_.string(), ex, sample_state(2), 0, std::move(short_v)); }),
+            dir_.string() + ": the gathered moments are 3 first and 2 second for 3 parameters");
   WholeMoments bad_m = gathered(3);
   std::vector<float> m1(bad_m.adam_m[1], bad_m.adam_m[1] + 48);
   m1[5] = NAN;
