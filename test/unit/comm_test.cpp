@@ -21,61 +21,24 @@
 #include "runtime/rank_agreement.h"
 #include "test/unit/module_builder.h"
 #include "test/unit/param_module.h"
+#include "test/unit/tcp_ranks.h"
 #include "test/unit/temp_dir_fixture.h"
 
 namespace kiln {
 namespace {
 
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
+using testing::free_port;
+using testing::on_tcp_ranks;
+using testing::ScopedEnv;
 
-// Runs body(rank, comm) on `world` TCP ranks, one thread each; returns each rank's error ("" if none).
-std::vector<std::string> on_tcp_ranks(int world, const std::function<void(int, Communicator&)>& body,
-                                      double timeout_s = 20) {
-  const int port = free_port();
-  std::vector<std::string> errors(static_cast<size_t>(world));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        TcpOptions o;
-        o.rank = r, o.world_size = world, o.local_rank = r, o.master_port = port, o.timeout_s = timeout_s;
-        auto comm = make_tcp_communicator(o);
-        body(r, *comm);
-      } catch (const std::exception& e) {
-        errors[size_t(r)] = e.what();
-      }
-    });
-  for (auto& t : threads) t.join();
-  return errors;
-}
-
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) had_ = true, old_ = old;
-    if (value) ::setenv(name, value, 1);
-    else ::unsetenv(name);
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
   }
-  ~ScopedEnv() {
-    if (had_) ::setenv(name_, old_.c_str(), 1);
-    else ::unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  bool had_ = false;
-  std::string old_;
-};
+  return "";
+}
 
 TEST(Comm, SelectionFollowsTheLauncher) {
   ScopedEnv a("OMPI_COMM_WORLD_SIZE", nullptr), b("PMI_SIZE", nullptr), c("PMIX_RANK", nullptr),
@@ -98,6 +61,77 @@ TEST(Comm, SelectionFollowsTheLauncher) {
               std::string::npos) << e.what();
   }
   EXPECT_THROW(parse_comm_backend("gloo"), Error);
+  // "gpu" is a GPU target as "cuda..." is: not refused as a host one.
+  EXPECT_EQ(error_of([] { select_comm_backend(CommBackend::Nccl, "gpu"); }).find("but the module targets"),
+            std::string::npos);
+}
+
+// KILN_COMM_TIMEOUT: a positive number in full, at most a billion seconds; 600 when unset.
+TEST(Comm, TimeoutFromTheEnvironment) {
+  const auto timeout = [](const char* v) {
+    ScopedEnv t("KILN_COMM_TIMEOUT", v);
+    try {
+      return std::to_string(comm_timeout_seconds());
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+  };
+  EXPECT_EQ(timeout(nullptr), "600.000000");
+  EXPECT_EQ(timeout("2.5"), "2.500000");
+  EXPECT_EQ(timeout("1e12"), "1000000000.000000");
+  EXPECT_EQ(timeout("0"), "environment: KILN_COMM_TIMEOUT='0' is not a positive number of seconds");
+  EXPECT_EQ(timeout("5x"), "environment: KILN_COMM_TIMEOUT='5x' is not a positive number of seconds");
+}
+
+// The rank and world a launcher set: MPI's variables (srun's PMIX_RANK with SLURM_NTASKS, not the
+// task count alone), else RANK and WORLD_SIZE, which must fit together.
+TEST(Comm, LauncherRankReadsTheLaunchersVariables) {
+  ScopedEnv a("OMPI_COMM_WORLD_SIZE", nullptr), b("PMI_SIZE", nullptr), c("PMIX_RANK", nullptr),
+      d("WORLD_SIZE", nullptr), e("RANK", nullptr), f("SLURM_NTASKS", "4"), g("OMPI_NUM_APP_CTX", nullptr);
+  const auto rank = [] {
+    try {
+      const auto [r, w] = launcher_rank();
+      return std::to_string(r) + " of " + std::to_string(w);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+  };
+  EXPECT_EQ(rank(), "0 of 1");
+  {
+    ScopedEnv bad("WORLD_SIZE", "2x");
+    EXPECT_EQ(rank(), "environment: WORLD_SIZE='2x' is not a rank count or index");
+  }
+  {
+    ScopedEnv pmix("PMIX_RANK", "2");
+    EXPECT_EQ(rank(), "2 of 4");
+  }
+  {
+    ScopedEnv w("WORLD_SIZE", "1");
+    EXPECT_EQ(rank(), "0 of 1");  // (RANK unset is rank 0 of a world of one)
+  }
+  ScopedEnv w("WORLD_SIZE", "3");
+  EXPECT_EQ(rank(), "environment: WORLD_SIZE=3 but RANK is not set (a launcher sets both, as torchrun does)");
+  {
+    ScopedEnv r("RANK", "2");
+    EXPECT_EQ(rank(), "2 of 3");
+  }
+  {
+    ScopedEnv r("RANK", "3");
+    EXPECT_EQ(rank(), "environment: RANK=3 is not in [0, WORLD_SIZE=3)");
+  }
+  {
+    ScopedEnv zero("WORLD_SIZE", "0");
+    EXPECT_EQ(error_of([] { select_comm_backend(CommBackend::Auto, "cpu"); }),
+              "environment: WORLD_SIZE=0: a world has at least one rank");
+  }
+  ScopedEnv ompi("OMPI_COMM_WORLD_SIZE", "2");
+  EXPECT_FALSE(launcher_same_command());
+  ScopedEnv one_app("OMPI_NUM_APP_CTX", "1");
+  EXPECT_TRUE(launcher_same_command());
+  ScopedEnv two_apps("OMPI_NUM_APP_CTX", "2");
+  EXPECT_FALSE(launcher_same_command());
+  ScopedEnv ompi_rank("OMPI_COMM_WORLD_RANK", "0"), pmi_rank("PMI_RANK", "1");
+  EXPECT_EQ(rank(), "0 of 2");  // the first one set, even at 0
 }
 
 TEST(Comm, SingleProcessIsANoOp) {
