@@ -19,6 +19,7 @@
 #include "runtime/error.h"
 #include "runtime/executor.h"
 #include "runtime/rank_agreement.h"
+#include "test/unit/error_of.h"
 #include "test/unit/module_builder.h"
 #include "test/unit/param_module.h"
 #include "test/unit/tcp_ranks.h"
@@ -31,15 +32,7 @@ using testing::free_port;
 using testing::on_tcp_ranks;
 using testing::ScopedEnv;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
+using testing::error_of;
 TEST(Comm, SelectionFollowsTheLauncher) {
   ScopedEnv a("OMPI_COMM_WORLD_SIZE", nullptr), b("PMI_SIZE", nullptr), c("PMIX_RANK", nullptr),
       d("WORLD_SIZE", nullptr);

@@ -8,21 +8,13 @@
 
 #include "runtime/data_parallel.h"
 #include "runtime/error.h"
+#include "test/unit/error_of.h"
 #include "test/unit/module_builder.h"
 
 namespace kiln {
 namespace {
 
 using namespace kiln::testing;
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 TEST(BucketPlan, AParameterEndingAtAPieceBoundaryIsNoneOfTheNextRanks) {
   // One bucket [p1 p0] of 8 elements, pieces 4 and 4: p1 is rank 0's whole piece, p0 rank 1's.

@@ -14,20 +14,12 @@
 #include "runtime/executor.h"
 #include "runtime/module.h"
 #include "module_builder.h"
+#include "test/unit/error_of.h"
 
 namespace kiln {
 namespace {
 
 using namespace kiln::testing;
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 #define EXPECT_HAS(text, part) EXPECT_NE(std::string(text).find(part), std::string::npos) << (text)
 
