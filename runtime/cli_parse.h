@@ -44,8 +44,8 @@ CLI::Validator whole(Bound<T> min, Bound<T> max = std::numeric_limits<T>::max())
                                       : "in [" + std::to_string(min) + ", " + std::to_string(max) + "]";
         // The digits' magnitude; past 64 bits, 2^64 stands for it (every T's bounds lie within +-2^64).
         uint64_t magnitude = 0;
-        const auto [stop, err] = digits ? std::from_chars(s.data() + first, s.data() + s.size(), magnitude)
-                                        : std::from_chars_result{s.data(), std::errc::invalid_argument};
+        const std::errc err = digits ? std::from_chars(s.data() + first, s.data() + s.size(), magnitude).ec
+                                     : std::errc::invalid_argument;
         if (!digits || leading_zero || (err != std::errc() && err != std::errc::result_out_of_range))
           return "Value " + s + " is not a whole number " + range + (leading_zero ? " (no leading zeros)" : "");
         const bool negative = s[0] == '-';
