@@ -510,15 +510,16 @@ int cmd_prepare(const Gpt2Tokenizer& tok, const PrepareOptions& o) {
     fs::remove_all(tmp, ec);
     untrack_staging_folder();
 
+    // The first 5 of each are named, the rest counted.
+    const auto and_more = [](size_t count, const char* one, const char* many) {
+      if (count > 5) std::fprintf(stderr, "note: and %zu more %s\n", count - 5, count == 6 ? one : many);
+    };
     for (size_t k = 0; k < not_text.size() && k < 5; ++k)
       std::fprintf(stderr, "note: %s: its bytes were tokenized as they are\n", one_line(not_text[k]).c_str());
-    if (not_text.size() > 5)
-      std::fprintf(stderr, "note: and %zu more document%s that %s not UTF-8 text\n", not_text.size() - 5,
-                   not_text.size() == 6 ? "" : "s", not_text.size() == 6 ? "is" : "are");
+    and_more(not_text.size(), "document that is not UTF-8 text", "documents that are not UTF-8 text");
     for (size_t k = 0; k < empty.size() && k < 5; ++k)
       std::fprintf(stderr, "note: %s is empty: it adds only <|endoftext|>\n", one_line(empty[k]).c_str());
-    if (empty.size() > 5)
-      std::fprintf(stderr, "note: and %zu more empty document%s\n", empty.size() - 5, empty.size() == 6 ? "" : "s");
+    and_more(empty.size(), "empty document", "empty documents");
     const double t = seconds_since(start);
     std::printf("prepared %zu document%s (%.2f MB) in %.2f s, %.1f MB/s\n", n, n == 1 ? "" : "s", bytes_done / 1e6, t,
                 t > 0 ? bytes_done / 1e6 / t : 0.0);

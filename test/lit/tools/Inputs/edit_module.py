@@ -13,6 +13,8 @@ import sys
 import tempfile
 import zlib
 
+import module_json
+
 
 def crc32_slot(schema):
     """The vtable slot of the Module table's crc32 field: its place among the table's fields."""
@@ -40,11 +42,7 @@ keep_crc = args[:1] == ["--keep-crc"]
 schema, src, out, edit = args[1:5] if keep_crc else args[0:4]
 tmp = tempfile.mkdtemp()
 try:
-    shutil.copy(src, os.path.join(tmp, "m.kiln"))
-    subprocess.check_call(["flatc", "--json", "--strict-json", "--raw-binary", "-o", tmp, schema, "--",
-                           os.path.join(tmp, "m.kiln")])
-    with open(os.path.join(tmp, "m.json")) as f:
-        d = json.load(f)
+    d = module_json.load(schema, src)
     exec(edit)
     with open(os.path.join(tmp, "x.json"), "w") as f:
         json.dump(d, f)

@@ -4,18 +4,11 @@
 #   program P: its activation_size is where its activations end (offset - state + aligned size);
 #   activation/naive/arena: the largest program's plan; the largest sum of a program's aligned
 #   activations (no reuse); state + activations.
-import json
-import os
-import shutil
-import subprocess
 import sys
-import tempfile
 
-schema, module = sys.argv[1:3]
-tmp = tempfile.mkdtemp()
-subprocess.check_call(["flatc", "--json", "--strict-json", "--raw-binary", "-o", tmp, schema, "--", module])
-d = json.load(open(os.path.join(tmp, os.path.splitext(os.path.basename(module))[0] + ".json")))
-shutil.rmtree(tmp)
+import module_json
+
+d = module_json.load(*sys.argv[1:3])
 align = lambda n: (n + 255) // 256 * 256
 bufs = d["buffers"]
 state = 0
