@@ -241,6 +241,7 @@ DataLoader::DataLoader(const std::vector<std::string>& files_or_globs, int64_t B
     const FileId id = file_id(f);  // (before the header read: a change after it is seen at load)
     const int64_t count = open_shard(f, {}, nullptr);
     all_counts_.push_back(count);
+    all_files_.push_back(f);
     if (count < need.tokens()) {
       skipped_.push_back({std::move(f), count});
       continue;

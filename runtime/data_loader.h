@@ -82,6 +82,7 @@ class DataLoader {
   // Every file the patterns matched, the short ones too, by its index among them: a checkpoint
   // names its shard so, since which files are left out depends on B*T and the rank count.
   const std::vector<int64_t>& all_shard_tokens() const { return all_counts_; }
+  const std::vector<std::string>& all_files() const { return all_files_; }
   size_t file_index(size_t shard) const { return index_[shard]; }
   // The first shard read from file `file_index` on (cyclically), and whether it is that file.
   std::pair<size_t, bool> shard_from_file(size_t file_index) const;
@@ -99,6 +100,7 @@ class DataLoader {
 
   std::string pattern_;  // the patterns as given, for messages
   std::vector<std::string> files_;
+  std::vector<std::string> all_files_;  // every file matched, by its index (as all_counts_)
   int64_t B_, T_;
   int rank_, world_size_;
   int64_t step_;  // B*T*world_size: tokens consumed per next() by all ranks together

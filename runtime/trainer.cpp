@@ -125,11 +125,12 @@ void note_resume_changes(const std::string& checkpoint, const nlohmann::json& ex
                  "that of %lld steps\n", (long long)o.steps, checkpoint.c_str(), (long long)steps->get<int64_t>(),
                  (long long)o.steps);
   // (Every file's count where the checkpoint has them: those left out differ with B and T.)
-  // (Other shards, where the position was found by the shard's name, were said with it.)
+  // (Other shards, where the position was found by the shard's name, were said with it; a finished
+  // run resumed, a requeued job, reads none.)
   const bool every_file = extra.contains("all_shard_tokens");
   if (const auto counts = extra.find(every_file ? "all_shard_tokens" : "shard_tokens"); counts != extra.end() &&
       counts->is_array() && *counts != nlohmann::json(every_file ? data.all_shard_tokens() : data.shard_tokens()) &&
-      !data_said)
+      !data_said && step < o.steps)
     std::fprintf(stderr, "note: --data is not the data of the run that wrote %s (its shards held other numbers of "
                  "tokens): the run goes on at token %lld of %s\n", checkpoint.c_str(), (long long)data.position(),
                  data.files()[data.shard()].c_str());
@@ -394,18 +395,27 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
       if (file_name != extra.end() && file_name->is_string()) {
         // The shard the checkpoint was reading, by its name (the same file however spelled): the
         // files may have changed with the same token counts, and an index would name another.
+        // It is looked for among every file --data matched: one this module leaves out as too
+        // short for its batch is among them, and the run goes on at the next shard's start.
         const std::string name = file_name->get<std::string>();
         const auto& files = loader.files();
-        std::optional<size_t> named;
-        for (size_t s = 0; s < files.size() && !named; ++s) {
+        const auto& all_files = loader.all_files();
+        std::optional<size_t> named;  // its index among every file matched
+        for (size_t f = 0; f < all_files.size() && !named; ++f) {
           std::error_code ec;
-          if (files[s] == name || std::filesystem::equivalent(files[s], name, ec)) named = s;
+          if (all_files[f] == name || std::filesystem::equivalent(all_files[f], name, ec)) named = f;
         }
-        if (same_data) same_data = named && loader.shard_from_file(file->get<size_t>()) == std::pair{*named, true};
+        if (same_data) same_data = named == file->get<size_t>();
         if (!same_data) {
           std::string where;
-          if (named) {
-            shard = *named;
+          if (named && !loader.shard_from_file(*named).second) {
+            shard = loader.shard_from_file(*named).first;
+            position = 0;
+            where = "it was reading " + one_line(all_files[*named]) + ", which holds no step of " +
+                    std::to_string(loader.tokens_per_call() + 1) + " tokens for this module: it goes on at the start of " +
+                    one_line(files[shard]);
+          } else if (named) {
+            shard = loader.shard_from_file(*named).first;
             where = "it goes on in " + one_line(files[shard]) + ", the shard it was reading";
             if (holds_no_step(shard, position)) {  // (as below)
               shard = (shard + 1) % files.size();

@@ -6,6 +6,9 @@
 #              (not the tokens per step)
 #   log-two-lines  extra.log_pending holding one string of two log lines
 #   log-not-record extra.log_pending holding a line that is no training log record
+#   no-file-name   without extra.data_file_name, as written before shards were named (72e4e1b)
+#   no-file-index  also without extra.data_file and extra.all_shard_tokens, as written before
+#                  a shard was found among every file matched (73f26f6): shard_tokens only
 import json, struct, sys, zlib
 edit, src, dst = sys.argv[1:4]
 b = open(src, "rb").read()
@@ -21,6 +24,10 @@ elif edit == "log-two-lines":
     h["extra"]["log_pending"] = ['{"step":0,"loss":1}\n{"step":1,"loss":1}']
 elif edit == "log-not-record":
     h["extra"]["log_pending"] = ["not a log line"]
+elif edit in ("no-file-name", "no-file-index"):
+    del h["extra"]["data_file_name"]
+    if edit == "no-file-index":
+        del h["extra"]["data_file"], h["extra"]["all_shard_tokens"]
 else:
     sys.exit(f"forge_ckpt_header.py: unknown edit {edit!r}")
 text = json.dumps(h, separators=(",", ":")).encode()
