@@ -659,6 +659,32 @@ TEST(CpuKernels, AttentionFwdLargeScoresStayFinite) {
   ExpectClose(lse, rlse, 1e-3, 1e-5, "attention_fwd large scores lse");
 }
 
+TEST(CpuKernels, AttentionOutputsOverwriteNaNGarbage) {
+  // Outputs may live in reused memory holding anything, NaN included: every element must be
+  // written, not scaled (NaN * 0 is NaN). Checks attention_fwd and decode_attention (one
+  // position per call) on a NaN-filled out, against the materialised reference.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (const AttnShape& s : kAttnShapes) {
+    const VecF qkv = Random(s.B * s.T * 3 * s.C, 103, -1.5f, 1.5f);
+    VecD rout, rlse;
+    AttentionFwdRef(rout, rlse, ToDouble(qkv), s.B, s.T, s.C, s.H);
+    VecF out(s.B * s.T * s.C, nan), lse(s.B * s.H * s.T, nan);
+    attention_fwd(out.data(), lse.data(), qkv.data(), s.B, s.T, s.C, s.H);
+    ExpectClose(out, rout, 1e-6, 1e-5, "attention_fwd over NaN out " + Name(s));
+    ExpectClose(lse, rlse, 1e-6, 1e-5, "attention_fwd over NaN lse " + Name(s));
+
+    VecF cache(2 * s.B * s.T * s.C, nan), dec(s.B * s.T * s.C, nan);
+    VecF one(s.B * 3 * s.C), one_out(s.B * s.C);
+    for (int64_t p = 0; p < s.T; ++p) {
+      for (int64_t b = 0; b < s.B; ++b) std::copy_n(qkv.begin() + (b * s.T + p) * 3 * s.C, 3 * s.C, one.begin() + b * 3 * s.C);
+      std::fill(one_out.begin(), one_out.end(), nan);
+      decode_attention(one_out.data(), cache.data(), one.data(), p, s.B, s.C, s.H, s.T);
+      for (int64_t b = 0; b < s.B; ++b) std::copy_n(one_out.begin() + b * s.C, s.C, dec.begin() + (b * s.T + p) * s.C);
+    }
+    ExpectClose(dec, rout, 1e-6, 1e-5, "decode_attention over NaN out " + Name(s));
+  }
+}
+
 TEST(CpuKernels, AttentionBwd) {
   for (const AttnShape& s : kAttnShapes) {
     const VecF qkv = Random(s.B * s.T * 3 * s.C, 110, -1.5f, 1.5f);
@@ -789,6 +815,52 @@ TEST(CpuKernels, CrossEntropyPaddedColumnsMatchUnpadded) {
   ASSERT_EQ(pad.size(), size_t(kN * (kVp - kV)));
   EXPECT_TRUE(std::all_of(pad.begin(), pad.end(), [](float x) { return x == 0.0f && !std::signbit(x); }))
       << "the padded columns' gradient must be exactly +0";
+}
+
+TEST(CpuKernels, CrossEntropyDominantFirstOrLastClassStable) {
+  // One logit 200 above the rest (exp(200) overflows fp32) in the first or the last class
+  // column, in rows padded to V > valid with garbage: the max subtracted before exp must range
+  // over every class column, including both ends, or that row's lse becomes inf.
+  constexpr int64_t kRows = 4, kValid = kV, kVp = kV + 3;
+  const VecF base = Random(kRows * kValid, 131, -4.0f, 4.0f);
+  const std::vector<int32_t> targets = {0, int32_t(kValid - 1), 5, 3};
+  const int64_t hot[kRows] = {0, kValid - 1, 0, kValid - 1};  // column given +200 in each row
+  VecF logits(base), padded = Random(kRows * kVp, 132, 50.0f, 100.0f);
+  for (int64_t i = 0; i < kRows; i++) {
+    logits[i * kValid + hot[i]] += 200.0f;
+    std::copy_n(logits.begin() + i * kValid, kValid, padded.begin() + i * kVp);
+  }
+  VecD rlse;
+  const double want = CrossEntropyRef(ToDouble(logits), targets, kRows, kValid, &rlse);
+  const float dloss = 1.3f;
+  VecD want_d(kRows * kVp, 0.0);  // padded layout; padded columns stay 0
+  for (int64_t i = 0; i < kRows; i++) {
+    for (int64_t j = 0; j < kValid; j++) {
+      const double p = std::exp(logits[i * kValid + j] - rlse[i]);
+      want_d[i * kVp + j] = dloss / kRows * (p - (j == targets[i] ? 1.0 : 0.0));
+    }
+  }
+  float loss = 0.0f;
+  VecF lse(kRows), dlogits(kRows * kVp, 4.0f);
+  cross_entropy_fwd(&loss, lse.data(), padded.data(), targets.data(), kRows, kVp, kValid);
+  // Rows 2 and 3 lose ~200 (their target is not the hot class), rows 0 and 1 ~0: the loss is
+  // ~100, lse ~204, both within a few fp32 ulps.
+  EXPECT_NEAR(loss, want, 1e-5 * std::fabs(want));
+  ExpectClose(lse, rlse, 0.0, 1e-6, "cross_entropy_fwd dominant end class lse");
+  cross_entropy_bwd(dlogits.data(), &dloss, padded.data(), lse.data(), targets.data(), kRows, kVp,
+                    kValid);
+  ExpectClose(dlogits, want_d, 1e-6, 1e-4, "cross_entropy_bwd dominant end class");
+}
+
+TEST(CpuKernels, CrossEntropyNoRows) {
+  // N = 0 (an empty batch): the kernel defines the mean over no rows as 0, not 0/0 = NaN, and
+  // the backward writes nothing.
+  float loss = 7.0f, dlogits = 7.0f;
+  const float dloss = 1.0f;
+  cross_entropy_fwd(&loss, nullptr, nullptr, nullptr, 0, kV, kV);
+  EXPECT_EQ(loss, 0.0f);
+  cross_entropy_bwd(&dlogits, &dloss, nullptr, nullptr, nullptr, 0, kV, kV);
+  EXPECT_EQ(dlogits, 7.0f);
 }
 
 // ------------------------------------------------------------------------------------------------
