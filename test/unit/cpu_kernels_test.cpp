@@ -410,6 +410,20 @@ TEST(CpuKernels, GeluFwd) {
   ExpectClose(out, want, 1e-6, 1e-5, "gelu_fwd");
 }
 
+TEST(CpuKernels, GeluFwdTightWhereWellConditioned) {
+  // For u >= -1 (no cancellation in 1 + tanh) fp32 gelu is good to a few ulps, tight enough to
+  // pin sqrt(2 / pi) to its ~6th digit (GeluFwd's 1e-5 relative would not).
+  const int64_t n = 1001;
+  VecF x(n);
+  for (int64_t i = 0; i < n; i++) x[i] = -1.0f + 4.0f * static_cast<float>(i) / (n - 1);
+  VecF out(n);
+  gelu_fwd(out.data(), x.data(), n);
+  VecD want(n);
+  for (int64_t i = 0; i < n; i++) want[i] = GeluRef(x[i]);
+  // Measured within 2e-7 relative; a 6-digit sqrt(2 / pi) (0.79788) is ~1.3e-6 off.
+  ExpectClose(out, want, 1e-8, 5e-7, "gelu_fwd on [-1, 3]");
+}
+
 TEST(CpuKernels, GeluBwd) {
   const int64_t n = 101;
   VecF x = Random(n, 41, -6.0f, 6.0f);
@@ -526,6 +540,24 @@ TEST(CpuKernels, LayerNormFwd) {
   ExpectClose(out, r.out, 1e-4, 1e-4, "layernorm_fwd out");
   ExpectClose(mean, r.mean, 0.0, 1e-6, "layernorm_fwd mean");
   ExpectClose(rstd, r.rstd, 0.0, 1e-4, "layernorm_fwd rstd");
+}
+
+TEST(CpuKernels, LayerNormFwdWideRowsLargeOffsetAccumulateInDouble) {
+  // GPT-2 width (C = 768) around a common offset of 1000: summed in fp32, the row sum (~7.7e5,
+  // ulp 0.06) and the squared deviations would be off by ~1e-6 relative, ten times the one-ulp
+  // rounding of a double-accumulated mean and rstd checked here.
+  const int64_t N = 16, C = 768;
+  const float eps = 1e-5f;
+  VecF x = Random(N * C, 83, -1.0f, 1.0f);
+  for (auto& v : x) v += 1000.0f;
+  const VecF w = Random(C, 84), b = Random(C, 85);
+  VecF out(N * C), mean(N), rstd(N);
+  layernorm_fwd(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, eps);
+  LayerNormRef r = LayerNormFwdRef(ToDouble(x), ToDouble(w), ToDouble(b), N, C, eps);
+  ExpectClose(mean, r.mean, 0.0, 6e-8, "layernorm_fwd mean, one fp32 rounding");   // 2^-24
+  ExpectClose(rstd, r.rstd, 0.0, 1.2e-7, "layernorm_fwd rstd, one fp32 rounding");  // 2^-23
+  // out uses the fp32 mean (off by <= 3e-5 at 1000) times rstd ~1.7: within 1e-4.
+  ExpectClose(out, r.out, 1e-4, 1e-5, "layernorm_fwd out (C=768, offset 1000)");
 }
 
 TEST(CpuKernels, LayerNormBwd) {
@@ -712,6 +744,23 @@ TEST(CpuKernels, AttentionBwd) {
 // ------------------------------------------------------------------------------------------------
 // Cross-entropy
 
+TEST(CpuKernels, AttentionBwdLargeScoresStayFinite) {
+  // Scores of order 1e3 (as in AttentionFwdLargeScoresStayFinite): p must be rebuilt as
+  // exp(s - lse), never exp(s) / exp(lse), which is inf / inf.
+  const AttnShape s{kB, kT, kC, kH};
+  VecF qkv = Random(s.B * s.T * 3 * s.C, 112, -1.0f, 1.0f);
+  for (auto& x : qkv) x *= 30.0f;
+  const VecF dout = Random(s.B * s.T * s.C, 113);
+  VecF out(s.B * s.T * s.C), lse(s.B * s.H * s.T);
+  attention_fwd(out.data(), lse.data(), qkv.data(), s.B, s.T, s.C, s.H);
+  VecF dqkv(s.B * s.T * 3 * s.C, 8.0f);
+  attention_bwd(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), s.B, s.T, s.C, s.H);
+  // Scores of ~1e3 carry ~1e-4 of fp32 rounding into the exponent, so p and the gradients built
+  // from it are good to ~1e-4 relative; elements that cancel towards 0 measured up to 5e-5 off.
+  ExpectClose(dqkv, AttentionBwdRef(ToDouble(dout), ToDouble(qkv), s.B, s.T, s.C, s.H), 2e-4, 1e-4,
+              "attention_bwd large scores");
+}
+
 TEST(CpuKernels, CrossEntropyFwd) {
   const VecF logits = Random(kN * kV, 120, -4.0f, 4.0f);
   const auto targets = RandomIndices(kN, kV, 121);
@@ -852,6 +901,21 @@ TEST(CpuKernels, CrossEntropyDominantFirstOrLastClassStable) {
   ExpectClose(dlogits, want_d, 1e-6, 1e-4, "cross_entropy_bwd dominant end class");
 }
 
+TEST(CpuKernels, CrossEntropyFwdGpt2VocabularyAccumulatesInDouble) {
+  // GPT-2's 50257 classes: summed in fp32, sum exp (~4e4, ulp ~4e-3) drifts by ~1e-5 relative,
+  // ~1e-5 in lse (~11); accumulated in double, lse is one fp32 rounding of the exact value.
+  constexpr int64_t kRows = 4, kVocab = 50257;
+  const VecF logits = Random(kRows * kVocab, 133, -4.0f, 4.0f);
+  const auto targets = RandomIndices(kRows, kVocab, 134);
+  float loss = 0.0f;
+  VecF lse(kRows);
+  cross_entropy_fwd(&loss, lse.data(), logits.data(), targets.data(), kRows, kVocab, kVocab);
+  VecD rlse;
+  const double want = CrossEntropyRef(ToDouble(logits), targets, kRows, kVocab, &rlse);
+  ExpectClose(lse, rlse, 0.0, 1.2e-7, "cross_entropy_fwd lse (V=50257)");  // 2^-23
+  EXPECT_NEAR(loss, want, 2.4e-7 * std::fabs(want));
+}
+
 TEST(CpuKernels, CrossEntropyNoRows) {
   // N = 0 (an empty batch): the kernel defines the mean over no rows as 0, not 0/0 = NaN, and
   // the backward writes nothing.
@@ -901,6 +965,29 @@ TEST(CpuKernels, AdamWHandComputedStep) {
   EXPECT_NEAR(v, 0.001249f, 3e-8f);
   const double mhat = 0.04 / 0.19, vhat = 0.001249 / 0.001999;
   EXPECT_NEAR(p, 0.89 - 0.1 * mhat / (std::sqrt(vhat) + 1e-8), 2e-6);
+}
+
+TEST(CpuKernels, AdamWBiasCorrectionEarlyStepsInDouble) {
+  // beta2 = 0.999 at steps 2..10: 1 - beta2^t is ~1e-3..1e-2, so an fp32 beta2^t (one ulp,
+  // 6e-8) would put ~1e-5 relative error into vhat and the update. With p = 0, no decay and
+  // lr = 1 the new p is minus the update itself, which the kernel gets to a few fp32 ulps.
+  const int64_t n = 257;
+  const float b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, gs = 1.0f, lr = 1.0f;
+  const VecF g = Random(n, 144), m0 = Random(n, 145, -0.1f, 0.1f), v0 = Random(n, 146, 0.0f, 0.01f);
+  for (int64_t t : {int64_t{2}, int64_t{3}, int64_t{10}}) {
+    VecF p(n, 0.0f), m(m0), v(v0);
+    VecD want(n);
+    for (int64_t i = 0; i < n; i++) {
+      const double gi = g[i];
+      const double mi = b1 * static_cast<double>(m0[i]) + (1.0 - b1) * gi;
+      const double vi = b2 * static_cast<double>(v0[i]) + (1.0 - b2) * gi * gi;
+      const double mhat = mi / (1.0 - std::pow(static_cast<double>(b1), t));
+      const double vhat = vi / (1.0 - std::pow(static_cast<double>(b2), t));
+      want[i] = -lr * mhat / (std::sqrt(vhat) + eps);
+    }
+    adamw(p.data(), g.data(), m.data(), v.data(), n, gs, lr, b1, b2, eps, 0.0f, t);
+    ExpectClose(p, want, 1e-9, 2e-6, "adamw update at t=" + std::to_string(t));
+  }
 }
 
 TEST(CpuKernels, AdamWVsReference) {
