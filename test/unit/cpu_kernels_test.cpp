@@ -560,6 +560,19 @@ TEST(CpuKernels, LayerNormFwdWideRowsLargeOffsetAccumulateInDouble) {
   ExpectClose(out, r.out, 1e-4, 1e-5, "layernorm_fwd out (C=768, offset 1000)");
 }
 
+TEST(CpuKernels, LayerNormFwdVarianceAroundTheExactMean) {
+  // Around 1e6 fp32 values are 0.0625 apart: the row {1e6, 1e6, 1e6 + 1/16, 1e6 + 1/16} has
+  // mean 1e6 + 1/32, halfway between two floats (the stored mean rounds to 1e6). The variance
+  // must be taken around the exact (double) mean, 1/32^2, not around the rounded one (1/16^2 / 2,
+  // twice as large).
+  const VecF x = {1e6f, 1e6f, 1e6f + 0.0625f, 1e6f + 0.0625f};
+  const VecF w(4, 1.0f), b(4, 0.0f);
+  VecF out(4), mean(1), rstd(1);
+  layernorm_fwd(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), 1, 4, 1e-5f);
+  const double want = 1.0 / std::sqrt(1.0 / 1024.0 + static_cast<double>(1e-5f));
+  EXPECT_NEAR(rstd[0], want, 1.2e-7 * want);
+}
+
 TEST(CpuKernels, LayerNormBwd) {
   const float eps = 1e-5f;
   const VecF x = Random(kN * kC, 90, -2.0f, 3.0f);
@@ -588,6 +601,25 @@ TEST(CpuKernels, LayerNormBwd) {
               "layernorm_bwd dw vs FD");
   ExpectClose(db, FiniteDiff([&](const VecD& v) { return L(xd, wd, v); }, bd), 1e-5, 1e-5,
               "layernorm_bwd db vs FD");
+}
+
+TEST(CpuKernels, LayerNormBwdCommonGradientOffsetCancels) {
+  // dout = 1 + noise of 1e-3 with w = 1 at C = 768: dx = rstd (g - mean(g) - ...) cancels the
+  // common 1 exactly, leaving ~1e-3. mean(g) summed in double is one fp32 rounding (6e-8) off
+  // (dx measured within 1.3e-7); summed in fp32 (partial sums up to 768, ulp 6e-5) it is ~1e-6
+  // off, over three times the 3e-7 allowed.
+  const int64_t N = 4, C = 768;
+  const float eps = 1e-5f;
+  const VecF x = Random(N * C, 98), b(C, 0.0f), w(C, 1.0f);
+  VecF dy = Random(N * C, 99, -1e-3f, 1e-3f);
+  for (auto& v : dy) v += 1.0f;
+  VecF out(N * C), mean(N), rstd(N), dx(N * C), dw(C), db(C);
+  layernorm_fwd(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, eps);
+  layernorm_bwd(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), mean.data(),
+                rstd.data(), N, C);
+  VecD rdx, rdw, rdb;
+  LayerNormBwdRef(rdx, rdw, rdb, ToDouble(dy), ToDouble(x), ToDouble(w), N, C, eps);
+  ExpectClose(dx, rdx, 3e-7, 1e-4, "layernorm_bwd dinp, common dout offset (C=768)");
 }
 
 TEST(CpuKernels, LayerNormBwdManyRowsUsesAllChunks) {
@@ -988,6 +1020,22 @@ TEST(CpuKernels, AdamWBiasCorrectionEarlyStepsInDouble) {
     adamw(p.data(), g.data(), m.data(), v.data(), n, gs, lr, b1, b2, eps, 0.0f, t);
     ExpectClose(p, want, 1e-9, 2e-6, "adamw update at t=" + std::to_string(t));
   }
+}
+
+TEST(CpuKernels, AdamWZeroGradientOnlyDecays) {
+  // A parameter whose gradient has been exactly 0 since step 1 (the embedding row of a token
+  // not yet seen) keeps m = v = 0; the update mhat / (sqrt(vhat) + eps) is 0 / eps = 0, so p
+  // only decays, p (1 - lr wd), and stays finite (without eps it would be 0 / 0).
+  const float lr = 1e-3f, wd = 0.1f;
+  VecF p = {0.5f, -2.0f, 3.0f}, g(3, 0.0f), m(3, 0.0f), v(3, 0.0f);
+  VecD want(p.begin(), p.end());
+  for (int64_t t = 1; t <= 3; t++) {
+    adamw(p.data(), g.data(), m.data(), v.data(), 3, 1.0f, lr, 0.9f, 0.999f, 1e-8f, wd, t);
+    for (double& w : want) w *= 1.0f - lr * wd;  // the kernel's fp32 decay factor
+  }
+  ExpectClose(p, want, 0.0, 1e-6, "adamw zero gradient");
+  ExpectClose(m, VecD(3, 0.0), 0.0, 0.0, "adamw zero gradient m");
+  ExpectClose(v, VecD(3, 0.0), 0.0, 0.0, "adamw zero gradient v");
 }
 
 TEST(CpuKernels, AdamWVsReference) {
