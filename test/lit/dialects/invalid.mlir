@@ -19,6 +19,12 @@ kiln.parameter @"h.0\0A.bias" : tensor<4xf32> {init = "zeros"}
 
 // -----
 
+// DEL (0x7f) is a control character too.
+// expected-error@+1 {{'kiln.parameter' op name may not hold control characters (it keys the tensor in weights files and checkpoints)}}
+kiln.parameter @"h.0\7F.bias" : tensor<4xf32> {init = "zeros"}
+
+// -----
+
 // "normal" needs a positive standard deviation (the default init_std is 0).
 // expected-error@+1 {{'kiln.parameter' op init "normal" needs init_std > 0}}
 kiln.parameter @w : tensor<4xf32> {init = "normal"}
@@ -131,6 +137,16 @@ kiln.parameter @w : tensor<4xbf16> {init = "zeros"}
 func.func @f() {
   // expected-error@+1 {{'kiln.param' op type 'tensor<4xf32>' does not match @w declared as 'tensor<4xbf16>'}}
   %0 = kiln.param @w : tensor<4xf32>
+  return
+}
+
+// -----
+
+// An fp32 master's bf16 compute copy has the master's shape.
+kiln.parameter @w : tensor<4xf32> {init = "zeros"}
+func.func @f() {
+  // expected-error@+1 {{'kiln.param' op type 'tensor<8xbf16>' does not match @w declared as 'tensor<4xf32>'}}
+  %0 = kiln.param @w : tensor<8xbf16>
   return
 }
 
@@ -286,6 +302,14 @@ func.func @f() -> tensor<2147483649xi32> {
   return %0 : tensor<2147483649xi32>
 }
 
+// -----
+
+// The bound itself is accepted: 2^31 elements end at 2^31 - 1, the largest i32.
+func.func @f() -> tensor<2147483648xi32> {
+  %0 = kiln.iota : tensor<2147483648xi32>
+  return %0 : tensor<2147483648xi32>
+}
+
 //===----------------------------------------------------------------------===//
 // kiln.embedding, kiln.embedding_grad
 //===----------------------------------------------------------------------===//
@@ -408,6 +432,15 @@ func.func @f(%a: tensor<4x8xf32>, %b: tensor<8x6xf32>) {
 func.func @f(%a: tensor<8x4xf32>, %b: tensor<6x8xf32>) {
   // expected-error@+1 {{'kiln.matmul' op result shape [8, 8] should be [4, 6]}}
   %0 = kiln.matmul %a, %b {transpose_lhs, transpose_rhs} : tensor<8x4xf32>, tensor<6x8xf32> -> tensor<8x8xf32>
+  return
+}
+
+// -----
+
+// Both result dimensions are checked: here only the columns are wrong.
+func.func @f(%a: tensor<4x8xf32>, %b: tensor<8x6xf32>) {
+  // expected-error@+1 {{'kiln.matmul' op result shape [4, 8] should be [4, 6]}}
+  %0 = kiln.matmul %a, %b : tensor<4x8xf32>, tensor<8x6xf32> -> tensor<4x8xf32>
   return
 }
 
@@ -538,6 +571,15 @@ func.func @f(%x: tensor<4x8xf32>) {
 
 // -----
 
+// Both dimensions are checked: here the result's columns are the input's rows, its rows wrong.
+func.func @f(%x: tensor<4x8xf32>) {
+  // expected-error@+1 {{'kiln.transpose' op result [6, 4] is not the 2-D transpose of [4, 8]}}
+  %0 = kiln.transpose %x : tensor<4x8xf32> -> tensor<6x4xf32>
+  return
+}
+
+// -----
+
 // transpose is 2-D only.
 func.func @f(%x: tensor<2x4x8xf32>) {
   // expected-error@+1 {{'kiln.transpose' op result [2, 8, 4] is not the 2-D transpose of [2, 4, 8]}}
@@ -573,6 +615,15 @@ func.func @f(%x: tensor<4x8xf32>) {
 func.func @f(%x: tensor<4x8xf32>) {
   // expected-error@+1 {{'kiln.split' op piece [4, 4, 1] must match [4, 8] in every dimension but the last}}
   %0:2 = kiln.split %x : tensor<4x8xf32> -> tensor<4x4xf32>, tensor<4x4x1xf32>
+  return
+}
+
+// -----
+
+// A 0-D piece has no last dimension to lay along the whole's: the ranks must match.
+func.func @f(%x: tensor<4xf32>) {
+  // expected-error@+1 {{'kiln.split' op piece [] must match [4] in every dimension but the last}}
+  %0:2 = kiln.split %x : tensor<4xf32> -> tensor<f32>, tensor<3xf32>
   return
 }
 
@@ -894,11 +945,30 @@ func.func @f(%qkv: tensor<2x24xf32>, %kv: tensor<2x2x3x8x4xf32>, %p: tensor<1xi3
 
 // -----
 
+// num_heads 0 is refused before the channels are divided by it (that would be a division by zero).
+func.func @f(%qkv: tensor<2x24xf32>, %kv: tensor<2x2x3x8x4xf32>, %p: tensor<1xi32>) {
+  // expected-error@+1 {{'kiln.decode_attention' op num_heads 0 must divide the 8 channels}}
+  %0 = kiln.decode_attention %qkv, %kv, %p {num_heads = 0 : i64} : tensor<2x24xf32>, tensor<2x2x3x8x4xf32>, tensor<1xi32> -> tensor<2x8xf32>
+  return
+}
+
+// -----
+
 // The cache has qkv's heads and head size.
 func.func @f(%qkv: tensor<2x24xf32>, %p: tensor<1xi32>) {
   %kv = kiln.kv_cache "h.0.attn" : tensor<2x2x3x8x4xf32>
   // expected-error@+1 {{'kiln.decode_attention' op cache must be f32 [2, B, H = 2, S, hs = 4], got [2, 2, 3, 8, 4]}}
   %0 = kiln.decode_attention %qkv, %kv, %p {num_heads = 2 : i64} : tensor<2x24xf32>, tensor<2x2x3x8x4xf32>, tensor<1xi32> -> tensor<2x8xf32>
+  return
+}
+
+// -----
+
+// ... and head size (C / H).
+func.func @f(%qkv: tensor<2x24xf32>, %p: tensor<1xi32>) {
+  %kv = kiln.kv_cache "h.0.attn" : tensor<2x2x2x8x5xf32>
+  // expected-error@+1 {{'kiln.decode_attention' op cache must be f32 [2, B, H = 2, S, hs = 4], got [2, 2, 2, 8, 5]}}
+  %0 = kiln.decode_attention %qkv, %kv, %p {num_heads = 2 : i64} : tensor<2x24xf32>, tensor<2x2x2x8x5xf32>, tensor<1xi32> -> tensor<2x8xf32>
   return
 }
 
@@ -1033,6 +1103,15 @@ func.func @f(%g: tensor<2x4x8xf32>, %qkv: tensor<2x4x24xf32>, %lse: tensor<2x2x4
 func.func @f(%g: tensor<2x4x8xbf16>, %qkv: tensor<2x4x24xf32>, %r: tensor<2x4x8xf32>, %lse: tensor<2x2x4xf32>) {
   // expected-error@+1 {{'kiln.attention_grad' op grad, result and qkv_grad must have qkv's element type 'f32', got 'bf16'}}
   %0 = kiln.attention_grad %g, %qkv, %r, %lse {num_heads = 2 : i64} : tensor<2x4x8xbf16>, tensor<2x4x24xf32>, tensor<2x4x8xf32>, tensor<2x2x4xf32> -> tensor<2x4x24xf32>
+  return
+}
+
+// -----
+
+// So would a bf16 qkv_grad for fp32 qkv be written as fp32, past its end.
+func.func @f(%g: tensor<2x4x8xf32>, %qkv: tensor<2x4x24xf32>, %r: tensor<2x4x8xf32>, %lse: tensor<2x2x4xf32>) {
+  // expected-error@+1 {{'kiln.attention_grad' op grad, result and qkv_grad must have qkv's element type 'f32', got 'bf16'}}
+  %0 = kiln.attention_grad %g, %qkv, %r, %lse {num_heads = 2 : i64} : tensor<2x4x8xf32>, tensor<2x4x24xf32>, tensor<2x4x8xf32>, tensor<2x2x4xf32> -> tensor<2x4x24xbf16>
   return
 }
 
