@@ -1,4 +1,7 @@
 // RUN: kiln-opt %s -split-input-file -verify-diagnostics
+// The unfusable-op message names one op alone with nothing after it (-verify-diagnostics matches
+// substrings, so it cannot see a stray "(and 0 more)").
+// RUN: not kiln-opt %s -split-input-file 2>&1 | FileCheck %s
 
 func.func @wrong_argument_count(%x: tensor<4xf32>) -> tensor<4xf32> {
   // expected-error @+1 {{'kiln.fusion' op body has 0 arguments for 1 inputs}}
@@ -97,6 +100,20 @@ func.func @matmul_in_elementwise(%x: tensor<4x4xf32>) -> tensor<4x4xf32> {
 
 // -----
 
+// Column sums are not elementwise either (they have a reduce_sum kernel of their own).
+func.func @reduce_sum_in_elementwise(%x: tensor<4x8xf32>) -> tensor<8xf32> {
+  // expected-error @+1 {{'kiln.fusion' op of kind 'elementwise' holds a non-elementwise op}}
+  %0 = kiln.fusion "elementwise" "gelu_reduce_sum"(%x) : (tensor<4x8xf32>) -> tensor<8xf32> {
+  ^bb0(%a: tensor<4x8xf32>):
+    %g = kiln.gelu %a : tensor<4x8xf32>
+    %s = kiln.reduce_sum %g : tensor<4x8xf32> -> tensor<8xf32>
+    kiln.yield %s : tensor<8xf32>
+  }
+  return %0 : tensor<8xf32>
+}
+
+// -----
+
 func.func @two_matmuls(%x: tensor<4x4xf32>) -> tensor<4x4xf32> {
   // expected-error @+1 {{'kiln.fusion' op of kind 'matmul' needs exactly one kiln.matmul, has 2}}
   %0:2 = kiln.fusion "matmul" "matmul"(%x) : (tensor<4x4xf32>) -> (tensor<4x4xf32>, tensor<4x4xf32>) {
@@ -163,12 +180,27 @@ func.func @empty_body(%x: tensor<4xf32>) -> tensor<4xf32> {
 
 // -----
 
+// CHECK: error: 'kiln.fusion' op holds an op no kernel template fuses: kiln.transpose{{$}}
 func.func @unfusable_op(%x: tensor<4x4xf32>) -> tensor<4x4xf32> {
   // expected-error @+1 {{'kiln.fusion' op holds an op no kernel template fuses: kiln.transpose}}
   %0 = kiln.fusion "elementwise" "transpose"(%x) : (tensor<4x4xf32>) -> tensor<4x4xf32> {
   ^bb0(%a: tensor<4x4xf32>):
     %t = kiln.transpose %a : tensor<4x4xf32> -> tensor<4x4xf32>
     kiln.yield %t : tensor<4x4xf32>
+  }
+  return %0 : tensor<4x4xf32>
+}
+
+// -----
+
+// Past the first unfusable op, the message counts the others.
+func.func @unfusable_ops(%x: tensor<4x4xf32>) -> tensor<4x4xf32> {
+  // expected-error @+1 {{'kiln.fusion' op holds an op no kernel template fuses: kiln.transpose (and 1 more)}}
+  %0 = kiln.fusion "elementwise" "transposes"(%x) : (tensor<4x4xf32>) -> tensor<4x4xf32> {
+  ^bb0(%a: tensor<4x4xf32>):
+    %t = kiln.transpose %a : tensor<4x4xf32> -> tensor<4x4xf32>
+    %u = kiln.transpose %t : tensor<4x4xf32> -> tensor<4x4xf32>
+    kiln.yield %u : tensor<4x4xf32>
   }
   return %0 : tensor<4x4xf32>
 }
@@ -327,6 +359,22 @@ func.func @optimizer_two_lrs(%ga: tensor<4xf32>, %gb: tensor<4xf32>, %h: tensor<
 
 // -----
 
+// The step (the moments' bias correction) is one of them: each is compared, not only lr.
+kiln.parameter @a : tensor<4xf32> {init = "zeros"}
+kiln.parameter @b : tensor<4xf32> {init = "zeros"}
+func.func @optimizer_two_steps(%ga: tensor<4xf32>, %gb: tensor<4xf32>, %h: tensor<f32>, %step2: tensor<f32>) {
+  kiln.fusion "optimizer" "adamw"(%ga, %gb, %h, %step2) : (tensor<4xf32>, tensor<4xf32>, tensor<f32>, tensor<f32>) -> () {
+  ^bb0(%x: tensor<4xf32>, %y: tensor<4xf32>, %s: tensor<f32>, %t: tensor<f32>):
+    kiln.adamw @a, %x scale %s lr %s betas(%s, %s) eps %s weight_decay %s step %s : tensor<4xf32>
+    // expected-error @+1 {{'kiln.adamw' op in a fusion of kind 'optimizer' must take the same hyperparameters as @a's kiln.adamw (its step differs)}}
+    kiln.adamw @b, %y scale %s lr %s betas(%s, %s) eps %s weight_decay %s step %t : tensor<4xf32>
+    kiln.yield
+  }
+  return
+}
+
+// -----
+
 // exactlyOne for kind 'layer_norm' (only 'matmul' was tested): no kiln.layer_norm.
 func.func @layer_norm_without_norm(%x: tensor<4xf32>) -> tensor<4xf32> {
   // expected-error @+1 {{'kiln.fusion' op of kind 'layer_norm' needs exactly one kiln.layer_norm, has 0}}
@@ -394,6 +442,20 @@ func.func @classifier_other_logits(%logits: tensor<4x16xf32>, %other: tensor<4x1
 
 // -----
 
+// ... and with the same num_classes (the one pass computes the softmax over those classes).
+func.func @classifier_other_num_classes(%logits: tensor<4x16xf32>, %t: tensor<4xi32>, %d: tensor<f32>) -> (tensor<f32>, tensor<4x16xf32>) {
+  %0:2 = kiln.fusion "classifier" "cross_entropy_cross_entropy_grad"(%logits, %t, %d) : (tensor<4x16xf32>, tensor<4xi32>, tensor<f32>) -> (tensor<f32>, tensor<4x16xf32>) {
+  ^bb0(%l: tensor<4x16xf32>, %tt: tensor<4xi32>, %dd: tensor<f32>):
+    %loss, %lse = kiln.cross_entropy %l, %tt : tensor<4x16xf32>, tensor<4xi32> -> tensor<f32>, tensor<4xf32>
+    // expected-error @+1 {{'kiln.cross_entropy_grad' op in a fusion of kind 'classifier' must read the kiln.cross_entropy's logits, targets and lse, with its num_classes}}
+    %g = kiln.cross_entropy_grad %dd, %l, %lse, %tt {num_classes = 13 : i64} : tensor<4x16xf32>, tensor<4xf32>, tensor<4xi32> -> tensor<4x16xf32>
+    kiln.yield %loss, %g : tensor<f32>, tensor<4x16xf32>
+  }
+  return %0#0, %0#1 : tensor<f32>, tensor<4x16xf32>
+}
+
+// -----
+
 // The incoming gradient is read from memory (the kernel reads it before the rows' pass).
 func.func @classifier_grad_of_own_loss(%logits: tensor<4x16xf32>, %t: tensor<4xi32>) -> (tensor<f32>, tensor<4x16xf32>) {
   // expected-error @+1 {{'kiln.fusion' op reads a kiln.cross_entropy_grad's incoming gradient from a value computed in the region; it must be an input}}
@@ -446,6 +508,20 @@ func.func @layer_norm_then_gelu(%x: tensor<4x8xf32>, %w: tensor<8xf32>, %b: tens
     kiln.yield %g : tensor<4x8xf32>
   }
   return %0 : tensor<4x8xf32>
+}
+
+// -----
+
+// Only a cast of the layer norm's output joins it: a cast of anything else is left out of the kernel.
+func.func @layer_norm_casts_its_input(%x: tensor<4x8xf32>, %w: tensor<8xf32>, %b: tensor<8xf32>) -> (tensor<4x8xf32>, tensor<4x8xbf16>) {
+  %0:2 = kiln.fusion "layer_norm" "layer_norm_cast"(%x, %w, %b) : (tensor<4x8xf32>, tensor<8xf32>, tensor<8xf32>) -> (tensor<4x8xf32>, tensor<4x8xbf16>) {
+  ^bb0(%a: tensor<4x8xf32>, %aw: tensor<8xf32>, %ab: tensor<8xf32>):
+    %y, %m, %r = kiln.layer_norm %a, %aw, %ab : tensor<4x8xf32>, tensor<8xf32>, tensor<8xf32> -> tensor<4x8xf32>, tensor<4xf32>, tensor<4xf32>
+    // expected-error @+1 {{'kiln.cast' op in a fusion of kind 'layer_norm': only the ops that compute the kiln.layer_norm's input and the kiln.cast of its output may join it}}
+    %c = kiln.cast %a : tensor<4x8xf32> -> tensor<4x8xbf16>
+    kiln.yield %y, %c : tensor<4x8xf32>, tensor<4x8xbf16>
+  }
+  return %0#0, %0#1 : tensor<4x8xf32>, tensor<4x8xbf16>
 }
 
 // -----
@@ -521,6 +597,22 @@ func.func @layer_norm_grad_sum_read_twice(%dy: tensor<4x8xf32>, %x: tensor<4x8xf
     kiln.yield %dx, %dw, %db, %s : tensor<4x8xf32>, tensor<8xf32>, tensor<8xf32>, tensor<8xf32>
   }
   return %0#0, %0#1, %0#2, %0#3 : tensor<4x8xf32>, tensor<8xf32>, tensor<8xf32>, tensor<8xf32>
+}
+
+// -----
+
+// A column sum added back into the row values: the kernel computes the sums after the rows, so
+// the add is left out (one row, summed to [1, 8], makes the types match).
+func.func @layer_norm_grad_adds_a_column_sum(%dy: tensor<1x8xf32>, %x: tensor<1x8xf32>, %w: tensor<8xf32>, %m: tensor<1xf32>, %r: tensor<1xf32>) -> (tensor<1x8xf32>, tensor<8xf32>, tensor<8xf32>) {
+  %0:3 = kiln.fusion "layer_norm_grad" "layer_norm_grad_reduce_sum_add"(%dy, %x, %w, %m, %r) : (tensor<1x8xf32>, tensor<1x8xf32>, tensor<8xf32>, tensor<1xf32>, tensor<1xf32>) -> (tensor<1x8xf32>, tensor<8xf32>, tensor<8xf32>) {
+  ^bb0(%a: tensor<1x8xf32>, %ax: tensor<1x8xf32>, %aw: tensor<8xf32>, %am: tensor<1xf32>, %ar: tensor<1xf32>):
+    %dx, %dw, %db = kiln.layer_norm_grad %a, %ax, %aw, %am, %ar : tensor<1x8xf32>, tensor<1x8xf32>, tensor<8xf32>, tensor<1xf32>, tensor<1xf32> -> tensor<1x8xf32>, tensor<8xf32>, tensor<8xf32>
+    %s = kiln.reduce_sum %dx : tensor<1x8xf32> -> tensor<1x8xf32>
+    // expected-error @+1 {{'kiln.add' op in a fusion of kind 'layer_norm_grad': only adds and casts of the input gradient, column sums of those (cast and accumulated), and the accumulation of the weight and bias gradients may join it}}
+    %t = kiln.add %dx, %s : tensor<1x8xf32>
+    kiln.yield %t, %dw, %db : tensor<1x8xf32>, tensor<8xf32>, tensor<8xf32>
+  }
+  return %0#0, %0#1, %0#2 : tensor<1x8xf32>, tensor<8xf32>, tensor<8xf32>
 }
 
 // -----
@@ -647,6 +739,20 @@ func.func @reduce_sum_with_adamw(%x: tensor<4x8xf32>, %g: tensor<4xf32>, %h: ten
 
 // -----
 
+// Nor does it scatter an embedding's gradient rows.
+func.func @reduce_sum_with_embedding_grad(%x: tensor<4x8xf32>, %g: tensor<2x8xf32>, %i: tensor<2xi32>) -> (tensor<8xf32>, tensor<16x8xf32>) {
+  // expected-error @+1 {{'kiln.fusion' op of kind 'reduce_sum' holds an op its kernel template leaves out: only its kiln.reduce_sum and the elementwise ops on it may join it}}
+  %0:2 = kiln.fusion "reduce_sum" "reduce_sum_embedding_grad"(%x, %g, %i) : (tensor<4x8xf32>, tensor<2x8xf32>, tensor<2xi32>) -> (tensor<8xf32>, tensor<16x8xf32>) {
+  ^bb0(%a: tensor<4x8xf32>, %ag: tensor<2x8xf32>, %ai: tensor<2xi32>):
+    %r = kiln.reduce_sum %a : tensor<4x8xf32> -> tensor<8xf32>
+    %e = kiln.embedding_grad %ag, %ai : tensor<2x8xf32>, tensor<2xi32> -> tensor<16x8xf32>
+    kiln.yield %r, %e : tensor<8xf32>, tensor<16x8xf32>
+  }
+  return %0#0, %0#1 : tensor<8xf32>, tensor<16x8xf32>
+}
+
+// -----
+
 // The optimizer kernel computes the clipping coefficient, then the updates: nothing else.
 kiln.parameter @w : tensor<4xf32> {init = "zeros"}
 func.func @optimizer_with_gelu(%g: tensor<4xf32>, %h: tensor<f32>) -> tensor<4xf32> {
@@ -658,4 +764,20 @@ func.func @optimizer_with_gelu(%g: tensor<4xf32>, %h: tensor<f32>) -> tensor<4xf
     kiln.yield %q : tensor<4xf32>
   }
   return %0 : tensor<4xf32>
+}
+
+// -----
+
+// The coefficient is computed once: a second kiln.clip_coef is refused.
+kiln.parameter @w : tensor<4xf32> {init = "zeros"}
+func.func @optimizer_two_clip_coefs(%g: tensor<4xf32>, %n: tensor<f32>, %h: tensor<f32>) {
+  kiln.fusion "optimizer" "clip_coef_clip_coef_adamw"(%g, %n, %h) : (tensor<4xf32>, tensor<f32>, tensor<f32>) -> () {
+  ^bb0(%ag: tensor<4xf32>, %an: tensor<f32>, %s: tensor<f32>):
+    %c1 = kiln.clip_coef %an, %s : tensor<f32>
+    // expected-error @+1 {{'kiln.clip_coef' op in a fusion of kind 'optimizer': only kiln.adamw updates and one kiln.clip_coef may join it}}
+    %c2 = kiln.clip_coef %an, %c1 : tensor<f32>
+    kiln.adamw @w, %ag scale %c2 lr %s betas(%s, %s) eps %s weight_decay %s step %s : tensor<4xf32>
+    kiln.yield
+  }
+  return
 }
