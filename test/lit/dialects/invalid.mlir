@@ -361,6 +361,15 @@ func.func @f(%g: tensor<3x8xf32>, %i: tensor<3xi32>) {
 
 // -----
 
+// Nor a 3-D one, even where grad is the indices' shape and then the result's second dimension.
+func.func @f(%g: tensor<3x8xf32>, %i: tensor<3xi32>) {
+  // expected-error@+1 {{'kiln.embedding_grad' op result must be 2-D [rows, width]}}
+  %0 = kiln.embedding_grad %g, %i : tensor<3x8xf32>, tensor<3xi32> -> tensor<16x8x2xf32>
+  return
+}
+
+// -----
+
 // embedding_grad's incoming gradient has the indices' shape followed by the width.
 func.func @f(%g: tensor<3x4xf32>, %i: tensor<3xi32>) {
   // expected-error@+1 {{'kiln.embedding_grad' op grad shape [3, 4] should be [3, 8] (indices shape, then the table's width)}}
