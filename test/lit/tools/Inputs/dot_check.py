@@ -4,7 +4,8 @@ usage: dot_check.py GRAPH.dot
 Instructions i0..i(n-1) are chained in order by invisible edges; an activation is an edge from its
 writer when it is read at most 8 instructions later and a note naming the writer ("from #k") when
 farther; a kernel's name is broken after underscores into lines of at most 30 characters, each
-line ended only where its next piece would pass 30, and the lines joined give the symbol back.
+line ended only where its next piece would pass 30, and the lines joined give the symbol back;
+no node is declared twice.
 """
 import re
 import sys
@@ -25,6 +26,10 @@ for note, w in notes.items():
     assert reader and int(note.split("_")[1]) == int(reader.group(1)), note
     far.append(int(reader.group(1)) - w)
 assert all(d > 8 for d in far), far
+
+# Each node is declared once: a state buffer an instruction both reads and writes is one node.
+ids = re.findall(r"^  +(\w+) \[shape=", dot, re.M)
+assert len(ids) == len(set(ids)), sorted(i for i in set(ids) if ids.count(i) > 1)
 
 wrapped = 0
 for k, label in labels.items():
