@@ -73,6 +73,10 @@ void keep_locations(int argc, char** argv, const std::string& input, const llvm:
 // does with the file it opens: the output kept only when the passes succeed).
 mlir::LogicalResult run_opt(std::vector<char*>& args, const std::string& input, const std::string& output,
                             mlir::DialectRegistry& registry, std::unique_ptr<llvm::MemoryBuffer> piped) {
+  // --show-dialects prints the dialects on stdout and writes nothing: -o is not opened (the paths
+  // below would open it: a file it names emptied, a FIFO waited on).
+  if (mlir::MlirOptMainConfig::createFromCLOptions().shouldShowDialects())
+    return mlir::MlirOptMain(int(args.size()), args.data(), input, "-", registry);
   std::error_code ec;
   const bool toFifo = output != "-" && std::filesystem::is_fifo(output, ec);
   if (!piped && !toFifo) return mlir::MlirOptMain(int(args.size()), args.data(), input, output, registry);
