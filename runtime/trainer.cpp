@@ -408,21 +408,23 @@ double train(const Module& module, const TrainOptions& o, Communicator& comm) {
         if (same_data) same_data = named == file->get<size_t>();
         if (!same_data) {
           std::string where;
-          if (named && !loader.shard_from_file(*named).second) {
-            shard = loader.shard_from_file(*named).first;
-            position = 0;
-            where = "it was reading " + one_line(all_files[*named]) + ", which holds no step of " +
-                    std::to_string(loader.tokens_per_call() + 1) + " tokens for this module: it goes on at the start of " +
-                    one_line(files[shard]);
-          } else if (named) {
-            shard = loader.shard_from_file(*named).first;
-            where = "it goes on in " + one_line(files[shard]) + ", the shard it was reading";
-            if (holds_no_step(shard, position)) {  // (as below)
-              shard = (shard + 1) % files.size();
+          if (named) {
+            const auto [at, kept] = loader.shard_from_file(*named);  // (the next kept one, where left out)
+            shard = at;
+            if (!kept) {
               position = 0;
-              where += ", at the start of " + one_line(files[shard]) + " (the rest of it holds no step)";
+              where = "it was reading " + one_line(all_files[*named]) + ", which holds no step of " +
+                      std::to_string(loader.tokens_per_call() + 1) +
+                      " tokens for this module: it goes on at the start of " + one_line(files[shard]);
             } else {
-              where += ", at token " + std::to_string(position);
+              where = "it goes on in " + one_line(files[shard]) + ", the shard it was reading";
+              if (holds_no_step(shard, position)) {  // (as below)
+                shard = (shard + 1) % files.size();
+                position = 0;
+                where += ", at the start of " + one_line(files[shard]) + " (the rest of it holds no step)";
+              } else {
+                where += ", at token " + std::to_string(position);
+              }
             }
           } else {
             where = one_line(name) + ", the shard it was reading, is not among them: it goes on at shard " +

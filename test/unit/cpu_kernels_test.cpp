@@ -603,6 +603,19 @@ TEST(CpuKernels, LayerNormBwd) {
               "layernorm_bwd db vs FD");
 }
 
+// layernorm_bwd's dx, dw and db, from the mean and rstd of layernorm_fwd on the same rows.
+struct LayerNormGrads {
+  VecF dx, dw, db;
+};
+LayerNormGrads LayerNormFwdThenBwd(const VecF& x, const VecF& w, const VecF& b, const VecF& dy, int64_t N,
+                                   int64_t C, float eps) {
+  VecF out(N * C), mean(N), rstd(N);
+  layernorm_fwd(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, eps);
+  LayerNormGrads g{VecF(N * C), VecF(C), VecF(C)};
+  layernorm_bwd(g.dx.data(), g.dw.data(), g.db.data(), dy.data(), x.data(), w.data(), mean.data(), rstd.data(), N, C);
+  return g;
+}
+
 TEST(CpuKernels, LayerNormBwdCommonGradientOffsetCancels) {
   // dout = 1 + noise of 1e-3 with w = 1 at C = 768: dx = rstd (g - mean(g) - ...) cancels the
   // common 1 exactly, leaving ~1e-3. mean(g) summed in double is one fp32 rounding (6e-8) off
@@ -613,13 +626,10 @@ TEST(CpuKernels, LayerNormBwdCommonGradientOffsetCancels) {
   const VecF x = Random(N * C, 98), b(C, 0.0f), w(C, 1.0f);
   VecF dy = Random(N * C, 99, -1e-3f, 1e-3f);
   for (auto& v : dy) v += 1.0f;
-  VecF out(N * C), mean(N), rstd(N), dx(N * C), dw(C), db(C);
-  layernorm_fwd(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, eps);
-  layernorm_bwd(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), mean.data(),
-                rstd.data(), N, C);
+  const LayerNormGrads g = LayerNormFwdThenBwd(x, w, b, dy, N, C, eps);
   VecD rdx, rdw, rdb;
   LayerNormBwdRef(rdx, rdw, rdb, ToDouble(dy), ToDouble(x), ToDouble(w), N, C, eps);
-  ExpectClose(dx, rdx, 3e-7, 1e-4, "layernorm_bwd dinp, common dout offset (C=768)");
+  ExpectClose(g.dx, rdx, 3e-7, 1e-4, "layernorm_bwd dinp, common dout offset (C=768)");
 }
 
 TEST(CpuKernels, LayerNormBwdManyRowsUsesAllChunks) {
@@ -627,15 +637,12 @@ TEST(CpuKernels, LayerNormBwdManyRowsUsesAllChunks) {
   const int64_t N = 203, C = 7;
   const float eps = 1e-5f;
   const VecF x = Random(N * C, 94), w = Random(C, 95), b = Random(C, 96), dy = Random(N * C, 97);
-  VecF out(N * C), mean(N), rstd(N), dx(N * C), dw(C), db(C);
-  layernorm_fwd(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, eps);
-  layernorm_bwd(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), mean.data(),
-                rstd.data(), N, C);
+  const LayerNormGrads g = LayerNormFwdThenBwd(x, w, b, dy, N, C, eps);
   VecD rdx, rdw, rdb;
   LayerNormBwdRef(rdx, rdw, rdb, ToDouble(dy), ToDouble(x), ToDouble(w), N, C, eps);
-  ExpectClose(dx, rdx, 1e-5, 1e-4, "layernorm_bwd dinp (N=203)");
-  ExpectClose(dw, rdw, 1e-4, 1e-5, "layernorm_bwd dw (N=203)");
-  ExpectClose(db, rdb, 1e-4, 1e-5, "layernorm_bwd db (N=203)");
+  ExpectClose(g.dx, rdx, 1e-5, 1e-4, "layernorm_bwd dinp (N=203)");
+  ExpectClose(g.dw, rdw, 1e-4, 1e-5, "layernorm_bwd dw (N=203)");
+  ExpectClose(g.db, rdb, 1e-4, 1e-5, "layernorm_bwd db (N=203)");
 }
 
 // ------------------------------------------------------------------------------------------------
