@@ -201,7 +201,10 @@ std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t
     } else {
       ex.read(result, size_t(at) * 4, size_t(V) * 4, row.data());
     }
-    if (std::any_of(row.begin(), row.end(), [](float x) { return std::isnan(x) || x == INFINITY; }))
+    // -inf alone is a token never drawn (weight 0), but with every logit -inf each weight is
+    // exp(-inf + inf), NaN, and the pick would be the k-th id whatever the seed.
+    if (std::any_of(row.begin(), row.end(), [](float x) { return std::isnan(x) || x == INFINITY; }) ||
+        *std::max_element(row.begin(), row.end()) == -INFINITY)
       throw Error("sample: the logits of sample " + std::to_string(s + 1) + "'s new token " + std::to_string(step + 1) +
                   " hold a NaN or an infinity: the forward pass of these weights overflows");
     if (o.logits_out) std::copy(row.begin(), row.end(), o.logits_out->begin() + (s * o.max_new_tokens + step) * V);
