@@ -80,7 +80,8 @@ TEST(Comm, TimeoutFromTheEnvironment) {
 // task count alone), else RANK and WORLD_SIZE, which must fit together.
 TEST(Comm, LauncherRankReadsTheLaunchersVariables) {
   ScopedEnv a("OMPI_COMM_WORLD_SIZE", nullptr), b("PMI_SIZE", nullptr), c("PMIX_RANK", nullptr),
-      d("WORLD_SIZE", nullptr), e("RANK", nullptr), f("SLURM_NTASKS", "4"), g("OMPI_NUM_APP_CTX", nullptr);
+      d("WORLD_SIZE", nullptr), e("RANK", nullptr), f("SLURM_NTASKS", "4"), g("OMPI_NUM_APP_CTX", nullptr),
+      h("OMPI_COMM_WORLD_RANK", nullptr), i("PMI_RANK", nullptr);
   const auto rank = [] {
     try {
       const auto [r, w] = launcher_rank();
@@ -93,6 +94,10 @@ TEST(Comm, LauncherRankReadsTheLaunchersVariables) {
   {
     ScopedEnv bad("WORLD_SIZE", "2x");
     EXPECT_EQ(rank(), "environment: WORLD_SIZE='2x' is not a rank count or index");
+  }
+  {
+    ScopedEnv huge("WORLD_SIZE", "1048577");  // (2^20 ranks at most)
+    EXPECT_EQ(rank(), "environment: WORLD_SIZE='1048577' is not a rank count or index");
   }
   {
     ScopedEnv pmix("PMIX_RANK", "2");
@@ -118,6 +123,7 @@ TEST(Comm, LauncherRankReadsTheLaunchersVariables) {
               "environment: WORLD_SIZE=0: a world has at least one rank");
   }
   ScopedEnv ompi("OMPI_COMM_WORLD_SIZE", "2");
+  EXPECT_EQ(rank(), "0 of 2");  // (no rank variable: rank 0, not RANK's world)
   EXPECT_FALSE(launcher_same_command());
   ScopedEnv one_app("OMPI_NUM_APP_CTX", "1");
   EXPECT_TRUE(launcher_same_command());
@@ -125,6 +131,56 @@ TEST(Comm, LauncherRankReadsTheLaunchersVariables) {
   EXPECT_FALSE(launcher_same_command());
   ScopedEnv ompi_rank("OMPI_COMM_WORLD_RANK", "0"), pmi_rank("PMI_RANK", "1");
   EXPECT_EQ(rank(), "0 of 2");  // the first one set, even at 0
+}
+
+// What a launcher's variables choose, and the refusals that name them (what the runtime prints
+// on stderr included): mpirun -np 1 is a launcher, so --comm mpi adds no note there and auto runs
+// alone; under mpirun -np 2 auto picks MPI, whatever RANK a wrapper exports, and --comm single is
+// refused; WORLD_SIZE=2 without a launcher refuses --comm mpi; a RANK without WORLD_SIZE says so.
+// (Where the runtime was built without MPI, what needs it is refused instead.)
+TEST(Comm, SelectionUnderAnMpiLauncherAndItsRefusals) {
+  ScopedEnv a("OMPI_COMM_WORLD_SIZE", nullptr), b("PMI_SIZE", nullptr), c("PMIX_RANK", nullptr),
+      d("WORLD_SIZE", nullptr), e("RANK", nullptr);
+  const auto chosen = [](CommBackend requested) {
+    ::testing::internal::CaptureStderr();
+    std::string r;
+    try {
+      r = comm_backend_name(select_comm_backend(requested, "cpu"));
+    } catch (const Error& e) {
+      r = e.what();
+    }
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    return err.empty() ? r : r + " | " + err;
+  };
+  const bool mpi = chosen(CommBackend::Mpi).find("built without MPI") == std::string::npos;
+  const std::string no_mpi = "--comm mpi: this runtime was built without MPI (no MPI found by CMake)";
+  EXPECT_EQ(chosen(CommBackend::Mpi),
+            mpi ? "mpi | note: --comm mpi: no MPI launcher started this process: it runs alone, an MPI world of one "
+                  "rank (mpirun -np N starts N)\n"
+                : no_mpi);
+  {
+    ScopedEnv one("OMPI_COMM_WORLD_SIZE", "1");
+    EXPECT_EQ(chosen(CommBackend::Mpi), mpi ? "mpi" : no_mpi);
+    EXPECT_EQ(chosen(CommBackend::Auto), "single");
+  }
+  {
+    ScopedEnv two("OMPI_COMM_WORLD_SIZE", "2");
+    const std::string auto_mpi =
+        mpi ? "mpi" : "data parallel: started by an MPI launcher with 2 processes, but this runtime was built without MPI";
+    EXPECT_EQ(chosen(CommBackend::Auto), auto_mpi);
+    EXPECT_EQ(chosen(CommBackend::Single), "--comm single: this process is one of 2 started by a launcher; every one "
+                                           "would run alone (and write the same files)");
+    ScopedEnv rank("RANK", "5");  // (MPI numbers the ranks)
+    EXPECT_EQ(chosen(CommBackend::Auto), auto_mpi);
+  }
+  {
+    ScopedEnv world("WORLD_SIZE", "2");
+    EXPECT_EQ(chosen(CommBackend::Mpi), mpi ? "--comm mpi: WORLD_SIZE=2 but no MPI launcher started this process (run it "
+                                              "under mpirun, or use --comm tcp)"
+                                            : no_mpi);
+  }
+  ScopedEnv rank("RANK", "1");
+  EXPECT_EQ(chosen(CommBackend::Auto), "environment: RANK=1 is not in [0, WORLD_SIZE=1) (WORLD_SIZE is not set)");
 }
 
 TEST(Comm, SingleProcessIsANoOp) {
@@ -138,6 +194,8 @@ TEST(Comm, SingleProcessIsANoOp) {
   EXPECT_EQ(x[2], 3.0f);
   EXPECT_EQ(c->all_reduce_sum(2.5), 2.5);
   EXPECT_THROW(c->reduce_scatter_sum(x, {1, 2}), Error);
+  EXPECT_EQ(error_of([&] { c->broadcast(x, 4, 0); }), "(no error)");
+  EXPECT_EQ(error_of([&] { c->broadcast(x, 4, 1); }), "broadcast: root 1 is not a rank of 1");
 }
 
 TEST(Comm, RanksOnThisMachineCountsTheRanksOfOneHost) {
@@ -230,13 +288,11 @@ TEST(Comm, TcpConnectTimesOut) {
 TEST(Comm, TcpRootWaitsForMissingRanksWithinTheTimeout) {
   TcpOptions o;
   o.rank = 0, o.world_size = 3, o.master_port = free_port(), o.timeout_s = 0.3;
-  try {
-    make_tcp_communicator(o);
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("only 1 of 3 ranks connected within 0.3 s (missing rank 1, 2)"),
-              std::string::npos) << e.what();
-  }
+  ::testing::internal::CaptureStderr();
+  const std::string error = error_of([&] { make_tcp_communicator(o); });
+  // The timeout ends before the note that rank 0 waits on (after 10 s): it fails without one.
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+  EXPECT_NE(error.find("only 1 of 3 ranks connected within 0.3 s (missing rank 1, 2)"), std::string::npos) << error;
 }
 
 // The fingerprint ranks compare at start reads every byte: the 8-byte words and a tail of 1 to 7
