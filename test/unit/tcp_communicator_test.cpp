@@ -5,11 +5,14 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <future>
 #include <regex>
 #include <string>
@@ -77,6 +80,12 @@ class FakeRank {
     for (ssize_t k; (k = ::recv(fd_, buf, sizeof buf, 0)) > 0;) total += size_t(k);
     return total;
   }
+  // Whether rank 0 closes the connection within `ms` milliseconds (sending nothing first).
+  bool sees_close_within(int ms) {
+    pollfd p{fd_, POLLIN, 0};
+    char c;
+    return ::poll(&p, 1, ms) == 1 && ::recv(fd_, &c, 1, 0) == 0;
+  }
   void expect_welcome() {
     WireHeader h;
     ASSERT_EQ(::recv(fd_, &h, sizeof h, MSG_WAITALL), ssize_t(sizeof h));
@@ -86,6 +95,22 @@ class FakeRank {
  private:
   int fd_ = -1;
 };
+
+// A socket listening on `port` of every address (as rank 0 does), or -1 where the port is taken.
+int listening_socket(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  a.sin_port = htons(uint16_t(port));
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && ::listen(fd, 4) == 0) return fd;
+  const int err = errno;
+  ::close(fd);
+  errno = err;
+  return -1;
+}
 
 // Rank 0 of `world` at `port`, in a thread; its error ("" if none) once `body` has run.
 std::future<std::string> rank_zero(int port, int world, std::function<void(Communicator&)> body = {},
@@ -110,6 +135,10 @@ TEST(TcpCommunicator, RefusesARankOutsideTheWorldAndAPortThatIsNot) {
   EXPECT_EQ(error_of([&] { make_tcp_communicator(o); }), "TCP rendezvous: RANK=2 is not in [0, WORLD_SIZE=2)");
   o.rank = 0, o.world_size = 1, o.master_port = 0;
   EXPECT_EQ(error_of([&] { make_tcp_communicator(o); }), "TCP rendezvous: MASTER_PORT=0 is not a port");
+  o.master_port = 65536;
+  EXPECT_EQ(error_of([&] { make_tcp_communicator(o); }), "TCP rendezvous: MASTER_PORT=65536 is not a port");
+  o.master_port = 65535;  // (a world of one does not listen)
+  EXPECT_EQ(error_of([&] { make_tcp_communicator(o); }), "(no error)");
 }
 
 // Checked before anything is sent (so on a world of one, which sends nothing).
@@ -261,6 +290,61 @@ TEST(TcpCommunicator, RendezvousDropsConnectionsThatAreNotRanks) {
   EXPECT_EQ(root.get(), "");
 }
 
+// A reduce-scatter or all-gather that loses a peer names the whole vector (every rank's pieces),
+// as the all-reduce does, not this rank's piece.
+TEST(TcpCommunicator, APeerLostInAReduceScatterOrAllGatherNamesTheWholeVector) {
+  for (const bool gather : {false, true}) {
+    const auto errors = on_tcp_ranks(2, [&](int r, Communicator& c) {
+      if (r == 1) return;  // closes its connection
+      std::vector<float> v(9);
+      if (gather) c.all_gather(v.data(), {3, 6});
+      else c.reduce_scatter_sum(v.data(), {3, 6});
+    });
+    EXPECT_EQ(without_ports(errors[0]), std::string("rank 0 of 2 (TCP): ") + (gather ? "all_gather" : "reduce_scatter") +
+                                            " of 9 floats: rank 1 (127.0.0.1:P) disconnected");
+  }
+}
+
+// Rank 0 on a port that another program listens on says which port and why.
+TEST(TcpCommunicator, RendezvousOnAPortInUseSaysSo) {
+  const int port = free_port();
+  const int other = listening_socket(port);
+  ASSERT_GE(other, 0);
+  EXPECT_EQ(without_ports(rank_zero(port, 2, {}, 1).get()),
+            "rank 0 of 2 (TCP): listening on port P (MASTER_PORT): Address already in use");
+  ::close(other);
+}
+
+// A rank 0 whose rendezvous fails closes what it opened: a connection that had not said hello
+// yet sees the end at once (not after its own timeout), and the port is free to listen on again.
+TEST(TcpCommunicator, AFailedRendezvousClosesItsListenerAndConnections) {
+  const int port = free_port();
+  auto root = rank_zero(port, 3);
+  FakeRank silent(port), wrong(port);
+  wrong.send(hello(1, 2));
+  EXPECT_NE(root.get().find("(RANK=1) has WORLD_SIZE=2, this rank 3"), std::string::npos);
+  EXPECT_TRUE(silent.sees_close_within(5000));
+  const int again = listening_socket(port);
+  EXPECT_GE(again, 0) << "port " << port << " still held: " << std::strerror(errno);
+  if (again >= 0) ::close(again);
+}
+
+// A rank 0 that accepts but never answers: another rank waits for the welcome twice the timeout
+// and a second (rank 0 itself may wait the whole timeout for the last rank), and names that wait.
+TEST(TcpCommunicator, ARankZeroThatNeverWelcomesIsNamedAfterTwiceTheTimeout) {
+  const int port = free_port();
+  const int fake = listening_socket(port);
+  ASSERT_GE(fake, 0);
+  TcpOptions o;
+  o.rank = 1, o.world_size = 2, o.master_port = port, o.timeout_s = 1;
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(without_ports(error_of([&] { make_tcp_communicator(o); })),
+            "rank 1 of 2 (TCP): rendezvous (waiting for all ranks to connect): nothing from rank 0 (127.0.0.1:P) for "
+            "3 s (hung or unreachable; KILN_COMM_TIMEOUT sets the limit)");
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(2900));
+  ::close(fake);
+}
+
 // make_tcp_communicator_from_env: RANK and WORLD_SIZE both required, integers in full; an empty
 // MASTER_PORT is the default port, said so; LOCAL_RANK defaults to RANK.
 TEST(TcpCommunicator, FromTheEnvironment) {
@@ -271,9 +355,14 @@ TEST(TcpCommunicator, FromTheEnvironment) {
               "TCP rendezvous: RANK and WORLD_SIZE must be set (as torchrun sets them), with MASTER_ADDR and MASTER_PORT");
   }
   {
-    ScopedEnv rank("RANK", "0x");
+    ScopedEnv rank("RANK", "0"), unset("WORLD_SIZE", nullptr);  // (not a world of one by default)
     EXPECT_EQ(error_of([] { comm::make_tcp_communicator_from_env(); }),
-              "environment: RANK='0x' is not a non-negative integer");
+              "TCP rendezvous: RANK and WORLD_SIZE must be set (as torchrun sets them), with MASTER_ADDR and MASTER_PORT");
+  }
+  for (const char* bad : {"0x", "-1"}) {
+    ScopedEnv rank("RANK", bad);
+    EXPECT_EQ(error_of([] { comm::make_tcp_communicator_from_env(); }),
+              std::string("environment: RANK='") + bad + "' is not a non-negative integer");
   }
   ScopedEnv rank("RANK", "0");
   {
