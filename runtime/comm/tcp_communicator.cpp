@@ -240,10 +240,18 @@ TcpCommunicator::TcpCommunicator(const TcpOptions& o) : o_(o) {
   if (o.master_port <= 0 || o.master_port > 65535)
     throw Error("TCP rendezvous: MASTER_PORT=" + std::to_string(o.master_port) + " is not a port");
   if (o.world_size > 1) {
-    if (o.rank == 0)
-      rendezvous_root();
-    else
-      rendezvous_peer();
+    try {
+      if (o.rank == 0)
+        rendezvous_root();
+      else
+        rendezvous_peer();
+    } catch (...) {
+      // No destructor runs after a constructor throws: close the ranks that arrived, which
+      // would otherwise wait for a welcome (twice the timeout) instead of seeing rank 0 go.
+      for (Peer& p : peers_)
+        if (p.fd >= 0) ::close(p.fd);
+      throw;
+    }
   }
   thread_ = std::thread([this] { worker(); });
 }

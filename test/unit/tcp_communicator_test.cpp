@@ -345,6 +345,19 @@ TEST(TcpCommunicator, ARankZeroThatNeverWelcomesIsNamedAfterTwiceTheTimeout) {
   ::close(fake);
 }
 
+// A rank 0 whose rendezvous fails after another rank arrived lets that rank go at once (it sees
+// rank 0 close the connection), instead of leaving it to wait for a welcome, twice the timeout.
+TEST(TcpCommunicator, AFailedRendezvousReleasesTheRanksThatArrived) {
+  const int port = free_port();
+  auto root = rank_zero(port, 3);
+  FakeRank one(port);
+  one.send(hello(1, 3));
+  FakeRank wrong(port);
+  wrong.send(hello(2, 2));
+  EXPECT_NE(root.get().find("(RANK=2) has WORLD_SIZE=2, this rank 3"), std::string::npos);
+  EXPECT_TRUE(one.sees_close_within(5000));
+}
+
 // make_tcp_communicator_from_env: RANK and WORLD_SIZE both required, integers in full; an empty
 // MASTER_PORT is the default port, said so; LOCAL_RANK defaults to RANK.
 TEST(TcpCommunicator, FromTheEnvironment) {
