@@ -358,6 +358,22 @@ TEST(TcpCommunicator, AFailedRendezvousReleasesTheRanksThatArrived) {
   EXPECT_TRUE(one.sees_close_within(5000));
 }
 
+// A rank 0 whose deadline passes while it waits on a hello sent part-way stops there and names
+// the missing ranks (it does not wait on, with no time left, for a rank that may never come).
+TEST(TcpCommunicator, RendezvousEndsAtTheDeadlineReachedDuringAHello) {
+  const int port = free_port();
+  auto root = rank_zero(port, 2, {}, 1);
+  FakeRank partial(port);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  partial.send("KILN", 4);  // rank 0 waits 1 s for the rest: past its deadline, by about 50 ms
+  if (root.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+    ADD_FAILURE() << "rank 0 still waits after its deadline";
+    FakeRank(port).send(hello(1, 3));  // (ends its wait, so that the test ends)
+  }
+  EXPECT_EQ(without_ports(root.get()), "rank 0 of 2 (TCP): listening on port P (MASTER_PORT): only 1 of 2 ranks "
+                                       "connected within 1 s (missing rank 1)");
+}
+
 // make_tcp_communicator_from_env: RANK and WORLD_SIZE both required, integers in full; an empty
 // MASTER_PORT is the default port, said so; LOCAL_RANK defaults to RANK.
 TEST(TcpCommunicator, FromTheEnvironment) {
