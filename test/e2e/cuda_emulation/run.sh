@@ -11,7 +11,7 @@
 # CONFIGS selects specs of test/e2e/configs (a word ending in .toml: a spec file's path, which
 # the lists below then name by its file name without .toml; default: the parity four, long / long-bf16 for
 # sequences of several attention tiles, hs96-bf16 and wide-bf16 for larger heads, one-token-bf16
-# for B T = 1); STEPS the optimizer steps (2);
+# for B T = 1, rows-bf16 for bias-gradient column sums in several chunks); STEPS the optimizer steps (2);
 # CONFIGS_PLAIN those run again on a cuBLASLt without fused epilogues (default tiny-bf16 awkward),
 # CONFIGS_SIMT with SIMT attention (long-bf16), CONFIGS_RACE on the race-exposing schedules
 # (long-bf16 hs96-bf16 wide-bf16: two tile buffers and one; dq in the dk/dv kernel or its own;
@@ -31,7 +31,7 @@ root="$(cd "$here/../../.." && pwd)"
 build="$(cd "${1:-$root/build}" && pwd)"
 work="${2:-$(mktemp -d "${TMPDIR:-/tmp}/kiln-cuda-emu.XXXXXX")}"
 mkdir -p "$work"
-configs="${CONFIGS:-tiny tiny-bf16 awkward awkward-bf16 long long-bf16 hs96-bf16 wide-bf16 one-token-bf16}"
+configs="${CONFIGS:-tiny tiny-bf16 awkward awkward-bf16 long long-bf16 hs96-bf16 wide-bf16 one-token-bf16 rows-bf16}"
 steps="${STEPS:-2}"
 export KILN_EMU_CACHE="${KILN_EMU_CACHE:-$work/kernel-cache}"
 driver="$build/bin/kiln-cuda-emulator"
