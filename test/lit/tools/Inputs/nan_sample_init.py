@@ -9,31 +9,18 @@ token 511's logit: ln_f gives 0 in channel 0 (weight and bias 0), and 1 in chann
 where wte[511] is -3e38, so that logit is about -3e38, its probability exactly 0 and its gradient
 0 (a probability of 1/512 times 3e38 would overflow the gradient norm). The updates of ln_f's
 channel 0 weight stay far too small (about lr per step) to bring the logit near 0."""
-import json
-import struct
 import sys
 
+from safetensors_edit import Weights
+
 src, out = sys.argv[1], sys.argv[2]
-with open(src, "rb") as f:
-    data = f.read()
-n = struct.unpack("<Q", data[:8])[0]
-header = json.loads(data[8:8 + n])
-body = bytearray(data[8 + n:])
-
-
-def put(name, index, value):
-    a, b = header[name]["data_offsets"]
-    assert header[name]["dtype"] == "F32" and 4 * index < b - a, name
-    body[a + 4 * index:a + 4 * index + 4] = struct.pack("<f", value)
-
-
-C = header["transformer.wpe.weight"]["shape"][1]
-put("transformer.wte.weight", 511 * C + 0, 3e38)
-put("transformer.wte.weight", 511 * C + 1, -3e38)
-put("transformer.wpe.weight", 0, 3e38)
-put("transformer.ln_f.weight", 0, 0.0)
-put("transformer.ln_f.bias", 0, 0.0)
-put("transformer.ln_f.weight", 1, 0.0)
-put("transformer.ln_f.bias", 1, 1.0)
-with open(out, "wb") as f:
-    f.write(data[:8 + n] + bytes(body))
+w = Weights(src)
+C = w.header["transformer.wpe.weight"]["shape"][1]
+w.put("transformer.wte.weight", 511 * C + 0, 3e38)
+w.put("transformer.wte.weight", 511 * C + 1, -3e38)
+w.put("transformer.wpe.weight", 0, 3e38)
+w.put("transformer.ln_f.weight", 0, 0.0)
+w.put("transformer.ln_f.bias", 0, 0.0)
+w.put("transformer.ln_f.weight", 1, 0.0)
+w.put("transformer.ln_f.bias", 1, 1.0)
+w.write(out)

@@ -6,31 +6,13 @@ in every channel; wte is zeroed but for wte[0][0] = 5e-38 (a normal float), so t
 10 and every other one 0: the loss is about 10. Token 0's probability, about 0.98 at every position,
 makes the gradient of wte's row 0 about 2e38 in each of its 64 channels: every element a finite
 float, but the norm (about 1.6e39) beyond float's largest (3.4e38)."""
-import json
-import struct
 import sys
 
+from safetensors_edit import Weights
+
 src, out = sys.argv[1], sys.argv[2]
-with open(src, "rb") as f:
-    data = f.read()
-n = struct.unpack("<Q", data[:8])[0]
-header = json.loads(data[8:8 + n])
-body = bytearray(data[8 + n:])
-
-
-def fill(name, values):
-    a, b = header[name]["data_offsets"]
-    assert header[name]["dtype"] == "F32" and len(values) == (b - a) // 4, name
-    body[a:b] = struct.pack(f"<{len(values)}f", *values)
-
-
-def count(name):
-    a, b = header[name]["data_offsets"]
-    return (b - a) // 4
-
-
-fill("transformer.ln_f.weight", [0.0] * count("transformer.ln_f.weight"))
-fill("transformer.ln_f.bias", [2e38] * count("transformer.ln_f.bias"))
-fill("transformer.wte.weight", [5e-38] + [0.0] * (count("transformer.wte.weight") - 1))
-with open(out, "wb") as f:
-    f.write(data[:8 + n] + bytes(body))
+w = Weights(src)
+w.fill("transformer.ln_f.weight", [0.0] * w.count("transformer.ln_f.weight"))
+w.fill("transformer.ln_f.bias", [2e38] * w.count("transformer.ln_f.bias"))
+w.fill("transformer.wte.weight", [5e-38] + [0.0] * (w.count("transformer.wte.weight") - 1))
+w.write(out)
