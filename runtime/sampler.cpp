@@ -201,10 +201,13 @@ std::vector<std::vector<int32_t>> sample(Executor& ex, const std::vector<int32_t
     } else {
       ex.read(result, size_t(at) * 4, size_t(V) * 4, row.data());
     }
-    // -inf alone is a token never drawn (weight 0), but with every logit -inf each weight is
-    // exp(-inf + inf), NaN, and the pick would be the k-th id whatever the seed.
-    if (std::any_of(row.begin(), row.end(), [](float x) { return std::isnan(x) || x == INFINITY; }) ||
-        *std::max_element(row.begin(), row.end()) == -INFINITY)
+    // A NaN, or a largest logit that is not finite: +inf, or -inf in every logit (each weight
+    // exp(-inf + inf), NaN: the pick the k-th id whatever the seed). A -inf among finite logits
+    // is a token never drawn (weight 0).
+    bool nan = false;
+    float top = -INFINITY;
+    for (float x : row) nan |= std::isnan(x), top = std::max(top, x);
+    if (nan || !std::isfinite(top))
       throw Error("sample: the logits of sample " + std::to_string(s + 1) + "'s new token " + std::to_string(step + 1) +
                   " hold a NaN or an infinity: the forward pass of these weights overflows");
     if (o.logits_out) std::copy(row.begin(), row.end(), o.logits_out->begin() + (s * o.max_new_tokens + step) * V);

@@ -204,6 +204,10 @@ class TcpCommunicator final : public Communicator {
 
   void rendezvous_root();
   void rendezvous_peer();
+  void close_peers() {
+    for (Peer& p : peers_)
+      if (p.fd >= 0) ::close(p.fd);
+  }
 
   TcpOptions o_;
   // Rank 0: peers_[r] is rank r (peers_[0] unused). Other ranks: peers_[0] is rank 0.
@@ -248,8 +252,7 @@ TcpCommunicator::TcpCommunicator(const TcpOptions& o) : o_(o) {
     } catch (...) {
       // No destructor runs after a constructor throws: close the ranks that arrived, which
       // would otherwise wait for a welcome (twice the timeout) instead of seeing rank 0 go.
-      for (Peer& p : peers_)
-        if (p.fd >= 0) ::close(p.fd);
+      close_peers();
       throw;
     }
   }
@@ -263,8 +266,7 @@ TcpCommunicator::~TcpCommunicator() {
   }
   cv_.notify_all();
   thread_.join();
-  for (Peer& p : peers_)
-    if (p.fd >= 0) ::close(p.fd);
+  close_peers();
 }
 
 void TcpCommunicator::rendezvous_root() {

@@ -1,7 +1,10 @@
-"""Edits of a safetensors file's F32 tensors in place, for the scripts that forge weights
-(overflow_grad_init.py, nan_sample_init.py)."""
+"""Edits of a safetensors file's F32 tensors, for the tests that forge weights
+(overflow_grad_init.py, nan_sample_init.py, sample.test).
+As a command: safetensors_edit.py IN OUT NAME=VALUE... writes IN with every element of each
+tensor NAME set to VALUE."""
 import json
 import struct
+import sys
 
 
 class Weights:
@@ -37,3 +40,11 @@ class Weights:
     def write(self, path):
         with open(path, "wb") as f:
             f.write(self.head + bytes(self.body))
+
+
+if __name__ == "__main__":
+    w = Weights(sys.argv[1])
+    for edit in sys.argv[3:]:
+        name, value = edit.split("=")
+        w.fill(name, [float(value)] * w.count(name))
+    w.write(sys.argv[2])
