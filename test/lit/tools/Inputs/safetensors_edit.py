@@ -1,5 +1,5 @@
 """Edits of a safetensors file's F32 tensors, for the tests that forge weights
-(overflow_grad_init.py, nan_sample_init.py, sample.test).
+(overflow_grad_init.py, nan_sample_init.py, sample.test, eval.test).
 As a command: safetensors_edit.py IN OUT NAME=VALUE... writes IN with every element of each
 tensor NAME set to VALUE."""
 import json
