@@ -50,3 +50,10 @@ except (OSError, subprocess.TimeoutExpired):
 if config.kiln_libasan:
     config.available_features.add("asan")
     config.substitutions.append(("%libasan", config.kiln_libasan))
+
+# mpirun, where the runtime has MPI: %mpirun starts ranks here as test/e2e/test_ranks.py does
+# (as root too, more ranks than cores, no CPU binding, no single-copy shared memory).
+if getattr(config, "kiln_mpirun", ""):
+    config.available_features.add("mpi")
+    config.substitutions.append(("%mpirun", config.kiln_mpirun + " --allow-run-as-root --oversubscribe --bind-to none"
+                                 " --mca btl_vader_single_copy_mechanism none"))
