@@ -72,15 +72,22 @@ class MpiCommunicator final : public Communicator {
     if (counts.size() != size_t(world_))
       throw Error(who() + ": " + what + ": " + std::to_string(counts.size()) + " pieces for " +
                   std::to_string(world_) + " ranks");
+    // MPI counts are ints: each piece, and (as displacements) their sum. The sum of at most 65536
+    // pieces of at most INT_MAX each cannot overflow an int64_t.
     std::vector<int> c;
     int64_t total = 0;
-    for (int64_t x : counts) {
-      total += x;
-      if (x < 0 || x > INT_MAX || total > INT_MAX)
-        throw Error(who() + ": " + what + ": pieces of " + std::to_string(x) +
+    for (size_t i = 0; i < counts.size(); ++i) {
+      const int64_t x = counts[i];
+      if (x < 0) throw Error(who() + ": " + what + ": piece " + std::to_string(i) + " has " + std::to_string(x) + " elements");
+      if (x > INT_MAX)
+        throw Error(who() + ": " + what + ": piece " + std::to_string(i) + "'s " + std::to_string(x) +
                     " elements exceed MPI's int counts; use smaller gradient buckets");
+      total += x;
       c.push_back(int(x));
     }
+    if (total > INT_MAX)
+      throw Error(who() + ": " + what + ": the pieces' " + std::to_string(total) +
+                  " elements in all exceed MPI's int counts; use smaller gradient buckets");
     return c;
   }
 

@@ -175,25 +175,26 @@ TEST(CommMpi, RefusalsNameTheRankTheCallAndTheNumbers) {
   std::vector<int64_t> negative(size_t(n), 1);
   negative[size_t(n - 1)] = -1;
   EXPECT_EQ(error_of([&] { comm->ireduce_scatter_sum(data.data(), negative); }),
-            me + ": reduce_scatter: pieces of -1 elements exceed MPI's int counts; use smaller gradient buckets");
+            me + ": reduce_scatter: piece " + std::to_string(n - 1) + " has -1 elements");
   // A piece past INT_MAX; then pieces that fit one by one but not together (this rank's own
   // piece small, so that nothing large is allocated if the check were missing).
   std::vector<int64_t> huge(size_t(n), 1);
   huge[size_t((r + 1) % n)] = int64_t(INT_MAX) + 1;
   EXPECT_EQ(error_of([&] { comm->iall_gather(data.data(), huge); }),
-            me + ": all_gather: pieces of 2147483648 elements exceed MPI's int counts; use smaller gradient buckets");
-  // A piece of INT_MAX fits an int: only the next piece, taking the total past it, is refused.
+            me + ": all_gather: piece " + std::to_string((r + 1) % n) +
+                "'s 2147483648 elements exceed MPI's int counts; use smaller gradient buckets");
+  // A piece of INT_MAX fits an int: only the total past it is refused, and named.
   std::vector<int64_t> int_max(size_t(n), 1);
   int_max[0] = INT_MAX;
   EXPECT_EQ(error_of([&] { comm->iall_gather(data.data(), int_max); }),
-            me + ": all_gather: pieces of 1 elements exceed MPI's int counts; use smaller gradient buckets");
-  // (INT_MAX + 1 in all: the error names the piece that passes INT_MAX, the last one.)
+            me + ": all_gather: the pieces' " + std::to_string(int64_t(INT_MAX) + n - 1) +
+                " elements in all exceed MPI's int counts; use smaller gradient buckets");
   const int64_t other = INT_MAX / (n - 1);
   std::vector<int64_t> sum_too_big(size_t(n), other);
   sum_too_big[size_t(r)] = 2;
   EXPECT_EQ(error_of([&] { comm->ireduce_scatter_sum(data.data(), sum_too_big); }),
-            me + ": reduce_scatter: pieces of " + std::to_string(r == n - 1 ? 2 : other) +
-                " elements exceed MPI's int counts; use smaller gradient buckets");
+            me + ": reduce_scatter: the pieces' " + std::to_string(other * (n - 1) + 2) +
+                " elements in all exceed MPI's int counts; use smaller gradient buckets");
   EXPECT_EQ(error_of([&] { comm->broadcast(data.data(), 8, n); }), me + ": MPI_Ibcast: MPI_ERR_ROOT: invalid root");
   double d[1] = {1};
   EXPECT_EQ(error_of([&] { comm->all_reduce_sum(d, -1); }),
