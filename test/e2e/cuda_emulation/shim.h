@@ -20,7 +20,8 @@
 // different lines in the same round, and a shuffle in a warp some of whose lanes have returned,
 // are counted (kemu_stats), and the emulated device fails the launch that did either. Lanes of one
 // warp released together from warp-wide operations on different lines (divergent lanes at a
-// full-mask shuffle) stop the run. Shared memory is filled with NaN bytes before every block
+// full-mask shuffle) stop the run, and so does a shuffle whose mask leaves out its own lane or
+// the lane it reads. Shared memory is filled with NaN bytes before every block
 // (KEMU_SHARED=keep: not; KEMU_SHARED=big: 0x7f bytes, huge finite values), as a GPU leaves it
 // undefined: a static would read zeros in the first block and the previous block's values after it.
 //
@@ -129,24 +130,32 @@ inline void sync_warp(int line) {
   warp_arrived[cur / 32]++;
   yield();
 }
+// A shuffle's mask must name the calling lane and the lane it reads (undefined on a GPU otherwise).
+inline void check_mask(unsigned mask, int lane, int src, int line) {
+  if ((mask >> lane & 1u) && (mask >> src & 1u)) return;
+  fprintf(stderr, "kemu: %s block %u thread %d (line %d): shuffle mask 0x%08x leaves out lane %d\n", launch_name,
+          block_idx.x, cur, line, mask, (mask >> lane & 1u) ? src : lane);
+  exit(3);
+}
 template <class T>
-inline T shfl(T v, int src_lane, int width, int line) {
+inline T shfl(T v, int src_lane, int width, int line, unsigned mask = 0xffffffffu) {
   static_assert(sizeof(T) <= sizeof(unsigned long long), "shuffle of a wide type");
   memcpy(&slot[cur], &v, sizeof v);
   sync_warp(line);
   const int lane = cur % 32, base = cur - lane;
   const int w = (width <= 0 || width > 32) ? 32 : width;
   const int src = (lane / w) * w + (src_lane % w + w) % w;
+  check_mask(mask, lane, src, line);
   T r;
   memcpy(&r, &slot[base + src], sizeof r);
   sync_warp(line);
   return r;
 }
 template <class T>
-inline T shfl_xor(T v, int mask, int width, int line) {
+inline T shfl_xor(T v, int lane_mask, int width, int line, unsigned mask = 0xffffffffu) {
   const int lane = cur % 32;
   const int w = (width <= 0 || width > 32) ? 32 : width;
-  return shfl(v, ((lane ^ mask) % w), w, line) ;
+  return shfl(v, ((lane ^ lane_mask) % w), w, line, mask);
 }
 }  // namespace kemu
 
@@ -169,8 +178,8 @@ inline T shfl_xor(T v, int mask, int width, int line) {
 #define warpSize 32
 #define __syncthreads() kemu::sync_block(__LINE__)
 #define __syncwarp(...) kemu::sync_warp(__LINE__)
-#define __shfl_sync(mask, v, src, ...) kemu::shfl((v), (src), (0 __VA_OPT__(+) __VA_ARGS__), __LINE__)
-#define __shfl_xor_sync(mask, v, lm, ...) kemu::shfl_xor((v), (lm), (0 __VA_OPT__(+) __VA_ARGS__), __LINE__)
+#define __shfl_sync(mask, v, src, ...) kemu::shfl((v), (src), (0 __VA_OPT__(+) __VA_ARGS__), __LINE__, (mask))
+#define __shfl_xor_sync(mask, v, lm, ...) kemu::shfl_xor((v), (lm), (0 __VA_OPT__(+) __VA_ARGS__), __LINE__, (mask))
 #define __align__(n) __attribute__((aligned(n)))
 inline void __threadfence() {}
 inline void __threadfence_block() {}
