@@ -120,3 +120,23 @@ func.func @forward() -> tensor<f32> {
   %s = kiln.reduce_sum %m : tensor<4x8xf32> -> tensor<f32>
   return %s : tensor<f32>
 }
+
+// -----
+
+// A declaration of @forward has no graph to give types to.
+// expected-error@below {{kiln-mixed-precision: no @forward function}}
+module {
+  func.func private @forward() -> tensor<f32>
+}
+
+// -----
+
+// Any precision but "bf16" is refused, and the message names the one the spec has.
+// expected-error@below {{kiln-mixed-precision: 'kiln.spec' has precision = "fp16"; the pass makes a bf16 module}}
+module attributes {kiln.spec = {precision = "fp16"}} {
+  func.func @forward() -> tensor<f32> {
+    %x = kiln.zeros : tensor<4xf32>
+    %l = kiln.reduce_sum %x : tensor<4xf32> -> tensor<f32>
+    return %l : tensor<f32>
+  }
+}

@@ -142,3 +142,73 @@ func.func @forward() -> tensor<f32> {
   %l = kiln.reduce_sum %g : tensor<4x4xf32> -> tensor<f32>
   return %l : tensor<f32>
 }
+
+// -----
+
+// A bias is either operand of the add: on the left it is narrowed too, and the add is bf16. A
+// broadcast of something other than a parameter (kiln.zeros here) is no bias: that add promotes
+// to fp32, the product widened in front of it.
+// CHECK-LABEL: func.func @forward
+// CHECK: %[[H:.*]] = kiln.matmul {{.*}} -> tensor<4x16xbf16>
+// CHECK: kiln.cast %{{.*}} : tensor<16xf32> -> tensor<16xbf16>
+// CHECK: %[[B:.*]] = kiln.broadcast %{{.*}} : tensor<16xbf16> -> tensor<4x16xbf16>
+// CHECK: kiln.add %[[B]], %[[H]] : tensor<4x16xbf16>
+// CHECK: %[[Z:.*]] = kiln.broadcast %{{.*}} : tensor<16xf32> -> tensor<4x16xf32>
+// CHECK: %[[HW:.*]] = kiln.cast %[[H]] : tensor<4x16xbf16> -> tensor<4x16xf32>
+// CHECK: kiln.add %[[HW]], %[[Z]] : tensor<4x16xf32>
+kiln.parameter @x : tensor<4x8xf32> {init = "zeros"}
+kiln.parameter @w : tensor<8x16xf32> {init = "zeros"}
+kiln.parameter @b : tensor<16xf32> {init = "zeros"}
+func.func @forward() -> tensor<f32> {
+  %x = kiln.param @x : tensor<4x8xf32>
+  %w = kiln.param @w : tensor<8x16xf32>
+  %h = kiln.matmul %x, %w : tensor<4x8xf32>, tensor<8x16xf32> -> tensor<4x16xf32>
+  %b = kiln.param @b : tensor<16xf32>
+  %bb = kiln.broadcast %b : tensor<16xf32> -> tensor<4x16xf32>
+  %hb = kiln.add %bb, %h : tensor<4x16xf32>
+  %z = kiln.zeros : tensor<16xf32>
+  %zb = kiln.broadcast %z : tensor<16xf32> -> tensor<4x16xf32>
+  %hz = kiln.add %h, %zb : tensor<4x16xf32>
+  %s = kiln.add %hb, %hz : tensor<4x16xf32>
+  %l = kiln.reduce_sum %s : tensor<4x16xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}
+
+// -----
+
+// Attention reads bf16 qkv (a cast in front) and gives a bf16 result, its lse staying fp32; a
+// reshape keeps its input's element type, so the product after it reads bf16 without a cast.
+// CHECK-LABEL: func.func @forward
+// CHECK: %[[Q:.*]] = kiln.cast %{{.*}} : tensor<2x4x24xf32> -> tensor<2x4x24xbf16>
+// CHECK: %[[O:.*]], %{{.*}} = kiln.attention %[[Q]] {num_heads = 2 : i64} : tensor<2x4x24xbf16> -> tensor<2x4x8xbf16>, tensor<2x2x4xf32>
+// CHECK: %[[R:.*]] = kiln.reshape %[[O]] : tensor<2x4x8xbf16> -> tensor<8x8xbf16>
+// CHECK: kiln.matmul %[[R]], %{{.*}} : tensor<8x8xbf16>, tensor<8x8xbf16> -> tensor<8x8xbf16>
+kiln.parameter @qkv : tensor<2x4x24xf32> {init = "zeros"}
+kiln.parameter @w : tensor<8x8xf32> {init = "zeros"}
+func.func @forward() -> tensor<f32> {
+  %qkv = kiln.param @qkv : tensor<2x4x24xf32>
+  %o, %lse = kiln.attention %qkv {num_heads = 2 : i64} : tensor<2x4x24xf32> -> tensor<2x4x8xf32>, tensor<2x2x4xf32>
+  %r = kiln.reshape %o : tensor<2x4x8xf32> -> tensor<8x8xf32>
+  %w = kiln.param @w : tensor<8x8xf32>
+  %y = kiln.matmul %r, %w : tensor<8x8xf32>, tensor<8x8xf32> -> tensor<8x8xf32>
+  %l = kiln.reduce_sum %y : tensor<8x8xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}
+
+// -----
+
+// A layer norm whose output nothing reads (only its mean is used) keeps it fp32: "every user is a
+// matrix product" holds for no user at all, which is no reason for bf16.
+// CHECK-LABEL: func.func @forward
+// CHECK: kiln.layer_norm {{.*}} -> tensor<4x8xf32>, tensor<4xf32>, tensor<4xf32>
+kiln.parameter @x : tensor<4x8xf32> {init = "zeros"}
+kiln.parameter @g : tensor<8xf32> {init = "ones"}
+kiln.parameter @b : tensor<8xf32> {init = "zeros"}
+func.func @forward() -> tensor<f32> {
+  %x = kiln.param @x : tensor<4x8xf32>
+  %g = kiln.param @g : tensor<8xf32>
+  %b = kiln.param @b : tensor<8xf32>
+  %a, %m, %r = kiln.layer_norm %x, %g, %b : tensor<4x8xf32>, tensor<8xf32>, tensor<8xf32> -> tensor<4x8xf32>, tensor<4xf32>, tensor<4xf32>
+  %l = kiln.reduce_sum %m : tensor<4xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}
