@@ -71,3 +71,9 @@ module {
     return %l : tensor<f32>
   }
 }
+
+// -----
+
+// Not refused: a declared @micro_step has no body to place reductions in; it is left as it is.
+kiln.parameter @w : tensor<4xf32> {init = "zeros"}
+func.func private @micro_step() -> tensor<f32>
