@@ -211,3 +211,37 @@ func.func @decode() -> tensor<1x3xf32> {
   %s = kiln.add %y0, %y1 : tensor<1x3xf32>
   return %s : tensor<1x3xf32>
 }
+
+// -----
+
+// One value passed as both operands of an elementwise op, dying there: each element is read at
+// the element being written, so the sum still takes %a's storage (no second slot).
+// CHECK-LABEL: func.func @forward
+// CHECK-SAME: kiln.arena_size = 512
+// CHECK: kiln.gelu %{{.*}} {kiln.offsets = array<i64: 0>}
+// CHECK: kiln.add %{{.*}}, %{{.*}} {kiln.offsets = array<i64: 0>}
+// CHECK: kiln.reduce_sum %{{.*}} {kiln.offsets = array<i64: 256>}
+kiln.parameter @w : tensor<64xf32> {init = "zeros"}
+func.func @forward() -> tensor<f32> {
+  %w = kiln.param @w : tensor<64xf32>
+  %a = kiln.gelu %w : tensor<64xf32>
+  %s = kiln.add %a, %a : tensor<64xf32>
+  %l = kiln.reduce_sum %s : tensor<64xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}
+
+// -----
+
+// A declaration has no body to plan and is left as it is; the function beside it is planned.
+// Ops without results (the return) get no kiln.offsets.
+// CHECK-LABEL: func.func private @helper() -> tensor<64xf32>{{$}}
+// CHECK-LABEL: func.func @forward() -> tensor<f32> attributes {kiln.arena_size = 256 : i64}
+// CHECK: kiln.reduce_sum %{{.*}} {kiln.offsets = array<i64: 0>}
+// CHECK-NEXT: return %{{[0-9]+}} : tensor<f32>
+kiln.parameter @w : tensor<64xf32> {init = "zeros"}
+func.func private @helper() -> tensor<64xf32>
+func.func @forward() -> tensor<f32> {
+  %w = kiln.param @w : tensor<64xf32>
+  %l = kiln.reduce_sum %w : tensor<64xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}
