@@ -125,3 +125,12 @@ module attributes {kiln.spec = {precision = "bf16"}} {
     return %l : tensor<f32>
   }
 }
+
+// -----
+
+// @forward reads its inputs with kiln.input: a function argument would be a value that no op of
+// @micro_step defines.
+// expected-error@below {{kiln-autodiff: @forward must have a body and take no arguments (inputs are kiln.input ops)}}
+func.func @forward(%a: tensor<f32>) -> tensor<f32> {
+  return %a : tensor<f32>
+}

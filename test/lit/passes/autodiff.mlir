@@ -434,3 +434,61 @@ func.func @forward() -> tensor<f32> {
 // CHECK-NEXT:    %[[DB:.*]] = kiln.matmul %{{.*}}, %[[DCH]] {transpose_lhs} : tensor<4x8xbf16>, tensor<4x6xbf16> -> tensor<8x6xbf16>
 // CHECK:         kiln.accumulate_grad @b, {{.*}} : tensor<8x6xf32>
 // CHECK:         kiln.accumulate_grad @a, {{.*}} : tensor<4x8xf32>
+
+// -----
+
+// The statistics results are constants to the backward pass: a loss that reads only the
+// layer-norm mean takes no layer_norm_grad and gives @x, @g, @b no gradient.
+// CHECK-LABEL: func.func @micro_step
+// CHECK:         kiln.reduce_sum %mean
+// CHECK-NEXT:    kiln.hyper "loss_weight"
+// CHECK-NEXT:    kiln.broadcast
+// CHECK-NEXT:    return
+kiln.parameter @x : tensor<4x8xf32> {init = "zeros"}
+kiln.parameter @g : tensor<8xf32> {init = "ones"}
+kiln.parameter @b : tensor<8xf32> {init = "zeros"}
+func.func @forward() -> tensor<f32> {
+  %x = kiln.param @x : tensor<4x8xf32>
+  %g = kiln.param @g : tensor<8xf32>
+  %b = kiln.param @b : tensor<8xf32>
+  %y, %mean, %rstd = kiln.layer_norm %x, %g, %b : tensor<4x8xf32>, tensor<8xf32>, tensor<8xf32> -> tensor<4x8xf32>, tensor<4xf32>, tensor<4xf32>
+  %l = kiln.reduce_sum %mean : tensor<4xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}
+
+// -----
+
+// The same for attention's lse: no attention_grad, no gradient for @qkv.
+// CHECK-LABEL: func.func @micro_step
+// CHECK:         kiln.reduce_sum %lse
+// CHECK-NEXT:    kiln.hyper "loss_weight"
+// CHECK-NEXT:    kiln.broadcast
+// CHECK-NEXT:    return
+kiln.parameter @qkv : tensor<2x4x24xf32> {init = "zeros"}
+func.func @forward() -> tensor<f32> {
+  %qkv = kiln.param @qkv : tensor<2x4x24xf32>
+  %o, %lse = kiln.attention %qkv {num_heads = 2 : i64} : tensor<2x4x24xf32> -> tensor<2x4x8xf32>, tensor<2x2x4xf32>
+  %l = kiln.reduce_sum %lse : tensor<2x2x4xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}
+
+// -----
+
+// A value that takes a gradient through one use (the add) and none through another (a scale's
+// factor) keeps the first: nothing is added for the use without one.
+// CHECK-LABEL: func.func @micro_step
+// CHECK:         %[[LR:.*]] = kiln.hyper "lr"
+// CHECK:         %[[LW:.*]] = kiln.hyper "loss_weight"
+// CHECK-NEXT:    %[[D:.*]] = kiln.broadcast %[[LW]] : tensor<f32> -> tensor<4xf32>
+// CHECK-NEXT:    %[[DX:.*]] = kiln.scale %[[D]], %[[LR]]
+// CHECK-NEXT:    kiln.accumulate_grad @x, %[[DX]] : tensor<4xf32>
+// CHECK-NEXT:    return
+kiln.parameter @x : tensor<4xf32> {init = "zeros"}
+func.func @forward() -> tensor<f32> {
+  %x = kiln.param @x : tensor<4xf32>
+  %lr = kiln.hyper "lr" : tensor<f32>
+  %y = kiln.scale %x, %lr : tensor<4xf32>, tensor<f32> -> tensor<4xf32>
+  %s = kiln.reduce_sum %y : tensor<4xf32> -> tensor<f32>
+  %l = kiln.add %s, %lr : tensor<f32>
+  return %l : tensor<f32>
+}
