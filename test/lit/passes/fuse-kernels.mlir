@@ -261,6 +261,11 @@ func.func @encoder(%idx: tensor<2x8xi32>) -> tensor<2x8x16xf32> {
 // CHECK: kiln.gelu
 // CHECK-NEXT: kiln.reduce_sum
 // CHECK-NEXT: kiln.fusion "elementwise" "broadcast_add"
+// With single-ops the GELU and the reduction are regions of their own.
+// SINGLE-LABEL: func.func @whole_reduction
+// SINGLE: kiln.fusion "elementwise" "gelu"
+// SINGLE: kiln.fusion "reduce_sum" "reduce_sum"
+// SINGLE: kiln.fusion "elementwise" "broadcast_add"
 func.func @whole_reduction(%x: tensor<8x16xf32>) -> tensor<8x16xf32> {
   %g = kiln.gelu %x : tensor<8x16xf32>
   %s = kiln.reduce_sum %g : tensor<8x16xf32> -> tensor<16xf32>
@@ -474,4 +479,411 @@ func.func @shared_bias(%x: tensor<8x4xf32>) -> (tensor<8x16xf32>, tensor<8x16xf3
   %1 = kiln.broadcast %b : tensor<16xf32> -> tensor<8x16xf32>
   %2 = kiln.add %0, %1 : tensor<8x16xf32>
   return %2, %1 : tensor<8x16xf32>, tensor<8x16xf32>
+}
+
+// -----
+
+// An elementwise chain is one kernel, grown from its last op back to its first (grown from the
+// first op instead, the add and the mul would fuse and leave the GELU alone).
+// CHECK-LABEL: func.func @elementwise_chain
+// CHECK-NEXT: %[[R:.*]] = kiln.fusion "elementwise" "add_mul_gelu"(%arg0, %arg1, %arg2)
+// CHECK: kiln.yield
+// CHECK-NEXT: }
+// CHECK-NEXT: return %[[R]]
+func.func @elementwise_chain(%x: tensor<16xf32>, %y: tensor<16xf32>, %z: tensor<16xf32>) -> tensor<16xf32> {
+  %a = kiln.add %x, %y : tensor<16xf32>
+  %b = kiln.mul %a, %z : tensor<16xf32>
+  %c = kiln.gelu %b : tensor<16xf32>
+  return %c : tensor<16xf32>
+}
+
+// -----
+
+// A producer whose result is also read outside the chain stays out of it: the add's sum is
+// returned, so only the mul and the GELU fuse (with one output).
+// CHECK-LABEL: func.func @producer_read_outside
+// CHECK-NEXT: %[[A:.*]] = kiln.add %arg0, %arg1
+// CHECK-NEXT: %[[R:.*]] = kiln.fusion "elementwise" "mul_gelu"(%[[A]], %arg2) : (tensor<16xf32>, tensor<16xf32>) -> tensor<16xf32>
+// CHECK: return %[[A]], %[[R]]
+func.func @producer_read_outside(%x: tensor<16xf32>, %y: tensor<16xf32>, %z: tensor<16xf32>) -> (tensor<16xf32>, tensor<16xf32>) {
+  %a = kiln.add %x, %y : tensor<16xf32>
+  %b = kiln.mul %a, %z : tensor<16xf32>
+  %c = kiln.gelu %b : tensor<16xf32>
+  return %a, %c : tensor<16xf32>, tensor<16xf32>
+}
+
+// -----
+
+// A state read between members writes nothing: the add that reads a parameter moves past the
+// gradient read to fuse with the mul.
+// CHECK-LABEL: func.func @state_read_between
+// CHECK: kiln.grad @w
+// CHECK-NEXT: kiln.fusion "elementwise" "add_mul"
+kiln.parameter @w : tensor<16xf32> {init = "zeros"}
+func.func @state_read_between(%x: tensor<16xf32>) -> tensor<16xf32> {
+  %p = kiln.param @w : tensor<16xf32>
+  %s = kiln.add %p, %x : tensor<16xf32>
+  %g = kiln.grad @w : tensor<16xf32>
+  %t = kiln.mul %s, %g : tensor<16xf32>
+  return %t : tensor<16xf32>
+}
+
+// -----
+
+// Must not fuse: an op the pass does not know (a call) may write any parameter, so the add that
+// reads one stays before it.
+// CHECK-LABEL: func.func @param_read_before_call
+// CHECK: kiln.add
+// CHECK-NEXT: call @opaque
+// CHECK-NEXT: kiln.mul
+kiln.parameter @w : tensor<16xf32> {init = "zeros"}
+func.func private @opaque()
+func.func @param_read_before_call(%x: tensor<16xf32>) -> tensor<16xf32> {
+  %p = kiln.param @w : tensor<16xf32>
+  %s = kiln.add %p, %x : tensor<16xf32>
+  func.call @opaque() : () -> ()
+  %t = kiln.mul %s, %x : tensor<16xf32>
+  return %t : tensor<16xf32>
+}
+
+// -----
+
+// Must not fuse: the bucket's reduction rewrites the gradient of @w (averaged across ranks), so
+// the add that reads it stays before the reduction.
+// CHECK-LABEL: func.func @grad_read_before_reduce
+// CHECK: kiln.add
+// CHECK-NEXT: kiln.reduce_gradients [@w]
+// CHECK-NEXT: kiln.mul
+kiln.parameter @w : tensor<16xf32> {init = "zeros"}
+func.func @grad_read_before_reduce(%x: tensor<16xf32>) -> tensor<16xf32> {
+  %g = kiln.grad @w : tensor<16xf32>
+  %s = kiln.add %g, %x : tensor<16xf32>
+  kiln.reduce_gradients [@w] {bucket = 0 : i64}
+  %t = kiln.mul %s, %x : tensor<16xf32>
+  return %t : tensor<16xf32>
+}
+
+// -----
+
+// Must not fuse: the exchange's wait writes every gradient buffer (the averages land there), so
+// the add that reads one stays before it.
+// CHECK-LABEL: func.func @grad_read_before_wait
+// CHECK: kiln.add
+// CHECK-NEXT: kiln.wait_gradients
+// CHECK-NEXT: kiln.mul
+kiln.parameter @w : tensor<16xf32> {init = "zeros"}
+func.func @grad_read_before_wait(%x: tensor<16xf32>) -> tensor<16xf32> {
+  %g = kiln.grad @w : tensor<16xf32>
+  %s = kiln.add %g, %x : tensor<16xf32>
+  kiln.wait_gradients
+  %t = kiln.mul %s, %x : tensor<16xf32>
+  return %t : tensor<16xf32>
+}
+
+// -----
+
+// A call nothing reads may still have effects: only an unread op free of them is dropped.
+// CHECK-LABEL: func.func @unread_call
+// CHECK-NEXT: call @effect
+// CHECK-NEXT: return
+func.func private @effect() -> tensor<16xf32>
+func.func @unread_call() {
+  %0 = func.call @effect() : () -> tensor<16xf32>
+  return
+}
+
+// -----
+
+// Must not fuse: a member that writes state moving past another state access, even with a
+// member that writes nothing in between. The bucket's reduction of @b sits after the product,
+// so the bias gradient (accumulated before it) stays out of the product's kernel.
+// CHECK-LABEL: func.func @effect_order_after_product
+// CHECK: kiln.reduce_sum
+// CHECK-NEXT: kiln.accumulate_grad @b
+// CHECK-NEXT: kiln.reduce_gradients [@b]
+// CHECK-NEXT: kiln.fusion "matmul" "matmul_accumulate_grad"
+kiln.parameter @w : tensor<4x16xf32> {init = "zeros"}
+kiln.parameter @b : tensor<16xf32> {init = "zeros"}
+func.func @effect_order_after_product(%x: tensor<8x4xf32>, %dy: tensor<8x16xf32>) {
+  %db = kiln.reduce_sum %dy : tensor<8x16xf32> -> tensor<16xf32>
+  kiln.accumulate_grad @b, %db : tensor<16xf32>
+  %dw = kiln.matmul %x, %dy {transpose_lhs} : tensor<8x4xf32>, tensor<8x16xf32> -> tensor<4x16xf32>
+  kiln.reduce_gradients [@b] {bucket = 0 : i64}
+  kiln.accumulate_grad @w, %dw : tensor<4x16xf32>
+  return
+}
+
+// -----
+
+// The classifier fuses only a loss and a logits gradient over the same logits and targets whose
+// log-sum-exp nothing else reads; otherwise the loss is a region alone and the gradient the
+// built-in kernel.
+// CHECK-LABEL: func.func @classifier_other_logits
+// CHECK: kiln.fusion "classifier" "cross_entropy"(%arg0, %arg2)
+// CHECK: kiln.cross_entropy_grad %arg3, %arg1,
+// CHECK-LABEL: func.func @classifier_other_targets
+// CHECK: kiln.fusion "classifier" "cross_entropy"(%arg0, %arg1)
+// CHECK: kiln.cross_entropy_grad %arg3, %arg0, %{{.*}}, %arg2
+// CHECK-LABEL: func.func @classifier_lse_read
+// CHECK: %[[L:.*]]:2 = kiln.fusion "classifier" "cross_entropy"(%arg0, %arg1)
+// CHECK: kiln.cross_entropy_grad %arg2, %arg0, %[[L]]#1, %arg1
+func.func @classifier_other_logits(%logits: tensor<8x128xf32>, %other: tensor<8x128xf32>, %t: tensor<8xi32>, %w: tensor<f32>) -> (tensor<f32>, tensor<8x128xf32>) {
+  %loss, %lse = kiln.cross_entropy %logits, %t : tensor<8x128xf32>, tensor<8xi32> -> tensor<f32>, tensor<8xf32>
+  %d = kiln.cross_entropy_grad %w, %other, %lse, %t : tensor<8x128xf32>, tensor<8xf32>, tensor<8xi32> -> tensor<8x128xf32>
+  return %loss, %d : tensor<f32>, tensor<8x128xf32>
+}
+func.func @classifier_other_targets(%logits: tensor<8x128xf32>, %t: tensor<8xi32>, %u: tensor<8xi32>, %w: tensor<f32>) -> (tensor<f32>, tensor<8x128xf32>) {
+  %loss, %lse = kiln.cross_entropy %logits, %t : tensor<8x128xf32>, tensor<8xi32> -> tensor<f32>, tensor<8xf32>
+  %d = kiln.cross_entropy_grad %w, %logits, %lse, %u : tensor<8x128xf32>, tensor<8xf32>, tensor<8xi32> -> tensor<8x128xf32>
+  return %loss, %d : tensor<f32>, tensor<8x128xf32>
+}
+func.func @classifier_lse_read(%logits: tensor<8x128xf32>, %t: tensor<8xi32>, %w: tensor<f32>) -> (tensor<f32>, tensor<8x128xf32>, tensor<8xf32>) {
+  %loss, %lse = kiln.cross_entropy %logits, %t : tensor<8x128xf32>, tensor<8xi32> -> tensor<f32>, tensor<8xf32>
+  %d = kiln.cross_entropy_grad %w, %logits, %lse, %t : tensor<8x128xf32>, tensor<8xf32>, tensor<8xi32> -> tensor<8x128xf32>
+  return %loss, %d, %lse : tensor<f32>, tensor<8x128xf32>, tensor<8xf32>
+}
+
+// -----
+
+// Epilogues read the product once, element by element: an add or a mul of the product with
+// itself, or a GELU backward that takes the product as its input x (not its incoming gradient),
+// stays out of the product's kernel.
+// CHECK-LABEL: func.func @product_twice
+// CHECK-NOT: kiln.fusion
+// CHECK: %[[M:.*]] = kiln.matmul
+// CHECK-NEXT: kiln.add %[[M]], %[[M]]
+// CHECK-LABEL: func.func @product_squared
+// CHECK-NOT: kiln.fusion
+// CHECK: %[[M:.*]] = kiln.matmul
+// CHECK-NEXT: kiln.mul %[[M]], %[[M]]
+// CHECK-LABEL: func.func @gelu_grad_at_product
+// CHECK-NOT: kiln.fusion
+// CHECK: %[[M:.*]] = kiln.matmul
+// CHECK-NEXT: kiln.gelu_grad %arg1, %[[M]]
+func.func @product_twice(%x: tensor<8x4xf32>, %w: tensor<4x16xf32>) -> tensor<8x16xf32> {
+  %0 = kiln.matmul %x, %w : tensor<8x4xf32>, tensor<4x16xf32> -> tensor<8x16xf32>
+  %1 = kiln.add %0, %0 : tensor<8x16xf32>
+  return %1 : tensor<8x16xf32>
+}
+func.func @product_squared(%x: tensor<8x4xf32>, %w: tensor<4x16xf32>) -> tensor<8x16xf32> {
+  %0 = kiln.matmul %x, %w : tensor<8x4xf32>, tensor<4x16xf32> -> tensor<8x16xf32>
+  %1 = kiln.mul %0, %0 : tensor<8x16xf32>
+  return %1 : tensor<8x16xf32>
+}
+func.func @gelu_grad_at_product(%x: tensor<8x4xf32>, %dy: tensor<8x16xf32>, %w: tensor<4x16xf32>) -> tensor<8x16xf32> {
+  %0 = kiln.matmul %x, %w : tensor<8x4xf32>, tensor<4x16xf32> -> tensor<8x16xf32>
+  %1 = kiln.gelu_grad %dy, %0 : tensor<8x16xf32>
+  return %1 : tensor<8x16xf32>
+}
+
+// -----
+
+// The layer norm's residual add is a sum of two operands: a doubling stays out. A cast in front
+// of the add that another op also reads stays out too (only the add and the norm fuse).
+// CHECK-LABEL: func.func @layer_norm_of_double
+// CHECK-NOT: kiln.fusion
+// CHECK-LABEL: func.func @layer_norm_shared_cast
+// CHECK: %[[C:.*]] = kiln.cast %arg0
+// CHECK-NEXT: kiln.fusion "layer_norm" "add_layer_norm"(%[[C]], %arg1
+kiln.parameter @g : tensor<16xf32> {init = "ones"}
+kiln.parameter @c : tensor<16xf32> {init = "zeros"}
+func.func @layer_norm_of_double(%a: tensor<8x16xf32>) -> tensor<8x16xf32> {
+  %g = kiln.param @g : tensor<16xf32>
+  %c = kiln.param @c : tensor<16xf32>
+  %s = kiln.add %a, %a : tensor<8x16xf32>
+  %o, %m, %r = kiln.layer_norm %s, %g, %c : tensor<8x16xf32>, tensor<16xf32>, tensor<16xf32> -> tensor<8x16xf32>, tensor<8xf32>, tensor<8xf32>
+  return %o : tensor<8x16xf32>
+}
+func.func @layer_norm_shared_cast(%a: tensor<8x16xbf16>, %b: tensor<8x16xf32>) -> (tensor<8x16xf32>, tensor<8x16xf32>) {
+  %g = kiln.param @g : tensor<16xf32>
+  %c = kiln.param @c : tensor<16xf32>
+  %w = kiln.cast %a : tensor<8x16xbf16> -> tensor<8x16xf32>
+  %s = kiln.add %w, %b : tensor<8x16xf32>
+  %o, %m, %r = kiln.layer_norm %s, %g, %c : tensor<8x16xf32>, tensor<16xf32>, tensor<16xf32> -> tensor<8x16xf32>, tensor<8xf32>, tensor<8xf32>
+  return %w, %o : tensor<8x16xf32>, tensor<8x16xf32>
+}
+
+// -----
+
+// Layer-norm backward: a doubling of dx is no residual-gradient add; when the cast of the
+// gradient that leaves comes after a read of the sum, the longest legal prefix still fuses (the
+// add and both accumulations); the bias gradient of the layer before is the row sum of the
+// residual sum (not of dx) and joins.
+// CHECK-LABEL: func.func @layer_norm_grad_double
+// CHECK: kiln.fusion "layer_norm_grad" "layer_norm_grad_accumulate_grad"
+// CHECK: kiln.yield
+// CHECK-NEXT: }
+// CHECK-NEXT: kiln.add
+// CHECK-LABEL: func.func @layer_norm_grad_prefix
+// CHECK: %[[R:.*]] = kiln.fusion "layer_norm_grad" "layer_norm_grad_add_accumulate_grad"
+// CHECK: kiln.yield
+// CHECK-NEXT: }
+// CHECK-NEXT: kiln.gelu %[[R]]
+// CHECK-NEXT: kiln.cast %[[R]]
+// CHECK-LABEL: func.func @layer_norm_grad_bias_before
+// CHECK: kiln.fusion "layer_norm_grad" "layer_norm_grad_add_accumulate_grad_reduce_sum"
+// CHECK: kiln.accumulate_grad @pb
+// CHECK-NEXT: kiln.yield
+kiln.parameter @g : tensor<16xf32> {init = "ones"}
+kiln.parameter @b : tensor<16xf32> {init = "zeros"}
+kiln.parameter @pb : tensor<16xf32> {init = "zeros"}
+func.func @layer_norm_grad_double(%dy: tensor<8x16xf32>, %x: tensor<8x16xf32>, %m: tensor<8xf32>, %r: tensor<8xf32>) -> tensor<8x16xf32> {
+  %g = kiln.param @g : tensor<16xf32>
+  %dx, %dg, %db = kiln.layer_norm_grad %dy, %x, %g, %m, %r : tensor<8x16xf32>, tensor<8x16xf32>, tensor<16xf32>, tensor<8xf32>, tensor<8xf32> -> tensor<8x16xf32>, tensor<16xf32>, tensor<16xf32>
+  kiln.accumulate_grad @g, %dg : tensor<16xf32>
+  kiln.accumulate_grad @b, %db : tensor<16xf32>
+  %s = kiln.add %dx, %dx : tensor<8x16xf32>
+  return %s : tensor<8x16xf32>
+}
+func.func @layer_norm_grad_prefix(%dy: tensor<8x16xf32>, %x: tensor<8x16xf32>, %m: tensor<8xf32>, %r: tensor<8xf32>, %dres: tensor<8x16xf32>) -> (tensor<8x16xf32>, tensor<8x16xbf16>) {
+  %g = kiln.param @g : tensor<16xf32>
+  %dx, %dg, %db = kiln.layer_norm_grad %dy, %x, %g, %m, %r : tensor<8x16xf32>, tensor<8x16xf32>, tensor<16xf32>, tensor<8xf32>, tensor<8xf32> -> tensor<8x16xf32>, tensor<16xf32>, tensor<16xf32>
+  %s = kiln.add %dres, %dx : tensor<8x16xf32>
+  kiln.accumulate_grad @g, %dg : tensor<16xf32>
+  kiln.accumulate_grad @b, %db : tensor<16xf32>
+  %t = kiln.gelu %s : tensor<8x16xf32>
+  %c = kiln.cast %s : tensor<8x16xf32> -> tensor<8x16xbf16>
+  return %t, %c : tensor<8x16xf32>, tensor<8x16xbf16>
+}
+func.func @layer_norm_grad_bias_before(%dy: tensor<8x16xf32>, %x: tensor<8x16xf32>, %m: tensor<8xf32>, %r: tensor<8xf32>, %dres: tensor<8x16xf32>) -> tensor<8x16xf32> {
+  %g = kiln.param @g : tensor<16xf32>
+  %dx, %dg, %db = kiln.layer_norm_grad %dy, %x, %g, %m, %r : tensor<8x16xf32>, tensor<8x16xf32>, tensor<16xf32>, tensor<8xf32>, tensor<8xf32> -> tensor<8x16xf32>, tensor<16xf32>, tensor<16xf32>
+  %s = kiln.add %dres, %dx : tensor<8x16xf32>
+  kiln.accumulate_grad @g, %dg : tensor<16xf32>
+  kiln.accumulate_grad @b, %db : tensor<16xf32>
+  %sum = kiln.reduce_sum %s : tensor<8x16xf32> -> tensor<16xf32>
+  kiln.accumulate_grad @pb, %sum : tensor<16xf32>
+  return %s : tensor<8x16xf32>
+}
+
+// -----
+
+// The optimizer's kernel: clipping joins only when the updates alone read its coefficient (here
+// it is also returned, so it stays a kernel of its own); and the updates do not fuse when one
+// would move past a read of the parameter it updates.
+// CHECK-LABEL: func.func @clip_read_elsewhere
+// CHECK: %[[C:.*]] = kiln.clip_coef
+// CHECK: kiln.fusion "optimizer" "adamw"
+// CHECK: return %[[C]]
+// CHECK-LABEL: func.func @update_past_read
+// CHECK-NOT: kiln.fusion
+// CHECK: kiln.adamw @w
+// CHECK-NEXT: kiln.param @v
+// CHECK-NEXT: kiln.adamw @v
+kiln.parameter @w : tensor<16xf32> {init = "zeros"}
+kiln.parameter @v : tensor<16xf32> {init = "zeros"}
+func.func @clip_read_elsewhere(%n: tensor<f32>, %h: tensor<f32>) -> tensor<f32> {
+  %gw = kiln.grad @w : tensor<16xf32>
+  %gv = kiln.grad @v : tensor<16xf32>
+  %c = kiln.clip_coef %n, %h : tensor<f32>
+  kiln.adamw @w, %gw scale %c lr %h betas(%h, %h) eps %h weight_decay %h step %h : tensor<16xf32>
+  kiln.adamw @v, %gv scale %c lr %h betas(%h, %h) eps %h weight_decay %h step %h : tensor<16xf32>
+  return %c : tensor<f32>
+}
+func.func @update_past_read(%h: tensor<f32>) -> tensor<16xf32> {
+  %gw = kiln.grad @w : tensor<16xf32>
+  %gv = kiln.grad @v : tensor<16xf32>
+  kiln.adamw @w, %gw scale %h lr %h betas(%h, %h) eps %h weight_decay %h step %h : tensor<16xf32>
+  %p = kiln.param @v : tensor<16xf32>
+  kiln.adamw @v, %gv scale %h lr %h betas(%h, %h) eps %h weight_decay %h step %h : tensor<16xf32>
+  return %p : tensor<16xf32>
+}
+
+// -----
+
+// Weight gradient in bf16: the bias gradient's row sum is widened before its accumulation, and
+// the cast joins the product's kernel with it.
+// CHECK-LABEL: func.func @weight_and_bias_grad_bf16
+// CHECK: kiln.fusion "matmul" "reduce_sum_cast_accumulate_grad_matmul"(%arg1, %arg0)
+// CHECK: kiln.accumulate_grad @b
+// CHECK: kiln.accumulate_grad @w
+// CHECK-NEXT: kiln.yield
+// CHECK-NEXT: }
+// CHECK-NEXT: return
+kiln.parameter @w : tensor<4x16xf32> {init = "zeros"}
+kiln.parameter @b : tensor<16xf32> {init = "zeros"}
+func.func @weight_and_bias_grad_bf16(%x: tensor<8x4xbf16>, %dy: tensor<8x16xbf16>) {
+  %db = kiln.reduce_sum %dy : tensor<8x16xbf16> -> tensor<16xbf16>
+  %dbf = kiln.cast %db : tensor<16xbf16> -> tensor<16xf32>
+  kiln.accumulate_grad @b, %dbf : tensor<16xf32>
+  %dw = kiln.matmul %x, %dy {transpose_lhs} : tensor<8x4xbf16>, tensor<8x16xbf16> -> tensor<4x16xbf16>
+  %dwf = kiln.cast %dw : tensor<4x16xbf16> -> tensor<4x16xf32>
+  kiln.accumulate_grad @w, %dwf : tensor<4x16xf32>
+  return
+}
+
+// -----
+
+// A kernel of recomputed ops (kiln-recompute's clones in the backward pass) stays marked: the
+// module writer puts it in the Recompute phase.
+// CHECK-LABEL: func.func @recomputed
+// CHECK: kiln.fusion "elementwise" "add_gelu"{{.*}}kiln.recomputed
+func.func @recomputed(%x: tensor<16xf32>, %y: tensor<16xf32>) -> tensor<16xf32> {
+  %a = kiln.add %x, %y {kiln.recomputed} : tensor<16xf32>
+  %g = kiln.gelu %a {kiln.recomputed} : tensor<16xf32>
+  return %g : tensor<16xf32>
+}
+
+// -----
+
+// The cast of the layer norm's output (bf16 for the next product) joins its kernel.
+// CHECK-LABEL: func.func @layer_norm_cast_out
+// CHECK: %[[R:.*]] = kiln.fusion "layer_norm" "add_layer_norm_cast"(%arg0, %arg1
+// CHECK: kiln.cast
+// CHECK-NEXT: kiln.yield
+// CHECK: return %[[R]]
+kiln.parameter @g : tensor<16xf32> {init = "ones"}
+kiln.parameter @c : tensor<16xf32> {init = "zeros"}
+func.func @layer_norm_cast_out(%a: tensor<8x16xf32>, %b: tensor<8x16xf32>) -> tensor<8x16xbf16> {
+  %g = kiln.param @g : tensor<16xf32>
+  %c = kiln.param @c : tensor<16xf32>
+  %s = kiln.add %a, %b : tensor<8x16xf32>
+  %o, %m, %r = kiln.layer_norm %s, %g, %c : tensor<8x16xf32>, tensor<16xf32>, tensor<16xf32> -> tensor<8x16xf32>, tensor<8xf32>, tensor<8xf32>
+  %h = kiln.cast %o : tensor<8x16xf32> -> tensor<8x16xbf16>
+  return %h : tensor<8x16xbf16>
+}
+
+// -----
+
+// Only a column reduction (to the C channels) of the gradient that leaves is a bias gradient
+// the layer-norm backward computes: a row sum over the batch alone (to T x C) stays out.
+// CHECK-LABEL: func.func @layer_norm_grad_partial_sum
+// CHECK: %[[R:.*]] = kiln.fusion "layer_norm_grad" "layer_norm_grad_accumulate_grad"
+// CHECK: kiln.yield
+// CHECK-NEXT: }
+// CHECK-NEXT: kiln.reduce_sum %[[R]] : tensor<2x4x16xf32> -> tensor<4x16xf32>
+kiln.parameter @g : tensor<16xf32> {init = "ones"}
+kiln.parameter @b : tensor<16xf32> {init = "zeros"}
+kiln.parameter @pe : tensor<4x16xf32> {init = "zeros"}
+func.func @layer_norm_grad_partial_sum(%dy: tensor<2x4x16xf32>, %x: tensor<2x4x16xf32>, %m: tensor<2x4xf32>, %r: tensor<2x4xf32>) -> tensor<2x4x16xf32> {
+  %g = kiln.param @g : tensor<16xf32>
+  %dx, %dg, %db = kiln.layer_norm_grad %dy, %x, %g, %m, %r : tensor<2x4x16xf32>, tensor<2x4x16xf32>, tensor<16xf32>, tensor<2x4xf32>, tensor<2x4xf32> -> tensor<2x4x16xf32>, tensor<16xf32>, tensor<16xf32>
+  kiln.accumulate_grad @g, %dg : tensor<16xf32>
+  kiln.accumulate_grad @b, %db : tensor<16xf32>
+  %s = kiln.reduce_sum %dx : tensor<2x4x16xf32> -> tensor<4x16xf32>
+  kiln.accumulate_grad @pe, %s : tensor<4x16xf32>
+  return %dx : tensor<2x4x16xf32>
+}
+
+// -----
+
+// In bf16 the bias gradient of the layer before is the row sum of the narrowed gradient that
+// leaves (the cast in the kernel): it joins too, through the cast.
+// CHECK-LABEL: func.func @layer_norm_grad_bias_after_cast
+// CHECK: kiln.fusion "layer_norm_grad" "layer_norm_grad_accumulate_grad_cast_reduce_sum"
+// CHECK: kiln.accumulate_grad @pb
+// CHECK-NEXT: kiln.yield
+kiln.parameter @g : tensor<16xf32> {init = "ones"}
+kiln.parameter @b : tensor<16xf32> {init = "zeros"}
+kiln.parameter @pb : tensor<16xf32> {init = "zeros"}
+func.func @layer_norm_grad_bias_after_cast(%dy: tensor<8x16xf32>, %x: tensor<8x16xf32>, %m: tensor<8xf32>, %r: tensor<8xf32>) -> tensor<8x16xbf16> {
+  %g = kiln.param @g : tensor<16xf32>
+  %dx, %dg, %db = kiln.layer_norm_grad %dy, %x, %g, %m, %r : tensor<8x16xf32>, tensor<8x16xf32>, tensor<16xf32>, tensor<8xf32>, tensor<8xf32> -> tensor<8x16xf32>, tensor<16xf32>, tensor<16xf32>
+  kiln.accumulate_grad @g, %dg : tensor<16xf32>
+  kiln.accumulate_grad @b, %db : tensor<16xf32>
+  %c = kiln.cast %dx : tensor<8x16xf32> -> tensor<8x16xbf16>
+  %sum = kiln.reduce_sum %c : tensor<8x16xbf16> -> tensor<16xbf16>
+  %sumf = kiln.cast %sum : tensor<16xbf16> -> tensor<16xf32>
+  kiln.accumulate_grad @pb, %sumf : tensor<16xf32>
+  return %c : tensor<8x16xbf16>
 }
