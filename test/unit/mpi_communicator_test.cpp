@@ -202,8 +202,9 @@ TEST(CommMpi, RefusalsNameTheRankTheCallAndTheNumbers) {
   EXPECT_EQ(comm->all_reduce_sum(1.0), double(n));
 }
 
-// One collective that rank 0 alone starts (KILN_TEST_MPI_STALL names it) while the other ranks
-// sleep: rank 0's watchdog ends it after KILN_COMM_TIMEOUT=1, naming the collective and its size.
+// One collective that rank 0 alone starts (KILN_TEST_MPI_STALL names it: double, reduce_scatter
+// or broadcast) while the other ranks sleep: rank 0's watchdog ends it after KILN_COMM_TIMEOUT=1,
+// naming the collective and its size.
 // (On a second communicator: the first one's MPI_Init, under a loaded machine, may take longer.)
 // "abort" has rank 1 end the job instead while rank 0 waits at a barrier.
 TEST(CommMpiStall, TheWatchdogNamesWhatRank0WaitedFor) {
@@ -217,15 +218,11 @@ TEST(CommMpiStall, TheWatchdogNamesWhatRank0WaitedFor) {
     if (comm->rank() == 1) comm->abort("rank 1 gives up");
     first->barrier();
   } else if (comm->rank() == 0) {
-    std::vector<float> f(8);
+    std::vector<float> f(5);
     double d[2] = {};
-    if (op == "floats") comm->iall_reduce_sum(f.data(), 5)->wait();
     if (op == "double") comm->all_reduce_sum(d, 1);
-    if (op == "doubles") comm->all_reduce_sum(d, 2);
     if (op == "reduce_scatter") comm->ireduce_scatter_sum(f.data(), {2, 3})->wait();
-    if (op == "all_gather") comm->iall_gather(f.data(), {4, 3})->wait();
     if (op == "broadcast") comm->broadcast(d, 16, 1);
-    if (op == "barrier") comm->barrier();
   } else {
     ::sleep(60);
   }
