@@ -3,6 +3,7 @@
 
 #include "mlir/IR/Builders.h"
 #include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/DenseSet.h"
 
 namespace kiln {
 #define GEN_PASS_DEF_AUTODIFF
@@ -58,6 +59,13 @@ struct AutodiffPass : kiln::impl::AutodiffBase<AutodiffPass> {
     SmallVector<Operation *> forwardOps;
     for (Operation &op : body.without_terminator()) forwardOps.push_back(&op);
 
+    // The values computed from a parameter: the ones whose gradient the parameters' gradients
+    // are built from, so a rule may not drop it (checked below).
+    llvm::DenseSet<Value> fromParams;
+    for (Operation *op : forwardOps)
+      if (isa<ParamOp>(op) || llvm::any_of(op->getOperands(), [&](Value v) { return fromParams.contains(v); }))
+        fromParams.insert(op->result_begin(), op->result_end());
+
     // Backward ops go right before the return, in the reverse order of the forward.
     OpBuilder b(ret);
     llvm::DenseMap<Value, Value> grads;
@@ -90,10 +98,22 @@ struct AutodiffPass : kiln::impl::AutodiffBase<AutodiffPass> {
       if (!diff)
         return op->emitError() << "kiln-autodiff: '" << op->getName()
                                << "' lies on the path to the loss but has no gradient rule";
+      // A statistic reaching the loss, or an operand left without a gradient, would make some
+      // parameter's gradient silently incomplete: refuse rather than train on it.
+      for (auto [i, r] : llvm::enumerate(op->getResults()))
+        if (resultGrads[i] && fromParams.contains(r) && diff.isConstantResult(i))
+          return op->emitError() << "kiln-autodiff: result #" << i << " of '" << op->getName()
+                                 << "' is a statistic for the backward pass, which takes no gradient, "
+                                    "but it is computed from a parameter and reaches the loss";
       b.setInsertionPoint(ret);
       SmallVector<Value> operandGrads = diff.buildVJP(b, resultGrads);
-      for (auto [operand, g] : llvm::zip(op->getOperands(), operandGrads))
+      for (auto [i, operand, g] : llvm::enumerate(op->getOperands(), operandGrads)) {
         if (g) accumulate(operand, g);
+        else if (fromParams.contains(operand))
+          return op->emitError() << "kiln-autodiff: operand #" << i << " of '" << op->getName()
+                                 << "' is computed from a parameter and reaches the loss, but its "
+                                    "gradient rule gives it no gradient";
+      }
     }
     return success();
   }

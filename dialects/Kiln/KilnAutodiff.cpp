@@ -3,7 +3,9 @@
 // Each rule receives the gradients of its results (null where a result does not reach the
 // loss) and returns one gradient per operand (null for operands that take none, such as token
 // ids and runtime scalars). Statistics results (layer_norm's mean/rstd, attention's and
-// cross_entropy's lse) exist for the backward pass only and are treated as constants.
+// cross_entropy's lse) exist for the backward pass only and are treated as constants
+// (isConstantResult). kiln-autodiff refuses a forward pass where either choice would drop a
+// parameter's gradient.
 #include "Kiln/KilnDialect.h"
 
 #include "mlir/IR/Builders.h"
@@ -114,11 +116,15 @@ Grads LayerNormOp::buildVJP(OpBuilder &b, ArrayRef<Value> dy) {
   return {g.getInputGrad(), g.getWeightGrad(), g.getBiasGrad()};
 }
 
+bool LayerNormOp::isConstantResult(unsigned index) { return index != 0; }  // mean, rstd
+
 Grads AttentionOp::buildVJP(OpBuilder &b, ArrayRef<Value> dy) {
   if (!dy[0]) return {Value()};
   return {b.create<AttentionGradOp>(getLoc(), getQkv().getType(), dy[0], getQkv(), getResult(),
                                     getLse(), getNumHeads())};
 }
+
+bool AttentionOp::isConstantResult(unsigned index) { return index == 1; }  // lse
 
 Grads CrossEntropyOp::buildVJP(OpBuilder &b, ArrayRef<Value> dy) {
   if (!dy[0]) return {Value(), Value()};
@@ -126,3 +132,5 @@ Grads CrossEntropyOp::buildVJP(OpBuilder &b, ArrayRef<Value> dy) {
                                        getLse(), getTargets(), getNumClassesAttr()),
           Value()};
 }
+
+bool CrossEntropyOp::isConstantResult(unsigned index) { return index == 1; }  // lse

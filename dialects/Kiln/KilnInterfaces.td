@@ -10,7 +10,8 @@ def Kiln_DifferentiableOpInterface : OpInterface<"DifferentiableOpInterface"> {
     to the op's results (a null Value where a result does not reach the loss), `buildVJP`
     builds, at the builder's insertion point, the ops that compute the gradient with respect to
     each operand, and returns one Value per operand (null where the operand takes no gradient,
-    such as token ids). The autodiff pass walks a function backwards calling this and sums the
+    such as token ids or a runtime scalar). kiln-autodiff refuses a null gradient for an operand
+    computed from a parameter: that parameter's gradient would be silently incomplete. The autodiff pass walks a function backwards calling this and sums the
     gradients of values with several uses.
   }];
   let cppNamespace = "::kiln";
@@ -20,7 +21,17 @@ def Kiln_DifferentiableOpInterface : OpInterface<"DifferentiableOpInterface"> {
       /*retTy=*/"::llvm::SmallVector<::mlir::Value>",
       /*methodName=*/"buildVJP",
       /*args=*/(ins "::mlir::OpBuilder &":$builder,
-                    "::llvm::ArrayRef<::mlir::Value>":$resultGrads)>
+                    "::llvm::ArrayRef<::mlir::Value>":$resultGrads)>,
+    InterfaceMethod<
+      /*desc=*/[{Whether result `index` is a constant of the backward pass: a statistic kept for
+        the gradient ops (a layer norm's mean and rstd, a log-sum-exp) whose own gradient
+        `buildVJP` ignores. kiln-autodiff refuses a forward pass in which such a result, computed
+        from a parameter, reaches the loss: its share of the gradient would be dropped.}],
+      /*retTy=*/"bool",
+      /*methodName=*/"isConstantResult",
+      /*args=*/(ins "unsigned":$index),
+      /*methodBody=*/[{}],
+      /*defaultImplementation=*/[{ return false; }]>
   ];
 }
 

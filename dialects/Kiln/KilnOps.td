@@ -25,9 +25,10 @@ def Kiln_IndexVector : Type<
 def Kiln_Scalar : 0DTensorOf<[F32]>,
     BuildableType<"::mlir::RankedTensorType::get({}, $_builder.getF32Type())">;
 
-class Kiln_DiffOp<string mnemonic, list<Trait> traits = []> :
+// `overrides` names the interface methods with a default that the op defines itself.
+class Kiln_DiffOp<string mnemonic, list<Trait> traits = [], list<string> overrides = []> :
     Kiln_Op<mnemonic, !listconcat(traits, [
-        DeclareOpInterfaceMethods<Kiln_DifferentiableOpInterface>])>;
+        DeclareOpInterfaceMethods<Kiln_DifferentiableOpInterface, overrides>])>;
 
 //===----------------------------------------------------------------------===//
 // State: parameters, gradients, inputs, hyperparameters
@@ -325,7 +326,7 @@ def Kiln_ConcatOp : Kiln_DiffOp<"concat", [Pure]> {
   let hasVerifier = 1;
 }
 
-def Kiln_LayerNormOp : Kiln_DiffOp<"layer_norm", [Pure]> {
+def Kiln_LayerNormOp : Kiln_DiffOp<"layer_norm", [Pure], ["isConstantResult"]> {
   let summary = "layer normalisation over the last dimension";
   let description = [{
     For each row: `mean`, `rstd = 1 / sqrt(var + epsilon)` with the biased variance, and
@@ -358,7 +359,7 @@ def Kiln_LayerNormGradOp : Kiln_Op<"layer_norm_grad", [Pure]> {
   let hasVerifier = 1;
 }
 
-def Kiln_AttentionOp : Kiln_DiffOp<"attention", [Pure]> {
+def Kiln_AttentionOp : Kiln_DiffOp<"attention", [Pure], ["isConstantResult"]> {
   let summary = "causal multi-head self-attention from packed q|k|v";
   let description = [{
     `qkv : [B, T, 3C]` holds queries, keys and values side by side; each is split into
@@ -386,7 +387,7 @@ def Kiln_AttentionGradOp : Kiln_Op<"attention_grad", [Pure]> {
   let hasVerifier = 1;
 }
 
-def Kiln_CrossEntropyOp : Kiln_DiffOp<"cross_entropy", [Pure]> {
+def Kiln_CrossEntropyOp : Kiln_DiffOp<"cross_entropy", [Pure], ["isConstantResult"]> {
   let summary = "mean softmax cross-entropy of logits against targets";
   let description = [{
     `logits : [N, V]`, `targets : [N]`. `loss = mean_i (lse_i - logits[i, targets_i])` with

@@ -134,3 +134,79 @@ module attributes {kiln.spec = {precision = "bf16"}} {
 func.func @forward(%a: tensor<f32>) -> tensor<f32> {
   return %a : tensor<f32>
 }
+
+// -----
+
+// kiln.scale's factor is a runtime scalar, so its rule gives it no gradient. A factor computed
+// from a parameter would leave that parameter's gradient short of the factor's share.
+kiln.parameter @w : tensor<4xf32> {init = "zeros"}
+kiln.parameter @s : tensor<f32> {init = "ones"}
+func.func @forward() -> tensor<f32> {
+  %w = kiln.param @w : tensor<4xf32>
+  %s = kiln.param @s : tensor<f32>
+  // expected-error@below {{kiln-autodiff: operand #1 of 'kiln.scale' is computed from a parameter and reaches the loss, but its gradient rule gives it no gradient}}
+  %y = kiln.scale %w, %s : tensor<4xf32>, tensor<f32> -> tensor<4xf32>
+  %l = kiln.reduce_sum %y : tensor<4xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}
+
+// -----
+
+// A layer norm's mean is a statistic for the backward pass: read by the forward pass, here beside
+// the normalized rows, its share of the input's gradient would be dropped.
+kiln.parameter @x : tensor<2x4xf32> {init = "normal", init_std = 1.0 : f32}
+kiln.parameter @g : tensor<4xf32> {init = "ones"}
+kiln.parameter @b : tensor<4xf32> {init = "zeros"}
+func.func @forward() -> tensor<f32> {
+  %x = kiln.param @x : tensor<2x4xf32>
+  %g = kiln.param @g : tensor<4xf32>
+  %b = kiln.param @b : tensor<4xf32>
+  // expected-error@below {{kiln-autodiff: result #1 of 'kiln.layer_norm' is a statistic for the backward pass, which takes no gradient, but it is computed from a parameter and reaches the loss}}
+  %y, %mean, %rstd = kiln.layer_norm %x, %g, %b : tensor<2x4xf32>, tensor<4xf32>, tensor<4xf32> -> tensor<2x4xf32>, tensor<2xf32>, tensor<2xf32>
+  %ly = kiln.reduce_sum %y : tensor<2x4xf32> -> tensor<f32>
+  %lm = kiln.reduce_sum %mean : tensor<2xf32> -> tensor<f32>
+  %l = kiln.add %ly, %lm : tensor<f32>
+  return %l : tensor<f32>
+}
+
+// -----
+
+// The same for rstd (result #2), read alone.
+kiln.parameter @x : tensor<2x4xf32> {init = "normal", init_std = 1.0 : f32}
+kiln.parameter @g : tensor<4xf32> {init = "ones"}
+kiln.parameter @b : tensor<4xf32> {init = "zeros"}
+func.func @forward() -> tensor<f32> {
+  %x = kiln.param @x : tensor<2x4xf32>
+  %g = kiln.param @g : tensor<4xf32>
+  %b = kiln.param @b : tensor<4xf32>
+  // expected-error@below {{kiln-autodiff: result #2 of 'kiln.layer_norm' is a statistic}}
+  %y, %mean, %rstd = kiln.layer_norm %x, %g, %b : tensor<2x4xf32>, tensor<4xf32>, tensor<4xf32> -> tensor<2x4xf32>, tensor<2xf32>, tensor<2xf32>
+  %l = kiln.reduce_sum %rstd : tensor<2xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}
+
+// -----
+
+// Attention's log-sum-exp is a statistic too.
+kiln.parameter @qkv : tensor<1x4x24xf32> {init = "normal", init_std = 1.0 : f32}
+func.func @forward() -> tensor<f32> {
+  %qkv = kiln.param @qkv : tensor<1x4x24xf32>
+  // expected-error@below {{kiln-autodiff: result #1 of 'kiln.attention' is a statistic}}
+  %y, %lse = kiln.attention %qkv {num_heads = 2 : i64} : tensor<1x4x24xf32> -> tensor<1x4x8xf32>, tensor<1x2x4xf32>
+  %l = kiln.reduce_sum %lse : tensor<1x2x4xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}
+
+// -----
+
+// And the cross-entropy's.
+kiln.parameter @logits : tensor<3x5xf32> {init = "normal", init_std = 1.0 : f32}
+func.func @forward() -> tensor<f32> {
+  %logits = kiln.param @logits : tensor<3x5xf32>
+  %t = kiln.input "targets" : tensor<3xi32>
+  // expected-error@below {{kiln-autodiff: result #1 of 'kiln.cross_entropy' is a statistic}}
+  %loss, %lse = kiln.cross_entropy %logits, %t : tensor<3x5xf32>, tensor<3xi32> -> tensor<f32>, tensor<3xf32>
+  %s = kiln.reduce_sum %lse : tensor<3xf32> -> tensor<f32>
+  %l = kiln.add %loss, %s : tensor<f32>
+  return %l : tensor<f32>
+}

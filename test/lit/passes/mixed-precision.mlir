@@ -200,14 +200,13 @@ func.func @forward() -> tensor<f32> {
 // A layer norm whose output nothing reads (only its mean is used) keeps it fp32: "every user is a
 // matrix product" holds for no user at all, which is no reason for bf16.
 // CHECK-LABEL: func.func @forward
+// (Its operands are no parameters: kiln-autodiff, in the STEP run, refuses a statistic computed
+// from a parameter that reaches the loss.)
 // CHECK: kiln.layer_norm {{.*}} -> tensor<4x8xf32>, tensor<4xf32>, tensor<4xf32>
-kiln.parameter @x : tensor<4x8xf32> {init = "zeros"}
-kiln.parameter @g : tensor<8xf32> {init = "ones"}
-kiln.parameter @b : tensor<8xf32> {init = "zeros"}
 func.func @forward() -> tensor<f32> {
-  %x = kiln.param @x : tensor<4x8xf32>
-  %g = kiln.param @g : tensor<8xf32>
-  %b = kiln.param @b : tensor<8xf32>
+  %x = kiln.zeros : tensor<4x8xf32>
+  %g = kiln.zeros : tensor<8xf32>
+  %b = kiln.zeros : tensor<8xf32>
   %a, %m, %r = kiln.layer_norm %x, %g, %b : tensor<4x8xf32>, tensor<8xf32>, tensor<8xf32> -> tensor<4x8xf32>, tensor<4xf32>, tensor<4xf32>
   %l = kiln.reduce_sum %m : tensor<4xf32> -> tensor<f32>
   return %l : tensor<f32>
