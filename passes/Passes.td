@@ -14,6 +14,11 @@ def Autodiff : Pass<"kiln-autodiff", "::mlir::ModuleOp"> {
     the `loss_weight` hyperparameter (1 / micro-steps per optimizer step), so accumulating
     over micro-steps yields the mean gradient. Each parameter's gradient ends in a
     `kiln.accumulate_grad`. `@forward` is kept for evaluation.
+
+    The pass refuses, rather than derive, a gradient it knows to be incomplete: a statistic
+    result (`isConstantResult`: a layer norm's mean and rstd, a log-sum-exp) computed from a
+    parameter that reaches the loss, or an operand computed from a parameter to which the op's
+    rule gives no gradient (such as `kiln.scale`'s factor, a runtime scalar).
   }];
   let dependentDialects = ["::kiln::KilnDialect"];
 }

@@ -204,3 +204,22 @@ func.func @read_twice() -> tensor<64xf32> {
   %s = kiln.add %c, %ry : tensor<64xf32>
   return %s : tensor<64xf32>
 }
+
+// -----
+
+// A result nobody reads is freed as soon as it is made, in the peak of either order. Written
+// first, the 4 KiB zeros sets the peak alone; the greedy order makes it last, beside the loss,
+// which is a higher peak, so the written order stays. (Were the zeros counted live for ever,
+// the written order's peak would add everything after it, and the greedy order would win.)
+// CHECK-LABEL: func.func @forward
+// CHECK: kiln.zeros : tensor<1024xf32>
+// CHECK-NEXT: kiln.zeros : tensor<16xf32>
+// CHECK-NEXT: kiln.add
+// CHECK-NEXT: kiln.reduce_sum
+func.func @forward() -> tensor<f32> {
+  %unread = kiln.zeros : tensor<1024xf32>
+  %x = kiln.zeros : tensor<16xf32>
+  %y = kiln.add %x, %x : tensor<16xf32>
+  %l = kiln.reduce_sum %y : tensor<16xf32> -> tensor<f32>
+  return %l : tensor<f32>
+}
