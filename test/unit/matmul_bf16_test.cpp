@@ -1,9 +1,15 @@
 // bf16 matrix products by oneDNN (runtime/cpu/matmul_bf16): every transpose, fp32 and bf16
-// results, against float64 sums of the same bf16 values.
+// results, against float64 sums of the same bf16 values; the bf16 FLOPs per cycle;
+// callers on several threads.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "runtime/cpu/bf16.h"
@@ -67,7 +73,70 @@ TEST(MatmulBf16, DegenerateShapesAreLeftToTheCaller) {
   float out = 7.0f;
   EXPECT_FALSE(matmul_bf16(&out, false, &a, &b, 1, 1, 0, false, false));
   EXPECT_FALSE(matmul_bf16(&out, false, &a, &b, 0, 1, 1, false, false));
+  EXPECT_FALSE(matmul_bf16(&out, false, &a, &b, 1, 0, 1, false, false));
   EXPECT_EQ(out, 7.0f);  // nothing written
+}
+
+// The rate the MFU estimate uses, against the CPU's own flags (/proc/cpuinfo): AMX tiles 1024
+// FLOPs a cycle, AVX-512 BF16 128 (not AMX's where the CPU has only AVX-512 BF16). Skipped where
+// ONEDNN_MAX_CPU_ISA (or DNNL_MAX_CPU_ISA) may hold oneDNN below the CPU, or with no oneDNN.
+TEST(MatmulBf16, FlopsPerCycleFollowTheCpuFlags) {
+  if (std::getenv("ONEDNN_MAX_CPU_ISA") || std::getenv("DNNL_MAX_CPU_ISA")) GTEST_SKIP() << "oneDNN's ISA capped";
+  const uint16_t one = to_bf16(1.0f);
+  float probe = 0.0f;
+  if (!matmul_bf16(&probe, false, &one, &one, 1, 1, 1, false, false)) GTEST_SKIP() << "no oneDNN bf16 matmul";
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line, flags;
+  while (std::getline(cpuinfo, line))
+    if (line.rfind("flags", 0) == 0) {
+      flags = line + " ";
+      break;
+    }
+  if (flags.empty()) GTEST_SKIP() << "no /proc/cpuinfo flags";
+  const bool amx = flags.find(" amx_bf16 ") != std::string::npos, avx512bf16 = flags.find(" avx512_bf16 ") != std::string::npos;
+  const int rate = bf16_flops_per_cycle();
+  if (amx)  // a kernel may refuse a process AMX's tile state; oneDNN then runs AVX-512 BF16
+    EXPECT_TRUE(rate == 1024 || rate == 128) << rate;
+  else
+    EXPECT_EQ(rate, avx512bf16 ? 128 : 0) << flags;
+}
+
+// Callers on several threads share each shape's primitive and the memory objects pointed at
+// their operands (under matmul_bf16's mutex): each must get the product of its own operands.
+// Small shapes, many calls, so that an unguarded hand-over would show (a wrong product or a
+// crash). Small integers, exact in bf16 and in fp32 sums: compared exactly.
+TEST(MatmulBf16, ConcurrentCallersGetTheirOwnProducts) {
+  const uint16_t one = to_bf16(1.0f);
+  float probe = 0.0f;
+  if (!matmul_bf16(&probe, false, &one, &one, 1, 1, 1, false, false)) GTEST_SKIP() << "no oneDNN bf16 matmul";
+  const int64_t M = 4, N = 4, K = 8;
+  std::vector<int> bad(8, 0), refused(8, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t)
+    threads.emplace_back([&, t] {
+      // a[i, k] = t + 1 (k even) or 0, b[k, j] = j + 1: out[i, j] = (t + 1) (j + 1) K / 2.
+      std::vector<uint16_t> a(size_t(M * K)), b(size_t(K * N));
+      for (int64_t i = 0; i < M * K; ++i) a[size_t(i)] = to_bf16(i % 2 ? 0.0f : float(t + 1));
+      for (int64_t i = 0; i < K * N; ++i) b[size_t(i)] = to_bf16(float(i % N + 1));
+      std::vector<float> out(size_t(M * N));
+      for (int it = 0; it < 20000; ++it) {
+        std::fill(out.begin(), out.end(), -1.0f);
+        if (!matmul_bf16(out.data(), false, a.data(), b.data(), M, N, K, false, false)) {
+          ++refused[size_t(t)];
+          continue;
+        }
+        for (int64_t i = 0; i < M * N; ++i)
+          if (out[size_t(i)] != float((t + 1) * (i % N + 1) * K / 2)) {
+            ++bad[size_t(t)];
+            break;
+          }
+      }
+    });
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < 8; ++t) {
+    EXPECT_EQ(refused[size_t(t)], 0) << "thread " << t;
+    EXPECT_EQ(bad[size_t(t)], 0) << "thread " << t << ": products of another thread's operands";
+  }
 }
 
 }  // namespace
