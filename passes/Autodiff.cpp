@@ -59,8 +59,8 @@ struct AutodiffPass : kiln::impl::AutodiffBase<AutodiffPass> {
     SmallVector<Operation *> forwardOps;
     for (Operation &op : body.without_terminator()) forwardOps.push_back(&op);
 
-    // The values computed from a parameter: the ones whose gradient the parameters' gradients
-    // are built from, so a rule may not drop it (checked below).
+    // The values computed from a parameter: a gradient a rule drops for one of them would be
+    // missing from that parameter's gradient (checked below).
     llvm::DenseSet<Value> fromParams;
     for (Operation *op : forwardOps)
       if (isa<ParamOp>(op) || llvm::any_of(op->getOperands(), [&](Value v) { return fromParams.contains(v); }))

@@ -10,9 +10,9 @@ def Kiln_DifferentiableOpInterface : OpInterface<"DifferentiableOpInterface"> {
     to the op's results (a null Value where a result does not reach the loss), `buildVJP`
     builds, at the builder's insertion point, the ops that compute the gradient with respect to
     each operand, and returns one Value per operand (null where the operand takes no gradient,
-    such as token ids or a runtime scalar). kiln-autodiff refuses a null gradient for an operand
-    computed from a parameter: that parameter's gradient would be silently incomplete. The autodiff pass walks a function backwards calling this and sums the
-    gradients of values with several uses.
+    such as token ids or a runtime scalar). The autodiff pass walks a function backwards calling
+    this and sums the gradients of values with several uses. It refuses a null gradient for an
+    operand computed from a parameter: that parameter's gradient would be silently incomplete.
   }];
   let cppNamespace = "::kiln";
   let methods = [
